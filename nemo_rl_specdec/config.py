@@ -9,6 +9,8 @@ allowed, raised before any engine starts.
 """
 from __future__ import annotations
 
+import copy
+import difflib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -35,7 +37,8 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: `true` is not an int and "8" is not a number inside our block
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class SuffixConfig(_Strict):
@@ -58,8 +61,9 @@ class NgramConfig(_Strict):
     @model_validator(mode="after")
     def _order(self):
         if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(
-                f"prompt_lookup_min={self.prompt_lookup_min} must be <= prompt_lookup_max={self.prompt_lookup_max}"
+            raise _PathError(
+                "prompt_lookup_min", self.prompt_lookup_min,
+                f"a value <= prompt_lookup_max ({self.prompt_lookup_max})",
             )
         return self
 
@@ -91,6 +95,21 @@ class SchedulingConfig(_Strict):
     long_fraction: float = Field(0.25, gt=0, le=1, description="share of requests counted as long")
     short_fraction: float = Field(0.25, ge=0, lt=1, description="share of requests that never speculate")
 
+    @field_validator("k_by_batch_size", mode="before")
+    @classmethod
+    def _shape(cls, v):
+        if v is None:
+            return v
+        if not isinstance(v, (list, tuple)):
+            raise ValueError("a list of [batch_lo, batch_hi, k] entries")
+        out = []
+        for i, e in enumerate(v):
+            if not (isinstance(e, (list, tuple)) and len(e) == 3
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in e)):
+                raise ValueError(f"entry {i} ({e!r}): each entry is [batch_lo, batch_hi, k] of integers")
+            out.append(tuple(e))
+        return out
+
     @field_validator("k_by_batch_size")
     @classmethod
     def _ranges(cls, v):
@@ -110,7 +129,10 @@ class SchedulingConfig(_Strict):
     @model_validator(mode="after")
     def _fractions(self):
         if self.long_fraction + self.short_fraction > 1:
-            raise ValueError("long_fraction + short_fraction must be <= 1")
+            raise _PathError(
+                "short_fraction", self.short_fraction,
+                f"a value <= 1 - long_fraction ({1 - self.long_fraction:g}); long_fraction + short_fraction must be <= 1",
+            )
         return self
 
 
@@ -222,11 +244,15 @@ class RunConfig:
         return node
 
     def with_spec(self, **changes) -> "RunConfig":
-        """A copy with fields of the speculative block replaced (validated again)."""
-        gen = self.generation.model_dump()
-        gen["speculative_decoding"].update(changes)
-        raw = dict(self.raw)
-        raw["policy"] = dict(raw["policy"], generation=gen)
+        """A copy with fields of the speculative block replaced (validated again).
+
+        Starts from the block as written, so keys it leaves unset (e.g. `refresh.mode`) take the
+        defaults of the new drafter rather than the old one's filled-in values.
+        """
+        raw = copy.deepcopy(self.raw)
+        gen = raw["policy"].get("generation") or {}
+        raw["policy"]["generation"] = gen
+        gen["speculative_decoding"] = {**(gen.get("speculative_decoding") or {}), **changes}
         return validate_run_dict(raw, self.source)
 
 
@@ -242,6 +268,17 @@ def _register_resolvers() -> None:
         OmegaConf.register_new_resolver("mul", lambda a, b: a * b)
 
 
+def _known_keys(loc: list[str]) -> Optional[list[str]]:
+    """Field names of the (nested) model at `loc` below `policy.generation`, if it is one of ours."""
+    model: Any = GenerationConfig
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return list(model.model_fields)
+
+
 def _format_pydantic(err: ValidationError, prefix: str) -> str:
     lines = []
     for e in err.errors():
@@ -254,11 +291,27 @@ def _format_pydantic(err: ValidationError, prefix: str) -> str:
         path = ".".join([prefix, *loc])
         got = e.get("input")
         if e["type"] == "extra_forbidden":
-            lines.append(f"{path}: unknown key (got {got!r}); check the spelling — unknown keys are not ignored")
+            known = _known_keys(loc[:-1]) or []
+            close = difflib.get_close_matches(loc[-1], known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            lines.append(
+                f"{path}: unknown key (got {got!r}); {hint}allowed keys: {known} — unknown keys are not ignored"
+            )
         else:
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(f"{path}: got {got!r}; allowed: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _reject_misspelt(node: dict, expected: str, path: str) -> None:
+    """The mappings above our block belong to NeMo-RL (extra keys allowed), so a misspelt
+    `generation` / `speculative_decoding` would silently disable the block: reject near misses."""
+    for key in node:
+        if isinstance(key, str) and key != expected and difflib.SequenceMatcher(None, key, expected).ratio() >= 0.8:
+            raise ConfigError(
+                f"{path}.{key}: unknown key; allowed: '{expected}' (did you mean {path}.{expected}?) "
+                "— a misspelt block would be silently ignored"
+            )
 
 
 def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
@@ -266,13 +319,15 @@ def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
     if not isinstance(raw, dict) or not isinstance(raw.get("policy"), dict):
         raise ConfigError("policy: missing; a run file needs a `policy:` mapping")
     policy = raw["policy"]
+    _reject_misspelt(policy, "generation", "policy")
     if not policy.get("model_name"):
         raise ConfigError("policy.model_name: missing; allowed: a model path or ${specdec_asset:...}")
     gen = policy.get("generation") or {}
     if not isinstance(gen, dict):
         raise ConfigError(f"policy.generation: got {gen!r}; allowed: a mapping")
+    _reject_misspelt(gen, "speculative_decoding", "policy.generation")
     block = gen.get("speculative_decoding")
-    if block is not None and not isinstance(block, dict):
+    if "speculative_decoding" in gen and not isinstance(block, dict):
         raise ConfigError(f"{BLOCK_PATH}: got {block!r}; allowed: a mapping of speculative-decoding settings")
     try:
         generation = GenerationConfig.model_validate(gen)
@@ -296,6 +351,7 @@ def resolve_config_path(path: Optional[str]) -> Path:
 
 def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
     """Load a run YAML with OmegaConf, apply `key=value` overrides, resolve, validate."""
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -303,13 +359,18 @@ def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | lis
     p = resolve_config_path(path)
     try:
         cfg = OmegaConf.load(p)
-        for ov in overrides:
-            if "=" not in ov:
-                raise ConfigError(f"override {ov!r}: expected key=value (e.g. {BLOCK_PATH}.drafter=ngram)")
-        if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
+        raise ConfigError(f"{p}: {e}") from None
+    for ov in overrides:
+        if "=" not in ov or not ov.split("=", 1)[0].strip():
+            raise ConfigError(f"override {ov!r}: expected key=value (e.g. {BLOCK_PATH}.drafter=ngram)")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
+        except (OmegaConfBaseException, yaml.YAMLError) as e:
+            raise ConfigError(f"override {ov!r}: {e}") from None
+    try:
         raw = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as e:
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
         raise ConfigError(f"{p}: {e}") from None
     return validate_run_dict(raw, str(p))
 
