@@ -1,0 +1,159 @@
+"""Step metrics of the NeMo-RL adapter. Pure functions; unit-tested without NeMo-RL.
+
+NeMo-RL logs whatever `VllmGeneration.get_step_metrics()` returns under `train/`: its own
+speculative counters arrive as `vllm/spec_*` (-> `train/vllm/spec_*`); ours are added as
+`specdec/*` (-> `train/specdec/*`):
+
+  specdec/policy_version        lowest policy version among engines (weight updates received)
+  specdec/drafter_version       lowest drafter version among engines
+  specdec/drafter_lag           largest policy_version - drafter_version among engines
+  specdec/engines_in_lockstep   1.0 when every engine reports the same (policy, drafter) versions
+  specdec/disabled_engines      engines whose drafter was disabled after a refresh error
+  specdec/refresh_s             slowest drafter refresh of the last update (max over engines)
+  specdec/tensors_applied       drafter tensors applied in the last update (max over engines)
+  specdec/rollouts_staged       rollouts handed to the drafter with the last update (sum)
+  specdec/rollouts_dropped      rollouts dropped because the stash hit its token cap (sum)
+  specdec/no_drafts             1.0 when speculation is on but the step produced no drafts
+  specdec/acceptance_length_by_lag/<a>, specdec/acceptance_rate_by_lag/<a>
+                                cumulative acceptance of steps generated with drafter lag a
+  specdec/placement/*           predicted / actual load imbalance of the step's placement
+  specdec/engine/<name>         numeric metrics an engine reports in `specdec_state()["metrics"]`
+                                (e.g. budgets), averaged over engines
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+PREFIX = "specdec/"
+NRL_DRAFTS = "vllm/spec_num_drafts"
+NRL_DRAFT_TOKENS = "vllm/spec_num_draft_tokens"
+NRL_ACCEPTED = "vllm/spec_num_accepted_tokens"
+NRL_ACCEPTANCE_LENGTH = "vllm/spec_acceptance_length"
+NRL_ACCEPTANCE_RATE = "vllm/spec_acceptance_rate"
+NRL_KEYS = (NRL_DRAFTS, NRL_DRAFT_TOKENS, NRL_ACCEPTED, NRL_ACCEPTANCE_LENGTH, NRL_ACCEPTANCE_RATE)
+
+NO_DRAFTS_HINT = (
+    "speculative decoding is enabled but vLLM reported 0 drafts this step. Check that the engine "
+    "log shows a speculative_config, that k_by_batch_size does not map this batch size to k=0, "
+    "that num_speculative_tokens fits max_model_len, and (suffix/ngram) that prompts repeat "
+    "enough to match. See docs/nemo_rl.md, Troubleshooting."
+)
+
+
+def _num(x: Any) -> Optional[float]:
+    if isinstance(x, bool):
+        return float(x)
+    if isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x)):
+        return float(x)
+    return None
+
+
+def acceptance(drafts: float, draft_tokens: float, accepted: float) -> tuple[float, float]:
+    """(acceptance length, acceptance rate) with NeMo-RL's definitions."""
+    length = 1.0 + accepted / drafts if drafts > 0 else 1.0
+    rate = accepted / draft_tokens if draft_tokens > 0 else 0.0
+    return length, rate
+
+
+class AcceptanceByLag:
+    """Cumulative spec counters grouped by the drafter lag the step was generated with."""
+
+    def __init__(self):
+        self.counts: dict[int, list[float]] = {}
+
+    def add(self, lag: int, drafts: float, draft_tokens: float, accepted: float) -> None:
+        c = self.counts.setdefault(int(lag), [0.0, 0.0, 0.0])
+        c[0] += drafts
+        c[1] += draft_tokens
+        c[2] += accepted
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for lag, (d, t, a) in sorted(self.counts.items()):
+            length, rate = acceptance(d, t, a)
+            out[f"{PREFIX}acceptance_length_by_lag/{lag}"] = length
+            out[f"{PREFIX}acceptance_rate_by_lag/{lag}"] = rate
+        return out
+
+
+def version_metrics(reports: list[dict]) -> dict[str, float]:
+    """Version / refresh metrics from the engines' `specdec_report` results (one per DP engine)."""
+    states = [r.get("state") or {} for r in reports]
+    out: dict[str, float] = {}
+    pv = [_num(s.get("policy_version")) for s in states]
+    dv = [_num(s.get("drafter_version")) for s in states]
+    if pv and all(v is not None for v in pv):
+        out[f"{PREFIX}policy_version"] = min(pv)
+    if dv and all(v is not None for v in dv):
+        out[f"{PREFIX}drafter_version"] = min(dv)
+    if pv and dv and all(v is not None for v in pv + dv):
+        out[f"{PREFIX}drafter_lag"] = max(p - d for p, d in zip(pv, dv))
+        pairs = {(p, d) for p, d in zip(pv, dv)}
+        ranks_ok = all(r.get("ranks_agree", True) for r in reports)
+        out[f"{PREFIX}engines_in_lockstep"] = 1.0 if (len(pairs) == 1 and ranks_ok) else 0.0
+    if states:
+        out[f"{PREFIX}disabled_engines"] = float(sum(bool(s.get("disabled")) for s in states))
+    updates = [r.get("last_update") for r in reports if r.get("last_update")]
+    refresh = [_num(u.get("refresh_s")) for u in updates]
+    refresh = [v for v in refresh if v is not None]
+    if refresh:
+        out[f"{PREFIX}refresh_s"] = max(refresh)
+    applied = [_num(u.get("tensors_applied")) for u in updates]
+    applied = [v for v in applied if v is not None]
+    if applied:
+        out[f"{PREFIX}tensors_applied"] = max(applied)
+    staged = [_num(r.get("rollouts_staged")) for r in reports]
+    if any(v is not None for v in staged):
+        out[f"{PREFIX}rollouts_staged"] = sum(v for v in staged if v is not None)
+    dropped = [_num(r.get("rollouts_dropped")) for r in reports]
+    if any(v is not None for v in dropped):
+        out[f"{PREFIX}rollouts_dropped"] = sum(v for v in dropped if v is not None)
+    out.update(engine_reported_metrics(states))
+    return out
+
+
+def engine_reported_metrics(states: list[dict]) -> dict[str, float]:
+    """Numeric entries of each engine's `state["metrics"]`, averaged over the engines reporting them."""
+    sums: dict[str, list[float]] = {}
+    for s in states:
+        for k, v in (s.get("metrics") or {}).items():
+            x = _num(v)
+            if x is not None:
+                sums.setdefault(str(k), []).append(x)
+    return {f"{PREFIX}engine/{k}": sum(v) / len(v) for k, v in sorted(sums.items())}
+
+
+def imbalance(loads: Iterable[float]) -> float:
+    """max / mean of per-engine loads (1.0 = perfectly balanced)."""
+    loads = [float(x) for x in loads]
+    if not loads or sum(loads) <= 0:
+        return 1.0
+    return max(loads) / (sum(loads) / len(loads))
+
+
+def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: Optional[AcceptanceByLag],
+                 placement: Optional[dict] = None, spec_enabled: bool = True) -> dict[str, float]:
+    """Our `specdec/*` keys for one step (NeMo-RL's `vllm/spec_*` keys are returned unchanged beside them)."""
+    out = version_metrics(reports) if reports else {}
+    drafts = _num(vllm_metrics.get(NRL_DRAFTS))
+    if spec_enabled and drafts is not None:
+        out[f"{PREFIX}no_drafts"] = 1.0 if drafts == 0 else 0.0
+        lag = out.get(f"{PREFIX}drafter_lag")
+        if tracker is not None and lag is not None and drafts > 0:
+            tracker.add(int(lag), drafts, _num(vllm_metrics.get(NRL_DRAFT_TOKENS)) or 0.0,
+                        _num(vllm_metrics.get(NRL_ACCEPTED)) or 0.0)
+    if tracker is not None:
+        out.update(tracker.metrics())
+    for k, v in (placement or {}).items():
+        x = _num(v)
+        if x is not None:
+            out[f"{PREFIX}placement/{k}"] = x
+    return out
+
+
+def no_drafts_warning(vllm_metrics: dict, spec_enabled: bool) -> Optional[str]:
+    drafts = _num(vllm_metrics.get(NRL_DRAFTS))
+    if spec_enabled and drafts is not None and drafts == 0:
+        return NO_DRAFTS_HINT
+    return None

@@ -1,0 +1,179 @@
+"""`python -m nemo_rl_specdec.run_grpo --config RUN.yaml [overrides]`: NeMo-RL GRPO with speculative decoding.
+
+1. Compose the run file (inheritance, overrides) and validate `policy.generation.speculative_decoding`
+   — before NeMo-RL is imported. Bad block: message naming the key, exit 2.
+2. NeMo-RL missing: message saying how to install it, exit 1.
+3. Block enabled: apply the substitutions (`install`): PYTHONPATH for the Ray workers, actor
+   registry entries for our worker FQNs, NeMo-RL's `resolve_generation_worker_cls` wrapped so it
+   returns them, `nemo_rl.algorithms.grpo.VllmGeneration` rebound to our subclass, and the entry
+   script's `configure_generation_config` wrapped so the block becomes
+   `vllm_kwargs.speculative_config` before NeMo-RL configures generation.
+4. Run NeMo-RL's own `examples/run_grpo.py:main` (sync or async GRPO, as the run file says).
+   Block absent or disabled: step 3 is skipped and NeMo-RL runs unchanged.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.nemo_rl import api, config_loader, translate
+
+EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    ap = argparse.ArgumentParser(
+        prog="python -m nemo_rl_specdec.run_grpo",
+        description="NeMo-RL GRPO with lossless speculative decoding (policy.generation.speculative_decoding).",
+    )
+    ap.add_argument("--config", required=True, help="NeMo-RL run YAML (may inherit with `defaults:`)")
+    args, overrides = ap.parse_known_args(argv)
+    stray = [o for o in overrides if o.startswith("-")]
+    if stray:
+        ap.error(f"unrecognized arguments: {' '.join(stray)} (overrides look like a.b=c, ++a.b=c, ~a.b)")
+    return args, overrides
+
+
+def make_configure_wrapper(original: Callable) -> Callable:
+    """Wrap NeMo-RL's `configure_generation_config` (same parameters): translate the block first."""
+
+    def configure_generation_config(config, tokenizer, is_eval=False, has_refit_draft_weights=False, trains_mtp=False):
+        config, has_refit = translate.apply_to_generation_config(config, has_refit_draft_weights, trains_mtp)
+        return original(config, tokenizer, is_eval=is_eval, has_refit_draft_weights=has_refit, trains_mtp=trains_mtp)
+
+    configure_generation_config.__wrapped__ = original
+    return configure_generation_config
+
+
+def make_resolver(original: Callable[[str, dict], str]) -> Callable[[str, dict], str]:
+    """Wrap NeMo-RL's `resolve_generation_worker_cls` (same parameters)."""
+
+    def resolve_generation_worker_cls(default_cls, config):
+        return translate.select_worker_fqn(default_cls, config, original)
+
+    resolve_generation_worker_cls.__wrapped__ = original
+    return resolve_generation_worker_cls
+
+
+def install(env: Optional[dict] = None) -> list[tuple[Any, str, Any]]:
+    """Apply the substitutions; returns (object, attribute, previous value) for `uninstall`."""
+    env = os.environ if env is None else env
+    undo: list[tuple[Any, str, Any]] = []
+
+    def setattr_undo(obj: Any, name: str, value: Any) -> None:
+        undo.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    entry = str(translate.package_import_root())
+    env["PYTHONPATH"] = translate.pythonpath_with(entry, env.get("PYTHONPATH"))
+
+    registry = api.resolve(api.ACTOR_REGISTRY)
+    venv_dir = env.get("NEMO_RL_VENV_DIR") or api.resolve(api.DEFAULT_VENV_DIR)
+    for fqn, python in translate.registry_entries(registry, venv_dir).items():
+        undo.append((registry, fqn, registry.get(fqn)))
+        registry[fqn] = python
+
+    resolver_module = importlib.import_module(api.RESOLVER_MODULE)
+    setattr_undo(resolver_module, api.RESOLVER_NAME, make_resolver(getattr(resolver_module, api.RESOLVER_NAME)))
+
+    from nemo_rl_specdec.nemo_rl import generation
+
+    grpo = importlib.import_module(api.GRPO_MODULE)
+    setattr_undo(grpo, "VllmGeneration", generation.SpecDecVllmGeneration)
+
+    script = api.load_run_grpo_module()
+    setattr_undo(script, "configure_generation_config", make_configure_wrapper(script.configure_generation_config))
+    return undo
+
+
+def uninstall(undo: list[tuple[Any, str, Any]]) -> None:
+    for obj, name, old in reversed(undo):
+        if isinstance(obj, dict):
+            if old is None:
+                obj.pop(name, None)
+            else:
+                obj[name] = old
+        else:
+            setattr(obj, name, old)
+
+
+def write_composed(composed: config_loader.Composed, out_dir: Optional[str] = None) -> Path:
+    """The composed run file (parents merged, interpolations kept) for NeMo-RL's own loader."""
+    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="nemo_rl_specdec_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"composed_{composed.source.stem}.yaml"
+    path.write_text(composed.to_yaml())
+    return path
+
+
+def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
+    """Steps 1-2 (no NeMo-RL import). Returns (exit code or -1 to continue, launch plan)."""
+    args, overrides = parse_args(argv)
+    root = api.find_nemo_rl_root()
+    try:
+        base = config_loader.compose(args.config, [], root)
+        full = config_loader.compose(args.config, overrides, root)
+        if full.missing_parents:
+            # The parents live in a NeMo-RL checkout we cannot see: check the block the file
+            # itself carries, then say what is missing.
+            try:
+                raw = full.resolved()
+            except ConfigError:
+                raw = {}
+            gen = (raw.get("policy") or {}).get("generation")
+            if isinstance(gen, dict):
+                translate.validate_block(gen)
+            spec = None
+        else:
+            spec = translate.check_run(full.resolved())
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG, None
+    if not api.nemo_rl_available():
+        print(f"error: {api.INSTALL_HINT}", file=sys.stderr)
+        return EXIT_RUNTIME, None
+    if full.missing_parents:
+        print(f"error: {args.config}: parent configs not found: {full.missing_parents} "
+              f"(NeMo-RL checkout: {root}; set NEMO_RL_ROOT)", file=sys.stderr)
+        return EXIT_CONFIG, None
+    return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    code, plan = prepare(argv)
+    if code >= 0:
+        return code
+    config_path = Path(plan["config"])
+    if plan["base"].uses_nemo_rl_parent:
+        config_path = write_composed(plan["base"])
+        print(f"[specdec] composed run file (NeMo-RL base merged): {config_path}")
+    try:
+        script = api.load_run_grpo_module()
+        if plan["spec"] is not None:
+            install()
+            spec = plan["spec"]
+            print(f"[specdec] speculative decoding on: drafter={spec.drafter} k={spec.num_speculative_tokens} "
+                  f"refresh={spec.refresh.mode} placement={spec.scheduling.placement}")
+        else:
+            print("[specdec] policy.generation.speculative_decoding absent or disabled: running NeMo-RL's GRPO unchanged")
+    except api.NeMoRLMissing as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_RUNTIME
+    sys.argv = [str(Path(script.__file__)), "--config", str(config_path), *plan["overrides"]]
+    try:
+        script.main()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Length-aware placement of a NeMo-RL generation batch onto the data-parallel vLLM engines.
+
+NeMo-RL cuts a batch into contiguous shards, so one engine can collect the longest GRPO
+groups and the whole step waits for it. `Planner` predicts each request's length from the
+lengths its problem produced before (`scheduling.predictor.LengthPredictor`, keyed by a hash
+of the prompt tokens), assigns requests with `scheduling.placement.place`, and gives the
+permutation that puts the combined results back in input order. Pure; no NeMo-RL.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from nemo_rl_specdec.nemo_rl.metrics import imbalance
+
+
+@dataclass
+class Plan:
+    assignment: list[list[int]]   # per engine: request indices, in the order they are sent
+    restore: list[int]            # row of the combined (engine-ordered) output for request i
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def sent_order(self) -> list[int]:
+        return [i for eng in self.assignment for i in eng]
+
+    def actual_stats(self, generation_lengths: Sequence[float]) -> dict:
+        """Imbalance of the generated tokens per engine (input-order lengths)."""
+        loads = [sum(float(generation_lengths[i]) for i in eng) for eng in self.assignment]
+        return {"actual_imbalance": imbalance(loads)}
+
+
+def restore_permutation(assignment: list[list[int]]) -> list[int]:
+    """For each request index, its row in the engine-ordered concatenation of the results."""
+    from nemo_rl_specdec.scheduling.placement import restore_order
+
+    rows, pos = [], 0
+    for eng in assignment:
+        rows.append(list(range(pos, pos + len(eng))))
+        pos += len(eng)
+    return restore_order(rows, assignment)
+
+
+class Planner:
+    """Per-batch placement for `VllmGeneration.generate` plus per-request picks for `generate_async`."""
+
+    def __init__(self, policy: str, max_new_tokens: Optional[int] = None):
+        from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+
+        self.policy = policy
+        # A positive prior: with nothing observed yet every request predicts the same length, so
+        # placement balances request counts (all-zero predictions would all tie on engine 0).
+        prior = float(max_new_tokens) / 2 if max_new_tokens else 1.0
+        self.predictor = LengthPredictor(prior=prior, max_len=max_new_tokens)
+        self.outstanding: list[float] = []
+
+    @property
+    def active(self) -> bool:
+        return self.policy != "contiguous"
+
+    def plan(self, problem_ids: Sequence[str], num_engines: int) -> Optional[Plan]:
+        """None means: keep NeMo-RL's contiguous sharding (policy contiguous, or fewer requests than engines)."""
+        from nemo_rl_specdec.scheduling.placement import Request, engine_loads, place
+
+        n = len(problem_ids)
+        if not self.active or num_engines < 2 or n < num_engines:
+            return None
+        reqs = [Request(i, pid, float(self.predictor.predict(pid))) for i, pid in enumerate(problem_ids)]
+        assignment = place(reqs, num_engines, self.policy)
+        if any(not eng for eng in assignment):
+            return None
+        contiguous = place(reqs, num_engines, "contiguous")
+        stats = {
+            "predicted_imbalance": imbalance(engine_loads(reqs, assignment)),
+            "contiguous_predicted_imbalance": imbalance(engine_loads(reqs, contiguous)),
+        }
+        return Plan(assignment, restore_permutation(assignment), stats)
+
+    def observe(self, problem_ids: Sequence[str], generation_lengths: Sequence[float]) -> None:
+        self.predictor.observe_many(zip(problem_ids, (float(x) for x in generation_lengths)))
+
+    # -- per request (async engines): least outstanding predicted tokens first
+
+    def pick(self, problem_id: str, num_engines: int) -> tuple[int, float]:
+        if len(self.outstanding) != num_engines:
+            self.outstanding = [0.0] * num_engines
+        # at least 1: with no history yet (predictions 0) this degrades to least-outstanding-requests
+        predicted = max(1.0, float(self.predictor.predict(problem_id)))
+        engine = min(range(num_engines), key=lambda j: (self.outstanding[j], j))
+        self.outstanding[engine] += predicted
+        return engine, predicted
+
+    def release(self, engine: int, predicted: float) -> None:
+        if 0 <= engine < len(self.outstanding):
+            self.outstanding[engine] = max(0.0, self.outstanding[engine] - predicted)

@@ -1,0 +1,315 @@
+"""Pure logic of the NeMo-RL adapter: validating the block inside a NeMo-RL run, translating it
+into `policy.generation.vllm_kwargs.speculative_config`, choosing the drafter's weight source,
+and choosing the worker / worker-extension classes. No NeMo-RL import; unit-tested directly.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from nemo_rl_specdec.config import (
+    BLOCK_PATH,
+    ConfigError,
+    GenerationConfig,
+    SpecDecConfig,
+    to_vllm_speculative_config,
+    validate_run_dict,
+)
+from nemo_rl_specdec.nemo_rl import api
+
+GEN_PATH = "policy.generation"
+SPEC_KWARGS_PATH = "policy.generation.vllm_kwargs.speculative_config"
+
+# NeMo-RL's hardcoded worker FQNs -> ours (Ray actor classes built in workers.py).
+OUR_SYNC_WORKER = "nemo_rl_specdec.nemo_rl.workers.SpecDecVllmGenerationWorker"
+OUR_ASYNC_WORKER = "nemo_rl_specdec.nemo_rl.workers.SpecDecVllmAsyncGenerationWorker"
+WORKER_SUBSTITUTES = {api.SYNC_WORKER: OUR_SYNC_WORKER, api.ASYNC_WORKER: OUR_ASYNC_WORKER}
+
+# NeMo-RL's vLLM worker extensions -> our composites (built in extension.py).
+OUR_EXTENSION = "nemo_rl_specdec.nemo_rl.extension.SpecDecNemoRLWorkerExtension"
+OUR_EXTENSION_CKPT = "nemo_rl_specdec.nemo_rl.extension.SpecDecNemoRLWorkerExtensionWithCheckpointEngine"
+EXTENSION_SUBSTITUTES = {api.HOST_EXTENSION: OUR_EXTENSION, api.HOST_EXTENSION_CKPT: OUR_EXTENSION_CKPT}
+
+# Transports whose refit never runs the extension's weight-update lifecycle (no drafter refresh).
+UNSUPPORTED_REFIT_TRANSPORTS = ("vllm_s3_sparse", "vllm_zmq_sparse")
+
+# Where the drafter's weights come from in a NeMo-RL run.
+SOURCE_NONE = "none"                  # suffix / ngram: no weights
+SOURCE_REFIT_STREAM = "refit_stream"  # trainer exports them with the policy (draft.* or MTP layers)
+SOURCE_CHECKPOINT_ONCE = "checkpoint_once"  # MTP heads read once from the policy checkpoint
+SOURCE_CHECKPOINT = "checkpoint"      # eagle3 / draft_model read from their own checkpoint at startup
+
+# Generation-config key (NeMo-RL style internal key, like `_pad_token_id`) carrying the source to the workers.
+WEIGHT_SOURCE_KEY = "_specdec_weight_source"
+
+
+def _get(d: Any, dotted: str, default: Any = None) -> Any:
+    node = d
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+# --------------------------------------------------------------------------- validation
+
+def validate_block(gen_cfg: dict) -> Optional[SpecDecConfig]:
+    """The validated block from a NeMo-RL generation config, or None when it is absent.
+
+    Only the block (and the sampling temperature it depends on) is validated here: the rest of
+    `policy.generation` belongs to NeMo-RL, which accepts values our CPU schema does not
+    (e.g. `vllm_cfg.precision: fp8`). Errors are ConfigError naming the dotted key path.
+    """
+    if not isinstance(gen_cfg, dict):
+        raise ConfigError(f"{GEN_PATH}: got {gen_cfg!r}; allowed: a mapping")
+    if gen_cfg.get("speculative_decoding") is None:
+        return None
+    # Keys our CPU schema declares (vllm_cfg, top_p, ...) are left to NeMo-RL; undeclared keys
+    # stay in so a misspelt second copy of the block (`speculative_decodng`) is still caught.
+    probe = {k: v for k, v in gen_cfg.items()
+             if k not in GenerationConfig.model_fields or k in ("speculative_decoding", "temperature")}
+    if probe.get("temperature") is None:
+        probe.pop("temperature", None)
+    run = validate_run_dict({"policy": {"model_name": "<nemo-rl run>", "generation": probe}})
+    return run.spec
+
+
+def enabled_spec(gen_cfg: Any) -> Optional[SpecDecConfig]:
+    """The block if present and enabled (after validation), else None."""
+    if not isinstance(gen_cfg, dict):
+        return None
+    spec = validate_block(gen_cfg)
+    return spec if spec is not None and spec.enabled else None
+
+
+def drafter_weight_source(spec: SpecDecConfig, trainer_exports_draft: bool, trains_mtp: bool) -> str:
+    """Where the drafter's weights come from in NeMo-RL 0.6.0.
+
+    `trainer_exports_draft` is `policy.draft.enabled` (Megatron trains an Eagle head and streams
+    it as `draft.*` tensors); `trains_mtp` is `policy.megatron_cfg.mtp_num_layers > 0`.
+    """
+    d = spec.drafter
+    if d in ("suffix", "ngram"):
+        return SOURCE_NONE
+    if d == "mtp":
+        return SOURCE_REFIT_STREAM if trains_mtp else SOURCE_CHECKPOINT_ONCE
+    if d == "eagle3" and trainer_exports_draft:
+        return SOURCE_REFIT_STREAM
+    return SOURCE_CHECKPOINT
+
+
+def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
+    """Reject refresh modes NeMo-RL cannot honour with this weight source (clear error, not a stale drafter)."""
+    mode = spec.refresh.mode
+    path = f"{BLOCK_PATH}.refresh.mode"
+    if mode == "refit" and source != SOURCE_REFIT_STREAM:
+        if spec.drafter == "mtp":
+            hint = "refit needs the trainer to train and stream the MTP layers: policy.megatron_cfg.mtp_num_layers > 0"
+        elif spec.drafter == "eagle3":
+            hint = "refit needs the trainer to stream the Eagle head: policy.draft.enabled=true (Megatron policy)"
+        else:
+            hint = "NeMo-RL 0.6.0 trains no external draft model; use 'online' (distilled on rollouts) or 'frozen'"
+        raise ConfigError(f"{path}: got 'refit'; {hint}")
+    if mode == "frozen" and source == SOURCE_REFIT_STREAM:
+        what = "policy.draft.enabled=true" if spec.drafter == "eagle3" else "policy.megatron_cfg.mtp_num_layers > 0"
+        raise ConfigError(
+            f"{path}: got 'frozen', but {what} makes the trainer stream new drafter weights every step; "
+            f"use 'online' or 'refit', or turn the trainer-side drafter off"
+        )
+
+
+def wants_rollouts(spec: SpecDecConfig, source: str) -> bool:
+    """Whether each policy update should hand the finished rollouts to the drafter."""
+    if spec.drafter == "suffix":
+        return spec.suffix.backend == "das"
+    return spec.refresh.mode == "online" and source not in (SOURCE_REFIT_STREAM, SOURCE_NONE)
+
+
+def check_run(raw: dict) -> Optional[SpecDecConfig]:
+    """Validate a composed NeMo-RL run dict for our block (before NeMo-RL is imported).
+
+    Returns the enabled block, or None when the block is absent or disabled.
+    """
+    policy = raw.get("policy") if isinstance(raw, dict) else None
+    if not isinstance(policy, dict):
+        raise ConfigError("policy: missing; a NeMo-RL run file needs a `policy:` mapping")
+    if not policy.get("model_name"):
+        raise ConfigError("policy.model_name: missing; allowed: a Hugging Face id or a checkpoint path")
+    gen = policy.get("generation")
+    if gen is None:
+        raise ConfigError(f"{GEN_PATH}: missing; GRPO needs a generation config")
+    spec = enabled_spec(gen)
+    if spec is None:
+        return None
+    trainer_exports_draft = bool(_get(policy, "draft.enabled", False))
+    trains_mtp = bool(_get(policy, "megatron_cfg.mtp_num_layers", 0) or 0)
+    _check_generation_compat(gen, spec)
+    source = drafter_weight_source(spec, trainer_exports_draft, trains_mtp)
+    check_refresh_mode(spec, source)
+    if spec.drafter == "eagle3" and trainer_exports_draft:
+        trained = _get(policy, "draft.model_name")
+        if trained and trained != spec.eagle3.model:
+            raise ConfigError(
+                f"{BLOCK_PATH}.eagle3.model: got {spec.eagle3.model!r}, but the trainer's Eagle head is "
+                f"policy.draft.model_name={trained!r}; they must be the same checkpoint"
+            )
+    return spec
+
+
+def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
+    backend = gen.get("backend", "vllm")
+    if backend != "vllm":
+        raise ConfigError(f"{GEN_PATH}.backend: got {backend!r}; allowed: 'vllm' when {BLOCK_PATH}.enabled=true")
+    if gen.get("quant_cfg") is not None:
+        raise ConfigError(
+            f"{GEN_PATH}.quant_cfg: set together with {BLOCK_PATH}.enabled=true; both replace NeMo-RL's "
+            "vLLM worker (ModelOpt quantization and speculative decoding) and cannot be combined"
+        )
+    transport = gen.get("refit_transport")
+    if transport in UNSUPPORTED_REFIT_TRANSPORTS:
+        raise ConfigError(
+            f"{GEN_PATH}.refit_transport: got {transport!r}; sparse refits bypass the weight-update hook "
+            f"that refreshes the drafter; use null (IPC/NCCL), 'nixl' or 'nccl_reshard'"
+        )
+    existing = _get(gen, "vllm_kwargs.speculative_config")
+    if existing:
+        want = to_vllm_speculative_config(spec, float(gen.get("temperature", 1.0) or 0.0))
+        if existing != want:
+            raise ConfigError(
+                f"{SPEC_KWARGS_PATH}: set by hand ({existing!r}) while {BLOCK_PATH}.enabled=true; "
+                f"remove it, the block writes it (would be {want!r})"
+            )
+
+
+# --------------------------------------------------------------------------- translation
+
+def apply_to_generation_config(
+    gen_cfg: dict, has_refit_draft_weights: bool = False, trains_mtp: bool = False
+) -> tuple[dict, bool]:
+    """Write `vllm_kwargs.speculative_config` from the block, before `configure_generation_config`.
+
+    Returns (generation config, `has_refit_draft_weights` to pass on). For drafters without
+    weights (suffix, ngram) and drafters streamed by the trainer, that flag is True so NeMo-RL
+    keeps `load_format=dummy` (the first refit supplies the policy) instead of forcing a full
+    load from disk; eagle3 / draft_model read from their own checkpoint keep NeMo-RL's full load
+    (vLLM loads the drafter with the engine's load format).
+    """
+    spec = enabled_spec(gen_cfg)
+    if spec is None:
+        return gen_cfg, has_refit_draft_weights
+    _check_generation_compat(gen_cfg, spec)
+    source = drafter_weight_source(spec, has_refit_draft_weights, trains_mtp)
+    check_refresh_mode(spec, source)
+    temperature = float(gen_cfg.get("temperature", 1.0) or 0.0)
+    kwargs = gen_cfg.get("vllm_kwargs") or {}
+    kwargs = dict(kwargs)
+    kwargs["speculative_config"] = to_vllm_speculative_config(spec, temperature)
+    gen_cfg["vllm_kwargs"] = kwargs
+    gen_cfg[WEIGHT_SOURCE_KEY] = source
+    if source in (SOURCE_NONE, SOURCE_REFIT_STREAM):
+        return gen_cfg, True
+    return gen_cfg, has_refit_draft_weights
+
+
+def engine_init_payload(gen_cfg: dict) -> Optional[dict]:
+    """What the worker hands to `specdec_init` in every vLLM worker: the validated block."""
+    spec = enabled_spec(gen_cfg)
+    return None if spec is None else spec.model_dump(mode="json")
+
+
+# --------------------------------------------------------------------------- classes and envs
+
+def select_worker_fqn(default_cls: str, gen_cfg: dict, original: Callable[[str, dict], str]) -> str:
+    """Replacement for NeMo-RL's `resolve_generation_worker_cls` (same parameters)."""
+    if enabled_spec(gen_cfg) is None:
+        return original(default_cls, gen_cfg)
+    _check_generation_compat(gen_cfg, enabled_spec(gen_cfg))
+    try:
+        return WORKER_SUBSTITUTES[default_cls]
+    except KeyError:
+        raise RuntimeError(
+            f"NeMo-RL asked for generation worker {default_cls!r}, which nemo-rl-specdec does not know; "
+            f"known: {sorted(WORKER_SUBSTITUTES)}. Is this NeMo-RL {api.NEMO_RL_VERSION}?"
+        ) from None
+
+
+def extension_fqn_for(host_fqn: Optional[str]) -> str:
+    """Our composite extension for the host extension NeMo-RL chose."""
+    if host_fqn in EXTENSION_SUBSTITUTES:
+        return EXTENSION_SUBSTITUTES[host_fqn]
+    if host_fqn in EXTENSION_SUBSTITUTES.values():
+        return host_fqn  # already ours
+    raise RuntimeError(
+        f"vLLM worker_extension_cls is {host_fqn!r}; nemo-rl-specdec composes only with "
+        f"{sorted(EXTENSION_SUBSTITUTES)}"
+    )
+
+
+def inject_extension(llm_kwargs: dict) -> str:
+    """Point `llm_kwargs['worker_extension_cls']` at our composite; returns the new FQN."""
+    fqn = extension_fqn_for(llm_kwargs.get("worker_extension_cls"))
+    llm_kwargs["worker_extension_cls"] = fqn
+    return fqn
+
+
+def extra_env_var_names(existing: Optional[Any]) -> list[str]:
+    """Env vars forwarded into vLLM's own (TP>1) Ray workers: ours must import there too."""
+    names = list(existing or [])
+    for n in ("PYTHONPATH",):
+        if n not in names:
+            names.append(n)
+    return names
+
+
+def package_import_root(pkg_dir: Optional[Path] = None, cache_dir: Optional[Path] = None) -> Path:
+    """A directory that, on PYTHONPATH, makes `nemo_rl_specdec` importable in NeMo-RL's worker venvs.
+
+    A source checkout: its root. A site-packages install: a directory holding only a symlink to
+    the package (putting a whole site-packages on PYTHONPATH would mix two environments).
+    """
+    pkg_dir = Path(pkg_dir or Path(__file__).resolve().parent.parent)
+    parent = pkg_dir.parent
+    if parent.name not in ("site-packages", "dist-packages"):
+        return parent
+    cache_dir = Path(cache_dir or os.environ.get("NEMO_RL_SPECDEC_PYTHONPATH_DIR")
+                     or Path.home() / ".cache" / "nemo_rl_specdec" / "pythonpath")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    link = cache_dir / pkg_dir.name
+    if not link.exists():
+        link.symlink_to(pkg_dir, target_is_directory=True)
+    return cache_dir
+
+
+def pythonpath_with(entry: str, current: Optional[str]) -> str:
+    parts = [p for p in (current or "").split(os.pathsep) if p]
+    if entry in parts:
+        return os.pathsep.join(parts)
+    return os.pathsep.join([entry, *parts])
+
+
+def worker_python_env(base_env: str, base_fqn: str, venv_dir: Optional[str],
+                      exists: Callable[[str], bool] = os.path.exists) -> str:
+    """The python for our worker actor: reuse the venv NeMo-RL built for the base worker if present.
+
+    NeMo-RL builds one uv venv per actor FQN; a new FQN would build a second, identical vLLM
+    venv. A registry value that does not start with `uv` is used verbatim by NeMo-RL.
+    """
+    if os.environ.get("NEMO_RL_SPECDEC_WORKER_PYTHON"):
+        return os.environ["NEMO_RL_SPECDEC_WORKER_PYTHON"]
+    if not base_env.startswith("uv") or not venv_dir:
+        return base_env
+    candidate = os.path.join(venv_dir, base_fqn, "bin", "python")
+    return candidate if exists(candidate) else base_env
+
+
+def registry_entries(registry: dict, venv_dir: Optional[str]) -> dict[str, str]:
+    """Actor-environment registry entries for our worker FQNs."""
+    out = {}
+    for base, ours in WORKER_SUBSTITUTES.items():
+        if base not in registry:
+            raise RuntimeError(f"NeMo-RL's actor registry has no entry for {base}; is this NeMo-RL {api.NEMO_RL_VERSION}?")
+        out[ours] = worker_python_env(registry[base], base, venv_dir)
+    return out
+
