@@ -1,0 +1,79 @@
+"""`nemo-rl-specdec simulate SCENARIO [key=value ...] [--json OUT] [--plots DIR]`.
+
+Prints a table (baseline vs speculative rollout and step times, speedups, acceptance, idle
+fraction, and each calibration target with the predicted value), writes the result JSON, and,
+with --plots, runs the sweeps over k, acceptance and cluster size and writes their PNGs (the
+sweeps are also added to the JSON). Exit codes: 0 ok, 2 invalid scenario (raised as
+ConfigError and reported by the top-level CLI).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_specdec.sim.report import simulate
+from nemo_rl_specdec.sim.scenario import load_scenario
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf"
+        if abs(v) < 10:
+            return f"{v:.3f}"
+        return f"{v:,.1f}" if abs(v) < 10_000 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def format_table(res: dict[str, Any]) -> str:
+    rows = [
+        ("", "baseline", "speculative", "ratio"),
+        ("rollout (s)", res["rollout_s_baseline"], res["rollout_s_spec"], res["rollout_speedup"]),
+        ("step (s)", res["step_s_baseline"], res["step_s_spec"], res["step_speedup"]),
+        ("generation share of step", res["gen_fraction_baseline"], res["gen_fraction_spec"], None),
+        ("generation idle fraction", res["gen_idle_fraction_baseline"], res["gen_idle_fraction_spec"], None),
+        ("tokens / GPU-s (rollout)", res["tokens_per_gpu_s_baseline"], res["tokens_per_gpu_s_spec"], None),
+        ("target forward steps", res["target_steps_baseline"], res["target_steps_spec"], None),
+    ]
+    if "rollout_s_placement_only" in res:
+        rows.append(("rollout, placement only (s)", res["rollout_s_baseline"], res["rollout_s_placement_only"],
+                     res["rollout_speedup_placement_only"]))
+    cells = [[_fmt(c) if i else c for i, c in enumerate(r)] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(4)]
+    lines = [f"scenario {res['scenario']}: {res['mode']}, {res['num_engines']} engines, k={res['k']}, "
+             f"alpha={_fmt(res['alpha'])}, mean accepted length {_fmt(res['mean_accepted_length'])}"]
+    for r in cells:
+        lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
+    cal = res.get("calibration")
+    if cal:
+        lines.append("")
+        lines.append("calibration (published figure -> simulated):")
+        for key, c in cal.items():
+            want = _fmt(c["target"]) if c["target"] is not None else f"[{_fmt(c['min'])}, {_fmt(c['max'])}]"
+            tag = "ok" if c["ok"] else "OUT OF RANGE"
+            lines.append(f"  {key}: {want} -> {_fmt(c['predicted'])}  {tag}   ({c['source']})")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    sc = load_scenario(args.scenario, list(getattr(args, "overrides", []) or []))
+    plots_dir = getattr(args, "plots", None)
+    res = simulate(sc, sweeps=bool(plots_dir))
+    print(format_table(res))
+    if plots_dir:
+        from nemo_rl_specdec.sim.plots import write_plots
+
+        for p in write_plots(res, plots_dir):
+            print(f"wrote {p}")
+    out = getattr(args, "json", None)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(res, indent=2))
+        print(f"wrote {out}")
+    return 0

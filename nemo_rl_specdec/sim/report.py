@@ -1,0 +1,127 @@
+"""A scenario's results: baseline vs speculative runs, calibration checks, sweeps.
+
+- baseline: speculation off, `baseline.placement` (default `contiguous`, NeMo-RL today);
+- placement only: speculation off, the scenario's placement (what scheduling alone gives);
+- spec: speculation on with the scenario's drafter, k, placement and budget.
+
+All three runs see the same batches (one seeded draw). Sweeps re-run the spec case (and the
+baseline where it changes) over k, over the per-position acceptance alpha, and over the
+number of engines.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from nemo_rl_specdec.sim.costmodel import CostModel
+from nemo_rl_specdec.sim.step import RunResult, simulate_rl
+from nemo_rl_specdec.sim.workload import make_batches
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf")
+
+
+def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunResult] = None) -> dict[str, Any]:
+    gpus = spec.num_engines * sc.hardware.gpus_per_engine
+    out = {
+        "rollout_s_baseline": base.rollout_s,
+        "rollout_s_spec": spec.rollout_s,
+        "rollout_speedup": _ratio(base.rollout_s, spec.rollout_s),
+        "rollout_time_reduction": 1.0 - _ratio(spec.rollout_s, base.rollout_s),
+        "step_s_baseline": base.step_s,
+        "step_s_spec": spec.step_s,
+        "step_speedup": _ratio(base.step_s, spec.step_s),
+        "gen_fraction_baseline": _ratio(base.rollout_s, base.step_s) if sc.rl.mode == "sync" else None,
+        "gen_fraction_spec": _ratio(spec.rollout_s, spec.step_s) if sc.rl.mode == "sync" else None,
+        "gen_idle_fraction_baseline": base.gen_idle_fraction,
+        "gen_idle_fraction_spec": spec.gen_idle_fraction,
+        "mean_accepted_length": spec.mean_accepted_length,
+        "tokens_per_gpu_s_baseline": base.response_tokens / len(base.release) / (base.rollout_s * gpus),
+        "tokens_per_gpu_s_spec": spec.response_tokens / len(spec.release) / (spec.rollout_s * gpus),
+        "target_steps_baseline": base.target_steps,
+        "target_steps_spec": spec.target_steps,
+        "draft_tokens_per_response_token": spec.draft_tokens / max(1, spec.response_tokens),
+    }
+    if placement_only is not None:
+        out["rollout_s_placement_only"] = placement_only.rollout_s
+        out["rollout_speedup_placement_only"] = _ratio(base.rollout_s, placement_only.rollout_s)
+    return out
+
+
+def check_calibration(sc, metrics: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, target in (sc.calibration or {}).items():
+        if key not in metrics or metrics[key] is None:
+            raise KeyError(f"scenario.calibration.{key}: not a reported metric; known: {sorted(metrics)}")
+        lo, hi = target.bounds()
+        v = float(metrics[key])
+        out[key] = {"predicted": v, "target": target.value, "min": lo, "max": hi,
+                    "ok": bool(lo <= v <= hi), "source": target.source}
+    return out
+
+
+def simulate(sc, sweeps: bool = False) -> dict[str, Any]:
+    """Everything the CLI prints and writes, as a JSON-able dict."""
+    batches = make_batches(sc.workload, sc.rl.num_steps, sc.seed)
+    base = simulate_rl(sc, speculative=False, placement=sc.baseline.placement, batches=batches)
+    spec = simulate_rl(sc, speculative=True, batches=batches)
+    p_only = None
+    if sc.speculation.placement != sc.baseline.placement:
+        p_only = simulate_rl(sc, speculative=False, batches=batches)
+    metrics = compare(sc, base, spec, p_only)
+    cm = CostModel.from_scenario(sc)
+    result: dict[str, Any] = {
+        "scenario": sc.name,
+        **metrics,
+        "alpha": sc.alpha,
+        "k": sc.speculation.k,
+        "num_engines": sc.cluster.num_engines,
+        "mode": sc.rl.mode,
+        "cost_model": {"c_base_s": cm.c_base, "c_tok_s": cm.c_tok, "c_ctx_s": cm.c_ctx},
+        "per_step": {
+            "rollout_s_baseline": base.rollout_s_per_step,
+            "rollout_s_spec": spec.rollout_s_per_step,
+        },
+    }
+    if sc.calibration:
+        result["calibration"] = check_calibration(sc, metrics)
+    if sweeps:
+        result["sweeps"] = run_sweeps(sc, base, batches)
+    return result
+
+
+def run_sweeps(sc, base: Optional[RunResult] = None, batches=None) -> dict[str, list[dict[str, float]]]:
+    if batches is None:
+        batches = make_batches(sc.workload, sc.rl.num_steps, sc.seed)
+    if base is None:
+        base = simulate_rl(sc, speculative=False, placement=sc.baseline.placement, batches=batches)
+    out: dict[str, list[dict[str, float]]] = {"k": [], "alpha": [], "num_engines": []}
+    for k in sc.sweep.k:
+        r = simulate_rl(sc, speculative=True, k=k, batches=batches)
+        out["k"].append(_point("k", k, base, r))
+    if sc.acceptance.per_position is None:
+        for a in sc.sweep.alpha:
+            r = simulate_rl(sc, speculative=True, acceptance=a, batches=batches)
+            out["alpha"].append(_point("alpha", a, base, r))
+    E0 = sc.cluster.num_engines
+    sizes = sc.sweep.num_engines or sorted({max(1, E0 // 4), max(1, E0 // 2), E0, 2 * E0, 4 * E0})
+    for E in sizes:
+        prompts = None
+        if sc.sweep.cluster_scaling == "weak":
+            prompts = max(1, round(sc.workload.num_prompts * E / E0))
+        bb = make_batches(sc.workload, sc.rl.num_steps, sc.seed, prompts)
+        b = simulate_rl(sc, speculative=False, placement=sc.baseline.placement, num_engines=E, batches=bb)
+        r = simulate_rl(sc, speculative=True, num_engines=E, batches=bb)
+        out["num_engines"].append(_point("num_engines", E, b, r))
+    return out
+
+
+def _point(name: str, x, base: RunResult, r: RunResult) -> dict[str, float]:
+    return {
+        name: x,
+        "rollout_speedup": _ratio(base.rollout_s, r.rollout_s),
+        "step_speedup": _ratio(base.step_s, r.step_s),
+        "rollout_s_baseline": base.rollout_s,
+        "rollout_s_spec": r.rollout_s,
+        "mean_accepted_length": r.mean_accepted_length,
+    }

@@ -1,0 +1,203 @@
+"""GRPO steps around the rollout: sync and async pipelines over several steps.
+
+For step t a batch of rollouts is generated, then the policy's logprobs are recomputed and
+it is trained (times from `rl.logprob` and `rl.train`: fixed seconds plus seconds per 1000
+tokens), then the engines load the new weights (`rl.refit_s`), giving policy version t + 1.
+
+- sync (NeMo-RL's colocated GRPO): batch t is released when version t is in the engines,
+  U_t = E_(t-1) + refit. Step time = generation + logprob + train + refit.
+- async (separate generation and training GPUs, `max_policy_lag` = L >= 1): batch t may be
+  generated with version t - L, so it is released at U_(t-L); the engines keep generating
+  while the trainer works, and the next batch's requests fill the slots freed by the current
+  batch's tail. Training of batch t starts when batch t is complete and training of t - 1
+  is done. A weight update pauses the engines for `refit_s` at the next step boundary after
+  training ends (requests in flight continue with the new weights afterwards).
+
+For each batch the driver predicts lengths (`LengthPredictor` fed with the problems'
+earlier rollouts, or the true lengths with `prediction: oracle`), places the requests with
+`scheduling.placement.place`, and runs each engine (`engine_sim.EngineSim`) until its part
+of the batch is done; the batch is done when the slowest engine is.
+
+Reported per run: rollout time (release to last request finished, mean over steps), step time
+(sync: mean of U_(t+1) - U_t; async: mean interval between training ends after the L
+warm-up steps), generation idle fraction (engine-time with no request in flight, inside the
+rollout windows for sync, over the whole run for async), tokens, target steps, mean accepted
+length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from nemo_rl_specdec.scheduling.budget import expected_accepted, k_by_batch_size_schedule
+from nemo_rl_specdec.scheduling.placement import Request, place
+from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+from nemo_rl_specdec.sim.costmodel import CostModel
+from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest, SpecPolicy
+from nemo_rl_specdec.sim.workload import Batch, make_batches
+
+
+@dataclass
+class RunResult:
+    speculative: bool
+    placement: str
+    num_engines: int
+    release: list[float]
+    gen_done: list[float]
+    train_done: list[float]
+    rollout_s: float
+    step_s: float
+    gen_idle_fraction: float
+    response_tokens: int
+    target_steps: int
+    draft_tokens: float
+    verified_tokens: float
+    mean_accepted_length: float
+    engine_busy_s: list[float] = field(default_factory=list)
+
+    @property
+    def rollout_s_per_step(self) -> list[float]:
+        return [g - r for g, r in zip(self.gen_done, self.release)]
+
+
+def _phase_time(phase, batch: Batch) -> float:
+    return phase.fixed_s + phase.per_ktoken_s * batch.total_tokens / 1000.0
+
+
+def _accept_tables(sc, batch: Batch, k: int, acceptance: Union[float, Sequence[float]]) -> np.ndarray:
+    """Per-request A(d), d = 0..k. With acceptance.spread > 0 each request has its own alpha
+    (drawn from a generator seeded by the scenario seed and step, so every run agrees)."""
+    n = len(batch)
+    spread = sc.acceptance.spread
+    if isinstance(acceptance, (int, float)) and spread > 0:
+        rng = np.random.default_rng([sc.seed, 7919, batch.step])
+        alphas = np.clip(float(acceptance) + spread * rng.standard_normal(n), 0.0, 0.999)
+        powers = alphas[:, None] ** np.arange(k + 1)[None, :]
+        return np.cumsum(powers, axis=1)
+    return np.broadcast_to(expected_accepted(acceptance, k), (n, k + 1))
+
+
+def _overlap(busy: list, lo: float, hi: float) -> float:
+    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in busy)
+
+
+def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Optional[int] = None,
+                acceptance: Union[None, float, Sequence[float]] = None, num_engines: Optional[int] = None,
+                num_prompts: Optional[int] = None, batches: Optional[list[Batch]] = None) -> RunResult:
+    """Simulate `sc.rl.num_steps` RL steps. Keyword overrides serve the sweeps; `batches`
+    lets several runs share one workload draw."""
+    spec_cfg = sc.speculation
+    placement = placement or spec_cfg.placement
+    k = spec_cfg.k if k is None else k
+    acceptance = sc.acceptance_model if acceptance is None else acceptance
+    E = sc.cluster.num_engines if num_engines is None else num_engines
+    rl = sc.rl
+    L = rl.lag
+    N = rl.num_steps
+    cost = CostModel.from_scenario(sc)
+    if batches is None:
+        batches = make_batches(sc.workload, N, sc.seed, num_prompts)
+
+    policy = None
+    if speculative and spec_cfg.enabled:
+        sched = spec_cfg.k_by_batch_size
+        if sched == "auto":
+            sched = k_by_batch_size_schedule(
+                sc.hardware.max_num_seqs, k, acceptance, cost.c_base, cost.c_tok,
+                c_draft=cost.draft_tok, c_draft_fwd=cost.draft_fwd_base,
+            )
+        policy = SpecPolicy(k=k, budget=spec_cfg.budget, long_fraction=spec_cfg.long_fraction,
+                            short_fraction=spec_cfg.short_fraction, medium_k=spec_cfg.medium_k,
+                            schedule=sched, interval=spec_cfg.budget_interval_steps, acceptance=acceptance)
+
+    max_len = sc.workload.lengths.max_len
+    predictor = LengthPredictor(max_len=max_len)
+    mode = sc.workload.prediction
+
+    def remaining(r: SimRequest, generated: float) -> float:
+        if mode == "oracle":
+            return max(0.0, r.length - generated)
+        if mode == "none":
+            return 1.0
+        return predictor.predict_remaining(r.problem_id, generated)
+
+    engines = [EngineSim(e, cost, policy, sc.hardware.max_num_seqs, remaining) for e in range(E)]
+    release: dict[int, float] = {}
+    U: dict[int, float] = {0: 0.0}          # policy version j is in the engines from U[j]
+    G: list[float] = []
+    Etrain: list[float] = []
+    added: set[int] = set()
+    rid = 0
+
+    def submit(t: int) -> None:
+        nonlocal rid
+        b = batches[t]
+        predictor.observe_many(b.history)
+        if mode == "oracle":
+            preds = b.lengths.astype(float)
+        elif mode == "none":
+            preds = np.zeros(len(b))
+        else:
+            preds = np.array([predictor.predict(p) for p in b.problem_ids])
+        reqs = [Request(i, b.problem_ids[i], float(preds[i])) for i in range(len(b))]
+        assignment = place(reqs, E, placement)
+        A = _accept_tables(sc, b, k, acceptance)
+        sims = [SimRequest(rid + i, t, b.problem_ids[i], int(b.lengths[i]), int(b.prompt_lens[i]), A[i])
+                for i in range(len(b))]
+        rid += len(b)
+        for e, idxs in enumerate(assignment):
+            engines[e].add([sims[i] for i in idxs], release[t])
+
+    for t in range(N):
+        for t2 in range(N):
+            if t2 in added:
+                continue
+            j = max(0, t2 - L)
+            if j not in U:
+                break
+            release[t2] = U[j]
+            submit(t2)
+            added.add(t2)
+        finishes = [eng.run_until_done(t) for eng in engines]
+        G.append(max([f for f in finishes if f is not None], default=release[t]))
+        start = max(G[t], Etrain[t - 1] if t else 0.0)
+        Etrain.append(start + _phase_time(rl.logprob, batches[t]) + _phase_time(rl.train, batches[t]))
+        U[t + 1] = Etrain[t] + rl.refit_s
+        if L > 0:
+            for eng in engines:
+                eng.add_pause(Etrain[t], rl.refit_s)
+        predictor.observe_many(zip(batches[t].problem_ids, (int(x) for x in batches[t].lengths)))
+
+    if L == 0:
+        step_s = (U[N] - U[0]) / N
+        windows = [(release[t], G[t]) for t in range(N)]
+    else:
+        step_s = (Etrain[N - 1] - Etrain[L]) / (N - 1 - L)
+        windows = [(0.0, G[N - 1])]
+    window_len = sum(hi - lo for lo, hi in windows)
+    busy = sum(_overlap(eng.stats.busy, lo, hi) for eng in engines for lo, hi in windows)
+    idle = 1.0 - busy / (E * window_len) if window_len > 0 else 0.0
+    st = [eng.stats for eng in engines]
+    spec_steps = sum(s.spec_request_steps for s in st)
+    return RunResult(
+        speculative=policy is not None,
+        placement=placement,
+        num_engines=E,
+        release=[release[t] for t in range(N)],
+        gen_done=G,
+        train_done=Etrain,
+        rollout_s=float(np.mean([G[t] - release[t] for t in range(N)])),
+        step_s=step_s,
+        gen_idle_fraction=max(0.0, idle),
+        response_tokens=int(sum(int(b.lengths.sum()) for b in batches[:N])),
+        target_steps=sum(s.steps for s in st),
+        draft_tokens=sum(s.draft_tokens for s in st),
+        verified_tokens=sum(s.verified_tokens for s in st),
+        mean_accepted_length=(sum(s.spec_committed for s in st) / spec_steps) if spec_steps else 1.0,
+        engine_busy_s=[s.busy_s for s in st],
+    )
+
+
+__all__ = ["RunResult", "simulate_rl"]
