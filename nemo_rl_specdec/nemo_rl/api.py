@@ -59,8 +59,17 @@ class NeMoRLMissing(ImportError):
     """NeMo-RL (or its GRPO entry script) cannot be found."""
 
 
+def _nemo_rl_spec():
+    """NeMo-RL's import spec, or None. A bare `nemo_rl/` directory (a namespace package, e.g.
+    this project's tests/nemo_rl when tests/ is on sys.path) is not NeMo-RL."""
+    spec = importlib.util.find_spec("nemo_rl")
+    if spec is None or spec.origin in (None, "namespace"):
+        return None
+    return spec
+
+
 def nemo_rl_available() -> bool:
-    return importlib.util.find_spec("nemo_rl") is not None
+    return _nemo_rl_spec() is not None
 
 
 def resolve(fqn: str) -> Any:
@@ -71,6 +80,8 @@ def resolve(fqn: str) -> Any:
         for part in fqn.split(".")[2:]:
             obj = getattr(obj, part)
         return obj
+    if fqn.startswith("nemo_rl.") and not nemo_rl_available():
+        raise NeMoRLMissing(INSTALL_HINT)
     parts = fqn.split(".")
     for i in range(len(parts) - 1, 0, -1):
         mod_name = ".".join(parts[:i])
@@ -98,8 +109,8 @@ def find_nemo_rl_root(env: Optional[dict] = None) -> Optional[Path]:
     env = os.environ if env is None else env
     if env.get("NEMO_RL_ROOT"):
         return Path(env["NEMO_RL_ROOT"]).expanduser().resolve()
-    spec = importlib.util.find_spec("nemo_rl")
-    if spec is None or not spec.origin:
+    spec = _nemo_rl_spec()
+    if spec is None:
         return None
     return Path(spec.origin).resolve().parent.parent
 

@@ -883,7 +883,7 @@ STAND_INS = {
 
 def _module(name: str) -> types.ModuleType:
     m = types.ModuleType(name)
-    m.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    m.__spec__ = importlib.machinery.ModuleSpec(name, None, origin="<stand-in for NeMo-RL>")
     return m
 
 
