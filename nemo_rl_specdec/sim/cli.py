@@ -46,7 +46,8 @@ def format_table(res: dict[str, Any]) -> str:
                      res["rollout_speedup_placement_only"]))
     cells = [[_fmt(c) if i else c for i, c in enumerate(r)] for r in rows]
     w = [max(len(r[i]) for r in cells) for i in range(4)]
-    lines = [f"scenario {res['scenario']}: {res['mode']}, {res['num_engines']} engines, k={res['k']}, "
+    e = res["num_engines"]
+    lines = [f"scenario {res['scenario']}: {res['mode']}, {e} engine{'' if e == 1 else 's'}, k={res['k']}, "
              f"alpha={_fmt(res['alpha'])}, mean accepted length {_fmt(res['mean_accepted_length'])}"]
     for r in cells:
         lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
@@ -54,9 +55,11 @@ def format_table(res: dict[str, Any]) -> str:
     if cal:
         lines.append("")
         lines.append("calibration (published figure -> simulated):")
+        if res.get("overrides"):
+            lines.append(f"  (with overrides {' '.join(res['overrides'])}: the figures describe the scenario as shipped)")
         for key, c in cal.items():
             want = _fmt(c["target"]) if c["target"] is not None else f"[{_fmt(c['min'])}, {_fmt(c['max'])}]"
-            tag = "ok" if c["ok"] else "OUT OF RANGE"
+            tag = {True: "ok", False: "OUT OF RANGE", None: "n/a in this mode"}[c["ok"]]
             lines.append(f"  {key}: {want} -> {_fmt(c['predicted'])}  {tag}   ({c['source']})")
     return "\n".join(lines)
 
@@ -65,6 +68,7 @@ def run(args) -> int:
     sc = load_scenario(args.scenario, list(getattr(args, "overrides", []) or []))
     plots_dir = getattr(args, "plots", None)
     res = simulate(sc, sweeps=bool(plots_dir))
+    res["overrides"] = list(getattr(args, "overrides", []) or [])
     print(format_table(res))
     if plots_dir:
         from nemo_rl_specdec.sim.plots import write_plots

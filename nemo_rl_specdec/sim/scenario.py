@@ -25,6 +25,14 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SIM_CONFIGS = PACKAGE_DIR.parent / "configs" / "sim"
 
 LIST_DRAFTERS = ("suffix", "ngram")
+# metrics a calibration target may name (report.compare produces exactly these)
+METRICS = (
+    "rollout_s_baseline", "rollout_s_spec", "rollout_speedup", "rollout_time_reduction",
+    "step_s_baseline", "step_s_spec", "step_speedup", "gen_fraction_baseline", "gen_fraction_spec",
+    "gen_idle_fraction_baseline", "gen_idle_fraction_spec", "mean_accepted_length",
+    "tokens_per_gpu_s_baseline", "tokens_per_gpu_s_spec", "target_steps_baseline", "target_steps_spec",
+    "draft_tokens_per_response_token", "rollout_s_placement_only", "rollout_speedup_placement_only",
+)
 MODEL_DRAFTERS = ("eagle3", "draft_model", "mtp")
 
 
@@ -97,11 +105,16 @@ class Drafter(_Strict):
 class Acceptance(_Strict):
     """Exactly one of: alpha (geometric: draft position j accepted with probability alpha**j),
     per_position (measured unconditional acceptance of positions 1, 2, ...), or
-    mean_accepted_length (tokens per step at speculation.k, bonus included; alpha is solved)."""
+    mean_accepted_length (tokens per step, bonus included, measured at `measured_at_k` drafts,
+    default speculation.k; alpha is solved from it, so changing k keeps the per-position
+    acceptance when measured_at_k is given)."""
 
     alpha: Optional[float] = Field(None, ge=0, le=1)
     per_position: Optional[list[float]] = None
     mean_accepted_length: Optional[float] = Field(None, ge=1)
+    measured_at_k: Optional[int] = Field(
+        None, ge=1, description="the k at which mean_accepted_length was measured (default: speculation.k)"
+    )
     spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha around the mean")
 
     @model_validator(mode="after")
@@ -280,11 +293,17 @@ class Scenario(_Strict):
                 f"'uniform' for model drafter {self.drafter.name!r}: per-request budgets need a list drafter "
                 "(suffix, ngram); use speculation.k_by_batch_size for model drafters",
             )
+        for key in self.calibration or {}:
+            if key not in METRICS:
+                raise _PathError(f"calibration.{key}", key, f"a reported metric, one of {list(METRICS)}")
         a = self.acceptance
-        if a.mean_accepted_length is not None and a.mean_accepted_length > self.speculation.k + 1:
+        if a.measured_at_k is not None and a.mean_accepted_length is None:
+            raise _PathError("acceptance.measured_at_k", a.measured_at_k, "null unless mean_accepted_length is given")
+        at_k = a.measured_at_k or self.speculation.k
+        if a.mean_accepted_length is not None and a.mean_accepted_length > at_k + 1:
             raise _PathError(
                 "acceptance.mean_accepted_length", a.mean_accepted_length,
-                f"<= k + 1 = {self.speculation.k + 1} (at most k drafts and one bonus token per step)",
+                f"<= k + 1 = {at_k + 1} (at most k drafts and one bonus token per step)",
             )
         return self
 
@@ -296,7 +315,7 @@ class Scenario(_Strict):
         if a.alpha is not None:
             return a.alpha
         if a.mean_accepted_length is not None:
-            return solve_alpha(a.mean_accepted_length, self.speculation.k)
+            return solve_alpha(a.mean_accepted_length, a.measured_at_k or self.speculation.k)
         return None
 
     @property

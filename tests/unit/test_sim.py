@@ -290,8 +290,16 @@ def test_validation_errors_name_the_key_path():
         scenario(**{"drafter": {"name": "eagle3"}, "speculation.budget": "das"})
     with pytest.raises(ScenarioError, match=r"scenario\.acceptance\.mean_accepted_length: got 9"):
         scenario(**{"acceptance": {"mean_accepted_length": 9}})
+    with pytest.raises(ScenarioError, match=r"scenario\.acceptance\.mean_accepted_length: got 4\.5.*<= k \+ 1 = 4"):
+        scenario(**{"acceptance": {"mean_accepted_length": 4.5, "measured_at_k": 3}, "speculation.k": 8})
+    sc = scenario(**{"acceptance": {"mean_accepted_length": 2.0}, "speculation.k": 8})
+    assert sc.alpha == pytest.approx(solve_alpha(2.0, 8))        # default: measured at speculation.k
     with pytest.raises(ScenarioError, match=r"scenario\.speculation: .*first range must start at 1"):
         scenario(**{"speculation.k_by_batch_size": [[2, 8, 4]]})
+    with pytest.raises(ScenarioError, match=r"scenario\.calibration\.speedup: got 'speedup'; allowed: a reported metric"):
+        scenario(**{"calibration": {"speedup": {"value": 2.0}}})
+    with pytest.raises(ScenarioError, match=r"scenario\.calibration\.rollout_speedup: .*value"):
+        scenario(**{"calibration": {"rollout_speedup": {"tolerance": 0.1}}})
     with pytest.raises(ScenarioError, match=r"scenario\.rl: .*num_steps"):
         scenario(**{"rl.mode": "async", "rl.max_policy_lag": 3, "rl.num_steps": 3})
     assert issubclass(ScenarioError, ConfigError)            # the CLI reports it with exit code 2
@@ -300,7 +308,7 @@ def test_validation_errors_name_the_key_path():
 def test_overrides_and_their_errors():
     sc = load_scenario("nvidia_qwen3_8b_rlzero", ["speculation.k=5", "cluster.num_engines=8"])
     assert sc.speculation.k == 5 and sc.cluster.num_engines == 8
-    assert sc.alpha == pytest.approx(solve_alpha(2.47, 5))
+    assert sc.alpha == pytest.approx(solve_alpha(2.47, 3))      # measured at k=3: k=5 keeps alpha
     with pytest.raises(ScenarioError, match="expected key=value"):
         load_scenario("nvidia_qwen3_8b_rlzero", ["speculation.k"])
     with pytest.raises(ScenarioError, match=r"scenario\.cluster\.num_engine: unknown key"):
@@ -381,3 +389,17 @@ def test_scenario_policy_names_match_the_scheduling_code():
     assert typing.get_args(Speculation.model_fields["placement"].annotation) == PLACEMENTS
     assert typing.get_args(Baseline.model_fields["placement"].annotation) == PLACEMENTS
     assert typing.get_args(Speculation.model_fields["budget"].annotation) == BUDGETS
+
+
+def test_reported_metrics_are_the_calibration_vocabulary():
+    from nemo_rl_specdec.sim.scenario import METRICS
+
+    res = simulate(scenario(**{"speculation.placement": "length_aware"}))
+    assert set(METRICS) <= set(res)
+
+
+def test_calibration_metric_undefined_in_async_is_not_applicable():
+    res = simulate(load_scenario("nvidia_qwen3_8b_rlzero", ["rl.mode=async", "rl.num_steps=3",
+                                                            "workload.num_prompts=16", "cluster.num_engines=4"]))
+    assert res["gen_fraction_baseline"] is None
+    assert res["calibration"]["gen_fraction_baseline"]["ok"] is None
