@@ -11,6 +11,7 @@ Values are parsed as YAML. NeMo-RL re-parses the same overrides with Hydra when 
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -61,7 +62,9 @@ def register_resolvers() -> None:
     for name, fn in (("add", lambda a, b: a + b), ("mul", lambda a, b: a * b),
                      ("div", lambda a, b: a / b), ("max", lambda a, b: max(a, b))):
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn)
+            with warnings.catch_warnings():  # newer omegaconf renames it; NeMo-RL uses this name too
+                warnings.simplefilter("ignore", UserWarning)
+                OmegaConf.register_new_resolver(name, fn)
 
 
 def _parent_path(entry: str, base_dir: Path, nemo_rl_root: Optional[Path]) -> Optional[Path]:
