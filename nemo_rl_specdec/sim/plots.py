@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _plot(points: list[dict[str, Any]], x: str, xlabel: str, title: str, path: Path, mark=None) -> None:
+def _plot(points: list[dict[str, Any]], x: str, xlabel: str, title: str, path: Path, mark=None,
+          log2_x: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,6 +21,9 @@ def _plot(points: list[dict[str, Any]], x: str, xlabel: str, title: str, path: P
     ax.plot(xs, [p["rollout_speedup"] for p in points], "o-", label="rollout")
     ax.plot(xs, [p["step_speedup"] for p in points], "s--", label="step (end to end)")
     ax.axhline(1.0, color="grey", lw=0.8)
+    if log2_x and min(xs) > 0:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(v) for v in xs])
     if mark is not None:
         ax.axvline(mark, color="grey", lw=0.8, ls=":", label="scenario")
     ax.set_xlabel(xlabel)
@@ -52,6 +56,6 @@ def write_plots(result: dict[str, Any], out_dir: str | Path) -> list[Path]:
         if not pts:
             continue
         path = out / files[key]
-        _plot(pts, x, xlabel, title, path, mark)
+        _plot(pts, x, xlabel, title, path, mark, log2_x=(key == "num_engines"))
         written.append(path)
     return written
