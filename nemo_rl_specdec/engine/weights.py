@@ -1,0 +1,203 @@
+"""Weight routing and in-place loading for a live vLLM engine (GPU and CPU).
+
+Owns: splitting a policy update's tensors between target and drafter by name, shipping
+tensors across process boundaries (safetensors bytes or a path), finding the drafter module,
+loading weights in place with verification, and content fingerprints of a model.
+
+Facts this rests on (reference/vllm_cpu_experiments.md, drafters_cpu.md):
+- a raw `load_weights` into a live CPU engine fails (Linear weights are repacked and emptied);
+  vLLM's layerwise reload works, plus re-packing modules that keep their weight (tied lm_head);
+- MTP/Eagle drafters may share embed_tokens/lm_head with the target (same Parameter object):
+  those names are never loaded into the drafter separately;
+- the target's `load_weights` drops MTP tensors, so they must be fed to the drafter.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+DRAFT_PREFIX = "draft."
+MTP_PREFIXES = ("mtp.", "model.mtp_layers.")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+
+WeightsPayload = Union[bytes, str, Path, dict, list, None]
+
+
+class WeightLoadError(RuntimeError):
+    """A weight update did not land completely; the message names what is missing or unmatched."""
+
+
+def split_policy_and_drafter(named_tensors: Iterable[tuple[str, Any]], num_hidden_layers: Optional[int]):
+    """Route (name, tensor) pairs: `draft.*` (prefix stripped), `mtp.*`, `model.mtp_layers.*` and
+    `model.layers.{>= num_hidden_layers}.*` go to the drafter; everything else to the policy."""
+    policy, drafter = [], []
+    for name, t in named_tensors:
+        if name.startswith(DRAFT_PREFIX):
+            drafter.append((name[len(DRAFT_PREFIX):], t))
+        elif name.startswith(MTP_PREFIXES):
+            drafter.append((name, t))
+        else:
+            m = _LAYER_RE.match(name)
+            if m and num_hidden_layers is not None and int(m.group(1)) >= num_hidden_layers:
+                drafter.append((name, t))
+            else:
+                policy.append((name, t))
+    return policy, drafter
+
+
+def encode_weights(named_tensors: Union[dict, Iterable[tuple[str, torch.Tensor]]]) -> bytes:
+    """Safetensors bytes: the form that crosses `collective_rpc` in multi-process engines."""
+    from safetensors.torch import save
+
+    items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+    return save({k: v.detach().contiguous().cpu() for k, v in items})
+
+
+def decode_weights(payload: WeightsPayload) -> list[tuple[str, torch.Tensor]]:
+    """bytes (safetensors) | path (file or dir of *.safetensors) | dict | list -> [(name, tensor)]."""
+    if payload is None:
+        return []
+    if isinstance(payload, (bytes, bytearray)):
+        from safetensors.torch import load
+
+        return list(load(bytes(payload)).items())
+    if isinstance(payload, (str, Path)):
+        from safetensors.torch import load_file
+
+        p = Path(payload)
+        files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+        if not files or not all(f.exists() for f in files):
+            raise WeightLoadError(f"weights path {str(p)!r} has no safetensors file")
+        out: list[tuple[str, torch.Tensor]] = []
+        for f in files:
+            out.extend(load_file(str(f)).items())
+        return out
+    if isinstance(payload, dict):
+        return list(payload.items())
+    return list(payload)
+
+
+def unwrap(model):
+    return model.unwrap() if hasattr(model, "unwrap") else model
+
+
+def find_drafter_model(worker) -> Optional[torch.nn.Module]:
+    """The drafter nn.Module of a live engine: get_draft_model(), else runner.drafter.model,
+    else runner.speculator.model. None for model-free drafters (ngram, suffix, custom)."""
+    getter = getattr(worker, "get_draft_model", None)
+    if callable(getter):
+        try:
+            m = getter()
+        except AttributeError:
+            m = None
+        if m is not None:
+            return unwrap(m)
+    runner = getattr(worker, "model_runner", None)
+    for attr in ("drafter", "speculator"):
+        holder = getattr(runner, attr, None)
+        m = getattr(holder, "model", None)
+        if isinstance(m, torch.nn.Module):
+            return unwrap(m)
+    return None
+
+
+def shared_parameter_names(drafter: torch.nn.Module, target: torch.nn.Module) -> set[str]:
+    """Drafter parameter names whose Parameter object is the target's (e.g. MTP embed/lm_head)."""
+    tgt = {id(p) for p in target.parameters()}
+    return {n for n, p in drafter.named_parameters(remove_duplicate=False) if id(p) in tgt}
+
+
+def _matches_shared(name: str, shared: set[str]) -> bool:
+    alt = name.replace("midlayer.", "layers.0.")  # EAGLE layout spells layer 0 `midlayer.`
+    return any(s == name or s == alt or s.endswith("." + name) or s.endswith("." + alt) for s in shared)
+
+
+def load_inplace(model: torch.nn.Module, model_config, items: list[tuple[str, torch.Tensor]],
+                 *, skip_shared: Optional[set[str]] = None, require_complete: bool = True,
+                 what: str = "model") -> dict:
+    """Load checkpoint-format tensors into a live model in place and verify they landed.
+
+    Returns {"loaded": n, "skipped_shared": [...]}; raises WeightLoadError naming unmatched
+    tensor names (the model's loader rejects them) or parameters left without new values.
+    """
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    skipped = []
+    if skip_shared:
+        kept = []
+        for n, t in items:
+            (skipped if _matches_shared(n, skip_shared) else kept).append((n, t))
+        items = kept
+    if not items:
+        raise WeightLoadError(f"{what}: the update carries no tensors to load")
+    expected = {n for n, _ in model.named_parameters()}
+    if skip_shared:
+        expected -= skip_shared
+    initialize_layerwise_reload(model)
+    try:
+        loaded = model.load_weights(iter(items))
+    except (KeyError, ValueError, AttributeError) as e:
+        # restore the packed kernel tensors before reporting, so the engine stays usable
+        finalize_layerwise_reload(model, model_config)
+        _repack_kept_weights(model)
+        raise WeightLoadError(f"{what}: a tensor name matches no parameter ({type(e).__name__}: {e})") from None
+    finalize_layerwise_reload(model, model_config)
+    _repack_kept_weights(model)
+    if loaded is not None and require_complete:
+        missing = sorted(expected - set(loaded))
+        if missing:
+            head = ", ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
+            raise WeightLoadError(f"{what}: update incomplete, {len(missing)} parameter(s) got no new value: {head}")
+    return {"loaded": len(items), "skipped_shared": [n for n, _ in skipped]}
+
+
+def _repack_kept_weights(model: torch.nn.Module) -> None:
+    """CPU only: modules that keep their weight next to a packed copy (embedding, tied lm_head)
+    are not re-packed by the layerwise reload; re-run their weight processing."""
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() > 0:
+            m.quant_method.process_weights_after_loading(m)
+
+
+_PROBE_ROWS = 2
+_MAX_HASHED = 1 << 20
+
+
+def fingerprint(model: torch.nn.Module, exclude: Optional[set[str]] = None) -> str:
+    """Content fingerprint of a live model, readable on CPU where Linear weights are packed:
+    readable parameters are hashed (strided beyond 1M elements); Linear layers whose weight was
+    emptied are probed through their kernel with a fixed input (a random projection of W)."""
+    exclude = exclude or set()
+    h = hashlib.blake2b(digest_size=16)
+    gen = torch.Generator().manual_seed(1234)
+    for mname, mod in sorted(model.named_modules(), key=lambda kv: kv[0]):
+        for pname, p in sorted(mod.named_parameters(recurse=False), key=lambda kv: kv[0]):
+            full = f"{mname}.{pname}" if mname else pname
+            if full in exclude:
+                continue
+            if p.numel() > 0:
+                flat = p.detach().reshape(-1)
+                if flat.numel() > _MAX_HASHED:
+                    flat = flat[:: flat.numel() // _MAX_HASHED + 1]
+                h.update(full.encode())
+                h.update(flat.float().cpu().numpy().tobytes())
+            elif pname == "weight" and hasattr(mod, "quant_method") and hasattr(mod, "input_size_per_partition"):
+                d = int(mod.input_size_per_partition)
+                probe = torch.randn(_PROBE_ROWS, d, generator=gen).to(dtype=_dtype_of(mod))
+                with torch.no_grad():
+                    out = mod.quant_method.apply(mod, probe, None)
+                h.update(full.encode())
+                h.update(out.float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _dtype_of(mod: torch.nn.Module) -> torch.dtype:
+    for p in mod.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.get_default_dtype()

