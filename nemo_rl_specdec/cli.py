@@ -37,7 +37,7 @@ def _demo(args) -> int:
 
 
 def _bench(args) -> int:
-    from nemo_rl_specdec.demo.bench import run
+    from nemo_rl_specdec.bench import run
 
     return run(args)
 
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_yaml")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--json", default=None, help="write results JSON here")
-    p.add_argument("--suite", default=None, help="which comparison to run (see README)")
+    p.add_argument("--suite", default=None, help="drafters (default) | das | scheduling")
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("simulate", help="simulate RL steps with speculative decoding")

@@ -1,0 +1,54 @@
+"""`nemo-rl-specdec bench`: A/B benchmarks measured side by side in one run.
+
+Each suite is one module with `run(cfg, args) -> list[dict]`; every result dict carries at least
+`name`, `drafter`, `tokens_per_target_forward`, `acceptance_rate`, `wall_clock_ratio`
+(no-spec time / spec time on the same prompts and weights) and `per_step` (may be empty for
+single-batch suites). This module loads the run file, dispatches, prints a table, writes JSON.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+SUITES = {
+    "drafters": "nemo_rl_specdec.bench.drafters",      # each CPU drafter vs no-spec on the bundled workload
+    "das": "nemo_rl_specdec.bench.das",                # suffix windows/scopes over RL steps vs vLLM suffix/ngram
+    "scheduling": "nemo_rl_specdec.bench.scheduling",  # placement x budget on 2 engines
+}
+REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "wall_clock_ratio", "per_step")
+
+
+def print_table(results: list[dict], columns: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(show_lines=False)
+    for c in columns:
+        t.add_column(c)
+    for r in results:
+        row = []
+        for c in columns:
+            v = r.get(c)
+            row.append(f"{v:.3f}" if isinstance(v, float) else ("-" if v is None else str(v)))
+        t.add_row(*row)
+    Console().print(t)
+
+
+def run(args) -> int:
+    from nemo_rl_specdec.config import ConfigError, load_run_config
+
+    suite = args.suite or "drafters"
+    if suite not in SUITES:
+        raise ConfigError(f"--suite: got {suite!r}; allowed: {sorted(SUITES)}")
+    cfg = load_run_config(args.run_yaml, args.overrides)
+    mod = importlib.import_module(SUITES[suite])
+    results = mod.run(cfg, args)
+    for r in results:
+        missing = [k for k in REQUIRED if k not in r]
+        if missing:
+            raise RuntimeError(f"bench suite {suite!r} produced a result without {missing}: {r.get('name')}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"suite": suite, "source": cfg.source, "results": results}, indent=2))
+    return 0
