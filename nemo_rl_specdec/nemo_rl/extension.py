@@ -111,23 +111,25 @@ class SpecDecHostHooks:
         version = pending.get("version")
         if version is None:  # refit not staged by our worker actor (e.g. a weight synchronizer)
             version = int((self.specdec_state() or {}).get("policy_version") or 0) + 1
-        rollouts = pending.get("rollouts") or None
+        # Always a list (possibly empty): a rebuild-mode drafter needs "no new rollouts" to be explicit.
+        rollouts = list(pending.get("rollouts") or [])
         t0 = time.perf_counter()
         try:
             report = self.specdec_after_policy_weights(
-                names, int(version), drafter_weights=pending.get("drafter_weights"), rollouts=rollouts
+                version=int(version), loaded_names=names,
+                drafter_weights=pending.get("drafter_weights"), rollouts=rollouts,
             )
         except Exception:
             logger.exception(
                 "[specdec] drafter refresh failed at policy version %s (transport=%s, %d rollouts); "
                 "set policy.generation.speculative_decoding.on_refresh_error=disable to keep training "
-                "without speculation", version, transport, len(rollouts or []),
+                "without speculation", version, transport, len(rollouts),
             )
             raise
         report = dict(report or {})
         report.setdefault("refresh_s", time.perf_counter() - t0)
         report["transport"] = transport
-        report["rollouts"] = len(rollouts or [])
+        report["rollouts"] = len(rollouts)
         self._specdec_last_update = report
         self._specdec_updates += 1
         return report

@@ -99,7 +99,7 @@ def version_metrics(reports: list[dict]) -> dict[str, float]:
     refresh = [v for v in refresh if v is not None]
     if refresh:
         out[f"{PREFIX}refresh_s"] = max(refresh)
-    applied = [_num(u.get("tensors_applied")) for u in updates]
+    applied = [_num(u.get("drafter_tensors_applied", u.get("tensors_applied"))) for u in updates]
     applied = [v for v in applied if v is not None]
     if applied:
         out[f"{PREFIX}tensors_applied"] = max(applied)
