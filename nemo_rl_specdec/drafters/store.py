@@ -1,0 +1,350 @@
+"""The DAS rollout store: recent rollouts in arctic-inference suffix trees, per problem and global,
+windowed by the policy version that produced them.
+
+Layout. Every rollout becomes one *entry* (an int32 sequence id) holding the last
+``max_tree_depth - 1`` prompt tokens followed by the response tokens. The prompt tail is
+what lets a new request of the same problem match from its first generated token (its
+context ends with that same prompt); older prompt tokens can never take part in a match
+that drafts a response token, because a match plus its draft is at most ``max_tree_depth``
+tokens, so they are not stored.
+
+Trees (``scope``):
+
+- ``problem``: one tree per problem id; rollouts without a problem id go to the global tree,
+  which then only serves requests without a problem id (problem isolation);
+- ``global``: one tree with every rollout;
+- ``both``: both of the above; a request with a problem id queries its problem tree and the
+  global tree and keeps the higher-scoring draft.
+
+Versions and eviction. Entries carry the policy version that generated them. The window
+keeps the ``window_steps`` most recent versions: after :meth:`slide` to ``newest``, every
+entry with ``version <= newest - window_steps`` has been removed from every tree it was in
+(``SuffixTree.remove(seq_id)``: exact, the tree is the same as if the sequence had never
+been added). The memory cap (bytes, as estimated by ``SuffixTree.estimate_memory``) is
+enforced by removing entries oldest version first (and, within a version, oldest first).
+
+Costs measured with the installed arctic-inference 0.3.0 (CPU time per token, one tree):
+insertion grows with the tree depth (about 2 us at depth 8, 6 us at 24, 11 us at 64 on
+similar sequences) and removal costs about the same as insertion, so evicting a version costs
+about as much as adding one; rebuilding a tree from scratch is never cheaper than removing
+the evicted sequences unless most of the tree goes. Memory is ~110-340 bytes per token.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+SCOPES = ("problem", "global", "both")
+_MAX_SEQ_ID = 0x7FFFFFFF  # arctic's sequence ids are int32
+
+
+class StoreInputError(ValueError):
+    """A rollout handed to the store is malformed (message says which one and why)."""
+
+
+@dataclass
+class Entry:
+    seq_id: int
+    problem_id: Optional[str]
+    version: int
+    num_tokens: int
+    in_problem_tree: bool
+    in_global_tree: bool
+
+
+@dataclass
+class StoreDraft:
+    token_ids: list
+    probs: list
+    score: float
+    match_len: int
+    source: str  # "problem" | "global" | "" (no draft)
+
+
+_EMPTY = StoreDraft([], [], 0.0, 0, "")
+
+
+def as_token_array(tokens, what: str) -> np.ndarray:
+    """Validate a token sequence and return it as a contiguous int32 array."""
+    if isinstance(tokens, np.ndarray):
+        arr = tokens
+    else:
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+            raise StoreInputError(f"{what}: expected a sequence of token ids, got {type(tokens).__name__}")
+        tokens = list(tokens)
+        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in tokens):
+            bad = next(t for t in tokens if isinstance(t, bool) or not isinstance(t, (int, np.integer)))
+            raise StoreInputError(f"{what}: token ids must be ints, got {bad!r} ({type(bad).__name__})")
+        arr = np.asarray(tokens, dtype=np.int64)
+    if arr.ndim != 1:
+        raise StoreInputError(f"{what}: expected a 1-D token sequence, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise StoreInputError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() > 0x7FFFFFFF):
+        raise StoreInputError(f"{what}: token ids must be in [0, 2^31), got range [{arr.min()}, {arr.max()}]")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+class RolloutStore:
+    """Per-problem and global suffix trees over a sliding window of policy versions."""
+
+    def __init__(self, *, window_steps: int = 4, scope: str = "both", max_tree_depth: int = 64,
+                 max_memory_bytes: Optional[float] = 512 * 2**20):
+        from arctic_inference.suffix_decoding._C import SuffixTree  # C++ tree (nanobind)
+
+        if scope not in SCOPES:
+            raise ValueError(f"scope: got {scope!r}; allowed: {list(SCOPES)}")
+        if int(window_steps) < 1:
+            raise ValueError(f"window_steps: got {window_steps!r}; allowed: an int >= 1")
+        if int(max_tree_depth) < 1:
+            raise ValueError(f"max_tree_depth: got {max_tree_depth!r}; allowed: an int >= 1")
+        if max_memory_bytes is not None and max_memory_bytes <= 0:
+            raise ValueError(f"max_memory_bytes: got {max_memory_bytes!r}; allowed: > 0 or None")
+        self._Tree = SuffixTree
+        self.window_steps = int(window_steps)
+        self.scope = scope
+        self.max_tree_depth = int(max_tree_depth)
+        self.max_memory_bytes = None if max_memory_bytes is None else int(max_memory_bytes)
+        self.prompt_tail = self.max_tree_depth - 1
+        self._problem_trees: dict = {}
+        self._global_tree = None
+        self._entries: "OrderedDict[int, Entry]" = OrderedDict()  # insertion order
+        self._problem_entries: dict = {}  # problem id -> live entry count
+        self._global_entries = 0
+        self._next_seq_id = 0
+        self.newest_version: Optional[int] = None
+        self.evicted_window = 0
+        self.evicted_memory = 0
+        self.rejected_old = 0
+        self._bytes: Optional[int] = None  # cached estimate, None = stale
+
+    # ------------------------------------------------------------------ placement
+    def _in_problem(self, problem_id) -> bool:
+        return problem_id is not None and self.scope in ("problem", "both")
+
+    def _in_global(self, problem_id) -> bool:
+        return problem_id is None or self.scope in ("global", "both")
+
+    @property
+    def min_version(self) -> Optional[int]:
+        """Oldest version the window admits (None before any version was seen)."""
+        return None if self.newest_version is None else self.newest_version - self.window_steps + 1
+
+    # ------------------------------------------------------------------ writes
+    def add(self, token_ids, *, version: int, problem_id: Optional[str] = None,
+            prompt_token_ids=()) -> Optional[int]:
+        """Add one rollout; returns its sequence id, or None when its version is already outside
+        the window (it would be evicted at once). Does not slide the window or enforce the cap."""
+        version = _check_version(version, "version")
+        if problem_id is not None and not isinstance(problem_id, str):
+            raise StoreInputError(f"problem_id: expected a str or None, got {type(problem_id).__name__}")
+        resp = as_token_array(token_ids, "token_ids")
+        prompt = as_token_array(prompt_token_ids, "prompt_token_ids")
+        if self.min_version is not None and version < self.min_version:
+            self.rejected_old += 1
+            return None
+        seq = np.concatenate([prompt[len(prompt) - min(len(prompt), self.prompt_tail):], resp]) \
+            if len(prompt) else resp
+        if len(seq) == 0:
+            return None
+        seq_id = self._new_seq_id()
+        in_p, in_g = self._in_problem(problem_id), self._in_global(problem_id)
+        if in_p:
+            tree = self._problem_trees.get(problem_id)
+            if tree is None:
+                tree = self._problem_trees[problem_id] = self._Tree(self.max_tree_depth)
+            tree.extend_ndarray(seq_id, seq)
+            self._problem_entries[problem_id] = self._problem_entries.get(problem_id, 0) + 1
+        if in_g:
+            if self._global_tree is None:
+                self._global_tree = self._Tree(self.max_tree_depth)
+            self._global_tree.extend_ndarray(seq_id, seq)
+            self._global_entries += 1
+        self._entries[seq_id] = Entry(seq_id, problem_id, version, int(len(seq)), in_p, in_g)
+        self._bytes = None
+        return seq_id
+
+    def _new_seq_id(self) -> int:
+        if self._next_seq_id > _MAX_SEQ_ID:  # 2^31 insertions: restart at the lowest free id
+            used = set(self._entries)
+            self._next_seq_id = next(i for i in range(_MAX_SEQ_ID + 1) if i not in used)
+        sid = self._next_seq_id
+        self._next_seq_id += 1
+        while self._next_seq_id in self._entries:
+            self._next_seq_id += 1
+        return sid
+
+    def remove(self, seq_id: int) -> None:
+        """Remove one entry from every tree that holds it (exact)."""
+        e = self._entries.pop(seq_id)
+        if e.in_problem_tree:
+            self._problem_trees[e.problem_id].remove(seq_id)
+            n = self._problem_entries[e.problem_id] - 1
+            if n == 0:  # free the tree: an empty problem is no problem
+                del self._problem_entries[e.problem_id]
+                del self._problem_trees[e.problem_id]
+            else:
+                self._problem_entries[e.problem_id] = n
+        if e.in_global_tree:
+            self._global_tree.remove(seq_id)
+            self._global_entries -= 1
+            if self._global_entries == 0:
+                self._global_tree = None
+        self._bytes = None
+
+    def evict_older_than(self, min_version: int) -> int:
+        """Remove every entry whose version is < min_version; returns how many."""
+        gone = [sid for sid, e in self._entries.items() if e.version < min_version]
+        for sid in gone:
+            self.remove(sid)
+        return len(gone)
+
+    def slide(self, newest_version: int) -> int:
+        """Advance the window so it ends at `newest_version` (never moves back); returns evictions."""
+        newest_version = _check_version(newest_version, "newest_version")
+        if self.newest_version is None or newest_version > self.newest_version:
+            self.newest_version = newest_version
+        n = self.evict_older_than(self.min_version)
+        self.evicted_window += n
+        return n
+
+    def enforce_memory(self) -> int:
+        """Remove entries, oldest version first, until the estimate is within the cap; returns how many."""
+        if self.max_memory_bytes is None:
+            return 0
+        removed = 0
+        while self._entries and self.bytes() > self.max_memory_bytes:
+            over = self.bytes() - self.max_memory_bytes
+            per_token = self.bytes() / max(1, sum(e.num_tokens for e in self._entries.values()))
+            need_tokens = over / per_token
+            # oldest version first, insertion order within a version
+            order = sorted(self._entries.values(), key=lambda e: (e.version, e.seq_id))
+            freed = 0.0
+            batch = []
+            for e in order:
+                batch.append(e.seq_id)
+                freed += e.num_tokens
+                if freed >= need_tokens:
+                    break
+            for sid in batch:
+                self.remove(sid)
+            removed += len(batch)
+        self.evicted_memory += removed
+        return removed
+
+    def rebuild(self, rollouts: Sequence[dict], version: int) -> int:
+        """One refresh step: validate all rollouts first (nothing changes on bad input), slide the
+        window to the newest producing version (at least `version - 1`, the policy that generated
+        the step's rollouts in a sync pipeline), add the rollouts inside the window, enforce the
+        memory cap. Returns the number of rollouts added."""
+        version = _check_version(version, "version")
+        checked = [self._check_rollout(i, r, version) for i, r in enumerate(_as_list(rollouts))]
+        newest = max([version - 1] + [c[3] for c in checked])
+        self.slide(newest)
+        added = 0
+        for pid, prompt, resp, v in checked:
+            if self.add(resp, version=v, problem_id=pid, prompt_token_ids=prompt) is not None:
+                added += 1
+        self.enforce_memory()
+        return added
+
+    @staticmethod
+    def _check_rollout(i: int, r, version: int):
+        if not isinstance(r, dict):
+            raise StoreInputError(f"rollouts[{i}]: expected a dict with problem_id, prompt_token_ids, token_ids, "
+                                  f"policy_version; got {type(r).__name__}")
+        missing = [k for k in ("token_ids", "policy_version") if k not in r]
+        if missing:
+            raise StoreInputError(f"rollouts[{i}]: missing key(s) {missing}; has {sorted(r)}")
+        pid = r.get("problem_id")
+        if pid is not None and not isinstance(pid, str):
+            raise StoreInputError(f"rollouts[{i}].problem_id: expected a str or None, got {type(pid).__name__}")
+        v = _check_version(r["policy_version"], f"rollouts[{i}].policy_version")
+        if v > version:
+            raise StoreInputError(f"rollouts[{i}].policy_version={v} is newer than the policy version being "
+                                  f"installed ({version}): a rollout cannot come from a future policy")
+        resp = as_token_array(r["token_ids"], f"rollouts[{i}].token_ids")
+        prompt = r.get("prompt_token_ids")
+        prompt = as_token_array(() if prompt is None else prompt, f"rollouts[{i}].prompt_token_ids")
+        return pid, prompt, resp, v
+
+    def clear(self) -> None:
+        for sid in list(self._entries):
+            self.remove(sid)
+
+    # ------------------------------------------------------------------ reads
+    def speculate(self, context: np.ndarray, problem_id: Optional[str], max_spec_tokens: int,
+                  max_spec_factor: float = 1.0, min_token_prob: float = 0.1) -> StoreDraft:
+        """Best draft for `context` (int32, its last max_tree_depth tokens are used) from the trees
+        the request may see: its problem tree (scope problem|both) and/or the global tree."""
+        if max_spec_tokens <= 0 or len(context) == 0:
+            return _EMPTY
+        if len(context) > self.max_tree_depth:
+            context = context[len(context) - self.max_tree_depth:]
+        best = _EMPTY
+        if self._in_problem(problem_id):
+            tree = self._problem_trees.get(problem_id)
+            if tree is not None:
+                d = tree.speculate_ndarray(context, max_spec_tokens, max_spec_factor, 0.0, min_token_prob, False)
+                if d.token_ids:
+                    best = StoreDraft(d.token_ids, d.probs, d.score, d.match_len, "problem")
+                    if len(best.token_ids) >= max_spec_tokens and min(best.probs) >= 0.999:
+                        return best  # a full, unanimous draft: no other tree can beat it
+        if self._in_global(problem_id) and self._global_tree is not None:
+            d = self._global_tree.speculate_ndarray(context, max_spec_tokens, max_spec_factor, 0.0,
+                                                    min_token_prob, False)
+            if d.token_ids and d.score > best.score:
+                best = StoreDraft(d.token_ids, d.probs, d.score, d.match_len, "global")
+        return best
+
+    def bytes(self) -> int:
+        """Estimated bytes of all trees (arctic's estimate_memory), cached until the next write."""
+        if self._bytes is None:
+            total = sum(t.estimate_memory() for t in self._problem_trees.values())
+            if self._global_tree is not None:
+                total += self._global_tree.estimate_memory()
+            self._bytes = int(total)
+        return self._bytes
+
+    def versions(self) -> list:
+        return sorted({e.version for e in self._entries.values()})
+
+    def entries(self, problem_id: Optional[str] = ..., version: Optional[int] = None) -> list:
+        """Live entries, optionally filtered by problem id (None = no id) and/or version."""
+        return [e for e in self._entries.values()
+                if (problem_id is ... or e.problem_id == problem_id) and (version is None or e.version == version)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, seq_id) -> bool:
+        return seq_id in self._entries
+
+    def stats(self) -> dict:
+        by_version: dict = {}
+        for e in self._entries.values():
+            by_version[e.version] = by_version.get(e.version, 0) + 1
+        return {"entries": len(self._entries), "tokens": sum(e.num_tokens for e in self._entries.values()),
+                "versions": sorted(by_version), "entries_by_version": {str(k): v for k, v in sorted(by_version.items())},
+                "problems": len(self._problem_trees), "global_entries": self._global_entries,
+                "bytes": self.bytes(), "max_memory_bytes": self.max_memory_bytes,
+                "window_steps": self.window_steps, "newest_version": self.newest_version, "scope": self.scope,
+                "max_tree_depth": self.max_tree_depth, "evicted_window": self.evicted_window,
+                "evicted_memory": self.evicted_memory, "rejected_old": self.rejected_old}
+
+
+def _check_version(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise StoreInputError(f"{what}: expected an int policy version, got {v!r} ({type(v).__name__})")
+    if v < 0:
+        raise StoreInputError(f"{what}: policy versions are >= 0, got {v}")
+    return int(v)
+
+
+def _as_list(rollouts) -> list:
+    if rollouts is None or isinstance(rollouts, (str, bytes, dict)) or not isinstance(rollouts, Iterable):
+        raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
+    return list(rollouts)

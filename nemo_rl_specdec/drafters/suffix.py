@@ -1,0 +1,213 @@
+"""DAS: a training-free drafter that speculates from the policy's recent rollouts.
+
+`DASProposer` is a vLLM ``custom_class`` proposer (``speculative_config={"method":
+"custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", ...}``, which
+``config.to_vllm_speculative_config`` emits for ``drafter: suffix, suffix.backend: das``).
+Its state is a :class:`~nemo_rl_specdec.drafters.store.RolloutStore` of recent rollouts
+(per-problem and global arctic-inference suffix trees, windowed by policy version), refreshed
+through the lockstep update (``refresh.mode: rebuild``): the worker extension calls
+:meth:`DASProposer.specdec_rebuild` with the step's rollouts and the new policy version.
+
+Per request and per engine step, :meth:`DASProposer.propose`:
+
+- reads the problem id and the speculation budget from ``SamplingParams.extra_args``
+  (``problem_id``, ``specdec_budget``; budget 0 means no drafts);
+- matches the request's own context (prompt + verified output so far, last
+  ``max_tree_depth`` tokens) in the trees its scope allows (problem tree, global tree; a
+  request without a problem id uses the global tree), so the request's own tokens extend
+  the match as it generates;
+- if the store's draft is shorter than allowed, also tries a per-request tree of the
+  request's own prompt and output (prompt-lookup style) and keeps the better-scoring draft;
+- lets the draft length follow the match: at most ``max_spec_factor`` x match length, tokens
+  only while their frequency-estimated probability is >= ``min_token_prob``, and never more than
+  min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
+  would kill the engine, so the clamp is unconditional.
+
+vLLM's rejection sampler verifies every draft against the target, so outputs are exactly the
+policy's (greedy: identical; T > 0: same distribution).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
+
+log = logging.getLogger("nemo_rl_specdec")
+
+TRACE_LIMIT = 1_000_000  # drafts kept when tracing is on (tests, debugging)
+
+
+@dataclass
+class _ReqState:
+    problem_id: Optional[str]
+    budget: int  # max drafts for this request (already clamped to k)
+    local: Any = None  # arctic SuffixTree of this request's own prompt + output, built lazily
+    local_upto: int = 0  # tokens of the context already in `local`
+
+
+def _suffix_settings(spec: Optional[dict]) -> dict:
+    """The `suffix` sub-block of the speculative block, validated with the config schema."""
+    from nemo_rl_specdec.config import SuffixConfig
+
+    raw = dict((spec or {}).get("suffix") or {})
+    return SuffixConfig(**raw).model_dump()
+
+
+class DASProposer:
+    """vLLM custom_class proposer over a windowed, per-problem rollout store (see module docstring)."""
+
+    def __init__(self, vllm_config):
+        sc = vllm_config.speculative_config
+        self.k = int(sc.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.runner = None
+        self.use_local = True
+        self._reqs: dict = {}
+        self.trace: Optional[list] = None
+        self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "from_problem": 0,
+                         "from_global": 0, "from_local": 0, "budget_zero": 0, "propose_s": 0.0,
+                         "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0}
+        self.configure(None)
+
+    # ------------------------------------------------------------------ lifecycle
+    def configure(self, spec: Optional[dict]) -> None:
+        """(Re)build the store from the speculative block (`None`: schema defaults). Drops content."""
+        s = _suffix_settings(spec)
+        self.settings = s
+        self.depth = int(s["max_tree_depth"])
+        self.max_spec_factor = float(s["max_spec_factor"])
+        self.min_token_prob = float(s["min_token_prob"])
+        self.store = RolloutStore(window_steps=s["window_steps"], scope=s["scope"], max_tree_depth=self.depth,
+                                  max_memory_bytes=float(s["max_memory_mb"]) * 2**20)
+        self._reqs.clear()
+
+    def load_model(self, target_model) -> None:
+        """Required by vLLM's CPU runner (it calls drafter.load_model unconditionally). There is no
+        model to load; take a handle on the runner that calls us (request ids, sampling params)."""
+        caller = sys._getframe(1).f_locals.get("self")
+        if caller is not None and hasattr(caller, "input_batch") and hasattr(caller, "requests"):
+            self.runner = caller
+
+    def specdec_attach(self, runner, spec: dict) -> None:
+        """Called by the worker extension at init: the runner handle and the speculative block."""
+        self.runner = runner
+        self.configure(spec)
+
+    def specdec_rebuild(self, rollouts, version: int) -> int:
+        """Refresh (rebuild mode): add the step's rollouts, slide the window to the new policy version,
+        enforce the memory cap. Rollouts: dicts {problem_id, prompt_token_ids, token_ids,
+        policy_version} (objects with `to_dict()` are accepted). Returns the number added."""
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+        t0 = time.perf_counter()
+        try:
+            if rollouts is None or isinstance(rollouts, (dict, str, bytes)):
+                raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
+            rows = [r.to_dict() if hasattr(r, "to_dict") and not isinstance(r, dict) else r for r in rollouts]
+            added = self.store.rebuild(rows, version)
+        except StoreInputError as e:
+            raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: {e}") from e
+        self.counters["rebuilds"] += 1
+        self.counters["rollouts_added"] += added
+        self.counters["rebuild_s"] += time.perf_counter() - t0
+        return added
+
+    def specdec_stats(self) -> dict:
+        return {"store": self.store.stats(), "counters": dict(self.counters), "active_requests": len(self._reqs),
+                "k": self.k, "settings": dict(self.settings)}
+
+    def specdec_trace(self, enable: bool = True) -> list:
+        """Start (clear) or stop recording every proposed draft as (req_id, problem_id, tokens).
+        Returns what was recorded so far."""
+        prev = self.trace or []
+        self.trace = [] if enable else None
+        return prev
+
+    # ------------------------------------------------------------------ proposing
+    def _request_state(self, req_id: str) -> _ReqState:
+        extra = None
+        req = self.runner.requests.get(req_id) if self.runner is not None else None
+        if req is not None and req.sampling_params is not None:
+            extra = req.sampling_params.extra_args
+        extra = extra or {}
+        pid = extra.get("problem_id")
+        if pid is not None and not isinstance(pid, str):
+            pid = str(pid)
+        budget = self.k
+        b = extra.get("specdec_budget")
+        if b is not None:
+            try:
+                budget = max(0, min(self.k, int(b)))
+            except (TypeError, ValueError):
+                log.warning("DAS: request %s has a non-integer specdec_budget %r; using k=%d", req_id, b, self.k)
+        st = _ReqState(pid, budget)
+        self._reqs[req_id] = st
+        return st
+
+    def _local_draft(self, st: _ReqState, row: np.ndarray, n: int, ctx: np.ndarray, limit: int):
+        if st.local is None:
+            st.local = self.store._Tree(self.depth)
+        if st.local_upto < n:
+            st.local.extend_ndarray(0, row[st.local_upto:n])
+            st.local_upto = n
+        return st.local.speculate_ndarray(ctx, limit, self.max_spec_factor, 0.0, self.min_token_prob, False)
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list:
+        t0 = time.perf_counter()
+        rows = len(sampled_token_ids)
+        out: list = [[] for _ in range(rows)]
+        c = self.counters
+        c["calls"] += 1
+        runner = self.runner
+        if runner is None or self.k <= 0:
+            return out
+        req_ids = runner.input_batch.req_ids
+        reqs = self._reqs
+        seen = set()
+        depth, store = self.depth, self.store
+        for i in range(rows):
+            rid = req_ids[i]
+            if rid is None:
+                continue
+            seen.add(rid)
+            st = reqs.get(rid)
+            if st is None:
+                st = self._request_state(rid)
+            if not sampled_token_ids[i]:  # partial prefill chunk: nothing to verify yet
+                continue
+            c["rows"] += 1
+            n = int(num_tokens_no_spec[i])
+            limit = min(st.budget, self.max_model_len - n - 1)
+            if limit <= 0:
+                if st.budget == 0:
+                    c["budget_zero"] += 1
+                continue
+            row = token_ids_cpu[i]
+            ctx = row[max(0, n - depth):n]
+            d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob)
+            tokens, source, score = d.token_ids, d.source, d.score
+            if self.use_local and len(tokens) < limit:
+                ld = self._local_draft(st, row, n, ctx, limit)
+                if ld.token_ids and ld.score > score:
+                    tokens, source = ld.token_ids, "local"
+            if not tokens:
+                continue
+            if len(tokens) > self.k:  # never more than k: more kills the engine
+                tokens = tokens[: self.k]
+            out[i] = list(tokens)
+            c["drafts"] += 1
+            c["draft_tokens"] += len(tokens)
+            c["from_" + source] += 1
+            if self.trace is not None and len(self.trace) < TRACE_LIMIT:
+                self.trace.append((rid, st.problem_id, tuple(tokens)))
+        if len(reqs) > len(seen):  # finished or preempted requests: drop their state
+            for rid in [r for r in reqs if r not in seen]:
+                del reqs[rid]
+        c["propose_s"] += time.perf_counter() - t0
+        return out
