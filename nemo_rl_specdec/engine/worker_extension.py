@@ -71,6 +71,10 @@ class SpecDecWorkerExtension:
 
         return unwrap(self.model_runner.model)
 
+    def _specdec_num_layers(self) -> Optional[int]:
+        cfg = getattr(self.model_runner, "model_config", None)
+        return getattr(getattr(cfg, "hf_config", None), "num_hidden_layers", None)
+
     def _specdec_drafter_fp(self) -> str:
         d = find_drafter_model(self)
         if d is None:
@@ -125,8 +129,7 @@ class SpecDecWorkerExtension:
         version = int(update["version"])
         items = decode_weights(update.get("policy"))
         cfg = self.model_runner.model_config
-        num_layers = getattr(cfg.hf_config, "num_hidden_layers", None)
-        policy_items, routed = split_policy_and_drafter(items, num_layers)
+        policy_items, routed = split_policy_and_drafter(items, self._specdec_num_layers())
         drafter_items = routed + decode_weights(update.get("drafter_weights"))
         applied = 0
         if policy_items:
@@ -145,19 +148,25 @@ class SpecDecWorkerExtension:
         return report
 
     def specdec_after_policy_weights(self, version: int, drafter_weights=None, rollouts=None,
-                                     drafter_version: Optional[int] = None, loaded_names=None) -> dict:
+                                     drafter_version: Optional[int] = None, loaded_names=None,
+                                     refresh_drafter: bool = True) -> dict:
         """Hook for a host extension (NeMo-RL) that has loaded the policy weights itself:
-        refresh the drafter and advance versions in the same RPC."""
+        refresh the drafter and advance versions in the same RPC. Drafter tensors the host
+        loaded itself (draft.*, MTP layers among `loaded_names`) count as the refresh, verified
+        by the drafter's fingerprint."""
         t0 = time.perf_counter()
-        items = decode_weights(drafter_weights)
-        report = self._specdec_refresh_drafter(int(version), items, rollouts, drafter_version,
-                                               policy_updated=True)
+        _, routed = split_policy_and_drafter(((n, None) for n in (loaded_names or [])), self._specdec_num_layers())
+        if not refresh_drafter:
+            report = self._specdec_skip_refresh(int(version), had_drafter_items=False)
+        else:
+            report = self._specdec_refresh_drafter(int(version), decode_weights(drafter_weights), rollouts,
+                                                   drafter_version, policy_updated=True, host_loaded=len(routed))
         report["policy_tensors_applied"] = len(loaded_names or [])
         report["refresh_s"] = time.perf_counter() - t0
         return report
 
     def _specdec_refresh_drafter(self, version: int, drafter_items, rollouts, drafter_version,
-                                 policy_updated: bool) -> dict:
+                                 policy_updated: bool, host_loaded: int = 0) -> dict:
         st = self._specdec()
         st.policy_version = version
         st.updates += 1
@@ -172,6 +181,16 @@ class SpecDecWorkerExtension:
             elif st.mode in ("refit", "online"):
                 if drafter_items:
                     report["drafter_tensors_applied"] = self._specdec_load_drafter(drafter_items, version)
+                    st.drafter_version = version if drafter_version is None else int(drafter_version)
+                    st.drafter_built_from = st.drafter_version
+                    report["drafter_refreshed"] = True
+                elif host_loaded:
+                    before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
+                    if before == st.drafter_fingerprint:
+                        raise DrafterRefreshError(
+                            f"the host loaded {host_loaded} drafter tensor(s) for version {version} "
+                            "but the drafter's content is unchanged (they went to the target, not the drafter?)")
+                    report["drafter_tensors_applied"] = host_loaded
                     st.drafter_version = version if drafter_version is None else int(drafter_version)
                     st.drafter_built_from = st.drafter_version
                     report["drafter_refreshed"] = True

@@ -616,22 +616,48 @@ def test_hooks_drive_the_real_engine_mixin_for_a_rebuild_drafter(monkeypatch):
     assert (state["policy_version"], state["drafter_version"], state["disabled"]) == (2, 2, False)
 
 
-@pytest.mark.xfail(reason="engine mixin does not yet count draft.* tensors loaded by NeMo-RL's host "
-                          "extension (listed in loaded_names) as a drafter refresh", strict=False)
-def test_host_loaded_eagle_tensors_count_as_a_drafter_refresh(monkeypatch):
-    """With policy.draft.enabled, NeMo-RL's host loads `draft.*` into the drafter itself; the
-    engine mixin must then advance the drafter version (and not fail a `refit` mode)."""
-    cls = extension.build_extension("RealComposite", FakeHostExtension, _real_engine_mixin(monkeypatch))
-    w = cls()
+def _host_that_writes_the_drafter(drafter):
+    """Stand-in for NeMo-RL's host extension (NeMo-RL cannot be installed here) that, like
+    NeMo-RL with policy.draft.enabled, writes `draft.*` tensors into the drafter itself."""
+    import torch
 
+    class Host(FakeHostExtension):
+        def _load_weights(self, weights):
+            super()._load_weights(weights)
+            with torch.no_grad():
+                for name, value in weights:
+                    if name.startswith("draft."):
+                        drafter.fc.weight.add_(float(value))
+    return Host
+
+
+def _eagle_refit_worker(monkeypatch, host_writes: bool):
     module = torch_module_or_object()
-    w.model_runner = SimpleNamespace(drafter=SimpleNamespace(model=module()), model=module())
+    drafter = module()
+    host = _host_that_writes_the_drafter(drafter) if host_writes else FakeHostExtension
+    cls = extension.build_extension("RealComposite", host, _real_engine_mixin(monkeypatch))
+    w = cls()
+    w.model_runner = SimpleNamespace(drafter=SimpleNamespace(model=drafter), model=module())
     w.incoming = [[("model.layers.0.w", 1), ("draft.fc.weight", 2)]]
     w.specdec_init(spec(drafter="eagle3", eagle3={"model": "e"}, refresh={"mode": "refit"}).model_dump(mode="json"))
     w.specdec_stage_update(payload.stage_payload(1))
+    return w
+
+
+def test_host_loaded_eagle_tensors_count_as_a_drafter_refresh(monkeypatch):
+    """With policy.draft.enabled, NeMo-RL's host loads `draft.*` into the drafter itself; the
+    engine mixin must then advance the drafter version (and not fail a `refit` mode)."""
+    w = _eagle_refit_worker(monkeypatch, host_writes=True)
     assert w.update_weights_from_collective() is True
     state = w.specdec_report()["state"]
     assert state["drafter_version"] == state["policy_version"] == 1
+
+
+def test_host_listing_drafter_tensors_that_never_reach_the_drafter_fails_the_refit(monkeypatch):
+    """draft.* names in the refit but the drafter's content unchanged: the refresh did not land."""
+    w = _eagle_refit_worker(monkeypatch, host_writes=False)
+    assert w.update_weights_from_collective() is False
+    assert w.specdec_report()["state"]["drafter_version"] == 0
 
 
 def torch_module_or_object():
