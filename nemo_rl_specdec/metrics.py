@@ -35,6 +35,39 @@ def read_counters(metrics: Iterable) -> dict:
     return out
 
 
+_OWN = {"counter_spec_decode_num_drafts": "drafts", "counter_spec_decode_num_draft_tokens": "draft_tokens",
+        "counter_spec_decode_num_accepted_tokens": "accepted_tokens"}
+
+
+def _child_total(child) -> int:
+    return int(sum(s.value for m in child.collect() for s in m.samples if s.name.endswith("_total")))
+
+
+def engine_counters(llm) -> Optional[dict]:
+    """This engine's own spec-decode counters, read from its own Prometheus stat logger.
+
+    `LLM.get_metrics()` reads the process-global registry, and every new vLLM engine's
+    PrometheusStatLogger unregisters the previous one's collectors: with several engines in one
+    process it returns the most recently created engine's counts. None when the logger is not
+    found (then fall back to `read_counters(llm.get_metrics())`)."""
+    mgr = getattr(getattr(llm, "llm_engine", None), "logger_manager", None)
+    for lg in getattr(mgr, "stat_loggers", None) or []:
+        sd = getattr(lg, "spec_decoding_prom", None)
+        if sd is None:
+            continue
+        out = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "per_pos": []}
+        if not getattr(sd, "spec_decoding_enabled", False):
+            return out
+        for attr, key in _OWN.items():
+            out[key] = sum(_child_total(c) for c in getattr(sd, attr).values())
+        for children in sd.counter_spec_decode_num_accepted_tokens_per_pos.values():
+            vals = [_child_total(c) for c in children]
+            cur = out["per_pos"]
+            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals)]
+        return out
+    return None
+
+
 @dataclass
 class SpecMetrics:
     generated_tokens: int = 0

