@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -49,6 +51,9 @@ class Rollout:
     policy_version: int
     drafter_version: int
     drafter_built_from: int
+    # (first token index, policy_version, drafter_version) for each stretch of tokens generated
+    # under one (policy, drafter) pair; more than one entry only after in-flight updates
+    segments: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,6 +69,7 @@ class GenerateResult:
 def _prepare_env(cfg: RunConfig, core: Optional[int]) -> None:
     vc = cfg.generation.vllm_cfg
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: 3-5 s start, tensors pass directly
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # takes effect when vllm is first imported
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(max(1, vc.kv_cache_space_gb))))
     if core is not None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
@@ -82,6 +88,26 @@ def check_drafter_paths(spec: SpecDecConfig) -> None:
             if p and not Path(p).exists():
                 raise ConfigError(f"policy.generation.speculative_decoding.{name}.model: got {p!r}; "
                                   "allowed: an existing checkpoint directory")
+
+
+@dataclass
+class _Live:
+    """One request while the step loop runs; survives in-flight updates (re-added under a new id)."""
+
+    index: int
+    request: Request
+    sp: Any  # the request's SamplingParams; a resumed request keeps them, with fewer max_tokens
+    rid: str
+    tokens: list = field(default_factory=list)      # committed before the current vLLM request
+    logprobs: list = field(default_factory=list)
+    cur_tokens: list = field(default_factory=list)  # cumulative output of the current vLLM request
+    cur_logprobs: list = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    segments: list = field(default_factory=list)
+
+    @property
+    def all_tokens(self) -> list:
+        return self.tokens + self.cur_tokens
 
 
 def _register_cpu_kernels_once() -> None:
@@ -117,6 +143,9 @@ class Engine:
         self.model_path = model_path or cfg.model_path
         self._last_policy_payload: Any = None
         self.update_reports: list = []
+        self._pending: "queue.Queue[tuple[dict, threading.Event, list]]" = queue.Queue()
+        self._generating = threading.Event()
+        self._counter = 0
         self._start(spec)
 
     # ------------------------------------------------------------------ lifecycle
@@ -187,35 +216,105 @@ class Engine:
     def generate(self, requests: Sequence[Request], *, max_new_tokens: Optional[int] = None,
                  temperature: Optional[float] = None, ignore_eos: bool = False,
                  use_tqdm: bool = False) -> GenerateResult:
-        """Roll out `requests` (one sample each); outputs in input order with target logprobs."""
-        from vllm.inputs import TokensPrompt
+        """Roll out `requests` (one sample each); outputs in input order with target logprobs.
 
+        Updates submitted while this runs (`update()` from another thread, or `submit_update`)
+        are applied between engine steps: running requests are paused, the update lands, the
+        prefix cache is reset, and each request resumes from prompt + tokens so far, so every
+        token after the update comes from the new (policy, drafter) pair with fresh KV.
+        """
         self.check_lockstep()
-        st = self.state
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
-        sps = [self.sampling_params(r, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    ignore_eos=ignore_eos) for r in requests]
-        before = self._counters()
+        before = read_counters(self.llm.get_metrics())
         t0 = time.perf_counter()
-        outs = self.llm.generate(prompts, sps, use_tqdm=use_tqdm)
+        live = []
+        for i, r in enumerate(requests):
+            sp = self.sampling_params(r, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      ignore_eos=ignore_eos)
+            lv = _Live(i, r, sp, rid="")
+            lv.segments.append((0, self.state["policy_version"], self.state["drafter_version"]))
+            self._add(lv, sp)
+            live.append(lv)
+        self._generating.set()
+        try:
+            self._run(live, use_tqdm)
+        finally:
+            self._generating.clear()
+        self._drain_pending(live=None)  # updates that arrived as the last request finished
         dt = time.perf_counter() - t0
-        after = self._counters()
-        rollouts = []
-        for i, (req, out) in enumerate(zip(requests, outs)):
-            c = out.outputs[0]
-            lps = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
-            rollouts.append(Rollout(i, req.problem_id, list(req.prompt_token_ids), list(c.token_ids), lps,
-                                    c.finish_reason, st["policy_version"], st["drafter_version"],
-                                    st["drafter_built_from"]))
+        after = read_counters(self.llm.get_metrics())
+        st = self.state
+        rollouts = [Rollout(lv.index, lv.request.problem_id, list(lv.request.prompt_token_ids), lv.all_tokens,
+                            lv.logprobs + lv.cur_logprobs, lv.finish_reason, lv.segments[0][1], lv.segments[0][2],
+                            st["drafter_built_from"], list(lv.segments)) for lv in live]
         generated = sum(len(r.token_ids) for r in rollouts)
         metrics = SpecMetrics.delta(before, after, generated, dt)
         self._guard(metrics)
         return GenerateResult(rollouts, metrics, dict(st))
 
-    def _counters(self) -> dict:
-        """This engine's spec-decode counters (its own stat logger: correct with several engines per process)."""
-        own = engine_counters(self.llm)
-        return own if own is not None else read_counters(self.llm.get_metrics())
+    def _add(self, lv: _Live, sp) -> None:
+        from vllm.inputs import TokensPrompt
+
+        self._counter += 1
+        lv.rid = f"{self.name}-{self._counter}"
+        ids = list(lv.request.prompt_token_ids) + lv.tokens
+        self.llm.llm_engine.add_request(lv.rid, TokensPrompt(prompt_token_ids=ids), sp)
+
+    def _run(self, live: list, use_tqdm: bool) -> None:
+        by_rid = {lv.rid: lv for lv in live}
+        engine = self.llm.llm_engine
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(live), desc=f"{self.name} rollouts", unit="req")
+        while engine.has_unfinished_requests():
+            if not self._pending.empty():
+                self._drain_pending(live=by_rid)
+            for out in engine.step():
+                lv = by_rid.get(out.request_id)
+                if lv is None:
+                    continue
+                c = out.outputs[0]
+                lv.cur_tokens = list(c.token_ids)
+                lv.cur_logprobs = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
+                if out.finished:
+                    lv.finish_reason = c.finish_reason
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+
+    def _drain_pending(self, live: Optional[dict]) -> None:
+        while not self._pending.empty():
+            payload, done, box = self._pending.get()
+            try:
+                box.append(self._apply_inflight(payload, live) if live else self._apply_update(payload))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                box.append(e)
+            finally:
+                done.set()
+
+    def _apply_inflight(self, payload: dict, by_rid: dict) -> dict:
+        running = [lv for lv in by_rid.values() if lv.finish_reason is None]
+        if running:
+            self.llm.llm_engine.abort_request([lv.rid for lv in running])
+        report = self._apply_update(payload)
+        self.check_lockstep()
+        for lv in running:
+            del by_rid[lv.rid]
+            lv.tokens, lv.logprobs = lv.all_tokens, lv.logprobs + lv.cur_logprobs
+            lv.cur_tokens, lv.cur_logprobs = [], []
+            remaining = lv.sp.max_tokens - len(lv.tokens)
+            if remaining <= 0:
+                lv.finish_reason = "length"
+                continue
+            lv.segments.append((len(lv.tokens), self.state["policy_version"], self.state["drafter_version"]))
+            sp = lv.sp.clone()
+            sp.max_tokens = remaining
+            self._add(lv, sp)
+            by_rid[lv.rid] = lv
+        report["in_flight_requests"] = len(running)
+        return report
 
     def _guard(self, m: SpecMetrics) -> None:
         if self.spec_active and m.drafts == 0 and m.generated_tokens >= ZERO_DRAFT_GUARD_TOKENS:
@@ -226,22 +325,35 @@ class Engine:
 
     # ------------------------------------------------------------------ updates
     def update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
-               drafter_version: Optional[int] = None, refresh_drafter: bool = True) -> dict:
+               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
+               timeout_s: Optional[float] = None) -> dict:
         """Apply one policy update as a unit (policy weights + drafter refresh + version), then
-        reset the prefix cache. Weights: dict of tensors | safetensors bytes | path."""
+        reset the prefix cache. Weights: dict of tensors | safetensors bytes | path.
+        Called from another thread while `generate` runs, the update is applied between engine
+        steps (in flight) and this call returns once it has landed."""
         payload = {"version": int(version), "policy": policy, "drafter_weights": drafter_weights,
                    "rollouts": rollouts, "drafter_version": drafter_version, "refresh_drafter": refresh_drafter}
+        if not self._generating.is_set():
+            return self._apply_update(payload)
+        done, box = threading.Event(), []
+        self._pending.put((payload, done, box))
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"{self.name}: in-flight update to version {version} not applied within {timeout_s}s")
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _apply_update(self, payload: dict) -> dict:
+        version = payload["version"]
         report = self.llm.collective_rpc("specdec_apply_update", args=(payload,))[0]
         if not self.llm.reset_prefix_cache():
             raise RuntimeError(f"{self.name}: reset_prefix_cache failed after the update to version {version}; "
                                "stale KV would make outputs wrong while acceptance looks perfect")
         report["prefix_cache_reset"] = True
-        if policy is not None:
-            self._last_policy_payload = policy
+        if payload.get("policy") is not None:
+            self._last_policy_payload = payload["policy"]
         if report.get("disabled") and self.speculative_config is not None:
             self._restart_without_speculation(report)
-        self.state = {k: report[k] for k in ("policy_version", "drafter_version", "drafter_built_from", "disabled",
-                                             "disabled_reason", "mode", "updates") if k in report}
         self.refresh_state()
         self.update_reports.append(report)
         return report
