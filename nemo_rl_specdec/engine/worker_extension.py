@@ -41,6 +41,7 @@ class _EngineState:
     drafter_built_from: int = 0  # policy version the drafter's weights/rollouts came from
     drafter_fingerprint: str = ""
     last_drafter_payload: str = ""
+    policy_broken: str = ""  # why the last policy load failed part-way; generation refuses until fixed
     disabled: bool = False
     disabled_reason: str = ""
     updates: int = 0
@@ -136,8 +137,11 @@ class SpecDecWorkerExtension:
             try:
                 applied = load_inplace(self._specdec_target(), cfg, policy_items, what="policy")["loaded"]
             except WeightLoadError as e:
-                # a half-loaded policy is never acceptable, whatever on_refresh_error says
+                # a half-loaded policy is never acceptable, whatever on_refresh_error says: the
+                # engine refuses to generate until a complete update lands
+                self._specdec().policy_broken = f"update to version {version} failed part-way: {e}"
                 raise WeightLoadError(f"policy update to version {version} failed: {e}") from None
+            self._specdec().policy_broken = ""
         if not update.get("refresh_drafter", True):  # off-cadence step: the drafter ages by design
             report = self._specdec_skip_refresh(version, had_drafter_items=bool(routed))
         else:

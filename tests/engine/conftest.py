@@ -62,6 +62,12 @@ def engines():
 
 
 @pytest.fixture(scope="session")
+def tiny_cfg_fn():
+    """Builds the run config the engine tests use, with `key=value` overrides."""
+    return tiny_cfg
+
+
+@pytest.fixture(scope="session")
 def encode():
     return encode_prompt
 
@@ -71,3 +77,43 @@ def problems():
     from nemo_rl_specdec.demo.task import make_problems
 
     return make_problems(24, seed=123)
+
+
+def perturbed_checkpoint(src: str, dst, seed: int, scale: float = 0.5):
+    """A full checkpoint dir: `src` with every floating tensor moved by scale * std * N(0, 1)
+    (seeded). Returns (dir, state_dict) — a new policy version for update tests."""
+    import shutil
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    sd = {}
+    for f in sorted(src.glob("*.safetensors")):
+        part = load_file(str(f))
+        for k, v in part.items():
+            if v.is_floating_point() and v.numel() > 1:
+                v = v + scale * v.float().std() * torch.randn(v.shape, generator=gen, dtype=v.dtype)
+            part[k] = v.contiguous()
+        save_file(part, str(dst / f.name), metadata={"format": "pt"})
+        sd.update(part)
+    return str(dst), sd
+
+
+@pytest.fixture(scope="session")
+def policy_versions(tmp_path_factory):
+    """{'B': (dir, state_dict), 'C': ...}: new policy versions derived from the bundled policy."""
+    src = tiny_cfg().model_path
+    base = tmp_path_factory.mktemp("policies")
+    return {name: perturbed_checkpoint(src, base / name, seed) for name, seed in (("B", 1), ("C", 2))}
+
+
+@pytest.fixture(scope="session")
+def long_problems():
+    """Problems whose prompts exceed one CPU KV block (128 tokens), so the prefix cache holds them."""
+    from nemo_rl_specdec.demo.task import make_problem
+
+    return [make_problem([10 + (7 * i + 13 * j) % 90 for i in range(36)], f"long-{j}") for j in range(4)]

@@ -1,0 +1,81 @@
+"""Bench suite `drafters`: every CPU drafter vs no speculation on the bundled workload.
+
+One process, the same prompts and weights for every engine. Each drafter engine is measured
+against the no-spec engine twice in ABBA order (baseline, spec, spec, baseline) so slow drift
+of a shared machine does not favour either side. The suffix drafters first see one previous
+step of rollouts for the same problems (as in RL, where problems recur every epoch): DAS via
+its lockstep rebuild update, vLLM's suffix via its own cache.
+"""
+from __future__ import annotations
+
+import time
+
+BLOCK = "policy.generation.speculative_decoding"
+CPU_DRAFTERS = {
+    "ngram": [f"{BLOCK}.drafter=ngram"],
+    "suffix (DAS)": [f"{BLOCK}.drafter=suffix", f"{BLOCK}.suffix.backend=das"],
+    "suffix (vLLM)": [f"{BLOCK}.drafter=suffix", f"{BLOCK}.suffix.backend=vllm", f"{BLOCK}.refresh.mode=frozen"],
+    "draft_model": [f"{BLOCK}.drafter=draft_model", f"{BLOCK}.num_speculative_tokens=4",
+                    f"{BLOCK}.refresh.mode=frozen"],
+}
+
+
+def workload(cfg, tok, num_problems: int, samples: int, seed: int):
+    from nemo_rl_specdec.demo.task import make_problems
+    from nemo_rl_specdec.engine.engine import Request
+
+    problems = make_problems(num_problems, seed)
+    return [Request(tok(p.prompt, add_special_tokens=False)["input_ids"], problem_id=p.problem_id)
+            for p in problems for _ in range(samples)]
+
+
+def _timed(engine, reqs):
+    t0 = time.perf_counter()
+    out = engine.generate(reqs)
+    return time.perf_counter() - t0, out
+
+
+def run(cfg, args) -> list:
+    from nemo_rl_specdec.bench import print_table
+    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.engine.engine import Engine
+
+    grpo = cfg.raw.get("grpo", {})
+    n_prob = int(grpo.get("num_prompts_per_step", 16))
+    n_samp = int(grpo.get("num_generations_per_prompt", 4))
+    base = Engine(cfg, spec_enabled=False, name="no-spec")
+    reqs = workload(cfg, base.tokenizer(), n_prob, n_samp, seed=int(grpo.get("seed", 0)))
+    history = base.generate(reqs).rollouts  # the "previous step" for history-based drafters
+    _timed(base, reqs)  # warm-up
+    results = []
+    for name, ov in CPU_DRAFTERS.items():
+        dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
+        eng = Engine(dcfg, name=name)
+        try:
+            if dcfg.spec.drafter == "suffix" and dcfg.spec.suffix.backend == "das":
+                eng.update(1, None, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
+                                               "token_ids": r.token_ids, "policy_version": 0} for r in history])
+            elif dcfg.spec.drafter == "suffix":
+                eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
+            else:
+                eng.generate(reqs[: len(reqs) // 4])  # warm-up (ngram JIT etc.)
+            tb1, b1 = _timed(base, reqs)
+            ts1, o1 = _timed(eng, reqs)
+            ts2, o2 = _timed(eng, reqs)
+            tb2, b2 = _timed(base, reqs)
+        finally:
+            eng.close()
+        m, mb = o1.metrics + o2.metrics, b1.metrics + b2.metrics
+        tb, ts = tb1 + tb2, ts1 + ts2
+        results.append({
+            "name": name, "drafter": dcfg.spec.drafter, "k": dcfg.spec.num_speculative_tokens,
+            "tokens_per_target_forward": m.acceptance_length, "acceptance_rate": m.acceptance_rate,
+            "accepted_per_position": [round(x, 3) for x in m.accepted_per_position],
+            "tokens_per_s": m.generated_tokens / ts, "baseline_tokens_per_s": mb.generated_tokens / tb,
+            # same prompts and weights; at T>0 the sampled lengths differ, so also the throughput ratio
+            "wall_clock_ratio": tb / ts, "throughput_ratio": (m.generated_tokens / ts) / (mb.generated_tokens / tb), "drafts": m.drafts, "per_step": [],
+        })
+    base.close()
+    print_table(results, ["name", "k", "tokens_per_s", "baseline_tokens_per_s", "tokens_per_target_forward",
+                          "acceptance_rate", "accepted_per_position", "wall_clock_ratio", "throughput_ratio"])
+    return results
