@@ -11,7 +11,9 @@ policies:
   taken longest first and each goes to the engine that (1) holds the fewest samples of the
   same problem so far — so a group is spread as evenly as possible, at most
   ceil(group size / num_engines) per engine — then (2) has the least total predicted tokens,
-  then (3) the lowest engine number. Each engine's list is ordered longest predicted first, so
+  then (3) holds the fewest requests (so zero or equal predictions — a cold predictor —
+  still spread the batch evenly instead of piling it onto engine 0), then (4) the lowest
+  engine number. Each engine's list is ordered longest predicted first, so
   long requests start first when an engine has more requests than batch slots.
 
 `contiguous` and `round_robin` keep input order within an engine. Every policy is
@@ -95,7 +97,7 @@ def place(requests: Sequence[Any], num_engines: int, policy: str = "contiguous")
         r = reqs[p]
         counts = [g.get(r.problem_id, 0) for g in group_count]
         fewest = min(counts)
-        j = min((k for k in range(e) if counts[k] == fewest), key=lambda k: (load[k], k))
+        j = min((k for k in range(e) if counts[k] == fewest), key=lambda k: (load[k], len(placed[k]), k))
         load[j] += r.predicted_len
         group_count[j][r.problem_id] = counts[j] + 1
         placed[j].append((-r.predicted_len, p, r.index))

@@ -168,6 +168,22 @@ def test_lpt_balances_better_than_contiguous_on_long_tailed_groups():
     assert wins >= 8     # with true (unpredicted) lengths too, on nearly every draw
 
 
+def test_length_aware_with_zero_or_equal_predictions_spreads_by_count():
+    # a cold predictor predicts 0 (or one value) for everything: LPT's load never breaks the tie,
+    # the request count must, or the whole batch lands on engine 0
+    for pred in (0.0, 7.0):
+        reqs = [Request(i, f"p{i}", pred) for i in range(10)]
+        for engines in (2, 3, 4):
+            a = place(reqs, engines, "length_aware")
+            sizes = [len(eng) for eng in a]
+            assert max(sizes) - min(sizes) <= 1, (pred, engines, sizes)
+    grouped = [Request(i, f"p{i // 4}", 0.0) for i in range(16)]
+    a = place(grouped, 2, "length_aware")
+    assert [len(eng) for eng in a] == [8, 8]
+    for g in range(4):
+        assert [sum(1 for i in eng if grouped[i].problem_id == f"p{g}") for eng in a] == [2, 2]
+
+
 def test_placement_accepts_dicts_and_objects():
     reqs = [{"index": 1, "problem_id": "a", "predicted_len": 3}, {"index": 0, "problem_id": "b", "predicted_len": 9}]
     assert place(reqs, 2, "length_aware") == [[0], [1]]
