@@ -230,7 +230,7 @@ class Engine:
         `on_step(step_index, engine)` is called before every engine step (async drivers, tests).
         """
         self.check_lockstep()
-        before = read_counters(self.llm.get_metrics())
+        before = self._counters()
         t0 = time.perf_counter()
         live = []
         for i, r in enumerate(requests):
@@ -247,7 +247,7 @@ class Engine:
             self._generating.clear()
         self._drain_pending(live=None)  # updates that arrived as the last request finished
         dt = time.perf_counter() - t0
-        after = read_counters(self.llm.get_metrics())
+        after = self._counters()
         st = self.state
         rollouts = [Rollout(lv.index, lv.request.problem_id, list(lv.request.prompt_token_ids), lv.all_tokens,
                             lv.logprobs + lv.cur_logprobs, lv.finish_reason, lv.segments[0][1], lv.segments[0][2],
@@ -256,6 +256,12 @@ class Engine:
         metrics = SpecMetrics.delta(before, after, generated, dt)
         self._guard(metrics)
         return GenerateResult(rollouts, metrics, dict(st))
+
+    def _counters(self) -> dict:
+        """This engine's spec-decode counters, from its own stat logger: `LLM.get_metrics()` reads the
+        process-global registry, which only holds the most recently created in-process engine's."""
+        own = engine_counters(self.llm)
+        return own if own is not None else read_counters(self.llm.get_metrics())
 
     def _add(self, lv: _Live, sp) -> None:
         from vllm.inputs import TokensPrompt
