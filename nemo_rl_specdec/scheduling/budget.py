@@ -231,6 +231,37 @@ def assign_budgets(predicted_remaining: Sequence[float], k: int, policy: str = "
     return das_budgets(predicted_remaining, k, acceptance, c_base, c_tok, c_draft, c_req)
 
 
+def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Sequence[int]], k: int,
+                   policy: str = "uniform", *, fixed: Optional[Sequence[Optional[int]]] = None,
+                   **kwargs) -> list[Optional[int]]:
+    """Budgets for a batch placed on engines: `assign_budgets` run separately over each
+    engine's requests (an engine's makespan is set by its own requests; this is what a
+    data-parallel worker can compute locally).
+
+    `predicted_remaining[i]` and the result are indexed by request; `assignment[j]` lists the
+    request indices on engine j. `fixed[i]`, when not None, is a budget the caller already chose
+    for request i: it is kept as is and the request is left out of its engine's classing.
+    Under `uniform` nothing is assigned (None = the drafter's k). `kwargs` go to `assign_budgets`.
+    """
+    n = len(predicted_remaining)
+    if fixed is not None and len(fixed) != n:
+        raise ValueError(f"fixed: {len(fixed)} entries for {n} requests")
+    out: list[Optional[int]] = list(fixed) if fixed is not None else [None] * n
+    seen = sorted(i for idxs in assignment for i in idxs)
+    if seen != list(range(n)):
+        raise ValueError(f"assignment must list every request index 0..{n - 1} exactly once")
+    if policy not in BUDGETS:
+        raise ValueError(f"budget policy {policy!r}: expected one of {list(BUDGETS)}")
+    if policy == "uniform":
+        return out
+    for idxs in assignment:
+        free = [i for i in idxs if out[i] is None]
+        if free:
+            for i, b in zip(free, assign_budgets([predicted_remaining[i] for i in free], k, policy, **kwargs)):
+                out[i] = int(b)
+    return out
+
+
 # --------------------------------------------------------------------------- k by batch size
 
 def k_for_batch(batch: int, k: int, acceptance: Acceptance = 0.7, c_base: float = 1.0,

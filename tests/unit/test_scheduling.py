@@ -330,3 +330,75 @@ def test_schedule_edge_cases():
     assert k_by_batch_size_schedule(50, 4, acceptance=0.0) == [(1, 50, 0)]   # nothing is ever accepted
     with pytest.raises(ValueError, match="max_batch"):
         k_by_batch_size_schedule(0, 3)
+
+
+# --------------------------------------------------------------------------- budgets per engine (EngineGroup)
+
+def test_engine_budgets_class_each_engine_separately_and_keep_fixed_ones():
+    from nemo_rl_specdec.scheduling.budget import engine_budgets
+
+    preds = [10, 20, 30, 40, 1000, 2000, 3000, 4000]
+    a = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    got = engine_budgets(preds, a, 8, "length_aware", long_fraction=0.25, short_fraction=0.25)
+    # each engine's own longest is "long" and its own shortest "short", whatever the other engine holds
+    assert got == [0, 4, 4, 8, 0, 4, 4, 8]
+    assert got == (length_aware_budgets(preds[:4], 8, 0.25, 0.25) + length_aware_budgets(preds[4:], 8, 0.25, 0.25))
+    # a caller's budget is kept and its request left out of the classing
+    fixed = [None, None, None, 0, None, None, 8, None]
+    got = engine_budgets(preds, a, 8, "length_aware", fixed=fixed, long_fraction=0.34, short_fraction=0.34)
+    assert got[3] == 0 and got[6] == 8
+    assert [got[i] for i in (0, 1, 2)] == length_aware_budgets([10, 20, 30], 8, 0.34, 0.34)
+    assert engine_budgets(preds, a, 8, "uniform") == [None] * 8          # None = the drafter's k
+    assert engine_budgets(preds, a, 8, "uniform", fixed=fixed) == fixed
+    das = engine_budgets(preds, a, 8, "das", acceptance=0.7)
+    assert das[4:] == das_budgets(preds[4:], 8, 0.7) and das[:4] == das_budgets(preds[:4], 8, 0.7)
+
+
+def test_engine_budgets_errors():
+    from nemo_rl_specdec.scheduling.budget import engine_budgets
+
+    with pytest.raises(ValueError, match="exactly once"):
+        engine_budgets([1, 2, 3], [[0, 1], [1]], 4, "length_aware")
+    with pytest.raises(ValueError, match="fixed: 1 entries for 2"):
+        engine_budgets([1, 2], [[0], [1]], 4, "uniform", fixed=[None])
+    with pytest.raises(ValueError, match="'fast'"):
+        engine_budgets([1, 2], [[0], [1]], 4, "fast")
+
+
+def _cfg(**spec):
+    from nemo_rl_specdec.config import validate_run_dict
+
+    return validate_run_dict({"policy": {"model_name": "/nonexistent", "generation": {
+        "speculative_decoding": {"enabled": True, **spec}}}})
+
+
+def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters():
+    from nemo_rl_specdec.config import to_vllm_speculative_config
+    from nemo_rl_specdec.engine.group import budget_route, scheduled_config
+
+    # DAS suffix: per-request budgets, the vLLM config is untouched
+    das = _cfg(drafter="suffix", suffix={"backend": "das"}, scheduling={"budget": "length_aware"})
+    assert budget_route(das.spec) == "per_request"
+    assert scheduled_config(das) == (das, None)
+    # vLLM's own ngram / suffix cannot take per-request budgets
+    assert budget_route(_cfg(drafter="ngram").spec) == "none"
+    assert budget_route(_cfg(drafter="suffix", suffix={"backend": "vllm"}, refresh={"mode": "frozen"}).spec) == "none"
+    assert budget_route(das.spec.model_copy(update={"enabled": False})) == "none"
+    # model drafter + non-uniform budget: k by batch size, derived from the cost model
+    dm = _cfg(drafter="draft_model", draft_model={"model": "/d"}, num_speculative_tokens=4,
+              refresh={"mode": "frozen"}, scheduling={"budget": "length_aware", "placement": "length_aware"})
+    assert budget_route(dm.spec) == "k_by_batch_size"
+    new, sched = scheduled_config(dm, cost_model={"c_tok": 1 / 32})
+    assert sched == k_by_batch_size_schedule(256, 4, c_tok=1 / 32)
+    assert sched[0][2] == 4 and sched[-1][2] < 4                       # k rises as the batch drains
+    vllm = to_vllm_speculative_config(new.spec)
+    assert vllm["num_speculative_tokens_per_batch_size"] == [list(t) for t in sched]
+    assert new.spec.scheduling.placement == "length_aware"             # the rest of the block is kept
+    assert to_vllm_speculative_config(dm.spec).get("num_speculative_tokens_per_batch_size") is None
+    # an explicit schedule is used as written; uniform budget or no-spec baseline: nothing derived
+    explicit = _cfg(drafter="draft_model", draft_model={"model": "/d"}, num_speculative_tokens=4,
+                    refresh={"mode": "frozen"}, scheduling={"budget": "das", "k_by_batch_size": [[1, 8, 4], [9, 64, 0]]})
+    assert scheduled_config(explicit) == (explicit, None)
+    uni = _cfg(drafter="draft_model", draft_model={"model": "/d"}, refresh={"mode": "frozen"})
+    assert scheduled_config(uni)[1] is None
+    assert scheduled_config(dm, spec_enabled=False)[1] is None

