@@ -291,8 +291,8 @@ class RolloutStore:
                 d = tree.speculate_ndarray(context, max_spec_tokens, max_spec_factor, 0.0, min_token_prob, False)
                 if d.token_ids:
                     best = StoreDraft(d.token_ids, d.probs, d.score, d.match_len, "problem")
-                    if len(best.token_ids) >= max_spec_tokens and min(best.probs) >= 0.999:
-                        return best  # a full, unanimous draft: no other tree can beat it
+                    if len(best.token_ids) >= max_spec_tokens:
+                        return best  # full length from the problem's own rollouts: skip the global tree
         if self._in_global(problem_id) and self._global_tree is not None:
             d = self._global_tree.speculate_ndarray(context, max_spec_tokens, max_spec_factor, 0.0,
                                                     min_token_prob, False)

