@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -110,6 +111,9 @@ class _Live:
         return self.tokens + self.cur_tokens
 
 
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # in-process engines alive in this process
+
+
 def _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter) -> dict:
     return {"version": int(version), "policy": policy, "drafter_weights": drafter_weights, "rollouts": rollouts,
             "drafter_version": drafter_version, "refresh_drafter": bool(refresh_drafter)}
@@ -137,6 +141,25 @@ def _register_cpu_kernels_once() -> None:
     cls.register_triton_kernel_overrides = staticmethod(once)
 
 
+def _keep_shared_dist_state_while_engines_live() -> None:
+    """In-process engines share one set of process-global distributed groups (world size 1).
+    vLLM's EngineCore.shutdown tears them down (`cleanup_dist_env_and_memory`), which breaks every
+    other engine in the process; skip that teardown while another engine is still alive."""
+    import vllm.v1.engine.core as core
+
+    fn = core.cleanup_dist_env_and_memory
+    if getattr(fn, "_specdec_shared", False):
+        return
+
+    def cleanup_unless_shared(*args, **kwargs):
+        if not _LIVE:
+            return fn(*args, **kwargs)
+        log.debug("skipping distributed teardown: %d in-process engine(s) still alive", len(_LIVE))
+
+    cleanup_unless_shared._specdec_shared = True
+    core.cleanup_dist_env_and_memory = cleanup_unless_shared
+
+
 class Engine:
     """A vLLM engine with our worker extension. `spec_enabled=False` gives the baseline engine."""
 
@@ -159,6 +182,7 @@ class Engine:
         from vllm import LLM
 
         _register_cpu_kernels_once()
+        _keep_shared_dist_state_while_engines_live()
         g, vc = self.cfg.generation, self.cfg.generation.vllm_cfg
         self.speculative_config = to_vllm_speculative_config(spec, g.temperature)
         t0 = time.perf_counter()
@@ -169,6 +193,7 @@ class Engine:
             logprobs_mode="processed_logprobs", seed=self.seed,
         )
         self.startup_s = time.perf_counter() - t0
+        _LIVE.add(self)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
         self.spec = spec
         fix = self.state.get("cpu_fix", {})
@@ -398,14 +423,17 @@ class Engine:
         self.llm.collective_rpc("specdec_mark_disabled", args=(report.get("disabled_reason", ""),))
 
     def close(self) -> None:
+        """Shut the engine down and free its memory (other in-process engines keep working)."""
+        import gc
+
         llm = getattr(self, "llm", None)
         if llm is None:
             return
+        _LIVE.discard(self)
+        self.llm = None
         try:
             llm.llm_engine.engine_core.shutdown()
-        except Exception:  # noqa: BLE001 - best effort on teardown
-            pass
-        self.llm = None
-        import gc
-
+        except Exception as e:  # noqa: BLE001 - best effort on teardown, but say so
+            log.warning("%s: engine shutdown raised %s: %s", self.name, type(e).__name__, e)
+        del llm
         gc.collect()
