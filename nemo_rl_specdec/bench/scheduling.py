@@ -1,0 +1,258 @@
+"""Bench suite `scheduling`: placement x budget on a group of engines, one long-tailed batch.
+
+    nemo-rl-specdec bench configs/tiny_cpu.yaml --suite scheduling --json OUT.json [key=value ...]
+
+One run, two `EngineGroup`s of the same size on the same cores (engine i on core i): a
+no-spec group and a speculative group (the run file's drafter). The workload is one GRPO
+rollout batch of the bundled task — ``problems`` problems x ``samples`` samples each, the
+samples of a problem next to each other in input order, as NeMo-RL hands a batch to its
+data-parallel workers — at the run file's temperature.
+
+1. Warm-up: both groups roll out a *previous* batch of the same problems; its lengths train
+   the length predictor (shared by both groups) and its rollouts fill the DAS drafter's store
+   (a lockstep update, as after an RL step). The predictor is frozen afterwards
+   (``observe=False``), so every configuration sees the same predictions and placements.
+2. Measurement, interleaved so that every configuration sees the same machine load: for each
+   repeat and each placement (contiguous | round_robin | length_aware) the no-spec group
+   rolls the batch out once, then the speculative group once per budget (uniform |
+   length_aware).
+
+Per configuration (medians over the repeats): ``makespan_s`` (dispatch until the last request
+of the batch finished), ``wall_clock_ratio`` = no-spec makespan / this makespan under the same
+placement, ``makespan_vs_contiguous`` = the same group's contiguous makespan (uniform budget)
+/ this one, tokens per target forward, acceptance rate, per-engine finish times and tokens.
+
+Run-file knobs (all optional, under ``bench.scheduling``): ``problems`` (default
+``grpo.num_prompts_per_step``), ``samples`` (default ``grpo.num_generations_per_prompt``),
+``engines`` (default ``cluster.num_engines`` if > 1, else 2), ``repeats`` (default 3),
+``placements``, ``budgets`` (subset of uniform | length_aware | das), ``problem_seed``,
+``temperature`` (default the run file's), ``max_new_tokens`` (default the run file's).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any
+
+from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.scheduling.budget import BUDGETS
+from nemo_rl_specdec.scheduling.placement import PLACEMENTS
+
+
+def _say(msg: str) -> None:
+    print(f"[bench scheduling {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _options(cfg: RunConfig) -> dict:
+    b = cfg.get("bench.scheduling", {}) or {}
+    if not isinstance(b, dict):
+        raise ConfigError(f"bench.scheduling: got {b!r}; allowed: a mapping")
+    cluster = int(cfg.get("cluster.num_engines", 1) or 1)
+    opts = {
+        "problems": int(b.get("problems", cfg.get("grpo.num_prompts_per_step", 16))),
+        "samples": int(b.get("samples", cfg.get("grpo.num_generations_per_prompt", 4))),
+        "engines": int(b.get("engines", cluster if cluster > 1 else 2)),
+        "repeats": int(b.get("repeats", 3)),
+        "placements": list(b.get("placements", PLACEMENTS)),
+        "budgets": list(b.get("budgets", ["uniform", "length_aware"])),
+        "problem_seed": int(b.get("problem_seed", 30_000 + int(cfg.get("grpo.seed", 0)))),
+        "temperature": float(b.get("temperature", cfg.generation.temperature)),
+        "max_new_tokens": int(b.get("max_new_tokens", cfg.generation.max_new_tokens)),
+        "seed": int(cfg.get("grpo.seed", 0)),
+    }
+    for key in ("problems", "samples", "repeats"):
+        if opts[key] < 1:
+            raise ConfigError(f"bench.scheduling.{key}: got {opts[key]}; allowed: an int >= 1")
+    if opts["engines"] < 2:
+        raise ConfigError(f"bench.scheduling.engines: got {opts['engines']}; allowed: >= 2 (placement needs engines)")
+    bad = [p for p in opts["placements"] if p not in PLACEMENTS]
+    if bad or "contiguous" not in opts["placements"]:
+        raise ConfigError(f"bench.scheduling.placements: got {opts['placements']!r}; allowed: a subset of "
+                          f"{list(PLACEMENTS)} that includes contiguous (the reference)")
+    bad = [x for x in opts["budgets"] if x not in BUDGETS]
+    if bad or "uniform" not in opts["budgets"]:
+        raise ConfigError(f"bench.scheduling.budgets: got {opts['budgets']!r}; allowed: a subset of {list(BUDGETS)} "
+                          "that includes uniform (the reference)")
+    if not cfg.spec.enabled:
+        raise ConfigError("policy.generation.speculative_decoding.enabled: got False; allowed: true "
+                          "(the scheduling bench compares speculative configurations against no-spec)")
+    return opts
+
+
+def _median(xs: list) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def _spearman(a: list, b: list) -> Any:
+    try:
+        from scipy.stats import spearmanr
+
+        r = spearmanr(a, b).statistic
+        return None if r != r else float(r)
+    except Exception:  # noqa: BLE001 - a constant input or no scipy: no correlation to report
+        return None
+
+
+def run(cfg: RunConfig, args: Any) -> list[dict]:
+    import ray
+
+    from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.engine.engine import Request
+    from nemo_rl_specdec.engine.group import EngineGroup, budget_route
+    from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+
+    opts = _options(cfg)
+    E, T, max_new = opts["engines"], opts["temperature"], opts["max_new_tokens"]
+    spec = cfg.spec
+    _say(f"{opts['problems']} problems x {opts['samples']} samples on {E} engines, drafter={spec.drafter} "
+         f"k={spec.num_speculative_tokens}, T={T}, max_new_tokens={max_new}, repeats={opts['repeats']}, "
+         f"placements={opts['placements']}, budgets={opts['budgets']}, model={cfg.model_path}")
+    # list drafters take per-request budgets: one speculative group serves every budget policy;
+    # model drafters get k by batch size at engine start: one group per budget policy
+    per_request = budget_route(spec) == "per_request"
+    budget_cfgs = {b: cfg if per_request else cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": b})
+                   for b in opts["budgets"]}
+    n_groups = 1 + (1 if per_request else len(budget_cfgs))
+    if not ray.is_initialized():  # n_groups groups of E single-CPU actors on the same E cores
+        import logging
+
+        ray.init(num_cpus=n_groups * E, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    predictor = LengthPredictor(cold_start="mean", max_len=max_new)
+    t0 = time.perf_counter()
+    groups: list = []
+    runs: dict = {}
+    try:
+        base = EngineGroup(cfg, E, spec_enabled=False, seed=opts["seed"], predictor=predictor, name="nospec")
+        groups.append(base)
+        spec_groups: dict = {}
+        for b, c in budget_cfgs.items():
+            if per_request and groups[1:]:
+                spec_groups[b] = groups[1]
+                continue
+            spec_groups[b] = EngineGroup(c, E, seed=opts["seed"], predictor=predictor,
+                                         name="spec" if per_request else f"spec_{b}_")
+            groups.append(spec_groups[b])
+        first = groups[1]
+        _say(f"{len(groups)} groups up in {time.perf_counter() - t0:.1f}s (cores {first.cores}), budgets via "
+             f"{first.budget_via}" + (f", k by batch {first.derived_k_schedule}" if first.derived_k_schedule else ""))
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.model_path)
+        problems = task.make_problems(opts["problems"], seed=opts["problem_seed"])
+        G = opts["samples"]
+        reqs = [Request(list(tok.encode(p.prompt, add_special_tokens=False)), problem_id=p.problem_id)
+                for p in problems for _ in range(G)]
+        # first-call costs (allocator, JIT) off the clock
+        for g in groups:
+            g.generate(reqs[:E], placement="round_robin", max_new_tokens=8, temperature=T, observe=False)
+        # the previous batch of the same problems: it trains the predictor and fills the drafter store
+        warm = []
+        for g in groups:
+            warm += g.generate(reqs, placement="contiguous", budget="uniform", max_new_tokens=max_new,
+                               temperature=T, observe=True).rollouts
+        version = int(first.states()[0]["policy_version"]) + 1
+        for g in groups:
+            g.update(version, None, rollouts=warm if g is not base else [])
+        lens = sorted(len(r.token_ids) for r in warm)
+        warm_n = len(lens)
+        _say(f"warm batch: lengths p50 {lens[len(lens) // 2]}, p90 {lens[int(0.9 * (len(lens) - 1))]}, "
+             f"max {lens[-1]}; predictor knows {sum(predictor.known(p.problem_id) for p in problems)} problems")
+
+        for rep in range(opts["repeats"]):
+            for placement in opts["placements"]:
+                key = ("none", placement, "uniform")
+                res = base.generate(reqs, placement=placement, budget="uniform", max_new_tokens=max_new,
+                                    temperature=T, observe=False)
+                runs.setdefault(key, []).append(res)
+                for budget in opts["budgets"]:
+                    res = spec_groups[budget].generate(reqs, placement=placement, budget=budget,
+                                                       max_new_tokens=max_new, temperature=T, observe=False)
+                    runs.setdefault((spec.drafter, placement, budget), []).append(res)
+                _say(f"repeat {rep} {placement}: no-spec {runs[key][-1].makespan_s:.2f}s, "
+                     + ", ".join(f"{b} {runs[(spec.drafter, placement, b)][-1].makespan_s:.2f}s"
+                                 for b in opts["budgets"]))
+    finally:
+        for g in reversed(groups):
+            g.close()
+    results = _summarize(runs, opts, spec, E, warm_n)
+    _print(results, opts)
+    return results
+
+
+def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int) -> list[dict]:
+    med = {key: _median([r.makespan_s for r in rs]) for key, rs in runs.items()}
+    out = []
+    for (drafter, placement, budget), rs in runs.items():
+        gen = sum(r.metrics.generated_tokens for r in rs)
+        acc = sum(r.metrics.accepted_tokens for r in rs)
+        drafted = sum(r.metrics.draft_tokens for r in rs)
+        mk = med[(drafter, placement, budget)]
+        ref = med.get((drafter, "contiguous", "uniform"))
+        nospec = med.get(("none", placement, "uniform"))
+        same_placement_uniform = med.get((drafter, placement, "uniform"))
+        # the run whose makespan is the median: its per-engine picture
+        mid = sorted(rs, key=lambda r: r.makespan_s)[(len(rs) - 1) // 2]
+        eng_tokens = [[len(mid.rollouts[i].token_ids) for i in eng] for eng in mid.assignment]
+        actual = [len(r.token_ids) for r in mid.rollouts]
+        hist: dict = {}
+        for b in (mid.budgets if drafter != "none" else []):
+            hist[str(b)] = hist.get(str(b), 0) + 1
+        out.append({
+            "name": f"{'no_spec' if drafter == 'none' else drafter}/{placement}/{budget}",
+            "drafter": drafter, "placement": placement, "budget": budget if drafter != "none" else None,
+            "budget_via": mid.budget_via, "engines": engines,
+            "makespan_s": mk, "makespan_runs_s": [r.makespan_s for r in rs],
+            "makespan_vs_contiguous": (ref / mk) if ref and mk else None,
+            "makespan_cut_vs_contiguous_pct": (100.0 * (1 - mk / ref)) if ref and mk else None,
+            "nospec_makespan_s": nospec,
+            "vs_uniform_budget": (same_placement_uniform / mk) if same_placement_uniform and mk else None,
+            "wall_clock_ratio": (nospec / mk) if nospec and mk else None,
+            "tokens_per_target_forward": gen / (gen - acc) if gen > acc else 1.0,
+            "acceptance_rate": acc / drafted if drafted else 0.0,
+            "generated_tokens_mean": gen / len(rs),
+            "engine_finish_s": mid.engine_finish_s, "engine_seconds": mid.engine_seconds,
+            "engine_requests": [len(e) for e in mid.assignment],
+            "engine_tokens": [sum(t) for t in eng_tokens],
+            "engine_longest": [max(t) if t else 0 for t in eng_tokens],
+            "predicted_engine_tokens": [sum(mid.predicted_len[i] for i in eng) for eng in mid.assignment],
+            "prediction_spearman": _spearman(mid.predicted_len, actual),
+            "budget_histogram": hist,
+            "repeats": len(rs), "problems": opts["problems"], "samples": opts["samples"],
+            "temperature": opts["temperature"], "max_new_tokens": opts["max_new_tokens"],
+            "warm_rollouts": warm_n, "k": spec.num_speculative_tokens,
+            "per_step": [],
+        })
+    order = {p: i for i, p in enumerate(PLACEMENTS)}
+    border = {b: i for i, b in enumerate(BUDGETS)}
+    out.sort(key=lambda r: (r["drafter"] != "none", order[r["placement"]], border.get(r["budget"] or "uniform", 0)))
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, list):
+        return "/".join(_fmt(x) if not isinstance(x, float) else f"{x:.2f}" for x in v)
+    return str(v)
+
+
+def _print(results: list, opts: dict) -> None:
+    """A plain fixed-width table (fits a log line; rich would wrap it in a narrow terminal)."""
+    cols = [("config", "name"), ("makespan_s", "makespan_s"), ("vs_contig", "makespan_vs_contiguous"),
+            ("cut_%", "makespan_cut_vs_contiguous_pct"), ("vs_uniform", "vs_uniform_budget"),
+            ("vs_nospec", "wall_clock_ratio"), ("tok/fwd", "tokens_per_target_forward"),
+            ("accept", "acceptance_rate"), ("engine_finish_s", "engine_finish_s"),
+            ("engine_tokens", "engine_tokens"), ("engine_longest", "engine_longest")]
+    table = [[h for h, _ in cols]] + [[_fmt(r.get(k)) for _, k in cols] for r in results]
+    widths = [max(len(row[c]) for row in table) for c in range(len(cols))]
+    print(f"Scheduling suite: {opts['problems']} problems x {opts['samples']} samples, {results[0]['engines']} "
+          f"engines, T={opts['temperature']}, median of {opts['repeats']} runs. vs_contig = this group's contiguous "
+          "(uniform) makespan / this; vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
+          "makespan, same placement / this")
+    for n, row in enumerate(table):
+        print("  ".join(x.ljust(w) for x, w in zip(row, widths)))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
