@@ -54,6 +54,10 @@ def reward_comparison(spec: Sequence[float], baseline: Sequence[float]) -> dict:
     """Welch's t-test: do mean rewards differ between the speculative and baseline runs?"""
     from scipy.stats import ttest_ind
 
-    res = ttest_ind(list(spec), list(baseline), equal_var=False)
-    return {"mean_spec": float(sum(spec) / len(spec)), "mean_baseline": float(sum(baseline) / len(baseline)),
-            "t": float(res.statistic), "p_value": float(res.pvalue)}
+    spec, baseline = [float(x) for x in spec], [float(x) for x in baseline]
+    ms, mb = sum(spec) / len(spec), sum(baseline) / len(baseline)
+    if len(set(spec)) <= 1 and len(set(baseline)) <= 1:  # no variance: the t-test is undefined
+        return {"mean_spec": ms, "mean_baseline": mb, "t": 0.0 if ms == mb else float("inf"),
+                "p_value": 1.0 if ms == mb else 0.0}
+    res = ttest_ind(spec, baseline, equal_var=False)
+    return {"mean_spec": ms, "mean_baseline": mb, "t": float(res.statistic), "p_value": float(res.pvalue)}

@@ -173,6 +173,7 @@ class Engine:
         self.update_reports: list = []
         self._pending: "queue.Queue[tuple[dict, threading.Event, list]]" = queue.Queue()
         self._generating = threading.Event()
+        self._lock = threading.RLock()  # generate start/end vs updates from other threads
         self._counter = 0
         self._start(spec)
 
@@ -254,23 +255,25 @@ class Engine:
         token after the update comes from the new (policy, drafter) pair with fresh KV.
         `on_step(step_index, engine)` is called before every engine step (async drivers, tests).
         """
-        self.check_lockstep()
-        before = self._counters()
-        t0 = time.perf_counter()
-        live = []
-        for i, r in enumerate(requests):
-            sp = self.sampling_params(r, max_new_tokens=max_new_tokens, temperature=temperature,
-                                      ignore_eos=ignore_eos)
-            lv = _Live(i, r, sp, rid="")
-            lv.segments.append((0, self.state["policy_version"], self.state["drafter_version"]))
-            self._add(lv, sp)
-            live.append(lv)
-        self._generating.set()
+        with self._lock:
+            self.check_lockstep()
+            before = self._counters()
+            t0 = time.perf_counter()
+            live = []
+            for i, r in enumerate(requests):
+                sp = self.sampling_params(r, max_new_tokens=max_new_tokens, temperature=temperature,
+                                          ignore_eos=ignore_eos)
+                lv = _Live(i, r, sp, rid="")
+                lv.segments.append((0, self.state["policy_version"], self.state["drafter_version"]))
+                self._add(lv, sp)
+                live.append(lv)
+            self._generating.set()
         try:
             self._run(live, use_tqdm, on_step)
         finally:
-            self._generating.clear()
-        self._drain_pending(live=None)  # updates that arrived as the last request finished
+            with self._lock:
+                self._generating.clear()
+                self._drain_pending(live=None)  # updates that arrived as the last request finished
         dt = time.perf_counter() - t0
         after = self._counters()
         st = self.state
@@ -373,9 +376,10 @@ class Engine:
         Called from another thread while `generate` runs, the update is applied between engine
         steps (in flight) and this call returns once it has landed."""
         payload = _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter)
-        if not self._generating.is_set():
-            return self._apply_update(payload)
-        done, box = self._enqueue(payload)
+        with self._lock:
+            if not self._generating.is_set():
+                return self._apply_update(payload)
+            done, box = self._enqueue(payload)
         if not done.wait(timeout_s):
             raise TimeoutError(f"{self.name}: in-flight update to version {version} not applied within {timeout_s}s")
         if isinstance(box[0], BaseException):

@@ -1,0 +1,272 @@
+"""`nemo-rl-specdec demo`: a GRPO loop on CPU with speculative rollouts and honest A/B timing.
+
+Per step: the batch's problems (a fixed pool, so problems recur as in RL epochs) are rolled out
+on the speculative engine and, on the same weights, on a no-speculation engine (order
+alternates each step); rewards come from the task's verifier; one GRPO update trains the
+policy; one lockstep update moves every engine to the new policy version and refreshes the
+drafter. Optionally a frozen draft-model engine rolls out the same batch to show a stale
+parametric drafter decaying. `grpo.mode: async` overlaps the next batch's rollouts with training;
+the update then lands in flight and rollouts carry the versions of each stretch of tokens.
+
+Artifacts in --out (default runs/<name>/): metrics.jsonl (one line per step), summary.json,
+TensorBoard events (tb/), PNG plots.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
+
+BLOCK = "policy.generation.speculative_decoding"
+
+
+class DemoSettings:
+    """The `grpo` and `demo` sections of the run file that the CPU loop reads (NeMo-RL names)."""
+
+    def __init__(self, cfg: RunConfig):
+        g, d = cfg.raw.get("grpo") or {}, cfg.raw.get("demo") or {}
+        self.mode = g.get("mode", "sync")
+        if self.mode not in ("sync", "async"):
+            raise ConfigError(f"grpo.mode: got {self.mode!r}; allowed: 'sync' or 'async'")
+        self.steps = int(g.get("max_num_steps", 6))
+        self.prompts = int(g.get("num_prompts_per_step", 16))
+        self.generations = int(g.get("num_generations_per_prompt", 4))
+        self.lr = float(g.get("learning_rate", 1e-4))
+        self.seed = int(g.get("seed", 0))
+        self.pool = int(d.get("problem_pool", 2 * self.prompts))
+        self.compare_frozen = bool(d.get("compare_frozen_drafter", False))
+        for key, v, lo in (("grpo.max_num_steps", self.steps, 1), ("grpo.num_prompts_per_step", self.prompts, 1),
+                           ("grpo.num_generations_per_prompt", self.generations, 2),
+                           ("demo.problem_pool", self.pool, self.prompts)):
+            if v < lo:
+                raise ConfigError(f"{key}: got {v}; allowed: an integer >= {lo}")
+        mode = cfg.spec.refresh.mode
+        if cfg.spec.enabled and mode in ("online", "refit") and cfg.spec.drafter != "mtp":
+            raise ConfigError(f"{BLOCK}.refresh.mode: got {mode!r} for drafter '{cfg.spec.drafter}'; the CPU demo "
+                              "trains only the policy, so allowed here: 'frozen' (or drafter=suffix with 'rebuild')")
+
+
+class RLLoop:
+    def __init__(self, cfg: RunConfig, out_dir: Path, progress: bool = True):
+        from nemo_rl_specdec.demo.grpo import GRPOTrainer
+        from nemo_rl_specdec.demo.task import make_problems
+        from nemo_rl_specdec.engine.engine import Engine
+
+        self.cfg, self.s, self.out, self.progress = cfg, DemoSettings(cfg), out_dir, progress
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.problems = make_problems(self.s.pool, self.s.seed)
+        self.spec = Engine(cfg, name="spec", seed=self.s.seed)
+        if not self.spec.spec_active:
+            raise ConfigError(f"{BLOCK}.enabled: the demo compares speculative and plain rollouts; set it to true")
+        self.base = Engine(cfg, spec_enabled=False, name="baseline", seed=self.s.seed + 1)
+        self.frozen = None
+        if self.s.compare_frozen:
+            fcfg = load_run_config(cfg.source, [f"{BLOCK}.drafter=draft_model", f"{BLOCK}.refresh.mode=frozen",
+                                                f"{BLOCK}.num_speculative_tokens=4"])
+            self.frozen = Engine(fcfg, name="frozen_draft_model", seed=self.s.seed + 2)
+        self.trainer = GRPOTrainer(cfg.model_path, lr=self.s.lr, seed=self.s.seed,
+                                   temperature=cfg.generation.temperature)
+        self.tok = self.spec.tokenizer()
+        self.rows: list = []
+
+    # ------------------------------------------------------------------ pieces
+    def batch(self, step: int):
+        from nemo_rl_specdec.engine.engine import Request
+
+        n = self.s.prompts
+        start = (step * n) % len(self.problems)
+        probs = [self.problems[(start + i) % len(self.problems)] for i in range(n)]
+        reqs = [Request(self.tok(p.prompt, add_special_tokens=False)["input_ids"], problem_id=p.problem_id)
+                for p in probs for _ in range(self.s.generations)]
+        return probs, reqs
+
+    def rewards(self, probs, rollouts) -> list:
+        from nemo_rl_specdec.demo.task import verify
+
+        by_id = {p.problem_id: p for p in probs}
+        return [verify(by_id[r.problem_id], self.tok.decode(r.token_ids, skip_special_tokens=True))
+                for r in rollouts]
+
+    def push(self, version: int, rollouts) -> dict:
+        """One lockstep update: new policy weights everywhere, the drafter refreshed by its mode."""
+        sd = self.trainer.state_dict()
+        mode = self.spec.spec.refresh.mode
+        payload = [r.to_dict() for r in rollouts] if mode == "rebuild" else None
+        rep = self.spec.update(version, sd, rollouts=payload)
+        self.base.update(version, sd)
+        if self.frozen is not None:
+            self.frozen.update(version, sd)
+        return rep
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> list:
+        from tqdm import tqdm
+
+        self.warm_up()
+        bar = tqdm(range(self.s.steps), desc=f"GRPO ({self.s.mode})", unit="step", disable=not self.progress)
+        pending: Optional[tuple] = None  # async: (thread, box, probs, reqs) of the batch in flight
+        for step in bar:
+            probs, reqs = self.batch(step)
+            if self.s.mode == "async" and pending is not None:
+                th, box, probs, reqs = pending
+                th.join()
+                if "error" in box:
+                    raise box["error"]
+                spec_out, spec_s = box["out"], box["s"]
+                base_out, base_s = self._timed(self.base, reqs)
+            elif step % 2 == 1:  # alternate who runs first (slow drift on a shared CPU)
+                base_out, base_s = self._timed(self.base, reqs)
+                spec_out, spec_s = self._timed(self.spec, reqs)
+            else:
+                spec_out, spec_s = self._timed(self.spec, reqs)
+                base_out, base_s = self._timed(self.base, reqs)
+            frozen_out = self.frozen.generate(reqs) if self.frozen is not None else None
+            r_spec, r_base = self.rewards(probs, spec_out.rollouts), self.rewards(probs, base_out.rollouts)
+
+            if self.s.mode == "async" and step + 1 < self.s.steps:
+                nprobs, nreqs = self.batch(step + 1)
+                box: dict = {}
+                th = threading.Thread(target=self._gen_into, args=(nreqs, box), daemon=True)
+                th.start()  # next batch generates while we train on this one
+                pending = (th, box, nprobs, nreqs)
+            t0 = time.perf_counter()
+            stats = self.trainer.step(spec_out.rollouts, r_spec, [r.problem_id for r in spec_out.rollouts])
+            train_s = time.perf_counter() - t0
+            rep = self.push(step + 1, spec_out.rollouts)
+            row = self._row(step, spec_out, base_out, frozen_out, spec_s, base_s, train_s, r_spec, r_base, stats, rep)
+            self.rows.append(row)
+            bar.set_postfix(acc_len=f"{row['acceptance_length']:.2f}", ratio=f"{row['wall_clock_ratio']:.2f}",
+                            reward=f"{row['reward_mean']:.2f}")
+        if pending is not None and pending[0].is_alive():
+            pending[0].join()
+        return self.rows
+
+    def warm_up(self) -> None:
+        """One short untimed call per engine: first-call costs (JIT, allocator) stay out of the A/B."""
+        _, reqs = self.batch(0)
+        for e in (self.spec, self.base, self.frozen):
+            if e is not None:
+                e.generate(reqs[: max(1, len(reqs) // 4)], max_new_tokens=16)
+
+    def _gen_into(self, reqs, box: dict) -> None:
+        try:
+            box["out"], box["s"] = self._timed(self.spec, reqs)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the main loop
+            box["error"] = e
+
+    @staticmethod
+    def _timed(engine, reqs):
+        t0 = time.perf_counter()
+        out = engine.generate(reqs)
+        return out, time.perf_counter() - t0
+
+    def _row(self, step, spec_out, base_out, frozen_out, spec_s, base_s, train_s, r_spec, r_base, stats, rep) -> dict:
+        m = spec_out.metrics
+        first = spec_out.rollouts[0]
+        gen_versions = sorted({seg[1] for r in spec_out.rollouts for seg in r.segments})
+        row = {
+            "step": step, "mode": self.s.mode, "drafter": self.spec.spec.drafter,
+            "policy_version": first.policy_version, "drafter_version": first.drafter_version,
+            "rollout_policy_versions": gen_versions, "policy_age": first.policy_version - first.drafter_built_from,
+            "reward_mean": sum(r_spec) / len(r_spec), "reward_mean_baseline": sum(r_base) / len(r_base),
+            "acceptance_length": m.acceptance_length, "acceptance_rate": m.acceptance_rate,
+            "accepted_per_position": m.accepted_per_position, "drafts": m.drafts, "tokens": m.generated_tokens,
+            "tokens_baseline": base_out.metrics.generated_tokens,
+            "rollout_s": spec_s, "rollout_s_baseline": base_s, "wall_clock_ratio": base_s / spec_s,
+            "us_per_token": m.us_per_token, "us_per_token_baseline": base_out.metrics.us_per_token,
+            "train_s": train_s, "refresh_s": rep.get("refresh_s"), "drafter_refreshed": rep.get("drafter_refreshed"),
+            "new_policy_version": rep.get("policy_version"), "new_drafter_version": rep.get("drafter_version"),
+            "loss": stats.get("loss"), "rewards": r_spec, "rewards_baseline": r_base,
+        }
+        if frozen_out is not None:
+            fr = frozen_out.rollouts[0]
+            row.update(frozen_acceptance_length=frozen_out.metrics.acceptance_length,
+                       frozen_acceptance_rate=frozen_out.metrics.acceptance_rate,
+                       frozen_policy_age=fr.policy_version - fr.drafter_built_from)
+        return row
+
+    def close(self) -> None:
+        for e in (self.frozen, self.base, self.spec):
+            if e is not None:
+                e.close()
+
+
+def summarize(rows: list) -> dict:
+    from nemo_rl_specdec.stats import reward_comparison
+
+    acc = [r["acceptance_length"] for r in rows]
+    spec_s, base_s = sum(r["rollout_s"] for r in rows), sum(r["rollout_s_baseline"] for r in rows)
+    flat_spec = [x for r in rows for x in r["rewards"]]
+    flat_base = [x for r in rows for x in r["rewards_baseline"]]
+    out = {"steps": len(rows), "mode": rows[0]["mode"], "drafter": rows[0]["drafter"],
+           "rollout_s": spec_s, "rollout_s_baseline": base_s, "wall_clock_ratio": base_s / spec_s,
+           "acceptance_length_mean": sum(acc) / len(acc), "acceptance_length_peak": max(acc),
+           "acceptance_length_last": acc[-1], "last_over_peak": acc[-1] / max(acc),
+           "drafter_refreshed_every_step": all(r["drafter_refreshed"] for r in rows),
+           "reward_comparison": reward_comparison(flat_spec, flat_base) if len(flat_spec) > 1 else None}
+    if "frozen_acceptance_length" in rows[0]:
+        f = [r["frozen_acceptance_length"] for r in rows]
+        out.update(frozen_acceptance_first=f[0], frozen_acceptance_last=f[-1])
+    return out
+
+
+def write_artifacts(rows: list, summary: dict, out: Path) -> None:
+    from nemo_rl_specdec.demo.plots import plot_run
+
+    with (out / "metrics.jsonl").open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(out / "tb")) as w:
+        for r in rows:
+            for k, v in r.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    w.add_scalar(f"specdec/{k}", v, r["step"])
+    plot_run(rows, out)
+
+
+def print_report(rows: list, summary: dict, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"GRPO with speculative rollouts ({summary['mode']}, drafter={summary['drafter']})")
+    heads = {"step": "step", "policy_version": "policy v", "drafter_version": "drafter v", "reward_mean": "reward",
+             "reward_mean_baseline": "reward (no spec)", "acceptance_length": "tok/fwd", "rollout_s": "rollout s",
+             "rollout_s_baseline": "rollout s (no spec)", "wall_clock_ratio": "speedup",
+             "frozen_acceptance_length": "tok/fwd frozen draft"}
+    cols = [c for c in heads if c in rows[0]]
+    for c in cols:
+        t.add_column(heads[c], justify="right")
+    for r in rows:
+        t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+    con = Console(width=max(120, Console().width))
+    con.print(t)
+    rc = summary.get("reward_comparison") or {}
+    con.print(f"rollout wall-clock ratio (no-spec / spec, same batches and weights): "
+              f"{summary['wall_clock_ratio']:.2f}x; acceptance length mean {summary['acceptance_length_mean']:.2f}, "
+              f"last/peak {summary['last_over_peak']:.2f}")
+    if rc:
+        con.print(f"reward spec {rc['mean_spec']:.3f} vs baseline {rc['mean_baseline']:.3f} "
+                  f"(Welch t-test p={rc['p_value']:.3f}; speculation must not change rewards)")
+    con.print(f"artifacts: {out}")
+
+
+def run(args) -> int:
+    cfg = load_run_config(args.run_yaml, args.overrides)
+    DemoSettings(cfg)  # validate before any engine starts
+    out = Path(args.out or Path("runs") / str(cfg.raw.get("name", "run")))
+    loop = RLLoop(cfg, out)
+    try:
+        rows = loop.run()
+    finally:
+        loop.close()
+    summary = summarize(rows)
+    write_artifacts(rows, summary, out)
+    print_report(rows, summary, out)
+    return 0
