@@ -112,6 +112,10 @@ class _Live:
 
 
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # in-process engines alive in this process
+# vLLM caches rotary-embedding modules process-wide (`get_rope`), so in-process engines share them;
+# a layerwise reload moves a layer's tensors to `meta` while it runs. An engine step and any
+# engine's weight reload must therefore never overlap (async pipelines update from another thread).
+_MODEL_LOCK = threading.RLock()
 
 
 def _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter) -> dict:
@@ -314,7 +318,9 @@ class Engine:
             step += 1
             if not self._pending.empty():
                 self._drain_pending(live=by_rid)
-            for out in engine.step():
+            with _MODEL_LOCK:
+                outs = engine.step()
+            for out in outs:
                 lv = by_rid.get(out.request_id)
                 if lv is None:
                     continue
@@ -400,7 +406,8 @@ class Engine:
 
     def _apply_update(self, payload: dict) -> dict:
         version = payload["version"]
-        report = self.llm.collective_rpc("specdec_apply_update", args=(payload,))[0]
+        with _MODEL_LOCK:
+            report = self.llm.collective_rpc("specdec_apply_update", args=(payload,))[0]
         if not self.llm.reset_prefix_cache():
             raise RuntimeError(f"{self.name}: reset_prefix_cache failed after the update to version {version}; "
                                "stale KV would make outputs wrong while acceptance looks perfect")
