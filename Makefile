@@ -24,8 +24,15 @@ $(STAMP): setup.py
 	$(PY) -c "import vllm, torch, arctic_inference, nemo_rl_specdec; print('env ok: vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $(STAMP)
 
+# The main job on the embedded default: every CPU drafter A/B'd against no speculation, then the
+# GRPO loop with speculative rollouts (artifacts in runs/tiny_cpu/).
 demo: venv
-	$(VENV)/bin/nemo-rl-specdec demo
+	$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite drafters --json runs/tiny_cpu/drafters.json
+	$(VENV)/bin/nemo-rl-specdec demo configs/tiny_cpu.yaml --out runs/tiny_cpu
+
+bench: venv
+	$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite das --json runs/bench/das.json
+	$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite scheduling --json runs/bench/scheduling.json
 
 test: venv
 	$(PY) -m pytest -q tests
