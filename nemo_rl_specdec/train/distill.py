@@ -229,7 +229,12 @@ class DraftModelDistiller:
         return {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
 
     def save(self, path: str | Path) -> None:
+        """A checkpoint directory of the current drafter (weights, config, the drafter's tokenizer files)."""
+        import shutil
+
         self.model.save_pretrained(path, safe_serialization=True)
+        for f in Path(self.drafter_dir).glob("tokenizer*"):
+            shutil.copy(f, Path(path) / f.name)
 
 
 def make_distiller(spec, *, temperature: float, seed: int = 0, **kw):
