@@ -73,9 +73,13 @@ def run(cfg, args) -> list:
             "accepted_per_position": [round(x, 3) for x in m.accepted_per_position],
             "tokens_per_s": m.generated_tokens / ts, "baseline_tokens_per_s": mb.generated_tokens / tb,
             # same prompts and weights; at T>0 the sampled lengths differ, so also the throughput ratio
-            "wall_clock_ratio": tb / ts, "throughput_ratio": (m.generated_tokens / ts) / (mb.generated_tokens / tb), "drafts": m.drafts, "per_step": [],
+            "wall_clock_ratio": tb / ts, "throughput_ratio": (m.generated_tokens / ts) / (mb.generated_tokens / tb),
+            "accepted_per_draft_step": m.accepted_per_draft_step,
+            "lengths": [len(r.token_ids) for r in b1.rollouts],  # response lengths (simulator cross-check)
+            "drafts": m.drafts, "per_step": [],
         })
     base.close()
-    print_table(results, ["name", "k", "tokens_per_s", "baseline_tokens_per_s", "tokens_per_target_forward",
-                          "acceptance_rate", "accepted_per_position", "wall_clock_ratio", "throughput_ratio"])
+    table = [dict(r, accepted_per_position=" ".join(f"{x:.2f}" for x in r["accepted_per_position"])) for r in results]
+    print_table(table, ["name", "k", "tokens_per_s", "baseline_tokens_per_s", "tokens_per_target_forward",
+                        "acceptance_rate", "accepted_per_position", "wall_clock_ratio", "throughput_ratio"])
     return results

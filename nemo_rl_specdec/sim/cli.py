@@ -65,6 +65,8 @@ def format_table(res: dict[str, Any]) -> str:
 
 
 def run(args) -> int:
+    if getattr(args, "crosscheck", None):
+        return _crosscheck(args)
     sc = load_scenario(args.scenario, list(getattr(args, "overrides", []) or []))
     plots_dir = getattr(args, "plots", None)
     res = simulate(sc, sweeps=bool(plots_dir))
@@ -80,4 +82,18 @@ def run(args) -> int:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(res, indent=2))
         print(f"wrote {out}")
+    return 0
+
+
+def _crosscheck(args) -> int:
+    from nemo_rl_specdec.sim.crosscheck import crosscheck
+
+    rows = crosscheck(args.scenario, args.crosscheck, list(getattr(args, "overrides", []) or []))
+    print(f"{'bench result':<16}{'k':>4}{'measured':>11}{'predicted':>11}{'error':>9}")
+    for r in rows:
+        print(f"{r['name']:<16}{r['k']:>4}{r['measured_speedup']:>10.2f}x{r['predicted_speedup']:>10.2f}x"
+              f"{100 * r['relative_error']:>8.0f}%")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"crosscheck": rows}, indent=2))
     return 0
