@@ -45,9 +45,11 @@ class DemoSettings:
             if v < lo:
                 raise ConfigError(f"{key}: got {v}; allowed: an integer >= {lo}")
         mode = cfg.spec.refresh.mode
-        if cfg.spec.enabled and mode in ("online", "refit") and cfg.spec.drafter != "mtp":
+        online_ok = mode == "online" and cfg.spec.drafter == "draft_model"  # train/distill.py trains it
+        if cfg.spec.enabled and mode in ("online", "refit") and cfg.spec.drafter != "mtp" and not online_ok:
             raise ConfigError(f"{BLOCK}.refresh.mode: got {mode!r} for drafter '{cfg.spec.drafter}'; the CPU demo "
-                              "trains only the policy, so allowed here: 'frozen' (or drafter=suffix with 'rebuild')")
+                              "trains the policy and, online, the draft model only, so allowed here: 'frozen', "
+                              "drafter=draft_model with 'online', or drafter=suffix with 'rebuild'")
 
 
 class RLLoop:
@@ -72,6 +74,11 @@ class RLLoop:
                                    temperature=cfg.generation.temperature)
         self.tok = self.spec.tokenizer()
         self.rows: list = []
+        self.distiller, self.distill_stats = None, None  # online drafter training (train/distill.py)
+        if cfg.spec.enabled and cfg.spec.refresh.mode == "online":
+            from nemo_rl_specdec.train.distill import make_distiller
+
+            self.distiller = make_distiller(cfg.spec, temperature=cfg.generation.temperature, seed=self.s.seed)
 
     # ------------------------------------------------------------------ pieces
     def batch(self, step: int):
@@ -96,7 +103,19 @@ class RLLoop:
         sd = self.trainer.state_dict()
         mode = self.spec.spec.refresh.mode
         payload = [r.to_dict() for r in rollouts] if mode == "rebuild" else None
-        rep = self.spec.update(version, sd, rollouts=payload)
+        self.distill_stats = None
+        if self.distiller is not None:
+            from nemo_rl_specdec.train.distill import refresh_due
+
+            if refresh_due(version, self.spec.spec.refresh.every_n_steps):
+                # distil on this step's rollouts against the NEW policy; same update, same version
+                self.distill_stats = self.distiller.step(self.trainer.model, rollouts)
+                rep = self.spec.update(version, sd, drafter_weights=self.distiller.state_dict(),
+                                       drafter_version=version)
+            else:
+                rep = self.spec.update(version, sd)  # off-cadence: the drafter ages within max_policy_lag
+        else:
+            rep = self.spec.update(version, sd, rollouts=payload)
         self.base.update(version, sd)
         if self.frozen is not None:
             self.frozen.update(version, sd)
@@ -182,6 +201,10 @@ class RLLoop:
             "new_policy_version": rep.get("policy_version"), "new_drafter_version": rep.get("drafter_version"),
             "loss": stats.get("loss"), "rewards": r_spec, "rewards_baseline": r_base,
         }
+        if self.distill_stats is not None:
+            row.update(distill_s=self.distill_stats["seconds"], distill_kl_first=self.distill_stats["kl_first"],
+                       distill_kl_last=self.distill_stats["kl_last"],
+                       distill_top1_agreement=self.distill_stats["top1_agreement_after"])
         if frozen_out is not None:
             fr = frozen_out.rollouts[0]
             row.update(frozen_acceptance_length=frozen_out.metrics.acceptance_length,
