@@ -15,6 +15,7 @@ SUITES = {
     "drafters": "nemo_rl_specdec.bench.drafters",      # each CPU drafter vs no-spec on the bundled workload
     "das": "nemo_rl_specdec.bench.das",                # suffix windows/scopes over RL steps vs vLLM suffix/ngram
     "scheduling": "nemo_rl_specdec.bench.scheduling",  # placement x budget on 2 engines
+    "lockstep": "nemo_rl_specdec.bench.lockstep",      # frozen vs refit drafter across a policy update
     "parametric": "nemo_rl_specdec.bench.parametric",  # draft_model/eagle3 frozen vs online over GRPO updates
 }
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "wall_clock_ratio", "per_step")
