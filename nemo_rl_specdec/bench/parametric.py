@@ -1,0 +1,203 @@
+"""Bench suite `parametric`: parametric drafters, frozen vs trained online, over GRPO updates.
+
+    nemo-rl-specdec bench configs/tiny_cpu.yaml --suite parametric --json OUT.json [key=value ...]
+
+One run, all engines in this process, interleaved step by step so every configuration sees the
+same prompts, the same policy weights and the same machine load:
+
+1. a fixed pool of ``grpo.num_prompts_per_step`` problems, ``grpo.num_generations_per_prompt``
+   samples each, revisited every step (engines seeded alike);
+2. at step t every engine rolls out the batch with policy version t: the no-spec baseline, and
+   per parametric drafter a ``frozen`` engine and (where an online trainer exists) an ``online``
+   engine;
+3. a real GRPO update (:mod:`nemo_rl_specdec.demo.grpo`) on the baseline's rollouts gives
+   version t+1;
+4. every ``refresh.every_n_steps`` the online drafter is distilled (:mod:`nemo_rl_specdec.train.distill`)
+   on the rollouts it served at step t against the NEW policy, and pushed in the same lockstep
+   update as the policy (drafter_version = t+1); frozen engines get the policy only.
+
+Figures per configuration and step: tokens per target forward, acceptance rate, wall-clock
+ratio (baseline seconds / this engine's seconds on the same step); for online engines the
+distillation cost (seconds, and as % of the GRPO step and of the engine's rollout time).
+
+Run-file knobs (optional, under ``bench.parametric``): ``steps`` (default
+max(10, ``grpo.max_num_steps``), at least 10), ``drafters`` (default: every parametric drafter
+with a checkpoint for this policy: ``draft_model``, ``eagle3``), ``k`` (default 4),
+``lr`` (GRPO, default ``grpo.learning_rate``), ``distill_lr`` (1e-3), ``distill_epochs`` (2),
+``problem_seed``, ``core`` (default 0).
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_specdec.config import ConfigError, RunConfig
+
+MIN_STEPS = 10
+BLOCK = "policy.generation.speculative_decoding"
+ONLINE_TRAINERS = ("draft_model",)  # drafters train/distill.py can train online
+
+
+def _say(msg: str) -> None:
+    print(f"[bench parametric {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _available(cfg: RunConfig) -> list:
+    out = []
+    if cfg.spec.draft_model.model and Path(cfg.spec.draft_model.model).is_dir():
+        out.append("draft_model")
+    if cfg.spec.eagle3.model and Path(cfg.spec.eagle3.model).is_dir():
+        out.append("eagle3")
+    return out
+
+
+def _options(cfg: RunConfig) -> dict:
+    b = cfg.get("bench.parametric", {}) or {}
+    if not isinstance(b, dict):
+        raise ConfigError(f"bench.parametric: got {b!r}; allowed: a mapping")
+    steps = int(b.get("steps", max(MIN_STEPS, int(cfg.get("grpo.max_num_steps", MIN_STEPS)))))
+    if steps < MIN_STEPS:
+        raise ConfigError(f"bench.parametric.steps: got {steps}; allowed: >= {MIN_STEPS} "
+                          "(acceptance must be followed over at least 10 policy updates)")
+    avail = _available(cfg)
+    drafters = b.get("drafters", avail)
+    bad = [d for d in drafters if d not in avail]
+    if bad or not drafters:
+        raise ConfigError(f"bench.parametric.drafters: got {drafters!r}; allowed: a non-empty subset of {avail} "
+                          "(parametric drafters with a checkpoint directory for this policy)")
+    return {"steps": steps, "drafters": list(drafters), "k": int(b.get("k", 4)),
+            "lr": float(b.get("lr", cfg.get("grpo.learning_rate", 1e-4))),
+            "distill_lr": float(b.get("distill_lr", 1e-3)), "distill_epochs": int(b.get("distill_epochs", 2)),
+            "prompts": int(cfg.get("grpo.num_prompts_per_step", 8)),
+            "generations": int(cfg.get("grpo.num_generations_per_prompt", 4)),
+            "problem_seed": int(b.get("problem_seed", 2024)), "seed": int(cfg.get("grpo.seed", 0)),
+            "core": b.get("core", 0)}
+
+
+def configurations(cfg: RunConfig, opts: dict) -> list:
+    out = []
+    for d in opts["drafters"]:
+        modes = ["frozen"] + (["online"] if d in ONLINE_TRAINERS else [])
+        for mode in modes:
+            c = cfg.with_spec(enabled=True, drafter=d, refresh={"mode": mode}, num_speculative_tokens=opts["k"])
+            out.append({"name": f"{d}_{mode}", "drafter": d, "mode": mode, "cfg": c})
+    return out
+
+
+def run(cfg: RunConfig, args: Any) -> list[dict]:
+    from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.demo.grpo import GRPOTrainer
+    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.train.distill import make_distiller, refresh_due
+
+    opts = _options(cfg)
+    g = cfg.generation
+    confs = configurations(cfg, opts)
+    _say(f"{[c['name'] for c in confs]} + no-spec baseline, {opts['steps']} GRPO updates, "
+         f"{opts['prompts']} problems x {opts['generations']} samples, k={opts['k']}, T={g.temperature}, "
+         f"max_new_tokens={g.max_new_tokens}, model={cfg.model_path}")
+    baseline = Engine(cfg, spec_enabled=False, core=opts["core"], seed=opts["seed"], name="no_spec")
+    engines, distillers = [], {}
+    try:
+        for c in confs:
+            engines.append(Engine(c["cfg"], core=opts["core"], seed=opts["seed"], name=c["name"]))
+            if c["mode"] == "online":
+                distillers[c["name"]] = make_distiller(c["cfg"].spec, temperature=g.temperature, seed=opts["seed"],
+                                                       lr=opts["distill_lr"], epochs=opts["distill_epochs"])
+        tok = baseline.tokenizer()
+        problems = task.make_problems(opts["prompts"], seed=opts["problem_seed"])
+        warm = [Request(tok.encode(problems[0].prompt, add_special_tokens=False))]
+        for e in [baseline] + engines:
+            e.generate(warm, max_new_tokens=8)
+        trainer = GRPOTrainer(cfg.model_path, lr=opts["lr"], seed=opts["seed"], temperature=max(g.temperature, 1e-3))
+        G = opts["generations"]
+        per_step: dict = {c["name"]: [] for c in confs}
+        train_log = []
+        for step in range(opts["steps"]):
+            reqs = [Request(tok.encode(p.prompt, add_special_tokens=False), problem_id=p.problem_id)
+                    for p in problems for _ in range(G)]
+            base_res = baseline.generate(reqs)
+            res = {c["name"]: e.generate(reqs) for c, e in zip(confs, engines)}
+            rollouts = base_res.rollouts
+            rewards = [task.verify(problems[i // G], tok.decode(r.token_ids, skip_special_tokens=True))
+                       for i, r in enumerate(rollouts)]
+            t0 = time.perf_counter()
+            tstats = trainer.step(rollouts, rewards, [i // G for i in range(len(rollouts))])
+            tstats["train_s"] = time.perf_counter() - t0
+            train_log.append(tstats)
+            weights, version = trainer.state_dict(), step + 1
+            baseline.update(version, weights)
+            for c, e in zip(confs, engines):
+                m = res[c["name"]].metrics
+                row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
+                       "acceptance_rate": m.acceptance_rate, "wall_clock_ratio":
+                           base_res.metrics.seconds / m.seconds if m.seconds else None,
+                       "spec_s": m.seconds, "baseline_s": base_res.metrics.seconds, "drafts": m.drafts,
+                       "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
+                       "generated_tokens": m.generated_tokens,
+                       "drafter_version": res[c["name"]].rollouts[0].drafter_version}
+                d = distillers.get(c["name"])
+                if d is not None and refresh_due(version, c["cfg"].spec.refresh.every_n_steps):
+                    ds = d.step(trainer.model, res[c["name"]].rollouts)
+                    rep = e.update(version, weights, drafter_weights=d.state_dict(), drafter_version=version)
+                    row.update(distill_s=ds["seconds"], distill_kl_first=ds["kl_first"], distill_kl_last=ds["kl_last"],
+                               distill_top1_agreement=ds["top1_agreement_after"],
+                               distill_pct_of_grpo_step=100.0 * ds["seconds"] / tstats["train_s"],
+                               distill_pct_of_rollout=100.0 * ds["seconds"] / m.seconds if m.seconds else None,
+                               update_rpc_s=rep.get("refresh_s"))
+                else:
+                    rep = e.update(version, weights)
+                    row["update_rpc_s"] = rep.get("refresh_s")
+                per_step[c["name"]].append(row)
+            _say(f"step {step}: reward {tstats.get('mean_reward', float('nan')):.3f}, GRPO {tstats['train_s']:.2f}s, "
+                 + ", ".join(f"{n} acc {rows[-1]['acceptance_rate']:.3f}"
+                             + (f" (distill {rows[-1]['distill_s']:.2f}s)" if "distill_s" in rows[-1] else "")
+                             for n, rows in per_step.items()))
+    finally:
+        for e in engines + [baseline]:
+            e.close()
+        gc.collect()
+    results = [_summarize(c, per_step[c["name"]]) for c in confs]
+    for r in results:
+        r["train"] = [{k: v for k, v in t.items() if isinstance(v, (int, float))} for t in train_log]
+    _print(results)
+    return results
+
+
+def _summarize(c: dict, rows: list) -> dict:
+    def mean(key, rs):
+        v = [r[key] for r in rs if r.get(key) is not None]
+        return sum(v) / len(v) if v else None
+
+    acc = sum(r["accepted_tokens"] for r in rows)
+    dt = sum(r["draft_tokens"] for r in rows)
+    drafts = sum(r["drafts"] for r in rows)
+    gen = sum(r["generated_tokens"] for r in rows)
+    spec_s, base_s = sum(r["spec_s"] for r in rows), sum(r["baseline_s"] for r in rows)
+    half = len(rows) // 2
+    out = {"name": c["name"], "drafter": c["drafter"], "mode": c["mode"], "steps": len(rows),
+           "acceptance_rate": acc / dt if dt else 0.0,
+           "tokens_per_target_forward": gen / (gen - acc) if gen > acc else None,
+           "acceptance_rate_first_half": mean("acceptance_rate", rows[:half]),
+           "acceptance_rate_second_half": mean("acceptance_rate", rows[half:]),
+           "acceptance_rate_first_step": rows[0]["acceptance_rate"], "acceptance_rate_last_step": rows[-1]["acceptance_rate"],
+           "wall_clock_ratio": base_s / spec_s if spec_s else None, "drafts": drafts, "per_step": rows}
+    if c["mode"] == "online":
+        out.update(distill_s_mean=mean("distill_s", rows), distill_pct_of_grpo_step_mean=mean("distill_pct_of_grpo_step", rows),
+                   distill_pct_of_rollout_mean=mean("distill_pct_of_rollout", rows))
+    return out
+
+
+def _print(results: list) -> None:
+    from nemo_rl_specdec.bench import print_table
+
+    print_table(results, ["name", "acceptance_rate", "acceptance_rate_first_step", "acceptance_rate_last_step",
+                          "acceptance_rate_second_half", "tokens_per_target_forward", "wall_clock_ratio",
+                          "distill_s_mean", "distill_pct_of_grpo_step_mean"])
+    steps = results[0]["steps"]
+    print("acceptance rate per step: " + " | ".join(r["name"] for r in results))
+    for i in range(steps):
+        print(f"  step {i:2d}: " + "  ".join(f"{r['per_step'][i]['acceptance_rate']:.3f}" for r in results))
