@@ -190,12 +190,15 @@ class Engine:
         _keep_shared_dist_state_while_engines_live()
         g, vc = self.cfg.generation, self.cfg.generation.vllm_cfg
         self.speculative_config = to_vllm_speculative_config(spec, g.temperature)
+        # optional vllm_cfg.max_num_seqs: vLLM's cap on requests decoded at once (the rest queue)
+        max_seqs = (vc.model_extra or {}).get("max_num_seqs")
+        limits = {} if max_seqs is None else {"max_num_seqs": int(max_seqs)}
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path, tokenizer=self.model_path, dtype=vc.precision, enforce_eager=vc.enforce_eager,
             max_model_len=vc.max_model_len, distributed_executor_backend="uni", disable_log_stats=False,
             worker_extension_cls=EXTENSION, speculative_config=self.speculative_config,
-            logprobs_mode="processed_logprobs", seed=self.seed,
+            logprobs_mode="processed_logprobs", seed=self.seed, **limits,
         )
         self.startup_s = time.perf_counter() - t0
         _LIVE.add(self)
