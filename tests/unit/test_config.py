@@ -201,7 +201,7 @@ ALLOWED = [
     ("refresh.mode", "online", {"drafter": "mtp"}),
     ("refresh.mode", "frozen", {"drafter": "mtp"}),
     ("refresh.every_n_steps", 1, {}),
-    ("refresh.every_n_steps", 5, {}),
+    ("refresh.every_n_steps", 5, {"refresh": {"max_policy_lag": 4}}),  # lags up to 4 versions between refreshes
     ("refresh.max_policy_lag", 0, {}),
     ("refresh.max_policy_lag", 2, {}),
     ("scheduling.placement", "contiguous", {}),
@@ -561,6 +561,8 @@ INVALID = [
     ("refresh-mtp-rebuild", {"drafter": "mtp", "refresh": {"mode": "rebuild"}}, f"{B}.refresh.mode",
      ["['refit', 'online', 'frozen']", "'mtp'"]),
     ("refresh-every", {"refresh": {"every_n_steps": 0}}, f"{B}.refresh.every_n_steps", ["greater than or equal to 1"]),
+    ("refresh-cadence-beyond-lag", {"refresh": {"every_n_steps": 3, "max_policy_lag": 1}},
+     f"{B}.refresh.max_policy_lag", [">= 2", "every_n_steps=3"]),
     ("refresh-lag", {"refresh": {"max_policy_lag": -1}}, f"{B}.refresh.max_policy_lag",
      ["greater than or equal to 0"]),
     ("typo-refresh", {"refresh": {"every_n_step": 2}}, f"{B}.refresh.every_n_step",
