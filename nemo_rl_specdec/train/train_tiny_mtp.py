@@ -19,7 +19,8 @@ position 0, and the MTP layer's RoPE position is t (the drafter runs on the targ
 Training (deterministic given --seed, CPU, one thread): the policy and the MTP layer are trained
 together by supervised learning on the task's worked solutions (reuses the tokenizer, task and
 data stream of :mod:`nemo_rl_specdec.demo.train_tiny`): loss = CE(next token) + CE(token after
-next, MTP; policy trunk detached so the MTP loss never changes the policy).
+next, MTP). The hidden state fed to the MTP layer is detached, so the MTP loss does not shape the
+decoder layers; the shared (tied) embedding/lm_head receive both losses, as in joint MTP training.
 """
 from __future__ import annotations
 

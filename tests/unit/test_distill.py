@@ -149,3 +149,26 @@ def test_empty_batches_missing_checkpoints_and_bad_lr_are_errors(models, tmp_pat
         DraftModelDistiller(tmp_path / "nope")
     with pytest.raises(ValueError, match="lr"):
         DraftModelDistiller(draft_dir, lr=0)
+
+
+def test_demo_accepts_online_only_for_the_draft_model_it_can_train():
+    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.demo.run import DemoSettings
+
+    b = "policy.generation.speculative_decoding"
+    s = DemoSettings(load_run_config("configs/tiny_cpu.yaml", [f"{b}.drafter=draft_model", f"{b}.refresh.mode=online"]))
+    assert s.steps >= 1
+    for bad in ([f"{b}.drafter=draft_model", f"{b}.refresh.mode=refit"],
+                [f"{b}.drafter=eagle3", f"{b}.refresh.mode=online"]):
+        with pytest.raises(ConfigError, match="refresh.mode"):
+            DemoSettings(load_run_config("configs/tiny_cpu.yaml", bad))
+
+
+def test_make_distiller_names_drafters_without_an_online_trainer():
+    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.train.distill import make_distiller
+
+    b = "policy.generation.speculative_decoding"
+    spec = load_run_config("configs/tiny_cpu.yaml", [f"{b}.drafter=eagle3"]).spec
+    with pytest.raises(DistillInputError, match="eagle3"):
+        make_distiller(spec, temperature=1.0)
