@@ -179,7 +179,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(Path(task.TINY_ASSETS_DIR).parent / "tiny_mtp"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1)
