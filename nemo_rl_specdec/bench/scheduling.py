@@ -17,25 +17,34 @@ data-parallel workers — at the run file's temperature.
    rolls the batch out once, then the speculative group once per budget (uniform |
    length_aware).
 
+The whole matrix runs once per concurrency regime in ``max_num_seqs`` (vLLM's cap on requests
+decoded at once per engine; ``null`` = vLLM's default, 256 on CPU, i.e. every request of the
+batch runs at once; a small cap makes requests queue, as on a GPU whose KV cache holds only a
+few long responses). The engines are rebuilt per regime; each regime has its own warm-up.
+
 Per configuration (medians over the repeats): ``makespan_s`` (dispatch until the last request
 of the batch finished), ``wall_clock_ratio`` = no-spec makespan / this makespan under the same
 placement, ``makespan_vs_contiguous`` = the same group's contiguous makespan (uniform budget)
-/ this one, tokens per target forward, acceptance rate, per-engine finish times and tokens.
+/ this one, ``vs_uniform_budget`` = the same placement with the uniform budget / this one,
+tokens per target forward, acceptance rate, per-engine finish times, tokens and longest rollout.
 
 Run-file knobs (all optional, under ``bench.scheduling``): ``problems`` (default
 ``grpo.num_prompts_per_step``), ``samples`` (default ``grpo.num_generations_per_prompt``),
 ``engines`` (default ``cluster.num_engines`` if > 1, else 2), ``repeats`` (default 3),
-``placements``, ``budgets`` (subset of uniform | length_aware | das), ``problem_seed``,
-``temperature`` (default the run file's), ``max_new_tokens`` (default the run file's).
+``placements``, ``budgets`` (subset of uniform | length_aware | das), ``max_num_seqs`` (list of
+regimes, default ``[null, 8]``), ``problem_seed``, ``temperature`` (default the run file's),
+``max_new_tokens`` (default the run file's).
 """
 from __future__ import annotations
 
+import copy
+import logging
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
-from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.config import ConfigError, RunConfig, validate_run_dict
 from nemo_rl_specdec.scheduling.budget import BUDGETS
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS
 
@@ -49,6 +58,8 @@ def _options(cfg: RunConfig) -> dict:
     if not isinstance(b, dict):
         raise ConfigError(f"bench.scheduling: got {b!r}; allowed: a mapping")
     cluster = int(cfg.get("cluster.num_engines", 1) or 1)
+    seqs = b.get("max_num_seqs", [None, 8])
+    seqs = seqs if isinstance(seqs, list) else [seqs]
     opts = {
         "problems": int(b.get("problems", cfg.get("grpo.num_prompts_per_step", 16))),
         "samples": int(b.get("samples", cfg.get("grpo.num_generations_per_prompt", 4))),
@@ -56,6 +67,7 @@ def _options(cfg: RunConfig) -> dict:
         "repeats": int(b.get("repeats", 3)),
         "placements": list(b.get("placements", PLACEMENTS)),
         "budgets": list(b.get("budgets", ["uniform", "length_aware"])),
+        "max_num_seqs": seqs,
         "problem_seed": int(b.get("problem_seed", 30_000 + int(cfg.get("grpo.seed", 0)))),
         "temperature": float(b.get("temperature", cfg.generation.temperature)),
         "max_new_tokens": int(b.get("max_new_tokens", cfg.generation.max_new_tokens)),
@@ -74,6 +86,8 @@ def _options(cfg: RunConfig) -> dict:
     if bad or "uniform" not in opts["budgets"]:
         raise ConfigError(f"bench.scheduling.budgets: got {opts['budgets']!r}; allowed: a subset of {list(BUDGETS)} "
                           "that includes uniform (the reference)")
+    if not seqs or any(s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 1) for s in seqs):
+        raise ConfigError(f"bench.scheduling.max_num_seqs: got {seqs!r}; allowed: a list of null or ints >= 1")
     if not cfg.spec.enabled:
         raise ConfigError("policy.generation.speculative_decoding.enabled: got False; allowed: true "
                           "(the scheduling bench compares speculative configurations against no-spec)")
@@ -94,30 +108,56 @@ def _spearman(a: list, b: list) -> Any:
         return None
 
 
+def with_max_num_seqs(cfg: RunConfig, max_num_seqs: Optional[int]) -> RunConfig:
+    """A copy of the run config with `policy.generation.vllm_cfg.max_num_seqs` set (None: removed)."""
+    raw = copy.deepcopy(cfg.raw)
+    gen = raw["policy"].setdefault("generation", {})
+    vc = gen.setdefault("vllm_cfg", {}) or {}
+    gen["vllm_cfg"] = vc
+    if max_num_seqs is None:
+        vc.pop("max_num_seqs", None)
+    else:
+        vc["max_num_seqs"] = int(max_num_seqs)
+    return validate_run_dict(raw, cfg.source)
+
+
 def run(cfg: RunConfig, args: Any) -> list[dict]:
     import ray
 
-    from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.engine.engine import Request
-    from nemo_rl_specdec.engine.group import EngineGroup, budget_route
-    from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+    from nemo_rl_specdec.engine.group import budget_route
 
     opts = _options(cfg)
-    E, T, max_new = opts["engines"], opts["temperature"], opts["max_new_tokens"]
+    E = opts["engines"]
     spec = cfg.spec
     _say(f"{opts['problems']} problems x {opts['samples']} samples on {E} engines, drafter={spec.drafter} "
-         f"k={spec.num_speculative_tokens}, T={T}, max_new_tokens={max_new}, repeats={opts['repeats']}, "
-         f"placements={opts['placements']}, budgets={opts['budgets']}, model={cfg.model_path}")
+         f"k={spec.num_speculative_tokens}, T={opts['temperature']}, max_new_tokens={opts['max_new_tokens']}, "
+         f"repeats={opts['repeats']}, placements={opts['placements']}, budgets={opts['budgets']}, "
+         f"max_num_seqs regimes={opts['max_num_seqs']}, model={cfg.model_path}")
     # list drafters take per-request budgets: one speculative group serves every budget policy;
     # model drafters get k by batch size at engine start: one group per budget policy
     per_request = budget_route(spec) == "per_request"
-    budget_cfgs = {b: cfg if per_request else cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": b})
-                   for b in opts["budgets"]}
-    n_groups = 1 + (1 if per_request else len(budget_cfgs))
+    n_groups = 1 + (1 if per_request else len(opts["budgets"]))
     if not ray.is_initialized():  # n_groups groups of E single-CPU actors on the same E cores
-        import logging
-
         ray.init(num_cpus=n_groups * E, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    results = []
+    for seqs in opts["max_num_seqs"]:
+        runs, warm_n = _measure(with_max_num_seqs(cfg, seqs), opts, per_request, seqs)
+        results += _summarize(runs, opts, spec, E, warm_n, seqs)
+    _print(results, opts)
+    return results
+
+
+def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int]) -> tuple[dict, int]:
+    from transformers import AutoTokenizer
+
+    from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.engine.engine import Request
+    from nemo_rl_specdec.engine.group import EngineGroup
+    from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+
+    E, T, max_new = opts["engines"], opts["temperature"], opts["max_new_tokens"]
+    spec = cfg.spec
+    label = f"max_num_seqs={seqs if seqs is not None else 'default'}"
     predictor = LengthPredictor(cold_start="mean", max_len=max_new)
     t0 = time.perf_counter()
     groups: list = []
@@ -126,28 +166,26 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         base = EngineGroup(cfg, E, spec_enabled=False, seed=opts["seed"], predictor=predictor, name="nospec")
         groups.append(base)
         spec_groups: dict = {}
-        for b, c in budget_cfgs.items():
-            if per_request and groups[1:]:
+        for b in opts["budgets"]:
+            if per_request and len(groups) > 1:
                 spec_groups[b] = groups[1]
                 continue
+            c = cfg if per_request else cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": b})
             spec_groups[b] = EngineGroup(c, E, seed=opts["seed"], predictor=predictor,
                                          name="spec" if per_request else f"spec_{b}_")
             groups.append(spec_groups[b])
         first = groups[1]
-        _say(f"{len(groups)} groups up in {time.perf_counter() - t0:.1f}s (cores {first.cores}), budgets via "
-             f"{first.budget_via}" + (f", k by batch {first.derived_k_schedule}" if first.derived_k_schedule else ""))
-        from transformers import AutoTokenizer
-
+        _say(f"{label}: {len(groups)} groups up in {time.perf_counter() - t0:.1f}s (cores {first.cores}), budgets "
+             f"via {first.budget_via}" + (f", k by batch {first.derived_k_schedule}" if first.derived_k_schedule
+                                          else ""))
         tok = AutoTokenizer.from_pretrained(cfg.model_path)
         problems = task.make_problems(opts["problems"], seed=opts["problem_seed"])
-        G = opts["samples"]
         reqs = [Request(list(tok.encode(p.prompt, add_special_tokens=False)), problem_id=p.problem_id)
-                for p in problems for _ in range(G)]
-        # first-call costs (allocator, JIT) off the clock
-        for g in groups:
+                for p in problems for _ in range(opts["samples"])]
+        for g in groups:  # first-call costs (allocator, JIT) off the clock
             g.generate(reqs[:E], placement="round_robin", max_new_tokens=8, temperature=T, observe=False)
         # the previous batch of the same problems: it trains the predictor and fills the drafter store
-        warm = []
+        warm: list = []
         for g in groups:
             warm += g.generate(reqs, placement="contiguous", budget="uniform", max_new_tokens=max_new,
                                temperature=T, observe=True).rollouts
@@ -155,9 +193,9 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         for g in groups:
             g.update(version, None, rollouts=warm if g is not base else [])
         lens = sorted(len(r.token_ids) for r in warm)
-        warm_n = len(lens)
-        _say(f"warm batch: lengths p50 {lens[len(lens) // 2]}, p90 {lens[int(0.9 * (len(lens) - 1))]}, "
-             f"max {lens[-1]}; predictor knows {sum(predictor.known(p.problem_id) for p in problems)} problems")
+        _say(f"{label}: warm batches ({len(lens)} rollouts): length p50 {lens[len(lens) // 2]}, "
+             f"p90 {lens[int(0.9 * (len(lens) - 1))]}, max {lens[-1]}; "
+             f"predictor knows {sum(predictor.known(p.problem_id) for p in problems)} problems")
 
         for rep in range(opts["repeats"]):
             for placement in opts["placements"]:
@@ -169,19 +207,18 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                     res = spec_groups[budget].generate(reqs, placement=placement, budget=budget,
                                                        max_new_tokens=max_new, temperature=T, observe=False)
                     runs.setdefault((spec.drafter, placement, budget), []).append(res)
-                _say(f"repeat {rep} {placement}: no-spec {runs[key][-1].makespan_s:.2f}s, "
+                _say(f"{label} repeat {rep} {placement}: no-spec {runs[key][-1].makespan_s:.2f}s, "
                      + ", ".join(f"{b} {runs[(spec.drafter, placement, b)][-1].makespan_s:.2f}s"
                                  for b in opts["budgets"]))
     finally:
         for g in reversed(groups):
             g.close()
-    results = _summarize(runs, opts, spec, E, warm_n)
-    _print(results, opts)
-    return results
+    return runs, len(lens)
 
 
-def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int) -> list[dict]:
+def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Optional[int]) -> list[dict]:
     med = {key: _median([r.makespan_s for r in rs]) for key, rs in runs.items()}
+    tag = f"seqs{seqs}" if seqs is not None else "seqs_all"
     out = []
     for (drafter, placement, budget), rs in runs.items():
         gen = sum(r.metrics.generated_tokens for r in rs)
@@ -199,14 +236,16 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int) -> list[
         for b in (mid.budgets if drafter != "none" else []):
             hist[str(b)] = hist.get(str(b), 0) + 1
         out.append({
-            "name": f"{'no_spec' if drafter == 'none' else drafter}/{placement}/{budget}",
+            "name": f"{'no_spec' if drafter == 'none' else drafter}/{placement}/"
+                    f"{budget if drafter != 'none' else '-'}@{tag}",
             "drafter": drafter, "placement": placement, "budget": budget if drafter != "none" else None,
             "budget_via": mid.budget_via, "engines": engines,
+            "max_num_seqs": seqs,
             "makespan_s": mk, "makespan_runs_s": [r.makespan_s for r in rs],
             "makespan_vs_contiguous": (ref / mk) if ref and mk else None,
             "makespan_cut_vs_contiguous_pct": (100.0 * (1 - mk / ref)) if ref and mk else None,
-            "nospec_makespan_s": nospec,
             "vs_uniform_budget": (same_placement_uniform / mk) if same_placement_uniform and mk else None,
+            "nospec_makespan_s": nospec,
             "wall_clock_ratio": (nospec / mk) if nospec and mk else None,
             "tokens_per_target_forward": gen / (gen - acc) if gen > acc else 1.0,
             "acceptance_rate": acc / drafted if drafted else 0.0,
@@ -235,7 +274,7 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}"
     if isinstance(v, list):
-        return "/".join(_fmt(x) if not isinstance(x, float) else f"{x:.2f}" for x in v)
+        return "/".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in v)
     return str(v)
 
 
@@ -251,8 +290,8 @@ def _print(results: list, opts: dict) -> None:
     print(f"Scheduling suite: {opts['problems']} problems x {opts['samples']} samples, {results[0]['engines']} "
           f"engines, T={opts['temperature']}, median of {opts['repeats']} runs. vs_contig = this group's contiguous "
           "(uniform) makespan / this; vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
-          "makespan, same placement / this")
+          "makespan, same placement / this; @seqsN = at most N requests decoded at once per engine")
     for n, row in enumerate(table):
-        print("  ".join(x.ljust(w) for x, w in zip(row, widths)))
+        print("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))

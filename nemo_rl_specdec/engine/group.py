@@ -101,8 +101,8 @@ def scheduled_config(cfg: RunConfig, spec_enabled: Optional[bool] = None,
     """The run config the group's engines start with, and the k-by-batch schedule it derived.
 
     A model drafter with a non-uniform `scheduling.budget` and no `scheduling.k_by_batch_size`
-    gets `k_by_batch_size_schedule(256, k, cost model)` (256 = vLLM's default max_num_seqs on
-    CPU), which `config.to_vllm_speculative_config` turns into vLLM's
+    gets `k_by_batch_size_schedule(max_num_seqs, k, cost model)` (`vllm_cfg.max_num_seqs`, else
+    256, vLLM's default on CPU), which `config.to_vllm_speculative_config` turns into vLLM's
     `num_speculative_tokens_per_batch_size`: k rises as the batch drains. Otherwise the config
     is returned unchanged (an explicit schedule is used as written)."""
     cm = {**DEFAULT_COST_MODEL, **(cost_model or {})}
@@ -110,7 +110,8 @@ def scheduled_config(cfg: RunConfig, spec_enabled: Optional[bool] = None,
     if not (spec.enabled and spec.drafter in MODEL_DRAFTERS and spec.scheduling.budget != "uniform"
             and not spec.scheduling.k_by_batch_size):
         return cfg, None
-    schedule = k_by_batch_size_schedule(VLLM_MAX_NUM_SEQS_CPU, spec.num_speculative_tokens, c_base=cm["c_base"],
+    max_batch = int((cfg.generation.vllm_cfg.model_extra or {}).get("max_num_seqs") or VLLM_MAX_NUM_SEQS_CPU)
+    schedule = k_by_batch_size_schedule(max_batch, spec.num_speculative_tokens, c_base=cm["c_base"],
                                         c_tok=cm["c_tok"], c_draft=cm["c_draft"])
     sched = {**spec.scheduling.model_dump(), "k_by_batch_size": [list(t) for t in schedule]}
     return cfg.with_spec(scheduling=sched), schedule
@@ -302,7 +303,7 @@ class EngineGroup:
         """ray.get every engine's ref; wait for all, then raise naming the engine(s) that failed.
         `engines[m]` is the engine number of `refs[m]` (default: refs are engines 0..n-1)."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+        from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
         engines = list(range(len(refs))) if engines is None else engines
         out: list = [None] * len(refs)
@@ -320,10 +321,15 @@ class EngineGroup:
             except RayTaskError as e:
                 cause = getattr(e, "cause", None)
                 failed.append((j, cause if isinstance(cause, BaseException) else e))
+            except RayError as e:  # the worker process is gone: OOM-killed, crashed, node lost
+                self._dead[j] = f"{e.__class__.__name__} during {what}"
+                died.append((j, e))
         if died:
             names = ", ".join(f"{self.names[j]} (core {self.cores[j]})" for j, _ in died)
+            first = died[0][1]
+            detail = str(first).strip().splitlines()[0][:300] if str(first).strip() else ""
             raise EngineDiedError(f"{what}: engine actor died: {names}; its requests were not served "
-                                  f"({died[0][1].__class__.__name__})") from died[0][1]
+                                  f"({first.__class__.__name__}: {detail})") from first
         if failed:
             j, err = failed[0]
             msg = f"{self.names[j]} (core {self.cores[j]}): {what} failed: {err.__class__.__name__}: {err}"

@@ -373,7 +373,7 @@ def _cfg(**spec):
 
 
 def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters():
-    from nemo_rl_specdec.config import to_vllm_speculative_config
+    from nemo_rl_specdec.config import to_vllm_speculative_config, validate_run_dict
     from nemo_rl_specdec.engine.group import budget_route, scheduled_config
 
     # DAS suffix: per-request budgets, the vLLM config is untouched
@@ -402,3 +402,7 @@ def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters()
     uni = _cfg(drafter="draft_model", draft_model={"model": "/d"}, refresh={"mode": "frozen"})
     assert scheduled_config(uni)[1] is None
     assert scheduled_config(dm, spec_enabled=False)[1] is None
+    # the schedule covers the engine's batch sizes: vllm_cfg.max_num_seqs when set
+    capped = validate_run_dict({**dm.raw, "policy": {**dm.raw["policy"], "generation": {
+        **dm.raw["policy"]["generation"], "vllm_cfg": {"max_num_seqs": 8}}}})
+    assert scheduled_config(capped)[1] == k_by_batch_size_schedule(8, 4)
