@@ -15,7 +15,7 @@ Why this task suits speculative decoding experiments:
 
 * verifiable: :func:`verify` reads the final ``answer:`` line of any text;
 * long-tailed: ``n`` is drawn from a clipped log-normal, so most responses are short and a
-  few are ~7x the median (p99/p50 of response tokens is about 5);
+  few are ~6x the median (p99/p50 of response tokens is 5-7 over 2000 problems);
 * repetitive per problem: the worked solution is a deterministic function of the problem,
   so a policy's rollouts for the same problem share long spans (suffix drafting helps), and
   errors are local (a wrong step changes the rest of the trajectory, which is what an

@@ -8,12 +8,18 @@ tokenizer files) and ``<out>/MANIFEST.json``. Everything is derived from ``--see
 * tokenizer: character level (a ``tokenizers`` BPE model with an empty merge list, so every
   character is one token), wrapped as a ``PreTrainedTokenizerFast``;
 * policy: ``Qwen3ForCausalLM`` (~1.7 M params) trained by supervised learning on the worked
-  solutions of :mod:`nemo_rl_specdec.demo.task`, stopped EARLY, as soon as its greedy accuracy
-  on a dev set reaches ``--target-acc``. The GRPO demo needs a policy that is partially
-  competent (it fails mostly on long problems) and still has something to learn;
-* draft: a smaller ``Qwen3ForCausalLM`` (~0.35 M params) distilled from the policy
-  (KL(policy || draft) on teacher-forced reference solutions), so it imitates the policy's
-  distribution rather than the ground truth.
+  solutions of :mod:`nemo_rl_specdec.demo.task`, stopped EARLY, as soon as its greedy
+  exact-match rate on a dev set (computed exactly by one teacher-forced pass) reaches
+  ``--target-acc``. The GRPO demo needs a policy that is partially competent (it fails mostly
+  on long problems) and still has something to learn;
+* draft: a smaller ``Qwen3ForCausalLM`` (~0.36 M params), SFT-trained on the policy's batches,
+  then distilled from the final policy (KL(policy || draft) on teacher-forced reference
+  solutions), so it imitates the policy's distribution rather than the ground truth.
+
+What made SFT fit in ~1000 steps of 1024 tokens (measured, seed 0): lr 6e-4 (2e-3 stalled on
+the loss plateau), and Fourier features of the digit value written into the digit embeddings
+at init (without them the sum digits were still at ~50% token accuracy after 1000 steps; with
+them the units digit reached 99% by step ~950).
 
 CPU only, plain torch + transformers, one thread by default. Runs are reproducible on a given
 machine; across machines floating-point differences may shift the early-stop step.
