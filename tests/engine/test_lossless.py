@@ -55,7 +55,9 @@ def test_sampling_distribution_unchanged_at_temperature_one(engines, problems, d
     reqs = [Request(ids, problem_id=pid) for pid, ids in prompts for _ in range(CHI2_SAMPLES_PER_PROMPT)]
     b = base.generate(reqs, max_new_tokens=CHI2_TOKENS, ignore_eos=True)
     s = spec.generate(reqs, max_new_tokens=CHI2_TOKENS, ignore_eos=True)
-    assert s.metrics.drafts > 0 and s.metrics.accepted_tokens > 0, f"{drafter}: no speculation to test"
+    # drafts went through the rejection sampler (accepted, or rejected and the recovered token
+    # resampled): both paths are where a broken sampler (vLLM #55005) changes the distribution
+    assert s.metrics.drafts > 0, f"{drafter}: no speculation to test"
     res = first_tokens_chi2(b.rollouts, s.rollouts, CHI2_SAMPLES_PER_PROMPT)
     assert res["dof"] > 0, "degenerate distribution: nothing to compare"
     assert res["p_value"] > 0.01, f"{drafter}: sampled distribution differs from the policy's: {res}"
