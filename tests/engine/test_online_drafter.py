@@ -18,6 +18,7 @@ from nemo_rl_specdec.train.distill import DraftModelDistiller
 BLOCK = "policy.generation.speculative_decoding"
 MAX_NEW = 128
 ROUNDS = 2
+DRIFT = 0.8  # noise scale (x each matrix's std): large enough to change the greedy outputs
 
 
 def _cfg(tiny_cfg, mode: str):
@@ -55,7 +56,7 @@ def scenario(tiny_cfg_fn, tmp_path_factory):
                     for p in ps]
 
         train, held = make_problems(48, seed=5), make_problems(16, seed=77)
-        policy = perturbed_policy(cfg.model_path, scale=0.3, seed=0)
+        policy = perturbed_policy(cfg.model_path, scale=DRIFT, seed=0)
         sd = {k: v.detach().clone() for k, v in policy.state_dict().items()}
         distiller = DraftModelDistiller(cfg.spec.draft_model.model, lr=1e-3, epochs=3, seed=0)
         stats, reports = [], []
