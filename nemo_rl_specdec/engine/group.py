@@ -119,40 +119,43 @@ def scheduled_config(cfg: RunConfig, spec_enabled: Optional[bool] = None,
 
 # --------------------------------------------------------------------------- the actor
 
-def _pin_all_threads(core: int) -> None:
-    """Pin every thread of this process to `core`. sched_setaffinity(0) pins only the calling
-    thread, and a threaded Ray actor runs calls on pool threads created before any pinning."""
+def _pin_all_threads(core: Optional[int], niceness: Optional[int] = None) -> None:
+    """Pin every thread of this process to `core` and set its niceness. Both are per thread on
+    Linux: sched_setaffinity(0) / setpriority(0) change only the calling thread, and a threaded
+    Ray actor runs calls on pool threads created before any pinning."""
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
         tids = [0]
     for tid in tids:
         try:
-            os.sched_setaffinity(tid, {core})
-        except OSError:  # a thread that exited meanwhile
+            if core is not None:
+                os.sched_setaffinity(tid, {core})
+            if niceness is not None and os.getpriority(os.PRIO_PROCESS, tid) != niceness:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        except OSError:  # a thread that exited meanwhile, or no permission to lower the niceness
             pass
 
 
 class _EngineActor:
     """One `Engine` inside a Ray actor process (the class is wrapped by `ray.remote` lazily)."""
 
-    def __init__(self, cfg: RunConfig, spec_enabled: Optional[bool], core: Optional[int], seed: int, name: str):
+    def __init__(self, cfg: RunConfig, spec_enabled: Optional[bool], core: Optional[int], seed: int, name: str,
+                 niceness: Optional[int] = None):
         from nemo_rl_specdec.engine.engine import Engine
 
-        self.core, self.name = core, name
-        if core is not None:
-            _pin_all_threads(core)
+        self.core, self.name, self.niceness = core, name, niceness
+        _pin_all_threads(core, niceness)
         self._gen_lock = threading.Lock()
         self.engine = Engine(cfg, spec_enabled=spec_enabled, core=core, seed=seed, name=name)
-        if core is not None:
-            _pin_all_threads(core)  # threads vLLM / torch started meanwhile
+        _pin_all_threads(core, niceness)  # threads vLLM / torch started meanwhile
 
     def _pin(self) -> None:
-        if self.core is not None:
-            _pin_all_threads(self.core)
+        _pin_all_threads(self.core, self.niceness)
 
     def ready(self) -> dict:
         return {"name": self.name, "core": self.core, "pid": os.getpid(), "startup_s": self.engine.startup_s,
+                "niceness": os.getpriority(os.PRIO_PROCESS, 0),
                 "state": dict(self.engine.state), "spec_active": self.engine.spec_active,
                 "speculative_config": self.engine.speculative_config}
 
@@ -192,13 +195,14 @@ class _EngineActor:
         """Cores allowed for every thread of this process, and torch's intra-op thread count."""
         import torch
 
-        out = {}
+        out, nice = {}, {}
         for t in os.listdir("/proc/self/task"):
             try:
                 out[int(t)] = sorted(os.sched_getaffinity(int(t)))
+                nice[int(t)] = os.getpriority(os.PRIO_PROCESS, int(t))
             except OSError:
                 pass
-        return {"pid": os.getpid(), "threads": out, "torch_threads": torch.get_num_threads()}
+        return {"pid": os.getpid(), "threads": out, "niceness": nice, "torch_threads": torch.get_num_threads()}
 
     def close(self) -> None:
         self.engine.close()
@@ -232,6 +236,9 @@ class EngineGroup:
         cost_model: `c_base`, `c_tok`, `c_draft` for the `das` budget and the derived k-by-batch
             schedule (only the ratios matter; default c_tok / c_base = 1/64).
         max_concurrency: threads per actor (>= 2 so an update reaches a generating engine).
+        niceness: scheduling niceness of every engine thread (default 0, a normal process). Ray
+            starts workers at niceness 15 (`RAY_worker_niceness`), which on a shared machine lets
+            any other process starve the engines and makes step times erratic; None keeps Ray's.
         startup_timeout_s: how long to wait for all engines to come up.
         name: prefix of the engine names (`{name}{i}`, default `engine0`, `engine1`, ...).
 
@@ -242,7 +249,7 @@ class EngineGroup:
     def __init__(self, cfg: RunConfig, num_engines: Optional[int] = None, spec_enabled: Optional[bool] = None, *,
                  seed: int = 0, cores: Optional[Sequence[int]] = None, predictor: Optional[LengthPredictor] = None,
                  cost_model: Optional[dict] = None, max_concurrency: int = 4, startup_timeout_s: float = 900.0,
-                 name: str = "engine"):
+                 niceness: Optional[int] = 0, name: str = "engine"):
         import ray
 
         n = num_engines if num_engines is not None else (cfg.get("cluster.num_engines") or 1)
@@ -275,7 +282,8 @@ class EngineGroup:
         if not ray.is_initialized():
             ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         actor_cls = _remote_actor_cls(max_concurrency)
-        self.actors = [actor_cls.remote(cfg, spec_enabled, cores[i], seed + i, self.names[i]) for i in range(n)]
+        self.actors = [actor_cls.remote(cfg, spec_enabled, cores[i], seed + i, self.names[i], niceness)
+                       for i in range(n)]
         try:
             self.info = self._gather([a.ready.remote() for a in self.actors], "start", timeout_s=startup_timeout_s)
         except BaseException:

@@ -72,6 +72,7 @@ def test_each_engine_pinned_to_its_own_core(group):
         cores = {tuple(c) for c in aff["threads"].values()}
         assert cores == {(group.cores[j],)}, f"engine{j}: threads not all pinned to core {group.cores[j]}: {cores}"
         assert aff["torch_threads"] == 1
+        assert set(aff["niceness"].values()) == {0}, f"engine{j}: Ray's worker niceness not reset: {aff['niceness']}"
     if os.cpu_count() >= 2:
         assert len(set(group.cores)) == 2
     assert [i["name"] for i in group.info] == ["engine0", "engine1"]
