@@ -79,9 +79,11 @@ def problems():
     return make_problems(24, seed=123)
 
 
-def perturbed_checkpoint(src: str, dst, seed: int, scale: float = 0.5):
+def perturbed_checkpoint(src: str, dst, seed: int, scale: float = 1.5):
     """A full checkpoint dir: `src` with every floating tensor moved by scale * std * N(0, 1)
-    (seeded). Returns (dir, state_dict) — a new policy version for update tests."""
+    (seeded). Returns (dir, state_dict) — a new policy version for update tests. The scale is
+    large enough that the trained policy's greedy outputs change (0.5 left a stale drafter at
+    0.8 acceptance), so a drafter that did not follow is visible."""
     import shutil
     from pathlib import Path
 
