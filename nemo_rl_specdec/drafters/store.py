@@ -53,6 +53,7 @@ class Entry:
     num_tokens: int
     in_problem_tree: bool
     in_global_tree: bool
+    live: Optional[list] = None  # in-flight entry: its token chunks, until the next rebuild settles it
 
 
 @dataclass
@@ -120,6 +121,10 @@ class RolloutStore:
         self.evicted_memory = 0
         self.rejected_old = 0
         self._bytes: Optional[int] = None  # cached estimate, None = stale
+        self._measured: Optional[tuple] = None  # (bytes, tokens) at the last measurement
+        self._live_tokens = 0  # in-flight tokens added since the last rebuild
+        self.live_settled = 0  # in-flight entries kept as stored rollouts by a rebuild (no re-insertion)
+        self._history: dict = {}  # problem id (None included) -> stored (settled) entries
 
     # ------------------------------------------------------------------ placement
     def _in_problem(self, problem_id) -> bool:
@@ -146,12 +151,22 @@ class RolloutStore:
         if self.min_version is not None and version < self.min_version:
             self.rejected_old += 1
             return None
-        seq = np.concatenate([prompt[len(prompt) - min(len(prompt), self.prompt_tail):], resp]) \
-            if len(prompt) else resp
+        seq = self._sequence(prompt, resp)
         if len(seq) == 0:
             return None
+        return self._insert(seq, problem_id, version, live=False)
+
+    def _sequence(self, prompt: np.ndarray, resp: np.ndarray) -> np.ndarray:
+        """What an entry holds: the last max_tree_depth-1 prompt tokens, then the response."""
+        if not len(prompt):
+            return resp
+        return np.concatenate([prompt[len(prompt) - min(len(prompt), self.prompt_tail):], resp])
+
+    def _insert(self, seq: np.ndarray, problem_id, version: int, live: bool) -> int:
         seq_id = self._new_seq_id()
         in_p, in_g = self._in_problem(problem_id), self._in_global(problem_id)
+        if live and in_p:
+            in_g = False  # siblings share through their problem tree; the global copy waits for the rebuild
         if in_p:
             tree = self._problem_trees.get(problem_id)
             if tree is None:
@@ -163,9 +178,86 @@ class RolloutStore:
                 self._global_tree = self._Tree(self.max_tree_depth)
             self._global_tree.extend_ndarray(seq_id, seq)
             self._global_entries += 1
-        self._entries[seq_id] = Entry(seq_id, problem_id, version, int(len(seq)), in_p, in_g)
+        self._entries[seq_id] = Entry(seq_id, problem_id, version, int(len(seq)), in_p, in_g,
+                                      [seq.copy()] if live else None)
+        if not live:
+            self._history[problem_id] = self._history.get(problem_id, 0) + 1
         self._bytes = None
         return seq_id
+
+    # ------------------------------------------------------------------ in-flight (live) entries
+    def start_live(self, context: np.ndarray, *, problem_id: Optional[str], version: int) -> Optional[int]:
+        """Open an in-flight entry for a running request: `context` is its prompt tail plus the tokens
+        generated so far (int32). Siblings (same problem) can draft from it while it grows. Live
+        entries are settled by the next :meth:`rebuild`: kept if the update carries the identical
+        rollout, removed otherwise, so after a rebuild the store holds exactly the window's rollouts."""
+        if len(context) == 0:
+            return None
+        sid = self._insert(np.ascontiguousarray(context, dtype=np.int32), problem_id, int(version), live=True)
+        self._live_tokens += len(context)
+        return sid
+
+    def has_history(self, problem_id: Optional[str]) -> bool:
+        """Whether the store holds settled rollouts of this problem (in any tree)."""
+        return problem_id in self._history
+
+    def extend_live(self, seq_id: int, tokens: np.ndarray) -> None:
+        """Append verified tokens to an in-flight entry (no-op if the entry is gone)."""
+        e = self._entries.get(seq_id)
+        if e is None or e.live is None or len(tokens) == 0:
+            return
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        if e.in_problem_tree:
+            self._problem_trees[e.problem_id].extend_ndarray(seq_id, tokens)
+        if e.in_global_tree:
+            self._global_tree.extend_ndarray(seq_id, tokens)
+        e.live.append(tokens.copy())
+        e.num_tokens += len(tokens)
+        self._live_tokens += len(tokens)
+        self._bytes = None
+
+    def live_over_cap(self) -> bool:
+        """Cheap check for in-flight growth: the last measured bytes plus the live tokens added since,
+        at the measured bytes per token, against the cap."""
+        if self.max_memory_bytes is None:
+            return False
+        if self._measured is None:
+            return self.bytes() > self.max_memory_bytes
+        b, t = self._measured
+        per_token = b / t if t else 400.0
+        return b + per_token * self._live_tokens > self.max_memory_bytes
+
+    def _settle_live(self, checked: list) -> tuple:
+        """Match the update's rollouts against in-flight entries (same problem, identical tokens):
+        matches are kept as stored entries (retagged with the rollout's version); in-flight entries
+        the update does not carry are removed. Returns (rollouts still to insert, matched count)."""
+        live: dict = {}
+        for e in self._entries.values():
+            if e.live is not None:
+                seq = np.concatenate(e.live) if len(e.live) > 1 else e.live[0]
+                live.setdefault((e.problem_id, seq.tobytes()), []).append(e.seq_id)
+        rest, matched = [], 0
+        for pid, prompt, resp, v in checked:
+            ids = live.get((pid, self._sequence(prompt, resp).tobytes())) if live else None
+            if ids and (self.min_version is None or v >= self.min_version):
+                e = self._entries[ids.pop()]
+                if self._in_global(pid) and not e.in_global_tree:  # the deferred global copy
+                    if self._global_tree is None:
+                        self._global_tree = self._Tree(self.max_tree_depth)
+                    self._global_tree.extend_ndarray(e.seq_id, np.concatenate(e.live))
+                    e.in_global_tree = True
+                    self._global_entries += 1
+                    self._bytes = None
+                e.version, e.live = v, None
+                self._history[pid] = self._history.get(pid, 0) + 1
+                matched += 1
+            else:
+                rest.append((pid, prompt, resp, v))
+        for ids in live.values():
+            for sid in ids:
+                self.remove(sid)
+        self._live_tokens = 0
+        return rest, matched
 
     def _new_seq_id(self) -> int:
         if self._next_seq_id > _MAX_SEQ_ID:  # 2^31 insertions: restart at the lowest free id
@@ -180,6 +272,12 @@ class RolloutStore:
     def remove(self, seq_id: int) -> None:
         """Remove one entry from every tree that holds it (exact)."""
         e = self._entries.pop(seq_id)
+        if e.live is None:
+            n = self._history[e.problem_id] - 1
+            if n:
+                self._history[e.problem_id] = n
+            else:
+                del self._history[e.problem_id]
         if e.in_problem_tree:
             self._problem_trees[e.problem_id].remove(seq_id)
             n = self._problem_entries[e.problem_id] - 1
@@ -244,8 +342,9 @@ class RolloutStore:
         checked = [self._check_rollout(i, r, version) for i, r in enumerate(_as_list(rollouts))]
         newest = max([version - 1] + [c[3] for c in checked])
         self.slide(newest)
-        added = 0
-        for pid, prompt, resp, v in checked:
+        rest, added = self._settle_live(checked)
+        self.live_settled += added
+        for pid, prompt, resp, v in rest:
             if self.add(resp, version=v, problem_id=pid, prompt_token_ids=prompt) is not None:
                 added += 1
         self.enforce_memory()
@@ -307,6 +406,8 @@ class RolloutStore:
             if self._global_tree is not None:
                 total += self._global_tree.estimate_memory()
             self._bytes = int(total)
+            self._measured = (self._bytes, sum(e.num_tokens for e in self._entries.values()))
+            self._live_tokens = 0
         return self._bytes
 
     def versions(self) -> list:
@@ -333,7 +434,9 @@ class RolloutStore:
                 "bytes": self.bytes(), "max_memory_bytes": self.max_memory_bytes,
                 "window_steps": self.window_steps, "newest_version": self.newest_version, "scope": self.scope,
                 "max_tree_depth": self.max_tree_depth, "evicted_window": self.evicted_window,
-                "evicted_memory": self.evicted_memory, "rejected_old": self.rejected_old}
+                "evicted_memory": self.evicted_memory, "rejected_old": self.rejected_old,
+                "live_entries": sum(1 for e in self._entries.values() if e.live is not None),
+                "live_settled": self.live_settled}
 
 
 def _check_version(v, what: str) -> int:

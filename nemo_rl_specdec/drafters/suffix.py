@@ -47,8 +47,11 @@ TRACE_LIMIT = 1_000_000  # drafts kept when tracing is on (tests, debugging)
 class _ReqState:
     problem_id: Optional[str]
     budget: int  # max drafts for this request (already clamped to k)
+    prompt_len: int = 0
     local: Any = None  # arctic SuffixTree of this request's own prompt + output, built lazily
     local_upto: int = 0  # tokens of the context already in `local`
+    live_id: Optional[int] = None  # this request's in-flight entry in the store
+    live_upto: int = 0  # tokens of the context already in the in-flight entry
 
 
 def _suffix_settings(spec: Optional[dict]) -> dict:
@@ -68,6 +71,11 @@ class DASProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.runner = None
         self.use_local = True
+        # share in-flight tokens between siblings (same problem id) of problems with no stored rollouts
+        # yet (cold start); settled at the next rebuild. Warm problems draft from the store alone:
+        # measured on the bundled workload, in-flight sharing then adds CPU without adding acceptance.
+        self.live = True
+        self.version = 0  # policy version installed by the last rebuild: tags in-flight entries
         self._reqs: dict = {}
         self.trace: Optional[list] = None
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "from_problem": 0,
@@ -113,6 +121,9 @@ class DASProposer:
             added = self.store.rebuild(rows, version)
         except StoreInputError as e:
             raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: {e}") from e
+        self.version = int(version)
+        for st in self._reqs.values():  # in-flight entries were settled: running requests start new ones
+            st.live_id = None
         self.counters["rebuilds"] += 1
         self.counters["rollouts_added"] += added
         self.counters["rebuild_s"] += time.perf_counter() - t0
@@ -130,11 +141,17 @@ class DASProposer:
         return prev
 
     # ------------------------------------------------------------------ proposing
-    def _request_state(self, req_id: str) -> _ReqState:
+    def _request_state(self, req_id: str, row: int) -> _ReqState:
         extra = None
         req = self.runner.requests.get(req_id) if self.runner is not None else None
         if req is not None and req.sampling_params is not None:
             extra = req.sampling_params.extra_args
+        prompt = getattr(req, "prompt_token_ids", None) if req is not None else None
+        if prompt is not None:
+            prompt_len = len(prompt)
+        else:
+            npt = getattr(self.runner.input_batch, "num_prompt_tokens", None)
+            prompt_len = int(npt[row]) if npt is not None else 0
         extra = extra or {}
         pid = extra.get("problem_id")
         if pid is not None and not isinstance(pid, str):
@@ -146,9 +163,25 @@ class DASProposer:
                 budget = max(0, min(self.k, int(b)))
             except (TypeError, ValueError):
                 log.warning("DAS: request %s has a non-integer specdec_budget %r; using k=%d", req_id, b, self.k)
-        st = _ReqState(pid, budget)
+        st = _ReqState(pid, budget, prompt_len)
         self._reqs[req_id] = st
         return st
+
+    def _live_update(self, st: _ReqState, row: np.ndarray, n: int) -> bool:
+        """Add this step's verified tokens to the request's in-flight entry (opening it at first sight
+        with the prompt tail). Returns True when the store grew."""
+        if st.live_id is None or st.live_id not in self.store:
+            if st.problem_id is None or st.live_id is not None or self.store.has_history(st.problem_id):
+                return False  # siblings share only while their problem has no stored rollouts yet
+            start = max(0, st.prompt_len - self.store.prompt_tail)
+            st.live_id = self.store.start_live(row[start:n], problem_id=st.problem_id, version=self.version)
+            st.live_upto = n
+            return st.live_id is not None
+        if st.live_upto < n:
+            self.store.extend_live(st.live_id, row[st.live_upto:n])
+            st.live_upto = n
+            return True
+        return False
 
     def _local_draft(self, st: _ReqState, row: np.ndarray, n: int, ctx: np.ndarray, limit: int):
         if st.local is None:
@@ -171,6 +204,7 @@ class DASProposer:
         reqs = self._reqs
         seen = set()
         depth, store = self.depth, self.store
+        grew = False
         for i in range(rows):
             rid = req_ids[i]
             if rid is None:
@@ -178,17 +212,19 @@ class DASProposer:
             seen.add(rid)
             st = reqs.get(rid)
             if st is None:
-                st = self._request_state(rid)
+                st = self._request_state(rid, i)
             if not sampled_token_ids[i]:  # partial prefill chunk: nothing to verify yet
                 continue
             c["rows"] += 1
             n = int(num_tokens_no_spec[i])
+            row = token_ids_cpu[i]
+            if self.live:
+                grew |= self._live_update(st, row, n)
             limit = min(st.budget, self.max_model_len - n - 1)
             if limit <= 0:
                 if st.budget == 0:
                     c["budget_zero"] += 1
                 continue
-            row = token_ids_cpu[i]
             ctx = row[max(0, n - depth):n]
             d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob)
             tokens, source, score = d.token_ids, d.source, d.score
@@ -207,7 +243,9 @@ class DASProposer:
             if self.trace is not None and len(self.trace) < TRACE_LIMIT:
                 self.trace.append((rid, st.problem_id, tuple(tokens)))
         if len(reqs) > len(seen):  # finished or preempted requests: drop their state
-            for rid in [r for r in reqs if r not in seen]:
+            for rid in [r for r in reqs if r not in seen]:  # (their in-flight entries wait for the rebuild)
                 del reqs[rid]
+        if grew and store.live_over_cap():
+            store.enforce_memory()
         c["propose_s"] += time.perf_counter() - t0
         return out

@@ -276,6 +276,7 @@ def test_proposer_never_exceeds_model_len_or_k_and_uses_own_tokens():
     p = _proposer(k=8, max_model_len=10)
     r = _FakeRunner([("x-1", {"problem_id": "A"}, [3, 1, 2, 3, 1, 2, 3])], max_model_len=10)
     p.specdec_attach(r, {"suffix": p.settings})
+    p.live = False  # only the per-request tree may see the request's own tokens here
     # empty store: the request's own tokens (local tree) give the draft, cut at max_model_len - n - 1 = 2
     out = p.propose([[3]], r.n, r.tokens)
     assert out == [[1, 2]]
@@ -293,3 +294,42 @@ def test_proposer_rebuild_errors_are_refresh_errors():
     # engine Rollout objects (with to_dict) are accepted
     obj = SimpleNamespace(to_dict=lambda: rollout([1, 2, 3], 2))
     assert p.specdec_rebuild([obj], 3) == 1
+
+
+def test_in_flight_siblings_share_tokens_and_the_rebuild_settles_them():
+    """A request drafts from a sibling's in-flight tokens; the next rebuild keeps in-flight entries
+    the update carries (no re-insertion) and removes the others, so the store is exactly the window."""
+    p = _proposer(k=4, scope="problem")
+    ahead = PROMPT + [40, 41, 42, 43, 44, 45, 46]
+    behind = PROMPT + [40]
+    r = _FakeRunner([("a-1", {"problem_id": "A"}, ahead), ("b-1", {"problem_id": "A"}, behind),
+                     ("c-1", {"problem_id": "C"}, PROMPT + [40])])
+    p.specdec_attach(r, {"suffix": p.settings})
+    p.use_local = False
+    out = p.propose([[1], [1], [1]], r.n, r.tokens)
+    assert out[1] == [41, 42, 43, 44]  # from sibling a-1, still generating
+    assert out[2] == []  # another problem sees nothing
+    st = p.specdec_stats()["store"]
+    assert st["live_entries"] == 3 and st["entries"] == 3
+    # grow a-1 by two tokens: the entry follows
+    r.tokens[0, len(ahead):len(ahead) + 2] = [47, 48]
+    r.n[0] += 2
+    p.propose([[1], [1], [1]], r.n, r.tokens)
+    # the update carries a-1 exactly as generated and b-1 with a different ending; c-1 is not in it
+    a_final = ahead[len(PROMPT):] + [47, 48]
+    rows = [rollout(a_final, 0, pid="A"), rollout([40, 99], 0, pid="A")]
+    assert p.specdec_rebuild(rows, 1) == 2
+    st = p.specdec_stats()["store"]
+    assert st["live_entries"] == 0 and st["entries"] == 2 and st["live_settled"] == 1
+    assert p.store.speculate(np.array([3] + PROMPT + [40, 99][:1], dtype=np.int32), "C", 4, 100.0, 0.0).token_ids == []
+    # the store now equals a fresh one built from the update's rollouts
+    fresh = RolloutStore(window_steps=2, scope="problem", max_tree_depth=16)
+    fresh.rebuild(rows, 1)
+    for c in ([3] + PROMPT, [3] + PROMPT + [40], [0, 40, 41], [0, 45, 46]):
+        got = _continuations(p.store._problem_trees["A"], c)
+        assert got == _continuations(fresh._problem_trees["A"], c), c
+    # problem A now has stored rollouts: its requests draft from them and open no in-flight entry
+    r2 = _FakeRunner([("d-1", {"problem_id": "A"}, PROMPT + [40])])
+    p.runner = r2
+    assert p.propose([[1]], r2.n, r2.tokens) == [[41, 42, 43, 44]]
+    assert p.specdec_stats()["store"]["live_entries"] == 0
