@@ -23,7 +23,8 @@ def overrides_for(result: dict) -> list:
     # the simulator needs a non-increasing curve; measured noise can break that by a hair
     for i in range(1, len(per_pos)):
         per_pos[i] = min(per_pos[i], per_pos[i - 1])
-    return [f"speculation.k={int(result['k'])}", f"drafter.name={_SIM_DRAFTER[result['drafter']]}",
+    budget = [] if result["drafter"] in ("suffix", "ngram") else ["speculation.budget=uniform"]  # model drafters
+    return budget + [f"speculation.k={int(result['k'])}", f"drafter.name={_SIM_DRAFTER[result['drafter']]}",
             "acceptance.alpha=null", "acceptance.mean_accepted_length=null",
             f"acceptance.per_position={per_pos}", "workload.lengths.dist=values",
             f"workload.lengths.values={[int(x) for x in result['lengths']]}"]
