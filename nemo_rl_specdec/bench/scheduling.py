@@ -15,7 +15,7 @@ data-parallel workers — at the run file's temperature.
 2. Measurement, interleaved so that every configuration sees the same machine load: for each
    repeat and each placement (contiguous | round_robin | length_aware) the no-spec group
    rolls the batch out once, then the speculative group once per budget (uniform |
-   length_aware).
+   length_aware | das).
 
 The whole matrix runs once per concurrency regime in ``max_num_seqs`` (vLLM's cap on requests
 decoded at once per engine; ``null`` = vLLM's default, 256 on CPU, i.e. every request of the
@@ -30,10 +30,10 @@ tokens per target forward, acceptance rate, per-engine finish times, tokens and 
 
 Run-file knobs (all optional, under ``bench.scheduling``): ``problems`` (default
 ``grpo.num_prompts_per_step``), ``samples`` (default ``grpo.num_generations_per_prompt``),
-``engines`` (default ``cluster.num_engines`` if > 1, else 2), ``repeats`` (default 3),
-``placements``, ``budgets`` (subset of uniform | length_aware | das), ``max_num_seqs`` (list of
-regimes, default ``[null, 8]``), ``problem_seed``, ``temperature`` (default the run file's),
-``max_new_tokens`` (default the run file's).
+``engines`` (default ``cluster.num_engines`` if > 1, else 2), ``repeats`` (default 5),
+``placements``, ``budgets`` (subset of uniform | length_aware | das, default all three),
+``max_num_seqs`` (list of regimes, default ``[null, 8]``), ``problem_seed``, ``temperature``
+(default the run file's), ``max_new_tokens`` (default the run file's).
 """
 from __future__ import annotations
 
@@ -64,9 +64,9 @@ def _options(cfg: RunConfig) -> dict:
         "problems": int(b.get("problems", cfg.get("grpo.num_prompts_per_step", 16))),
         "samples": int(b.get("samples", cfg.get("grpo.num_generations_per_prompt", 4))),
         "engines": int(b.get("engines", cluster if cluster > 1 else 2)),
-        "repeats": int(b.get("repeats", 3)),
+        "repeats": int(b.get("repeats", 5)),
         "placements": list(b.get("placements", PLACEMENTS)),
-        "budgets": list(b.get("budgets", ["uniform", "length_aware"])),
+        "budgets": list(b.get("budgets", ["uniform", "length_aware", "das"])),
         "max_num_seqs": seqs,
         "problem_seed": int(b.get("problem_seed", 30_000 + int(cfg.get("grpo.seed", 0)))),
         "temperature": float(b.get("temperature", cfg.generation.temperature)),
@@ -257,6 +257,10 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
             "predicted_engine_tokens": [sum(mid.predicted_len[i] for i in eng) for eng in mid.assignment],
             "prediction_spearman": _spearman(mid.predicted_len, actual),
             "budget_histogram": hist,
+            # the requests that set the makespan: the longest rollouts of the median run
+            "tail": [{"index": i, "engine": mid.engine_of[i], "tokens": actual[i],
+                      "predicted": round(float(mid.predicted_len[i]), 1), "budget": mid.budgets[i]}
+                     for i in sorted(range(len(actual)), key=lambda i: -actual[i])[:4]],
             "repeats": len(rs), "problems": opts["problems"], "samples": opts["samples"],
             "temperature": opts["temperature"], "max_new_tokens": opts["max_new_tokens"],
             "warm_rollouts": warm_n, "k": spec.num_speculative_tokens,
