@@ -12,7 +12,8 @@ One `generate(requests)` call:
 2. places the requests on engines (`contiguous` | `round_robin` | `length_aware`, see
    `scheduling/placement.py`);
 3. gives each request a speculation budget (`uniform` | `length_aware` | `das`, see
-   `scheduling/budget.py`), computed per engine over the requests placed on it. A budget
+   `scheduling/budget.py`), computed per engine over the requests placed on it (`das` with the
+   acceptance curve measured on the group's last uniform-budget call). A budget
    travels as the request's `budget` (vLLM `extra_args["specdec_budget"]`) and is honoured by
    the DAS suffix drafter (`suffix.backend: das`); a request whose `budget` the caller already
    set keeps it. Model drafters (draft_model, eagle3, mtp) have no per-request draft length:
@@ -272,7 +273,9 @@ class EngineGroup:
         self.num_engines, self.cores = n, cores
         self.names = [f"{name}{i}" for i in range(n)]
         self.predictor = predictor or LengthPredictor(cold_start="mean", max_len=cfg.generation.max_new_tokens)
-        self.acceptance: Any = None  # measured per-position acceptance of the last call, for the das budget
+        # per-position acceptance for the das budget: measured on the last call in which every request
+        # could draft k (uniform budget); alpha 0.7 until then. Set it to pin the acceptance model.
+        self.acceptance: Any = None
         self._dead: dict[int, str] = {}
         self._closed = False
         self.actors: list = []
@@ -428,8 +431,10 @@ class EngineGroup:
         state["engines"] = states
         if observe:
             self.observe(rollouts)
-            if self.spec.enabled and metrics.drafts:
-                self.acceptance = metrics.accepted_per_position or None
+        if self.spec.enabled and metrics.drafts and all(b is None for b in budgets):
+            # only unrestricted calls measure the drafter: budget-limited drafts would bias the
+            # curve low and feed back into ever smaller das budgets
+            self.acceptance = metrics.accepted_per_position or None
         k = self.spec.num_speculative_tokens
         return GroupGenerateResult(
             rollouts, metrics, state, placement=placement, budget=budget, budget_via=self.budget_via,
