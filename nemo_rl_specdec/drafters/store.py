@@ -23,6 +23,13 @@ entry with ``version <= newest - window_steps`` has been removed from every tree
 been added). The memory cap (bytes, as estimated by ``SuffixTree.estimate_memory``) is
 enforced by removing entries oldest version first (and, within a version, oldest first).
 
+In-flight entries. While a problem has no stored rollouts (cold start), its running requests
+(GRPO siblings) share their verified tokens through the store's trees as they generate
+(:meth:`start_live` / :meth:`extend_live`, tagged with the current policy version). The next
+:meth:`rebuild` settles them: an in-flight entry identical to one of the update's rollouts is
+kept as that rollout (no re-insertion), every other one is removed, so after a rebuild the
+store holds exactly the window's rollouts.
+
 Costs measured with the installed arctic-inference 0.3.0 (CPU time per token, one tree):
 insertion grows with the tree depth (about 2 us at depth 8, 6 us at 24, 11 us at 64 on
 similar sequences) and removal costs about the same as insertion, so evicting a version costs
@@ -113,7 +120,7 @@ class RolloutStore:
         self._problem_trees: dict = {}
         self._global_tree = None
         self._entries: "OrderedDict[int, Entry]" = OrderedDict()  # insertion order
-        self._problem_entries: dict = {}  # problem id -> live entry count
+        self._problem_entries: dict = {}  # problem id -> entries in its problem tree
         self._global_entries = 0
         self._next_seq_id = 0
         self.newest_version: Optional[int] = None
@@ -165,8 +172,6 @@ class RolloutStore:
     def _insert(self, seq: np.ndarray, problem_id, version: int, live: bool) -> int:
         seq_id = self._new_seq_id()
         in_p, in_g = self._in_problem(problem_id), self._in_global(problem_id)
-        if live and in_p:
-            in_g = False  # siblings share through their problem tree; the global copy waits for the rebuild
         if in_p:
             tree = self._problem_trees.get(problem_id)
             if tree is None:
@@ -241,13 +246,6 @@ class RolloutStore:
             ids = live.get((pid, self._sequence(prompt, resp).tobytes())) if live else None
             if ids and (self.min_version is None or v >= self.min_version):
                 e = self._entries[ids.pop()]
-                if self._in_global(pid) and not e.in_global_tree:  # the deferred global copy
-                    if self._global_tree is None:
-                        self._global_tree = self._Tree(self.max_tree_depth)
-                    self._global_tree.extend_ndarray(e.seq_id, np.concatenate(e.live))
-                    e.in_global_tree = True
-                    self._global_entries += 1
-                    self._bytes = None
                 e.version, e.live = v, None
                 self._history[pid] = self._history.get(pid, 0) + 1
                 matched += 1

@@ -16,6 +16,8 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   ``max_tree_depth`` tokens) in the trees its scope allows (problem tree, global tree; a
   request without a problem id uses the global tree), so the request's own tokens extend
   the match as it generates;
+- while the request's problem has no stored rollouts (cold start), shares its verified tokens
+  with its siblings through the store as it generates (settled exactly at the next rebuild);
 - if the store's draft is shorter than allowed, also tries a per-request tree of the
   request's own prompt and output (prompt-lookup style) and keeps the better-scoring draft;
 - lets the draft length follow the match: at most ``max_spec_factor`` x match length, tokens
