@@ -152,7 +152,15 @@ class _EngineActor:
         _pin_all_threads(core, niceness)  # threads vLLM / torch started meanwhile
 
     def _pin(self) -> None:
+        """Pin all threads, and give the calling pool thread one intra-op thread: torch's thread
+        count is an OpenMP setting per calling thread, so a threaded actor's pool threads would
+        otherwise run the engine step with os.cpu_count() threads on one core."""
         _pin_all_threads(self.core, self.niceness)
+        if self.core is not None:
+            import torch
+
+            if torch.get_num_threads() != 1:
+                torch.set_num_threads(1)
 
     def ready(self) -> dict:
         return {"name": self.name, "core": self.core, "pid": os.getpid(), "startup_s": self.engine.startup_s,
@@ -195,6 +203,8 @@ class _EngineActor:
     def affinity(self) -> dict:
         """Cores allowed for every thread of this process, and torch's intra-op thread count."""
         import torch
+
+        self._pin()
 
         out, nice = {}, {}
         for t in os.listdir("/proc/self/task"):
