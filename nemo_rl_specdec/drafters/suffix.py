@@ -11,7 +11,9 @@ through the lockstep update (``refresh.mode: rebuild``): the worker extension ca
 Per request and per engine step, :meth:`DASProposer.propose`:
 
 - reads the problem id and the speculation budget from ``SamplingParams.extra_args``
-  (``problem_id``, ``specdec_budget``; budget 0 means no drafts);
+  (``problem_id``, ``specdec_budget``; budget 0 means no drafts); a request that outlives its
+  predicted length (``specdec_predicted_len``, output tokens) is promoted to the full k: the
+  prediction that withheld its drafts was wrong, and it is now the tail that sets the makespan;
 - matches the request's own context (prompt + verified output so far, last
   ``max_tree_depth`` tokens) in the trees its scope allows (problem tree, global tree; a
   request without a problem id uses the global tree), so the request's own tokens extend
@@ -50,6 +52,7 @@ class _ReqState:
     problem_id: Optional[str]
     budget: int  # max drafts for this request (already clamped to k)
     prompt_len: int = 0
+    predicted: Optional[float] = None  # predicted output length; past it the budget becomes k
     local: Any = None  # arctic SuffixTree of this request's own prompt + output, built lazily
     local_upto: int = 0  # tokens of the context already in `local`
     live_id: Optional[int] = None  # this request's in-flight entry in the store
@@ -81,7 +84,7 @@ class DASProposer:
         self._reqs: dict = {}
         self.trace: Optional[list] = None
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "from_problem": 0,
-                         "from_global": 0, "from_local": 0, "budget_zero": 0, "propose_s": 0.0,
+                         "from_global": 0, "from_local": 0, "budget_zero": 0, "budget_promoted": 0, "propose_s": 0.0,
                          "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0}
         self.configure(None)
 
@@ -165,7 +168,13 @@ class DASProposer:
                 budget = max(0, min(self.k, int(b)))
             except (TypeError, ValueError):
                 log.warning("DAS: request %s has a non-integer specdec_budget %r; using k=%d", req_id, b, self.k)
-        st = _ReqState(pid, budget, prompt_len)
+        pred = extra.get("specdec_predicted_len")
+        try:
+            pred = None if pred is None else float(pred)
+        except (TypeError, ValueError):
+            log.warning("DAS: request %s has a non-numeric specdec_predicted_len %r; ignored", req_id, pred)
+            pred = None
+        st = _ReqState(pid, budget, prompt_len, predicted=pred)
         self._reqs[req_id] = st
         return st
 
@@ -222,6 +231,9 @@ class DASProposer:
             row = token_ids_cpu[i]
             if self.live:
                 grew |= self._live_update(st, row, n)
+            if st.budget < self.k and st.predicted is not None and n - st.prompt_len > st.predicted:
+                st.budget = self.k
+                c["budget_promoted"] += 1
             limit = min(st.budget, self.max_model_len - n - 1)
             if limit <= 0:
                 if st.budget == 0:

@@ -39,6 +39,7 @@ class Request:
     problem_id: Optional[str] = None
     budget: Optional[int] = None  # max draft tokens for this request (list drafters); None = k
     seed: Optional[int] = None
+    predicted_len: Optional[float] = None  # predicted output tokens; a list drafter lifts the budget past it
 
 
 @dataclass
@@ -233,6 +234,8 @@ class Engine:
             extra["problem_id"] = req.problem_id
         if req.budget is not None:
             extra["specdec_budget"] = int(req.budget)
+            if req.predicted_len is not None:
+                extra["specdec_predicted_len"] = float(req.predicted_len)
         kw = dict(temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
                   max_tokens=max_new_tokens or g.max_new_tokens, logprobs=0, seed=req.seed,
                   ignore_eos=ignore_eos, extra_args=extra or None)

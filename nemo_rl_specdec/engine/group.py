@@ -15,8 +15,9 @@ One `generate(requests)` call:
    `scheduling/budget.py`), computed per engine over the requests placed on it (`das` with the
    acceptance curve measured on the group's last uniform-budget call). A budget
    travels as the request's `budget` (vLLM `extra_args["specdec_budget"]`) and is honoured by
-   the DAS suffix drafter (`suffix.backend: das`); a request whose `budget` the caller already
-   set keeps it. Model drafters (draft_model, eagle3, mtp) have no per-request draft length:
+   the DAS suffix drafter (`suffix.backend: das`), together with its predicted length
+   (`extra_args["specdec_predicted_len"]`): a request that outlives its prediction gets the
+   full k from then on; a request whose `budget` the caller already set keeps it. Model drafters (draft_model, eagle3, mtp) have no per-request draft length:
    for them a non-uniform budget policy means k by batch size (vLLM's
    `num_speculative_tokens_per_batch_size`, from `scheduling.k_by_batch_size`, or derived with
    `k_by_batch_size_schedule` when that key is unset; see `scheduled_config`). vLLM's built-in
@@ -399,7 +400,8 @@ class EngineGroup:
             budgets = engine_budgets(preds, assignment, self.spec.num_speculative_tokens, budget, fixed=fixed,
                                      long_fraction=sc.long_fraction, short_fraction=sc.short_fraction,
                                      acceptance=self.acceptance or 0.7, **self.cost_model)
-        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed) for i, r in enumerate(requests)]
+        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed,
+                        predicted_len=preds[i] if budgets[i] is not None else None) for i, r in enumerate(requests)]
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=ignore_eos, use_tqdm=use_tqdm)
 
         t_dispatch = time.time()

@@ -333,3 +333,26 @@ def test_in_flight_siblings_share_tokens_and_the_rebuild_settles_them():
     p.runner = r2
     assert p.propose([[1]], r2.n, r2.tokens) == [[41, 42, 43, 44]]
     assert p.specdec_stats()["store"]["live_entries"] == 0
+
+
+def test_proposer_promotes_a_request_that_outlives_its_predicted_length():
+    """A budget-0 request predicted to be short gets no drafts while within its prediction, and
+    the full k once its output is longer than predicted (it is the tail now)."""
+    p = _proposer(k=4)
+    resp = list(range(40, 60))
+    rows = [("r0-aaaa", {"problem_id": "A", "specdec_budget": 0, "specdec_predicted_len": 3}, PROMPT + resp[:3]),
+            ("r1-bbbb", {"problem_id": "A", "specdec_budget": 0, "specdec_predicted_len": 3}, PROMPT + resp[:4]),
+            ("r2-cccc", {"problem_id": "A", "specdec_budget": 0, "specdec_predicted_len": "x"}, PROMPT + resp[:8]),
+            ("r3-dddd", {"problem_id": "A", "specdec_budget": 1, "specdec_predicted_len": 2}, PROMPT + resp[:5])]
+    r = _FakeRunner(rows)
+    for req in r.requests.values():
+        req.prompt_token_ids = PROMPT      # output length = context - prompt
+    p.specdec_attach(r, {"suffix": p.settings})
+    p.specdec_rebuild([rollout(resp, 0, pid="A")], 1)
+    out = p.propose([[1]] * 4, r.n, r.tokens)
+    assert out[0] == []                    # 3 tokens out of a predicted 3: still within, budget 0
+    assert out[1] == resp[4:8]             # 4 > 3: promoted to k = 4
+    assert out[2] == []                    # an unusable prediction is ignored: the budget stands
+    assert out[3] == resp[5:9]             # budget 1 promoted to k
+    c = p.specdec_stats()["counters"]
+    assert c["budget_promoted"] == 2 and c["budget_zero"] == 2
