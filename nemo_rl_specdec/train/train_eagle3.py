@@ -117,18 +117,66 @@ class Eagle3Head(torch.nn.Module):
 
 
 def aux_hidden_and_logits(policy, ids, layer_ids):
-    """Aux hidden states (id i = residual stream after i decoder layers, 0 = embeddings) and logits."""
-    outs = {}
-    hooks = [layer.register_forward_hook(lambda m, i, o, j=j: outs.__setitem__(j + 1, o[0] if isinstance(o, tuple) else o))
-             for j, layer in enumerate(policy.model.layers)]
-    try:
-        with torch.no_grad():
-            logits = policy(input_ids=ids).logits
-            outs[0] = policy.model.embed_tokens(ids)
-    finally:
-        for h in hooks:
-            h.remove()
-    return [outs[i] for i in layer_ids], logits
+    """Aux hidden states (id i = residual stream after i decoder layers, 0 = embeddings) and logits,
+    from one no-grad forward with ``output_hidden_states`` (entry i < num_hidden_layers is the input
+    of layer i; the last entry is after the final norm, so ids must stay below the layer count)."""
+    L = policy.config.num_hidden_layers
+    bad = [i for i in layer_ids if not 0 <= int(i) < L]
+    if bad:
+        raise ValueError(f"eagle_aux_hidden_state_layer_ids: {bad} outside [0, {L}) for a {L}-layer policy")
+    with torch.no_grad():
+        out = policy(input_ids=ids, output_hidden_states=True)
+    return [out.hidden_states[int(i)] for i in layer_ids], out.logits
+
+
+def load_head(head_dir) -> tuple:
+    """(Eagle3Head with the checkpoint's tensors, its config dict) from an EAGLE/HF-layout directory."""
+    from safetensors.torch import load_file
+
+    head_dir = Path(head_dir)
+    cfg = json.loads((head_dir / "config.json").read_text())
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        raise ValueError(f"{head_dir}/config.json: eagle_config.eagle_aux_hidden_state_layer_ids is missing")
+    H = int(cfg["hidden_size"])
+    hd = int(cfg.get("head_dim") or H // int(cfg["num_attention_heads"]))
+    head = Eagle3Head(H, len(ids), int(cfg.get("draft_vocab_size") or cfg["vocab_size"]),
+                      int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"]), hd,
+                      int(cfg["intermediate_size"]), float(cfg.get("rms_norm_eps", 1e-6)),
+                      float(cfg.get("rope_theta", 10000.0))).float()
+    tensors = {}
+    for f in sorted(head_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    missing, unexpected = head.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{head_dir}: not a one-layer llama_eagle3 head (missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]})")
+    return head, cfg
+
+
+def eagle3_loss(head, mask, aux, t_logp, emb, *, ttt: bool = True, temperature: float = 1.0):
+    """Eagle3 training loss on one padded batch, as vLLM runs the head.
+
+    mask [B, T-1] (pad_batch: logits at t predict a response token), aux = cat of the aux hidden
+    states [B, T, n*H], t_logp = the policy's log-probs at `temperature` [B, T, V], emb = the
+    policy's embeddings of ids [B, T]. Step 0 at positions t = 0..T-3 reads x_{t+1} and g_t and
+    is trained towards the policy at t+1 (the distribution of x_{t+2}); with `ttt`, a second step
+    feeds the head its own pre-norm output (draft position 2), weight 0.5.
+    Returns (loss, step-0 logits at trained positions, step-0 teacher log-probs there)."""
+    from nemo_rl_specdec.train.distill import forward_kl
+
+    B, T = mask.shape[0], mask.shape[1] + 1
+    pos = torch.arange(T - 2).unsqueeze(0).expand(B, -1)
+    m = mask[:, 1:T - 1]  # position t+1 predicts a response token
+    logits0, pre0 = head(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
+    tgt = t_logp[:, 1:T - 1]
+    loss = forward_kl(tgt[m], logits0[m], temperature)
+    if ttt and T > 3:
+        m1 = mask[:, 2:T - 1]
+        if bool(m1.any()):
+            logits1, _ = head(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
+            loss = loss + 0.5 * forward_kl(t_logp[:, 2:T - 1][m1], logits1[m1], temperature)
+    return loss, logits0[m], tgt[m]
 
 
 def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens: int) -> list:
@@ -191,17 +239,7 @@ def train(policy_dir: str, data: list, args) -> tuple:
         tot = hit = n = 0.0
         for bi in order:
             ids, mask, aux, t_logp, emb = cache[bi]
-            B, T = ids.shape
-            # step 0 at positions t = 0..T-3: tokens x_{t+1}, hidden g_t, target = policy at t+1 (predicts x_{t+2})
-            pos = torch.arange(T - 2).unsqueeze(0).expand(B, -1)
-            m = mask[:, 1:T - 1]  # position t+1 predicts a response token
-            logits0, pre0 = head(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
-            tgt = t_logp[:, 1:T - 1]
-            loss = _kl(tgt[m], logits0[m])
-            if args.ttt and T > 3:  # draft position 2: own pre-norm output as hidden, token x_{t+2}
-                logits1, _ = head(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
-                m1 = mask[:, 2:T - 1]
-                loss = loss + 0.5 * _kl(t_logp[:, 2:T - 1][m1], logits1[m1])
+            loss, lg0, tgt0 = eagle3_loss(head, mask, aux, t_logp, emb, ttt=args.ttt)
             lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / max(1, total_steps)))
             for pg in opt.param_groups:
                 pg["lr"] = lr
@@ -211,18 +249,13 @@ def train(policy_dir: str, data: list, args) -> tuple:
             opt.step()
             step += 1
             with torch.no_grad():
-                hit += float((logits0[m].argmax(-1) == tgt[m].argmax(-1)).sum())
-                n += float(m.sum())
+                hit += float((lg0.argmax(-1) == tgt0.argmax(-1)).sum())
+                n += float(lg0.shape[0])
                 tot += loss.item()
         hist.append({"epoch": ep + 1, "loss": round(tot / len(cache), 4), "top1_step0": round(hit / max(1, n), 4)})
         log(f"epoch {ep + 1}: loss {hist[-1]['loss']:.4f}, step-0 top-1 agreement with the policy "
             f"{hist[-1]['top1_step0']:.3f} ({time.time() - t0:.0f}s)")
     return head, layer_ids, (H, nh, nkv, hd, 2 * H, c), {"history": hist, "seconds": round(time.time() - t0, 1)}
-
-
-def _kl(t_logp, s_logits):
-    s_logp = F.log_softmax(s_logits.float(), -1)
-    return (t_logp.exp() * (t_logp - s_logp)).sum(-1).mean()
 
 
 def save(head, layer_ids, dims, out: Path, info: dict, args, n_rollouts: int) -> None:

@@ -87,6 +87,38 @@ class MTPLayer(torch.nn.Module):
         return out
 
 
+MTP_OWN = ("token_layernorm.", "hidden_layernorm.", "input_proj.", "final_layernorm.")
+
+
+def load_mtp_layer(model_dir) -> tuple:
+    """(MTPLayer with layer 0's tensors, the policy's HF config) read from the checkpoint's safetensors
+    (transformers' Qwen2ForCausalLM drops ``model.mtp_layers.*`` on load, so they are read here)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    model_dir = Path(model_dir)
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    n = int(getattr(cfg, "num_nextn_predict_layers", 0) or 0)
+    if n < 1:
+        raise ValueError(f"{model_dir}: config.json has no num_nextn_predict_layers (not a MiMo-style MTP policy)")
+    cfg._attn_implementation = "sdpa"  # causal with attention_mask=None
+    tensors = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                if k.startswith(MTP_PREFIX):
+                    rest = k[len(MTP_PREFIX):]
+                    tensors[rest if rest.startswith(MTP_OWN) else "block." + rest] = fh.get_tensor(k)
+    if not tensors:
+        raise ValueError(f"{model_dir}: no {MTP_PREFIX}* tensors in its safetensors files")
+    mtp = MTPLayer(cfg).float()
+    missing, unexpected = mtp.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{model_dir}: MTP layer 0 does not match the MiMo layout (missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]})")
+    return mtp, cfg
+
+
 def pre_norm_hidden(policy, ids):
     """(logits, last decoder layer output before the final norm) for ids [B, T]."""
     box = {}
@@ -99,13 +131,17 @@ def pre_norm_hidden(policy, ids):
     return logits, box["h"]
 
 
-def mtp_logits(policy, mtp: MTPLayer, ids, hidden):
-    """MTP logits at positions 0..T-2 (predicting ids[:, 2:] at 0..T-3)."""
+def mtp_inputs(policy, ids, hidden):
+    """What the MTP layer reads at positions t = 0..T-2: (h_t [B, T-1, H], emb(x_{t+1}), positions t)."""
     T = ids.shape[1]
     pos = torch.arange(T - 1).unsqueeze(0).expand(ids.shape[0], -1)
-    emb = policy.model.embed_tokens(ids[:, 1:])
-    out = mtp(hidden[:, :-1], emb, pos, policy.model.rotary_emb)
-    return policy.lm_head(out)
+    return hidden[:, :-1], policy.model.embed_tokens(ids[:, 1:]), pos
+
+
+def mtp_logits(policy, mtp: MTPLayer, ids, hidden):
+    """MTP logits at positions 0..T-2 (predicting ids[:, 2:] at 0..T-3)."""
+    h, emb, pos = mtp_inputs(policy, ids, hidden)
+    return policy.lm_head(mtp(h, emb, pos, policy.model.rotary_emb))
 
 
 def mtp_loss(policy, mtp, ids, labels, hidden):

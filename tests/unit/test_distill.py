@@ -151,24 +151,32 @@ def test_empty_batches_missing_checkpoints_and_bad_lr_are_errors(models, tmp_pat
         DraftModelDistiller(draft_dir, lr=0)
 
 
-def test_demo_accepts_online_only_for_the_draft_model_it_can_train():
+def test_demo_accepts_online_for_every_drafter_with_a_trainer_and_names_the_key_otherwise():
     from nemo_rl_specdec.config import ConfigError, load_run_config
     from nemo_rl_specdec.demo.run import DemoSettings
 
     b = "policy.generation.speculative_decoding"
-    s = DemoSettings(load_run_config("configs/tiny_cpu.yaml", [f"{b}.drafter=draft_model", f"{b}.refresh.mode=online"]))
-    assert s.steps >= 1
-    for bad in ([f"{b}.drafter=draft_model", f"{b}.refresh.mode=refit"],
-                [f"{b}.drafter=eagle3", f"{b}.refresh.mode=online"]):
-        with pytest.raises(ConfigError, match="refresh.mode"):
-            DemoSettings(load_run_config("configs/tiny_cpu.yaml", bad))
+    for run_file, over in (("configs/tiny_cpu.yaml", [f"{b}.drafter=draft_model", f"{b}.refresh.mode=online"]),
+                           ("configs/tiny_cpu.yaml", [f"{b}.drafter=eagle3", f"{b}.refresh.mode=online"]),
+                           ("configs/tiny_mtp_cpu.yaml", [f"{b}.refresh.mode=online"])):
+        assert DemoSettings(load_run_config(run_file, over)).steps >= 1
+    for run_file, bad in (("configs/tiny_cpu.yaml", [f"{b}.drafter=draft_model", f"{b}.refresh.mode=refit"]),
+                          ("configs/tiny_mtp_cpu.yaml", [f"{b}.refresh.mode=refit"])):
+        with pytest.raises(ConfigError, match=f"{b}.refresh.mode"):
+            DemoSettings(load_run_config(run_file, bad))
 
 
-def test_make_distiller_names_drafters_without_an_online_trainer():
+def test_make_distiller_builds_the_configured_drafters_trainer():
     from nemo_rl_specdec.config import load_run_config
-    from nemo_rl_specdec.train.distill import make_distiller
+    from nemo_rl_specdec.train.distill import Eagle3Distiller, MTPDistiller, make_distiller
 
     b = "policy.generation.speculative_decoding"
     spec = load_run_config("configs/tiny_cpu.yaml", [f"{b}.drafter=eagle3"]).spec
-    with pytest.raises(DistillInputError, match="eagle3"):
+    assert isinstance(make_distiller(spec, temperature=1.0), Eagle3Distiller)
+    mcfg = load_run_config("configs/tiny_mtp_cpu.yaml", [f"{b}.refresh.mode=online"])
+    assert isinstance(make_distiller(mcfg.spec, temperature=1.0, model_path=mcfg.model_path), MTPDistiller)
+    with pytest.raises(DistillInputError, match="model_path"):
+        make_distiller(mcfg.spec, temperature=1.0)
+    spec = load_run_config("configs/tiny_cpu.yaml", [f"{b}.drafter=ngram"]).spec
+    with pytest.raises(DistillInputError, match="'ngram'"):
         make_distiller(spec, temperature=1.0)
