@@ -22,6 +22,7 @@ from typing import Optional
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
 
 BLOCK = "policy.generation.speculative_decoding"
+ONLINE_DRAFTERS = ("draft_model", "eagle3", "mtp")  # train/distill.py
 
 
 class DemoSettings:
@@ -45,11 +46,16 @@ class DemoSettings:
             if v < lo:
                 raise ConfigError(f"{key}: got {v}; allowed: an integer >= {lo}")
         mode = cfg.spec.refresh.mode
-        online_ok = mode == "online" and cfg.spec.drafter == "draft_model"  # train/distill.py trains it
-        if cfg.spec.enabled and mode in ("online", "refit") and cfg.spec.drafter != "mtp" and not online_ok:
-            raise ConfigError(f"{BLOCK}.refresh.mode: got {mode!r} for drafter '{cfg.spec.drafter}'; the CPU demo "
-                              "trains the policy and, online, the draft model only, so allowed here: 'frozen', "
-                              "drafter=draft_model with 'online', or drafter=suffix with 'rebuild'")
+        d = cfg.spec.drafter
+        # train/distill.py trains draft_model, eagle3 and mtp online; refit needs a trainer that
+        # sends drafter tensors in the policy stream, which the HF trainer here does not
+        if cfg.spec.enabled and mode == "online" and d not in ONLINE_DRAFTERS:
+            raise ConfigError(f"{BLOCK}.refresh.mode: got 'online' for drafter '{d}'; online training exists for "
+                              f"drafter in {list(ONLINE_DRAFTERS)} (for '{d}' allowed: 'frozen' or 'rebuild')")
+        if cfg.spec.enabled and mode == "refit":
+            raise ConfigError(f"{BLOCK}.refresh.mode: got 'refit' for drafter '{d}'; the CPU demo's HF trainer "
+                              "sends no drafter tensors (transformers drops MTP layers on load), so allowed here: "
+                              "'frozen', 'online' (draft_model, eagle3, mtp) or 'rebuild' (suffix)")
 
 
 class RLLoop:
@@ -78,7 +84,8 @@ class RLLoop:
         if cfg.spec.enabled and cfg.spec.refresh.mode == "online":
             from nemo_rl_specdec.train.distill import make_distiller
 
-            self.distiller = make_distiller(cfg.spec, temperature=cfg.generation.temperature, seed=self.s.seed)
+            self.distiller = make_distiller(cfg.spec, temperature=cfg.generation.temperature, seed=self.s.seed,
+                                            model_path=cfg.model_path)
 
     # ------------------------------------------------------------------ pieces
     def batch(self, step: int):
