@@ -20,9 +20,15 @@ Figures per configuration and step: tokens per target forward, acceptance rate, 
 ratio (baseline seconds / this engine's seconds on the same step); for online engines the
 distillation cost (seconds, and as % of the GRPO step and of the engine's rollout time).
 
+MTP heads live inside an MTP policy, so ``mtp`` runs as a second group in the same command: its
+own no-spec baseline and GRPO trainer on ``bench.parametric.mtp_model`` (default: the run file's
+policy if it has MTP layers, else the bundled ``tiny_mtp`` when the run file uses the bundled tiny
+policy), same problems, same steps; within a group every engine sees the same batches.
+
 Run-file knobs (optional, under ``bench.parametric``): ``steps`` (default
 max(10, ``grpo.max_num_steps``), at least 10), ``drafters`` (default: every parametric drafter
-with a checkpoint for this policy: ``draft_model``, ``eagle3``), ``k`` (default 4),
+with a checkpoint for this policy: ``draft_model``, ``eagle3``, ``mtp``), ``k`` (default 4),
+``mtp_k`` (default 1: MiMo's MTP layer predicts one token), ``mtp_model``,
 ``lr`` (GRPO, default ``grpo.learning_rate``), ``distill_lr`` (1e-3), ``distill_epochs`` (2),
 ``problem_seed``, ``core`` (default 0).
 """
@@ -38,19 +44,44 @@ from nemo_rl_specdec.config import ConfigError, RunConfig
 
 MIN_STEPS = 10
 BLOCK = "policy.generation.speculative_decoding"
-ONLINE_TRAINERS = ("draft_model",)  # drafters train/distill.py can train online
+ONLINE_TRAINERS = ("draft_model", "eagle3", "mtp")  # drafters train/distill.py can train online
 
 
 def _say(msg: str) -> None:
     print(f"[bench parametric {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _available(cfg: RunConfig) -> list:
+def _has_mtp_layers(model_dir: str) -> bool:
+    import json
+
+    f = Path(model_dir) / "config.json"
+    return f.is_file() and int(json.loads(f.read_text()).get("num_nextn_predict_layers") or 0) > 0
+
+
+def _mtp_model(cfg: RunConfig, b: dict):
+    """The MTP policy of the `mtp` group: bench.parametric.mtp_model, else the run file's policy if it
+    has MTP layers, else the bundled tiny_mtp next to the bundled tiny policy."""
+    from nemo_rl_specdec.config import PACKAGE_DIR
+
+    if b.get("mtp_model"):
+        return str(b["mtp_model"])
+    if _has_mtp_layers(cfg.model_path):
+        return cfg.model_path
+    bundled = PACKAGE_DIR / "assets" / "tiny_mtp"
+    if Path(cfg.model_path).resolve() == (PACKAGE_DIR / "assets" / "tiny" / "policy").resolve() and bundled.is_dir():
+        return str(bundled)
+    return None
+
+
+def _available(cfg: RunConfig, b: dict) -> list:
     out = []
     if cfg.spec.draft_model.model and Path(cfg.spec.draft_model.model).is_dir():
         out.append("draft_model")
     if cfg.spec.eagle3.model and Path(cfg.spec.eagle3.model).is_dir():
         out.append("eagle3")
+    m = _mtp_model(cfg, b)
+    if m and _has_mtp_layers(m):
+        out.append("mtp")
     return out
 
 
@@ -62,13 +93,14 @@ def _options(cfg: RunConfig) -> dict:
     if steps < MIN_STEPS:
         raise ConfigError(f"bench.parametric.steps: got {steps}; allowed: >= {MIN_STEPS} "
                           "(acceptance must be followed over at least 10 policy updates)")
-    avail = _available(cfg)
+    avail = _available(cfg, b)
     drafters = b.get("drafters", avail)
     bad = [d for d in drafters if d not in avail]
     if bad or not drafters:
         raise ConfigError(f"bench.parametric.drafters: got {drafters!r}; allowed: a non-empty subset of {avail} "
                           "(parametric drafters with a checkpoint directory for this policy)")
-    return {"steps": steps, "drafters": list(drafters), "k": int(b.get("k", 4)),
+    return {"steps": steps, "drafters": list(drafters), "k": int(b.get("k", 4)), "mtp_k": int(b.get("mtp_k", 1)),
+            "mtp_model": _mtp_model(cfg, b),
             "lr": float(b.get("lr", cfg.get("grpo.learning_rate", 1e-4))),
             "distill_lr": float(b.get("distill_lr", 1e-3)), "distill_epochs": int(b.get("distill_epochs", 2)),
             "prompts": int(cfg.get("grpo.num_prompts_per_step", 8)),
@@ -77,28 +109,55 @@ def _options(cfg: RunConfig) -> dict:
             "core": b.get("core", 0)}
 
 
+def _mtp_policy_cfg(cfg: RunConfig, model: str) -> RunConfig:
+    """The run file with its policy replaced by the MTP policy (the `mtp` group's baseline)."""
+    import copy
+
+    from nemo_rl_specdec.config import validate_run_dict
+
+    raw = copy.deepcopy(cfg.raw)
+    raw["policy"]["model_name"] = model
+    return validate_run_dict(raw, cfg.source)
+
+
 def configurations(cfg: RunConfig, opts: dict) -> list:
-    out = []
+    """Groups of configurations sharing one policy: [(policy cfg, [conf, ...]), ...]."""
+    main, mtp = [], []
     for d in opts["drafters"]:
+        base = _mtp_policy_cfg(cfg, opts["mtp_model"]) if d == "mtp" else cfg
+        k = opts["mtp_k"] if d == "mtp" else opts["k"]
         modes = ["frozen"] + (["online"] if d in ONLINE_TRAINERS else [])
         for mode in modes:
-            c = cfg.with_spec(enabled=True, drafter=d, refresh={"mode": mode}, num_speculative_tokens=opts["k"])
-            out.append({"name": f"{d}_{mode}", "drafter": d, "mode": mode, "cfg": c})
-    return out
+            c = base.with_spec(enabled=True, drafter=d, refresh={"mode": mode}, num_speculative_tokens=k)
+            (mtp if d == "mtp" else main).append({"name": f"{d}_{mode}", "drafter": d, "mode": mode, "cfg": c})
+    groups = [(cfg, main)] if main else []
+    if mtp:
+        groups.append((_mtp_policy_cfg(cfg, opts["mtp_model"]), mtp))
+    return groups
 
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:
+    opts = _options(cfg)
+    g = cfg.generation
+    groups = configurations(cfg, opts)
+    _say(f"{[c['name'] for _, cs in groups for c in cs]} + a no-spec baseline per policy, {opts['steps']} GRPO "
+         f"updates, {opts['prompts']} problems x {opts['generations']} samples, k={opts['k']} (mtp {opts['mtp_k']}), "
+         f"T={g.temperature}, max_new_tokens={g.max_new_tokens}, policies={[p.model_path for p, _ in groups]}")
+    results = []
+    for pcfg, confs in groups:
+        results += _run_group(pcfg, confs, opts)
+    _print(results)
+    return results
+
+
+def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
+    """Baseline + the group's engines on one policy, interleaved step by step."""
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.engine.engine import Engine, Request
     from nemo_rl_specdec.train.distill import make_distiller, refresh_due
 
-    opts = _options(cfg)
     g = cfg.generation
-    confs = configurations(cfg, opts)
-    _say(f"{[c['name'] for c in confs]} + no-spec baseline, {opts['steps']} GRPO updates, "
-         f"{opts['prompts']} problems x {opts['generations']} samples, k={opts['k']}, T={g.temperature}, "
-         f"max_new_tokens={g.max_new_tokens}, model={cfg.model_path}")
     baseline = Engine(cfg, spec_enabled=False, core=opts["core"], seed=opts["seed"], name="no_spec")
     engines, distillers = [], {}
     try:
@@ -106,7 +165,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
             engines.append(Engine(c["cfg"], core=opts["core"], seed=opts["seed"], name=c["name"]))
             if c["mode"] == "online":
                 distillers[c["name"]] = make_distiller(c["cfg"].spec, temperature=g.temperature, seed=opts["seed"],
-                                                       lr=opts["distill_lr"], epochs=opts["distill_epochs"])
+                                                       model_path=c["cfg"].model_path, lr=opts["distill_lr"],
+                                                       epochs=opts["distill_epochs"])
         tok = baseline.tokenizer()
         problems = task.make_problems(opts["prompts"], seed=opts["problem_seed"])
         warm = [Request(tok.encode(problems[0].prompt, add_special_tokens=False))]
@@ -162,8 +222,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         gc.collect()
     results = [_summarize(c, per_step[c["name"]]) for c in confs]
     for r in results:
+        r["policy"] = cfg.model_path
         r["train"] = [{k: v for k, v in t.items() if isinstance(v, (int, float))} for t in train_log]
-    _print(results)
     return results
 
 
