@@ -165,6 +165,33 @@ def _keep_shared_dist_state_while_engines_live() -> None:
     core.cleanup_dist_env_and_memory = cleanup_unless_shared
 
 
+# vLLM warnings that are expected with our engines and say nothing wrong; each repeats per engine
+# or per update and buried real messages in the demo's output.
+BENIGN_VLLM_WARNINGS = (
+    "RotaryEmbedding: Failed to load weights",  # layerwise reload, every update: rotary has no weights
+    "doesn't allow to use `torch.set_num_threads` after the thread binding",  # we pin threads ourselves
+    "Passing raw prompts to InputProcessor is deprecated",  # LLM.generate with token ids
+    "Unknown vLLM environment variable detected: VLLM_DIST_IDENT",  # set by vLLM's own CPU worker
+)
+
+
+class _BenignVllmWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not any(b in msg for b in BENIGN_VLLM_WARNINGS)
+
+
+def _quiet_benign_vllm_warnings() -> None:
+    """Drop BENIGN_VLLM_WARNINGS; everything else vLLM logs stays. A logger's filter sees only the
+    records logged on it, so the filter goes on every `vllm.*` logger that exists (called again
+    after an engine started: vLLM creates loggers as it imports modules)."""
+    for name, lg in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger) and (name == "vllm" or name.startswith("vllm.")):
+            for target in (lg, *lg.handlers):
+                if not any(isinstance(f, _BenignVllmWarnings) for f in target.filters):
+                    target.addFilter(_BenignVllmWarnings())
+
+
 class Engine:
     """A vLLM engine with our worker extension. `spec_enabled=False` gives the baseline engine."""
 
@@ -189,6 +216,7 @@ class Engine:
 
         _register_cpu_kernels_once()
         _keep_shared_dist_state_while_engines_live()
+        _quiet_benign_vllm_warnings()
         g, vc = self.cfg.generation, self.cfg.generation.vllm_cfg
         self.speculative_config = to_vllm_speculative_config(spec, g.temperature)
         # optional vllm_cfg.max_num_seqs: vLLM's cap on requests decoded at once (the rest queue)
@@ -202,6 +230,7 @@ class Engine:
             logprobs_mode="processed_logprobs", seed=self.seed, **limits,
         )
         self.startup_s = time.perf_counter() - t0
+        _quiet_benign_vllm_warnings()
         _LIVE.add(self)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
         self.spec = spec

@@ -155,13 +155,15 @@ class _EngineActor:
     def _pin(self) -> None:
         """Pin all threads, and give the calling pool thread one intra-op thread: torch's thread
         count is an OpenMP setting per calling thread, so a threaded actor's pool threads would
-        otherwise run the engine step with os.cpu_count() threads on one core."""
+        otherwise run the engine step with os.cpu_count() threads on one core. (vLLM's CPU worker
+        replaces `torch.set_num_threads` by a warning once it has bound its threads; the binding
+        covers only the thread that started the engine, so we call torch's own setter.)"""
         _pin_all_threads(self.core, self.niceness)
         if self.core is not None:
             import torch
 
             if torch.get_num_threads() != 1:
-                torch.set_num_threads(1)
+                torch._C.set_num_threads(1)
 
     def ready(self) -> dict:
         return {"name": self.name, "core": self.core, "pid": os.getpid(), "startup_s": self.engine.startup_s,
