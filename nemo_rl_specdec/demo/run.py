@@ -45,6 +45,7 @@ class DemoSettings:
                            ("demo.problem_pool", self.pool, self.prompts)):
             if v < lo:
                 raise ConfigError(f"{key}: got {v}; allowed: an integer >= {lo}")
+        self.steps_per_pass = -(-self.pool // self.prompts)  # steps until every pool problem was seen
         mode = cfg.spec.refresh.mode
         d = cfg.spec.drafter
         # train/distill.py trains draft_model, eagle3 and mtp online; refit needs a trainer that
@@ -216,6 +217,7 @@ class RLLoop:
             fr = frozen_out.rollouts[0]
             row.update(frozen_acceptance_length=frozen_out.metrics.acceptance_length,
                        frozen_acceptance_rate=frozen_out.metrics.acceptance_rate,
+                       frozen_tokens=frozen_out.metrics.generated_tokens,
                        frozen_policy_age=fr.policy_version - fr.drafter_built_from)
         return row
 
@@ -225,10 +227,25 @@ class RLLoop:
                 e.close()
 
 
-def summarize(rows: list) -> dict:
+def per_pass(rows: list, steps_per_pass: int, key: str = "acceptance_length", tokens: str = "tokens") -> list:
+    """Tokens per target forward over each pass through the problem pool (`steps_per_pass`
+    consecutive steps; the last pass may be partial): total tokens / total forwards. One step
+    sees only part of the pool, and the parts differ in difficulty, so per-step values
+    alternate; a pass sees every problem once, as an RL epoch does."""
+    out = []
+    for i in range(0, len(rows), max(1, steps_per_pass)):
+        chunk = [r for r in rows[i:i + steps_per_pass] if r.get(key)]
+        toks = sum(r[tokens] for r in chunk)
+        fwd = sum(r[tokens] / r[key] for r in chunk)
+        out.append(toks / fwd if fwd else 0.0)
+    return out
+
+
+def summarize(rows: list, steps_per_pass: int = 1) -> dict:
     from nemo_rl_specdec.stats import reward_comparison
 
     acc = [r["acceptance_length"] for r in rows]
+    passes = per_pass(rows, steps_per_pass)
     spec_s, base_s = sum(r["rollout_s"] for r in rows), sum(r["rollout_s_baseline"] for r in rows)
     flat_spec = [x for r in rows for x in r["rewards"]]
     flat_base = [x for r in rows for x in r["rewards_baseline"]]
@@ -236,11 +253,15 @@ def summarize(rows: list) -> dict:
            "rollout_s": spec_s, "rollout_s_baseline": base_s, "wall_clock_ratio": base_s / spec_s,
            "acceptance_length_mean": sum(acc) / len(acc), "acceptance_length_peak": max(acc),
            "acceptance_length_last": acc[-1], "last_over_peak": acc[-1] / max(acc),
+           "steps_per_pass": steps_per_pass, "acceptance_length_per_pass": passes,
+           "last_pass_over_peak_pass": passes[-1] / max(passes) if max(passes) else 0.0,
            "drafter_refreshed_every_step": all(r["drafter_refreshed"] for r in rows),
            "reward_comparison": reward_comparison(flat_spec, flat_base) if len(flat_spec) > 1 else None}
     if "frozen_acceptance_length" in rows[0]:
         f = [r["frozen_acceptance_length"] for r in rows]
-        out.update(frozen_acceptance_first=f[0], frozen_acceptance_last=f[-1])
+        out.update(frozen_acceptance_first=f[0], frozen_acceptance_last=f[-1],
+                   frozen_acceptance_length_per_pass=per_pass(rows, steps_per_pass, "frozen_acceptance_length",
+                                                              "frozen_tokens"))
     return out
 
 
@@ -280,7 +301,13 @@ def print_report(rows: list, summary: dict, out: Path) -> None:
     rc = summary.get("reward_comparison") or {}
     con.print(f"rollout wall-clock ratio (no-spec / spec, same batches and weights): "
               f"{summary['wall_clock_ratio']:.2f}x; acceptance length mean {summary['acceptance_length_mean']:.2f}, "
-              f"last/peak {summary['last_over_peak']:.2f}")
+              f"last/peak {summary['last_over_peak']:.2f} per step, "
+              f"{summary['last_pass_over_peak_pass']:.2f} per pass over the problem pool "
+              f"({summary['steps_per_pass']} steps: " + " ".join(f"{x:.2f}" for x in summary["acceptance_length_per_pass"])
+              + ")")
+    if "frozen_acceptance_length_per_pass" in summary:
+        con.print("frozen draft model, tokens per target forward per pass: "
+                  + " ".join(f"{x:.2f}" for x in summary["frozen_acceptance_length_per_pass"]))
     if rc:
         con.print(f"reward spec {rc['mean_spec']:.3f} vs baseline {rc['mean_baseline']:.3f} "
                   f"(Welch t-test p={rc['p_value']:.3f}; speculation must not change rewards)")
@@ -296,7 +323,7 @@ def run(args) -> int:
         rows = loop.run()
     finally:
         loop.close()
-    summary = summarize(rows)
+    summary = summarize(rows, steps_per_pass=loop.s.steps_per_pass)
     write_artifacts(rows, summary, out)
     print_report(rows, summary, out)
     return 0

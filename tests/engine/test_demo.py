@@ -35,3 +35,4 @@ def test_demo_runs_two_steps_and_writes_artifacts(tmp_path, mode, tiny_cfg_fn):
     assert any((out / "tb").iterdir())
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["drafter_refreshed_every_step"]
+    assert summary["steps_per_pass"] == 1 and len(summary["acceptance_length_per_pass"]) == 2  # pool 4 / 4 prompts
