@@ -10,7 +10,6 @@ rollouts. Acceptance is then measured on held-out problems of the same task.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from nemo_rl_specdec.engine.engine import Engine, Request
 from nemo_rl_specdec.train.distill import DraftModelDistiller
@@ -26,21 +25,8 @@ def _cfg(tiny_cfg, mode: str):
                     f"{BLOCK}.num_speculative_tokens=4", f"{BLOCK}.refresh.mode={mode}")
 
 
-def perturbed_policy(path: str, scale: float, seed: int):
-    """The HF policy with every matrix moved by `scale` x its std of seeded Gaussian noise."""
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
-    return m.eval()
-
-
 @pytest.fixture(scope="module")
-def scenario(tiny_cfg_fn, tmp_path_factory):
+def scenario(tiny_cfg_fn, tmp_path_factory, perturbed_policy):
     from nemo_rl_specdec.demo.task import make_problems
 
     cfg = _cfg(tiny_cfg_fn, "online")
