@@ -265,12 +265,21 @@ class RunConfig:
 
 # --------------------------------------------------------------------------- loading
 
+def _resolve_model(name: str) -> str:
+    from nemo_rl_specdec.models import resolve
+
+    return resolve(name)
+
+
 def _register_resolvers() -> None:
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("specdec_asset"):
         # ${specdec_asset:tiny/policy} -> absolute path of a bundled asset
         OmegaConf.register_new_resolver("specdec_asset", lambda name: str(PACKAGE_DIR / "assets" / name))
+    if not OmegaConf.has_resolver("specdec_model"):
+        # ${specdec_model:smollm2} -> a real pretrained model's checkpoint, converted and cached on first use
+        OmegaConf.register_new_resolver("specdec_model", _resolve_model)
     if not OmegaConf.has_resolver("mul"):  # NeMo-RL registers the same arithmetic helper
         OmegaConf.register_new_resolver("mul", lambda a, b: a * b)
 
