@@ -21,12 +21,12 @@ CPU_DRAFTERS = {
 
 
 def workload(cfg, tok, num_problems: int, samples: int, seed: int):
-    from nemo_rl_specdec.demo.task import make_problems
+    from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids
     from nemo_rl_specdec.engine.engine import Request
 
     problems = make_problems(num_problems, seed)
-    return [Request(tok(p.prompt, add_special_tokens=False)["input_ids"], problem_id=p.problem_id)
-            for p in problems for _ in range(samples)]
+    fmt = cfg.get("demo.prompt_format", "plain")  # chat for real instruction-tuned models
+    return [Request(prompt_token_ids(tok, p, fmt), problem_id=p.problem_id) for p in problems for _ in range(samples)]
 
 
 def _timed(engine, reqs):
@@ -49,6 +49,8 @@ def run(cfg, args) -> list:
     _timed(base, reqs)  # warm-up
     results = []
     for name, ov in CPU_DRAFTERS.items():
+        if name == "draft_model" and not cfg.spec.draft_model.model:
+            continue  # the run file names no draft model (e.g. SmolLM2: none is bundled for it)
         dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
         eng = Engine(dcfg, name=name)
         try:

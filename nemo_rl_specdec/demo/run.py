@@ -40,6 +40,14 @@ class DemoSettings:
         self.seed = int(g.get("seed", 0))
         self.pool = int(d.get("problem_pool", 2 * self.prompts))
         self.compare_frozen = bool(d.get("compare_frozen_drafter", False))
+        # real chat models (configs/smollm2_cpu.yaml): chat-formatted prompts, partial-credit rewards (task.py)
+        self.prompt_format, self.reward = d.get("prompt_format", "plain"), d.get("reward", "exact")
+        from nemo_rl_specdec.demo.task import PROMPT_FORMATS, REWARDS
+
+        for key, v, allowed in (("demo.prompt_format", self.prompt_format, PROMPT_FORMATS),
+                                ("demo.reward", self.reward, REWARDS)):
+            if v not in allowed:
+                raise ConfigError(f"{key}: got {v!r}; allowed: {list(allowed)}")
         for key, v, lo in (("grpo.max_num_steps", self.steps, 1), ("grpo.num_prompts_per_step", self.prompts, 1),
                            ("grpo.num_generations_per_prompt", self.generations, 2),
                            ("demo.problem_pool", self.pool, self.prompts)):
@@ -90,20 +98,21 @@ class RLLoop:
 
     # ------------------------------------------------------------------ pieces
     def batch(self, step: int):
+        from nemo_rl_specdec.demo.task import prompt_token_ids
         from nemo_rl_specdec.engine.engine import Request
 
         n = self.s.prompts
         start = (step * n) % len(self.problems)
         probs = [self.problems[(start + i) % len(self.problems)] for i in range(n)]
-        reqs = [Request(self.tok(p.prompt, add_special_tokens=False)["input_ids"], problem_id=p.problem_id)
+        reqs = [Request(prompt_token_ids(self.tok, p, self.s.prompt_format), problem_id=p.problem_id)
                 for p in probs for _ in range(self.s.generations)]
         return probs, reqs
 
     def rewards(self, probs, rollouts) -> list:
-        from nemo_rl_specdec.demo.task import verify
+        from nemo_rl_specdec.demo.task import reward
 
         by_id = {p.problem_id: p for p in probs}
-        return [verify(by_id[r.problem_id], self.tok.decode(r.token_ids, skip_special_tokens=True))
+        return [reward(by_id[r.problem_id], self.tok.decode(r.token_ids, skip_special_tokens=True), self.s.reward)
                 for r in rollouts]
 
     def push(self, version: int, rollouts) -> dict:

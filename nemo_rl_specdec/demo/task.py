@@ -179,3 +179,70 @@ def length_stats(problems: list[Problem], tokenizer: Any) -> dict:
         "ratio": p99 / p50,
         "prompt_max": prompt[-1],
     }
+
+
+# --------------------------------------------------------------------------- real (chat) models
+# The bundled tiny policy was trained on the raw prompt. An instruction-tuned model (SmolLM2,
+# configs/smollm2_cpu.yaml) gets the same problem inside its chat template, with an instruction and
+# one worked example, and is graded with partial credit: a 135M model rarely gets the final sum
+# right, so the exact-answer reward alone would be 0 for nearly every rollout (no GRPO signal).
+PROMPT_FORMATS = ("plain", "chat")
+REWARDS = ("exact", "steps")
+CHAT_INSTRUCTION = "Add the numbers modulo 100, one per line, then write the final line \"answer: N\"."
+_STEP_RE = re.compile(r"^\s*(\d{1,4})\s*\+\s*([A-Za-z])(\d{1,4})\s*=\s*(\d{1,4})\s*$")
+
+
+def chat_prompt_text(problem: Problem) -> str:
+    """The user message of the chat format: instruction, one worked example, the problem."""
+    ex = make_problem([37, 45, 12, 91], "example")
+    return f"{CHAT_INSTRUCTION}\nExample:\n{ex.prompt}{reference_solution(ex)}\n\nNow: {problem.prompt}"
+
+
+def prompt_token_ids(tokenizer: Any, problem: Problem, prompt_format: str = "plain") -> list:
+    """The prompt's token ids: ``plain`` is the raw prompt (no special tokens); ``chat`` wraps
+    :func:`chat_prompt_text` in the tokenizer's chat template with the assistant turn opened."""
+    if prompt_format == "plain":
+        return list(tokenizer(problem.prompt, add_special_tokens=False)["input_ids"])
+    if prompt_format != "chat":
+        raise ValueError(f"prompt_format: got {prompt_format!r}; allowed: {list(PROMPT_FORMATS)}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("prompt_format 'chat' needs a tokenizer with a chat template")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": chat_prompt_text(problem)}],
+                                         tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def step_credit(problem: Problem, response_text: Any) -> float:
+    """Partial credit for the worked solution's lines, in [0, 1].
+
+    The i-th line of the form ``s+Lx=t`` (other lines are skipped; lines past the problem's ``n``
+    are ignored) earns half a point when ``Lx`` is the problem's i-th labelled number and half a
+    point when ``t == (s + x) mod 100`` for its own ``s``; the sum is divided by ``n``. A wrong
+    running total therefore costs one line, not the rest of the solution.
+    """
+    if not isinstance(response_text, str):
+        return 0.0
+    nums = problem.meta["numbers"]
+    points = 0.0
+    i = 0
+    for line in response_text.splitlines():
+        if i >= len(nums):
+            break
+        m = _STEP_RE.match(line)
+        if not m:
+            continue
+        s, label, x, t = m.groups()
+        points += 0.5 * (label == LABELS[i] and int(x) == nums[i])
+        points += 0.5 * (len(t) <= 2 and int(t) == (int(s) + int(x)) % MODULUS)
+        i += 1
+    return points / len(nums)
+
+
+def reward(problem: Problem, response_text: Any, kind: str = "exact") -> float:
+    """``exact``: :func:`verify` (0 or 1). ``steps``: half :func:`step_credit`, half :func:`verify`,
+    so 1.0 still means a fully correct response and partial progress scores in between."""
+    if kind == "exact":
+        return verify(problem, response_text)
+    if kind != "steps":
+        raise ValueError(f"reward: got {kind!r}; allowed: {list(REWARDS)}")
+    return 0.5 * step_credit(problem, response_text) + 0.5 * verify(problem, response_text)
