@@ -204,7 +204,7 @@ class Distiller:
             raise DistillInputError("no rollout has response tokens: nothing to distil on")
         t0 = time.perf_counter()
         batches = micro_batches([len(s.prompt) + len(s.response) for s in seqs], self.micro_batch_tokens)
-        targets = [t for t in self.teacher_targets(teacher, seqs, batches)]
+        targets = self.teacher_targets(teacher, seqs, batches)
         teacher_s = time.perf_counter() - t0
         n_tok = sum(t["n"] for t in targets)
         if n_tok == 0:
