@@ -378,10 +378,14 @@ def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | lis
     except (OmegaConfBaseException, yaml.YAMLError) as e:
         raise ConfigError(f"{p}: {e}") from None
     for ov in overrides:
-        if "=" not in ov or not ov.split("=", 1)[0].strip():
-            raise ConfigError(f"override {ov!r}: expected key=value (e.g. {BLOCK_PATH}.drafter=ngram)")
+        # Hydra's `+key=value` (add) and `++key=value` (add or override), as NeMo-RL's CLI takes
+        # them, mean the same here: a merge may add keys; the schema still rejects unknown ones
+        dot = ov[2:] if ov.startswith("++") else ov[1:] if ov.startswith("+") else ov
+        if "=" not in dot or not dot.split("=", 1)[0].strip() or dot.startswith(("+", "~")):
+            raise ConfigError(f"override {ov!r}: expected key=value, +key=value or ++key=value "
+                              f"(e.g. {BLOCK_PATH}.drafter=ngram)")
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([dot]))
         except (OmegaConfBaseException, yaml.YAMLError) as e:
             raise ConfigError(f"override {ov!r}: {e}") from None
     try:

@@ -700,9 +700,21 @@ def test_override_making_the_refresh_mode_unfit():
         load_run_config(str(TINY), [f"{B}.drafter=draft_model", f"{B}.refresh.mode=rebuild"])
 
 
+def test_hydra_style_plus_overrides_add_or_override_keys():
+    """`+key=value` / `++key=value`, as NeMo-RL's CLI takes them, merge like `key=value` (they
+    used to create a literal key named `+bench`)."""
+    cfg = load_run_config(str(TINY), ["+bench.das.steps=7", f"++{B}.num_speculative_tokens=3"])
+    assert cfg.get("bench.das.steps") == 7 and "+bench" not in cfg.raw
+    assert cfg.spec.num_speculative_tokens == 3
+    with pytest.raises(ConfigError, match="did you mean|allowed"):
+        load_run_config(str(TINY), [f"+{B}.num_speculative_tokenz=3"])  # adding a key does not bypass the schema
+
+
 @pytest.mark.parametrize("override,fragment", [
     (f"{B}.drafter", "expected key=value"),
     ("=ngram", "expected key=value"),
+    ("+++x=1", "expected key=value"),
+    ("~x=1", "expected key=value"),
     (f"{B}.scheduling.k_by_batch_size=[[1,4,2]", f"{B}.scheduling.k_by_batch_size=[[1,4,2]"),
 ])
 def test_bad_override_syntax(override, fragment):
