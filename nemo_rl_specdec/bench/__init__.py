@@ -21,6 +21,14 @@ SUITES = {
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "wall_clock_ratio", "per_step")
 
 
+def say(suite: str, msg: str) -> None:
+    """A timestamped progress line on stderr (stdout carries the tables)."""
+    import sys
+    import time
+
+    print(f"[bench {suite} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def print_table(results: list[dict], columns: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
 import time
 from typing import Any
 
+from nemo_rl_specdec.bench import say
 from nemo_rl_specdec.config import ConfigError, RunConfig
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -46,7 +46,7 @@ AFTER_STEP = 3  # "after 3 steps": the store holds rollouts of 3 policy versions
 
 
 def _say(msg: str) -> None:
-    print(f"[bench das {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    say("das", msg)
 
 
 def _options(cfg: RunConfig) -> dict:

@@ -35,11 +35,11 @@ with a checkpoint for this policy: ``draft_model``, ``eagle3``, ``mtp``), ``k`` 
 from __future__ import annotations
 
 import gc
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_specdec.bench import say
 from nemo_rl_specdec.config import ConfigError, RunConfig
 
 MIN_STEPS = 10
@@ -48,7 +48,7 @@ ONLINE_TRAINERS = ("draft_model", "eagle3", "mtp")  # drafters train/distill.py 
 
 
 def _say(msg: str) -> None:
-    print(f"[bench parametric {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    say("parametric", msg)
 
 
 def _has_mtp_layers(model_dir: str) -> bool:

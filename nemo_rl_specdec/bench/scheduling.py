@@ -40,17 +40,17 @@ from __future__ import annotations
 import copy
 import logging
 import statistics
-import sys
 import time
 from typing import Any, Optional
 
+from nemo_rl_specdec.bench import say
 from nemo_rl_specdec.config import ConfigError, RunConfig, validate_run_dict
 from nemo_rl_specdec.scheduling.budget import BUDGETS
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS
 
 
 def _say(msg: str) -> None:
-    print(f"[bench scheduling {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    say("scheduling", msg)
 
 
 def _options(cfg: RunConfig) -> dict:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from nemo_rl_specdec.config import PARAMETRIC, ConfigError, RunConfig, SpecDecConfig, to_vllm_speculative_config
+from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, to_vllm_speculative_config
 from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 

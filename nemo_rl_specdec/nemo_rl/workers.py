@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.nemo_rl import api, payload, translate
 
