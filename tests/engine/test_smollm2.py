@@ -30,7 +30,7 @@ def smol_engines():
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.engine.engine import Engine
 
-    cfg = load_run_config("configs/smollm2_cpu.yaml", [f"{BLOCK}.drafter=ngram", "policy.generation.max_new_tokens=48"])
+    cfg = load_run_config("smollm2_cpu.yaml", [f"{BLOCK}.drafter=ngram", "policy.generation.max_new_tokens=48"])
     base = Engine(cfg, spec_enabled=False, name="smollm2_baseline")
     spec = None
     try:

@@ -108,9 +108,9 @@ def test_resolver_converts_on_load_and_validate_only_names_the_path(monkeypatch,
     monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path))
     calls = []
     monkeypatch.setattr(smollm2, "ensure_smollm2", lambda *a, **k: calls.append(1) or smollm2.checkpoint_path())
-    assert cli.main(["validate", "configs/smollm2_cpu.yaml"]) == 0  # never downloads
+    assert cli.main(["validate", "smollm2_cpu.yaml"]) == 0  # never downloads
     assert calls == []
-    cfg = load_run_config("configs/smollm2_cpu.yaml")
+    cfg = load_run_config("smollm2_cpu.yaml")
     assert calls == [1] and cfg.model_path == str(tmp_path / smollm2.CHECKPOINT_NAME)
     with models.paths_only():
         assert models.resolve("smollm2") == str(smollm2.checkpoint_path())
@@ -126,7 +126,7 @@ def test_conversion_failure_surfaces_as_a_config_load_error(monkeypatch, tmp_pat
 
     monkeypatch.setattr(smollm2, "ensure_smollm2", offline)
     with pytest.raises(ConfigError, match="could not download"):
-        load_run_config("configs/smollm2_cpu.yaml")
+        load_run_config("smollm2_cpu.yaml")
 
 
 # ---------------------------------------------------------------- chat prompt and partial-credit reward
