@@ -274,14 +274,16 @@ def _resolve_model(name: str) -> str:
 def _register_resolvers() -> None:
     from omegaconf import OmegaConf
 
+    # OmegaConf 2.4 deprecates register_new_resolver in favour of register_resolver (same call)
+    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
     if not OmegaConf.has_resolver("specdec_asset"):
         # ${specdec_asset:tiny/policy} -> absolute path of a bundled asset
-        OmegaConf.register_new_resolver("specdec_asset", lambda name: str(PACKAGE_DIR / "assets" / name))
+        register("specdec_asset", lambda name: str(PACKAGE_DIR / "assets" / name))
     if not OmegaConf.has_resolver("specdec_model"):
         # ${specdec_model:smollm2} -> a real pretrained model's checkpoint, converted and cached on first use
-        OmegaConf.register_new_resolver("specdec_model", _resolve_model)
+        register("specdec_model", _resolve_model)
     if not OmegaConf.has_resolver("mul"):  # NeMo-RL registers the same arithmetic helper
-        OmegaConf.register_new_resolver("mul", lambda a, b: a * b)
+        register("mul", lambda a, b: a * b)
 
 
 def _known_keys(loc: list[str]) -> Optional[list[str]]:
