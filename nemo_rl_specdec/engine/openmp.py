@@ -8,11 +8,16 @@ suffer most when the cores are shared). ``LD_PRELOAD`` only acts when a process 
 :func:`reexec_with_iomp` re-executes the CLI once with it set; child processes (Ray actors)
 inherit it. The ``cpu`` extra installs ``intel-openmp`` (``<venv>/lib/libiomp5.so``).
 
+Once a vLLM CPU engine has bound its threads, vLLM turns ``torch.set_num_threads`` into a no-op
+that logs a warning (the engine filters that warning as noise); :func:`request_torch_threads` is
+how our trainers ask for a thread count, and it says so when the request cannot be applied.
+
 Opt out with ``NEMO_RL_SPECDEC_NO_IOMP=1``. ``python -m nemo_rl_specdec.engine.openmp`` prints
 the library's path (empty when absent), for Makefiles: ``LD_PRELOAD="$(python -m ...)"``.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -21,6 +26,24 @@ from typing import Optional, Sequence
 LIB = "libiomp5.so"
 OPT_OUT = "NEMO_RL_SPECDEC_NO_IOMP"
 _DONE = "NEMO_RL_SPECDEC_IOMP_REEXEC"  # set on the re-executed process: never loop
+
+log = logging.getLogger("nemo_rl_specdec")
+
+
+def request_torch_threads(n: Optional[int]) -> bool:
+    """Set torch's intra-op thread count to `n` (nothing for None/0). Returns whether it was applied:
+    not when a vLLM CPU engine in this process has replaced ``torch.set_num_threads`` (then a
+    warning names the ignored request instead of vLLM's filtered one)."""
+    if not n:
+        return False
+    import torch
+
+    if torch.set_num_threads is not torch._C.set_num_threads:
+        log.warning("num_threads=%d not applied: a vLLM CPU engine in this process has bound torch's threads "
+                    "(vLLM makes torch.set_num_threads a no-op after binding)", int(n))
+        return False
+    torch.set_num_threads(int(n))
+    return True
 
 
 def iomp_path() -> Optional[str]:

@@ -123,14 +123,14 @@ class Distiller:
     """The shared loop: checks, no-grad teacher pass, KL at the sampling temperature, AdamW with
     gradient clipping over a few epochs, kl_first/kl_last and top-1 agreement stats.
 
-    Subclasses set ``self.module`` (the trainable drafter) in ``__init__`` before calling
-    :meth:`_setup`, and implement ``_prepare(teacher, ids, mask)`` (no-grad teacher side of one
+    Subclasses call :meth:`_begin` (argument checks, threads, seed), set ``self.module`` (the
+    trainable drafter), then call :meth:`_setup`, and implement ``_prepare(teacher, ids, mask)`` (no-grad teacher side of one
     padded batch -> a dict with at least ``n``, the number of trained positions) and
     ``_loss(item)`` -> (loss, student logits at trained positions, teacher log-probs there)."""
 
     kind = "base"
 
-    def _setup(self, *, lr: float, seed: int, epochs: int, temperature: float, micro_batch_tokens: int,
+    def _setup(self, *, lr: float, epochs: int, temperature: float, micro_batch_tokens: int,
                max_grad_norm: float, weight_decay: float, vocab_size: int) -> None:
         import torch
 
@@ -146,7 +146,13 @@ class Distiller:
         self.history: list = []
 
     @staticmethod
-    def _check_args(lr: float, epochs: int, micro_batch_tokens: int, max_grad_norm: float) -> None:
+    def _begin(*, lr: float, epochs: int, micro_batch_tokens: int, max_grad_norm: float, seed: int,
+               num_threads: Optional[int]) -> None:
+        """Before a subclass loads its drafter: check the arguments, threads, seed."""
+        import torch
+
+        from nemo_rl_specdec.engine.openmp import request_torch_threads
+
         if lr <= 0 or not math.isfinite(lr):
             raise ValueError(f"lr: got {lr!r}; allowed: a finite number > 0")
         if epochs < 1:
@@ -155,6 +161,8 @@ class Distiller:
             raise ValueError(f"micro_batch_tokens: got {micro_batch_tokens!r}; allowed: >= 1")
         if max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm: got {max_grad_norm!r}; allowed: > 0")
+        request_torch_threads(num_threads)
+        torch.manual_seed(seed)
 
     # ------------------------------------------------------------------ checks
     def _check_teacher(self, teacher) -> None:
@@ -263,14 +271,12 @@ class DraftModelDistiller(Distiller):
 
         if not Path(drafter_dir).is_dir():
             raise FileNotFoundError(f"drafter_dir: {drafter_dir} is not a checkpoint directory")
-        self._check_args(lr, epochs, micro_batch_tokens, max_grad_norm)
-        if num_threads:
-            torch.set_num_threads(int(num_threads))
-        torch.manual_seed(seed)
+        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
+                    seed=seed, num_threads=num_threads)
         self.drafter_dir = str(drafter_dir)
         self.model = self.module = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
         self.pad_id = int(self.model.config.pad_token_id or 0)
-        self._setup(lr=lr, seed=seed, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
+        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
                     max_grad_norm=max_grad_norm, weight_decay=weight_decay, vocab_size=self.model.config.vocab_size)
 
     def _pad_id(self, teacher) -> int:
@@ -311,22 +317,18 @@ class Eagle3Distiller(Distiller):
     def __init__(self, head_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
                  temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
                  weight_decay: float = 0.0, ttt: bool = True, num_threads: Optional[int] = None):
-        import torch
-
         from nemo_rl_specdec.train.train_eagle3 import load_head
 
         if not (Path(head_dir) / "config.json").is_file():
             raise FileNotFoundError(f"head_dir: {head_dir} is not an Eagle3 checkpoint directory (no config.json)")
-        self._check_args(lr, epochs, micro_batch_tokens, max_grad_norm)
-        if num_threads:
-            torch.set_num_threads(int(num_threads))
-        torch.manual_seed(seed)
+        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
+                    seed=seed, num_threads=num_threads)
         self.head_dir = str(head_dir)
         self.head, self.config = load_head(head_dir)
         self.module = self.head
         self.layer_ids = [int(i) for i in self.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
         self.ttt = bool(ttt)
-        self._setup(lr=lr, seed=seed, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
+        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
                     max_grad_norm=max_grad_norm, weight_decay=weight_decay,
                     vocab_size=int(self.config.get("draft_vocab_size") or self.config["vocab_size"]))
 
@@ -384,23 +386,19 @@ class MTPDistiller(Distiller):
     def __init__(self, model_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
                  temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
                  weight_decay: float = 0.0, num_threads: Optional[int] = None):
-        import torch
-
         from nemo_rl_specdec.train.train_tiny_mtp import load_mtp_layer
 
         if not Path(model_dir).is_dir():
             raise FileNotFoundError(f"model_dir: {model_dir} is not a checkpoint directory")
-        self._check_args(lr, epochs, micro_batch_tokens, max_grad_norm)
-        if num_threads:
-            torch.set_num_threads(int(num_threads))
-        torch.manual_seed(seed)
+        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
+                    seed=seed, num_threads=num_threads)
         self.model_dir = str(model_dir)
         try:
             self.mtp, self.config = load_mtp_layer(model_dir)
         except ValueError as e:
             raise DistillInputError(str(e)) from None
         self.module = self.mtp
-        self._setup(lr=lr, seed=seed, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
+        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
                     max_grad_norm=max_grad_norm, weight_decay=weight_decay, vocab_size=self.config.vocab_size)
 
     def _check_teacher(self, teacher) -> None:
@@ -419,7 +417,7 @@ class MTPDistiller(Distiller):
         h, emb, pos = mtp_inputs(teacher, ids, hidden)
         cos, sin = teacher.model.rotary_emb(h, pos)
         return {"mask": mask, "h": h.detach(), "emb": emb.detach(), "pos": pos, "rope": (cos.detach(), sin.detach()),
-                "lm_head": teacher.lm_head.weight.detach().clone(), "t_logp": self._teacher_logp(logits),
+                "lm_head": teacher.lm_head.weight.detach(), "t_logp": self._teacher_logp(logits),
                 "n": int(mask[:, 1:].sum())}
 
     def _loss(self, item):

@@ -53,3 +53,23 @@ def test_preloaded_iomp_loads_beside_this_torch():
             f"print(open('/proc/self/maps').read().count('{openmp.LIB}') > 0)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("True"), out.stderr[-2000:]
+
+
+def test_thread_requests_apply_or_say_why_not(monkeypatch, caplog):
+    """After a vLLM CPU engine bound its threads, torch.set_num_threads is vLLM's no-op (whose
+    warning the engine filters): the request is reported as not applied instead of vanishing."""
+    import torch
+
+    calls = []
+
+    def setter(n):
+        calls.append(n)
+
+    monkeypatch.setattr(torch._C, "set_num_threads", setter)
+    monkeypatch.setattr(torch, "set_num_threads", setter)
+    assert openmp.request_torch_threads(3) and calls == [3]
+    assert not openmp.request_torch_threads(None) and calls == [3]
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # what vLLM installs
+    with caplog.at_level("WARNING", logger="nemo_rl_specdec"):
+        assert not openmp.request_torch_threads(2)
+    assert calls == [3] and "num_threads=2 not applied" in caplog.text
