@@ -123,8 +123,9 @@ def _mtp_policy_cfg(cfg: RunConfig, model: str) -> RunConfig:
 def configurations(cfg: RunConfig, opts: dict) -> list:
     """Groups of configurations sharing one policy: [(policy cfg, [conf, ...]), ...]."""
     main, mtp = [], []
+    mtp_cfg = _mtp_policy_cfg(cfg, opts["mtp_model"]) if "mtp" in opts["drafters"] else None
     for d in opts["drafters"]:
-        base = _mtp_policy_cfg(cfg, opts["mtp_model"]) if d == "mtp" else cfg
+        base = mtp_cfg if d == "mtp" else cfg
         k = opts["mtp_k"] if d == "mtp" else opts["k"]
         modes = ["frozen"] + (["online"] if d in ONLINE_TRAINERS else [])
         for mode in modes:
@@ -132,7 +133,7 @@ def configurations(cfg: RunConfig, opts: dict) -> list:
             (mtp if d == "mtp" else main).append({"name": f"{d}_{mode}", "drafter": d, "mode": mode, "cfg": c})
     groups = [(cfg, main)] if main else []
     if mtp:
-        groups.append((_mtp_policy_cfg(cfg, opts["mtp_model"]), mtp))
+        groups.append((mtp_cfg, mtp))
     return groups
 
 

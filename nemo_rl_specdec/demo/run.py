@@ -22,7 +22,6 @@ from typing import Optional
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
 
 BLOCK = "policy.generation.speculative_decoding"
-ONLINE_DRAFTERS = ("draft_model", "eagle3", "mtp")  # train/distill.py
 
 
 class DemoSettings:
@@ -56,11 +55,9 @@ class DemoSettings:
         self.steps_per_pass = -(-self.pool // self.prompts)  # steps until every pool problem was seen
         mode = cfg.spec.refresh.mode
         d = cfg.spec.drafter
-        # train/distill.py trains draft_model, eagle3 and mtp online; refit needs a trainer that
-        # sends drafter tensors in the policy stream, which the HF trainer here does not
-        if cfg.spec.enabled and mode == "online" and d not in ONLINE_DRAFTERS:
-            raise ConfigError(f"{BLOCK}.refresh.mode: got 'online' for drafter '{d}'; online training exists for "
-                              f"drafter in {list(ONLINE_DRAFTERS)} (for '{d}' allowed: 'frozen' or 'rebuild')")
+        # 'online' is valid only for the drafters train/distill.py trains (the schema's
+        # REFRESH_MODES); refit needs a trainer that sends drafter tensors in the policy stream,
+        # which the HF trainer here does not
         if cfg.spec.enabled and mode == "refit":
             raise ConfigError(f"{BLOCK}.refresh.mode: got 'refit' for drafter '{d}'; the CPU demo's HF trainer "
                               "sends no drafter tensors (transformers drops MTP layers on load), so allowed here: "

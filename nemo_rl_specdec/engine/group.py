@@ -17,8 +17,9 @@ One `generate(requests)` call:
    travels as the request's `budget` (vLLM `extra_args["specdec_budget"]`) and is honoured by
    the DAS suffix drafter (`suffix.backend: das`), together with its predicted length
    (`extra_args["specdec_predicted_len"]`): a request that outlives its prediction gets the
-   full k from then on; a request whose `budget` the caller already set keeps it. Model drafters (draft_model, eagle3, mtp) have no per-request draft length:
-   for them a non-uniform budget policy means k by batch size (vLLM's
+   full k from then on; a request whose `budget` the caller already set keeps it. Model
+   drafters (draft_model, eagle3, mtp) have no per-request draft length: for them a
+   non-uniform budget policy means k by batch size (vLLM's
    `num_speculative_tokens_per_batch_size`, from `scheduling.k_by_batch_size`, or derived with
    `k_by_batch_size_schedule` when that key is unset; see `scheduled_config`). vLLM's built-in
    ngram and suffix proposers ignore budgets (the group warns);
