@@ -18,18 +18,6 @@ POLICY = TINY_ASSETS_DIR / "policy"
 MTP = TINY_ASSETS_DIR.parent / "tiny_mtp"
 
 
-def _teacher(path, drift: float = 0.3, seed: int = 0):
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.add_(torch.randn(p.shape, generator=g) * p.std() * drift)
-    return m.eval()
-
-
 def _rollouts(vocab: int, n: int = 8, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return [{"prompt_token_ids": torch.randint(3, vocab, (6,), generator=g).tolist(),
@@ -38,12 +26,12 @@ def _rollouts(vocab: int, n: int = 8, seed: int = 0):
 
 
 @pytest.fixture(scope="module", params=["eagle3", "mtp"])
-def case(request):
+def case(request, perturbed_policy):
     torch.set_num_threads(1)
     if request.param == "eagle3":
-        return {"name": "eagle3", "teacher": _teacher(POLICY), "make": lambda **kw: Eagle3Distiller(EAGLE3, **kw),
+        return {"name": "eagle3", "teacher": perturbed_policy(POLICY, scale=0.3, seed=0), "make": lambda **kw: Eagle3Distiller(EAGLE3, **kw),
                 "ckpt": EAGLE3 / "model.safetensors", "prefix": ""}
-    return {"name": "mtp", "teacher": _teacher(MTP), "make": lambda **kw: MTPDistiller(MTP, **kw),
+    return {"name": "mtp", "teacher": perturbed_policy(MTP, scale=0.3, seed=0), "make": lambda **kw: MTPDistiller(MTP, **kw),
             "ckpt": MTP / "model.safetensors", "prefix": "model.mtp_layers.0."}
 
 
@@ -115,7 +103,7 @@ def test_teacher_sharing_parameters_with_the_head_is_refused(case):
         d.step(d.module, _rollouts(case["teacher"].config.vocab_size, 2))
 
 
-def test_bad_rollouts_and_mismatched_policies_are_clear_errors(case, tmp_path):
+def test_bad_rollouts_and_mismatched_policies_are_clear_errors(case, tmp_path, perturbed_policy):
     d = case["make"](lr=1e-3)
     V = case["teacher"].config.vocab_size
     with pytest.raises(DistillInputError, match=r"rollouts\[0\].*outside the vocabulary"):
@@ -124,14 +112,14 @@ def test_bad_rollouts_and_mismatched_policies_are_clear_errors(case, tmp_path):
         d.step(case["teacher"], [{"prompt_token_ids": [3], "token_ids": []}])
     with pytest.raises(DistillInputError, match="no position to train on"):
         d.step(case["teacher"], [{"prompt_token_ids": [3], "token_ids": [5]}])  # x_{t+2} never exists
-    other = _teacher(MTP if case["name"] == "eagle3" else POLICY)  # the other policy: other hidden size
+    other = perturbed_policy(MTP if case["name"] == "eagle3" else POLICY, scale=0.3, seed=0)  # the other policy: other hidden size
     with pytest.raises(DistillInputError, match="hidden_size"):
         d.step(other, _rollouts(V, 2))
     with pytest.raises(ValueError, match="lr"):
         case["make"](lr=0)
 
 
-def test_checkpoints_without_a_head_are_refused(tmp_path):
+def test_checkpoints_without_a_head_are_refused(tmp_path, perturbed_policy):
     with pytest.raises(FileNotFoundError, match="head_dir"):
         Eagle3Distiller(tmp_path / "nope")
     with pytest.raises(DistillInputError, match="num_nextn_predict_layers"):
@@ -146,13 +134,13 @@ def test_checkpoints_without_a_head_are_refused(tmp_path):
     with pytest.raises(DistillInputError, match="eagle_aux_hidden_state_layer_ids"):
         d = Eagle3Distiller(EAGLE3)
         d.layer_ids = [0, 9]
-        d.step(_teacher(POLICY), _rollouts(128, 2))
+        d.step(perturbed_policy(POLICY, scale=0.3, seed=0), _rollouts(128, 2))
 
 
-def test_aux_hidden_states_are_the_inputs_of_the_policys_layers():
+def test_aux_hidden_states_are_the_inputs_of_the_policys_layers(perturbed_policy):
     from nemo_rl_specdec.train.train_eagle3 import aux_hidden_and_logits
 
-    p = _teacher(POLICY, drift=0.0)
+    p = perturbed_policy(POLICY, scale=0.0, seed=0)
     ids = torch.randint(3, 128, (2, 12))
     seen = {}
     hooks = [layer.register_forward_pre_hook(lambda m, a, kw, j=j: seen.__setitem__(j, (a[0] if a else kw["hidden_states"]).clone()),
