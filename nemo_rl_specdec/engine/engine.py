@@ -309,6 +309,13 @@ class Engine:
             self._generating.set()
         try:
             self._run(live, use_tqdm, on_step)
+        except BaseException:
+            # requests left in vLLM would hold KV blocks (the next update's prefix-cache reset
+            # would fail) and be decoded, unread, by the next call
+            unfinished = [lv.rid for lv in live if lv.finish_reason is None]
+            if unfinished:
+                self.llm.llm_engine.abort_request(unfinished)
+            raise
         finally:
             with self._lock:
                 self._generating.clear()
@@ -445,7 +452,8 @@ class Engine:
             report = self.llm.collective_rpc("specdec_apply_update", args=(payload,))[0]
         if not self.llm.reset_prefix_cache():
             raise RuntimeError(f"{self.name}: reset_prefix_cache failed after the update to version {version}; "
-                               "stale KV would make outputs wrong while acceptance looks perfect")
+                               "stale KV would make outputs wrong while acceptance looks perfect; "
+                               f"KV held by: {self._kv_holders()}")
         report["prefix_cache_reset"] = True
         if payload.get("policy") is not None:
             self._last_policy_payload = payload["policy"]
@@ -454,6 +462,17 @@ class Engine:
         self.refresh_state()
         self.update_reports.append(report)
         return report
+
+    def _kv_holders(self) -> str:
+        """What vLLM's scheduler still holds (for the error when a prefix-cache reset fails)."""
+        try:
+            sched = self.llm.llm_engine.engine_core.engine_core.scheduler
+            reqs = {rid: str(getattr(r.status, "name", r.status)) for rid, r in sched.requests.items()}
+            return (f"{len(reqs)} requests in the scheduler {reqs}, {len(sched.running)} running, "
+                    f"generate running: {self._generating.is_set()}, "
+                    f"output processor unfinished: {self.llm.llm_engine.output_processor.has_unfinished_requests()}")
+        except Exception as e:  # noqa: BLE001 - a diagnostic only; vLLM internals differ by version
+            return f"unknown ({type(e).__name__}: {e})"
 
     def _restart_without_speculation(self, report: dict) -> None:
         """on_refresh_error=disable: rebuild this engine without a drafter, on the current policy."""

@@ -205,3 +205,26 @@ def test_async_update_in_flight_every_token_from_one_consistent_pair(tiny_cfg_fn
             assert r.token_ids[cut:] == cont.token_ids
     finally:
         e.close()
+
+
+def test_generate_interrupted_by_an_error_leaves_no_request_behind(tiny_cfg_fn, problems, encode):
+    """A generate that raises part-way (here from `on_step`) aborts its requests in vLLM: they
+    hold no KV, so the next update resets the prefix cache, and the next generate decodes only
+    its own requests."""
+    e = Engine(tiny_cfg_fn("policy.generation.temperature=0"), spec_enabled=False, name="interrupted")
+    try:
+        reqs = _reqs(e.tokenizer(), problems, encode, n=4)
+
+        def fail_at_step_5(step, engine):
+            if step == 5:
+                raise RuntimeError("driver interrupted")
+
+        with pytest.raises(RuntimeError, match="driver interrupted"):
+            e.generate(reqs, max_new_tokens=64, ignore_eos=True, on_step=fail_at_step_5)
+        assert not e.llm.llm_engine.has_unfinished_requests()
+        assert e.update(1, None)["prefix_cache_reset"]
+        out = e.generate(reqs[:2], max_new_tokens=16, ignore_eos=True)
+        assert [len(r.token_ids) for r in out.rollouts] == [16, 16]
+        assert out.metrics.generated_tokens == 32 and e.state["policy_version"] == 1
+    finally:
+        e.close()
