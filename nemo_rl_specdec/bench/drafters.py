@@ -21,11 +21,11 @@ CPU_DRAFTERS = {
 
 
 def workload(cfg, tok, num_problems: int, samples: int, seed: int):
-    from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids
+    from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids, run_prompt_format
     from nemo_rl_specdec.engine.engine import Request
 
     problems = make_problems(num_problems, seed)
-    fmt = cfg.get("demo.prompt_format", "plain")  # chat for real instruction-tuned models
+    fmt = run_prompt_format(cfg)  # chat for real instruction-tuned models
     return [Request(prompt_token_ids(tok, p, fmt), problem_id=p.problem_id) for p in problems for _ in range(samples)]
 
 
@@ -40,6 +40,9 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.engine.engine import Engine
 
+    from nemo_rl_specdec.demo.task import run_prompt_format
+
+    run_prompt_format(cfg)  # a bad demo.prompt_format fails here, before any engine starts
     grpo = cfg.raw.get("grpo", {})
     n_prob = int(grpo.get("num_prompts_per_step", 16))
     n_samp = int(grpo.get("num_generations_per_prompt", 4))

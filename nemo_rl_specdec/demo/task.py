@@ -198,6 +198,16 @@ def chat_prompt_text(problem: Problem) -> str:
     return f"{CHAT_INSTRUCTION}\nExample:\n{ex.prompt}{reference_solution(ex)}\n\nNow: {problem.prompt}"
 
 
+def run_prompt_format(cfg: Any) -> str:
+    """The run file's ``demo.prompt_format`` (default ``plain``); a bad value is a ConfigError naming the key."""
+    from nemo_rl_specdec.config import ConfigError
+
+    fmt = cfg.get("demo.prompt_format", "plain")
+    if fmt not in PROMPT_FORMATS:
+        raise ConfigError(f"demo.prompt_format: got {fmt!r}; allowed: {list(PROMPT_FORMATS)}")
+    return fmt
+
+
 def prompt_token_ids(tokenizer: Any, problem: Problem, prompt_format: str = "plain") -> list:
     """The prompt's token ids: ``plain`` is the raw prompt (no special tokens); ``chat`` wraps
     :func:`chat_prompt_text` in the tokenizer's chat template with the assistant turn opened."""

@@ -151,3 +151,16 @@ def test_bundled_tokenizer_is_character_level_and_round_trips(bundled_tokenizer)
     assert bundled_tokenizer.bos_token == "<bos>"
     cfg = json.loads((POLICY_DIR / "config.json").read_text())
     assert len(bundled_tokenizer) <= cfg["vocab_size"] and cfg["vocab_size"] % 64 == 0
+
+
+def test_run_prompt_format_names_the_key_of_a_bad_value():
+    from pathlib import Path
+
+    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.demo.task import run_prompt_format
+
+    run_file = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml")
+    assert run_prompt_format(load_run_config(run_file)) == "plain"
+    assert run_prompt_format(load_run_config(run_file, ["demo.prompt_format=chat"])) == "chat"
+    with pytest.raises(ConfigError, match=r"demo\.prompt_format: got 'html'; allowed: \['plain', 'chat'\]"):
+        run_prompt_format(load_run_config(run_file, ["demo.prompt_format=html"]))
