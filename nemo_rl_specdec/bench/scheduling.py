@@ -25,8 +25,10 @@ few long responses). The engines are rebuilt per regime; each regime has its own
 Per configuration (medians over the repeats): ``makespan_s`` (dispatch until the last request
 of the batch finished), ``wall_clock_ratio`` = no-spec makespan / this makespan under the same
 placement, ``makespan_vs_contiguous`` = the same group's contiguous makespan (uniform budget)
-/ this one, ``vs_uniform_budget`` = the same placement with the uniform budget / this one,
-tokens per target forward, acceptance rate, per-engine finish times, tokens and longest rollout.
+/ this one, ``makespan_cut_per_repeat_pct`` = 1 - this / contiguous within each repeat (the
+two ran back to back) and its median ``makespan_cut_paired_median_pct``,
+``vs_uniform_budget`` = the same placement with the uniform budget / this one, tokens per
+target forward, acceptance rate, per-engine finish times, tokens and longest rollout.
 
 Run-file knobs (all optional, under ``bench.scheduling``): ``problems`` (default
 ``grpo.num_prompts_per_step``), ``samples`` (default ``grpo.num_generations_per_prompt``),
@@ -45,6 +47,7 @@ from typing import Any, Optional
 
 from nemo_rl_specdec.bench import say
 from nemo_rl_specdec.config import ConfigError, RunConfig, validate_run_dict
+from nemo_rl_specdec.demo.task import run_prompt_format
 from nemo_rl_specdec.scheduling.budget import BUDGETS
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS
 
@@ -72,6 +75,7 @@ def _options(cfg: RunConfig) -> dict:
         "temperature": float(b.get("temperature", cfg.generation.temperature)),
         "max_new_tokens": int(b.get("max_new_tokens", cfg.generation.max_new_tokens)),
         "seed": int(cfg.get("grpo.seed", 0)),
+        "prompt_format": run_prompt_format(cfg),
     }
     for key in ("problems", "samples", "repeats"):
         if opts[key] < 1:
@@ -139,11 +143,20 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     n_groups = 1 + (1 if per_request else len(opts["budgets"]))
     if not ray.is_initialized():  # n_groups groups of E single-CPU actors on the same E cores
         ray.init(num_cpus=n_groups * E, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    results = []
+    results: list = []
+    bounds: list = []  # (max_num_seqs, simulated placement bound) per regime
     for seqs in opts["max_num_seqs"]:
         runs, warm_n = _measure(with_max_num_seqs(cfg, seqs), opts, per_request, seqs)
-        results += _summarize(runs, opts, spec, E, warm_n, seqs)
+        bound = placement_bound(runs, E, seqs)
+        bounds.append((seqs, bound))
+        results += [{**r, "simulated_placement_bound": bound} for r in _summarize(runs, opts, spec, E, warm_n, seqs)]
     _print(results, opts)
+    for seqs, b in bounds:
+        print(f"Simulated placement bound @max_num_seqs={seqs if seqs is not None else 'default'}: the "
+              f"{b['batches']} measured batches replayed with no speculation; cut vs contiguous: length_aware median "
+              f"{b['length_aware_cut_pct']['median']:.1f}% (mean {b['length_aware_cut_pct']['mean']:.1f}%), "
+              f"clairvoyant median {b['clairvoyant_cut_pct']['median']:.1f}% "
+              f"(mean {b['clairvoyant_cut_pct']['mean']:.1f}%)")
     return results
 
 
@@ -180,7 +193,7 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
                                           else ""))
         tok = AutoTokenizer.from_pretrained(cfg.model_path)
         problems = task.make_problems(opts["problems"], seed=opts["problem_seed"])
-        reqs = [Request(list(tok.encode(p.prompt, add_special_tokens=False)), problem_id=p.problem_id)
+        reqs = [Request(task.prompt_token_ids(tok, p, opts["prompt_format"]), problem_id=p.problem_id)
                 for p in problems for _ in range(opts["samples"])]
         for g in groups:  # first-call costs (allocator, JIT) off the clock
             g.generate(reqs[:E], placement="round_robin", max_new_tokens=8, temperature=T, observe=False)
@@ -226,6 +239,9 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
         drafted = sum(r.metrics.draft_tokens for r in rs)
         mk = med[(drafter, placement, budget)]
         ref = med.get((drafter, "contiguous", "uniform"))
+        # paired: repeat r of this configuration against repeat r of contiguous (run back to back)
+        paired = [100.0 * (1 - a.makespan_s / b.makespan_s)
+                  for a, b in zip(rs, runs.get((drafter, "contiguous", "uniform"), []))]
         nospec = med.get(("none", placement, "uniform"))
         same_placement_uniform = med.get((drafter, placement, "uniform"))
         # the run whose makespan is the median: its per-engine picture
@@ -244,6 +260,8 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
             "makespan_s": mk, "makespan_runs_s": [r.makespan_s for r in rs],
             "makespan_vs_contiguous": (ref / mk) if ref and mk else None,
             "makespan_cut_vs_contiguous_pct": (100.0 * (1 - mk / ref)) if ref and mk else None,
+            "makespan_cut_per_repeat_pct": paired,
+            "makespan_cut_paired_median_pct": _median(paired) if paired else None,
             "vs_uniform_budget": (same_placement_uniform / mk) if same_placement_uniform and mk else None,
             "nospec_makespan_s": nospec,
             "wall_clock_ratio": (nospec / mk) if nospec and mk else None,
@@ -272,6 +290,58 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
     return out
 
 
+def placement_bound(runs: dict, engines: int, max_num_seqs: Optional[int]) -> dict:
+    """What placement alone could give on the batches this regime actually produced.
+
+    Every measured rollout batch (all configurations and repeats: fresh T > 0 samples of the
+    same problems) is replayed in the engine simulator (`sim.engine_sim`, no speculation,
+    `max_num_seqs` slots, the group's default cost model) under three placements: contiguous,
+    length_aware on the frozen predictions the bench used, and clairvoyant — length_aware on
+    the lengths each batch really had, which no placement made before generation can beat.
+    The gap between the last two is what better predictions could still win; the clairvoyant
+    cut is the ceiling for this batch of problems."""
+    import numpy as np
+
+    from nemo_rl_specdec.engine.group import DEFAULT_COST_MODEL
+    from nemo_rl_specdec.scheduling.placement import Request as Placed, place
+    from nemo_rl_specdec.sim.costmodel import CostModel
+    from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest
+
+    cost = CostModel(DEFAULT_COST_MODEL["c_base"], DEFAULT_COST_MODEL["c_tok"])
+    slots = max_num_seqs or 256  # vLLM's CPU default
+
+    def makespan(assignment: list, lengths: list, prompt_lens: list) -> float:
+        done = []
+        for j, eng in enumerate(assignment):
+            if not eng:
+                continue
+            sim = EngineSim(j, cost, None, slots, remaining=lambda r, g: max(0.0, r.length - g))
+            sim.add([SimRequest(i, 0, "", max(1, lengths[i]), prompt_lens[i], np.ones(1)) for i in eng], 0.0)
+            done.append(sim.run_until_done(0))
+        return max(done)
+
+    cuts: dict = {"length_aware": [], "clairvoyant": []}
+    for rs in runs.values():
+        for r in rs:
+            lengths = [len(ro.token_ids) for ro in r.rollouts]
+            prompts = [len(ro.prompt_token_ids) for ro in r.rollouts]
+            pids = [ro.problem_id for ro in r.rollouts]
+            predicted = [Placed(i, pids[i], float(r.predicted_len[i])) for i in range(len(lengths))]
+            actual = [Placed(i, pids[i], float(lengths[i])) for i in range(len(lengths))]
+            ref = makespan(place(predicted, engines, "contiguous"), lengths, prompts)
+            cuts["length_aware"].append(100.0 * (1 - makespan(place(predicted, engines, "length_aware"),
+                                                              lengths, prompts) / ref))
+            cuts["clairvoyant"].append(100.0 * (1 - makespan(place(actual, engines, "length_aware"),
+                                                             lengths, prompts) / ref))
+    return {
+        "batches": len(cuts["clairvoyant"]),
+        "length_aware_cut_pct": {"median": _median(cuts["length_aware"]),
+                                 "mean": float(statistics.fmean(cuts["length_aware"]))},
+        "clairvoyant_cut_pct": {"median": _median(cuts["clairvoyant"]),
+                                "mean": float(statistics.fmean(cuts["clairvoyant"]))},
+    }
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -285,7 +355,8 @@ def _fmt(v: Any) -> str:
 def _print(results: list, opts: dict) -> None:
     """A plain fixed-width table (fits a log line; rich would wrap it in a narrow terminal)."""
     cols = [("config", "name"), ("makespan_s", "makespan_s"), ("vs_contig", "makespan_vs_contiguous"),
-            ("cut_%", "makespan_cut_vs_contiguous_pct"), ("vs_uniform", "vs_uniform_budget"),
+            ("cut_%", "makespan_cut_vs_contiguous_pct"), ("paired_cut_%", "makespan_cut_paired_median_pct"),
+            ("vs_uniform", "vs_uniform_budget"),
             ("vs_nospec", "wall_clock_ratio"), ("tok/fwd", "tokens_per_target_forward"),
             ("accept", "acceptance_rate"), ("engine_finish_s", "engine_finish_s"),
             ("engine_tokens", "engine_tokens"), ("engine_longest", "engine_longest")]
@@ -293,7 +364,7 @@ def _print(results: list, opts: dict) -> None:
     widths = [max(len(row[c]) for row in table) for c in range(len(cols))]
     print(f"Scheduling suite: {opts['problems']} problems x {opts['samples']} samples, {results[0]['engines']} "
           f"engines, T={opts['temperature']}, median of {opts['repeats']} runs. vs_contig = this group's contiguous "
-          "(uniform) makespan / this; vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
+          "(uniform) makespan / this; paired_cut = median over repeats of 1 - this / contiguous of the same repeat; vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
           "makespan, same placement / this; @seqsN = at most N requests decoded at once per engine")
     for n, row in enumerate(table):
         print("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())

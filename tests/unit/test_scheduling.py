@@ -406,3 +406,37 @@ def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters()
     capped = validate_run_dict({**dm.raw, "policy": {**dm.raw["policy"], "generation": {
         **dm.raw["policy"]["generation"], "vllm_cfg": {"max_num_seqs": 8}}}})
     assert scheduled_config(capped)[1] == k_by_batch_size_schedule(8, 4)
+
+
+# --------------------------------------------------------------------------- bench: simulated bound
+
+def _measured_batch(lengths, problem_ids, predicted):
+    from nemo_rl_specdec.engine.engine import Rollout
+    from nemo_rl_specdec.engine.group import GroupGenerateResult
+    from nemo_rl_specdec.metrics import SpecMetrics
+
+    rollouts = [Rollout(i, pid, [1] * 12, [7] * int(L), [0.0] * int(L), "stop", 0, 0, 0)
+                for i, (pid, L) in enumerate(zip(problem_ids, lengths))]
+    return GroupGenerateResult(rollouts, SpecMetrics(), predicted_len=list(predicted))
+
+
+def test_placement_bound_replays_every_measured_batch():
+    """Exact predictions make length_aware the clairvoyant placement, and on a grouped long tail
+    it cuts the contiguous makespan; predictions from other batches do not beat clairvoyance."""
+    from nemo_rl_specdec.bench.scheduling import placement_bound
+
+    reqs, true_len = grouped_long_tail(seed=3)
+    lengths = [round(L) for L in true_len]
+    pids = [r.problem_id for r in reqs]
+    exact = _measured_batch(lengths, pids, lengths)
+    b = placement_bound({("none", "contiguous", "uniform"): [exact]}, engines=2, max_num_seqs=8)
+    assert b["batches"] == 1
+    assert b["length_aware_cut_pct"] == b["clairvoyant_cut_pct"]
+    assert b["clairvoyant_cut_pct"]["median"] > 0
+
+    noisy = [_measured_batch(lengths, pids, [r.predicted_len for r in grouped_long_tail(seed=s)[0]])
+             for s in (3, 4, 5)]
+    b = placement_bound({("suffix", "length_aware", "uniform"): noisy, ("none", "contiguous", "uniform"): [exact]},
+                        engines=2, max_num_seqs=8)
+    assert b["batches"] == 4
+    assert b["clairvoyant_cut_pct"]["mean"] >= b["length_aware_cut_pct"]["mean"] - 1.0
