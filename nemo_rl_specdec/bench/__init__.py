@@ -47,11 +47,13 @@ def print_table(results: list[dict], columns: list[str]) -> None:
 
 def run(args) -> int:
     from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.demo.task import run_prompt_format
 
     suite = args.suite or "drafters"
     if suite not in SUITES:
         raise ConfigError(f"--suite: got {suite!r}; allowed: {sorted(SUITES)}")
     cfg = load_run_config(args.run_yaml, args.overrides)
+    run_prompt_format(cfg)  # the suites' workloads read it once engines are up: a bad value fails here
     mod = importlib.import_module(SUITES[suite])
     results = mod.run(cfg, args)
     for r in results:

@@ -40,9 +40,6 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.engine.engine import Engine
 
-    from nemo_rl_specdec.demo.task import run_prompt_format
-
-    run_prompt_format(cfg)  # a bad demo.prompt_format fails here, before any engine starts
     grpo = cfg.raw.get("grpo", {})
     n_prob = int(grpo.get("num_prompts_per_step", 16))
     n_samp = int(grpo.get("num_generations_per_prompt", 4))

@@ -40,13 +40,11 @@ class DemoSettings:
         self.pool = int(d.get("problem_pool", 2 * self.prompts))
         self.compare_frozen = bool(d.get("compare_frozen_drafter", False))
         # real chat models (configs/smollm2_cpu.yaml): chat-formatted prompts, partial-credit rewards (task.py)
-        self.prompt_format, self.reward = d.get("prompt_format", "plain"), d.get("reward", "exact")
-        from nemo_rl_specdec.demo.task import PROMPT_FORMATS, REWARDS
+        from nemo_rl_specdec.demo.task import REWARDS, run_prompt_format
 
-        for key, v, allowed in (("demo.prompt_format", self.prompt_format, PROMPT_FORMATS),
-                                ("demo.reward", self.reward, REWARDS)):
-            if v not in allowed:
-                raise ConfigError(f"{key}: got {v!r}; allowed: {list(allowed)}")
+        self.prompt_format, self.reward = run_prompt_format(cfg), d.get("reward", "exact")
+        if self.reward not in REWARDS:
+            raise ConfigError(f"demo.reward: got {self.reward!r}; allowed: {list(REWARDS)}")
         for key, v, lo in (("grpo.max_num_steps", self.steps, 1), ("grpo.num_prompts_per_step", self.prompts, 1),
                            ("grpo.num_generations_per_prompt", self.generations, 2),
                            ("demo.problem_pool", self.pool, self.prompts)):
