@@ -44,6 +44,8 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from nemo_rl_specdec.rollouts import RolloutError, as_record
+
 SCOPES = ("problem", "global", "both")
 _MAX_SEQ_ID = 0x7FFFFFFF  # arctic's sequence ids are int32
 
@@ -350,23 +352,14 @@ class RolloutStore:
 
     @staticmethod
     def _check_rollout(i: int, r, version: int):
-        if not isinstance(r, dict):
-            raise StoreInputError(f"rollouts[{i}]: expected a dict with problem_id, prompt_token_ids, token_ids, "
-                                  f"policy_version; got {type(r).__name__}")
-        missing = [k for k in ("token_ids", "policy_version") if k not in r]
-        if missing:
-            raise StoreInputError(f"rollouts[{i}]: missing key(s) {missing}; has {sorted(r)}")
-        pid = r.get("problem_id")
-        if pid is not None and not isinstance(pid, str):
-            raise StoreInputError(f"rollouts[{i}].problem_id: expected a str or None, got {type(pid).__name__}")
-        v = _check_version(r["policy_version"], f"rollouts[{i}].policy_version")
-        if v > version:
-            raise StoreInputError(f"rollouts[{i}].policy_version={v} is newer than the policy version being "
-                                  f"installed ({version}): a rollout cannot come from a future policy")
-        resp = as_token_array(r["token_ids"], f"rollouts[{i}].token_ids")
-        prompt = r.get("prompt_token_ids")
-        prompt = as_token_array(() if prompt is None else prompt, f"rollouts[{i}].prompt_token_ids")
-        return pid, prompt, resp, v
+        try:
+            rec = as_record(r, i)
+        except RolloutError as e:
+            raise StoreInputError(str(e)) from None
+        if rec.policy_version > version:
+            raise StoreInputError(f"rollouts[{i}].policy_version={rec.policy_version} is newer than the policy "
+                                  f"version being installed ({version}): a rollout cannot come from a future policy")
+        return rec.problem_id, rec.prompt_token_ids, rec.token_ids, rec.policy_version
 
     def clear(self) -> None:
         for sid in list(self._entries):

@@ -1,0 +1,217 @@
+"""The rollout record every drafter refresh consumes, the problem identity, and the columnar
+batch that carries a step's rollouts between processes.
+
+- `problem_id(prompt_tokens)`: a request's problem identity, a hash of its prompt tokens. All
+  samples of one GRPO prompt share it, and so does the same prompt in a later epoch.
+- `RolloutRecord`: one finished rollout (problem id, prompt tokens, response tokens, the policy
+  version that sampled it). `RolloutStore.rebuild` and the online distillers read it; dicts with
+  the same keys are accepted (`as_record`).
+- `RolloutBatch`: many records as four flat numpy arrays plus the problem ids. It pickles as a
+  few contiguous buffers, so Ray's object store hands it to every engine without per-token
+  Python objects, and `records()` yields views, not copies.
+
+No NeMo-RL, no vLLM, no Ray import.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import numpy as np
+
+
+class RolloutError(ValueError):
+    """A rollout (or a batch of them) is malformed; the message names the field and the index."""
+
+
+def _int_tokens(tokens: Any, what: str) -> np.ndarray:
+    if isinstance(tokens, np.ndarray):
+        arr = tokens
+    else:
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+            raise RolloutError(f"{what}: expected a sequence of token ids, got {type(tokens).__name__}")
+        if hasattr(tokens, "detach"):  # a torch tensor
+            tokens = tokens.detach().cpu().numpy()
+        arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise RolloutError(f"{what}: expected a 1-D token sequence, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise RolloutError(f"{what}: token ids must be ints, got dtype {arr.dtype}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0x7FFFFFFF):
+        raise RolloutError(f"{what}: token ids must be in [0, 2^31), got range [{arr.min()}, {arr.max()}]")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def problem_id(prompt_tokens: Any) -> str:
+    """Stable id of a prompt: 16 hex chars of blake2b over its tokens as int64."""
+    arr = np.asarray(prompt_tokens.detach().cpu().numpy() if hasattr(prompt_tokens, "detach") else prompt_tokens,
+                     dtype=np.int64).reshape(-1)
+    return hashlib.blake2b(arr.tobytes(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """One finished rollout, as every drafter refresh reads it."""
+
+    problem_id: Optional[str]
+    prompt_token_ids: np.ndarray  # int32; may be only the prompt's tail (see RolloutBatch.pack)
+    token_ids: np.ndarray  # int32, the response
+    policy_version: int
+
+    def to_dict(self) -> dict:
+        return {"problem_id": self.problem_id, "prompt_token_ids": self.prompt_token_ids,
+                "token_ids": self.token_ids, "policy_version": self.policy_version}
+
+
+_FIELDS = ("problem_id", "prompt_token_ids", "token_ids", "policy_version")
+
+
+def as_record(r: Any, i: int = 0) -> RolloutRecord:
+    """A RolloutRecord from a record, a dict with its keys, or an object with its attributes."""
+    if isinstance(r, RolloutRecord):
+        return r
+    if isinstance(r, dict):
+        get = r.get
+        missing = [k for k in ("token_ids", "policy_version") if k not in r]
+        have = sorted(r)
+    elif hasattr(r, "token_ids"):
+        get = lambda k, d=None: getattr(r, k, d)  # noqa: E731
+        missing = [k for k in ("token_ids", "policy_version") if not hasattr(r, k)]
+        have = [k for k in _FIELDS if hasattr(r, k)]
+    else:
+        raise RolloutError(f"rollouts[{i}]: expected a dict with {list(_FIELDS)} or a RolloutRecord; "
+                           f"got {type(r).__name__}")
+    if missing:
+        raise RolloutError(f"rollouts[{i}]: missing key(s) {missing}; has {have} "
+                           f"(a rollout needs {list(_FIELDS)})")
+    pid = get("problem_id")
+    if pid is not None and not isinstance(pid, str):
+        raise RolloutError(f"rollouts[{i}].problem_id: expected a str or None, got {type(pid).__name__}")
+    v = get("policy_version")
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+        raise RolloutError(f"rollouts[{i}].policy_version: expected an int policy version >= 0, got {v!r}")
+    prompt = get("prompt_token_ids")
+    return RolloutRecord(pid, _int_tokens(() if prompt is None else prompt, f"rollouts[{i}].prompt_token_ids"),
+                         _int_tokens(get("token_ids"), f"rollouts[{i}].token_ids"), int(v))
+
+
+class RolloutBatch:
+    """Rollouts in columnar form: `tokens` holds, per rollout, its prompt part then its response.
+
+    Arrays (all numpy): `tokens` int32 [sum of lengths]; `starts` int64 [n+1] offsets into
+    `tokens`; `prompt_lens` int32 [n] (the prompt part of each span); `versions` int64 [n].
+    `problem_ids`: a list of str or None, one per rollout.
+    """
+
+    __slots__ = ("tokens", "starts", "prompt_lens", "versions", "problem_ids")
+
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, prompt_lens: np.ndarray,
+                 versions: np.ndarray, problem_ids: Sequence[Optional[str]]):
+        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        self.starts = np.ascontiguousarray(starts, dtype=np.int64)
+        self.prompt_lens = np.ascontiguousarray(prompt_lens, dtype=np.int32)
+        self.versions = np.ascontiguousarray(versions, dtype=np.int64)
+        self.problem_ids = list(problem_ids)
+        n = len(self.problem_ids)
+        if not (len(self.starts) == n + 1 and len(self.prompt_lens) == n and len(self.versions) == n):
+            raise RolloutError(f"RolloutBatch: inconsistent sizes (starts={len(self.starts)}, "
+                               f"prompt_lens={len(self.prompt_lens)}, versions={len(self.versions)}, ids={n})")
+        if n and (self.starts[0] != 0 or self.starts[-1] != len(self.tokens)
+                  or np.any(np.diff(self.starts) < self.prompt_lens)):
+            raise RolloutError("RolloutBatch: offsets do not cover `tokens` or a prompt is longer than its span")
+
+    # -- building
+    @classmethod
+    def empty(cls) -> "RolloutBatch":
+        return cls(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), [])
+
+    @classmethod
+    def pack(cls, rollouts: Iterable[Any], prompt_tail: Optional[int] = None) -> "RolloutBatch":
+        """Pack records (or dicts). `prompt_tail` keeps only the last N prompt tokens of each:
+        the suffix store never reads further back than its tree depth."""
+        recs = [as_record(r, i) for i, r in enumerate(rollouts)]
+        parts, starts, plens = [], [0], []
+        for r in recs:
+            p = r.prompt_token_ids
+            if prompt_tail is not None:
+                p = p[len(p) - min(len(p), int(prompt_tail)):]
+            parts += [p, r.token_ids]
+            plens.append(len(p))
+            starts.append(starts[-1] + len(p) + len(r.token_ids))
+        tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        return cls(tokens, np.asarray(starts), np.asarray(plens), np.asarray([r.policy_version for r in recs]),
+                   [r.problem_id for r in recs])
+
+    @classmethod
+    def from_generation(cls, input_ids: Any, input_lengths: Any, output_ids: Any, generation_lengths: Any,
+                        policy_version: int, prompt_tail: Optional[int] = None) -> "RolloutBatch":
+        """From a generation batch: row i of `output_ids` is the prompt (padded to the batch's
+        prompt width) followed by `generation_lengths[i]` generated tokens, as NeMo-RL's vLLM
+        workers return it. Problem ids hash the unpadded prompts."""
+        ids, lens = _np2(input_ids, "input_ids"), _np1(input_lengths, "input_lengths")
+        out, gens = _np2(output_ids, "output_ids"), _np1(generation_lengths, "generation_lengths")
+        if not (len(ids) == len(lens) == len(out) == len(gens)):
+            raise RolloutError(f"batch sizes differ: input_ids={len(ids)} input_lengths={len(lens)} "
+                               f"output_ids={len(out)} generation_lengths={len(gens)}")
+        width = ids.shape[1] if ids.ndim == 2 else 0
+        recs = []
+        for i in range(len(ids)):
+            n, g = int(lens[i]), int(gens[i])
+            if n > width or width + g > out.shape[1]:
+                raise RolloutError(f"row {i}: input_length {n} / generation_length {g} exceed the padded "
+                                   f"widths (input {width}, output {out.shape[1]})")
+            prompt = ids[i, :n]
+            recs.append(RolloutRecord(problem_id(prompt), _int_tokens(prompt, f"input_ids[{i}]"),
+                                      _int_tokens(out[i, width:width + g], f"output_ids[{i}]"), int(policy_version)))
+        return cls.pack(recs, prompt_tail)
+
+    @classmethod
+    def concat(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+        batches = [b for b in batches if b is not None and len(b)]
+        if not batches:
+            return cls.empty()
+        if len(batches) == 1:
+            return batches[0]
+        offs = np.cumsum([0] + [len(b.tokens) for b in batches[:-1]])
+        starts = np.concatenate([[0]] + [b.starts[1:] + o for b, o in zip(batches, offs)])
+        return cls(np.concatenate([b.tokens for b in batches]), starts,
+                   np.concatenate([b.prompt_lens for b in batches]), np.concatenate([b.versions for b in batches]),
+                   [p for b in batches for p in b.problem_ids])
+
+    # -- reading
+    def __len__(self) -> int:
+        return len(self.problem_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(len(self.tokens))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.tokens.nbytes + self.starts.nbytes + self.prompt_lens.nbytes + self.versions.nbytes)
+
+    def records(self) -> Iterator[RolloutRecord]:
+        """Each rollout as a record whose arrays are views into `tokens` (no copy)."""
+        t, s, pl, v, pids = self.tokens, self.starts, self.prompt_lens, self.versions, self.problem_ids
+        for i in range(len(pids)):
+            a, m = int(s[i]), int(s[i]) + int(pl[i])
+            yield RolloutRecord(pids[i], t[a:m], t[m:int(s[i + 1])], int(v[i]))
+
+    def __iter__(self) -> Iterator[RolloutRecord]:
+        return self.records()
+
+    def __reduce__(self):
+        return (RolloutBatch, (self.tokens, self.starts, self.prompt_lens, self.versions, self.problem_ids))
+
+
+def _np2(x: Any, what: str) -> np.ndarray:
+    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+    if a.ndim != 2:
+        raise RolloutError(f"{what}: expected a 2-D [batch, tokens] array, got shape {a.shape}")
+    return a
+
+
+def _np1(x: Any, what: str) -> np.ndarray:
+    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x).reshape(-1)
+    return a
