@@ -146,24 +146,24 @@ class RolloutBatch:
     @classmethod
     def from_generation(cls, input_ids: Any, input_lengths: Any, output_ids: Any, generation_lengths: Any,
                         policy_version: int, prompt_tail: Optional[int] = None) -> "RolloutBatch":
-        """From a generation batch: row i of `output_ids` is the prompt (padded to the batch's
-        prompt width) followed by `generation_lengths[i]` generated tokens, as NeMo-RL's vLLM
-        workers return it. Problem ids hash the unpadded prompts."""
+        """From a generation batch: row i of `output_ids` is the unpadded prompt
+        (`input_lengths[i]` tokens) followed by `generation_lengths[i]` generated tokens, then
+        padding, as NeMo-RL's vLLM workers return it. Problem ids hash the unpadded prompts."""
         ids, lens = _np2(input_ids, "input_ids"), _np1(input_lengths, "input_lengths")
         out, gens = _np2(output_ids, "output_ids"), _np1(generation_lengths, "generation_lengths")
         if not (len(ids) == len(lens) == len(out) == len(gens)):
             raise RolloutError(f"batch sizes differ: input_ids={len(ids)} input_lengths={len(lens)} "
                                f"output_ids={len(out)} generation_lengths={len(gens)}")
-        width = ids.shape[1] if ids.ndim == 2 else 0
+        width = ids.shape[1]
         recs = []
         for i in range(len(ids)):
             n, g = int(lens[i]), int(gens[i])
-            if n > width or width + g > out.shape[1]:
-                raise RolloutError(f"row {i}: input_length {n} / generation_length {g} exceed the padded "
-                                   f"widths (input {width}, output {out.shape[1]})")
+            if n > width or n + g > out.shape[1]:
+                raise RolloutError(f"row {i}: input_length {n} + generation_length {g} exceed the padded "
+                                   f"widths (input_ids {width}, output_ids {out.shape[1]})")
             prompt = ids[i, :n]
             recs.append(RolloutRecord(problem_id(prompt), _int_tokens(prompt, f"input_ids[{i}]"),
-                                      _int_tokens(out[i, width:width + g], f"output_ids[{i}]"), int(policy_version)))
+                                      _int_tokens(out[i, n:n + g], f"output_ids[{i}]"), int(policy_version)))
         return cls.pack(recs, prompt_tail)
 
     @classmethod

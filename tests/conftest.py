@@ -24,3 +24,17 @@ def _perturbed_policy(path: str, scale: float, seed: int):
 def perturbed_policy():
     """perturbed_policy(path, scale, seed) -> a drifted HF policy (the trainer's copy in online tests)."""
     return _perturbed_policy
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray runtime (one CPU, no dashboard) for tests that move objects through its store;
+    shut down after the module if this fixture started it (engine tests start Ray with more CPUs)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    if started:
+        ray.shutdown()

@@ -1,8 +1,12 @@
-"""Every NeMo-RL name this adapter touches, in one place, resolved lazily.
+"""Every NeMo-RL name this adapter touches, in one place, resolved lazily, and the support policy.
 
 Nothing here imports `nemo_rl` at module import time. The adapter reaches NeMo-RL only through
-`resolve(FQN)` with the constants below, so the contract test can check that each name is
-listed in the recorded description of the NeMo-RL 0.6.0 API (tests/data/nemo_rl_0.6.0_api.json).
+`resolve(FQN)` with the constants below.
+
+Support policy: the latest release (v0.7.0) and main (7ea279a). A NeMo-RL is identified by the
+hooks it has (`probe()`), never by its version string (the v0.6.0 release and August's main both
+call themselves 0.6.0). `check_support()` lists every hook a run needs and raises
+`UnsupportedNeMoRL` naming the missing ones before anything is patched.
 """
 from __future__ import annotations
 
@@ -12,14 +16,16 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-NEMO_RL_VERSION = "0.6.0"
+SUPPORTED = "NeMo-RL v0.7.0 (81aa43d) and main (7ea279a)"
 
 # -- generation backend (driver side)
 VLLM_GENERATION = "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration"
 RESOLVER_MODULE = "nemo_rl.models.generation.vllm.vllm_generation"
 RESOLVER_NAME = "resolve_generation_worker_cls"
 BATCHED_DATA_DICT = "nemo_rl.distributed.batched_data_dict.BatchedDataDict"
-GRPO_MODULE = "nemo_rl.algorithms.grpo"  # binds `VllmGeneration` by name; we rebind it
+GRPO_MODULE = "nemo_rl.algorithms.grpo"  # binds `VllmGeneration` and `validate` by name; we rebind both
+ACTOR_PYTHON_ENV = "nemo_rl.distributed.ray_actor_environment_registry.get_actor_python_env"
+CREATE_LOCAL_VENV = "nemo_rl.utils.venvs.create_local_venv"
 
 # -- Ray worker actors (the FQNs VllmGeneration hardcodes) and their *Impl bases
 SYNC_WORKER = "nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorker"
@@ -57,6 +63,10 @@ INSTALL_HINT = (
 
 class NeMoRLMissing(ImportError):
     """NeMo-RL (or its GRPO entry script) cannot be found."""
+
+
+class UnsupportedNeMoRL(RuntimeError):
+    """The NeMo-RL found lacks a hook a requested feature needs (raised before anything is patched)."""
 
 
 def _nemo_rl_spec():
@@ -153,3 +163,128 @@ def all_references() -> dict[str, str]:
             out[k] = v
     out["RESOLVER"] = f"{RESOLVER_MODULE}.{RESOLVER_NAME}"
     return out
+
+
+# --------------------------------------------------------------------------- support policy
+
+# (owner FQN, attribute) -> what the adapter does with it. `REQUIRED_HOOKS` are needed by every
+# run; the others only by the features named in `required_hooks`.
+REQUIRED_HOOKS = {
+    (HOST_EXTENSION, "_load_weights"): "records the tensor names of every refit (drafter tensors count as a refresh)",
+    (HOST_EXTENSION, "update_weights_via_ipc_zmq"): "colocated refit RPC: the drafter refresh runs right after it",
+    (HOST_EXTENSION, "update_weights_from_collective"): "non-colocated refit RPC: the drafter refresh runs after it",
+    (SYNC_WORKER_IMPL, "_create_engine"): "injects our vLLM worker extension",
+    (SYNC_WORKER_IMPL, "post_init"): "initialises the drafter state in every vLLM worker",
+    (SYNC_WORKER_IMPL, "generate"): "records rollouts and adds problem ids / budgets to the requests",
+    (SYNC_WORKER_IMPL, "update_weights_via_ipc_zmq"): "stages the step's rollouts before a colocated refit",
+    (SYNC_WORKER_IMPL, "update_weights_from_collective"): "stages the step's rollouts before a non-colocated refit",
+    (VLLM_GENERATION, "generate"): "length-aware placement and per-request budgets",
+    (VLLM_GENERATION, "get_step_metrics"): "adds specdec/* step metrics",
+    (RESOLVER_MODULE, RESOLVER_NAME): "chooses our worker actors",
+    (GRPO_MODULE, "VllmGeneration"): "GRPO constructs our VllmGeneration subclass",
+    (GRPO_MODULE, "validate"): "keeps validation rollouts out of the drafter",
+}
+ASYNC_HOOKS = {
+    (ASYNC_WORKER_IMPL, "_create_engine"): "injects our vLLM worker extension (async engine)",
+    (ASYNC_WORKER_IMPL, "post_init_async"): "initialises the drafter state (async engine)",
+    (ASYNC_WORKER_IMPL, "generate_async"): "records rollouts and adds problem ids (async engine)",
+    (ASYNC_WORKER_IMPL, "update_weights_via_ipc_zmq_async"): "stages rollouts before a refit (async engine)",
+    (ASYNC_WORKER_IMPL, "update_weights_from_collective_async"): "stages rollouts before a refit (async engine)",
+}
+ASYNC_PLACEMENT_HOOK = (VLLM_GENERATION, "current_generate_dp_shard_idx")
+NCCL_RESHARD_HOOKS = {
+    (HOST_EXTENSION, "nccl_reshard_refit"): "refit_transport=nccl_reshard: the drafter refresh runs after it",
+    (SYNC_WORKER_IMPL, "nccl_reshard_refit"): "refit_transport=nccl_reshard: stages rollouts",
+    (ASYNC_WORKER_IMPL, "nccl_reshard_refit_async"): "refit_transport=nccl_reshard: stages rollouts (async)",
+}
+CHECKPOINT_ENGINE_HOOKS = {
+    (HOST_EXTENSION_CKPT, "_update_weights_from_checkpoint_engine_async"):
+        "refit_transport=nixl|module:Class: the drafter refresh runs after it",
+    (SYNC_WORKER_IMPL, "checkpoint_engine_rpc"): "checkpoint-engine refit: stages rollouts",
+    (ASYNC_WORKER_IMPL, "checkpoint_engine_rpc_async"): "checkpoint-engine refit: stages rollouts (async)",
+}
+# Optional refit routes: wrapped where the NeMo-RL found has them (absent: that transport does not exist there).
+OPTIONAL_REFIT_METHODS = ("nccl_reshard_refit",)
+
+
+def _has(owner: str, attr: str) -> bool:
+    try:
+        obj = resolve(owner)
+    except (ImportError, AttributeError):
+        return False
+    if (owner, attr) == ASYNC_PLACEMENT_HOOK:
+        return shard_index_is_read_synchronously(obj)
+    return hasattr(obj, attr)
+
+
+def _source(fn: Any) -> str:
+    import inspect
+
+    try:
+        return inspect.getsource(inspect.unwrap(fn))
+    except (OSError, TypeError):
+        return ""
+
+
+def shard_index_is_read_synchronously(generation_cls: type) -> bool:
+    """Whether `generate_async` picks its engine from `self.current_generate_dp_shard_idx` before its
+    first await, so setting that attribute right before the call routes the request. v0.7.0 reads it
+    in `_async_generate_base`; main through `_next_dp_shard_idx()`, called from the same place."""
+    head = _source(getattr(generation_cls, "_async_generate_base", None)).split("await ", 1)[0]
+    if "self._next_dp_shard_idx()" in head:
+        picker = _source(getattr(generation_cls, "_next_dp_shard_idx", None))
+        return "self.current_generate_dp_shard_idx" in picker and "await " not in picker
+    return "self.current_generate_dp_shard_idx" in head
+
+
+ALL_HOOKS = {**REQUIRED_HOOKS, **ASYNC_HOOKS, ASYNC_PLACEMENT_HOOK: "async placement",
+             **NCCL_RESHARD_HOOKS, **CHECKPOINT_ENGINE_HOOKS}
+
+
+def probe(hooks: Optional[dict] = None) -> dict:
+    """(owner, attribute) -> present, for the given hooks (default: every hook the adapter knows)."""
+    return {h: _has(*h) for h in (hooks or ALL_HOOKS)}
+
+
+def describe_nemo_rl() -> str:
+    """The NeMo-RL found: where, its version string, and which optional refit routes it has."""
+    try:
+        version = getattr(importlib.import_module("nemo_rl"), "__version__", "unknown")
+    except ImportError:
+        version = "not importable"
+    routes = [f"{o.rsplit('.', 1)[-1]}.{a}" for (o, a) in (*NCCL_RESHARD_HOOKS, *CHECKPOINT_ENGINE_HOOKS)
+              if o in (HOST_EXTENSION, HOST_EXTENSION_CKPT) and _has(o, a)]
+    return f"nemo_rl {version} at {find_nemo_rl_root()} (optional refit routes: {routes or 'none'})"
+
+
+def required_hooks(gen_cfg: dict, spec: Any) -> dict:
+    """Every hook a run with this generation config and block needs -> why."""
+    need = dict(REQUIRED_HOOKS)
+    vllm_cfg = gen_cfg.get("vllm_cfg") or {}
+    if vllm_cfg.get("async_engine"):
+        need.update(ASYNC_HOOKS)
+        if spec is not None and spec.scheduling.placement != "contiguous":
+            need[ASYNC_PLACEMENT_HOOK] = (f"scheduling.placement={spec.scheduling.placement} with async_engine: "
+                                          "routes each request to the chosen engine")
+    transport = gen_cfg.get("refit_transport")
+    if transport == "nccl_reshard":
+        need.update({h: w for h, w in NCCL_RESHARD_HOOKS.items()
+                     if vllm_cfg.get("async_engine") or h[0] != ASYNC_WORKER_IMPL})
+    elif transport == "nixl" or (isinstance(transport, str) and ":" in transport):
+        need.update({h: w for h, w in CHECKPOINT_ENGINE_HOOKS.items()
+                     if vllm_cfg.get("async_engine") or h[0] != ASYNC_WORKER_IMPL})
+    return need
+
+
+def check_support(gen_cfg: dict, spec: Any) -> dict:
+    """Raise UnsupportedNeMoRL naming every missing hook; returns the probe of the needed hooks."""
+    need = required_hooks(gen_cfg, spec)
+    found = probe(need)
+    missing = [h for h, ok in found.items() if not ok]
+    if missing:
+        lines = [f"  - {o.rsplit('.', 1)[-1]}.{a} ({o}): {need[(o, a)]}" for o, a in missing]
+        raise UnsupportedNeMoRL(
+            "nemo-rl-specdec cannot run this configuration on the NeMo-RL found; missing hook(s):\n"
+            + "\n".join(lines) + f"\nNeMo-RL found: {describe_nemo_rl()}.\nSupported: {SUPPORTED}. "
+            "Nothing was patched.")
+    return found

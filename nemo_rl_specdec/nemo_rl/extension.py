@@ -4,14 +4,17 @@ vLLM mixes `worker_extension_cls` into its Worker, so `self` below is the vLLM W
 composite class is created at runtime, when first looked up by its FQN
 (`nemo_rl_specdec.nemo_rl.extension.SpecDecNemoRLWorkerExtension`), with the bases
 
-    SpecDecHostHooks -> NeMo-RL's VllmInternalWorkerExtension -> our SpecDecWorkerExtension
+    refit hooks (SpecDecHostHooks) -> NeMo-RL's VllmInternalWorkerExtension -> our SpecDecWorkerExtension
 
 (the checkpoint-engine variant adds `SpecDecCheckpointEngineHooks` in front and uses NeMo-RL's
 `VllmInternalWorkerExtensionWithCheckpointEngine`). NeMo-RL keeps loading the policy, its
-`draft.*` Eagle tensors and its MTP layers exactly as before; the hooks add, inside the same
-refit RPC, after NeMo-RL's own finalize step: `specdec_after_policy_weights(...)`, which refreshes
-the drafter (rollouts for the suffix store, online-trained weights) and records the versions.
-So target and drafter change together, between two engine steps, even with in-flight updates.
+`draft.*` Eagle tensors and its MTP layers exactly as before. The hooks wrap every refit RPC entry
+point the NeMo-RL found has (`update_weights_via_ipc_zmq`, `update_weights_from_collective`, and
+`nccl_reshard_refit` where it exists): when NeMo-RL's refit returns True, the same RPC then
+refreshes the drafter (the staged rollouts for the suffix store, online-trained weights) and
+records the versions. So target and drafter change together, between two engine steps, on v0.7.0
+(which has no weight-update lifecycle hook) and on main alike. A failed refresh fails the refit:
+the RPC returns False (or raises, where NeMo-RL makes refit errors fatal) and NeMo-RL stops.
 
 This module imports neither NeMo-RL nor vLLM at import time.
 """
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
 from typing import Any, Optional
 
 from nemo_rl_specdec.nemo_rl import api
@@ -27,6 +29,7 @@ from nemo_rl_specdec.nemo_rl import api
 logger = logging.getLogger(__name__)
 
 SPECDEC_MIXIN = "nemo_rl_specdec.engine.worker_extension.SpecDecWorkerExtension"
+REFIT_RPCS = ("update_weights_via_ipc_zmq", "update_weights_from_collective", "nccl_reshard_refit")
 
 
 def find_drafter_model(worker: Any) -> Optional[Any]:
@@ -55,7 +58,7 @@ class SpecDecHostHooks:
 
     RPCs (via `collective_rpc`): `specdec_stage_update(payload)` before a refit, and
     `specdec_report()` for metrics. Expects our engine mixin (`specdec_after_policy_weights`,
-    `specdec_state`) further down the MRO.
+    `specdec_state`) further down the MRO. `refit_hooks(host)` adds the refit wrappers.
     """
 
     _specdec_pending: Optional[dict] = None
@@ -86,24 +89,23 @@ class SpecDecHostHooks:
         if self._specdec_loaded_names is not None:
             self._specdec_loaded_names.extend(name for name, _ in weights)
 
-    @contextmanager
-    def _weight_update_lifecycle(self, transport):
-        self._specdec_loaded_names = []
-        with super()._weight_update_lifecycle(transport) as host_finalize:
-
-            def finalize() -> None:
-                host_finalize()
-                self._specdec_finish_update(str(transport))
-
-            yield finalize
-
-    def _get_drafter_model(self) -> Any:
-        model = super()._get_drafter_model()
-        return model if model is not None else find_drafter_model(self)
-
     # -- ours
 
+    def _specdec_after_refit(self, route: str) -> bool:
+        """NeMo-RL's refit succeeded: refresh the drafter in the same RPC. A failure fails the refit."""
+        try:
+            self._specdec_finish_update(route)
+        except Exception:
+            fatal = getattr(self, "_weight_update_errors_are_fatal", None)
+            if callable(fatal) and fatal():
+                raise
+            logger.exception("[specdec] drafter refresh failed after %s; the refit reports failure", route)
+            return False
+        return True
+
     def _specdec_finish_update(self, transport: str) -> dict:
+        from nemo_rl_specdec.nemo_rl.payload import resolve_rollouts
+
         pending = self._specdec_pending or {}
         self._specdec_pending = None
         names = list(self._specdec_loaded_names or [])
@@ -111,9 +113,11 @@ class SpecDecHostHooks:
         version = pending.get("version")
         if version is None:  # refit not staged by our worker actor (e.g. a weight synchronizer)
             version = int((self.specdec_state() or {}).get("policy_version") or 0) + 1
-        # Always a list (possibly empty): a rebuild-mode drafter needs "no new rollouts" to be explicit.
-        rollouts = list(pending.get("rollouts") or [])
         t0 = time.perf_counter()
+        # None (not staged) stays None: a rebuild-mode drafter then fails loudly instead of
+        # rebuilding from nothing; an empty batch means "this step had no rollouts".
+        rollouts = resolve_rollouts(pending)
+        fetch_s = time.perf_counter() - t0
         try:
             report = self.specdec_after_policy_weights(
                 version=int(version), loaded_names=names,
@@ -121,30 +125,64 @@ class SpecDecHostHooks:
             )
         except Exception:
             logger.exception(
-                "[specdec] drafter refresh failed at policy version %s (transport=%s, %d rollouts); "
+                "[specdec] drafter refresh failed at policy version %s (transport=%s, %s rollouts); "
                 "set policy.generation.speculative_decoding.on_refresh_error=disable to keep training "
-                "without speculation", version, transport, len(rollouts),
+                "without speculation", version, transport, "no" if rollouts is None else len(rollouts),
             )
             raise
         report = dict(report or {})
         report.setdefault("refresh_s", time.perf_counter() - t0)
+        report["rollouts_fetch_s"] = fetch_s
         report["transport"] = transport
-        report["rollouts"] = len(rollouts)
+        report["rollouts"] = 0 if rollouts is None else len(rollouts)
         self._specdec_last_update = report
         self._specdec_updates += 1
         return report
 
 
+def _refit_wrapper(owner: type, name: str):
+    def refit(self, *args, **kwargs):
+        self._specdec_loaded_names = []
+        ok = getattr(super(owner, self), name)(*args, **kwargs)
+        if not ok:
+            self._specdec_loaded_names = None
+            return ok
+        return self._specdec_after_refit(name)
+
+    refit.__name__ = name
+    refit.__qualname__ = f"{owner.__qualname__}.{name}"
+    refit.__doc__ = f"NeMo-RL's `{name}`, then the drafter refresh in the same RPC."
+    return refit
+
+
+def _get_drafter_model(self) -> Any:
+    model = super(type(self)._specdec_hooks, self)._get_drafter_model()
+    return model if model is not None else find_drafter_model(self)
+
+
+def refit_hooks(host_cls: type) -> type:
+    """SpecDecHostHooks plus a wrapper for each refit RPC `host_cls` has (and its drafter lookup,
+    widened to vLLM's model runner v2, where it has one)."""
+    hooks = type("SpecDecRefitHooks", (SpecDecHostHooks,), {"__module__": __name__})
+    hooks._specdec_hooks = hooks
+    for name in REFIT_RPCS:
+        if hasattr(host_cls, name):
+            setattr(hooks, name, _refit_wrapper(hooks, name))
+    if hasattr(host_cls, "_get_drafter_model"):
+        hooks._get_drafter_model = _get_drafter_model
+    return hooks
+
+
 class SpecDecCheckpointEngineHooks:
-    """The checkpoint-engine refit (nixl, `module:Class`) loads through `_load_weights` but has no
-    lifecycle finalize step; finish our update after it returns."""
+    """The checkpoint-engine refit (nixl, `module:Class`; NeMo-RL main) loads through `_load_weights`
+    in its own RPC: finish our update after it returns."""
 
     async def _update_weights_from_checkpoint_engine_async(self) -> bool:
         self._specdec_loaded_names = []
         ok = await super()._update_weights_from_checkpoint_engine_async()
-        if ok:
-            self._specdec_finish_update("checkpoint_engine")
-        return ok
+        if not ok:
+            return ok
+        return self._specdec_after_refit("checkpoint_engine")
 
 
 COMPOSITES = {
@@ -154,8 +192,8 @@ COMPOSITES = {
 
 
 def build_extension(name: str, host_cls: type, specdec_cls: type, extra: tuple = ()) -> type:
-    """`name(*extra, SpecDecHostHooks, host_cls, specdec_cls)`, importable as `<this module>.<name>`."""
-    return type(name, (*extra, SpecDecHostHooks, host_cls, specdec_cls), {
+    """`name(*extra, refit hooks, host_cls, specdec_cls)`, importable as `<this module>.<name>`."""
+    return type(name, (*extra, refit_hooks(host_cls), host_cls, specdec_cls), {
         "__module__": __name__,
         "__qualname__": name,
         "__doc__": f"{host_cls.__name__} with nemo-rl-specdec's drafter refresh and versions (built at runtime).",

@@ -5,19 +5,25 @@ NeMo-RL; `run_grpo` rebinds `nemo_rl.algorithms.grpo.VllmGeneration` to it. Work
 is not changed here: the patched `resolve_generation_worker_cls` picks our worker actors.
 On top of NeMo-RL's behaviour it:
 
+- `__init__`: before any engine starts, checks that the drafter's libraries import in the worker
+  actors' Python environment, and starts the rollout exchange the engines swap rollouts through
+  (its name reaches the workers in the generation config);
 - `generate`: places requests on the data-parallel engines with the configured policy
-  (`scheduling.placement`: `length_aware` = longest predicted first onto the least loaded engine,
-  GRPO groups spread) instead of contiguous shards, then restores input order. Predictions
-  come from the lengths each problem (hash of the prompt) produced before.
+  (`scheduling.placement`), attaches each request's draft budget (`scheduling.budget`) and
+  predicted length, marks validation batches so their rollouts never reach the drafter, then
+  restores input order. Predictions come from the lengths each problem produced before;
 - `generate_async` (async engines): sends each request to the engine with the fewest
-  outstanding predicted tokens (unless NeMo-RL's fleet-health selector is attached).
+  outstanding predicted tokens (unless NeMo-RL's fleet-health selector is attached) by setting
+  `current_generate_dp_shard_idx`, which both supported NeMo-RL versions read before their first
+  await;
 - `get_step_metrics`: NeMo-RL's `vllm/spec_*` counters plus our `specdec/*` metrics (versions,
   refresh time, acceptance by drafter lag, placement balance; see metrics.py).
 """
 from __future__ import annotations
 
-import contextvars
+import subprocess
 import warnings
+from contextlib import contextmanager
 from typing import Any
 
 from nemo_rl_specdec.nemo_rl import api, metrics, payload, translate
@@ -26,9 +32,6 @@ from nemo_rl_specdec.nemo_rl.sharding import Planner
 REQUIRED_OUTPUT_KEYS = ("output_ids", "generation_lengths", "unpadded_sequence_lengths", "logprobs")
 RANK0_ONLY = ["tensor_parallel", "pipeline_parallel"]
 
-# The engine chosen for the next `_next_dp_shard_idx()` call in this asyncio task (see generate_async).
-_FORCED_SHARD: contextvars.ContextVar = contextvars.ContextVar("specdec_forced_shard", default=None)
-
 
 class SpecDecGenerationState:
     """Driver-side state (no NeMo-RL): placement planner, acceptance-by-lag tracker, last placement stats."""
@@ -36,20 +39,70 @@ class SpecDecGenerationState:
     def _specdec_setup(self, config: dict) -> None:
         self._specdec_spec = translate.enabled_spec(config)
         placement = self._specdec_spec.scheduling.placement if self._specdec_spec is not None else "contiguous"
-        self._specdec_planner = Planner(placement, max_new_tokens=config.get("max_new_tokens"))
+        budget = self._specdec_spec.scheduling.budget if self._specdec_spec is not None else "uniform"
+        self._specdec_planner = Planner(placement, max_new_tokens=config.get("max_new_tokens"), budget=budget,
+                                        spec=self._specdec_spec)
         self._specdec_tracker = metrics.AcceptanceByLag()
         self._specdec_placement_stats: dict = {}
         self._specdec_warned_no_drafts = False
+        self._specdec_validating = False
+
+    def _specdec_mark(self, data: Any, budgets=None, predicted=None) -> Any:
+        """Add the driver's per-row keys (validation marker, budgets) to a generation batch."""
+        import torch
+
+        n = len(data["input_ids"])
+        data[payload.NO_RECORD_KEY] = torch.full((n,), self._specdec_validating, dtype=torch.bool)
+        if budgets is not None:
+            data[payload.BUDGET_KEY] = torch.tensor([-1 if b is None else int(b) for b in budgets], dtype=torch.long)
+            data[payload.PREDICTED_KEY] = torch.tensor([-1.0 if p is None else float(p) for p in predicted])
+        return data
 
     def _specdec_merge_metrics(self, base: dict, reports: list[dict]) -> dict:
         enabled = self._specdec_spec is not None
         extra = metrics.step_metrics(base, reports, self._specdec_tracker, self._specdec_placement_stats, enabled)
         self._specdec_placement_stats = {}
+        rate = base.get("vllm/spec_acceptance_rate")
+        if rate is not None:
+            self._specdec_planner.acceptance = float(rate)
         hint = metrics.no_drafts_warning(base, enabled)
         if hint and not self._specdec_warned_no_drafts:
             warnings.warn(hint, RuntimeWarning, stacklevel=3)
             self._specdec_warned_no_drafts = True
         return {**base, **extra}
+
+
+@contextmanager
+def validating(generation: Any):
+    """While NeMo-RL validates, the generation's rollouts are marked and never reach the drafter."""
+    before = getattr(generation, "_specdec_validating", None)
+    if before is None:
+        yield
+        return
+    generation._specdec_validating = True
+    try:
+        yield
+    finally:
+        generation._specdec_validating = before
+
+
+def worker_python(worker_fqn: str) -> str:
+    """The Python executable NeMo-RL will start `worker_fqn` with (building its venv if NeMo-RL would)."""
+    py = api.resolve(api.ACTOR_PYTHON_ENV)(worker_fqn)
+    if py.startswith("uv"):
+        py = api.resolve(api.CREATE_LOCAL_VENV)(py, worker_fqn)
+    return py
+
+
+def preflight(spec: Any, worker_fqn: str, run=subprocess.run) -> None:
+    """Before any engine starts: the suffix drafter's arctic_inference imports in the workers' Python."""
+    if spec is None or spec.drafter != "suffix":
+        return
+    py = worker_python(worker_fqn)
+    res = run([py, "-c", "import arctic_inference.suffix_decoding._C"], capture_output=True, text=True)
+    if res.returncode != 0:
+        err = (res.stderr or "").strip().splitlines()[-1:] or ["import failed"]
+        raise ImportError(translate.arctic_missing_message(f"the vLLM workers' Python ({py})", err[0]))
 
 
 def _ray_get(futures: Any) -> Any:
@@ -66,19 +119,35 @@ def _build_generation() -> type:
 
         def __init__(self, cluster, config, name_prefix="vllm_policy", workers_per_node=None, defer_model_load=False):
             self._specdec_setup(config)
+            self._specdec_exchange = None
+            spec = self._specdec_spec
+            if spec is not None:
+                async_engine = bool((config.get("vllm_cfg") or {}).get("async_engine"))
+                preflight(spec, translate.OUR_ASYNC_WORKER if async_engine else translate.OUR_SYNC_WORKER)
+                source = config.get(translate.WEIGHT_SOURCE_KEY) or translate.drafter_weight_source(
+                    spec, False, bool(config.get("_mtp_weights_from_refit")))
+                if translate.wants_rollouts(spec, source):
+                    import uuid
+
+                    from nemo_rl_specdec.nemo_rl.exchange import exchange_actor_class
+
+                    name = f"specdec_rollouts_{name_prefix}_{uuid.uuid4().hex[:8]}"
+                    self._specdec_exchange = exchange_actor_class().options(name=name).remote()
+                    config[translate.EXCHANGE_KEY] = name
             super().__init__(cluster, config, name_prefix=name_prefix, workers_per_node=workers_per_node,
                              defer_model_load=defer_model_load)
 
         def generate(self, data, greedy=False):
             planner = self._specdec_planner
-            if not planner.active:
+            if self._specdec_spec is None:
                 return super().generate(data, greedy=greedy)
             pids = payload.problem_ids(data["input_ids"], data["input_lengths"])
             plan = planner.plan(pids, self.dp_size)
             if plan is None:
-                out = super().generate(data, greedy=greedy)
+                out = super().generate(self._specdec_mark(data), greedy=greedy)
                 planner.observe(pids, out["generation_lengths"].tolist())
                 return out
+            data = self._specdec_mark(data, plan.budgets, plan.predicted)
             shards = [data.select_indices(indices) for indices in plan.assignment]
             future_bundle = self.worker_group.run_all_workers_sharded_data(
                 "generate",
@@ -102,29 +171,24 @@ def _build_generation() -> type:
 
         async def generate_async(self, data, greedy=False):
             planner = self._specdec_planner
-            if not planner.active or self.fleet_selector is not None or len(data["input_ids"]) != 1:
+            if self._specdec_spec is not None:
+                data = self._specdec_mark(data)
+            if (not planner.active or getattr(self, "fleet_selector", None) is not None
+                    or len(data["input_ids"]) != 1):
                 async for item in super().generate_async(data, greedy=greedy):
                     yield item
                 return
             pid = payload.problem_ids(data["input_ids"], data["input_lengths"])[0]
             engine, predicted = planner.pick(pid, self.worker_group.dp_size)
-            # NeMo-RL picks the shard with `_next_dp_shard_idx()` synchronously inside the first
-            # step of `generate_async`, in this same task: hand it our pick through a ContextVar.
-            _FORCED_SHARD.set(engine)
+            # Both supported NeMo-RL versions read this attribute before the first await of the
+            # call below (api.shard_index_is_read_synchronously), in this same task.
+            self.current_generate_dp_shard_idx = engine
             try:
                 async for item in super().generate_async(data, greedy=greedy):
                     planner.observe([pid], item[1]["generation_lengths"].tolist())
                     yield item
             finally:
-                _FORCED_SHARD.set(None)
                 planner.release(engine, predicted)
-
-        def _next_dp_shard_idx(self):
-            forced = _FORCED_SHARD.get()
-            if forced is not None:
-                _FORCED_SHARD.set(None)
-                return forced
-            return super()._next_dp_shard_idx()
 
         def get_step_metrics(self):
             base = super().get_step_metrics()

@@ -3,11 +3,14 @@
 1. Compose the run file (inheritance, overrides) and validate `policy.generation.speculative_decoding`
    — before NeMo-RL is imported. Bad block: message naming the key, exit 2.
 2. NeMo-RL missing: message saying how to install it, exit 1.
-3. Block enabled: apply the substitutions (`install`): PYTHONPATH for the Ray workers, actor
-   registry entries for our worker FQNs, NeMo-RL's `resolve_generation_worker_cls` wrapped so it
-   returns them, `nemo_rl.algorithms.grpo.VllmGeneration` rebound to our subclass, and the entry
-   script's `configure_generation_config` wrapped so the block becomes
-   `vllm_kwargs.speculative_config` before NeMo-RL configures generation.
+3. Block enabled: check that this NeMo-RL has every hook the run needs (`api.check_support`;
+   a missing one is an error naming it, and nothing is patched), then apply the substitutions
+   (`install`): PYTHONPATH for the Ray workers, actor registry entries for our worker FQNs,
+   NeMo-RL's `resolve_generation_worker_cls` wrapped so it returns them,
+   `nemo_rl.algorithms.grpo.VllmGeneration` rebound to our subclass, `grpo.validate` wrapped so
+   validation rollouts never reach the drafter, and the entry script's
+   `configure_generation_config` wrapped so the block becomes `vllm_kwargs.speculative_config`
+   before NeMo-RL configures generation.
 4. Run NeMo-RL's own `examples/run_grpo.py:main` (sync or async GRPO, as the run file says).
    Block absent or disabled: step 3 is skipped and NeMo-RL runs unchanged.
 """
@@ -61,9 +64,27 @@ def make_resolver(original: Callable[[str, dict], str]) -> Callable[[str, dict],
     return resolve_generation_worker_cls
 
 
-def install(env: Optional[dict] = None) -> list[tuple[Any, str, Any]]:
-    """Apply the substitutions; returns (object, attribute, previous value) for `uninstall`."""
+def make_validate_wrapper(original: Callable) -> Callable:
+    """Wrap NeMo-RL's `grpo.validate(policy_generation, ...)`: its rollouts are marked as validation."""
+    import functools
+
+    from nemo_rl_specdec.nemo_rl.generation import validating
+
+    @functools.wraps(original)
+    def validate(policy_generation, *args, **kwargs):
+        with validating(policy_generation):
+            return original(policy_generation, *args, **kwargs)
+
+    return validate
+
+
+def install(env: Optional[dict] = None, gen_cfg: Optional[dict] = None) -> list[tuple[Any, str, Any]]:
+    """Check support for `gen_cfg` (NeMo-RL's `policy.generation` with our block), then apply the
+    substitutions; returns (object, attribute, previous value) for `uninstall`. Raises
+    `api.UnsupportedNeMoRL` (nothing patched) when a hook the run needs is missing."""
     env = os.environ if env is None else env
+    gen_cfg = gen_cfg if gen_cfg is not None else {}
+    api.check_support(gen_cfg, translate.enabled_spec(gen_cfg))
     undo: list[tuple[Any, str, Any]] = []
 
     def setattr_undo(obj: Any, name: str, value: Any) -> None:
@@ -86,6 +107,7 @@ def install(env: Optional[dict] = None) -> list[tuple[Any, str, Any]]:
 
     grpo = importlib.import_module(api.GRPO_MODULE)
     setattr_undo(grpo, "VllmGeneration", generation.SpecDecVllmGeneration)
+    setattr_undo(grpo, "validate", make_validate_wrapper(grpo.validate))
 
     script = api.load_run_grpo_module()
     setattr_undo(script, "configure_generation_config", make_configure_wrapper(script.configure_generation_config))
@@ -142,7 +164,8 @@ def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
         print(f"error: {args.config}: parent configs not found: {full.missing_parents} "
               f"(NeMo-RL checkout: {root}; set NEMO_RL_ROOT)", file=sys.stderr)
         return EXIT_CONFIG, None
-    return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base}
+    gen = (full.resolved().get("policy") or {}).get("generation") if spec is not None else None
+    return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base, "generation": gen}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -157,13 +180,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         script = api.load_run_grpo_module()
         if plan["spec"] is not None:
-            install()
+            install(gen_cfg=plan["generation"])
             spec = plan["spec"]
             print(f"[specdec] speculative decoding on: drafter={spec.drafter} k={spec.num_speculative_tokens} "
                   f"refresh={spec.refresh.mode} placement={spec.scheduling.placement}")
         else:
             print("[specdec] policy.generation.speculative_decoding absent or disabled: running NeMo-RL's GRPO unchanged")
-    except api.NeMoRLMissing as e:
+    except (api.NeMoRLMissing, api.UnsupportedNeMoRL) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_RUNTIME
     sys.argv = [str(Path(script.__file__)), "--config", str(config_path), *plan["overrides"]]

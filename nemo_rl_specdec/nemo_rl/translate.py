@@ -40,8 +40,23 @@ SOURCE_REFIT_STREAM = "refit_stream"  # trainer exports them with the policy (dr
 SOURCE_CHECKPOINT_ONCE = "checkpoint_once"  # MTP heads read once from the policy checkpoint
 SOURCE_CHECKPOINT = "checkpoint"      # eagle3 / draft_model read from their own checkpoint at startup
 
-# Generation-config key (NeMo-RL style internal key, like `_pad_token_id`) carrying the source to the workers.
-WEIGHT_SOURCE_KEY = "_specdec_weight_source"
+# Generation-config keys (NeMo-RL style internal keys, like `_pad_token_id`) read by our workers:
+WEIGHT_SOURCE_KEY = "_specdec_weight_source"  # where the drafter's weights come from
+EXCHANGE_KEY = "_specdec_exchange"             # name of the Ray actor the engines swap rollouts through
+
+ARCTIC_RECIPE = """\
+The suffix drafter (suffix.backend das or vllm) needs arctic-inference in the Python environment of
+NeMo-RL's vLLM workers. PyPI has only its source distribution; build it against that environment's torch:
+  VENV=<the vLLM worker venv, e.g. $NEMO_RL_VENV_DIR/nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorker>
+  uv pip install --python $VENV/bin/python nanobind grpcio-tools cmake ninja
+  PATH=$VENV/bin:$PATH uv pip install --python $VENV/bin/python --no-build-isolation arctic-inference==0.3.0
+  $VENV/bin/python -c "import arctic_inference.suffix_decoding._C"
+(docs/nemo_rl.md, "arctic-inference in NeMo-RL's vLLM environment")."""
+
+
+def arctic_missing_message(where: str, error: str) -> str:
+    return (f"{BLOCK_PATH}.drafter=suffix: arctic_inference does not import in {where}: {error}\n"
+            + ARCTIC_RECIPE)
 
 
 def _get(d: Any, dotted: str, default: Any = None) -> Any:
@@ -167,6 +182,11 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{GEN_PATH}.quant_cfg: set together with {BLOCK_PATH}.enabled=true; both replace NeMo-RL's "
             "vLLM worker (ModelOpt quantization and speculative decoding) and cannot be combined"
         )
+    if spec.scheduling.budget != "uniform" and (gen.get("vllm_cfg") or {}).get("async_engine"):
+        raise ConfigError(
+            f"{BLOCK_PATH}.scheduling.budget: got {spec.scheduling.budget!r} with "
+            f"{GEN_PATH}.vllm_cfg.async_engine=true; per-request budgets are computed over an engine's "
+            "batch, and NeMo-RL's async engine receives one request at a time; allowed here: 'uniform'")
     transport = gen.get("refit_transport")
     if transport in UNSUPPORTED_REFIT_TRANSPORTS:
         raise ConfigError(
@@ -231,7 +251,7 @@ def select_worker_fqn(default_cls: str, gen_cfg: dict, original: Callable[[str, 
     except KeyError:
         raise RuntimeError(
             f"NeMo-RL asked for generation worker {default_cls!r}, which nemo-rl-specdec does not know; "
-            f"known: {sorted(WORKER_SUBSTITUTES)}. Is this NeMo-RL {api.NEMO_RL_VERSION}?"
+            f"known: {sorted(WORKER_SUBSTITUTES)}. Supported: {api.SUPPORTED}."
         ) from None
 
 
@@ -309,7 +329,7 @@ def registry_entries(registry: dict, venv_dir: Optional[str]) -> dict[str, str]:
     out = {}
     for base, ours in WORKER_SUBSTITUTES.items():
         if base not in registry:
-            raise RuntimeError(f"NeMo-RL's actor registry has no entry for {base}; is this NeMo-RL {api.NEMO_RL_VERSION}?")
+            raise RuntimeError(f"NeMo-RL's actor registry has no entry for {base}; supported: {api.SUPPORTED}")
         out[ours] = worker_python_env(registry[base], base, venv_dir)
     return out
 

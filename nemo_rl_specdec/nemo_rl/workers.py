@@ -6,67 +6,171 @@ the precedent). They are created when first looked up by FQN (module `__getattr_
 module imports without NeMo-RL, and NeMo-RL's `RayWorkerBuilder` finds them by FQN in the worker
 venv. On top of NeMo-RL's behaviour they:
 
-- inject our composite worker extension (`_create_engine`), and forward PYTHONPATH into vLLM's
-  own TP workers (`extra_env_vars`) so it imports there;
-- call `specdec_init(block)` in every vLLM worker once the engine is up (`post_init[_async]`);
-- keep the rollouts they generate (suffix drafter, online drafters) and, right before every
-  refit RPC, stage them with the next policy version into the engine (`specdec_stage_update`);
-  the refit itself then refreshes the drafter in its finalize step (see extension.py);
+- check, before the engine starts, that the drafter's libraries import in this environment
+  (`arctic_inference` for the suffix drafter);
+- inject our composite worker extension (`_create_engine`), forward PYTHONPATH into vLLM's own TP
+  workers, and give every request `extra_args` with its problem id (a hash of its prompt tokens)
+  and, when the driver set them, its draft budget and predicted length;
+- call `specdec_init(block)` in every vLLM worker once the engine is up, and join the rollout
+  exchange;
+- keep the rollouts they generate (never validation rollouts) and, right before every refit RPC,
+  swap them with every other engine through the exchange and stage the refs of the whole step with
+  the next policy version (`specdec_stage_update`); the refit itself then refreshes the drafter
+  (see extension.py);
 - answer `specdec_report()` for the driver's step metrics.
 
+Refit routes a NeMo-RL version lacks (e.g. `nccl_reshard_refit` on v0.7.0) are not overridden.
 A policy version here counts the weight updates an engine has received (1 = first refit).
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from typing import Any
+import uuid
+from typing import Any, Optional
 
 from nemo_rl_specdec.nemo_rl import api, payload, translate
+from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
 
 logger = logging.getLogger(__name__)
 
 REFIT_CHECKPOINT_METHOD = "update_weights_from_checkpoint_engine"
 
+# Per-request extras (budget, predicted length) of the generate call running in this thread / task.
+_REQUEST_EXTRAS: contextvars.ContextVar = contextvars.ContextVar("specdec_request_extras", default=None)
+
+
+def request_extras(data: Any) -> Optional[list]:
+    """Per row: the draft budget and predicted length the driver attached (`payload.BUDGET_KEY`...)."""
+    budgets, preds = data.get(payload.BUDGET_KEY), data.get(payload.PREDICTED_KEY)
+    if budgets is None:
+        return None
+    budgets, preds = budgets.tolist(), (preds.tolist() if preds is not None else [None] * len(budgets))
+    out = []
+    for b, p in zip(budgets, preds):
+        e = {} if b is None or b < 0 else {"specdec_budget": int(b)}
+        if e and p is not None and p >= 0:
+            e["specdec_predicted_len"] = float(p)
+        out.append(e)
+    return out
+
+
+def with_extra_args(prompts: Any, sampling_params: Any, extras: Optional[list]) -> Any:
+    """`sampling_params` as one clone per prompt whose `extra_args` carry the prompt's problem id
+    and its row of `extras`; a single prompt (async engine) gets a single clone."""
+    single = isinstance(prompts, dict) or not isinstance(prompts, (list, tuple))
+    plist = [prompts] if single else list(prompts)
+    sps = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(plist)
+    out = []
+    for i, (p, sp) in enumerate(zip(plist, sps)):
+        extra = {}
+        tokens = p.get("prompt_token_ids") if isinstance(p, dict) else None
+        if tokens is not None:
+            extra["problem_id"] = problem_id(tokens)
+        if extras is not None and i < len(extras):
+            extra.update(extras[i])
+        sp = sp.clone()
+        sp.extra_args = {**(sp.extra_args or {}), **extra}
+        out.append(sp)
+    return out[0] if single else out
+
+
+def wrap_engine_generate(llm: Any) -> None:
+    """Route every `llm.generate(prompt(s), sampling_params, ...)` through `with_extra_args`."""
+    original = llm.generate
+
+    def generate(*args, **kwargs):
+        args = list(args)
+        p_at = "prompts" if "prompts" in kwargs else ("prompt" if "prompt" in kwargs else 0)
+        prompts = kwargs[p_at] if isinstance(p_at, str) else args[0]
+        if "sampling_params" in kwargs:
+            kwargs["sampling_params"] = with_extra_args(prompts, kwargs["sampling_params"], _REQUEST_EXTRAS.get())
+        elif len(args) > 1 and args[1] is not None:
+            args[1] = with_extra_args(prompts, args[1], _REQUEST_EXTRAS.get())
+        return original(*args, **kwargs)
+
+    generate.__wrapped__ = original
+    llm.generate = generate
+
+
+def preflight(spec: Any) -> None:
+    """The drafter's libraries import in this Python environment (raised before any engine starts)."""
+    if spec is None or spec.drafter != "suffix":
+        return
+    try:
+        import arctic_inference.suffix_decoding  # noqa: F401
+    except ImportError as e:
+        raise ImportError(translate.arctic_missing_message(f"this worker's Python ({__import__('sys').executable})",
+                                                          str(e))) from None
+
 
 class SpecDecWorkerState:
-    """Engine-independent state of one worker actor (no NeMo-RL, no Ray); unit-tested directly."""
+    """Engine-independent state of one worker actor (no NeMo-RL); unit-tested directly."""
 
     def _specdec_setup(self, config: dict, stash_tokens: int = 16_000_000) -> None:
         self._specdec_spec = translate.enabled_spec(config)
         self._specdec_init_payload = translate.engine_init_payload(config)
         self._specdec_version = 0
         self._specdec_last_staged = 0
+        self._specdec_engine = uuid.uuid4().hex[:12]
+        self._specdec_exchange_name = config.get(translate.EXCHANGE_KEY)
         want = False
+        self._specdec_prompt_tail = None
         if self._specdec_spec is not None:
+            preflight(self._specdec_spec)
             source = config.get(translate.WEIGHT_SOURCE_KEY) or translate.drafter_weight_source(
                 self._specdec_spec, False, bool(config.get("_mtp_weights_from_refit")))
             want = translate.wants_rollouts(self._specdec_spec, source)
+            if self._specdec_spec.drafter == "suffix":
+                self._specdec_prompt_tail = self._specdec_spec.suffix.max_tree_depth - 1
+        if want and not self._specdec_exchange_name:
+            raise RuntimeError(f"{translate.EXCHANGE_KEY} is missing from the generation config: the worker was not "
+                               "created by nemo-rl-specdec's VllmGeneration, so its drafter would see no rollouts")
         self._specdec_stash = payload.RolloutStash(stash_tokens) if want else None
         self._specdec_observe_errors = 0
+        self._specdec_skipped_validation = 0
 
     @property
     def specdec_enabled(self) -> bool:
         return self._specdec_spec is not None
 
+    def _specdec_exchange(self) -> Any:
+        import ray
+
+        return ray.get_actor(self._specdec_exchange_name)
+
+    def _specdec_join_ref(self) -> Any:
+        """The exchange join call (a ref), or None when this engine's drafter takes no rollouts."""
+        if self._specdec_stash is None:
+            return None
+        return self._specdec_exchange().join.remote(self._specdec_engine)
+
     def _specdec_observe(self, data: Any, output: Any) -> None:
-        """Keep a generation's rollouts for the next update. Never fails generation."""
+        """Keep a generation's rollouts for the next update (validation rows never). Never fails generation."""
         if self._specdec_stash is None:
             return
+        marked = data.get(payload.NO_RECORD_KEY)
+        if marked is not None and bool(marked.any()):
+            self._specdec_skipped_validation += len(marked)
+            return
         try:
-            self._specdec_stash.add(payload.extract_rollouts(
+            self._specdec_stash.add(RolloutBatch.from_generation(
                 data["input_ids"], data["input_lengths"], output["output_ids"], output["generation_lengths"],
-                self._specdec_version,
-            ))
-        except Exception:  # a bug here must not cost the rollout; the drafter just misses it
+                self._specdec_version, prompt_tail=self._specdec_prompt_tail))
+        except Exception:  # a bug here must not cost the rollout; counted in specdec/rollout_record_errors
             self._specdec_observe_errors += 1
             if self._specdec_observe_errors == 1:
                 logger.exception("[specdec] could not record rollouts for the drafter (logged once)")
 
-    def _specdec_next_payload(self) -> dict:
-        rollouts = self._specdec_stash.drain() if self._specdec_stash is not None else []
-        self._specdec_last_staged = len(rollouts)
-        return payload.stage_payload(self._specdec_version + 1, rollouts)
+    def _specdec_swap_ref(self) -> Any:
+        """Put this engine's rollouts in the object store and start the swap (a ref to all engines' refs)."""
+        import ray
+
+        batch = self._specdec_stash.drain()
+        self._specdec_last_staged = len(batch)
+        refs = [ray.put(batch)] if len(batch) else []
+        return self._specdec_exchange().swap.remote(self._specdec_engine, self._specdec_version + 1, refs)
 
     def _specdec_combine(self, per_rank: list) -> dict:
         """One report per engine from the per-TP/PP-rank `specdec_report` results."""
@@ -78,14 +182,21 @@ class SpecDecWorkerState:
         first["ranks_agree"] = len({key(r) for r in per_rank}) == 1
         first["rollouts_staged"] = self._specdec_last_staged
         first["rollouts_dropped"] = self._specdec_stash.dropped if self._specdec_stash is not None else 0
+        first["rollout_record_errors"] = self._specdec_observe_errors
+        first["validation_rollouts_skipped"] = self._specdec_skipped_validation
         first["actor_policy_version"] = self._specdec_version
         return first
 
 
 async def _maybe_await(x: Any) -> Any:
-    while asyncio.iscoroutine(x) or isinstance(x, asyncio.Future):
+    while asyncio.iscoroutine(x) or isinstance(x, asyncio.Future) or type(x).__name__ == "ObjectRef":
         x = await x
     return x
+
+
+def _optional(base: type, name: str, make) -> dict:
+    """{name: make()} when the NeMo-RL base class has `name` (a refit route of that version), else {}."""
+    return {name: make()} if hasattr(base, name) else {}
 
 
 def _build_sync_impl() -> type:
@@ -105,22 +216,36 @@ def _build_sync_impl() -> type:
             if self.specdec_enabled:
                 translate.inject_extension(llm_kwargs)
             super()._create_engine(llm_kwargs)
+            if self.specdec_enabled:
+                wrap_engine_generate(self.llm)
 
         def post_init(self):
+            import ray
+
             result = super().post_init()
             if self.specdec_enabled and self.llm is not None:
                 self.specdec_init_reports = self.llm.collective_rpc("specdec_init", args=(self._specdec_init_payload,))
+                join = self._specdec_join_ref()
+                if join is not None:
+                    ray.get(join)
             return result
 
         def generate(self, data, greedy=False):
-            out = super().generate(data, greedy=greedy)
+            token = _REQUEST_EXTRAS.set(request_extras(data) if self.specdec_enabled else None)
+            try:
+                out = super().generate(data, greedy=greedy)
+            finally:
+                _REQUEST_EXTRAS.reset(token)
             self._specdec_observe(data, out)
             return out
 
         def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:
                 return call(*args)
-            staged = self._specdec_next_payload()
+            import ray
+
+            refs = ray.get(self._specdec_swap_ref()) if self._specdec_stash is not None else None
+            staged = payload.stage_payload(self._specdec_version + 1, refs)
             self.llm.collective_rpc("specdec_stage_update", args=(staged,))
             ok = call(*args)
             if ok:
@@ -133,19 +258,24 @@ def _build_sync_impl() -> type:
         def update_weights_from_collective(self):
             return self._specdec_refit(super().update_weights_from_collective)
 
-        def nccl_reshard_refit(self):
-            return self._specdec_refit(super().nccl_reshard_refit)
-
-        def checkpoint_engine_rpc(self, checkpoint_method, method_args=()):
-            if checkpoint_method != REFIT_CHECKPOINT_METHOD:
-                return super().checkpoint_engine_rpc(checkpoint_method, method_args)
-            return self._specdec_refit(super().checkpoint_engine_rpc, checkpoint_method, method_args)
-
         def specdec_report(self) -> dict:
             if not self.specdec_enabled or self.llm is None:
                 return {}
             return self._specdec_combine(self.llm.collective_rpc("specdec_report"))
 
+    def nccl_reshard_refit(self):
+        return self._specdec_refit(super(SpecDecVllmGenerationWorkerImpl, self).nccl_reshard_refit)
+
+    def checkpoint_engine_rpc(self, checkpoint_method, method_args=()):
+        parent = super(SpecDecVllmGenerationWorkerImpl, self).checkpoint_engine_rpc
+        if checkpoint_method != REFIT_CHECKPOINT_METHOD:
+            return parent(checkpoint_method, method_args)
+        return self._specdec_refit(parent, checkpoint_method, method_args)
+
+    for name, fn in {**_optional(base, "nccl_reshard_refit", lambda: nccl_reshard_refit),
+                     **_optional(base, "checkpoint_engine_rpc", lambda: checkpoint_engine_rpc)}.items():
+        fn.__qualname__ = f"SpecDecVllmGenerationWorkerImpl.{name}"
+        setattr(SpecDecVllmGenerationWorkerImpl, name, fn)
     return SpecDecVllmGenerationWorkerImpl
 
 
@@ -166,23 +296,33 @@ def _build_async_impl() -> type:
             if self.specdec_enabled:
                 translate.inject_extension(llm_kwargs)
             super()._create_engine(llm_kwargs)
+            if self.specdec_enabled:
+                wrap_engine_generate(self.llm)
 
         async def post_init_async(self):
             result = await super().post_init_async()
             if self.specdec_enabled and self.llm is not None:
                 self.specdec_init_reports = await _maybe_await(
                     self.llm.collective_rpc("specdec_init", args=(self._specdec_init_payload,)))
+                join = self._specdec_join_ref()
+                if join is not None:
+                    await join
             return result
 
         async def generate_async(self, data, greedy=False):
-            async for item in super().generate_async(data, greedy=greedy):
-                self._specdec_observe(data, item[1])
-                yield item
+            token = _REQUEST_EXTRAS.set(request_extras(data) if self.specdec_enabled else None)
+            try:
+                async for item in super().generate_async(data, greedy=greedy):
+                    self._specdec_observe(data, item[1])
+                    yield item
+            finally:
+                _REQUEST_EXTRAS.reset(token)
 
         async def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:
                 return await call(*args)
-            staged = self._specdec_next_payload()
+            refs = await self._specdec_swap_ref() if self._specdec_stash is not None else None
+            staged = payload.stage_payload(self._specdec_version + 1, refs)
             await _maybe_await(self.llm.collective_rpc("specdec_stage_update", args=(staged,)))
             ok = await call(*args)
             if ok:
@@ -195,19 +335,24 @@ def _build_async_impl() -> type:
         async def update_weights_from_collective_async(self):
             return await self._specdec_refit(super().update_weights_from_collective_async)
 
-        async def nccl_reshard_refit_async(self):
-            return await self._specdec_refit(super().nccl_reshard_refit_async)
-
-        async def checkpoint_engine_rpc_async(self, checkpoint_method, method_args=()):
-            if checkpoint_method != REFIT_CHECKPOINT_METHOD:
-                return await super().checkpoint_engine_rpc_async(checkpoint_method, method_args)
-            return await self._specdec_refit(super().checkpoint_engine_rpc_async, checkpoint_method, method_args)
-
         async def specdec_report(self) -> dict:
             if not self.specdec_enabled or self.llm is None:
                 return {}
             return self._specdec_combine(await _maybe_await(self.llm.collective_rpc("specdec_report")))
 
+    async def nccl_reshard_refit_async(self):
+        return await self._specdec_refit(super(SpecDecVllmAsyncGenerationWorkerImpl, self).nccl_reshard_refit_async)
+
+    async def checkpoint_engine_rpc_async(self, checkpoint_method, method_args=()):
+        parent = super(SpecDecVllmAsyncGenerationWorkerImpl, self).checkpoint_engine_rpc_async
+        if checkpoint_method != REFIT_CHECKPOINT_METHOD:
+            return await parent(checkpoint_method, method_args)
+        return await self._specdec_refit(parent, checkpoint_method, method_args)
+
+    for name, fn in {**_optional(base, "nccl_reshard_refit_async", lambda: nccl_reshard_refit_async),
+                     **_optional(base, "checkpoint_engine_rpc_async", lambda: checkpoint_engine_rpc_async)}.items():
+        fn.__qualname__ = f"SpecDecVllmAsyncGenerationWorkerImpl.{name}"
+        setattr(SpecDecVllmAsyncGenerationWorkerImpl, name, fn)
     return SpecDecVllmAsyncGenerationWorkerImpl
 
 
