@@ -8,17 +8,21 @@ Two forms of the target forward, chosen by the scenario's `hardware` block:
 
 - **roofline** (from the model's shape and the GPU's data sheet):
 
-      t_target = max(bytes / bandwidth, flops / peak) + overhead [+ eager] [+ all-reduce]
+      t_target = max(bytes / bandwidth, flops / peak) + overhead + per_seq * requests
+                 [+ eager] [+ all-reduce]
       bytes    = weights + expert bytes touched + kv_bytes_per_token * sum_i ctx_i
       flops    = flops_per_token * padded(tokens) + attn_flops_per_ctx * sum_i (1 + d_i) * ctx_i
 
   A step of n tokens in a mixture-of-experts layer with E experts, a of them active per token,
   touches E * (1 - (1 - a/E)**n) experts in expectation (each expert is missed by one token
-  with probability 1 - a/E); their bytes are read once per step. `padded(tokens)` rounds up to
+  with probability 1 - a/E); their bytes are read once per step. The draft tokens a request
+  verifies are consecutive tokens of one sequence, whose routing overlaps: with
+  `expert_correlation` rho each draft token counts as 1 - rho independent tokens there. `padded(tokens)` rounds up to
   the next CUDA-graph capture size (`capture_sizes`); past the largest one the step runs
   eagerly and pays `eager_overhead_s`. With tensor parallelism over tp GPUs the bytes and
   flops are split tp ways and every layer does two ring all-reduces of the step's
   activations: 2 * layers * (latency + 2 (tp-1)/tp * tokens * hidden * act_bytes / link_bw).
+  `per_seq` is host time per request in the step (scheduling, input preparation, sampling).
 
 Here tokens = verified tokens (1 + d_i per request) + prefill tokens, and ctx_i is request i's
 context (prompt + generated so far): the KV cache is read once per request per step however
@@ -71,6 +75,7 @@ class ModelShape:
     num_experts: int = 0
     active_experts: int = 0
     expert_bytes: float = 0.0           # all experts' bytes, all layers
+    expert_correlation: float = 0.0     # routing overlap of a request's consecutive draft tokens
 
     def experts_touched_fraction(self, tokens: float) -> float:
         """Expected share of experts read by a step of `tokens` tokens: 1 - (1 - a/E)**n."""
@@ -96,6 +101,7 @@ class Roofline:
     allreduce_latency_s: float = 0.0
     capture_sizes: tuple[int, ...] = ()
     eager_overhead_s: float = 0.0
+    overhead_per_seq_s: float = 0.0
 
     def padded(self, tokens: float) -> tuple[float, bool]:
         """(tokens the forward computes, whether it runs eagerly)."""
@@ -107,18 +113,22 @@ class Roofline:
         return float(self.capture_sizes[i]), False
 
     def forward(self, shape: ModelShape, tokens: float, ctx_sum: float, ctx_growth: float,
-                attn_ctx: float, attn_growth: float) -> tuple[float, tuple[float, float, float, float]]:
-        """(constant part, (mem0, mem_slope, flop0, flop_slope)) of one forward: its time at
-        the j-th following step is const + max(mem0 + mem_slope j, flop0 + flop_slope j)."""
+                attn_ctx: float, attn_growth: float, draft_tokens: float = 0.0,
+                overhead: bool = True) -> tuple[float, tuple[float, float, float, float]]:
+        """(constant part, (mem0, mem_slope, flop0, flop_slope)) of one forward of `tokens`
+        tokens, `draft_tokens` of them drafts: its time at the j-th following step is
+        const + max(mem0 + mem_slope j, flop0 + flop_slope j). `overhead=False` leaves out
+        the engine step's fixed overhead (a drafter forward has its own, fwd_base_s)."""
         n, eager = self.padded(tokens)
         bw = self.mem_bw_Bps * self.tp
         fl = self.flops_per_s * self.tp
-        byts = shape.weight_bytes + shape.expert_bytes * shape.experts_touched_fraction(tokens)
+        routed = tokens - shape.expert_correlation * draft_tokens
+        byts = shape.weight_bytes + shape.expert_bytes * shape.experts_touched_fraction(routed)
         mem0 = (byts + shape.kv_bytes_per_token * ctx_sum) / bw
         mem1 = shape.kv_bytes_per_token * ctx_growth / bw
         flop0 = (shape.flops_per_token * n + shape.attn_flops_per_ctx * attn_ctx) / fl
         flop1 = shape.attn_flops_per_ctx * attn_growth / fl
-        const = self.overhead_s + (self.eager_overhead_s if eager else 0.0)
+        const = (self.overhead_s if overhead else 0.0) + (self.eager_overhead_s if eager else 0.0)
         if self.tp > 1 and shape.num_layers:
             msg = tokens * shape.hidden_size * shape.activation_bytes
             const += 2 * shape.num_layers * (self.allreduce_latency_s
@@ -211,8 +221,8 @@ class CostModel:
         if self.roofline is not None:
             w = 1.0 + drafts
             const, lines = self.roofline.forward(self.target, tokens, ctx_sum, growth,
-                                                 float(ctx @ w), float(rate @ w))
-            st.t0 += const
+                                                 float(ctx @ w), float(rate @ w), draft_tokens=d_sum)
+            st.t0 += const + self.roofline.overhead_per_seq_s * n
             st.maxes.append(lines)
         else:
             st.t0 += self.c_base + self.c_tok * tokens + self.c_ctx * ctx_sum
@@ -237,7 +247,7 @@ class CostModel:
             c_on, r_on = float(ctx[on].sum()), float(rate[on].sum())
             const, (m0, m1, f0, f1) = self.roofline.forward(self.draft_shape, tokens_each, c_on, r_on,
                                                             c_on * tokens_each / max(1, n_on),
-                                                            r_on * tokens_each / max(1, n_on))
+                                                            r_on * tokens_each / max(1, n_on), overhead=False)
             st.t0 += forwards * const
             st.maxes.append((forwards * m0, forwards * m1, forwards * f0, forwards * f1))
 

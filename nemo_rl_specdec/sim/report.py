@@ -87,6 +87,23 @@ def check_calibration(sc, metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_calibration_points(path: str, overrides: list[str] = ()) -> list[dict[str, Any]]:
+    """Each of the scenario's `calibration_points`: the variant simulated (scenario file at
+    `path` with the point's overrides, then the caller's) and its targets checked."""
+    from nemo_rl_specdec.sim.scenario import load_scenario
+
+    sc = load_scenario(path, list(overrides))
+    out = []
+    for pt in sc.calibration_points or []:
+        v = load_scenario(path, [*pt.overrides, *overrides, "calibration_points=null"])
+        res = simulate(v)
+        metrics = {**res, "calibration": None}
+        v_targets = type(v).model_validate({**v.model_dump(), "calibration": pt.targets, "calibration_points": None})
+        out.append({"name": pt.name, "overrides": list(pt.overrides),
+                    "calibration": check_calibration(v_targets, metrics)})
+    return out
+
+
 def simulate(sc, sweeps: bool = False) -> dict[str, Any]:
     """Everything the CLI prints and writes, as a JSON-able dict."""
     batches = make_batches(sc.workload, sc.rl.num_steps, sc.seed)
@@ -103,7 +120,7 @@ def simulate(sc, sweeps: bool = False) -> dict[str, Any]:
         "alpha": sc.alpha,
         "k": sc.speculation.k,
         "num_engines": sc.cluster.num_engines,
-        "mode": sc.rl.mode,
+        "mode": "serving" if sc.workload.steady_state else sc.rl.mode,
         "cost_model": _cost_summary(sc, cm),
         "per_step": {
             "rollout_s_baseline": base.rollout_s_per_step,

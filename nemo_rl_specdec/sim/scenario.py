@@ -56,6 +56,8 @@ class Experts(_Strict):
     num: int = Field(ge=1)
     active: int = Field(ge=1)
     bytes: float = Field(gt=0)
+    draft_correlation: float = Field(
+        0.0, ge=0, le=1, description="routing overlap of a request's consecutive draft tokens (0: independent)")
 
     @model_validator(mode="after")
     def _check(self):
@@ -81,7 +83,8 @@ class ModelSpec(_Strict):
         e = self.experts
         return ModelShape(self.weight_bytes, self.flops_per_token, self.kv_bytes_per_token, self.attn_flops_per_ctx,
                           self.num_layers, self.hidden_size, self.activation_bytes,
-                          e.num if e else 0, e.active if e else 0, e.bytes if e else 0.0)
+                          e.num if e else 0, e.active if e else 0, e.bytes if e else 0.0,
+                          e.draft_correlation if e else 0.0)
 
 
 class RooflineSpec(_Strict):
@@ -94,6 +97,7 @@ class RooflineSpec(_Strict):
     capture_sizes: Union[Literal["vllm", "none"], list[int]] = "none"
     max_capture_size: int = Field(512, ge=1, description="the largest vLLM default capture size")
     eager_overhead_s: float = Field(0.0, ge=0, description="extra time of a step past the largest capture size")
+    overhead_per_seq_s: float = Field(0.0, ge=0, description="host time per request in a step")
     allreduce_bw_Bps: Optional[float] = Field(None, gt=0, description="tensor-parallel link bandwidth per GPU")
     allreduce_latency_s: float = Field(0.0, ge=0, description="latency of one all-reduce")
 
@@ -152,7 +156,8 @@ class Hardware(_Strict):
         if r is None:
             return None
         return Roofline(r.mem_bw_Bps, r.flops_per_s, r.overhead_s, self.gpus_per_engine,
-                        r.allreduce_bw_Bps or math.inf, r.allreduce_latency_s, r.sizes(), r.eager_overhead_s)
+                        r.allreduce_bw_Bps or math.inf, r.allreduce_latency_s, r.sizes(), r.eager_overhead_s,
+                        r.overhead_per_seq_s)
 
 
 class Cluster(_Strict):
@@ -394,6 +399,14 @@ class Target(_Strict):
         return (-math.inf if self.min is None else self.min), (math.inf if self.max is None else self.max)
 
 
+class CalibrationPoint(_Strict):
+    """Published figures of a variant of the scenario: `overrides` (key=value) applied to it."""
+
+    name: str
+    overrides: list[str] = []
+    targets: dict[str, Target]
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
@@ -409,6 +422,8 @@ class Scenario(_Strict):
     baseline: Baseline = Baseline()
     sweep: Sweep = Sweep()
     calibration: Optional[dict[str, Target]] = Field(None, description="published figures to reproduce; null drops an extended file's")
+    calibration_points: Optional[list[CalibrationPoint]] = Field(
+        None, description="variants of this scenario (overrides) with their published figures")
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -422,6 +437,11 @@ class Scenario(_Strict):
         for key in self.calibration or {}:
             if key not in METRICS:
                 raise _PathError(f"calibration.{key}", key, f"a reported metric, one of {list(METRICS)}")
+        for i, pt in enumerate(self.calibration_points or []):
+            for key in pt.targets:
+                if key not in METRICS:
+                    raise _PathError(f"calibration_points.{i}.targets.{key}", key,
+                                     f"a reported metric, one of {list(METRICS)}")
         a = self.acceptance
         if a.measured_at_k is not None and a.mean_accepted_length is None:
             raise _PathError("acceptance.measured_at_k", a.measured_at_k, "null unless mean_accepted_length is given")
