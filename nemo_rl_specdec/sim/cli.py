@@ -72,10 +72,11 @@ def format_table(res: dict[str, Any]) -> str:
 
 def format_summary(results: list[dict[str, Any]]) -> str:
     """One line per scenario: the predictions a reader compares with published figures."""
-    head = ("scenario", "mode", "k", "rollout_s base", "rollout_s spec", "rollout speedup", "step speedup",
-            "mean acc. length", "exposed gen s base", "exposed gen s spec")
+    head = ("scenario", "mode", "k", "rollout_s base", "rollout_s spec", "rollout speedup", "step_s base",
+            "step_s spec", "step speedup", "mean acc. length", "exposed gen s base", "exposed gen s spec")
     rows = [head] + [(r["scenario"], r["mode"], str(r["k"]), _fmt(r["rollout_s_baseline"]), _fmt(r["rollout_s_spec"]),
-                      _fmt(r["rollout_speedup"]), _fmt(r["step_speedup"]), _fmt(r["mean_accepted_length"]),
+                      _fmt(r["rollout_speedup"]), _fmt(r["step_s_baseline"]), _fmt(r["step_s_spec"]),
+                      _fmt(r["step_speedup"]), _fmt(r["mean_accepted_length"]),
                       _fmt(r["exposed_generation_s_baseline"]), _fmt(r["exposed_generation_s_spec"]))
                      for r in results]
     w = [max(len(r[i]) for r in rows) for i in range(len(head))]
