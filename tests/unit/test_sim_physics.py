@@ -299,3 +299,46 @@ def test_a_nan_or_inf_result_is_an_error():
     with pytest.raises(SimulationError, match=r"result\.per_step\.x\[1\] is nan"):
         check_finite({"per_step": {"x": [1.0, math.nan]}})
     assert issubclass(SimulationError, ScenarioError)
+
+
+# --------------------------------------------------------------------------- serving, CLI
+
+def test_steady_state_serving_keeps_the_concurrency():
+    raw = {"hardware": {"c_base_s": 0.01, "c_tok_s": 0.0, "max_num_seqs": 8}, "acceptance": {"alpha": 0.5},
+           "speculation": {"k": 2},
+           "workload": {"steady_state": True, "num_prompts": 8, "generations_per_prompt": 1, "prompt_len": 0,
+                        "lengths": {"dist": "values", "values": [1000], "max_len": 1000}, "prediction": "none",
+                        "history_rollouts": 0},
+           "rl": {"num_steps": 3}}
+    res = simulate(validate_scenario(raw))
+    assert res["mode"] == "serving"
+    assert res["output_tokens_per_s_baseline"] == pytest.approx(8 / 0.01, rel=1e-3)   # 8 in flight, 1 token each
+    assert res["rollout_speedup"] == pytest.approx(1 + 0.5 + 0.25, rel=2e-3)          # free verification
+
+
+def test_cli_all_prints_one_line_per_scenario(tmp_path, capsys):
+    from nemo_rl_specdec.cli import main
+
+    for name, k in (("a", 2), ("b", 4)):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"name: {name}\nhardware: {{c_base_s: 0.01, c_tok_s: 1.0e-4}}\nacceptance: {{alpha: 0.6}}\n"
+            f"speculation: {{k: {k}}}\nworkload: {{num_prompts: 2, generations_per_prompt: 2, "
+            "lengths: {median: 100, max_len: 400}}\nrl: {num_steps: 2}\n")
+    out = tmp_path / "all.json"
+    assert main(["simulate", "--all", str(tmp_path), "--json", str(out)]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].split()[:3] == ["scenario", "mode", "k"] and "step speedup" in text[0]
+    assert [line.split()[0] for line in text[1:3]] == ["a", "b"]
+    data = json.loads(out.read_text())
+    assert set(data) == {"a", "b"} and data["b"]["k"] == 4
+    assert main(["simulate", "--all", str(tmp_path / "a.yaml")]) == 2       # not a directory
+
+
+def test_prediction_scenarios_load():
+    from nemo_rl_specdec.sim.scenario import SIM_CONFIGS
+
+    files = sorted((SIM_CONFIGS / "predictions").glob("*.yaml"))
+    assert len(files) >= 12
+    for f in files:
+        sc = load_scenario(str(f))
+        assert sc.calibration is None and sc.calibration_points is None    # predictions carry no targets
