@@ -186,7 +186,6 @@ class EngineSim:
             heapq.heappush(self._queue, (r.release, r.seq, r))
             self._prog, self._ctx, self._len = self._prog[:-1], self._ctx[:-1], self._len[:-1]
             self._A, self._budget = self._A[:-1], self._budget[:-1]
-            self._prefill = 0.0 if not self._active else self._prefill
             self._dirty = True
         if self._kv_used() > self.kv_capacity + 1e-9:
             raise RuntimeError(f"engine {self.engine_id}: one request's context outgrows "

@@ -17,6 +17,7 @@ from nemo_rl_specdec.sim.report import simulate
 from nemo_rl_specdec.sim.scenario import SIM_CONFIGS, ScenarioError, load_scenario, solve_alpha, validate_scenario
 from nemo_rl_specdec.sim.step import simulate_rl
 from nemo_rl_specdec.sim.workload import make_batches
+from sim_scenarios import build
 
 
 def scenario(**overrides):
@@ -32,13 +33,7 @@ def scenario(**overrides):
         "rl": {"num_steps": 3, "logprob": {"fixed_s": 1.0}, "train": {"fixed_s": 2.0, "per_ktoken_s": 0.01},
                "refit_s": 0.5},
     }
-    for key, value in overrides.items():
-        node = raw
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return validate_scenario(raw)
+    return build(raw, overrides)
 
 
 SINGLE = {  # one request, no prompt: the batch-1 decode loop

@@ -15,6 +15,7 @@ from nemo_rl_specdec.sim.report import SimulationError, check_finite, simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError, load_scenario, validate_scenario
 from nemo_rl_specdec.sim.step import simulate_rl
 from nemo_rl_specdec.sim.workload import make_batches
+from sim_scenarios import build
 
 # an 8B dense model on one GPU: 16 GB of weights at 6 TB/s, 1.5 PFLOP/s -> knee near 250 tokens
 DENSE = ModelShape(weight_bytes=1.6e10, flops_per_token=1.6e10, kv_bytes_per_token=1.5e5)
@@ -34,13 +35,7 @@ def roofline_scenario(**overrides):
                      "lengths": {"dist": "values", "values": [300], "max_len": 300}, "prediction": "none"},
         "rl": {"num_steps": 2},
     }
-    for key, value in overrides.items():
-        node = raw
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return validate_scenario(raw)
+    return build(raw, overrides)
 
 
 def step_time(tokens, cm=None, ctx=0.0):
@@ -272,12 +267,7 @@ def test_trainer_cost_is_driven_by_tokens():
     ({"hardware": {"max_num_seqs": 8, "roofline": {"mem_bw_Bps": 1e12, "flops_per_s": 1e14}}}, r"scenario\.model: "),
 ])
 def test_bad_inputs_are_rejected_with_their_key_path(overrides, path):
-    raw = {"hardware": {"c_base_s": 1e-3, "c_tok_s": 1e-5}, "acceptance": {"alpha": 0.6}}
-    for k, v in overrides.items():
-        if isinstance(v, dict):
-            raw[k] = v if k != "acceptance" else v
-        else:
-            raw[k] = v
+    raw = {"hardware": {"c_base_s": 1e-3, "c_tok_s": 1e-5}, "acceptance": {"alpha": 0.6}, **overrides}
     with pytest.raises(ScenarioError, match=path):
         validate_scenario(raw)
 
