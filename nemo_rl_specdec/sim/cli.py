@@ -4,7 +4,8 @@
 Prints a table (baseline vs speculative rollout and step times, speedups, acceptance, idle
 fraction, and each calibration target with the predicted value), writes the result JSON, and,
 with --plots, runs the sweeps over k, acceptance and cluster size and writes their PNGs (the
-sweeps are also added to the JSON). With --all, every scenario in the directory is simulated
+sweeps are also added to the JSON). A scenario's `calibration_points` are simulated too and
+printed after its own targets. With --all, every scenario in the directory is simulated
 and one line each is printed: predicted rollout speedup, step speedup, mean accepted length
 and exposed generation (the JSON maps scenario names to results). Exit codes: 0 ok, 2 invalid scenario (raised as
 ConfigError and reported by the top-level CLI).
@@ -16,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.sim.report import simulate
+from nemo_rl_specdec.sim.report import check_calibration_points, simulate
 from nemo_rl_specdec.sim.scenario import load_scenario
 
 
@@ -63,11 +64,20 @@ def format_table(res: dict[str, Any]) -> str:
         lines.append("calibration (published figure -> simulated):")
         if res.get("overrides"):
             lines.append(f"  (with overrides {' '.join(res['overrides'])}: the figures describe the scenario as shipped)")
-        for key, c in cal.items():
-            want = _fmt(c["target"]) if c["target"] is not None else f"[{_fmt(c['min'])}, {_fmt(c['max'])}]"
-            tag = {True: "ok", False: "OUT OF RANGE", None: "n/a in this mode"}[c["ok"]]
-            lines.append(f"  {key}: {want} -> {_fmt(c['predicted'])}  {tag}   ({c['source']})")
+        lines += _calibration_lines(cal)
+    for pt in res.get("calibration_points") or []:
+        lines.append(f"calibration point {pt['name']!r} ({' '.join(pt['overrides'])}):")
+        lines += _calibration_lines(pt["calibration"])
     return "\n".join(lines)
+
+
+def _calibration_lines(cal: dict[str, Any]) -> list[str]:
+    out = []
+    for key, c in cal.items():
+        want = _fmt(c["target"]) if c["target"] is not None else f"[{_fmt(c['min'])}, {_fmt(c['max'])}]"
+        tag = {True: "ok", False: "OUT OF RANGE", None: "n/a in this mode"}[c["ok"]]
+        out.append(f"  {key}: {want} -> {_fmt(c['predicted'])}  {tag}   ({c['source']})")
+    return out
 
 
 def format_summary(results: list[dict[str, Any]]) -> str:
@@ -110,6 +120,8 @@ def run(args) -> int:
     plots_dir = getattr(args, "plots", None)
     res = simulate(sc, sweeps=bool(plots_dir))
     res["overrides"] = list(getattr(args, "overrides", []) or [])
+    if sc.calibration_points:
+        res["calibration_points"] = check_calibration_points(args.scenario, res["overrides"])
     print(format_table(res))
     if plots_dir:
         from nemo_rl_specdec.sim.plots import write_plots

@@ -42,7 +42,8 @@ class SimulationError(ScenarioError):
 
 def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunResult] = None) -> dict[str, Any]:
     gpus = spec.num_engines * sc.hardware.gpus_per_engine
-    sync = sc.rl.mode == "sync" and not sc.workload.steady_state
+    serving = sc.workload.steady_state        # no trainer: nothing waits for the rollouts
+    sync = sc.rl.mode == "sync" and not serving
     out = {
         "rollout_s_baseline": base.rollout_s,
         "rollout_s_spec": spec.rollout_s,
@@ -63,8 +64,8 @@ def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunRe
         "draft_tokens_per_response_token": spec.draft_tokens / max(1, spec.response_tokens),
         "output_tokens_per_s_baseline": base.response_tokens / len(base.release) / base.rollout_s,
         "output_tokens_per_s_spec": spec.response_tokens / len(spec.release) / spec.rollout_s,
-        "exposed_generation_s_baseline": base.exposed_generation_s,
-        "exposed_generation_s_spec": spec.exposed_generation_s,
+        "exposed_generation_s_baseline": None if serving else base.exposed_generation_s,
+        "exposed_generation_s_spec": None if serving else spec.exposed_generation_s,
         "preemptions_baseline": base.preemptions,
         "preemptions_spec": spec.preemptions,
     }
@@ -77,8 +78,13 @@ def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunRe
 def check_calibration(sc, metrics: dict[str, Any]) -> dict[str, Any]:
     """Each calibration target with the simulated value; `ok` is None when the metric is not
     defined for this run (e.g. the generation share of a step in async mode)."""
+    return check_targets(sc.calibration or {}, metrics)
+
+
+def check_targets(targets: dict, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Each target (`scenario.Target`) with the simulated value of its metric."""
     out = {}
-    for key, target in (sc.calibration or {}).items():
+    for key, target in targets.items():
         lo, hi = target.bounds()
         v = metrics.get(key)
         out[key] = {"predicted": None if v is None else float(v), "target": target.value,
@@ -96,11 +102,8 @@ def check_calibration_points(path: str, overrides: list[str] = ()) -> list[dict[
     out = []
     for pt in sc.calibration_points or []:
         v = load_scenario(path, [*pt.overrides, *overrides, "calibration_points=null"])
-        res = simulate(v)
-        metrics = {**res, "calibration": None}
-        v_targets = type(v).model_validate({**v.model_dump(), "calibration": pt.targets, "calibration_points": None})
         out.append({"name": pt.name, "overrides": list(pt.overrides),
-                    "calibration": check_calibration(v_targets, metrics)})
+                    "calibration": check_targets(pt.targets, simulate(v))})
     return out
 
 

@@ -179,8 +179,8 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
             submit(t)
         G = [max([f for f in (eng.run_until_done(t) for eng in engines) if f is not None], default=0.0)
              for t in range(N)]
-        makespan = max(G)      # one window: the serving run counts as one step
-        return _result(policy, placement, E, [0.0], [makespan], [makespan], makespan, makespan, makespan,
+        makespan = max(G)      # one window: the serving run counts as one step; no trainer waits
+        return _result(policy, placement, E, [0.0], [makespan], [makespan], makespan, makespan, 0.0,
                        [(0.0, makespan)], engines, batches[:N])
 
     exposed: list[float] = []

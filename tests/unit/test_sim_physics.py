@@ -332,3 +332,15 @@ def test_prediction_scenarios_load():
     for f in files:
         sc = load_scenario(str(f))
         assert sc.calibration is None and sc.calibration_points is None    # predictions carry no targets
+
+
+def test_cli_prints_calibration_points(tmp_path, capsys):
+    from nemo_rl_specdec.cli import main
+
+    out = tmp_path / "c3.json"
+    assert main(["simulate", "c3_gptoss120b_h100_eagle3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "calibration point 'depth 2' (speculation.k=2):" in text and "OUT OF RANGE" not in text
+    pts = json.loads(out.read_text())["calibration_points"]
+    assert [p["name"] for p in pts] == ["depth 2", "depth 3", "depth 6"]
+    assert json.loads(out.read_text())["exposed_generation_s_baseline"] is None    # serving: no trainer
