@@ -19,6 +19,7 @@ setup(
         "omegaconf>=2.3",
         "pydantic>=2.6",
         "numpy",
+        "scipy",               # the simulator: root finding, Beta quantiles
         "safetensors",
         "tqdm",
         "rich",

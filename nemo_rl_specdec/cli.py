@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*")
     p.add_argument("--json", default=None)
     p.add_argument("--plots", default=None, help="directory for PNG plots")
+    p.add_argument("--all", action="store_true",
+                   help="SCENARIO is a directory: simulate every *.yaml in it and print one summary table")
     p.add_argument("--crosscheck", default=None, metavar="BENCH_JSON",
                    help="predict the measured results of a `bench --suite drafters` JSON with this scenario")
     p.set_defaults(func=_simulate)

@@ -29,7 +29,7 @@ Policies (`assign_budgets`):
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -265,37 +265,45 @@ def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Se
 # --------------------------------------------------------------------------- k by batch size
 
 def k_for_batch(batch: int, k: int, acceptance: Acceptance = 0.7, c_base: float = 1.0,
-                c_tok: float = 1.0 / 64, c_draft: float = 0.0, c_draft_fwd: float = 0.0) -> int:
+                c_tok: float = 1.0 / 64, c_draft: float = 0.0, c_draft_fwd: float = 0.0,
+                step_time: Optional[Callable[[int, int], float]] = None) -> int:
     """The k in 0..k that maximises tokens per second for a batch of `batch` requests:
     batch * A(d) / (c_base + c_tok * batch * (1 + d) + c_draft * batch * d + c_draft_fwd * d).
     `c_draft_fwd` is a fixed cost per draft forward (model drafters run d forwards per step).
-    Ties go to the smaller d."""
+    `step_time(batch, d)`, when given, replaces that linear step time (e.g. the simulator's
+    roofline). Ties go to the smaller d."""
     A = expected_accepted(acceptance, k)
     d = np.arange(k + 1)
-    thr = batch * A / (c_base + c_tok * batch * (1 + d) + c_draft * batch * d + c_draft_fwd * d)
+    if step_time is not None:
+        t = np.array([step_time(batch, int(x)) for x in d])
+    else:
+        t = c_base + c_tok * batch * (1 + d) + c_draft * batch * d + c_draft_fwd * d
+    thr = batch * A / t
     return int(np.flatnonzero(thr >= thr.max() * (1 - 1e-12))[0])
 
 
 def k_by_batch_size_schedule(max_batch: int, k: int, acceptance: Acceptance = 0.7, c_base: float = 1.0,
                              c_tok: float = 1.0 / 64, c_draft: float = 0.0,
-                             c_draft_fwd: float = 0.0) -> list[tuple[int, int, int]]:
+                             c_draft_fwd: float = 0.0,
+                             step_time: Optional[Callable[[int, int], float]] = None) -> list[tuple[int, int, int]]:
     """vLLM's `num_speculative_tokens_per_batch_size`: [(lo, hi, k), ...] covering 1..max_batch.
 
     Each batch size gets the throughput-optimal k of `k_for_batch` under the cost model
-    t = c_base + c_tok * tokens (+ drafting); only the ratios of the costs matter. The default
-    c_tok / c_base = 1/64 says a step of 64 tokens costs twice a step of one. Small batches are
-    memory-bound and get the full k; as the batch grows, verification costs more and k falls,
-    down to 0 (speculation off) for large batches. Ranges are inclusive, ascending, start at 1.
+    t = c_base + c_tok * tokens (+ drafting), or `step_time(batch, d)` when given; only the
+    ratios of the costs matter. The default c_tok / c_base = 1/64 says a step of 64 tokens
+    costs twice a step of one. Small batches are memory-bound and get the full k; as the batch
+    grows, verification costs more and k falls, down to 0 (speculation off) for large batches.
+    Ranges are inclusive, ascending, start at 1.
     """
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch={max_batch!r}: expected an int >= 1")
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k={k!r}: expected an int >= 0")
-    if c_base <= 0 or c_tok < 0 or c_draft < 0 or c_draft_fwd < 0:
+    if step_time is None and (c_base <= 0 or c_tok < 0 or c_draft < 0 or c_draft_fwd < 0):
         raise ValueError("cost model: need c_base > 0 and non-negative c_tok, c_draft, c_draft_fwd")
     out: list[list[int]] = []
     for b in range(1, max_batch + 1):
-        kb = k_for_batch(b, k, acceptance, c_base, c_tok, c_draft, c_draft_fwd)
+        kb = k_for_batch(b, k, acceptance, c_base, c_tok, c_draft, c_draft_fwd, step_time)
         if out and out[-1][2] == kb:
             out[-1][1] = b
         else:

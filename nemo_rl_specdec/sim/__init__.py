@@ -1,12 +1,13 @@
 """Simulator of RL steps with speculative decoding (docs/simulator.md).
 
 scenario.py   scenario YAML: schema, overrides, errors with dotted key paths
-costmodel.py  engine step time: target verification + drafting
+costmodel.py  engine step time: roofline or linear target verification + drafting by kind
+acceptance.py acceptance curves by draft depth: decay, conditional, bench JSON, spread
 fit.py        least-squares fit of c_base, c_tok from measured steps
 workload.py   rollout batches with GRPO groups and a long tail; predictor history
-engine_sim.py one engine's continuous batching, event by event
-step.py       sync and async GRPO steps over several batches
-report.py     baseline vs speculative runs, calibration checks, sweeps
+engine_sim.py one engine's continuous batching, event by event, with KV capacity and preemption
+step.py       sync, async and serving runs over several batches; trainer pools, exposed generation
+report.py     baseline vs speculative runs, calibration checks (and points), sweeps, finiteness
 plots.py      PNGs of the sweeps
 cli.py        `nemo-rl-specdec simulate`
 """

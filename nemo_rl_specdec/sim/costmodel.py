@@ -1,79 +1,283 @@
 """Time of one engine step, target verification plus drafting.
 
-Target forward (the DAS cost model, plus KV reads):
+Two forms of the target forward, chosen by the scenario's `hardware` block:
 
-    t_target = c_base + c_tok * (verified tokens + prefill tokens) + c_ctx * sum_i ctx_i
+- **linear** (the DAS cost model plus KV reads):
 
-where request i verifies 1 + d_i tokens (its d_i drafts and the bonus position) and ctx_i is
-its context length (prompt + generated so far): each step reads every request's KV cache once,
-however many tokens it verifies — which is why speculation pays off most for long contexts.
+      t_target = c_base + c_tok * tokens + c_ctx * sum_i ctx_i
 
-Drafting, when any request drafts (d_i > 0):
+- **roofline** (from the model's shape and the GPU's data sheet):
 
-    t_draft = step_overhead + fwd_base * max_i d_i + tok * sum_i d_i
-              + ctx * sum_i ctx_i * d_i + per_request * #{i : d_i > 0}
+      t_target = max(bytes / bandwidth, flops / peak) + overhead + per_seq * requests
+                 [+ eager] [+ all-reduce]
+      bytes    = weights + expert bytes touched + kv_bytes_per_token * sum_i ctx_i
+      flops    = flops_per_token * padded(tokens) + attn_flops_per_ctx * sum_i (1 + d_i) * ctx_i
 
-Model drafters (eagle3, draft_model, mtp) run max_i d_i sequential forwards (fwd_base each;
-their KV reads are `ctx`); list drafters (suffix, ngram) look drafts up on the host
-(`per_request`). Contexts grow between steps; `step_cost` returns the time of the current step
-and its growth per step, so n identical steps take n * t0 + slope * n * (n - 1) / 2.
+  A step of n tokens in a mixture-of-experts layer with E experts, a of them active per token,
+  touches E * (1 - (1 - a/E)**n) experts in expectation (each expert is missed by one token
+  with probability 1 - a/E); their bytes are read once per step. The draft tokens a request
+  verifies are consecutive tokens of one sequence, whose routing overlaps: with
+  `expert_correlation` rho each draft token counts as 1 - rho independent tokens there. `padded(tokens)` rounds up to
+  the next CUDA-graph capture size (`capture_sizes`); past the largest one the step runs
+  eagerly and pays `eager_overhead_s`. With tensor parallelism over tp GPUs the bytes and
+  flops are split tp ways and every layer does two ring all-reduces of the step's
+  activations: 2 * layers * (latency + 2 (tp-1)/tp * tokens * hidden * act_bytes / link_bw).
+  `per_seq` is host time per request in the step (scheduling, input preparation, sampling).
+
+Here tokens = verified tokens (1 + d_i per request) + prefill tokens, and ctx_i is request i's
+context (prompt + generated so far): the KV cache is read once per request per step however
+many tokens are verified, which is why speculation pays off most while a step is memory-bound.
+
+Drafting, when any request drafts (d_i > 0), by drafter kind:
+
+- model (eagle3, mtp, draft_model): max_i d_i sequential forwards of the drafter, each over
+  the drafting requests' tokens (one per request) and their contexts;
+- block (dflash, dspark): one forward over all sum_i d_i draft positions at once;
+- list (suffix, ngram): host time per drafting request, no forward;
+
+plus, for every kind, `step_overhead_s` per speculative step (rejection sampling, and for list
+drafters the device-to-host sync of the sampled tokens) and the linear terms
+`fwd_base_s * forwards + tok_s * sum d_i + ctx_s * sum_i ctx_i d_i + per_request_s * #drafting`.
+A drafter forward uses the roofline of its own `drafter.model` shape when one is given.
+
+Contexts grow between steps, so `step_cost` returns a `StepTime`: the current step's time as
+a constant, a linear growth per step, and maxima of two growing lines (the roofline's memory
+and compute sides). `StepTime.total(n)` sums n consecutive steps exactly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 import numpy as np
 
 
+def vllm_capture_sizes(max_capture_size: int = 512) -> tuple[int, ...]:
+    """CUDA-graph capture sizes as in vLLM's defaults: 1, 2, 4, then every multiple of 8 below
+    256, then every multiple of 16 from 256 up to `max_capture_size`."""
+    sizes = [1, 2, 4] + list(range(8, min(256, max_capture_size + 1), 8))
+    sizes += list(range(256, max_capture_size + 1, 16))
+    return tuple(s for s in sizes if s <= max_capture_size)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What one forward of a model reads and computes (per engine, before the tp split)."""
+
+    weight_bytes: float                 # read by every forward (for MoE: everything but the experts)
+    flops_per_token: float              # 2 x active parameters
+    kv_bytes_per_token: float = 0.0     # KV cache per context token
+    attn_flops_per_ctx: float = 0.0     # attention FLOPs per (query token, context token)
+    num_layers: int = 0
+    hidden_size: int = 0
+    activation_bytes: int = 2
+    num_experts: int = 0
+    active_experts: int = 0
+    expert_bytes: float = 0.0           # all experts' bytes, all layers
+    expert_correlation: float = 0.0     # routing overlap of a request's consecutive draft tokens
+
+    def experts_touched_fraction(self, tokens: float) -> float:
+        """Expected share of experts read by a step of `tokens` tokens: 1 - (1 - a/E)**n."""
+        if not self.num_experts or tokens <= 0:
+            return 0.0
+        return 1.0 - (1.0 - self.active_experts / self.num_experts) ** tokens
+
+    @property
+    def total_weight_bytes(self) -> float:
+        return self.weight_bytes + self.expert_bytes
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """One engine's GPUs: effective bandwidth and FLOP rate per GPU, fixed overhead per
+    forward, tensor-parallel degree and link, and the CUDA-graph capture sizes."""
+
+    mem_bw_Bps: float
+    flops_per_s: float
+    overhead_s: float = 0.0
+    tp: int = 1
+    allreduce_bw_Bps: float = math.inf
+    allreduce_latency_s: float = 0.0
+    capture_sizes: tuple[int, ...] = ()
+    eager_overhead_s: float = 0.0
+    overhead_per_seq_s: float = 0.0
+
+    def padded(self, tokens: float) -> tuple[float, bool]:
+        """(tokens the forward computes, whether it runs eagerly)."""
+        if not self.capture_sizes:
+            return tokens, False
+        i = int(np.searchsorted(self.capture_sizes, tokens - 1e-9))
+        if i >= len(self.capture_sizes):
+            return tokens, True
+        return float(self.capture_sizes[i]), False
+
+    def forward(self, shape: ModelShape, tokens: float, ctx_sum: float, ctx_growth: float,
+                attn_ctx: float, attn_growth: float, draft_tokens: float = 0.0,
+                overhead: bool = True) -> tuple[float, tuple[float, float, float, float]]:
+        """(constant part, (mem0, mem_slope, flop0, flop_slope)) of one forward of `tokens`
+        tokens, `draft_tokens` of them drafts: its time at the j-th following step is
+        const + max(mem0 + mem_slope j, flop0 + flop_slope j). `overhead=False` leaves out
+        the engine step's fixed overhead (a drafter forward has its own, fwd_base_s)."""
+        n, eager = self.padded(tokens)
+        bw = self.mem_bw_Bps * self.tp
+        fl = self.flops_per_s * self.tp
+        routed = tokens - shape.expert_correlation * draft_tokens
+        byts = shape.weight_bytes + shape.expert_bytes * shape.experts_touched_fraction(routed)
+        mem0 = (byts + shape.kv_bytes_per_token * ctx_sum) / bw
+        mem1 = shape.kv_bytes_per_token * ctx_growth / bw
+        flop0 = (shape.flops_per_token * n + shape.attn_flops_per_ctx * attn_ctx) / fl
+        flop1 = shape.attn_flops_per_ctx * attn_growth / fl
+        const = (self.overhead_s if overhead else 0.0) + (self.eager_overhead_s if eager else 0.0)
+        if self.tp > 1 and shape.num_layers:
+            msg = tokens * shape.hidden_size * shape.activation_bytes
+            const += 2 * shape.num_layers * (self.allreduce_latency_s
+                                             + 2 * (self.tp - 1) / self.tp * msg / self.allreduce_bw_Bps)
+        return const, (mem0, mem1, flop0, flop1)
+
+
+def _line_sum(c0: float, c1: float, lo: int, hi: int) -> float:
+    """sum_{j=lo}^{hi-1} (c0 + c1 j)."""
+    if hi <= lo:
+        return 0.0
+    return (hi - lo) * c0 + c1 * (hi * (hi - 1) - lo * (lo - 1)) / 2.0
+
+
+@dataclass
+class StepTime:
+    """Time of the j-th of a run of identical steps: t0 + slope j + sum of max(a, b) lines."""
+
+    t0: float
+    slope: float = 0.0
+    maxes: list = field(default_factory=list)     # (a0, a1, b0, b1)
+
+    def at(self, j: int) -> float:
+        return self.t0 + self.slope * j + sum(max(a0 + a1 * j, b0 + b1 * j) for a0, a1, b0, b1 in self.maxes)
+
+    def total(self, n: int) -> float:
+        """Time of n consecutive steps (exact for the piecewise-linear maxima)."""
+        out = _line_sum(self.t0, self.slope, 0, n)
+        for a0, a1, b0, b1 in self.maxes:
+            d0, d1 = a0 - b0, a1 - b1            # a wins where d0 + d1 j >= 0
+            if d1 == 0:
+                out += _line_sum(a0, a1, 0, n) if d0 >= 0 else _line_sum(b0, b1, 0, n)
+                continue
+            m = int(min(max(math.ceil(-d0 / d1), 0), n))
+            first, second = ((b0, b1), (a0, a1)) if d1 > 0 else ((a0, a1), (b0, b1))
+            out += _line_sum(*first, 0, m) + _line_sum(*second, m, n)
+        return out
+
+    def steps_within(self, budget_s: float) -> int:
+        """The smallest n >= 1 whose n steps take at least `budget_s` (the n-th step is the
+        first to end at or after that moment)."""
+        if budget_s <= self.at(0):
+            return 1
+        lo, hi = 1, 2
+        while self.total(hi) < budget_s:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:                       # total(lo) < budget <= total(hi)
+            mid = (lo + hi) // 2
+            if self.total(mid) < budget_s:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+
 @dataclass(frozen=True)
 class CostModel:
-    c_base: float
-    c_tok: float
+    c_base: float = 0.0
+    c_tok: float = 0.0
     c_ctx: float = 0.0
     draft_fwd_base: float = 0.0
     draft_tok: float = 0.0
     draft_ctx: float = 0.0
     draft_per_request: float = 0.0
     spec_step_overhead: float = 0.0
+    draft_kind: str = "list"                     # list | model | block
+    roofline: Optional[Roofline] = None
+    target: Optional[ModelShape] = None
+    draft_shape: Optional[ModelShape] = None
 
     @classmethod
     def from_scenario(cls, sc) -> "CostModel":
         hw, dr = sc.hardware, sc.drafter
-        return cls(hw.c_base_s, hw.c_tok_s, hw.c_ctx_s, dr.fwd_base_s, dr.tok_s, dr.ctx_s,
-                   dr.per_request_s, dr.step_overhead_s)
+        roof = hw.roofline_model()
+        return cls(hw.c_base_s or 0.0, hw.c_tok_s or 0.0, hw.c_ctx_s, dr.fwd_base_s, dr.tok_s, dr.ctx_s,
+                   dr.per_request_s, dr.step_overhead_s, dr.kind, roof,
+                   sc.model.shape() if (roof is not None and sc.model is not None) else None,
+                   dr.model.shape() if (roof is not None and dr.model is not None) else None)
 
     def step_cost(self, drafts: np.ndarray, ctx: np.ndarray, rate: np.ndarray,
-                  prefill_tokens: float = 0.0) -> tuple[float, float]:
-        """(t0, slope): this step's time and how much each following identical step adds
-        (contexts grow by `rate` tokens per step). drafts, ctx, rate: one entry per request."""
+                  prefill_tokens: float = 0.0) -> StepTime:
+        """This step's time and its growth over the following identical steps (contexts grow
+        by `rate` tokens per step). drafts, ctx, rate: one entry per request; drafts may be
+        fractional (a list drafter's expected drafts when it finds a match only sometimes)."""
         n = len(drafts)
-        t0 = self.c_base + self.c_tok * (n + float(drafts.sum()) + prefill_tokens) + self.c_ctx * float(ctx.sum())
-        slope = self.c_ctx * float(rate.sum())
-        if n and drafts.max() > 0:
-            t0 += (self.spec_step_overhead + self.draft_fwd_base * float(drafts.max())
-                   + self.draft_tok * float(drafts.sum()) + self.draft_ctx * float(ctx @ drafts)
-                   + self.draft_per_request * float(np.count_nonzero(drafts)))
-            slope += self.draft_ctx * float(rate @ drafts)
-        return t0, slope
+        d_sum = float(np.sum(drafts))
+        tokens = n + d_sum + prefill_tokens
+        ctx_sum, growth = float(np.sum(ctx)), float(np.sum(rate))
+        st = StepTime(0.0)
+        if self.roofline is not None:
+            w = 1.0 + drafts
+            const, lines = self.roofline.forward(self.target, tokens, ctx_sum, growth,
+                                                 float(ctx @ w), float(rate @ w), draft_tokens=d_sum)
+            st.t0 += const + self.roofline.overhead_per_seq_s * n
+            st.maxes.append(lines)
+        else:
+            st.t0 += self.c_base + self.c_tok * tokens + self.c_ctx * ctx_sum
+            st.slope += self.c_ctx * growth
+        if n and np.max(drafts) > 0:
+            self._add_drafting(st, drafts, ctx, rate)
+        return st
 
-    @staticmethod
-    def time_of_steps(n: int, t0: float, slope: float) -> float:
-        return n * t0 + slope * n * (n - 1) / 2.0
+    def _add_drafting(self, st: StepTime, drafts: np.ndarray, ctx: np.ndarray, rate: np.ndarray) -> None:
+        on = drafts > 0
+        n_on, d_sum = int(np.count_nonzero(on)), float(np.sum(drafts))
+        if self.draft_kind == "model":
+            forwards, tokens_each = float(math.ceil(np.max(drafts) - 1e-9)), float(n_on)
+        elif self.draft_kind == "block":
+            forwards, tokens_each = 1.0, d_sum
+        else:
+            forwards, tokens_each = 0.0, 0.0
+        st.t0 += (self.spec_step_overhead + self.draft_fwd_base * forwards + self.draft_tok * d_sum
+                  + self.draft_ctx * float(ctx @ drafts) + self.draft_per_request * n_on)
+        st.slope += self.draft_ctx * float(rate @ drafts)
+        if forwards and self.roofline is not None and self.draft_shape is not None:
+            c_on, r_on = float(ctx[on].sum()), float(rate[on].sum())
+            const, (m0, m1, f0, f1) = self.roofline.forward(self.draft_shape, tokens_each, c_on, r_on,
+                                                            c_on * tokens_each / max(1, n_on),
+                                                            r_on * tokens_each / max(1, n_on), overhead=False)
+            st.t0 += forwards * const
+            st.maxes.append((forwards * m0, forwards * m1, forwards * f0, forwards * f1))
 
-    @staticmethod
-    def steps_within(budget_s: float, t0: float, slope: float) -> int:
-        """The smallest n >= 1 whose n steps take at least `budget_s` (so the n-th step is the
-        first to end at or after that moment)."""
-        if budget_s <= t0:
-            return 1
-        if slope <= 0:
-            return max(1, int(np.ceil(budget_s / t0 - 1e-12)))
-        # n*t0 + slope*n*(n-1)/2 >= budget  <=>  (slope/2) n^2 + (t0 - slope/2) n - budget >= 0
-        a, b = slope / 2.0, t0 - slope / 2.0
-        n = (-b + np.sqrt(b * b + 4 * a * budget_s)) / (2 * a)
-        n = max(1, int(np.ceil(n - 1e-9)))
-        while n > 1 and CostModel.time_of_steps(n - 1, t0, slope) >= budget_s:
-            n -= 1
-        while CostModel.time_of_steps(n, t0, slope) < budget_s:
-            n += 1
-        return n
+    def mean_step_time(self, batch: int, drafts: float, ctx: float) -> float:
+        """Time of one step of `batch` requests each drafting `drafts` tokens at context `ctx`
+        (used to choose k by batch size and per-request budgets)."""
+        if batch < 1:
+            return 0.0
+        d = np.full(batch, float(drafts))
+        return self.step_cost(d, np.full(batch, float(ctx)), np.zeros(batch)).at(0)
+
+    def linearised(self, batch: int, ctx: float) -> tuple[float, float, float, float]:
+        """(c_base, c_tok, c_draft per draft token, c_ctx per context token) of this model
+        around `batch` requests at context `ctx`: finite differences of `mean_step_time`, for
+        the budget policies that take a linear cost model."""
+        if self.roofline is None:
+            return self.c_base, self.c_tok, self.draft_tok + self.draft_ctx * ctx, self.c_ctx
+        b = max(1, batch)
+        t1 = self.mean_step_time(b, 0.0, ctx)
+        t2 = self.mean_step_time(b, 1.0, ctx)
+        c_tok = max(0.0, (self.mean_step_time(2 * b, 0.0, ctx) - t1) / b)
+        c_draft = max(0.0, (t2 - t1) / b - c_tok)
+        c_ctx = max(0.0, (self.mean_step_time(b, 0.0, 2 * ctx + 1) - t1) / (b * (ctx + 1)))
+        return max(1e-12, t1 - c_tok * b - c_ctx * b * ctx), c_tok, c_draft, c_ctx
+
+
+def kv_slots(ctx: np.ndarray, lookahead: int) -> float:
+    """KV cache tokens held by requests at contexts `ctx`, each reserving `lookahead` slots
+    for the drafts it verifies (vLLM's lookahead slots)."""
+    return float(np.sum(ctx)) + lookahead * len(ctx)
+
+
+__all__ = ["CostModel", "ModelShape", "Roofline", "StepTime", "kv_slots", "vllm_capture_sizes"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from nemo_rl_specdec.sim.acceptance import monotone_curve
 from nemo_rl_specdec.sim.scenario import ScenarioError
 
 _SIM_DRAFTER = {"suffix": "suffix", "ngram": "ngram", "draft_model": "draft_model", "eagle3": "eagle3", "mtp": "mtp"}
@@ -19,10 +20,7 @@ def overrides_for(result: dict) -> list:
     missing = [k for k in ("k", "drafter", "accepted_per_position", "lengths") if not result.get(k)]
     if missing:
         raise ScenarioError(f"bench result {result.get('name')!r} lacks {missing}; rerun the bench (suite drafters)")
-    per_pos = [round(min(1.0, max(0.0, float(x))), 4) for x in result["accepted_per_position"]]
-    # the simulator needs a non-increasing curve; measured noise can break that by a hair
-    for i in range(1, len(per_pos)):
-        per_pos[i] = min(per_pos[i], per_pos[i - 1])
+    per_pos = monotone_curve(result["accepted_per_position"])
     budget = [] if result["drafter"] in ("suffix", "ngram") else ["speculation.budget=uniform"]  # model drafters
     return budget + [f"speculation.k={int(result['k'])}", f"drafter.name={_SIM_DRAFTER[result['drafter']]}",
             "acceptance.alpha=null", "acceptance.mean_accepted_length=null",

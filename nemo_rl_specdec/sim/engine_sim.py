@@ -1,16 +1,22 @@
 """One engine's continuous-batching decode, simulated event by event.
 
 The engine admits released requests (oldest release first, then submission order) while it
-has fewer than `max_num_seqs` in flight; each step every active request verifies 1 + d_i
+has fewer than `max_num_seqs` in flight and its KV cache has room: a request holds its context
+plus k lookahead slots for the drafts it verifies (`kv_capacity` tokens per engine, None for
+unlimited), and is admitted only if every request in flight can still take one step. When the
+contexts grow past the capacity, the newest request is preempted (vLLM's recompute mode): it
+goes back to the head of the queue keeping what it has generated, and pays prompt plus
+generated tokens as prefill when it is admitted again. Each step every active request verifies 1 + d_i
 tokens and commits A_i(d_i) of them in expectation (its accepted drafts plus the bonus
-token); a request leaves the batch when it has committed its response length, and the batch
+token); a list drafter finds a match for a share `coverage` of request-steps, so a request
+drafting d_i commits 1 + coverage * (A_i(d_i) - 1) and verifies 1 + coverage * d_i tokens; a request leaves the batch when it has committed its response length, and the batch
 drains — the long tail, where few requests are left and each step costs nearly c_base.
 
 The simulation is a fluid (expected-value) model, advanced in jumps rather than step by step:
 between two events — a request finishing, a request released, a pause (weight update), a
 budget recomputation — every step has the same drafts and rates, so the engine advances
 straight to the next event, with the step time growing linearly as contexts grow (see
-`CostModel.step_cost`). Step counts stay integers: a request that needs 7.2 steps' worth of
+`CostModel.step_cost` and `StepTime`). Step counts stay integers: a request that needs 7.2 steps' worth of
 tokens finishes at the end of its 8th step.
 
 Budgets: with speculation on, each request gets d_i = min(budget_i, k(batch size)): budget_i
@@ -41,6 +47,10 @@ class SimRequest:
     A: np.ndarray                     # expected tokens committed per step with d = 0..k drafts
     start: float = math.nan
     finish: float = math.nan
+    done: float = 0.0                 # tokens generated before a preemption
+    preemptions: int = 0
+    release: float = 0.0
+    seq: int = 0
 
 
 @dataclass
@@ -65,17 +75,22 @@ class EngineStats:
     spec_request_steps: float = 0.0      # request-steps that had drafts
     spec_committed: float = 0.0          # tokens committed in those request-steps
     budget_recomputes: int = 0
+    preemptions: int = 0
     busy: list = field(default_factory=list)   # merged [start, end] intervals with requests in flight
 
 
 class EngineSim:
     def __init__(self, engine_id: int, cost: CostModel, spec: Optional[SpecPolicy], max_num_seqs: int,
-                 remaining: Callable[[SimRequest, float], float]):
+                 remaining: Callable[[SimRequest, float], float], kv_capacity: Optional[float] = None,
+                 coverage: float = 1.0):
         self.engine_id = engine_id
         self.cost = cost
         self.spec = spec if (spec is not None and spec.k > 0) else None
         self.max_num_seqs = max_num_seqs
         self.remaining = remaining          # (request, generated so far) -> predicted tokens to go
+        self.kv_capacity = math.inf if kv_capacity is None else float(kv_capacity)
+        self.lookahead = self.spec.k if self.spec is not None else 0
+        self.coverage = coverage
         self.clock = 0.0
         self.stats = EngineStats()
         self._queue: list = []              # heap of (release, seq, request)
@@ -96,6 +111,7 @@ class EngineSim:
     # ------------------------------------------------------------------ inputs
     def add(self, requests: Sequence[SimRequest], release: float) -> None:
         for r in requests:
+            r.release, r.seq = release, self._seq
             heapq.heappush(self._queue, (release, self._seq, r))
             self._seq += 1
             self._pending[r.batch] = self._pending.get(r.batch, 0) + 1
@@ -127,23 +143,53 @@ class EngineSim:
             start, dur = heapq.heappop(self._pauses)
             self.clock = max(self.clock, start) + dur
 
+    def _kv_used(self, extra: float = 0.0, n_extra: int = 0) -> float:
+        """KV slots held (contexts + lookahead) plus one bonus slot per request for its next
+        step, with `extra` tokens of `n_extra` more requests."""
+        n = len(self._active) + n_extra
+        return float(self._ctx.sum()) + extra + n * (self.lookahead + 1)
+
     def _admit(self) -> None:
-        new = []
+        new, need = [], 0.0
         while (self._queue and self._queue[0][0] <= self.clock + 1e-12
                and len(self._active) + len(new) < self.max_num_seqs):
-            _, _, r = heapq.heappop(self._queue)
-            r.start = self.clock
+            r = self._queue[0][2]
+            r_need = r.prompt_len + r.done
+            if self._kv_used(need + r_need, len(new) + 1) > self.kv_capacity + 1e-9:
+                if not self._active and not new:
+                    raise RuntimeError(f"engine {self.engine_id}: a request of {r_need:.0f} context tokens does "
+                                       f"not fit in kv_capacity={self.kv_capacity:.0f} tokens")
+                break
+            heapq.heappop(self._queue)
+            if math.isnan(r.start):
+                r.start = self.clock
             new.append(r)
+            need += r_need
         if not new:
             return
         self._active += new
-        self._prog = np.concatenate([self._prog, np.zeros(len(new))])
-        self._ctx = np.concatenate([self._ctx, [float(r.prompt_len) for r in new]])
+        self._prog = np.concatenate([self._prog, [float(r.done) for r in new]])
+        self._ctx = np.concatenate([self._ctx, [float(r.prompt_len + r.done) for r in new]])
         self._len = np.concatenate([self._len, [float(r.length) for r in new]])
         self._A = np.concatenate([self._A, np.stack([r.A for r in new])]) if len(self._A) else np.stack([r.A for r in new])
         self._budget = np.concatenate([self._budget, np.zeros(len(new), dtype=int)])
-        self._prefill += sum(r.prompt_len for r in new)
+        self._prefill += need
         self._dirty = True
+
+    def _preempt(self) -> None:
+        """Preempt the newest requests until every request in flight can take its next step."""
+        while len(self._active) > 1 and self._kv_used() > self.kv_capacity + 1e-9:
+            r = self._active.pop()
+            r.done = float(self._prog[-1])
+            r.preemptions += 1
+            self.stats.preemptions += 1
+            heapq.heappush(self._queue, (r.release, r.seq, r))
+            self._prog, self._ctx, self._len = self._prog[:-1], self._ctx[:-1], self._len[:-1]
+            self._A, self._budget = self._A[:-1], self._budget[:-1]
+            self._dirty = True
+        if self._kv_used() > self.kv_capacity + 1e-9:
+            raise RuntimeError(f"engine {self.engine_id}: one request's context outgrows "
+                               f"kv_capacity={self.kv_capacity:.0f} tokens")
 
     def _budgets(self) -> np.ndarray:
         sp = self.spec
@@ -151,16 +197,17 @@ class EngineSim:
         if sp.budget == "uniform":
             return np.full(n, sp.k, dtype=int)
         rem = [self.remaining(r, float(g)) for r, g in zip(self._active, self._prog)]
-        c = self.cost
+        c_base, c_tok, c_draft, c_ctx = self.cost.linearised(n, float(self._ctx.mean()))
         out = assign_budgets(
             rem, sp.k, sp.budget, long_fraction=sp.long_fraction, short_fraction=sp.short_fraction,
-            medium_k=sp.medium_k, acceptance=sp.acceptance, c_base=c.c_base, c_tok=c.c_tok,
-            c_draft=c.draft_tok + c.draft_ctx * float(self._ctx.mean()), c_req=c.c_ctx * self._ctx,
+            medium_k=sp.medium_k, acceptance=sp.acceptance, c_base=c_base, c_tok=c_tok,
+            c_draft=c_draft, c_req=c_ctx * self._ctx,
         )
         self.stats.budget_recomputes += 1
         return np.asarray(out, dtype=int)
 
     def _advance(self) -> None:
+        self._preempt()
         n_act = len(self._active)
         sp = self.spec
         if sp is None:
@@ -170,8 +217,11 @@ class EngineSim:
                 self._budget = self._budgets()
                 self._dirty, self._since = False, 0
             d = np.minimum(self._budget, schedule_lookup(sp.schedule, n_act, sp.k))
-        rate = self._A[np.arange(n_act), d]
-        t0, slope = self.cost.step_cost(d, self._ctx, rate, self._prefill)
+        idx = np.arange(n_act)
+        a_draft = self._A[idx, d]                                 # committed per step when drafting
+        rate = 1.0 + self.coverage * (a_draft - 1.0)
+        d_eff = self.coverage * d
+        cost = self.cost.step_cost(d_eff, self._ctx, rate, self._prefill)
 
         left = self._len - self._prog
         n = int(np.min(np.ceil(left / rate - 1e-9)))
@@ -179,27 +229,31 @@ class EngineSim:
             n = 1
         if sp is not None and sp.budget != "uniform":
             n = min(n, sp.interval - self._since)
+        if math.isfinite(self.kv_capacity):   # steps until the next one would not fit
+            n = min(n, int((self.kv_capacity - self._kv_used()) // float(rate.sum())) + 1)
         ext = math.inf
         if self._queue and n_act < self.max_num_seqs:
             ext = self._queue[0][0]
         if self._pauses:
             ext = min(ext, self._pauses[0][0])
         if ext < math.inf and ext > self.clock:
-            n = min(n, CostModel.steps_within(ext - self.clock, t0, slope))
+            n = min(n, cost.steps_within(ext - self.clock))
         n = max(1, n)
-        dt = CostModel.time_of_steps(n, t0, slope)
+        dt = cost.total(n)
 
         st = self.stats
         st.steps += n
         st.busy_s += dt
-        st.verified_tokens += n * (n_act + float(d.sum()))
-        st.draft_tokens += n * float(d.sum())
+        st.verified_tokens += n * (n_act + float(d_eff.sum()))
+        st.draft_tokens += n * float(d_eff.sum())
         drafting = d > 0
         committed = np.minimum(n * rate, left)
         st.committed_tokens += float(committed.sum())
         if drafting.any():
-            st.spec_request_steps += float(np.minimum(n, np.ceil(left / rate - 1e-9))[drafting].sum())
-            st.spec_committed += float(committed[drafting].sum())
+            steps_i = np.minimum(n, np.ceil(left / rate - 1e-9))
+            share = self.coverage * a_draft / rate             # of committed tokens, from drafting steps
+            st.spec_request_steps += float((self.coverage * steps_i)[drafting].sum())
+            st.spec_committed += float((committed * share)[drafting].sum())
         if st.busy and abs(st.busy[-1][1] - self.clock) < 1e-12:
             st.busy[-1][1] = self.clock + dt
         else:

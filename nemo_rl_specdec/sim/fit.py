@@ -7,6 +7,9 @@ drafts per request it verifies B * (k + 1) tokens and takes B * (mean accepted l
 (tokens per second). `fit_cost_model` is an ordinary least-squares line constrained to
 non-negative coefficients (a negative fixed or per-token cost is not physical: when the
 unconstrained fit goes negative, that coefficient is pinned at 0 and the other refitted).
+Scenarios fit with `pin=False`: a pinned coefficient is an error there, since a cost model
+whose step time does not grow with tokens (or has no fixed part) is silently wrong about
+speculation.
 """
 from __future__ import annotations
 
@@ -30,11 +33,17 @@ def _check(samples: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
     return n, t
 
 
-def fit_cost_model(samples: Sequence[Sequence[float]]) -> tuple[float, float]:
-    """(c_base, c_tok) in seconds from [(n_tokens_in_step, seconds), ...] (see module doc)."""
+def fit_cost_model(samples: Sequence[Sequence[float]], pin: bool = True) -> tuple[float, float]:
+    """(c_base, c_tok) in seconds from [(n_tokens_in_step, seconds), ...] (see module doc).
+    With pin=False a fit that would pin a coefficient at 0 raises ValueError."""
     n, t = _check(samples)
     X = np.stack([np.ones_like(n), n], axis=1)
     (c_base, c_tok), *_ = np.linalg.lstsq(X, t, rcond=None)
+    if not pin and c_tok <= 0:
+        raise ValueError(f"the fit gives c_tok_s = {c_tok:.3g} <= 0 (step time does not grow with tokens): "
+                         "add samples over a wider range of tokens per step")
+    if not pin and c_base <= 0:
+        raise ValueError(f"the fit gives c_base_s = {c_base:.3g} <= 0: add samples with few tokens per step")
     if c_tok < 0:
         c_base, c_tok = float(t.mean()), 0.0
     elif c_base < 0:

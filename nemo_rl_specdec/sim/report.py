@@ -10,9 +10,11 @@ number of engines.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 from nemo_rl_specdec.sim.costmodel import CostModel
+from nemo_rl_specdec.sim.scenario import ScenarioError
 from nemo_rl_specdec.sim.step import RunResult, simulate_rl
 from nemo_rl_specdec.sim.workload import make_batches
 
@@ -21,8 +23,27 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else float("inf")
 
 
+def check_finite(value: Any, path: str = "result") -> None:
+    """Raise SimulationError naming the first NaN or infinite number in a result."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_finite(v, f"{path}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_finite(v, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise SimulationError(f"{path} is {value}: the scenario's costs or workload make this result undefined "
+                              "(a zero or infinite time); check the hardware and workload blocks")
+
+
+class SimulationError(ScenarioError):
+    """A result came out NaN or infinite: the scenario describes something the model cannot time."""
+
+
 def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunResult] = None) -> dict[str, Any]:
     gpus = spec.num_engines * sc.hardware.gpus_per_engine
+    serving = sc.workload.steady_state        # no trainer: nothing waits for the rollouts
+    sync = sc.rl.mode == "sync" and not serving
     out = {
         "rollout_s_baseline": base.rollout_s,
         "rollout_s_spec": spec.rollout_s,
@@ -31,8 +52,8 @@ def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunRe
         "step_s_baseline": base.step_s,
         "step_s_spec": spec.step_s,
         "step_speedup": _ratio(base.step_s, spec.step_s),
-        "gen_fraction_baseline": _ratio(base.rollout_s, base.step_s) if sc.rl.mode == "sync" else None,
-        "gen_fraction_spec": _ratio(spec.rollout_s, spec.step_s) if sc.rl.mode == "sync" else None,
+        "gen_fraction_baseline": _ratio(base.rollout_s, base.step_s) if sync else None,
+        "gen_fraction_spec": _ratio(spec.rollout_s, spec.step_s) if sync else None,
         "gen_idle_fraction_baseline": base.gen_idle_fraction,
         "gen_idle_fraction_spec": spec.gen_idle_fraction,
         "mean_accepted_length": spec.mean_accepted_length,
@@ -41,6 +62,12 @@ def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunRe
         "target_steps_baseline": base.target_steps,
         "target_steps_spec": spec.target_steps,
         "draft_tokens_per_response_token": spec.draft_tokens / max(1, spec.response_tokens),
+        "output_tokens_per_s_baseline": base.response_tokens / len(base.release) / base.rollout_s,
+        "output_tokens_per_s_spec": spec.response_tokens / len(spec.release) / spec.rollout_s,
+        "exposed_generation_s_baseline": None if serving else base.exposed_generation_s,
+        "exposed_generation_s_spec": None if serving else spec.exposed_generation_s,
+        "preemptions_baseline": base.preemptions,
+        "preemptions_spec": spec.preemptions,
     }
     if placement_only is not None:
         out["rollout_s_placement_only"] = placement_only.rollout_s
@@ -51,12 +78,32 @@ def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunRe
 def check_calibration(sc, metrics: dict[str, Any]) -> dict[str, Any]:
     """Each calibration target with the simulated value; `ok` is None when the metric is not
     defined for this run (e.g. the generation share of a step in async mode)."""
+    return check_targets(sc.calibration or {}, metrics)
+
+
+def check_targets(targets: dict, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Each target (`scenario.Target`) with the simulated value of its metric."""
     out = {}
-    for key, target in (sc.calibration or {}).items():
+    for key, target in targets.items():
         lo, hi = target.bounds()
         v = metrics.get(key)
-        out[key] = {"predicted": None if v is None else float(v), "target": target.value, "min": lo, "max": hi,
+        out[key] = {"predicted": None if v is None else float(v), "target": target.value,
+                    "min": lo if math.isfinite(lo) else None, "max": hi if math.isfinite(hi) else None,
                     "ok": None if v is None else bool(lo <= float(v) <= hi), "source": target.source}
+    return out
+
+
+def check_calibration_points(path: str, overrides: list[str] = ()) -> list[dict[str, Any]]:
+    """Each of the scenario's `calibration_points`: the variant simulated (scenario file at
+    `path` with the point's overrides, then the caller's) and its targets checked."""
+    from nemo_rl_specdec.sim.scenario import load_scenario
+
+    sc = load_scenario(path, list(overrides))
+    out = []
+    for pt in sc.calibration_points or []:
+        v = load_scenario(path, [*pt.overrides, *overrides, "calibration_points=null"])
+        out.append({"name": pt.name, "overrides": list(pt.overrides),
+                    "calibration": check_targets(pt.targets, simulate(v))})
     return out
 
 
@@ -76,8 +123,8 @@ def simulate(sc, sweeps: bool = False) -> dict[str, Any]:
         "alpha": sc.alpha,
         "k": sc.speculation.k,
         "num_engines": sc.cluster.num_engines,
-        "mode": sc.rl.mode,
-        "cost_model": {"c_base_s": cm.c_base, "c_tok_s": cm.c_tok, "c_ctx_s": cm.c_ctx},
+        "mode": "serving" if sc.workload.steady_state else sc.rl.mode,
+        "cost_model": _cost_summary(sc, cm),
         "per_step": {
             "rollout_s_baseline": base.rollout_s_per_step,
             "rollout_s_spec": spec.rollout_s_per_step,
@@ -87,7 +134,20 @@ def simulate(sc, sweeps: bool = False) -> dict[str, Any]:
         result["calibration"] = check_calibration(sc, metrics)
     if sweeps:
         result["sweeps"] = run_sweeps(sc, base, batches)
+    check_finite(result)
     return result
+
+
+def _cost_summary(sc, cm: CostModel) -> dict[str, Any]:
+    kv = sc.kv_capacity_tokens
+    if cm.roofline is None:
+        return {"form": "linear", "c_base_s": cm.c_base, "c_tok_s": cm.c_tok, "c_ctx_s": cm.c_ctx,
+                "kv_capacity_tokens": kv}
+    ctx = sc.workload.prompt_len + sc.workload.lengths.median / 2
+    b = sc.hardware.max_num_seqs
+    return {"form": "roofline", "kv_capacity_tokens": kv, "typical_context": ctx,
+            "step_s_batch_1": cm.mean_step_time(1, 0, ctx), f"step_s_batch_{b}": cm.mean_step_time(b, 0, ctx),
+            f"step_s_batch_{b}_k": cm.mean_step_time(b, sc.speculation.k, ctx)}
 
 
 def run_sweeps(sc, base: Optional[RunResult] = None, batches=None) -> dict[str, list[dict[str, float]]]:

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.scheduling.budget import expected_accepted
+from nemo_rl_specdec.sim import acceptance as acc
+from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SIM_CONFIGS = PACKAGE_DIR.parent / "configs" / "sim"
@@ -32,8 +34,11 @@ METRICS = (
     "gen_idle_fraction_baseline", "gen_idle_fraction_spec", "mean_accepted_length",
     "tokens_per_gpu_s_baseline", "tokens_per_gpu_s_spec", "target_steps_baseline", "target_steps_spec",
     "draft_tokens_per_response_token", "rollout_s_placement_only", "rollout_speedup_placement_only",
+    "output_tokens_per_s_baseline", "output_tokens_per_s_spec", "exposed_generation_s_baseline",
+    "exposed_generation_s_spec", "preemptions_baseline", "preemptions_spec",
 )
 MODEL_DRAFTERS = ("eagle3", "draft_model", "mtp")
+BLOCK_DRAFTERS = ("dflash", "dspark")
 
 
 class ScenarioError(ConfigError):
@@ -41,12 +46,75 @@ class ScenarioError(ConfigError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Experts(_Strict):
+    """Mixture-of-experts layers: `num` experts, `active` of them per token, `bytes` for all
+    experts of all layers."""
+
+    num: int = Field(ge=1)
+    active: int = Field(ge=1)
+    bytes: float = Field(gt=0)
+    draft_correlation: float = Field(
+        0.0, ge=0, le=1, description="routing overlap of a request's consecutive draft tokens (0: independent)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.active > self.num:
+            raise ValueError(f"active={self.active} must be <= num={self.num}")
+        return self
+
+
+class ModelSpec(_Strict):
+    """A model's shape as the roofline needs it (see sim/costmodel.py)."""
+
+    name: str = ""
+    weight_bytes: float = Field(gt=0, description="bytes every forward reads (MoE: all but the experts)")
+    flops_per_token: float = Field(gt=0, description="2 x active parameters")
+    kv_bytes_per_token: float = Field(0.0, ge=0, description="KV cache bytes per context token")
+    attn_flops_per_ctx: float = Field(0.0, ge=0, description="attention FLOPs per (query token, context token)")
+    num_layers: int = Field(0, ge=0)
+    hidden_size: int = Field(0, ge=0)
+    activation_bytes: int = Field(2, ge=1)
+    experts: Optional[Experts] = None
+
+    def shape(self) -> ModelShape:
+        e = self.experts
+        return ModelShape(self.weight_bytes, self.flops_per_token, self.kv_bytes_per_token, self.attn_flops_per_ctx,
+                          self.num_layers, self.hidden_size, self.activation_bytes,
+                          e.num if e else 0, e.active if e else 0, e.bytes if e else 0.0,
+                          e.draft_correlation if e else 0.0)
+
+
+class RooflineSpec(_Strict):
+    """Per-GPU effective bandwidth and FLOP rate (data sheet x achievable share), the fixed
+    overhead of a forward, the CUDA-graph capture sizes and the tensor-parallel link."""
+
+    mem_bw_Bps: float = Field(gt=0, description="effective HBM bandwidth per GPU, bytes/s")
+    flops_per_s: float = Field(gt=0, description="effective dense FLOP/s per GPU at the model's precision")
+    overhead_s: float = Field(0.0, ge=0, description="fixed time per forward: launch, scheduling, sampling")
+    capture_sizes: Union[Literal["vllm", "none"], list[int]] = "none"
+    max_capture_size: int = Field(512, ge=1, description="the largest vLLM default capture size")
+    eager_overhead_s: float = Field(0.0, ge=0, description="extra time of a step past the largest capture size")
+    overhead_per_seq_s: float = Field(0.0, ge=0, description="host time per request in a step")
+    allreduce_bw_Bps: Optional[float] = Field(None, gt=0, description="tensor-parallel link bandwidth per GPU")
+    allreduce_latency_s: float = Field(0.0, ge=0, description="latency of one all-reduce")
+
+    def sizes(self) -> tuple[int, ...]:
+        if self.capture_sizes == "none":
+            return ()
+        if self.capture_sizes == "vllm":
+            return vllm_capture_sizes(self.max_capture_size)
+        return tuple(sorted(set(self.capture_sizes)))
 
 
 class Hardware(_Strict):
-    """One engine (one vLLM instance, `gpus_per_engine` GPUs) and its target-model step cost:
-    t = c_base_s + c_tok_s * tokens_in_step + c_ctx_s * sum(context of each request)."""
+    """One engine (one vLLM instance, `gpus_per_engine` GPUs, the tensor-parallel degree) and
+    its target-model step cost: linear, t = c_base_s + c_tok_s * tokens_in_step + c_ctx_s *
+    sum(context of each request), or a `roofline` over the scenario's `model`. The KV cache
+    holds `kv_capacity_tokens` tokens per engine (or what `memory_bytes` leaves after the
+    weights; None: unlimited)."""
 
     name: str = "custom"
     gpus_per_engine: int = Field(1, ge=1)
@@ -57,21 +125,39 @@ class Hardware(_Strict):
         None, description="[[tokens_in_step, seconds], ...]: c_base_s and c_tok_s fitted by least squares"
     )
     max_num_seqs: int = Field(256, ge=1, description="requests decoded concurrently per engine")
+    roofline: Optional[RooflineSpec] = None
+    kv_capacity_tokens: Optional[int] = Field(None, ge=1, description="KV cache tokens per engine")
+    memory_bytes: Optional[float] = Field(None, gt=0, description="memory per GPU (derives kv_capacity_tokens)")
+    memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization")
 
     @model_validator(mode="after")
     def _costs(self):
         given = self.c_base_s is not None or self.c_tok_s is not None
+        if self.roofline is not None:
+            if given or self.fit_samples is not None or self.c_ctx_s:
+                raise ValueError("give either a roofline or the linear constants (c_base_s, c_tok_s, c_ctx_s, "
+                                 "fit_samples), not both")
+            return self
         if self.fit_samples is not None and given:
             raise ValueError("give either c_base_s and c_tok_s, or fit_samples, not both")
         if self.fit_samples is None and (self.c_base_s is None or self.c_tok_s is None):
-            raise ValueError("need c_base_s and c_tok_s (or fit_samples to fit them)")
+            raise ValueError("need c_base_s and c_tok_s (or fit_samples to fit them, or a roofline)")
         if self.fit_samples is not None:
             from nemo_rl_specdec.sim.fit import fit_cost_model
 
-            self.c_base_s, self.c_tok_s = fit_cost_model(self.fit_samples)
-            if self.c_base_s <= 0:
-                raise ValueError("fit_samples give c_base_s <= 0: add samples with few tokens per step")
+            try:
+                self.c_base_s, self.c_tok_s = fit_cost_model(self.fit_samples, pin=False)
+            except ValueError as e:
+                raise _PathError("hardware.fit_samples", self.fit_samples, str(e)) from None
         return self
+
+    def roofline_model(self) -> Optional[Roofline]:
+        r = self.roofline
+        if r is None:
+            return None
+        return Roofline(r.mem_bw_Bps, r.flops_per_s, r.overhead_s, self.gpus_per_engine,
+                        r.allreduce_bw_Bps or math.inf, r.allreduce_latency_s, r.sizes(), r.eager_overhead_s,
+                        r.overhead_per_seq_s)
 
 
 class Cluster(_Strict):
@@ -79,53 +165,82 @@ class Cluster(_Strict):
 
 
 class Drafter(_Strict):
-    """Drafting cost per step. Model drafters run max(d) sequential forwards per step; list
-    drafters (suffix, ngram) look drafts up on the host, per request."""
+    """Drafting cost per step. Model drafters run max(d) sequential forwards per step; block
+    drafters (dflash, dspark) one parallel forward over all draft positions; list drafters
+    (suffix, ngram) look drafts up on the host, per request, and find one for a share
+    `coverage` of request-steps. A drafter forward is priced by the roofline of `model` when
+    given, plus `fwd_base_s`."""
 
-    name: Literal["suffix", "ngram", "eagle3", "draft_model", "mtp", "custom"] = "suffix"
-    kind: Optional[Literal["list", "model"]] = None
+    name: Literal["suffix", "ngram", "eagle3", "draft_model", "mtp", "dflash", "dspark", "custom"] = "suffix"
+    kind: Optional[Literal["list", "model", "block"]] = None
     fwd_base_s: float = Field(0.0, ge=0, description="fixed cost of one draft forward")
     tok_s: float = Field(0.0, ge=0, description="cost per draft token")
     ctx_s: float = Field(0.0, ge=0, description="cost per context token per draft token (drafter KV reads)")
     per_request_s: float = Field(0.0, ge=0, description="host time per drafting request per step")
-    step_overhead_s: float = Field(0.0, ge=0, description="fixed cost of a speculative step (verification bookkeeping)")
+    step_overhead_s: float = Field(
+        0.0, ge=0, description="fixed cost of a speculative step (rejection sampling; list drafters: the host sync)")
+    coverage: float = Field(1.0, gt=0, le=1, description="list drafters: share of request-steps with a match")
+    model: Optional[ModelSpec] = Field(None, description="the drafter's shape, for the roofline")
 
     @model_validator(mode="after")
     def _kind(self):
-        default = "list" if self.name in LIST_DRAFTERS else ("model" if self.name in MODEL_DRAFTERS else None)
+        default = {**{n: "list" for n in LIST_DRAFTERS}, **{n: "model" for n in MODEL_DRAFTERS},
+                   **{n: "block" for n in BLOCK_DRAFTERS}}.get(self.name)
         if self.kind is None:
             if default is None:
-                raise ValueError("drafter 'custom' needs kind: list | model")
+                raise ValueError("drafter 'custom' needs kind: list | model | block")
             self.kind = default
         elif default is not None and self.kind != default:
             raise ValueError(f"drafter {self.name!r} is a {default} drafter; kind={self.kind!r} contradicts it")
+        if self.coverage < 1 and self.kind != "list":
+            raise _PathError("drafter.coverage", self.coverage, "1.0 for a model or block drafter (it always drafts)")
         return self
 
 
 class Acceptance(_Strict):
-    """Exactly one of: alpha (geometric: draft position j accepted with probability alpha**j),
-    per_position (measured unconditional acceptance of positions 1, 2, ...), or
+    """Exactly one of: alpha (position j accepted, given j-1 was, with probability
+    alpha * decay**(j-1); decay 1 is geometric), conditional (those conditionals given
+    directly), per_position (measured unconditional acceptance of positions 1, 2, ...),
     mean_accepted_length (tokens per step, bonus included, measured at `measured_at_k` drafts,
-    default speculation.k; alpha is solved from it, so changing k keeps the per-position
-    acceptance when measured_at_k is given)."""
+    default speculation.k; alpha is solved from it with the given decay, so changing k keeps
+    the per-position acceptance when measured_at_k is given), or bench_json (a bench result's
+    accepted_per_position). See sim/acceptance.py."""
 
     alpha: Optional[float] = Field(None, ge=0, le=1)
+    conditional: Optional[list[float]] = None
     per_position: Optional[list[float]] = None
     mean_accepted_length: Optional[float] = Field(None, ge=1)
+    bench_json: Optional[str] = Field(None, description="a `nemo-rl-specdec bench --json` file")
+    bench_result: Optional[str] = Field(None, description="the result's name in bench_json (default: the only one)")
     measured_at_k: Optional[int] = Field(
         None, ge=1, description="the k at which mean_accepted_length was measured (default: speculation.k)"
     )
-    spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha around the mean")
+    decay: float = Field(1.0, gt=0, le=1, description="conditional acceptance falls by this factor per position")
+    spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha; keeps the mean accepted length")
 
     @model_validator(mode="after")
     def _one(self):
-        given = [n for n in ("alpha", "per_position", "mean_accepted_length") if getattr(self, n) is not None]
+        forms = ("alpha", "conditional", "per_position", "mean_accepted_length", "bench_json")
+        given = [n for n in forms if getattr(self, n) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of alpha, per_position, mean_accepted_length (got {given or 'none'})")
+            raise ValueError(f"give exactly one of {', '.join(forms)} (got {given or 'none'})")
+        if self.conditional is not None:
+            if not self.conditional or any(not 0 <= x <= 1 for x in self.conditional):
+                raise _PathError("acceptance.conditional", self.conditional, "a non-empty list of values in [0, 1]")
+            self.per_position = acc.from_conditional(self.conditional)
+        if self.bench_json is not None:
+            try:
+                self.per_position = acc.curve_from_bench(self.bench_json, self.bench_result)
+            except (OSError, ValueError) as e:
+                raise _PathError("acceptance.bench_json", self.bench_json, f"a readable bench JSON ({e})") from None
+        elif self.bench_result is not None:
+            raise _PathError("acceptance.bench_result", self.bench_result, "null unless bench_json is given")
         if self.per_position is not None:
             expected_accepted(self.per_position, len(self.per_position))  # validates the curve
-            if self.spread:
-                raise ValueError("spread applies to alpha / mean_accepted_length, not to a per_position curve")
+            for key in ("spread", "decay"):
+                if getattr(self, key) != (0.0 if key == "spread" else 1.0):
+                    raise _PathError(f"acceptance.{key}", getattr(self, key),
+                                     "its default: it applies to alpha / mean_accepted_length, not to a measured curve")
         return self
 
 
@@ -195,12 +310,15 @@ class Workload(_Strict):
     prompt_len: int = Field(256, ge=0)
     lengths: Lengths = Lengths()
     prediction: Literal["history", "oracle", "none"] = "history"
+    steady_state: bool = Field(
+        False, description="serving benchmark: every request released at once, max_num_seqs always in flight")
     history_rollouts: int = Field(8, ge=0, description="earlier rollouts per problem the predictor has seen")
 
 
 class Phase(_Strict):
     fixed_s: float = Field(0.0, ge=0)
     per_ktoken_s: float = Field(0.0, ge=0, description="seconds per 1000 tokens (prompt + response) in the batch")
+    flops_per_token: float = Field(0.0, ge=0, description="FLOPs per batch token (6 x params to train, 2 x to score)")
 
 
 class RL(_Strict):
@@ -210,11 +328,22 @@ class RL(_Strict):
     logprob: Phase = Phase()
     train: Phase = Phase()
     refit_s: float = Field(0.0, ge=0, description="weight update of the engines (blocks generation)")
+    refit_blocks_training: bool = Field(False, description="async: the trainer also waits for the refit")
+    colocated: Optional[bool] = Field(None, description="generation and training on the same GPUs (default: sync)")
+    training_gpus: Optional[int] = Field(None, ge=1, description="GPUs of the training pool (default: generation's)")
+    training_flops_per_s: float = Field(0.0, ge=0, description="effective FLOP/s per training GPU")
 
     @model_validator(mode="after")
     def _steps(self):
         if self.mode == "async" and self.num_steps < self.max_policy_lag + 2:
             raise ValueError(f"num_steps must be >= max_policy_lag + 2 = {self.max_policy_lag + 2} in async mode")
+        if self.colocated and self.mode == "async":
+            raise _PathError("rl.colocated", True, "false in async mode (generation and training overlap)")
+        if self.colocated and self.training_gpus is not None:
+            raise _PathError("rl.training_gpus", self.training_gpus, "null when colocated (the generation GPUs train)")
+        for ph in ("logprob", "train"):
+            if getattr(self, ph).flops_per_token and not self.training_flops_per_s:
+                raise _PathError("rl.training_flops_per_s", 0.0, f"> 0 when rl.{ph}.flops_per_token is given")
         return self
 
     @property
@@ -270,10 +399,19 @@ class Target(_Strict):
         return (-math.inf if self.min is None else self.min), (math.inf if self.max is None else self.max)
 
 
+class CalibrationPoint(_Strict):
+    """Published figures of a variant of the scenario: `overrides` (key=value) applied to it."""
+
+    name: str
+    overrides: list[str] = []
+    targets: dict[str, Target]
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="seeds every random draw (numpy needs it >= 0)")
+    model: Optional[ModelSpec] = Field(None, description="the target model's shape (the roofline needs it)")
     hardware: Hardware
     cluster: Cluster = Cluster()
     drafter: Drafter = Drafter()
@@ -284,6 +422,8 @@ class Scenario(_Strict):
     baseline: Baseline = Baseline()
     sweep: Sweep = Sweep()
     calibration: Optional[dict[str, Target]] = Field(None, description="published figures to reproduce; null drops an extended file's")
+    calibration_points: Optional[list[CalibrationPoint]] = Field(
+        None, description="variants of this scenario (overrides) with their published figures")
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -293,9 +433,15 @@ class Scenario(_Strict):
                 f"'uniform' for model drafter {self.drafter.name!r}: per-request budgets need a list drafter "
                 "(suffix, ngram); use speculation.k_by_batch_size for model drafters",
             )
+        self._check_costs()
         for key in self.calibration or {}:
             if key not in METRICS:
                 raise _PathError(f"calibration.{key}", key, f"a reported metric, one of {list(METRICS)}")
+        for i, pt in enumerate(self.calibration_points or []):
+            for key in pt.targets:
+                if key not in METRICS:
+                    raise _PathError(f"calibration_points.{i}.targets.{key}", key,
+                                     f"a reported metric, one of {list(METRICS)}")
         a = self.acceptance
         if a.measured_at_k is not None and a.mean_accepted_length is None:
             raise _PathError("acceptance.measured_at_k", a.measured_at_k, "null unless mean_accepted_length is given")
@@ -305,37 +451,92 @@ class Scenario(_Strict):
                 "acceptance.mean_accepted_length", a.mean_accepted_length,
                 f"<= k + 1 = {at_k + 1} (at most k drafts and one bonus token per step)",
             )
+        if a.mean_accepted_length is not None:
+            try:
+                acc.solve_alpha(a.mean_accepted_length, at_k, a.decay)
+            except ValueError as e:
+                raise _PathError("acceptance.mean_accepted_length", a.mean_accepted_length, str(e)) from None
+        if a.spread > 0:
+            try:
+                acc.spread_mean(self.alpha, a.decay, a.spread, at_k)
+            except ValueError as e:
+                raise _PathError("acceptance.spread", a.spread, str(e)) from None
+        self._check_kv()
         return self
+
+    def _check_costs(self) -> None:
+        hw = self.hardware
+        if hw.roofline is None:
+            for key, v in (("model", self.model), ("drafter.model", self.drafter.model), ("hardware.memory_bytes",
+                                                                                          hw.memory_bytes)):
+                if v is not None:
+                    raise _PathError(key, "given", "null without hardware.roofline (the linear cost model ignores it)")
+            return
+        if self.model is None:
+            raise _PathError("model", None, "the target model's shape: hardware.roofline needs it")
+        if hw.gpus_per_engine > 1 and (hw.roofline.allreduce_bw_Bps is None or not self.model.num_layers
+                                       or not self.model.hidden_size):
+            raise _PathError("hardware.roofline.allreduce_bw_Bps", hw.roofline.allreduce_bw_Bps,
+                             "a link bandwidth, with model.num_layers and model.hidden_size, when gpus_per_engine > 1 "
+                             "(tensor parallelism all-reduces every layer)")
+        if self.drafter.kind in ("model", "block") and self.drafter.model is None and not self.drafter.fwd_base_s:
+            raise _PathError("drafter.model", None, f"the {self.drafter.name} drafter's shape (or drafter.fwd_base_s)")
+
+    @property
+    def kv_capacity_tokens(self) -> Optional[float]:
+        """KV cache tokens per engine: given, or what memory_bytes leaves after the weights."""
+        hw = self.hardware
+        if hw.kv_capacity_tokens is not None:
+            return float(hw.kv_capacity_tokens)
+        if hw.memory_bytes is None:
+            return None
+        m, d = self.model, self.drafter.model
+        weights = m.shape().total_weight_bytes + (d.shape().total_weight_bytes if d else 0.0)
+        per_token = m.kv_bytes_per_token + (d.kv_bytes_per_token if d else 0.0)
+        free = hw.memory_bytes * hw.gpus_per_engine * hw.memory_utilization - weights
+        return free / per_token if per_token > 0 else None
+
+    def _check_kv(self) -> None:
+        hw = self.hardware
+        if hw.memory_bytes is not None and hw.kv_capacity_tokens is not None:
+            raise _PathError("hardware.memory_bytes", hw.memory_bytes, "null when kv_capacity_tokens is given")
+        if hw.memory_bytes is not None and not self.model.kv_bytes_per_token:
+            raise _PathError("model.kv_bytes_per_token", 0, "> 0 to derive the KV capacity from hardware.memory_bytes")
+        cap = self.kv_capacity_tokens
+        if cap is None:
+            return
+        need = self.workload.prompt_len + self.workload.lengths.max_len + self.speculation.k + 1
+        if cap < need:
+            key = "hardware.kv_capacity_tokens" if hw.kv_capacity_tokens is not None else "hardware.memory_bytes"
+            raise _PathError(key, getattr(hw, key.split(".")[1]),
+                             f"room for one request of prompt_len + max_len + k + 1 = {need} tokens "
+                             f"(the KV cache holds {cap:.0f})")
 
     # ------------------------------------------------------------------ derived
     @property
     def alpha(self) -> Optional[float]:
-        """The geometric per-position acceptance (solved when mean_accepted_length is given)."""
+        """alpha of the conditionals alpha * decay**(j-1) (solved when mean_accepted_length is
+        given); None for a measured curve."""
         a = self.acceptance
         if a.alpha is not None:
             return a.alpha
         if a.mean_accepted_length is not None:
-            return solve_alpha(a.mean_accepted_length, a.measured_at_k or self.speculation.k)
+            return acc.solve_alpha(a.mean_accepted_length, a.measured_at_k or self.speculation.k, a.decay)
         return None
 
     @property
     def acceptance_model(self) -> Union[float, list[float]]:
-        """What the scheduling code takes as `acceptance`: alpha or the per-position curve."""
-        return self.alpha if self.alpha is not None else list(self.acceptance.per_position or [])
+        """What the scheduling code takes as `acceptance`: alpha (geometric) or the unconditional
+        per-position curve."""
+        a = self.acceptance
+        if self.alpha is not None:
+            return self.alpha if a.decay == 1.0 else [float(x) for x in acc.decayed_curve(self.alpha, a.decay)]
+        return list(a.per_position or [])
 
 
-def solve_alpha(mean_accepted_length: float, k: int) -> float:
-    """alpha with (1 - alpha**(k+1)) / (1 - alpha) == mean_accepted_length (bisection)."""
-    if not 1 <= mean_accepted_length <= k + 1:
-        raise ValueError(f"mean accepted length {mean_accepted_length} must be in [1, k+1={k + 1}]")
-    lo, hi = 0.0, 1.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if float(expected_accepted(mid, k)[k]) < mean_accepted_length:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+def solve_alpha(mean_accepted_length: float, k: int, decay: float = 1.0) -> float:
+    """alpha with mean accepted length `mean_accepted_length` at k drafts (sim/acceptance.py)."""
+    return acc.solve_alpha(mean_accepted_length, k, decay)
 
 
 class _PathError(ValueError):

@@ -1,8 +1,10 @@
 """GRPO steps around the rollout: sync and async pipelines over several steps.
 
 For step t a batch of rollouts is generated, then the policy's logprobs are recomputed and
-it is trained (times from `rl.logprob` and `rl.train`: fixed seconds plus seconds per 1000
-tokens), then the engines load the new weights (`rl.refit_s`), giving policy version t + 1.
+it is trained (times from `rl.logprob` and `rl.train`: fixed seconds, plus seconds per 1000
+tokens, plus FLOPs per token over the training pool's `training_gpus` x
+`training_flops_per_s`), then the engines load the new weights (`rl.refit_s`), giving policy
+version t + 1. The training pool is the generation GPUs when colocated (sync's default).
 
 - sync (NeMo-RL's colocated GRPO): batch t is released when version t is in the engines,
   U_t = E_(t-1) + refit. Step time = generation + logprob + train + refit.
@@ -11,7 +13,11 @@ tokens), then the engines load the new weights (`rl.refit_s`), giving policy ver
   while the trainer works, and the next batch's requests fill the slots freed by the current
   batch's tail. Training of batch t starts when batch t is complete and training of t - 1
   is done. A weight update pauses the engines for `refit_s` at the next step boundary after
-  training ends (requests in flight continue with the new weights afterwards).
+  training ends (requests in flight continue with the new weights afterwards); with
+  `refit_blocks_training` the trainer waits for it too.
+- serving (`workload.steady_state`): every request of every batch is released at time 0 and
+  each engine keeps `max_num_seqs` in flight until the queue is empty, like a serving
+  benchmark at fixed concurrency; rollout time is the makespan.
 
 For each batch the driver predicts lengths (`LengthPredictor` fed with the problems'
 earlier rollouts, or the true lengths with `prediction: oracle`), places the requests with
@@ -20,9 +26,11 @@ of the batch is done; the batch is done when the slowest engine is.
 
 Reported per run: rollout time (release to last request finished, mean over steps), step time
 (sync: mean of U_(t+1) - U_t; async: mean interval between training ends after the L
-warm-up steps), generation idle fraction (engine-time with no request in flight, inside the
-rollout windows for sync, over the whole run for async), tokens, target steps, mean accepted
-length.
+warm-up steps), exposed generation (the time the trainer waits for rollouts: the whole
+rollout in sync; in async the gap between the end of training t - 1 and the start of t),
+generation idle fraction (engine-time with no request in flight, inside the rollout windows
+for sync, over the whole run for async), tokens, target steps, mean accepted length, KV
+preemptions.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ import numpy as np
 from nemo_rl_specdec.scheduling.budget import expected_accepted, k_by_batch_size_schedule
 from nemo_rl_specdec.scheduling.placement import Request, place
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import CostModel
 from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest, SpecPolicy
 from nemo_rl_specdec.sim.workload import Batch, make_batches
@@ -55,6 +64,8 @@ class RunResult:
     draft_tokens: float
     verified_tokens: float
     mean_accepted_length: float
+    exposed_generation_s: float = 0.0
+    preemptions: int = 0
     engine_busy_s: list[float] = field(default_factory=list)
 
     @property
@@ -62,20 +73,23 @@ class RunResult:
         return [g - r for g, r in zip(self.gen_done, self.release)]
 
 
-def _phase_time(phase, batch: Batch) -> float:
-    return phase.fixed_s + phase.per_ktoken_s * batch.total_tokens / 1000.0
+def _phase_time(phase, batch: Batch, flops_per_s: float) -> float:
+    t = phase.fixed_s + phase.per_ktoken_s * batch.total_tokens / 1000.0
+    if phase.flops_per_token:
+        t += phase.flops_per_token * batch.total_tokens / flops_per_s
+    return t
 
 
 def _accept_tables(sc, batch: Batch, k: int, acceptance: Union[float, Sequence[float]]) -> np.ndarray:
-    """Per-request A(d), d = 0..k. With acceptance.spread > 0 each request has its own alpha
-    (drawn from a generator seeded by the scenario seed and step, so every run agrees)."""
+    """Per-request A(d), d = 0..k. With acceptance.spread > 0 each request has its own alpha,
+    drawn around the mean that keeps the mean accepted length (sim/acceptance.py), from a
+    generator seeded by the scenario seed and step, so every run agrees."""
     n = len(batch)
-    spread = sc.acceptance.spread
-    if isinstance(acceptance, (int, float)) and spread > 0:
+    a = sc.acceptance
+    if isinstance(acceptance, (int, float)) and a.spread > 0:
         rng = np.random.default_rng([sc.seed, 7919, batch.step])
-        alphas = np.clip(float(acceptance) + spread * rng.standard_normal(n), 0.0, 0.999)
-        powers = alphas[:, None] ** np.arange(k + 1)[None, :]
-        return np.cumsum(powers, axis=1)
+        mean = acc.spread_mean(float(acceptance), a.decay, a.spread, a.measured_at_k or sc.speculation.k)
+        return acc.tables(acc.per_request_alphas(mean, a.spread, n, rng), a.decay, k)
     return np.broadcast_to(expected_accepted(acceptance, k), (n, k + 1))
 
 
@@ -103,7 +117,11 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
     policy = None
     if speculative and spec_cfg.enabled:
         sched = spec_cfg.k_by_batch_size
-        if sched == "auto":
+        if sched == "auto" and cost.roofline is not None:
+            ctx = sc.workload.prompt_len + sc.workload.lengths.median / 2      # a typical context
+            sched = k_by_batch_size_schedule(sc.hardware.max_num_seqs, k, acceptance,
+                                             step_time=lambda b, d: cost.mean_step_time(b, d, ctx))
+        elif sched == "auto":
             sched = k_by_batch_size_schedule(
                 sc.hardware.max_num_seqs, k, acceptance, cost.c_base, cost.c_tok,
                 c_draft=cost.draft_tok, c_draft_fwd=cost.draft_fwd_base,
@@ -123,7 +141,12 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
             return 1.0
         return predictor.predict_remaining(r.problem_id, generated)
 
-    engines = [EngineSim(e, cost, policy, sc.hardware.max_num_seqs, remaining) for e in range(E)]
+    engines = [EngineSim(e, cost, policy, sc.hardware.max_num_seqs, remaining, sc.kv_capacity_tokens,
+                         sc.drafter.coverage) for e in range(E)]
+    serving = sc.workload.steady_state
+    train_gpus = rl.training_gpus or E * sc.hardware.gpus_per_engine
+    train_flops = rl.training_flops_per_s * train_gpus
+    refit_block = rl.refit_s if (L > 0 and rl.refit_blocks_training) else 0.0
     release: dict[int, float] = {}
     U: dict[int, float] = {0: 0.0}          # policy version j is in the engines from U[j]
     G: list[float] = []
@@ -150,6 +173,17 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
         for e, idxs in enumerate(assignment):
             engines[e].add([sims[i] for i in idxs], release[t])
 
+    if serving:
+        for t in range(N):
+            release[t] = 0.0
+            submit(t)
+        G = [max([f for f in (eng.run_until_done(t) for eng in engines) if f is not None], default=0.0)
+             for t in range(N)]
+        makespan = max(G)      # one window: the serving run counts as one step; no trainer waits
+        return _result(policy, placement, E, [0.0], [makespan], [makespan], makespan, makespan, 0.0,
+                       [(0.0, makespan)], engines, batches[:N])
+
+    exposed: list[float] = []
     for t in range(N):
         for t2 in range(N):
             if t2 in added:
@@ -162,8 +196,11 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
             added.add(t2)
         finishes = [eng.run_until_done(t) for eng in engines]
         G.append(max([f for f in finishes if f is not None], default=release[t]))
-        start = max(G[t], Etrain[t - 1] if t else 0.0)
-        Etrain.append(start + _phase_time(rl.logprob, batches[t]) + _phase_time(rl.train, batches[t]))
+        ready = (Etrain[t - 1] + refit_block) if t else 0.0     # the trainer could start batch t
+        start = max(G[t], ready)
+        exposed.append(G[t] - release[t] if L == 0 else max(0.0, G[t] - ready))
+        Etrain.append(start + _phase_time(rl.logprob, batches[t], train_flops)
+                      + _phase_time(rl.train, batches[t], train_flops))
         U[t + 1] = Etrain[t] + rl.refit_s
         if L > 0:
             for eng in engines:
@@ -173,9 +210,18 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
     if L == 0:
         step_s = (U[N] - U[0]) / N
         windows = [(release[t], G[t]) for t in range(N)]
+        exposed_s = float(np.mean(exposed))
     else:
         step_s = (Etrain[N - 1] - Etrain[L]) / (N - 1 - L)
         windows = [(0.0, G[N - 1])]
+        exposed_s = float(np.mean(exposed[L + 1:]))
+    rollout_s = float(np.mean([G[t] - release[t] for t in range(N)]))
+    return _result(policy, placement, E, [release[t] for t in range(N)], G, Etrain, rollout_s, step_s, exposed_s,
+                   windows, engines, batches[:N])
+
+
+def _result(policy, placement, E, release, G, Etrain, rollout_s, step_s, exposed_s, windows, engines,
+            batches) -> RunResult:
     window_len = sum(hi - lo for lo, hi in windows)
     busy = sum(_overlap(eng.stats.busy, lo, hi) for eng in engines for lo, hi in windows)
     idle = 1.0 - busy / (E * window_len) if window_len > 0 else 0.0
@@ -185,17 +231,19 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
         speculative=policy is not None,
         placement=placement,
         num_engines=E,
-        release=[release[t] for t in range(N)],
+        release=release,
         gen_done=G,
         train_done=Etrain,
-        rollout_s=float(np.mean([G[t] - release[t] for t in range(N)])),
+        rollout_s=rollout_s,
         step_s=step_s,
         gen_idle_fraction=max(0.0, idle),
-        response_tokens=int(sum(int(b.lengths.sum()) for b in batches[:N])),
+        response_tokens=int(sum(int(b.lengths.sum()) for b in batches)),
         target_steps=sum(s.steps for s in st),
         draft_tokens=sum(s.draft_tokens for s in st),
         verified_tokens=sum(s.verified_tokens for s in st),
         mean_accepted_length=(sum(s.spec_committed for s in st) / spec_steps) if spec_steps else 1.0,
+        exposed_generation_s=exposed_s,
+        preemptions=sum(s.preemptions for s in st),
         engine_busy_s=[s.busy_s for s in st],
     )
 
