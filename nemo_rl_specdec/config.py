@@ -124,6 +124,9 @@ class SchedulingConfig(_Strict):
             if k < 0:
                 raise ValueError(f"entry {i} ({lo}, {hi}, {k}): k must be >= 0 (0 turns speculation off)")
             prev_hi = hi
+        if v and v[0][0] != 1:
+            raise ValueError(f"entry 0 {tuple(v[0])}: the first range must start at batch size 1 (vLLM rejects "
+                             "a schedule that leaves small batches without a k)")
         return v
 
     @model_validator(mode="after")

@@ -134,6 +134,13 @@ class DASProposer:
         self.counters["rebuild_s"] += time.perf_counter() - t0
         return added
 
+    def specdec_disable(self, reason: str) -> None:
+        """Stop proposing for good (on_refresh_error=disable): every later step drafts nothing, so
+        vLLM verifies no drafts and the engine runs as without speculation."""
+        self.k = 0
+        self.disabled_reason = str(reason)
+        self._reqs.clear()
+
     def specdec_stats(self) -> dict:
         return {"store": self.store.stats(), "counters": dict(self.counters), "active_requests": len(self._reqs),
                 "k": self.k, "settings": dict(self.settings)}

@@ -215,6 +215,9 @@ class SpecDecWorkerExtension:
             if st.on_error != "disable":
                 raise DrafterRefreshError(str(e)) from None
             st.disabled, st.disabled_reason = True, str(e)
+            proposer = getattr(self.model_runner, "drafter", None)
+            if hasattr(proposer, "specdec_disable"):  # a list drafter stops drafting in this engine
+                proposer.specdec_disable(str(e))
             log.error("nemo_rl_specdec: drafter refresh failed, speculation DISABLED for this engine: %s", e)
         report.update(self.specdec_state())
         return report

@@ -122,6 +122,7 @@ class SpecDecHostHooks:
             report = self.specdec_after_policy_weights(
                 version=int(version), loaded_names=names,
                 drafter_weights=pending.get("drafter_weights"), rollouts=rollouts,
+                refresh_drafter=bool(pending.get("refresh_drafter", True)),
             )
         except Exception:
             logger.exception(

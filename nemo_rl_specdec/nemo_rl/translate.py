@@ -187,6 +187,11 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{BLOCK_PATH}.scheduling.budget: got {spec.scheduling.budget!r} with "
             f"{GEN_PATH}.vllm_cfg.async_engine=true; per-request budgets are computed over an engine's "
             "batch, and NeMo-RL's async engine receives one request at a time; allowed here: 'uniform'")
+    if spec.on_refresh_error == "disable" and spec.drafter in ("draft_model", "eagle3", "mtp"):
+        raise ConfigError(
+            f"{BLOCK_PATH}.on_refresh_error: got 'disable' with drafter={spec.drafter!r}; NeMo-RL's vLLM engine "
+            "keeps a model drafter for the whole run, so a failed refresh could not really turn speculation off; "
+            "allowed here: 'raise' ('disable' works with drafter=suffix, whose proposer stops drafting)")
     transport = gen.get("refit_transport")
     if transport in UNSUPPORTED_REFIT_TRANSPORTS:
         raise ConfigError(

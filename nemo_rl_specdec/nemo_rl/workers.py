@@ -163,6 +163,29 @@ class SpecDecWorkerState:
             if self._specdec_observe_errors == 1:
                 logger.exception("[specdec] could not record rollouts for the drafter (logged once)")
 
+    def _specdec_refreshes(self, version: int) -> bool:
+        """Whether the update to `version` refreshes the drafter (refresh.every_n_steps; 1 = the first)."""
+        return (version - 1) % self._specdec_spec.refresh.every_n_steps == 0
+
+    def _specdec_after_refit(self, ok: bool, version: int, per_rank: list) -> None:
+        """Record the engine's versions after a refit; the next generate checks them."""
+        if ok:
+            self._specdec_version = version
+        reps = [r for r in (per_rank or []) if r]
+        self._specdec_engine_state = dict((reps[0] or {}).get("state") or {}) if reps else {}
+
+    def _specdec_check_lag(self) -> None:
+        """Refuse to generate with a drafter that trails the policy more than refresh.max_policy_lag
+        (lockstep.check_versions; names both versions)."""
+        from nemo_rl_specdec.lockstep import check_versions
+
+        state = getattr(self, "_specdec_engine_state", None)
+        if self._specdec_spec is None or not state:
+            return
+        r = self._specdec_spec.refresh
+        check_versions(state, mode=r.mode, max_policy_lag=r.max_policy_lag, enabled=True,
+                       engine=f"engine {self._specdec_engine}")
+
     def _specdec_swap_ref(self) -> Any:
         """Put this engine's rollouts in the object store and start the swap (a ref to all engines' refs)."""
         import ray
@@ -231,6 +254,7 @@ def _build_sync_impl() -> type:
             return result
 
         def generate(self, data, greedy=False):
+            self._specdec_check_lag()
             token = _REQUEST_EXTRAS.set(request_extras(data) if self.specdec_enabled else None)
             try:
                 out = super().generate(data, greedy=greedy)
@@ -244,12 +268,14 @@ def _build_sync_impl() -> type:
                 return call(*args)
             import ray
 
-            refs = ray.get(self._specdec_swap_ref()) if self._specdec_stash is not None else None
-            staged = payload.stage_payload(self._specdec_version + 1, refs)
+            version = self._specdec_version + 1
+            refresh = self._specdec_refreshes(version)
+            swap = self._specdec_stash is not None and refresh  # off-cadence: rollouts wait for the next refresh
+            refs = ray.get(self._specdec_swap_ref()) if swap else None
+            staged = payload.stage_payload(version, refs, refresh_drafter=refresh)
             self.llm.collective_rpc("specdec_stage_update", args=(staged,))
             ok = call(*args)
-            if ok:
-                self._specdec_version = staged["version"]
+            self._specdec_after_refit(ok, version, self.llm.collective_rpc("specdec_report"))
             return ok
 
         def update_weights_via_ipc_zmq(self):
@@ -310,6 +336,7 @@ def _build_async_impl() -> type:
             return result
 
         async def generate_async(self, data, greedy=False):
+            self._specdec_check_lag()
             token = _REQUEST_EXTRAS.set(request_extras(data) if self.specdec_enabled else None)
             try:
                 async for item in super().generate_async(data, greedy=greedy):
@@ -321,12 +348,14 @@ def _build_async_impl() -> type:
         async def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:
                 return await call(*args)
-            refs = await self._specdec_swap_ref() if self._specdec_stash is not None else None
-            staged = payload.stage_payload(self._specdec_version + 1, refs)
+            version = self._specdec_version + 1
+            refresh = self._specdec_refreshes(version)
+            swap = self._specdec_stash is not None and refresh  # off-cadence: rollouts wait for the next refresh
+            refs = await self._specdec_swap_ref() if swap else None
+            staged = payload.stage_payload(version, refs, refresh_drafter=refresh)
             await _maybe_await(self.llm.collective_rpc("specdec_stage_update", args=(staged,)))
             ok = await call(*args)
-            if ok:
-                self._specdec_version = staged["version"]
+            self._specdec_after_refit(ok, version, await _maybe_await(self.llm.collective_rpc("specdec_report")))
             return ok
 
         async def update_weights_via_ipc_zmq_async(self):

@@ -251,7 +251,7 @@ def _target_param(worker, name=PROBE):
     return dict(unwrap(worker.model_runner.model).named_parameters())[name].detach().clone()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def exchange(ray_local):
     from nemo_rl_specdec.nemo_rl.exchange import exchange_actor_class
 
@@ -391,3 +391,31 @@ def test_support_policy_on_this_nemo_rl(capabilities):
         else:
             with pytest.raises(api.UnsupportedNeMoRL, match="Nothing was patched"):
                 api.check_support(cfg, translate.enabled_spec(cfg), **kw)
+
+
+def test_on_refresh_error_disable_really_stops_the_das_proposer(cpu_host, exchange):
+    """A refresh that fails (the other engine hands over a rollout from a future policy version)
+    with on_refresh_error=disable: the refit goes on, the engine reports itself disabled, and the
+    proposer drafts nothing from then on."""
+    import ray
+
+    from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
+
+    w = _worker(BLOCKS["suffix"] | {"on_refresh_error": "disable"}, exchange)
+    ex = ray.get_actor(exchange)
+    ray.get(ex.join.remote("engine-c"))
+    weights = _policy_state(0.0, seed=0)
+    assert _refit(w, cpu_host, weights, other_engine=lambda: ray.get(ex.swap.remote("engine-c", 1, []))) is True
+    w.generate(_batch(PROMPTS[:1]))
+    drafts = lambda: _on_engine(w, lambda self: self.model_runner.drafter.counters["drafts"])  # noqa: E731
+    before = drafts()
+    w.generate(_batch(PROMPTS[:1]))
+    assert drafts() > before  # speculating: the prompt repeats itself, so the local tree drafts
+    bad = ray.put(RolloutBatch.pack([{"problem_id": problem_id(PROMPTS[0]), "prompt_token_ids": PROMPTS[0],
+                                      "token_ids": [1, 2], "policy_version": 99}]))
+    assert _refit(w, cpu_host, weights, other_engine=lambda: ray.get(ex.swap.remote("engine-c", 2, [bad]))) is True
+    state = w.specdec_report()["state"]
+    assert state["disabled"] and "future policy" in state["disabled_reason"]
+    before = drafts()
+    out = w.generate(_batch(PROMPTS[:1]))
+    assert drafts() == before and min(out["generation_lengths"].tolist()) > 0

@@ -94,6 +94,17 @@ def test_validate_block_ignores_nemo_rl_values_outside_the_block_but_catches_a_m
         translate.validate_block(g)
 
 
+def test_nemo_rl_refuses_settings_it_cannot_honour():
+    """A model drafter cannot be dropped from NeMo-RL's running engine (no silent 'disable');
+    vLLM needs the k-by-batch-size schedule to start at batch size 1."""
+    with pytest.raises(ConfigError, match=r"on_refresh_error: got 'disable' with drafter='eagle3'.*allowed here: 'raise'"):
+        translate.check_run(run_dict(gen_cfg(drafter="eagle3", eagle3={"model": "e"}, refresh={"mode": "frozen"},
+                                             on_refresh_error="disable")))
+    assert translate.check_run(run_dict(gen_cfg(drafter="suffix", on_refresh_error="disable"))) is not None
+    with pytest.raises(ConfigError, match=r"k_by_batch_size.*first range must start at batch size 1"):
+        translate.check_run(run_dict(gen_cfg(drafter="ngram", scheduling={"k_by_batch_size": [[2, 8, 3]]})))
+
+
 def test_enabled_spec_is_none_when_absent_or_disabled():
     assert translate.enabled_spec({"backend": "vllm"}) is None
     assert translate.enabled_spec({"speculative_decoding": {"enabled": False}}) is None
@@ -358,7 +369,8 @@ def test_rollout_stash_keeps_the_newest_within_its_token_budget():
 
 
 def test_stage_payload():
-    assert payload.stage_payload(3, ["ref"]) == {"version": 3, "rollout_refs": ["ref"], "drafter_weights": None}
+    assert payload.stage_payload(3, ["ref"]) == {"version": 3, "rollout_refs": ["ref"], "drafter_weights": None,
+                                                 "refresh_drafter": True}
     assert payload.stage_payload(None)["version"] is None and payload.stage_payload(2)["rollout_refs"] is None
     with pytest.raises(ValueError, match=">= 1"):
         payload.stage_payload(0)
@@ -478,12 +490,15 @@ class RecordingEngineMixin:
         return {"ok": True}
 
     def specdec_after_policy_weights(self, version, drafter_weights=None, rollouts=None, drafter_version=None,
-                                     loaded_names=None):
+                                     loaded_names=None, refresh_drafter=True):
         self.calls = getattr(self, "calls", []) + [("after", list(loaded_names), version, drafter_weights, rollouts)]
+        self.refreshes = getattr(self, "refreshes", []) + [refresh_drafter]
         self.log = getattr(self, "log", []) + ["specdec_after_policy_weights"]
         if self.fail_next:
             raise RuntimeError("drafter refresh exploded")
-        self.policy_version = self.drafter_version = version
+        self.policy_version = version
+        if refresh_drafter:
+            self.drafter_version = version
         return {"policy_version": version, "drafter_version": version, "drafter_tensors_applied": 0, "refresh_s": 0.25}
 
     def specdec_state(self) -> dict:
@@ -1209,6 +1224,41 @@ def test_sync_worker_with_the_block_disabled_is_nemo_rls_worker(fake_nemo_rl):
     assert not hasattr(w.llm.ranks[0], "calls")
     assert w.update_weights_from_collective() is True
     assert w._specdec_version == 0 and w.specdec_report() == {}
+
+
+def test_worker_refreshes_every_n_steps_and_refuses_a_drafter_past_max_policy_lag(fake_nemo_rl, exchange):
+    """every_n_steps=2: updates 1, 3, 5 refresh the drafter; the rollouts of an off-cadence step
+    wait for the next refresh. With max_policy_lag=0 the engine then refuses to generate, naming
+    both versions; with max_policy_lag=1 it generates."""
+    from nemo_rl_specdec.lockstep import StaleDrafterError
+    from nemo_rl_specdec.nemo_rl import workers
+
+    def make(lag):
+        cfg = worker_cfg(exchange, drafter="suffix", refresh={"mode": "rebuild", "every_n_steps": 2,
+                                                              "max_policy_lag": lag})
+        w = workers.SpecDecVllmGenerationWorkerImpl(cfg, bundle_indices=[0])
+        w.post_init()
+        return w
+
+    w = make(1)
+    w.generate(batch([[1, 2]]))
+    assert w.update_weights_from_collective() is True        # update 1: refresh, 1 rollout
+    w.generate(batch([[3, 4]]))
+    assert w.update_weights_from_collective() is True        # update 2: off-cadence
+    rank = w.llm.ranks[0]
+    assert rank.refreshes == [True, False] and rank.calls[-1][4] is None
+    w.generate(batch([[5, 6]]))                               # lag 1 <= 1: allowed
+    assert w.update_weights_from_collective() is True        # update 3: refresh with both waiting rollouts
+    assert rank.refreshes == [True, False, True]
+    assert sorted(r.prompt_token_ids.tolist() for r in rank.calls[-1][4]) == [[3, 4], [5, 6]]
+    with pytest.raises(ValueError, match=r"refresh.max_policy_lag: got 0; allowed: >= 1"):
+        make(0)  # every_n_steps=2 needs a lag of 1: rejected before any engine exists
+    strict = workers.SpecDecVllmGenerationWorkerImpl(
+        worker_cfg(exchange, drafter="suffix", refresh={"mode": "rebuild", "max_policy_lag": 0}), bundle_indices=[0])
+    strict.post_init()
+    strict._specdec_engine_state = {"policy_version": 3, "drafter_version": 1}
+    with pytest.raises(StaleDrafterError, match=r"policy_version=3 drafter_version=1 \(lag 2 > refresh.max_policy_lag=0"):
+        strict.generate(batch([[1, 2]]))
 
 
 def test_worker_keeps_no_rollouts_for_drafters_that_do_not_use_them(fake_nemo_rl):
