@@ -11,6 +11,7 @@ pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError  # noqa: E402
 from nemo_rl_specdec.rollouts import RolloutBatch  # noqa: E402
+from test_suffix_store import _continuations as continuations  # noqa: E402  (pytest puts tests/unit on the path)
 
 DEPTH = 12
 
@@ -33,20 +34,6 @@ def step_rows(rng, step, problems=4, samples=3, n=80, versions=None):
 def stored_seq(store, r):
     return np.concatenate([np.asarray(r["prompt_token_ids"][-(store.max_tree_depth - 1):], np.int32),
                            np.asarray(r["token_ids"], np.int32)])
-
-
-def continuations(tree, context, n=60):
-    d = tree.speculate(list(context), n, 100.0, 0.0, 0.0, True)
-    if len(d.token_ids) >= n:
-        return None
-    paths = set()
-    for i in range(len(d.token_ids)):
-        p, j = [], i
-        while j != -1:
-            p.append(d.token_ids[j])
-            j = d.parents[j]
-        paths.add((tuple(reversed(p)), round(d.probs[i], 5)))
-    return d.match_len, paths
 
 
 def assert_trees_hold_exactly(store, seq_of, rng):
@@ -191,3 +178,13 @@ def test_read_only_arrays_as_ray_returns_them_are_accepted():
     resp = np.asarray(rows[0]["token_ids"], np.int32)
     resp.setflags(write=False)
     assert s.rebuild([{**rows[0], "prompt_token_ids": [], "token_ids": resp, "policy_version": 1}], 2) == 1
+
+
+def test_proposer_takes_a_batch_as_is():
+    """DASProposer.specdec_rebuild hands a RolloutBatch to the store unconverted (read in place)."""
+    from test_suffix_store import _proposer
+
+    rows = step_rows(np.random.default_rng(4), 1)
+    p, q = _proposer(window=2), _proposer(window=2)
+    assert p.specdec_rebuild(RolloutBatch.pack(rows), 1) == q.specdec_rebuild(rows, 1) == 12
+    assert p.store.stats() == q.store.stats()
