@@ -17,6 +17,7 @@ from nemo_rl_specdec.bench import refresh as R  # noqa: E402
 from nemo_rl_specdec.config import ConfigError, load_run_config  # noqa: E402
 from nemo_rl_specdec.rollouts import RolloutBatch  # noqa: E402
 
+WINDOW_1 = "policy.generation.speculative_decoding.suffix.window_steps=1"  # so step 2 evicts step 1
 TINY = ["bench.refresh.rollouts=16", "bench.refresh.problems=4", "bench.refresh.tokens=200",
         "bench.refresh.prompt_tokens=40", "bench.refresh.engines=2", "bench.refresh.steps=2",
         "bench.refresh.object_store_mb=256"]
@@ -72,7 +73,7 @@ def ran(tmp_path_factory):
 
     from nemo_rl_specdec import bench
 
-    cfg = load_run_config("configs/tiny_cpu.yaml", TINY + ["policy.generation.speculative_decoding.suffix.window_steps=1"])
+    cfg = load_run_config("configs/tiny_cpu.yaml", TINY + [WINDOW_1])
     o = R.options(cfg)
     engines = R.start_engines(o)
     out = tmp_path_factory.mktemp("refresh") / "refresh.json"
@@ -80,7 +81,7 @@ def ran(tmp_path_factory):
     R.run = lambda c, a: real_run(c, a, engines=engines)  # keep the actors alive for inspection
     try:
         bench.run(SimpleNamespace(suite="refresh", run_yaml="configs/tiny_cpu.yaml", json=str(out),
-                                  overrides=TINY + ["policy.generation.speculative_decoding.suffix.window_steps=1"]))
+                                  overrides=TINY + [WINDOW_1]))
         yield o, engines, json.loads(out.read_text())
     finally:
         R.run = real_run
