@@ -40,14 +40,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional
 
 import numpy as np
 
-from nemo_rl_specdec.rollouts import RolloutError, as_record
+from nemo_rl_specdec.rollouts import RolloutBatch, RolloutError, as_record
 
 SCOPES = ("problem", "global", "both")
 _MAX_SEQ_ID = 0x7FFFFFFF  # arctic's sequence ids are int32
+_GLOBAL = ("global tree",)  # key of the global tree in the per-tree byte cache (problem ids are str)
+_FILL = 0.9  # newest-first admission: each chunk aims at this share of the predicted headroom
 
 
 class StoreInputError(ValueError):
@@ -130,6 +132,8 @@ class RolloutStore:
         self.evicted_memory = 0
         self.rejected_old = 0
         self._bytes: Optional[int] = None  # cached estimate, None = stale
+        self._tree_bytes: dict = {}  # tree key (problem id or _GLOBAL) -> its last estimate_memory()
+        self._dirty: set = set()  # tree keys written since their last estimate
         self._measured: Optional[tuple] = None  # (bytes, tokens) at the last measurement
         self._live_tokens = 0  # in-flight tokens added since the last rebuild
         self.live_settled = 0  # in-flight entries kept as stored rollouts by a rebuild (no re-insertion)
@@ -167,12 +171,12 @@ class RolloutStore:
 
     def _sequence(self, prompt: np.ndarray, resp: np.ndarray) -> np.ndarray:
         """What an entry holds: the last max_tree_depth-1 prompt tokens, then the response."""
-        if not len(prompt):
-            return resp
+        if not len(prompt):  # arctic takes writable arrays only (Ray's zero-copy arrays are read-only)
+            return resp if resp.flags.writeable else resp.copy()
         return np.concatenate([prompt[len(prompt) - min(len(prompt), self.prompt_tail):], resp])
 
-    def _insert(self, seq: np.ndarray, problem_id, version: int, live: bool) -> int:
-        seq_id = self._new_seq_id()
+    def _insert(self, seq: np.ndarray, problem_id, version: int, live: bool, seq_id: Optional[int] = None) -> int:
+        seq_id = self._new_seq_id() if seq_id is None else seq_id
         in_p, in_g = self._in_problem(problem_id), self._in_global(problem_id)
         if in_p:
             tree = self._problem_trees.get(problem_id)
@@ -180,11 +184,13 @@ class RolloutStore:
                 tree = self._problem_trees[problem_id] = self._Tree(self.max_tree_depth)
             tree.extend_ndarray(seq_id, seq)
             self._problem_entries[problem_id] = self._problem_entries.get(problem_id, 0) + 1
+            self._dirty.add(problem_id)
         if in_g:
             if self._global_tree is None:
                 self._global_tree = self._Tree(self.max_tree_depth)
             self._global_tree.extend_ndarray(seq_id, seq)
             self._global_entries += 1
+            self._dirty.add(_GLOBAL)
         self._entries[seq_id] = Entry(seq_id, problem_id, version, int(len(seq)), in_p, in_g,
                                       [seq.copy()] if live else None)
         if not live:
@@ -216,8 +222,10 @@ class RolloutStore:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if e.in_problem_tree:
             self._problem_trees[e.problem_id].extend_ndarray(seq_id, tokens)
+            self._dirty.add(e.problem_id)
         if e.in_global_tree:
             self._global_tree.extend_ndarray(seq_id, tokens)
+            self._dirty.add(_GLOBAL)
         e.live.append(tokens.copy())
         e.num_tokens += len(tokens)
         self._live_tokens += len(tokens)
@@ -244,28 +252,29 @@ class RolloutStore:
                 seq = np.concatenate(e.live) if len(e.live) > 1 else e.live[0]
                 live.setdefault((e.problem_id, seq.tobytes()), []).append(e.seq_id)
         rest, matched = [], 0
-        for pid, prompt, resp, v in checked:
-            ids = live.get((pid, self._sequence(prompt, resp).tobytes())) if live else None
+        for pid, seq, v in checked:
+            ids = live.get((pid, seq.tobytes())) if live else None
             if ids and (self.min_version is None or v >= self.min_version):
                 e = self._entries[ids.pop()]
                 e.version, e.live = v, None
                 self._history[pid] = self._history.get(pid, 0) + 1
                 matched += 1
             else:
-                rest.append((pid, prompt, resp, v))
+                rest.append((pid, seq, v))
         for ids in live.values():
             for sid in ids:
                 self.remove(sid)
         self._live_tokens = 0
         return rest, matched
 
-    def _new_seq_id(self) -> int:
+    def _new_seq_id(self, reserved=frozenset()) -> int:
+        """A free sequence id (not stored, not in `reserved`), increasing until 2^31 wraps."""
         if self._next_seq_id > _MAX_SEQ_ID:  # 2^31 insertions: restart at the lowest free id
-            used = set(self._entries)
+            used = set(self._entries) | set(reserved)
             self._next_seq_id = next(i for i in range(_MAX_SEQ_ID + 1) if i not in used)
         sid = self._next_seq_id
         self._next_seq_id += 1
-        while self._next_seq_id in self._entries:
+        while self._next_seq_id in self._entries or self._next_seq_id in reserved:
             self._next_seq_id += 1
         return sid
 
@@ -279,18 +288,25 @@ class RolloutStore:
             else:
                 del self._history[e.problem_id]
         if e.in_problem_tree:
-            self._problem_trees[e.problem_id].remove(seq_id)
             n = self._problem_entries[e.problem_id] - 1
-            if n == 0:  # free the tree: an empty problem is no problem
+            if n == 0:  # free the tree (its last sequence needs no removal): an empty problem is no problem
                 del self._problem_entries[e.problem_id]
                 del self._problem_trees[e.problem_id]
+                self._tree_bytes.pop(e.problem_id, None)
+                self._dirty.discard(e.problem_id)
             else:
+                self._problem_trees[e.problem_id].remove(seq_id)
                 self._problem_entries[e.problem_id] = n
+                self._dirty.add(e.problem_id)
         if e.in_global_tree:
-            self._global_tree.remove(seq_id)
             self._global_entries -= 1
             if self._global_entries == 0:
                 self._global_tree = None
+                self._tree_bytes.pop(_GLOBAL, None)
+                self._dirty.discard(_GLOBAL)
+            else:
+                self._global_tree.remove(seq_id)
+                self._dirty.add(_GLOBAL)
         self._bytes = None
 
     def evict_older_than(self, min_version: int) -> int:
@@ -333,22 +349,43 @@ class RolloutStore:
         self.evicted_memory += removed
         return removed
 
-    def rebuild(self, rollouts: Sequence[dict], version: int) -> int:
+    def rebuild(self, rollouts, version: int) -> int:
         """One refresh step: validate all rollouts first (nothing changes on bad input), slide the
         window to the newest producing version (at least `version - 1`, the policy that generated
-        the step's rollouts in a sync pipeline), add the rollouts inside the window, enforce the
-        memory cap. Returns the number of rollouts added."""
+        the step's rollouts in a sync pipeline), admit the rollouts inside the window within the
+        memory cap. `rollouts`: a RolloutBatch (read in place, no per-rollout copy), or records /
+        dicts. Returns the number admitted: in-flight entries kept as rollouts plus rollouts inserted
+        and not evicted by the cap while admitting.
+
+        The cap keeps the newest entries (version, then insertion order) that fit, as inserting
+        everything and then evicting oldest first would; rollouts are admitted newest first and
+        admission stops at the first one that does not fit, so a step larger than the cap is never
+        inserted only to be evicted (see :meth:`_admit`)."""
         version = _check_version(version, "version")
-        checked = [self._check_rollout(i, r, version) for i, r in enumerate(_as_list(rollouts))]
-        newest = max([version - 1] + [c[3] for c in checked])
+        checked = self._check_rollouts(rollouts, version)
+        newest = max([version - 1] + [c[2] for c in checked])
         self.slide(newest)
         rest, added = self._settle_live(checked)
         self.live_settled += added
-        for pid, prompt, resp, v in rest:
-            if self.add(resp, version=v, problem_id=pid, prompt_token_ids=prompt) is not None:
-                added += 1
-        self.enforce_memory()
+        inside = []
+        for pid, seq, v in rest:
+            if self.min_version is not None and v < self.min_version:
+                self.rejected_old += 1
+            elif len(seq):
+                inside.append((pid, seq, v))
+        added += self._admit(inside)
+        self.enforce_memory()  # settled in-flight entries and older entries may still exceed the cap
         return added
+
+    def _check_rollouts(self, rollouts, version: int) -> list:
+        """[(problem id, stored sequence (prompt tail + response, int32), version)] or StoreInputError."""
+        if isinstance(rollouts, RolloutBatch):
+            return self._check_batch(rollouts, version)
+        out = []
+        for i, r in enumerate(_as_list(rollouts)):
+            pid, prompt, resp, v = self._check_rollout(i, r, version)
+            out.append((pid, self._sequence(prompt, resp), v))
+        return out
 
     @staticmethod
     def _check_rollout(i: int, r, version: int):
@@ -360,6 +397,132 @@ class RolloutStore:
             raise StoreInputError(f"rollouts[{i}].policy_version={rec.policy_version} is newer than the policy "
                                   f"version being installed ({version}): a rollout cannot come from a future policy")
         return rec.problem_id, rec.prompt_token_ids, rec.token_ids, rec.policy_version
+
+    def _check_batch(self, b: RolloutBatch, version: int) -> list:
+        """A RolloutBatch checked as a whole; each stored sequence is a view of `b.tokens` (a rollout's
+        prompt part is followed by its response there)."""
+        t, st, pl, vs = b.tokens, b.starts, b.prompt_lens, b.versions
+        if not t.flags.writeable:  # arctic takes writable arrays only; Ray's zero-copy get is read-only
+            t = t.copy()
+        if t.size and int(t.min()) < 0:
+            i = int(np.searchsorted(st, int(np.argmax(t < 0)), side="right")) - 1
+            raise StoreInputError(f"rollouts[{i}]: token ids must be in [0, 2^31), got a negative id")
+        for bad, what in ((vs < 0, "an int policy version >= 0"), (vs > version, None)):
+            if bad.any():
+                i = int(np.argmax(bad))
+                if what:
+                    raise StoreInputError(f"rollouts[{i}].policy_version: expected {what}, got {int(vs[i])}")
+                raise StoreInputError(f"rollouts[{i}].policy_version={int(vs[i])} is newer than the policy version "
+                                      f"being installed ({version}): a rollout cannot come from a future policy")
+        for i, pid in enumerate(b.problem_ids):
+            if pid is not None and not isinstance(pid, str):
+                raise StoreInputError(f"rollouts[{i}].problem_id: expected a str or None, got {type(pid).__name__}")
+        first = st[:-1] + pl - np.minimum(pl, self.prompt_tail)
+        return [(pid, t[int(a):int(e)], int(v)) for pid, a, e, v in zip(b.problem_ids, first, st[1:], vs)]
+
+    def _admit(self, items: list) -> int:
+        """Insert `items` [(problem id, sequence, version)] within the memory cap; returns how many stay.
+
+        Sequence ids are taken in input order, so the eviction order (version, then sequence id) is
+        the one inserting them all would give. Without a cap, all are inserted in input order.
+        With a cap, they are inserted newest first, in chunks sized from the measured bytes per
+        token (one memory estimate per chunk, only of the trees written); after a chunk that
+        crosses the cap, :meth:`enforce_memory` evicts oldest first, and no item older than an
+        evicted entry is inserted afterwards (it would have been evicted before it).
+
+        When every stored entry is older than every item and the items alone are predicted to
+        exceed the cap, they are inserted into new, empty trees: if the cap then cuts the items,
+        every stored entry (older than the cut) goes with its trees, freed whole instead of
+        sequence by sequence. If the prediction was wrong (all items fit), they are inserted into
+        the stored trees after all and the cap is enforced oldest first as usual."""
+        if not items:
+            return 0
+        reserved: set = set()
+        ids = []
+        for _ in items:
+            ids.append(self._new_seq_id(reserved))
+            reserved.add(ids[-1])
+        if self.max_memory_bytes is None:
+            for (pid, seq, v), sid in zip(items, ids):
+                self._insert(seq, pid, v, live=False, seq_id=sid)
+            return len(items)
+        order = sorted(range(len(items)), key=lambda i: (items[i][2], ids[i]), reverse=True)
+        stash = self._stash_if_superseded(items, ids)
+        kept, cut = self._fill(items, ids, order)
+        if stash is None:
+            return kept
+        if cut:  # the cap cut the items themselves: every stashed (older) entry is evicted with its trees
+            self.evicted_memory += len(stash["_entries"])
+            return kept
+        # all items fit on their own: put them into the stored trees next to the older entries
+        fresh = [(e.seq_id, e.problem_id, e.version) for e in self._entries.values()]
+        seqs = {ids[i]: items[i][1] for i in range(len(items))}
+        self.__dict__.update(stash)
+        for sid, pid, v in sorted(fresh):
+            self._insert(seqs[sid], pid, v, live=False, seq_id=sid)
+        self.enforce_memory()
+        return sum(1 for sid in seqs if sid in self._entries)
+
+    def _stash_if_superseded(self, items: list, ids: list) -> Optional[dict]:
+        """If every stored entry is older than every item and the items are predicted to exceed the
+        cap on their own, move the stored state aside (empty trees from here on) and return it."""
+        if not self._entries or self._measured is None or not self._measured[1]:
+            return None
+        newest_old = max((e.version, e.seq_id) for e in self._entries.values())
+        if newest_old >= min((v, sid) for (_, _, v), sid in zip(items, ids)):
+            return None
+        per_token = self._measured[0] / self._measured[1]
+        if per_token * sum(len(seq) for _, seq, _ in items) <= self.max_memory_bytes:
+            return None
+        keys = ("_problem_trees", "_global_tree", "_entries", "_problem_entries", "_global_entries", "_history",
+                "_tree_bytes", "_dirty", "_bytes", "_measured")
+        stash = {k: getattr(self, k) for k in keys}
+        self._problem_trees, self._global_tree, self._entries = {}, None, OrderedDict()
+        self._problem_entries, self._global_entries, self._history = {}, 0, {}
+        self._tree_bytes, self._dirty, self._bytes = {}, set(), None
+        self._measured = stash["_measured"]  # keeps the bytes-per-token rate for chunk sizing
+        return stash
+
+    def _fill(self, items: list, ids: list, order: list) -> tuple:
+        """Insert items newest first (`order`) in measured chunks within the cap (see :meth:`_admit`).
+        Returns (items still stored, whether the cap cut the items)."""
+        cap = self.max_memory_bytes
+        inserted: list = []  # seq ids of inserted items
+        pos, cut = 0, False
+        new_bytes = 0.0  # predicted bytes of the inserted items
+        while pos < len(order):
+            b, t = self._measured if self._measured and self._measured[1] else (0, 0)
+            per_token = b / t if t else 400.0 * (2 if self.scope == "both" else 1)
+            budget = _FILL * (cap - new_bytes)
+            chunk = [order[pos]]
+            spent = per_token * len(items[order[pos]][1])
+            for j in order[pos + 1:]:
+                more = per_token * len(items[j][1])
+                if spent + more > budget:
+                    break
+                chunk.append(j)
+                spent += more
+            for j in chunk:
+                pid, seq, v = items[j]
+                self._insert(seq, pid, v, live=False, seq_id=ids[j])
+                inserted.append(ids[j])
+            pos += len(chunk)
+            new_bytes += spent
+            if self.bytes() > cap:
+                oldest_left = (items[order[pos]][2], ids[order[pos]]) if pos < len(order) else None
+                present = {sid: (e.version, sid) for sid, e in self._entries.items()}
+                self.enforce_memory()
+                gone = [key for sid, key in present.items() if sid not in self._entries]
+                if any(sid not in self._entries for sid in inserted) or (
+                        oldest_left is not None and gone and max(gone) > oldest_left):
+                    cut = True
+                    break  # everything not yet inserted is older than something the cap evicted
+            if len(self._entries) == len(inserted):  # only items stored: the estimate is theirs
+                new_bytes = float(self.bytes())
+        if pos < len(order):
+            cut = True
+            self.evicted_memory += len(order) - pos  # admitted nowhere: evicted at once, as before
+        return sum(1 for sid in inserted if sid in self._entries), cut
 
     def clear(self) -> None:
         for sid in list(self._entries):
@@ -392,11 +555,15 @@ class RolloutStore:
 
     def bytes(self) -> int:
         """Estimated bytes of all trees (arctic's estimate_memory), cached until the next write."""
-        if self._bytes is None:
-            total = sum(t.estimate_memory() for t in self._problem_trees.values())
-            if self._global_tree is not None:
-                total += self._global_tree.estimate_memory()
-            self._bytes = int(total)
+        if self._bytes is None:  # re-estimate only the trees written since (estimate_memory walks a tree)
+            for key in self._dirty:
+                tree = self._global_tree if key is _GLOBAL else self._problem_trees.get(key)
+                if tree is None:
+                    self._tree_bytes.pop(key, None)
+                else:
+                    self._tree_bytes[key] = int(tree.estimate_memory())
+            self._dirty.clear()
+            self._bytes = int(sum(self._tree_bytes.values()))
             self._measured = (self._bytes, sum(e.num_tokens for e in self._entries.values()))
             self._live_tokens = 0
         return self._bytes

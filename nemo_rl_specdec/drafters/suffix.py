@@ -41,6 +41,7 @@ from typing import Any, Optional
 import numpy as np
 
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
+from nemo_rl_specdec.rollouts import RolloutBatch
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -114,15 +115,16 @@ class DASProposer:
 
     def specdec_rebuild(self, rollouts, version: int) -> int:
         """Refresh (rebuild mode): add the step's rollouts, slide the window to the new policy version,
-        enforce the memory cap. Rollouts: dicts {problem_id, prompt_token_ids, token_ids,
-        policy_version} (objects with `to_dict()` are accepted). Returns the number added."""
+        enforce the memory cap. Rollouts: a RolloutBatch, or dicts {problem_id, prompt_token_ids,
+        token_ids, policy_version} (objects with `to_dict()` are accepted). Returns the number added."""
         from nemo_rl_specdec.lockstep import DrafterRefreshError
 
         t0 = time.perf_counter()
         try:
             if rollouts is None or isinstance(rollouts, (dict, str, bytes)):
                 raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
-            rows = [r.to_dict() if hasattr(r, "to_dict") and not isinstance(r, dict) else r for r in rollouts]
+            rows = rollouts if isinstance(rollouts, RolloutBatch) else [  # a batch is read in place
+                r.to_dict() if hasattr(r, "to_dict") and not isinstance(r, dict) else r for r in rollouts]
             added = self.store.rebuild(rows, version)
         except StoreInputError as e:
             raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: {e}") from e
