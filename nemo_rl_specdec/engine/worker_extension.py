@@ -45,6 +45,7 @@ class _EngineState:
     disabled: bool = False
     disabled_reason: str = ""
     updates: int = 0
+    restores: int = 0  # times the drafter was found changed after a wake-up and restored
     cpu_fix: dict = field(default_factory=dict)
 
 
@@ -153,24 +154,25 @@ class SpecDecWorkerExtension:
 
     def specdec_after_policy_weights(self, version: int, drafter_weights=None, rollouts=None,
                                      drafter_version: Optional[int] = None, loaded_names=None,
-                                     refresh_drafter: bool = True) -> dict:
+                                     refresh_drafter: bool = True, loaded_drafter=None) -> dict:
         """Hook for a host extension (NeMo-RL) that has loaded the policy weights itself:
         refresh the drafter and advance versions in the same RPC. Drafter tensors the host
-        loaded itself (draft.*, MTP layers among `loaded_names`) count as the refresh, verified
-        by the drafter's fingerprint."""
+        loaded itself (draft.*, MTP layers among `loaded_names`; their values in `loaded_drafter`)
+        count as the refresh, verified by the drafter's fingerprint, and are kept for a restore."""
         t0 = time.perf_counter()
         _, routed = split_policy_and_drafter(((n, None) for n in (loaded_names or [])), self._specdec_num_layers())
         if not refresh_drafter:
             report = self._specdec_skip_refresh(int(version), had_drafter_items=False)
         else:
             report = self._specdec_refresh_drafter(int(version), decode_weights(drafter_weights), rollouts,
-                                                   drafter_version, policy_updated=True, host_loaded=len(routed))
+                                                   drafter_version, policy_updated=True, host_loaded=len(routed),
+                                                   host_items=loaded_drafter)
         report["policy_tensors_applied"] = len(loaded_names or [])
         report["refresh_s"] = time.perf_counter() - t0
         return report
 
     def _specdec_refresh_drafter(self, version: int, drafter_items, rollouts, drafter_version,
-                                 policy_updated: bool, host_loaded: int = 0) -> dict:
+                                 policy_updated: bool, host_loaded: int = 0, host_items=None) -> dict:
         st = self._specdec()
         st.policy_version = version
         st.updates += 1
@@ -195,6 +197,8 @@ class SpecDecWorkerExtension:
                             f"the host loaded {host_loaded} drafter tensor(s) for version {version} "
                             "but the drafter's content is unchanged (they went to the target, not the drafter?)")
                     report["drafter_tensors_applied"] = host_loaded
+                    if host_items:
+                        self._specdec_keep_pushed(host_items, copy=False)
                     st.drafter_version = version if drafter_version is None else int(drafter_version)
                     st.drafter_built_from = st.drafter_version
                     report["drafter_refreshed"] = True
@@ -258,7 +262,54 @@ class SpecDecWorkerExtension:
             raise DrafterRefreshError(f"drafter weights for version {version} did not land: "
                                       "new tensors were loaded but the drafter's content is unchanged")
         st.last_drafter_payload = digest
+        self._specdec_keep_pushed(items)
         return res["loaded"]
+
+    # ------------------------------------------------------------------ sleep / wake
+    def _specdec_keep_pushed(self, items, copy: bool = True) -> None:
+        """Keep the last pushed drafter tensors in host memory: what a restore reloads. `copy=False`
+        for tensors the caller already copied (the NeMo-RL hooks copy what NeMo-RL loaded)."""
+        self._specdec_pushed = [(n, t.detach().to("cpu", copy=True)) for n, t in items] if copy else list(items)
+
+    def _specdec_restore_items(self) -> list:
+        """The last pushed drafter state: the tensors of the last refresh, else the drafter's checkpoint
+        (never refreshed, so the checkpoint is what was pushed)."""
+        pushed = getattr(self, "_specdec_pushed", None)
+        if pushed:
+            return pushed
+        st = self._specdec()
+        if st.spec.get("drafter") == "mtp":
+            items = decode_weights(self.model_config.model)
+            return split_policy_and_drafter(items, self._specdec_num_layers())[1]
+        return decode_weights(self.vllm_config.speculative_config.model)
+
+    def specdec_verify_drafter(self, restore: bool = True) -> dict:
+        """After a wake-up, prove the drafter is still the pushed version (its fingerprint). A deep
+        sleep discards weights, and NeMo-RL's refit brings back the policy but not a drafter it did
+        not stream (NeMo-RL issue #2646: acceptance 0 from step 2). With `restore`, reload the last
+        pushed drafter state and check the fingerprint again; without, or if that fails, raise."""
+        st = self._specdec()
+        drafter = find_drafter_model(self)
+        report = {"checked": False, "restored": False, "drafter_version": st.drafter_version}
+        if drafter is None or st.disabled:
+            return report
+        report["checked"] = True
+        if self._specdec_drafter_fp() == st.drafter_fingerprint:
+            return report
+        what = (f"the drafter is no longer the pushed version {st.drafter_version} (its weights changed "
+                "since; a sleep that discarded them?)")
+        if not restore:
+            raise DrafterRefreshError(what)
+        items = self._specdec_restore_items()
+        shared = shared_parameter_names(drafter, self._specdec_target())
+        cfg = self.vllm_config.speculative_config.draft_model_config
+        load_inplace(drafter, cfg, items, skip_shared=shared, require_complete=False, what="drafter restore")
+        if self._specdec_drafter_fp() != st.drafter_fingerprint:
+            raise DrafterRefreshError(f"{what}; reloading the last pushed state did not reproduce it")
+        st.restores += 1
+        report["restored"] = True
+        log.warning("nemo_rl_specdec: %s; restored it from the last pushed state", what)
+        return report
 
     def _specdec_rebuild(self, rollouts, version: int) -> int:
         proposer = getattr(self.model_runner, "drafter", None)

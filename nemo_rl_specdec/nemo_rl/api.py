@@ -178,6 +178,7 @@ REQUIRED_HOOKS = {
     (SYNC_WORKER_IMPL, "generate"): "records rollouts and adds problem ids / budgets to the requests",
     (SYNC_WORKER_IMPL, "update_weights_via_ipc_zmq"): "stages the step's rollouts before a colocated refit",
     (SYNC_WORKER_IMPL, "update_weights_from_collective"): "stages the step's rollouts before a non-colocated refit",
+    (SYNC_WORKER_IMPL, "wake_up"): "after a wake-up, verifies (and restores) the drafter a sleep may have discarded",
     (VLLM_GENERATION, "generate"): "length-aware placement and per-request budgets",
     (VLLM_GENERATION, "get_step_metrics"): "adds specdec/* step metrics",
     (RESOLVER_MODULE, RESOLVER_NAME): "chooses our worker actors",
@@ -190,6 +191,7 @@ ASYNC_HOOKS = {
     (ASYNC_WORKER_IMPL, "generate_async"): "records rollouts and adds problem ids (async engine)",
     (ASYNC_WORKER_IMPL, "update_weights_via_ipc_zmq_async"): "stages rollouts before a refit (async engine)",
     (ASYNC_WORKER_IMPL, "update_weights_from_collective_async"): "stages rollouts before a refit (async engine)",
+    (ASYNC_WORKER_IMPL, "wake_up_async"): "verifies (and restores) the drafter after a wake-up (async engine)",
 }
 ASYNC_PLACEMENT_HOOK = (VLLM_GENERATION, "current_generate_dp_shard_idx")
 NCCL_RESHARD_HOOKS = {

@@ -63,6 +63,7 @@ class SpecDecHostHooks:
 
     _specdec_pending: Optional[dict] = None
     _specdec_loaded_names: Optional[list] = None
+    _specdec_loaded_drafter: Optional[list] = None
     _specdec_last_update: Optional[dict] = None
     _specdec_updates: int = 0
 
@@ -85,9 +86,16 @@ class SpecDecHostHooks:
     # -- NeMo-RL hooks
 
     def _load_weights(self, weights):
+        from nemo_rl_specdec.engine.weights import split_policy_and_drafter
+
+        names = [name for name, _ in weights]
+        _, drafter = split_policy_and_drafter(list(weights), self._specdec_num_layers())
+        drafter = [(n, t.detach().to("cpu", copy=True) if hasattr(t, "detach") else t)  # kept for a restore
+                   for n, t in drafter]
         super()._load_weights(weights)
         if self._specdec_loaded_names is not None:
-            self._specdec_loaded_names.extend(name for name, _ in weights)
+            self._specdec_loaded_names.extend(names)
+            self._specdec_loaded_drafter.extend(drafter)
 
     # -- ours
 
@@ -109,7 +117,8 @@ class SpecDecHostHooks:
         pending = self._specdec_pending or {}
         self._specdec_pending = None
         names = list(self._specdec_loaded_names or [])
-        self._specdec_loaded_names = None
+        loaded_drafter = list(self._specdec_loaded_drafter or [])
+        self._specdec_loaded_names = self._specdec_loaded_drafter = None
         version = pending.get("version")
         if version is None:  # refit not staged by our worker actor (e.g. a weight synchronizer)
             version = int((self.specdec_state() or {}).get("policy_version") or 0) + 1
@@ -122,7 +131,7 @@ class SpecDecHostHooks:
             report = self.specdec_after_policy_weights(
                 version=int(version), loaded_names=names,
                 drafter_weights=pending.get("drafter_weights"), rollouts=rollouts,
-                refresh_drafter=bool(pending.get("refresh_drafter", True)),
+                refresh_drafter=bool(pending.get("refresh_drafter", True)), loaded_drafter=loaded_drafter,
             )
         except Exception:
             logger.exception(
@@ -143,7 +152,7 @@ class SpecDecHostHooks:
 
 def _refit_wrapper(owner: type, name: str):
     def refit(self, *args, **kwargs):
-        self._specdec_loaded_names = []
+        self._specdec_loaded_names, self._specdec_loaded_drafter = [], []
         ok = getattr(super(owner, self), name)(*args, **kwargs)
         if not ok:
             self._specdec_loaded_names = None
@@ -179,7 +188,7 @@ class SpecDecCheckpointEngineHooks:
     in its own RPC: finish our update after it returns."""
 
     async def _update_weights_from_checkpoint_engine_async(self) -> bool:
-        self._specdec_loaded_names = []
+        self._specdec_loaded_names, self._specdec_loaded_drafter = [], []
         ok = await super()._update_weights_from_checkpoint_engine_async()
         if not ok:
             return ok

@@ -17,6 +17,9 @@ venv. On top of NeMo-RL's behaviour they:
   swap them with every other engine through the exchange and stage the refs of the whole step with
   the next policy version (`specdec_stage_update`); the refit itself then refreshes the drafter
   (see extension.py);
+- after every wake-up that brings weights back, have each vLLM worker prove its drafter is the
+  pushed version and restore it from the last pushed state if a sleep discarded it
+  (`specdec_verify_drafter`; NeMo-RL's refit restores only what it streams);
 - answer `specdec_report()` for the driver's step metrics.
 
 Refit routes a NeMo-RL version lacks (e.g. `nccl_reshard_refit` on v0.7.0) are not overridden.
@@ -217,6 +220,12 @@ async def _maybe_await(x: Any) -> Any:
     return x
 
 
+def _wakes_weights(kwargs: dict) -> bool:
+    """Whether a wake-up brings back weights (NeMo-RL wakes `weights` and `kv_cache` separately)."""
+    tags = kwargs.get("tags")
+    return tags is None or "weights" in tags
+
+
 def _optional(base: type, name: str, make) -> dict:
     """{name: make()} when the NeMo-RL base class has `name` (a refit route of that version), else {}."""
     return {name: make()} if hasattr(base, name) else {}
@@ -283,6 +292,12 @@ def _build_sync_impl() -> type:
 
         def update_weights_from_collective(self):
             return self._specdec_refit(super().update_weights_from_collective)
+
+        def wake_up(self, **kwargs):
+            result = super().wake_up(**kwargs)
+            if self.specdec_enabled and self.llm is not None and _wakes_weights(kwargs):
+                self.specdec_wake_reports = self.llm.collective_rpc("specdec_verify_drafter", args=(True,))
+            return result
 
         def specdec_report(self) -> dict:
             if not self.specdec_enabled or self.llm is None:
@@ -363,6 +378,13 @@ def _build_async_impl() -> type:
 
         async def update_weights_from_collective_async(self):
             return await self._specdec_refit(super().update_weights_from_collective_async)
+
+        async def wake_up_async(self, **kwargs):
+            result = await super().wake_up_async(**kwargs)
+            if self.specdec_enabled and self.llm is not None and _wakes_weights(kwargs):
+                self.specdec_wake_reports = await _maybe_await(
+                    self.llm.collective_rpc("specdec_verify_drafter", args=(True,)))
+            return result
 
         async def specdec_report(self) -> dict:
             if not self.specdec_enabled or self.llm is None:

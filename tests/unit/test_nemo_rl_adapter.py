@@ -489,8 +489,15 @@ class RecordingEngineMixin:
         self.calls = getattr(self, "calls", []) + [("init", spec)]
         return {"ok": True}
 
+    def _specdec_num_layers(self):
+        return None
+
+    def specdec_verify_drafter(self, restore=True):
+        self.verified = getattr(self, "verified", []) + [restore]
+        return {"checked": True, "restored": False}
+
     def specdec_after_policy_weights(self, version, drafter_weights=None, rollouts=None, drafter_version=None,
-                                     loaded_names=None, refresh_drafter=True):
+                                     loaded_names=None, refresh_drafter=True, loaded_drafter=None):
         self.calls = getattr(self, "calls", []) + [("after", list(loaded_names), version, drafter_weights, rollouts)]
         self.refreshes = getattr(self, "refreshes", []) + [refresh_drafter]
         self.log = getattr(self, "log", []) + ["specdec_after_policy_weights"]
@@ -865,6 +872,10 @@ class FakeGenerationWorkerImpl:
     def checkpoint_engine_rpc(self, checkpoint_method, method_args=()):
         return ("passthrough", checkpoint_method)
 
+    def wake_up(self, **kwargs):
+        self.woken = getattr(self, "woken", []) + [kwargs.get("tags")]
+        return True
+
 
 class FakeAsyncGenerationWorkerImpl(FakeGenerationWorkerImpl):
     """Stands in for NeMo-RL's VllmAsyncGenerationWorkerImpl (NeMo-RL cannot be installed here)."""
@@ -891,6 +902,10 @@ class FakeAsyncGenerationWorkerImpl(FakeGenerationWorkerImpl):
 
     async def checkpoint_engine_rpc_async(self, checkpoint_method, method_args=()):
         return ("passthrough", checkpoint_method)
+
+    async def wake_up_async(self, **kwargs):
+        self.woken = getattr(self, "woken", []) + [kwargs.get("tags")]
+        return True
 
 
 class FakeWorkerGroup:
@@ -1259,6 +1274,17 @@ def test_worker_refreshes_every_n_steps_and_refuses_a_drafter_past_max_policy_la
     strict._specdec_engine_state = {"policy_version": 3, "drafter_version": 1}
     with pytest.raises(StaleDrafterError, match=r"policy_version=3 drafter_version=1 \(lag 2 > refresh.max_policy_lag=0"):
         strict.generate(batch([[1, 2]]))
+
+
+def test_worker_verifies_the_drafter_after_every_wake_up_that_brings_weights_back(fake_nemo_rl):
+    from nemo_rl_specdec.nemo_rl import workers
+
+    w = workers.SpecDecVllmGenerationWorkerImpl(worker_cfg(drafter="ngram"), bundle_indices=[0])
+    w.wake_up(tags=["kv_cache"])            # NeMo-RL wakes the KV cache separately: weights untouched
+    assert not hasattr(w.llm.ranks[0], "verified")
+    w.wake_up(tags=["weights"])
+    w.wake_up()
+    assert all(r.verified == [True, True] for r in w.llm.ranks) and w.woken == [["kv_cache"], ["weights"], None]
 
 
 def test_worker_keeps_no_rollouts_for_drafters_that_do_not_use_them(fake_nemo_rl):
