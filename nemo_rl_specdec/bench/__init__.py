@@ -3,7 +3,8 @@
 Each suite is one module with `run(cfg, args) -> list[dict]`; every result dict carries at least
 `name`, `drafter`, `tokens_per_target_forward`, `acceptance_rate`, `wall_clock_ratio`
 (no-spec time / spec time on the same prompts and weights) and `per_step` (may be empty for
-single-batch suites). This module loads the run file, dispatches, prints a table, writes JSON.
+single-batch suites); a suite module may name its own `REQUIRED` keys instead (`costmodel`
+measures no speedup). This module loads the run file, dispatches, prints a table, writes JSON.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ SUITES = {
     "scheduling": "nemo_rl_specdec.bench.scheduling",  # placement x budget on 2 engines
     "lockstep": "nemo_rl_specdec.bench.lockstep",      # frozen vs refit drafter across a policy update
     "parametric": "nemo_rl_specdec.bench.parametric",  # draft_model/eagle3 frozen vs online over GRPO updates
+    "costmodel": "nemo_rl_specdec.bench.costmodel",    # engine step times for the simulator's CPU cost model
 }
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "wall_clock_ratio", "per_step")
 
@@ -57,7 +59,7 @@ def run(args) -> int:
     mod = importlib.import_module(SUITES[suite])
     results = mod.run(cfg, args)
     for r in results:
-        missing = [k for k in REQUIRED if k not in r]
+        missing = [k for k in getattr(mod, "REQUIRED", REQUIRED) if k not in r]
         if missing:
             raise RuntimeError(f"bench suite {suite!r} produced a result without {missing}: {r.get('name')}")
     if args.json:
