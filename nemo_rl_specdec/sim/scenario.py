@@ -253,7 +253,7 @@ class Speculation(_Strict):
     long_fraction: float = Field(0.25, gt=0, le=1)
     short_fraction: float = Field(0.25, ge=0, lt=1)
     medium_k: Optional[int] = Field(None, ge=0)
-    k_by_batch_size: Union[None, Literal["auto"], list[tuple[int, int, int]]] = None
+    k_by_batch_size: Union[None, Literal["auto", "per_step"], list[tuple[int, int, int]]] = None
     budget_interval_steps: int = Field(64, ge=1, description="recompute budgets at least this often")
 
     @model_validator(mode="after")
