@@ -26,7 +26,8 @@ which uses its own problems:
 
 Nothing in them comes from the benches they predict.
 
-    python -m nemo_rl_specdec.sim.cpu_fit COSTMODEL_JSON OUT_DIR   # writes fit.json, predictions.json
+    python -m nemo_rl_specdec.sim.cpu_fit COSTMODEL_JSON OUT_DIR   # cpu_fit.json, cpu_predictions.json, profile
+    python -m nemo_rl_specdec.sim.cpu_fit --compare PREDICTIONS_JSON BENCH_JSON...   # the table, after measuring
 """
 from __future__ import annotations
 
@@ -198,8 +199,36 @@ def predict_scheduling(fit: dict, inp: dict, drafter: str = "suffix (DAS)", prob
     return rows
 
 
+def compare(predictions: list, bench_jsons: list, tolerance: float = 0.15) -> list:
+    """Predicted against measured `wall_clock_ratio`, row by row (names match with spaces
+    removed), with the relative error (predicted - measured) / measured."""
+    measured = {}
+    for path in bench_jsons:
+        for r in json.loads(Path(path).read_text())["results"]:
+            measured[r["name"].replace(" ", "")] = r
+    rows = []
+    for p in predictions:
+        m = measured.get(p["name"].replace(" ", ""))
+        if m is None or m.get("wall_clock_ratio") is None:
+            continue
+        pred, meas = p["predicted_wall_clock_ratio"], float(m["wall_clock_ratio"])
+        err = (pred - meas) / meas
+        rows.append({**p, "measured_wall_clock_ratio": meas, "relative_error": err, "within": abs(err) <= tolerance,
+                     "measured_tokens_per_target_forward": m.get("tokens_per_target_forward")})
+    return rows
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--compare":     # --compare PREDICTIONS_JSON BENCH_JSON [BENCH_JSON ...]
+        rows = compare(json.loads(Path(argv[1]).read_text()), argv[2:])
+        for r in rows:
+            print(f"| {r['suite']} | {r['name']} | {r['predicted_wall_clock_ratio']:.2f} | "
+                  f"{r['measured_wall_clock_ratio']:.2f} | {100 * r['relative_error']:+.1f}% | "
+                  f"{'yes' if r['within'] else '**no**'} | {r['predicted_mean_accepted_length']:.2f} / "
+                  f"{r['measured_tokens_per_target_forward']:.2f} |")
+        print(f"{sum(r['within'] for r in rows)} of {len(rows)} rows within 15%")
+        return 0
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
