@@ -107,7 +107,7 @@ def timed_steps(engine, reqs) -> tuple[list, list]:
 
 def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
-    from nemo_rl_specdec.bench.drafters import CPU_DRAFTERS, workload
+    from nemo_rl_specdec.bench.drafters import CPU_DRAFTERS, prepare, workload
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.metrics import SpecMetrics
@@ -126,13 +126,7 @@ def run(cfg, args) -> list:
         dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
         eng = Engine(dcfg, name=name)
         try:
-            if dcfg.spec.drafter == "suffix" and dcfg.spec.suffix.backend == "das":
-                eng.update(1, None, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
-                                               "token_ids": r.token_ids, "policy_version": 0} for r in history])
-            elif dcfg.spec.drafter == "suffix":
-                eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
-            else:
-                eng.generate(reqs[: len(reqs) // 4])  # warm-up (ngram JIT etc.)
+            prepare(eng, dcfg, reqs, history)   # as bench --suite drafters
             # ABBA, as bench --suite drafters: no-spec and drafter steps are taken under the same load
             smp, lens, m = [], [], None
             for who in ("base", "spec", "spec", "base"):
