@@ -31,7 +31,10 @@ carry `samples` instead of `per_step`; see `REQUIRED`.
 
 Run-file knobs (optional, under `bench.costmodel`): `problems` (default
 grpo.num_prompts_per_step), `samples` (default grpo.num_generations_per_prompt),
-`problem_seed`, `drafters` (default every CPU drafter of the drafters suite).
+`problem_seed`, `drafters` (default every CPU drafter of the drafters suite), `core` (default
+unpinned, as `bench --suite drafters`; an int pins every engine to that core with one thread,
+as `bench --suite scheduling` runs its engines: a profile transfers only to engines bound the
+same way, docs/simulator.md).
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def _options(cfg) -> dict:
     return {"problems": int(b.get("problems", cfg.get("grpo.num_prompts_per_step", 16))),
             "samples": int(b.get("samples", cfg.get("grpo.num_generations_per_prompt", 4))),
             "problem_seed": int(b.get("problem_seed", 50_000 + int(cfg.get("grpo.seed", 0) or 0))),
-            "drafters": drafters}
+            "drafters": drafters, "core": b.get("core")}
 
 
 def timed_steps(engine, reqs) -> tuple[list, list]:
@@ -113,7 +116,8 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.metrics import SpecMetrics
 
     o = _options(cfg)
-    base = Engine(cfg, spec_enabled=False, name="no-spec")
+    core = None if o["core"] is None else int(o["core"])
+    base = Engine(cfg, spec_enabled=False, name="no-spec", core=core)
     reqs = workload(cfg, base.tokenizer(), o["problems"], o["samples"], seed=o["problem_seed"])
     _say(f"{len(reqs)} requests ({o['problems']} problems x {o['samples']}), problem seed {o['problem_seed']}")
     history = base.generate(reqs).rollouts  # the previous step for the suffix drafters (and a warm-up)
@@ -124,7 +128,7 @@ def run(cfg, args) -> list:
         if name == "draft_model" and not cfg.spec.draft_model.model:
             continue
         dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
-        eng = Engine(dcfg, name=name)
+        eng = Engine(dcfg, name=name, core=core)
         try:
             prepare(eng, dcfg, reqs, history)   # as bench --suite drafters
             # ABBA, as bench --suite drafters: no-spec and drafter steps are taken under the same load
