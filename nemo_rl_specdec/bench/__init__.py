@@ -1,10 +1,10 @@
 """`nemo-rl-specdec bench`: A/B benchmarks measured side by side in one run.
 
-Each suite is one module with `run(cfg, args) -> list[dict]`; every result dict of a drafter suite
-carries at least `name`, `drafter`, `tokens_per_target_forward`, `acceptance_rate`,
-`wall_clock_ratio` (no-spec time / spec time on the same prompts and weights) and `per_step` (may
-be empty for single-batch suites); suites that measure no drafter (`refresh`) name their own
-required keys in REQUIRED_BY_SUITE. This module loads the run file, dispatches, prints a table, writes JSON.
+Each suite is one module with `run(cfg, args) -> list[dict]`; every result dict carries at least
+`name`, `drafter`, `tokens_per_target_forward`, `acceptance_rate`, `wall_clock_ratio`
+(no-spec time / spec time on the same prompts and weights) and `per_step` (may be empty for
+single-batch suites); a suite that measures no speedup (`refresh`, `costmodel`) names its own
+`REQUIRED` keys in its module. This module loads the run file, dispatches, prints a table, writes JSON.
 """
 from __future__ import annotations
 
@@ -19,13 +19,9 @@ SUITES = {
     "lockstep": "nemo_rl_specdec.bench.lockstep",      # frozen vs refit drafter across a policy update
     "parametric": "nemo_rl_specdec.bench.parametric",  # draft_model/eagle3 frozen vs online over GRPO updates
     "refresh": "nemo_rl_specdec.bench.refresh",        # DAS refresh at NeMo-RL scale: transport + rebuild on Ray
+    "costmodel": "nemo_rl_specdec.bench.costmodel",    # engine step times for the simulator's CPU cost model
 }
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "wall_clock_ratio", "per_step")
-# suites that measure no drafter: the keys each of their result dicts carries instead of REQUIRED
-REQUIRED_BY_SUITE = {
-    "refresh": ("name", "transport_old_s", "transport_new_s", "transport_ratio", "rebuild_s_max",
-                "rebuild_s_median", "store_bytes_per_engine", "max_memory_bytes", "refresh_s", "target_s"),
-}
 
 
 def say(suite: str, msg: str) -> None:
@@ -63,7 +59,7 @@ def run(args) -> int:
     run_prompt_format(cfg)  # the suites' workloads read it once engines are up: a bad value fails here
     mod = importlib.import_module(SUITES[suite])
     results = mod.run(cfg, args)
-    required = REQUIRED_BY_SUITE.get(suite, REQUIRED)
+    required = getattr(mod, "REQUIRED", REQUIRED)
     for r in results:
         missing = [k for k in required if k not in r]
         if missing:

@@ -29,6 +29,19 @@ def workload(cfg, tok, num_problems: int, samples: int, seed: int):
     return [Request(prompt_token_ids(tok, p, fmt), problem_id=p.problem_id) for p in problems for _ in range(samples)]
 
 
+def prepare(eng, dcfg, reqs, history) -> None:
+    """Give a drafter engine what it has before an RL step: the suffix drafters one previous
+    step of rollouts of the same problems (DAS via its lockstep rebuild update, vLLM's suffix
+    via its own cache); the others a short warm-up (ngram JIT etc.)."""
+    if dcfg.spec.drafter == "suffix" and dcfg.spec.suffix.backend == "das":
+        eng.update(1, None, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
+                                       "token_ids": r.token_ids, "policy_version": 0} for r in history])
+    elif dcfg.spec.drafter == "suffix":
+        eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
+    else:
+        eng.generate(reqs[: len(reqs) // 4])
+
+
 def _timed(engine, reqs):
     t0 = time.perf_counter()
     out = engine.generate(reqs)
@@ -54,13 +67,7 @@ def run(cfg, args) -> list:
         dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
         eng = Engine(dcfg, name=name)
         try:
-            if dcfg.spec.drafter == "suffix" and dcfg.spec.suffix.backend == "das":
-                eng.update(1, None, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
-                                               "token_ids": r.token_ids, "policy_version": 0} for r in history])
-            elif dcfg.spec.drafter == "suffix":
-                eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
-            else:
-                eng.generate(reqs[: len(reqs) // 4])  # warm-up (ngram JIT etc.)
+            prepare(eng, dcfg, reqs, history)
             tb1, b1 = _timed(base, reqs)
             ts1, o1 = _timed(eng, reqs)
             ts2, o2 = _timed(eng, reqs)

@@ -54,6 +54,9 @@ import numpy as np
 
 from nemo_rl_specdec.config import ConfigError
 
+# what every result dict carries (the dispatcher checks it; this suite measures no drafter)
+REQUIRED = ("name", "transport_old_s", "transport_new_s", "transport_ratio", "rebuild_s_max",
+            "rebuild_s_median", "store_bytes_per_engine", "max_memory_bytes", "refresh_s", "target_s")
 PHRASES_GLOBAL = 4096
 PHRASES_PER_PROBLEM = 256
 PHRASE_LEN = (3, 12)

@@ -4,7 +4,7 @@ Two forms of the target forward, chosen by the scenario's `hardware` block:
 
 - **linear** (the DAS cost model plus KV reads):
 
-      t_target = c_base + c_tok * tokens + c_ctx * sum_i ctx_i
+      t_target = c_base + c_seq * requests + c_tok * tokens + c_ctx * sum_i ctx_i
 
 - **roofline** (from the model's shape and the GPU's data sheet):
 
@@ -198,6 +198,7 @@ class CostModel:
     roofline: Optional[Roofline] = None
     target: Optional[ModelShape] = None
     draft_shape: Optional[ModelShape] = None
+    c_seq: float = 0.0                           # linear form: cost per request in the step
 
     @classmethod
     def from_scenario(cls, sc) -> "CostModel":
@@ -206,7 +207,8 @@ class CostModel:
         return cls(hw.c_base_s or 0.0, hw.c_tok_s or 0.0, hw.c_ctx_s, dr.fwd_base_s, dr.tok_s, dr.ctx_s,
                    dr.per_request_s, dr.step_overhead_s, dr.kind, roof,
                    sc.model.shape() if (roof is not None and sc.model is not None) else None,
-                   dr.model.shape() if (roof is not None and dr.model is not None) else None)
+                   dr.model.shape() if (roof is not None and dr.model is not None) else None,
+                   hw.c_seq_s)
 
     def step_cost(self, drafts: np.ndarray, ctx: np.ndarray, rate: np.ndarray,
                   prefill_tokens: float = 0.0) -> StepTime:
@@ -225,7 +227,7 @@ class CostModel:
             st.t0 += const + self.roofline.overhead_per_seq_s * n
             st.maxes.append(lines)
         else:
-            st.t0 += self.c_base + self.c_tok * tokens + self.c_ctx * ctx_sum
+            st.t0 += self.c_base + self.c_seq * n + self.c_tok * tokens + self.c_ctx * ctx_sum
             st.slope += self.c_ctx * growth
         if n and np.max(drafts) > 0:
             self._add_drafting(st, drafts, ctx, rate)
@@ -264,7 +266,8 @@ class CostModel:
         around `batch` requests at context `ctx`: finite differences of `mean_step_time`, for
         the budget policies that take a linear cost model."""
         if self.roofline is None:
-            return self.c_base, self.c_tok, self.draft_tok + self.draft_ctx * ctx, self.c_ctx
+            return (self.c_base + self.c_seq * max(1, batch), self.c_tok, self.draft_tok + self.draft_ctx * ctx,
+                    self.c_ctx)
         b = max(1, batch)
         t1 = self.mean_step_time(b, 0.0, ctx)
         t2 = self.mean_step_time(b, 1.0, ctx)

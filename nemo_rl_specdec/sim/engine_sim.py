@@ -22,7 +22,8 @@ tokens finishes at the end of its 8th step.
 Budgets: with speculation on, each request gets d_i = min(budget_i, k(batch size)): budget_i
 from `scheduling.budget.assign_budgets` over the predicted remaining lengths of the requests
 in flight (recomputed whenever the batch changes, and every `interval` steps), k(batch size)
-from the `k_by_batch_size` schedule.
+from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.best_drafts`
+for the requests in flight (re-chosen at every event).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
+from nemo_rl_specdec.sim.adaptive import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
 
 
@@ -60,7 +62,7 @@ class SpecPolicy:
     long_fraction: float = 0.25
     short_fraction: float = 0.25
     medium_k: Optional[int] = None
-    schedule: Optional[Sequence[Sequence[int]]] = None
+    schedule: Union[None, str, Sequence[Sequence[int]]] = None   # [(lo, hi, k), ...] or "per_step"
     interval: int = 64
     acceptance: Union[float, Sequence[float]] = 0.7   # what the budget policy believes
 
@@ -77,6 +79,7 @@ class EngineStats:
     budget_recomputes: int = 0
     preemptions: int = 0
     busy: list = field(default_factory=list)   # merged [start, end] intervals with requests in flight
+    adaptive_steps: list = field(default_factory=list)  # (requests, drafts chosen) per per_step decision
 
 
 class EngineSim:
@@ -216,7 +219,12 @@ class EngineSim:
             if self._dirty or self._since >= sp.interval:
                 self._budget = self._budgets()
                 self._dirty, self._since = False, 0
-            d = np.minimum(self._budget, schedule_lookup(sp.schedule, n_act, sp.k))
+            if sp.schedule == "per_step":    # adaptive verification (sim/adaptive.py)
+                cap = best_drafts(self.cost, self._ctx, self._A, sp.k, self.coverage)   # decode economics
+                self.stats.adaptive_steps.append((n_act, cap))
+            else:
+                cap = schedule_lookup(sp.schedule, n_act, sp.k)
+            d = np.minimum(self._budget, cap)
         idx = np.arange(n_act)
         a_draft = self._A[idx, d]                                 # committed per step when drafting
         rate = 1.0 + self.coverage * (a_draft - 1.0)

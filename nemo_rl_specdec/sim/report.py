@@ -142,7 +142,7 @@ def _cost_summary(sc, cm: CostModel) -> dict[str, Any]:
     kv = sc.kv_capacity_tokens
     if cm.roofline is None:
         return {"form": "linear", "c_base_s": cm.c_base, "c_tok_s": cm.c_tok, "c_ctx_s": cm.c_ctx,
-                "kv_capacity_tokens": kv}
+                "c_seq_s": cm.c_seq, "kv_capacity_tokens": kv}
     ctx = sc.workload.prompt_len + sc.workload.lengths.median / 2
     b = sc.hardware.max_num_seqs
     return {"form": "roofline", "kv_capacity_tokens": kv, "typical_context": ctx,

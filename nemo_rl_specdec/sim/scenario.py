@@ -111,8 +111,8 @@ class RooflineSpec(_Strict):
 
 class Hardware(_Strict):
     """One engine (one vLLM instance, `gpus_per_engine` GPUs, the tensor-parallel degree) and
-    its target-model step cost: linear, t = c_base_s + c_tok_s * tokens_in_step + c_ctx_s *
-    sum(context of each request), or a `roofline` over the scenario's `model`. The KV cache
+    its target-model step cost: linear, t = c_base_s + c_seq_s * requests_in_step + c_tok_s *
+    tokens_in_step + c_ctx_s * sum(context of each request), or a `roofline` over the scenario's `model`. The KV cache
     holds `kv_capacity_tokens` tokens per engine (or what `memory_bytes` leaves after the
     weights; None: unlimited)."""
 
@@ -121,6 +121,7 @@ class Hardware(_Strict):
     c_base_s: Optional[float] = Field(None, gt=0, description="fixed cost of one target forward (s)")
     c_tok_s: Optional[float] = Field(None, ge=0, description="cost per token processed in the step (s)")
     c_ctx_s: float = Field(0.0, ge=0, description="cost per context token per request per step: KV reads (s)")
+    c_seq_s: float = Field(0.0, ge=0, description="cost per request in the step (scheduling, sampling) (s)")
     fit_samples: Optional[list[tuple[float, float]]] = Field(
         None, description="[[tokens_in_step, seconds], ...]: c_base_s and c_tok_s fitted by least squares"
     )
@@ -134,9 +135,9 @@ class Hardware(_Strict):
     def _costs(self):
         given = self.c_base_s is not None or self.c_tok_s is not None
         if self.roofline is not None:
-            if given or self.fit_samples is not None or self.c_ctx_s:
+            if given or self.fit_samples is not None or self.c_ctx_s or self.c_seq_s:
                 raise ValueError("give either a roofline or the linear constants (c_base_s, c_tok_s, c_ctx_s, "
-                                 "fit_samples), not both")
+                                 "c_seq_s, fit_samples), not both")
             return self
         if self.fit_samples is not None and given:
             raise ValueError("give either c_base_s and c_tok_s, or fit_samples, not both")
@@ -252,7 +253,7 @@ class Speculation(_Strict):
     long_fraction: float = Field(0.25, gt=0, le=1)
     short_fraction: float = Field(0.25, ge=0, lt=1)
     medium_k: Optional[int] = Field(None, ge=0)
-    k_by_batch_size: Union[None, Literal["auto"], list[tuple[int, int, int]]] = None
+    k_by_batch_size: Union[None, Literal["auto", "per_step"], list[tuple[int, int, int]]] = None
     budget_interval_steps: int = Field(64, ge=1, description="recompute budgets at least this often")
 
     @model_validator(mode="after")

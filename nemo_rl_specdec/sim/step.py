@@ -117,7 +117,7 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
     policy = None
     if speculative and spec_cfg.enabled:
         sched = spec_cfg.k_by_batch_size
-        if sched == "auto" and cost.roofline is not None:
+        if sched == "auto" and (cost.roofline is not None or cost.c_seq):   # a step time beyond c_base + c_tok n
             ctx = sc.workload.prompt_len + sc.workload.lengths.median / 2      # a typical context
             sched = k_by_batch_size_schedule(sc.hardware.max_num_seqs, k, acceptance,
                                              step_time=lambda b, d: cost.mean_step_time(b, d, ctx))

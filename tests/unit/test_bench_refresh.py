@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
-from nemo_rl_specdec.bench import REQUIRED_BY_SUITE  # noqa: E402
+from nemo_rl_specdec.bench.refresh import REQUIRED  # noqa: E402
 from nemo_rl_specdec.bench import refresh as R  # noqa: E402
 from nemo_rl_specdec.config import ConfigError, load_run_config  # noqa: E402
 from nemo_rl_specdec.rollouts import RolloutBatch  # noqa: E402
@@ -114,7 +114,7 @@ def test_transport_round_trips_exactly_and_json_has_the_keys(ran):
     assert js["suite"] == "refresh" and len(js["results"]) == o["steps"]
     cap = o["suffix"]["max_memory_mb"] * 2**20
     for step, row in enumerate(js["results"], start=1):
-        assert all(k in row for k in REQUIRED_BY_SUITE["refresh"])
+        assert all(k in row for k in REQUIRED)
         assert row["transport_roundtrip_ok"] is True
         assert row["rollouts"] == 16 and row["kept_fraction_min"] == 1.0
         assert len(row["store_bytes_per_engine"]) == 2 and all(0 < b <= cap for b in row["store_bytes_per_engine"])

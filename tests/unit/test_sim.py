@@ -1,6 +1,7 @@
 """The RL-step simulator: model logic, calibration scenarios, scenario validation, CLI."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -232,6 +233,13 @@ def test_cpu_profile_is_the_fit_of_the_reference_measurements():
 # Calibration scenarios whose published figures the model does not reproduce within the
 # tolerance: documented in their headers and in docs/simulator.md, and checked below to stay
 # reported as misses rather than silently passing.
+@functools.lru_cache(maxsize=None)
+def simulated(stem: str) -> dict:
+    """One simulation per shipped scenario for the whole module (the DAS and NVIDIA scenarios
+    are checked by two tests each; the result dicts are only read)."""
+    return simulate(load_scenario(stem))
+
+
 KNOWN_MISSES = {"c4_deepseek_v4_rocm.yaml", "c5_deepseek_v4_pro_b300_dspark.yaml"}
 CALIBRATED = sorted(p.name for p in SIM_CONFIGS.glob("*.yaml") if "calibration:" in p.read_text()
                     and "calibration: null" not in p.read_text() and p.name not in KNOWN_MISSES)
@@ -247,7 +255,7 @@ def test_calibration_scenarios_exist():
 def test_calibration_scenario_reproduces_its_source(name):
     from nemo_rl_specdec.sim.report import check_calibration_points
 
-    res = simulate(load_scenario(name))
+    res = simulated(name.removesuffix(".yaml"))
     assert res["calibration"], name
     checks = [("", res["calibration"])] + [(p["name"], p["calibration"])
                                            for p in check_calibration_points(str(SIM_CONFIGS / name))]
@@ -257,7 +265,7 @@ def test_calibration_scenario_reproduces_its_source(name):
 
 
 def test_nvidia_scenario_within_10_percent_of_published_figures():
-    res = simulate(load_scenario("nvidia_qwen3_8b_rlzero"))
+    res = simulated("nvidia_qwen3_8b_rlzero")
     assert res["rollout_s_baseline"] == pytest.approx(100.0, rel=0.10)
     assert res["rollout_s_spec"] == pytest.approx(56.6, rel=0.10)
     assert res["rollout_speedup"] == pytest.approx(1.77, rel=0.10)
@@ -266,8 +274,7 @@ def test_nvidia_scenario_within_10_percent_of_published_figures():
 
 
 def test_das_scenario_cuts_rollout_time_by_half():
-    sc = load_scenario("das_math_r1_distill_7b")
-    res = simulate(sc)
+    res = simulated("das_math_r1_distill_7b")
     assert 0.50 <= res["rollout_time_reduction"] <= 0.55
     assert res["rollout_speedup"] == pytest.approx(2.0, rel=0.10)
 

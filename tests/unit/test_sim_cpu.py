@@ -1,0 +1,109 @@
+"""The CPU cross-check pieces: the costmodel bench suite's contract, the step fit of
+sim/cpu_fit.py, the per-request term of the linear cost form, and adaptive verification per
+step (sim/adaptive.py). No engine is started and no wall-clock time is asserted."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nemo_rl_specdec.sim.adaptive import best_drafts
+from nemo_rl_specdec.sim.costmodel import CostModel
+from nemo_rl_specdec.sim.report import simulate
+from nemo_rl_specdec.sim.scenario import ScenarioError
+from sim_scenarios import build
+
+
+def _samples(rng, n_steps, drafter_cost=None, draft_per_req=0.0):
+    """Synthetic costmodel steps from known constants (c_base 5 ms, c_seq 100 us, c_tok 50 us,
+    c_ctx 20 ns), with 1% multiplicative noise."""
+    out = []
+    for _ in range(n_steps):
+        n = int(rng.integers(1, 65))
+        d = int(rng.integers(0, 8 * n + 1)) if draft_per_req else 0
+        ctx = int(n * rng.integers(30, 500))
+        t = 5e-3 + 1e-4 * n + 5e-5 * (n + d) + 2e-8 * ctx
+        if drafter_cost:
+            t += drafter_cost[0] + drafter_cost[1] * n
+        out.append({"requests": n, "prefill_tokens": 0, "draft_tokens": d, "drafting": n if d else 0,
+                    "accepted": d // 2, "ctx_sum": ctx, "seconds": t * (1 + 0.01 * rng.standard_normal())})
+    out.insert(0, {"requests": 64, "prefill_tokens": 2048, "draft_tokens": 0, "drafting": 0, "accepted": 0,
+                   "ctx_sum": 2048, "seconds": 1.0})   # a prefill step: left out of the fit
+    return out
+
+
+def test_fit_steps_recovers_target_and_drafter_constants():
+    from nemo_rl_specdec.sim.cpu_fit import fit_steps, inputs
+
+    rng = np.random.default_rng(0)
+    results = [{"name": "no-spec", "drafter": None, "k": 0, "lengths": [40] * 64, "samples": _samples(rng, 300)},
+               {"name": "ngram", "drafter": "ngram", "k": 8, "coverage": 0.4, "accepted_per_position": [0.2, 0.1],
+                "lengths": [40] * 64, "samples": _samples(rng, 300, (8e-3, 3e-4), 0.5)}]
+    fit = fit_steps(results)
+    assert fit["c_base_s"] == pytest.approx(5e-3, rel=0.1)
+    assert fit["c_seq_s"] == pytest.approx(1e-4, rel=0.1)
+    assert fit["c_tok_s"] == pytest.approx(5e-5, rel=0.1)
+    assert fit["c_ctx_s"] == pytest.approx(2e-8, rel=0.2)
+    assert fit["drafters"]["ngram"]["step_overhead_s"] == pytest.approx(8e-3, rel=0.1)
+    assert fit["drafters"]["ngram"]["per_request_s"] == pytest.approx(3e-4, rel=0.1)
+    assert fit["steps"] == 600 and fit["r2"] > 0.99
+    inp = inputs(results)
+    assert inp["prompt_len"] == 32 and inp["drafters"]["ngram"]["coverage"] == 0.4
+
+
+def test_costmodel_suite_names_its_own_required_keys():
+    from nemo_rl_specdec.bench import REQUIRED, SUITES
+    from nemo_rl_specdec.bench import costmodel
+
+    assert SUITES["costmodel"] == "nemo_rl_specdec.bench.costmodel"
+    assert "samples" in costmodel.REQUIRED and "wall_clock_ratio" not in costmodel.REQUIRED
+    assert "wall_clock_ratio" in REQUIRED
+
+
+LINEAR = {
+    "hardware": {"c_base_s": 5e-3, "c_tok_s": 5e-5, "c_seq_s": 2e-4, "max_num_seqs": 64},
+    "drafter": {"name": "suffix", "per_request_s": 1e-4},
+    "acceptance": {"alpha": 0.7},
+    "speculation": {"k": 4},
+    "workload": {"num_prompts": 8, "generations_per_prompt": 4, "prompt_len": 32,
+                 "lengths": {"dist": "values", "values": [100], "max_len": 100}, "prediction": "none"},
+    "rl": {"num_steps": 2},
+}
+
+
+def test_linear_per_request_cost():
+    sc = build(LINEAR, {})
+    cm = CostModel.from_scenario(sc)
+    t0 = cm.mean_step_time(10, 0, 100)
+    assert t0 == pytest.approx(5e-3 + 2e-4 * 10 + 5e-5 * 10)
+    assert cm.mean_step_time(20, 0, 100) - t0 == pytest.approx(10 * (2e-4 + 5e-5))
+    with pytest.raises(ScenarioError, match="hardware"):
+        build(LINEAR, {"hardware.roofline": {"mem_bw_Bps": 1e12, "flops_per_s": 1e14}})
+
+
+def test_adaptive_drafts_full_k_when_verification_is_cheap_and_none_when_it_is_dear():
+    ctx = np.full(16, 200.0)
+    A = np.tile(1 + np.cumsum([0.0] + [0.6 ** j for j in range(1, 5)]), (16, 1))   # A(d), d = 0..4
+    cheap = CostModel(c_base=5e-3, c_tok=1e-6, draft_kind="list")
+    dear = CostModel(c_base=1e-4, c_tok=1e-3, draft_kind="list")
+    assert best_drafts(cheap, ctx, A, 4) == 4
+    assert best_drafts(dear, ctx, A, 4) == 0
+    mid = CostModel(c_base=5e-3, c_tok=2e-4, draft_kind="list")
+    assert 0 < best_drafts(mid, ctx, A, 4) < 4      # the marginal draft is not worth its tokens
+
+
+def test_per_step_adaptive_is_never_slower_than_fixed_k_when_verification_is_dear():
+    dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
+    fixed = simulate(build(LINEAR, dear))
+    adaptive = simulate(build(LINEAR, {**dear, "speculation.k_by_batch_size": "per_step"}))
+    assert fixed["rollout_speedup"] < 1.0            # k = 4 on every step loses here
+    assert adaptive["rollout_speedup"] >= 0.999      # per step it turns drafting off where it loses
+    assert adaptive["rollout_speedup"] > fixed["rollout_speedup"]
+
+
+def test_measured_cpu_profile_loads_and_simulates():
+    from nemo_rl_specdec.sim.cpu_fit import SCENARIO
+    from nemo_rl_specdec.sim.scenario import load_scenario
+
+    res = simulate(load_scenario(SCENARIO))
+    assert res["cost_model"]["form"] == "linear" and res["cost_model"]["c_seq_s"] > 0
+    assert np.isfinite(res["rollout_speedup"])
