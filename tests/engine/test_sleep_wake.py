@@ -16,20 +16,6 @@ from nemo_rl_specdec.lockstep import DrafterRefreshError
 BLOCK = "policy.generation.speculative_decoding"
 
 
-def _zero_drafter(wrapper) -> int:
-    """Emulated level-2 sleep: every drafter weight the checkpoint holds becomes zeros."""
-    import torch
-
-    from nemo_rl_specdec.engine.weights import find_drafter_model, load_inplace, shared_parameter_names
-
-    w = getattr(wrapper, "worker", wrapper)
-    drafter = find_drafter_model(w)
-    items = [(n, torch.zeros_like(t)) for n, t in w._specdec_restore_items()]
-    load_inplace(drafter, w.vllm_config.speculative_config.draft_model_config, items,
-                 skip_shared=shared_parameter_names(drafter, w._specdec_target()), require_complete=False)
-    return len(items)
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_cfg_fn):
     base = tiny_cfg_fn()
@@ -47,7 +33,8 @@ def _run(engine, reqs):
 
 
 def test_a_discarded_drafter_is_caught_and_restored_from_the_last_pushed_state(engine, policy_versions,
-                                                                               problems, encode):
+                                                                               problems, encode,
+                                                                               emulated_deep_sleep):
     tok = engine.tokenizer()
     reqs = [Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:6]]
     tokens, acc = _run(engine, reqs)
@@ -55,7 +42,7 @@ def test_a_discarded_drafter_is_caught_and_restored_from_the_last_pushed_state(e
     assert engine.llm.collective_rpc("specdec_verify_drafter", args=(False,))[0]["restored"] is False
 
     # a sleep discards the never-refreshed drafter: caught, and restored from its checkpoint
-    assert engine.llm.collective_rpc(_zero_drafter)[0] > 0
+    assert engine.llm.collective_rpc(emulated_deep_sleep)[0] > 0
     with pytest.raises(DrafterRefreshError, match="no longer the pushed version 0"):
         engine.llm.collective_rpc("specdec_verify_drafter", args=(False,))
     stale_tokens, stale_acc = _run(engine, reqs)
@@ -70,7 +57,7 @@ def test_a_discarded_drafter_is_caught_and_restored_from_the_last_pushed_state(e
     engine.update(1, {**sd_b, **{f"draft.{k}": v for k, v in sd_b.items()}})
     b_tokens, b_acc = _run(engine, reqs)
     assert b_acc > 0.9
-    engine.llm.collective_rpc(_zero_drafter)
+    engine.llm.collective_rpc(emulated_deep_sleep)
     assert engine.llm.collective_rpc("specdec_verify_drafter", args=(True,))[0]["restored"] is True
     assert _run(engine, reqs) == (b_tokens, b_acc)
     assert engine.llm.collective_rpc("specdec_state")[0]["restores"] == 2

