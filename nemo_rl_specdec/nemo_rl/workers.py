@@ -132,6 +132,7 @@ class SpecDecWorkerState:
                                "created by nemo-rl-specdec's VllmGeneration, so its drafter would see no rollouts")
         self._specdec_stash = payload.RolloutStash(stash_tokens) if want else None
         self._specdec_observe_errors = 0
+        self._specdec_observe_first = ""
         self._specdec_skipped_validation = 0
 
     @property
@@ -161,10 +162,11 @@ class SpecDecWorkerState:
             self._specdec_stash.add(RolloutBatch.from_generation(
                 data["input_ids"], data["input_lengths"], output["output_ids"], output["generation_lengths"],
                 self._specdec_version, prompt_tail=self._specdec_prompt_tail))
-        except Exception:  # a bug here must not cost the rollout; counted in specdec/rollout_record_errors
+        except Exception as e:  # the generation itself is fine: return it, fail the next refit instead
             self._specdec_observe_errors += 1
             if self._specdec_observe_errors == 1:
-                logger.exception("[specdec] could not record rollouts for the drafter (logged once)")
+                self._specdec_observe_first = f"{type(e).__name__}: {e}"
+                logger.exception("[specdec] could not record rollouts for the drafter; the next refit fails")
 
     def _specdec_refreshes(self, version: int) -> bool:
         """Whether the update to `version` refreshes the drafter (refresh.every_n_steps; 1 = the first)."""
@@ -190,8 +192,17 @@ class SpecDecWorkerState:
                        engine=f"engine {self._specdec_engine}")
 
     def _specdec_swap_ref(self) -> Any:
-        """Put this engine's rollouts in the object store and start the swap (a ref to all engines' refs)."""
+        """Put this engine's rollouts in the object store and start the swap (a ref to all engines' refs).
+        Raises when a generation's rollouts could not be recorded: the drafter would miss them."""
         import ray
+
+        from nemo_rl_specdec.rollouts import RolloutError
+
+        if self._specdec_observe_errors:
+            raise RolloutError(
+                f"{self._specdec_observe_errors} generation batch(es) since the last refit could not be recorded "
+                f"for the drafter (first: {self._specdec_observe_first}); a batch needs input_ids, input_lengths, "
+                "output_ids and generation_lengths (NeMo-RL's GenerationDatumSpec / GenerationOutputSpec)")
 
         batch = self._specdec_stash.drain()
         self._specdec_last_staged = len(batch)

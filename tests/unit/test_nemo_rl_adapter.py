@@ -1274,6 +1274,20 @@ def test_worker_verifies_the_drafter_after_every_wake_up_that_brings_weights_bac
     assert all(r.verified == [True, True] for r in w.llm.ranks) and w.woken == [["kv_cache"], ["weights"], None]
 
 
+def test_a_batch_the_worker_cannot_record_fails_the_next_refit_by_name(fake_nemo_rl, exchange):
+    from nemo_rl_specdec.nemo_rl import workers
+    from nemo_rl_specdec.rollouts import RolloutError
+
+    w = workers.SpecDecVllmGenerationWorkerImpl(worker_cfg(exchange, drafter="suffix"), bundle_indices=[0])
+    w.post_init()
+    bad = batch([[1, 2, 3]])
+    out = w.generate(bad)
+    assert out["generation_lengths"].tolist()  # the generation itself is returned
+    w._specdec_observe(FakeBatchedDataDict({"input_ids": bad["input_ids"]}), out)  # no input_lengths
+    with pytest.raises(RolloutError, match=r"1 generation batch\(es\) .* could not be recorded .*KeyError: 'input_lengths'"):
+        w.update_weights_from_collective()
+
+
 def test_worker_keeps_no_rollouts_for_drafters_that_do_not_use_them(fake_nemo_rl):
     from nemo_rl_specdec.nemo_rl import workers
 
