@@ -132,3 +132,14 @@ def capabilities(nemo_rl_src) -> dict:
         "next_dp_shard_idx": hasattr(gen, "_next_dp_shard_idx"),
         "fleet_health": hasattr(gen, "attach_fleet_health"),
     }
+
+
+@pytest.fixture()
+def no_nvtx(monkeypatch):
+    """NeMo-RL wraps worker and extension methods in `wrap_with_nvtx_name` (nemo_rl/utils/nsys.py), which
+    calls torch.cuda.nvtx.range_push/range_pop; on CPU torch those raise "NVTX functions not installed".
+    They only mark profiler ranges: replaced by no-ops for the test."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda *a, **k: 0)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda *a, **k: 0)
