@@ -13,8 +13,9 @@ point the NeMo-RL found has (`update_weights_via_ipc_zmq`, `update_weights_from_
 `nccl_reshard_refit` where it exists): when NeMo-RL's refit returns True, the same RPC then
 refreshes the drafter (the staged rollouts for the suffix store, online-trained weights) and
 records the versions. So target and drafter change together, between two engine steps, on v0.7.0
-(which has no weight-update lifecycle hook) and on main alike. A failed refresh fails the refit:
-the RPC returns False (or raises, where NeMo-RL makes refit errors fatal) and NeMo-RL stops.
+(which has no weight-update lifecycle hook) and on main alike. A failed refresh raises out of the
+RPC on whichever tensor-parallel rank it happens; NeMo-RL's worker turns that into a failed
+refit and the run stops.
 
 This module imports neither NeMo-RL nor vLLM at import time.
 """
@@ -100,15 +101,10 @@ class SpecDecHostHooks:
     # -- ours
 
     def _specdec_after_refit(self, route: str) -> bool:
-        """NeMo-RL's refit succeeded: refresh the drafter in the same RPC. A failure fails the refit."""
-        try:
-            self._specdec_finish_update(route)
-        except Exception:
-            fatal = getattr(self, "_weight_update_errors_are_fatal", None)
-            if callable(fatal) and fatal():
-                raise
-            logger.exception("[specdec] drafter refresh failed after %s; the refit reports failure", route)
-            return False
+        """NeMo-RL's refit succeeded: refresh the drafter in the same RPC. A failure raises, so it
+        reaches NeMo-RL through `collective_rpc` from every tensor-parallel rank (its workers read
+        only rank 0's return value, but turn an exception on any rank into a failed refit)."""
+        self._specdec_finish_update(route)
         return True
 
     def _specdec_finish_update(self, transport: str) -> dict:

@@ -593,18 +593,17 @@ def test_refit_applies_the_staged_update_in_the_same_rpc_after_the_host_loaded(r
     assert w.calls[-1][2] == 2 and w.calls[-1][4] is None
 
 
-def test_a_failed_drafter_refresh_fails_the_refit_and_is_logged(caplog):
+def test_a_failed_drafter_refresh_raises_out_of_the_refit_rpc_and_is_logged(caplog):
+    """Raised, not returned: NeMo-RL's workers read only TP rank 0's return value, but turn an
+    exception from any rank's RPC into a failed refit."""
     w = make_engine_worker()
     w.fail_next = True
     w.specdec_stage_update(payload.stage_payload(1))
     with caplog.at_level(logging.ERROR, logger=extension.__name__):
-        assert w.update_weights_from_collective() is False  # NeMo-RL turns False into a RuntimeError
+        with pytest.raises(RuntimeError, match="exploded"):
+            w.update_weights_from_collective()
     assert "drafter refresh failed at policy version 1" in caplog.text
     assert w.specdec_report()["updates"] == 0
-    w.fail_next = True  # where NeMo-RL makes refit errors fatal (main's hook), the error propagates
-    w._weight_update_errors_are_fatal = lambda: True
-    with pytest.raises(RuntimeError, match="exploded"):
-        w.update_weights_from_collective()
 
 
 def test_checkpoint_engine_refit_also_refreshes_the_drafter():
@@ -707,8 +706,11 @@ def test_host_loaded_eagle_tensors_count_as_a_drafter_refresh(monkeypatch):
 
 def test_host_listing_drafter_tensors_that_never_reach_the_drafter_fails_the_refit(monkeypatch):
     """draft.* names in the refit but the drafter's content unchanged: the refresh did not land."""
+    from nemo_rl_specdec.lockstep import DrafterRefreshError
+
     w = _eagle_refit_worker(monkeypatch, host_writes=False)
-    assert w.update_weights_from_collective() is False
+    with pytest.raises(DrafterRefreshError, match="content is unchanged"):
+        w.update_weights_from_collective()
     assert w.specdec_report()["state"]["drafter_version"] == 0
 
 
@@ -860,14 +862,21 @@ class FakeGenerationWorkerImpl:
         self.llm.generate(prompts, vllm.SamplingParams(temperature=1.0, max_tokens=8), use_tqdm=False)
         return FakeBatchedDataDict(fake_generate_rows(data))
 
+    def _refit_rpc(self, method):
+        """As NeMo-RL's workers do: an exception from any rank's RPC is a failed refit (False)."""
+        try:
+            return all(self.llm.collective_rpc(method))
+        except Exception:
+            return False
+
     def update_weights_via_ipc_zmq(self):
-        return all(self.llm.collective_rpc("update_weights_via_ipc_zmq"))
+        return self._refit_rpc("update_weights_via_ipc_zmq")
 
     def update_weights_from_collective(self):
-        return all(self.llm.collective_rpc("update_weights_from_collective"))
+        return self._refit_rpc("update_weights_from_collective")
 
     def nccl_reshard_refit(self):
-        return all(self.llm.collective_rpc("update_weights_from_collective"))
+        return self._refit_rpc("update_weights_from_collective")
 
     def checkpoint_engine_rpc(self, checkpoint_method, method_args=()):
         return ("passthrough", checkpoint_method)
@@ -891,14 +900,20 @@ class FakeAsyncGenerationWorkerImpl(FakeGenerationWorkerImpl):
         await asyncio.sleep(0)
         yield 0, FakeBatchedDataDict(fake_generate_rows(data))
 
+    async def _refit_rpc_async(self, method):
+        try:
+            return all(await self.llm.collective_rpc(method))
+        except Exception:
+            return False
+
     async def update_weights_via_ipc_zmq_async(self):
-        return all(await self.llm.collective_rpc("update_weights_via_ipc_zmq"))
+        return await self._refit_rpc_async("update_weights_via_ipc_zmq")
 
     async def update_weights_from_collective_async(self):
-        return all(await self.llm.collective_rpc("update_weights_from_collective"))
+        return await self._refit_rpc_async("update_weights_from_collective")
 
     async def nccl_reshard_refit_async(self):
-        return all(await self.llm.collective_rpc("update_weights_from_collective"))
+        return await self._refit_rpc_async("update_weights_from_collective")
 
     async def checkpoint_engine_rpc_async(self, checkpoint_method, method_args=()):
         return ("passthrough", checkpoint_method)
