@@ -5,9 +5,10 @@ NeMo-RL; `run_grpo` rebinds `nemo_rl.algorithms.grpo.VllmGeneration` to it. Work
 is not changed here: the patched `resolve_generation_worker_cls` picks our worker actors.
 On top of NeMo-RL's behaviour it:
 
-- `__init__`: before any engine starts, checks that the drafter's libraries import in the worker
-  actors' Python environment, and starts the rollout exchange the engines swap rollouts through
-  (its name reaches the workers in the generation config);
+- `__init__`: before any engine starts, runs the preflight in the worker actors' own Python
+  (preflight.py: the drafter's libraries import, and the speculative_config fits that vLLM), and
+  starts the rollout exchange the engines swap rollouts through (its name reaches the workers in
+  the generation config);
 - `generate`: places requests on the data-parallel engines with the configured policy
   (`scheduling.placement`), attaches each request's draft budget (`scheduling.budget`) and
   predicted length, marks validation batches so their rollouts never reach the drafter, then
@@ -21,12 +22,11 @@ On top of NeMo-RL's behaviour it:
 """
 from __future__ import annotations
 
-import subprocess
 import warnings
 from contextlib import contextmanager
 from typing import Any
 
-from nemo_rl_specdec.nemo_rl import api, metrics, payload, translate
+from nemo_rl_specdec.nemo_rl import api, metrics, payload, preflight, translate
 from nemo_rl_specdec.nemo_rl.sharding import Planner
 
 REQUIRED_OUTPUT_KEYS = ("output_ids", "generation_lengths", "unpadded_sequence_lengths", "logprobs")
@@ -86,25 +86,6 @@ def validating(generation: Any):
         generation._specdec_validating = before
 
 
-def worker_python(worker_fqn: str) -> str:
-    """The Python executable NeMo-RL will start `worker_fqn` with (building its venv if NeMo-RL would)."""
-    py = api.resolve(api.ACTOR_PYTHON_ENV)(worker_fqn)
-    if py.startswith("uv"):
-        py = api.resolve(api.CREATE_LOCAL_VENV)(py, worker_fqn)
-    return py
-
-
-def preflight(spec: Any, worker_fqn: str, run=subprocess.run) -> None:
-    """Before any engine starts: the suffix drafter's arctic_inference imports in the workers' Python."""
-    if spec is None or spec.drafter != "suffix":
-        return
-    py = worker_python(worker_fqn)
-    res = run([py, "-c", "import arctic_inference.suffix_decoding._C"], capture_output=True, text=True)
-    if res.returncode != 0:
-        err = (res.stderr or "").strip().splitlines()[-1:] or ["import failed"]
-        raise ImportError(translate.arctic_missing_message(f"the vLLM workers' Python ({py})", err[0]))
-
-
 def _ray_get(futures: Any) -> Any:
     import ray
 
@@ -123,7 +104,7 @@ def _build_generation() -> type:
             spec = self._specdec_spec
             if spec is not None:
                 async_engine = bool((config.get("vllm_cfg") or {}).get("async_engine"))
-                preflight(spec, translate.OUR_ASYNC_WORKER if async_engine else translate.OUR_SYNC_WORKER)
+                preflight.check(spec, config, translate.OUR_ASYNC_WORKER if async_engine else translate.OUR_SYNC_WORKER)
                 source = config.get(translate.WEIGHT_SOURCE_KEY) or translate.drafter_weight_source(
                     spec, False, bool(config.get("_mtp_weights_from_refit")))
                 if translate.wants_rollouts(spec, source):

@@ -140,26 +140,34 @@ def test_configure_generation_config_writes_the_speculative_config(loaded, path)
 
 
 @pytest.mark.parametrize("path", RUN_FILES, ids=ids(RUN_FILES))
-def test_speculative_config_is_accepted_by_the_pinned_vllm(loaded, path, nemo_rl_src):
+def test_speculative_config_is_accepted_by_the_pinned_vllm_or_refused_before_start(loaded, path, nemo_rl_src):
+    """Our start-up preflight (preflight.adapt_speculative_config, fed what the pinned vLLM's
+    SpeculativeConfig accepts) either yields a config that vLLM accepts, or refuses the run with a
+    ConfigError naming the key path. Nothing may reach engine start and fail there."""
+    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.nemo_rl import preflight
+
     _, _, master = loaded[path.name]
     gen, _ = _configured(master)
     sc = gen["vllm_kwargs"]["speculative_config"]
     version = pinned_vllm(nemo_rl_src)
     accepts = VLLM_SPECULATIVE.get(version)
     assert accepts is not None, f"no SpeculativeConfig data recorded for vLLM {version} (pinned by {nemo_rl_src})"
-    problems = []
-    if sc["method"] not in accepts["methods"]:
-        problems.append(f"method {sc['method']!r} is not a SpeculativeMethod of vLLM {version}")
-    extra = sorted(set(sc) - accepts["keys"])
-    if extra:
-        problems.append(f"keys {extra} are not SpeculativeConfig fields of vLLM {version} (extra fields forbidden)")
-    if "draft_sample_method" in sc and accepts["draft_sample_methods"] and \
-            sc["draft_sample_method"] not in accepts["draft_sample_methods"]:
-        problems.append(f"draft_sample_method {sc['draft_sample_method']!r} not accepted by vLLM {version}")
-    if problems and support_error(loaded[path.name][0]) is not None:
+    if support_error(loaded[path.name][0]) is not None:
         return  # refused at start-up with an error naming the missing hook (test_support_check_passes_...)
-    assert not problems, (f"{path.name} on this NeMo-RL (pins vLLM {version}): {translate.SPEC_KWARGS_PATH}="
-                          f"{sc} would fail at engine start: " + "; ".join(problems))
+    facts = {"vllm": version, "python": "workers", "fields": sorted(accepts["keys"]),
+             "methods": sorted(accepts["methods"])}
+    spec = translate.enabled_spec(gen)
+    try:
+        adapted = preflight.adapt_speculative_config(sc, facts, spec, log=lambda m: None)
+    except ConfigError as e:
+        assert str(e).startswith("policy.generation.speculative_decoding."), e
+        assert f"vLLM {version}" in str(e)
+        return
+    assert adapted["method"] in accepts["methods"]
+    assert not set(adapted) - accepts["keys"], f"{path.name}: {sorted(set(adapted) - accepts['keys'])}"
+    if "draft_sample_method" in adapted:
+        assert adapted["draft_sample_method"] in accepts["draft_sample_methods"]
 
 
 @pytest.mark.parametrize("path", RUN_FILES, ids=ids(RUN_FILES))

