@@ -40,11 +40,15 @@ from typing import Any, Optional
 
 import numpy as np
 
+from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration
+from nemo_rl_specdec.drafters.staging import StagedRebuild
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 
 log = logging.getLogger("nemo_rl_specdec")
 
 TRACE_LIMIT = 1_000_000  # drafts kept when tracing is on (tests, debugging)
+_SOURCE_INDEX = {s: i for i, s in enumerate(SOURCES)}
+_LOCAL = _SOURCE_INDEX["local"]
 
 
 @dataclass
@@ -57,6 +61,15 @@ class _ReqState:
     local_upto: int = 0  # tokens of the context already in `local`
     live_id: Optional[int] = None  # this request's in-flight entry in the store
     live_upto: int = 0  # tokens of the context already in the in-flight entry
+    last_src: int = -1  # source index of the draft proposed at the last step (-1: none), for calibration
+    last_probs: Any = None  # its tokens' tree-estimated path probabilities
+
+
+def _rollout_rows(rollouts) -> list:
+    """The rollouts as dicts (objects with `to_dict()` are accepted); the store validates them."""
+    if rollouts is None or isinstance(rollouts, (dict, str, bytes)):
+        raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
+    return [r.to_dict() if hasattr(r, "to_dict") and not isinstance(r, dict) else r for r in rollouts]
 
 
 def _suffix_settings(spec: Optional[dict]) -> dict:
@@ -85,15 +98,24 @@ class DASProposer:
         self.trace: Optional[list] = None
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "from_problem": 0,
                          "from_global": 0, "from_local": 0, "budget_zero": 0, "budget_promoted": 0, "propose_s": 0.0,
-                         "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0}
+                         "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0, "no_problem_id": 0,
+                         "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0}
+        self._staged: Optional[StagedRebuild] = None
+        self._from = [0] * len(SOURCES)  # drafts per source within one propose call
         self.configure(None)
 
     # ------------------------------------------------------------------ lifecycle
     def configure(self, spec: Optional[dict]) -> None:
         """(Re)build the store from the speculative block (`None`: schema defaults). Drops content."""
         s = _suffix_settings(spec)
+        self._drop_staged()
         self.settings = s
-        self.depth = int(s["max_tree_depth"])
+        # a query matches at most match_len - 1 tokens of the request's tail and drafts at most k more,
+        # so nodes deeper than match_len - 1 + k are never read: trees that deep give the same drafts
+        # as max_tree_depth-deep ones, and insertion (cost grows with depth) is cheaper
+        self.match_len = min(int(s["max_tree_depth"]), int(s["max_match_len"]))
+        self.depth = min(int(s["max_tree_depth"]), self.match_len - 1 + max(1, self.k))
+        self.calibration = AcceptanceCalibration()
         self.max_spec_factor = float(s["max_spec_factor"])
         self.min_token_prob = float(s["min_token_prob"])
         self.store = RolloutStore(window_steps=s["window_steps"], scope=s["scope"], max_tree_depth=self.depth,
@@ -119,20 +141,85 @@ class DASProposer:
         from nemo_rl_specdec.lockstep import DrafterRefreshError
 
         t0 = time.perf_counter()
+        if self._staged is not None:
+            raise DrafterRefreshError(f"DAS: the update to policy version {version} carries rollouts, but a rebuild "
+                                      f"for version {self._staged.version} is staged; install or drop it first")
         try:
-            if rollouts is None or isinstance(rollouts, (dict, str, bytes)):
-                raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
-            rows = [r.to_dict() if hasattr(r, "to_dict") and not isinstance(r, dict) else r for r in rollouts]
-            added = self.store.rebuild(rows, version)
+            added = self.store.rebuild(_rollout_rows(rollouts), version)
         except StoreInputError as e:
             raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: {e}") from e
-        self.version = int(version)
+        self._installed(int(version), added)
+        self.counters["rebuild_s"] += time.perf_counter() - t0
+        return added
+
+    def _installed(self, version: int, added: int) -> None:
+        self.version = version
         for st in self._reqs.values():  # in-flight entries were settled: running requests start new ones
             st.live_id = None
         self.counters["rebuilds"] += 1
         self.counters["rollouts_added"] += added
+
+    def specdec_stage(self, rollouts, version: int) -> dict:
+        """Start rebuilding the store for policy `version` from a step's final rollouts on a background
+        thread (see :mod:`~nemo_rl_specdec.drafters.staging`); :meth:`specdec_install_staged` at the
+        update installs it. From now until then the store is fenced: no draft reads it."""
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+        version = int(version)
+        if self._staged is not None:
+            raise DrafterRefreshError(f"DAS: cannot stage rollouts for policy version {version}: a rebuild for "
+                                      f"version {self._staged.version} is already staged and not installed")
+        if version <= self.version:
+            raise DrafterRefreshError(f"DAS: cannot stage rollouts for policy version {version}: the store already "
+                                      f"serves version {self.version} (versions only move forward)")
+        try:
+            rows = _rollout_rows(rollouts)
+        except StoreInputError as e:
+            raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: {e}") from e
+        store = self.store
+        self._staged = StagedRebuild(version, lambda: store.rebuild(rows, version))
+        self.counters["staged"] += 1
+        return {"staged_version": version, "rollouts": len(rows)}
+
+    def specdec_wait_staged(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to `timeout` seconds for the staged rebuild to finish (True if none is pending)."""
+        job = self._staged
+        return True if job is None else job.wait(timeout)
+
+    def specdec_install_staged(self, version: int) -> int:
+        """Install the staged rebuild as policy `version`: wait for what is left of it (the critical-path
+        cost, counted in ``rebuild_s``), check that it was staged for this very version, unfence the
+        store. Returns the number of rollouts added."""
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+        version = int(version)
+        job = self._staged
+        if job is None:
+            raise DrafterRefreshError(f"DAS: the update to policy version {version} uses staged rollouts, "
+                                      "but none were staged")
+        if job.version != version:
+            raise DrafterRefreshError(f"DAS: the staged rollouts are for policy version {job.version}, but the "
+                                      f"update installs version {version}; the store stays fenced and generation "
+                                      "is refused until an update for the staged version lands")
+        t0 = time.perf_counter()
+        job.wait()
+        self._staged = None
         self.counters["rebuild_s"] += time.perf_counter() - t0
-        return added
+        self.counters["rebuild_bg_s"] += job.busy_s
+        self.counters["rebuild_bg_cpu_s"] += job.thread_cpu_s
+        if job.error is not None:
+            e = job.error
+            if isinstance(e, StoreInputError):
+                raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: "
+                                          f"{e}") from e
+            raise DrafterRefreshError(f"DAS store rebuild for policy version {version} failed: {e!r}") from e
+        self._installed(version, job.added)
+        return job.added
+
+    def _drop_staged(self) -> None:
+        job, self._staged = getattr(self, "_staged", None), None
+        if job is not None:
+            job.wait()
 
     def specdec_stats(self) -> dict:
         return {"store": self.store.stats(), "counters": dict(self.counters), "active_requests": len(self._reqs),
@@ -161,6 +248,8 @@ class DASProposer:
         pid = extra.get("problem_id")
         if pid is not None and not isinstance(pid, str):
             pid = str(pid)
+        if pid is None:  # drafts from the global tree only (scope problem: the id-less rollouts' tree)
+            self.counters["no_problem_id"] += 1
         budget = self.k
         b = extra.get("specdec_budget")
         if b is not None:
@@ -214,8 +303,14 @@ class DASProposer:
         req_ids = runner.input_batch.req_ids
         reqs = self._reqs
         seen = set()
-        depth, store = self.depth, self.store
+        store, calib, match, k = self.store, self.calibration, self.match_len, self.k
+        fenced = self._staged is not None  # a staged rebuild owns the store until it is installed
+        live = self.live and not fenced
+        local_bound = calib.max_rate[_LOCAL]
         grew = False
+        ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch
+        verified = drafted = drafted_tokens = 0
+        sources = self._from
         for i in range(rows):
             rid = req_ids[i]
             if rid is None:
@@ -224,38 +319,56 @@ class DASProposer:
             st = reqs.get(rid)
             if st is None:
                 st = self._request_state(rid, i)
-            if not sampled_token_ids[i]:  # partial prefill chunk: nothing to verify yet
+            sampled = sampled_token_ids[i]
+            if not sampled:  # partial prefill chunk: nothing to verify yet
                 continue
-            c["rows"] += 1
-            n = int(num_tokens_no_spec[i])
+            if st.last_src >= 0:  # this step verified the request's last draft: accepted = sampled - 1
+                calib.record(st.last_src, st.last_probs, len(sampled) - 1)
+                st.last_src = -1
+            verified += 1
+            n = ns[i]
             row = token_ids_cpu[i]
-            if self.live:
+            if live:
                 grew |= self._live_update(st, row, n)
-            if st.budget < self.k and st.predicted is not None and n - st.prompt_len > st.predicted:
-                st.budget = self.k
+            if st.budget < k and st.predicted is not None and n - st.prompt_len > st.predicted:
+                st.budget = k
                 c["budget_promoted"] += 1
             limit = min(st.budget, self.max_model_len - n - 1)
             if limit <= 0:
                 if st.budget == 0:
                     c["budget_zero"] += 1
                 continue
-            ctx = row[max(0, n - depth):n]
-            d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob)
-            tokens, source, score = d.token_ids, d.source, d.score
-            if self.use_local and len(tokens) < limit:
+            ctx = row[n - match:n] if n > match else row[:n]
+            if fenced:
+                c["fenced_rows"] += 1
+                tokens, probs, source, score = (), (), "", 0.0
+            else:
+                d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob, calib)
+                tokens, probs, source, score = d.token_ids, d.probs, d.source, d.score
+            if self.use_local and len(tokens) < limit and score < limit * local_bound:
                 ld = self._local_draft(st, row, n, ctx, limit)
-                if ld.token_ids and ld.score > score:
-                    tokens, source = ld.token_ids, "local"
+                if ld.token_ids:
+                    le = calib.expected(_LOCAL, ld.probs)
+                    if le > score:
+                        tokens, probs, source = ld.token_ids, ld.probs, "local"
             if not tokens:
                 continue
-            if len(tokens) > self.k:  # never more than k: more kills the engine
-                tokens = tokens[: self.k]
-            out[i] = list(tokens)
-            c["drafts"] += 1
-            c["draft_tokens"] += len(tokens)
-            c["from_" + source] += 1
+            if len(tokens) > k:  # never more than k: more kills the engine
+                tokens, probs = tokens[:k], probs[:k]
+            out[i] = tokens
+            src = st.last_src = _SOURCE_INDEX[source]
+            st.last_probs = probs
+            drafted += 1
+            drafted_tokens += len(tokens)
+            sources[src] += 1
             if self.trace is not None and len(self.trace) < TRACE_LIMIT:
                 self.trace.append((rid, st.problem_id, tuple(tokens)))
+        c["rows"] += verified
+        c["drafts"] += drafted
+        c["draft_tokens"] += drafted_tokens
+        for name, j in _SOURCE_INDEX.items():
+            c["from_" + name] += sources[j]
+            sources[j] = 0
         if len(reqs) > len(seen):  # finished or preempted requests: drop their state
             for rid in [r for r in reqs if r not in seen]:  # (their in-flight entries wait for the rebuild)
                 del reqs[rid]
