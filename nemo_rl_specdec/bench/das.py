@@ -230,11 +230,14 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
         rebuild_s = ca["rebuild_s"] - cb["rebuild_s"]
         bg_s = ca["rebuild_bg_s"] - cb["rebuild_bg_s"]
         propose_s = ca["propose_s"] - cb["propose_s"]
+        propose_cpu_s = ca["propose_cpu_s"] - cb["propose_cpu_s"]
         row.update({"drafter_refresh_s": rebuild_s, "rebuild_bg_s": bg_s, "train_wait_s": idle_s,
                     "update_cost_pct": 100.0 * rebuild_s / m.seconds if m.seconds else None,
                     "rebuild_bg_pct": 100.0 * bg_s / m.seconds if m.seconds else None,
                     "no_problem_id": ca["no_problem_id"] - cb["no_problem_id"],
                     "propose_s": propose_s, "propose_pct": 100.0 * propose_s / m.seconds if m.seconds else None,
+                    "propose_cpu_s": propose_cpu_s,
+                    "propose_cpu_pct": 100.0 * propose_cpu_s / spec_cpu if spec_cpu else None,
                     "rollouts_added": rep.get("rollouts_added"),
                     "drafts_from": {s: ca["from_" + s] - cb["from_" + s] for s in ("problem", "global", "local")},
                     "store": {k: after["store"][k] for k in ("entries", "tokens", "versions", "bytes", "problems",
@@ -269,6 +272,8 @@ def _summarize(c: dict, rows: list) -> dict:
         out["update_cost_pct_max_step"] = max(costs) if costs else None
         out["rebuild_bg_pct"] = 100.0 * sum(r["rebuild_bg_s"] for r in rows) / spec_s if spec_s else None
         out["propose_pct"] = 100.0 * sum(r["propose_s"] for r in rows) / spec_s if spec_s else None
+        spec_c = sum(r["spec_cpu_s"] for r in rows)
+        out["propose_cpu_pct"] = 100.0 * sum(r["propose_cpu_s"] for r in rows) / spec_c if spec_c else None
     return out
 
 
@@ -282,17 +287,18 @@ def _print(results: list, train_log: list) -> None:
                f"tok/fwd s>={AFTER_STEP}": r["tokens_per_target_forward_after_3"],
                "accept": r["acceptance_rate"], "speedup": r["wall_clock_ratio"], "cpu speedup": r["cpu_time_ratio"],
                "update %": r.get("update_cost_pct"), "rebuild bg %": r.get("rebuild_bg_pct"),
-               "propose %": r.get("propose_pct")}
+               "propose %": r.get("propose_pct"), "propose cpu %": r.get("propose_cpu_pct")}
         for s in range(steps):
             row[f"s{s}"] = r["per_step"][s]["tokens_per_target_forward"]
         rows.append(row)
     cols = ["config", "tok/fwd", f"tok/fwd s>={AFTER_STEP}", "accept", "speedup", "cpu speedup", "update %",
-            "rebuild bg %", "propose %"] + \
+            "rebuild bg %", "propose %", "propose cpu %"] + \
         [f"s{s}" for s in range(steps)]
     print("DAS suite: tokens per target forward per RL step (s0..); speedup = no-spec wall s / spec wall s, "
           "cpu speedup = the same with this process's CPU seconds (robust to other load on the machine); "
           "update % = drafter refresh left on the critical path, rebuild bg % = the staged rebuild on its "
-          "thread, propose % = proposer time; all as % of the engine's rollout seconds")
+          "thread, propose % = proposer time; all as % of the engine's rollout seconds; propose cpu % = the "
+          "proposer's CPU seconds as % of the rollout's CPU seconds")
     print_table(rows, cols)
     print("GRPO: " + "  ".join(f"s{i} reward {t['mean_reward']:.3f} loss {t['loss']:+.4f}"
                                for i, t in enumerate(train_log)))
