@@ -73,6 +73,7 @@ class StoreDraft:
     score: float  # what drafts were ranked by: arctic's score, or calibrated expected accepted tokens
     match_len: int
     source: str  # "problem" | "global" | "" (no draft)
+    other: Optional["StoreDraft"] = None  # with a calibration: the other tree's draft, when it lost
 
 
 _EMPTY = StoreDraft([], [], 0.0, 0, "")
@@ -375,9 +376,11 @@ class RolloutStore:
         Without `calibration`, drafts are ranked by arctic's score (the sum of the path's estimated
         probabilities) and the global tree is skipped once the problem tree gave a full-length draft.
         With an :class:`~nemo_rl_specdec.drafters.calibration.AcceptanceCalibration`, drafts are
-        ranked by calibrated expected accepted tokens (returned as ``score``), and the global tree is
-        skipped only when it cannot win: when even ``max_spec_tokens`` tokens at its best measured
-        rate would not beat the problem tree's draft."""
+        ranked by calibrated expected accepted tokens (returned as ``score``), the losing tree's draft
+        is returned too (``other``: the proposer measures what it would have got, so each source is
+        calibrated on the same contexts, not only where it won), and the global tree is skipped only
+        when it cannot win: when even ``max_spec_tokens`` tokens at its best measured rate would not
+        beat the problem tree's draft."""
         if max_spec_tokens <= 0 or len(context) == 0:
             return _EMPTY
         if len(context) > self.max_tree_depth:
@@ -400,8 +403,11 @@ class RolloutStore:
                                                     min_token_prob, False)
             if d.token_ids:
                 e = d.score if calibration is None else calibration.expected(1, d.probs)
+                g = StoreDraft(d.token_ids, d.probs, e, d.match_len, "global")
                 if e > best.score:
-                    best = StoreDraft(d.token_ids, d.probs, e, d.match_len, "global")
+                    g.other, best = (best if best.token_ids else None), g
+                elif calibration is not None:
+                    best.other = g
         return best
 
     def bytes(self) -> int:

@@ -6,7 +6,9 @@
 Its state is a :class:`~nemo_rl_specdec.drafters.store.RolloutStore` of recent rollouts
 (per-problem and global arctic-inference suffix trees, windowed by policy version), refreshed
 through the lockstep update (``refresh.mode: rebuild``): the worker extension calls
-:meth:`DASProposer.specdec_rebuild` with the step's rollouts and the new policy version.
+:meth:`DASProposer.specdec_rebuild` with the step's rollouts and the new policy version, or, when
+the rollouts were handed over as the rollout ended (``Engine.stage_rollouts``), installs the
+rebuild staged for exactly that version (:mod:`~nemo_rl_specdec.drafters.staging`).
 
 Per request and per engine step, :meth:`DASProposer.propose`:
 
@@ -14,14 +16,23 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   (``problem_id``, ``specdec_budget``; budget 0 means no drafts); a request that outlives its
   predicted length (``specdec_predicted_len``, output tokens) is promoted to the full k: the
   prediction that withheld its drafts was wrong, and it is now the tail that sets the makespan;
-- matches the request's own context (prompt + verified output so far, last
-  ``max_tree_depth`` tokens) in the trees its scope allows (problem tree, global tree; a
-  request without a problem id uses the global tree), so the request's own tokens extend
-  the match as it generates;
+- feeds back how many tokens of its previous draft vLLM accepted (``len(sampled_token_ids[row])
+  - 1``) into an :class:`~nemo_rl_specdec.drafters.calibration.AcceptanceCalibration`;
+- matches the request's own context (prompt + verified output so far, last ``max_match_len``
+  tokens: arctic re-walks the tree from the root for every match length, so the cost grows with
+  the square of the matched tail, and trees are built only ``max_match_len - 1 + k`` deep, as
+  deep as such a query reads) in the trees its scope allows (problem tree, global tree; a
+  request without a problem id uses the global tree and is counted in ``no_problem_id``), and
+  keeps the draft with more calibrated expected accepted tokens; the global tree is skipped
+  only when it cannot win;
 - while the request's problem has no stored rollouts (cold start), shares its verified tokens
   with its siblings through the store as it generates (settled exactly at the next rebuild);
 - if the store's draft is shorter than allowed, also tries a per-request tree of the
-  request's own prompt and output (prompt-lookup style) and keeps the better-scoring draft;
+  request's own prompt and output (prompt-lookup style) and keeps the draft with more
+  calibrated expected accepted tokens;
+- while a rebuild is staged (:meth:`DASProposer.specdec_stage`, installed at the update by
+  :meth:`DASProposer.specdec_install_staged`), reads and writes nothing in the store: drafts
+  then come from the per-request tree only (``fenced_rows``);
 - lets the draft length follow the match: at most ``max_spec_factor`` x match length, tokens
   only while their frequency-estimated probability is >= ``min_token_prob``, and never more than
   min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
@@ -35,7 +46,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -63,6 +74,28 @@ class _ReqState:
     live_upto: int = 0  # tokens of the context already in the in-flight entry
     last_src: int = -1  # source index of the draft proposed at the last step (-1: none), for calibration
     last_probs: Any = None  # its tokens' tree-estimated path probabilities
+    # drafts computed at the last steps but not proposed: (source, probs, tokens not yet compared with
+    # what the target produced, tokens matched so far); resolved against the realized tokens
+    others: list = field(default_factory=list)
+
+
+def _resolve_others(calib: AcceptanceCalibration, others: list, sampled: list) -> list:
+    """Feed back drafts that were computed but not proposed: `sampled` are the tokens the target
+    produced this step (under rejection sampling a sample of the policy, whatever was drafted), so a
+    draft's accepted length is its common prefix with what was produced. A draft that matches every
+    produced token and has more waits for the next step's tokens."""
+    left = []
+    for src, probs, toks, got in others:
+        m = 0
+        for a, b in zip(toks, sampled):  # at most k tokens
+            if a != b:
+                break
+            m += 1
+        if m < len(sampled) or m == len(toks):
+            calib.record(src, probs, got + m)
+        else:
+            left.append((src, probs, toks[m:], got + m))
+    return left
 
 
 def _rollout_rows(rollouts) -> list:
@@ -93,6 +126,8 @@ class DASProposer:
         # yet (cold start); settled at the next rebuild. Warm problems draft from the store alone:
         # measured on the bundled workload, in-flight sharing then adds CPU without adding acceptance.
         self.live = True
+        # rank drafts by calibrated expected accepted tokens (False: by arctic's score, as before; for A/B)
+        self.calibrated = True
         self.version = 0  # policy version installed by the last rebuild: tags in-flight entries
         self._reqs: dict = {}
         self.trace: Optional[list] = None
@@ -305,9 +340,10 @@ class DASProposer:
         reqs = self._reqs
         seen = set()
         store, calib, match, k = self.store, self.calibration, self.match_len, self.k
+        ranker = calib if self.calibrated else None
         fenced = self._staged is not None  # a staged rebuild owns the store until it is installed
         live = self.live and not fenced
-        local_bound = calib.max_rate[_LOCAL]
+        local_bound = calib.max_rate[_LOCAL] if ranker is not None else 1.0
         grew = False
         ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch
         verified = drafted = drafted_tokens = 0
@@ -326,6 +362,8 @@ class DASProposer:
             if st.last_src >= 0:  # this step verified the request's last draft: accepted = sampled - 1
                 calib.record(st.last_src, st.last_probs, len(sampled) - 1)
                 st.last_src = -1
+            if st.others:
+                st.others = _resolve_others(calib, st.others, sampled)
             verified += 1
             n = ns[i]
             row = token_ids_cpu[i]
@@ -344,14 +382,21 @@ class DASProposer:
                 c["fenced_rows"] += 1
                 tokens, probs, source, score = (), (), "", 0.0
             else:
-                d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob, calib)
+                d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob, ranker)
                 tokens, probs, source, score = d.token_ids, d.probs, d.source, d.score
+                if d.other is not None:
+                    o = d.other
+                    st.others.append((_SOURCE_INDEX[o.source], o.probs[:k], o.token_ids[:k], 0))
             if self.use_local and len(tokens) < limit and score < limit * local_bound:
                 ld = self._local_draft(st, row, n, ctx, limit)
                 if ld.token_ids:
-                    le = calib.expected(_LOCAL, ld.probs)
+                    le = calib.expected(_LOCAL, ld.probs) if ranker is not None else ld.score
                     if le > score:
+                        if ranker is not None and tokens:
+                            st.others.append((_SOURCE_INDEX[source], probs[:k], tokens[:k], 0))
                         tokens, probs, source = ld.token_ids, ld.probs, "local"
+                    elif ranker is not None:
+                        st.others.append((_LOCAL, ld.probs[:k], ld.token_ids[:k], 0))
             if not tokens:
                 continue
             if len(tokens) > k:  # never more than k: more kills the engine

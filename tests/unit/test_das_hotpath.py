@@ -217,3 +217,23 @@ def test_staged_rollout_of_an_unknown_version_is_rejected_naming_it():
         p.specdec_install_staged(2)
     assert p.store.stats() == before and p.version == 1  # nothing changed, versions did not move
     assert p.specdec_rebuild([rollout([4, 5], 1)], 2) == 1  # a correct update brings it back
+
+
+def test_drafts_not_proposed_are_scored_on_the_tokens_the_target_produced():
+    """The losing tree's draft is calibrated too (else a source is only measured where it won): its
+    accepted length is its common prefix with the produced tokens, waiting for more when it matched
+    all of them."""
+    from nemo_rl_specdec.drafters.suffix import _resolve_others
+
+    c = AcceptanceCalibration(prior=1.0, flush_every=1_000)
+    others = [(G, [1.0, 1.0, 1.0], [7, 8, 9], 0),      # mismatch at position 1: 1 accepted
+              (P, [1.0, 1.0, 1.0, 1.0], [7, 3, 4, 5], 0),  # matches all 2 produced tokens: waits
+              (L, [1.0], [7], 0)]                           # matched in full: 1 accepted
+    left = _resolve_others(c, others, [7, 3])
+    assert left == [(P, [1.0, 1.0, 1.0, 1.0], [4, 5], 2)]
+    assert _resolve_others(c, left, [4, 6, 1]) == []         # then 4 matches, 6 != 5: 3 accepted
+    c.flush()
+    t = c.table()
+    assert t["global"]["tokens"][BINS] == 1.0 + 3 and t["global"]["rates"][BINS] == pytest.approx(2 / 4)
+    assert t["problem"]["tokens"][BINS] == 1.0 + 4 and t["problem"]["rates"][BINS] == pytest.approx(4 / 5)
+    assert t["local"]["rates"][BINS] == pytest.approx(1.0)
