@@ -87,7 +87,7 @@ class AcceptanceCalibration:
         self._refresh()
 
     def table(self) -> dict:
-        """{source: {"rates": [...], "tokens": [...]}} for stats and docs (prior included in tokens)."""
-        self.flush()
+        """{source: {"rates": [...], "tokens": [...]}} as of the last flush (prior included in tokens),
+        for stats and docs. Does not flush: safe to call from another thread than the proposer's."""
         return {s: {"rates": [round(x, 4) for x in self.rates[i]],
                     "tokens": [round(float(x), 1) for x in self._proposed[i]]} for i, s in enumerate(SOURCES)}

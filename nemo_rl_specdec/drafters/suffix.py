@@ -258,8 +258,16 @@ class DASProposer:
             job.wait()
 
     def specdec_stats(self) -> dict:
-        return {"store": self.store.stats(), "counters": dict(self.counters), "active_requests": len(self._reqs),
-                "k": self.k, "settings": dict(self.settings)}
+        """Store contents, counters, settings. While a staged rebuild is still running on its thread
+        the store is not read (it is being written): ``store`` then says which version is staged."""
+        job = self._staged
+        if job is not None and not job.done:
+            store = {"staged_version": job.version, "rebuilding": True}
+        else:
+            store = self.store.stats()
+        return {"store": store, "counters": dict(self.counters), "active_requests": len(self._reqs),
+                "k": self.k, "settings": dict(self.settings), "staged_version": job.version if job else None,
+                "calibration": self.calibration.table()}
 
     def specdec_trace(self, enable: bool = True) -> list:
         """Start (clear) or stop recording every proposed draft as (req_id, problem_id, tokens).
