@@ -48,6 +48,8 @@ class SuffixConfig(_Strict):
     window_steps: int = Field(4, ge=1, description="policy versions kept in the rollout store")
     scope: Literal["problem", "global", "both"] = "both"
     max_tree_depth: int = Field(64, ge=1, le=4096)
+    max_match_len: int = Field(16, ge=2, le=4096, description="das backend: tokens of a request's tail matched "
+                               "against the trees per step (arctic's matching cost grows with its square)")
     max_spec_factor: float = Field(1.0, gt=0)
     min_token_prob: float = Field(0.1, ge=0, le=1)
     max_memory_mb: float = Field(512.0, gt=0, description="store cap; oldest versions evicted first")

@@ -7,6 +7,10 @@ drafter disabled by `on_refresh_error: disable` is reported rather than checked.
 """
 from __future__ import annotations
 
+# `rollouts` value of an update whose rollouts were handed over earlier (Engine.stage_rollouts): the
+# rollout-store drafter installs the rebuild it staged for exactly that version, or refuses
+STAGED_ROLLOUTS = "staged"
+
 
 class DrafterRefreshError(RuntimeError):
     """A drafter refresh did not land (missing drafter, unmatched or missing tensors, no rollouts)."""

@@ -16,16 +16,24 @@ One run, in this process:
    so the wall-clock ratio compares runs under the same machine load), then the speculative
    engine gets version t+1 through the lockstep update; DAS engines also get their OWN step-t
    rollouts (refresh mode ``rebuild``: the window slides). Two engines are alive at a time.
+   As in a sync RL step, a DAS engine receives its rollouts as soon as its rollout ends
+   (``Engine.stage_rollouts``: the store is rebuilt on a background thread) and the update
+   comes once the policy has trained: the bench waits at most the step's GRPO training time
+   measured in phase 1 (less if the rebuild is done first; the engine is idle either way), then
+   updates with ``rollouts="staged"``.
 
 Figures per configuration and per step: tokens per target forward (generated tokens over
 target forwards, see ``metrics.py``), acceptance rate, wall-clock ratio (baseline rollout
 seconds / this engine's rollout seconds on the same step), and for DAS the drafter refresh
-cost (rebuild seconds) as a percentage of the same engine's rollout seconds. The CPU-time ratio
+cost as a percentage of the same engine's rollout seconds: ``update %`` is what is left on the
+critical path (the update's wait for the staged rebuild, plus installing it), ``rebuild bg %``
+the rebuild's own time on its thread (off the critical path), ``propose %`` the proposer's time
+inside the rollout. The CPU-time ratio
 (this process's CPU seconds, same pairing) is reported next to the wall-clock ratio: on a shared
 machine it is the steadier of the two.
 
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
-``grpo.max_num_steps``, at least 5), ``windows`` (default ``[1, suffix.window_steps]``),
+``grpo.max_num_steps``, at least 5), ``windows`` (default 1, ``suffix.window_steps`` and twice it),
 ``scopes`` (default ``[problem, global, both]``), ``baselines`` (default ``[vllm_suffix,
 ngram]``), ``core`` (CPU core the engines are pinned to, default 0), ``problem_seed``.
 """
@@ -58,7 +66,7 @@ def _options(cfg: RunConfig) -> dict:
     if steps < MIN_STEPS:
         raise ConfigError(f"bench.das.steps (or grpo.max_num_steps): got {steps}; allowed: >= {MIN_STEPS} "
                           "(acceptance must be followed while the policy changes)")
-    windows = b.get("windows", sorted({1, suffix.window_steps}))
+    windows = b.get("windows", sorted({1, suffix.window_steps, 2 * suffix.window_steps}))
     scopes = b.get("scopes", ["problem", "global", "both"])
     baselines = b.get("baselines", ["vllm_suffix", "ngram"])
     if not windows or any(not isinstance(w, int) or w < 1 for w in windows):
@@ -162,7 +170,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                 baseline.update(version, weights[0], rollouts=[])
                 per_step[c["name"]] = rows = []
                 for step in range(opts["steps"]):
-                    rows.append(_measure_step(c, e, baseline, reqs, g.temperature, step, weights[step + 1]))
+                    rows.append(_measure_step(c, e, baseline, reqs, g.temperature, step, weights[step + 1],
+                                              train_log[step]["train_s"]))
                     version += 1
                     baseline.update(version, weights[step + 1], rollouts=[])
                 r = rows[-1]
@@ -181,9 +190,13 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     return results
 
 
-def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: int, next_weights) -> dict:
+def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: int, next_weights,
+                  train_s: float) -> dict:
     """Roll out the batch on the baseline then on `e` (same weights), then push version step+1 to `e`
-    (DAS: with its own rollouts of this step). One per-step row of the result."""
+    (DAS: its own rollouts of this step, staged when the rollout ends, installed at the update after
+    at most `train_s`, the time the policy trained on this step). One per-step row of the result."""
+    from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS
+
     das = c["backend"] == "das"
     c0 = time.process_time()
     base = baseline.generate(reqs, temperature=temperature)
@@ -193,8 +206,14 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
     res = e.generate(reqs, temperature=temperature)
     spec_cpu = time.process_time() - c0
     m = res.metrics
+    idle_s = 0.0
+    if das:  # the rollouts are final: the store rebuilds while the policy trains
+        e.stage_rollouts(step + 1, [r.to_dict() for r in res.rollouts])
+        t0 = time.perf_counter()
+        e.wait_staged(timeout=train_s)
+        idle_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rep = e.update(step + 1, next_weights, rollouts=[r.to_dict() for r in res.rollouts] if das else None)
+    rep = e.update(step + 1, next_weights, rollouts=STAGED_ROLLOUTS if das else None)
     update_s = time.perf_counter() - t0
     base_s = base.metrics.seconds
     row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
@@ -209,10 +228,16 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
         after = _drafter_stats(e)
         cb, ca = before["counters"], after["counters"]
         rebuild_s = ca["rebuild_s"] - cb["rebuild_s"]
+        bg_s = ca["rebuild_bg_s"] - cb["rebuild_bg_s"]
         propose_s = ca["propose_s"] - cb["propose_s"]
-        row.update({"drafter_refresh_s": rebuild_s,
+        propose_cpu_s = ca["propose_cpu_s"] - cb["propose_cpu_s"]
+        row.update({"drafter_refresh_s": rebuild_s, "rebuild_bg_s": bg_s, "train_wait_s": idle_s,
                     "update_cost_pct": 100.0 * rebuild_s / m.seconds if m.seconds else None,
+                    "rebuild_bg_pct": 100.0 * bg_s / m.seconds if m.seconds else None,
+                    "no_problem_id": ca["no_problem_id"] - cb["no_problem_id"],
                     "propose_s": propose_s, "propose_pct": 100.0 * propose_s / m.seconds if m.seconds else None,
+                    "propose_cpu_s": propose_cpu_s,
+                    "propose_cpu_pct": 100.0 * propose_cpu_s / spec_cpu if spec_cpu else None,
                     "rollouts_added": rep.get("rollouts_added"),
                     "drafts_from": {s: ca["from_" + s] - cb["from_" + s] for s in ("problem", "global", "local")},
                     "store": {k: after["store"][k] for k in ("entries", "tokens", "versions", "bytes", "problems",
@@ -245,7 +270,10 @@ def _summarize(c: dict, rows: list) -> dict:
         spec_s = sum(r["spec_s"] for r in rows)
         out["update_cost_pct"] = 100.0 * sum(r["drafter_refresh_s"] for r in rows) / spec_s if spec_s else None
         out["update_cost_pct_max_step"] = max(costs) if costs else None
+        out["rebuild_bg_pct"] = 100.0 * sum(r["rebuild_bg_s"] for r in rows) / spec_s if spec_s else None
         out["propose_pct"] = 100.0 * sum(r["propose_s"] for r in rows) / spec_s if spec_s else None
+        spec_c = sum(r["spec_cpu_s"] for r in rows)
+        out["propose_cpu_pct"] = 100.0 * sum(r["propose_cpu_s"] for r in rows) / spec_c if spec_c else None
     return out
 
 
@@ -258,15 +286,19 @@ def _print(results: list, train_log: list) -> None:
         row = {"config": r["name"], "tok/fwd": r["tokens_per_target_forward"],
                f"tok/fwd s>={AFTER_STEP}": r["tokens_per_target_forward_after_3"],
                "accept": r["acceptance_rate"], "speedup": r["wall_clock_ratio"], "cpu speedup": r["cpu_time_ratio"],
-               "update %": r.get("update_cost_pct"), "propose %": r.get("propose_pct")}
+               "update %": r.get("update_cost_pct"), "rebuild bg %": r.get("rebuild_bg_pct"),
+               "propose %": r.get("propose_pct"), "propose cpu %": r.get("propose_cpu_pct")}
         for s in range(steps):
             row[f"s{s}"] = r["per_step"][s]["tokens_per_target_forward"]
         rows.append(row)
     cols = ["config", "tok/fwd", f"tok/fwd s>={AFTER_STEP}", "accept", "speedup", "cpu speedup", "update %",
-            "propose %"] + \
+            "rebuild bg %", "propose %", "propose cpu %"] + \
         [f"s{s}" for s in range(steps)]
     print("DAS suite: tokens per target forward per RL step (s0..); speedup = no-spec wall s / spec wall s, "
-          "cpu speedup = the same with this process's CPU seconds (robust to other load on the machine)")
+          "cpu speedup = the same with this process's CPU seconds (robust to other load on the machine); "
+          "update % = drafter refresh left on the critical path, rebuild bg % = the staged rebuild on its "
+          "thread, propose % = proposer time; all as % of the engine's rollout seconds; propose cpu % = the "
+          "proposer's CPU seconds as % of the rollout's CPU seconds")
     print_table(rows, cols)
     print("GRPO: " + "  ".join(f"s{i} reward {t['mean_reward']:.3f} loss {t['loss']:+.4f}"
                                for i, t in enumerate(train_log)))

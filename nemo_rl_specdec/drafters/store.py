@@ -14,7 +14,8 @@ Trees (``scope``):
   which then only serves requests without a problem id (problem isolation);
 - ``global``: one tree with every rollout;
 - ``both``: both of the above; a request with a problem id queries its problem tree and the
-  global tree and keeps the higher-scoring draft.
+  global tree and keeps the draft with more expected accepted tokens (calibrated on measured
+  acceptance when the proposer passes its calibration, see :meth:`RolloutStore.speculate`).
 
 Versions and eviction. Entries carry the policy version that generated them. The window
 keeps the ``window_steps`` most recent versions: after :meth:`slide` to ``newest``, every
@@ -71,9 +72,10 @@ class Entry:
 class StoreDraft:
     token_ids: list
     probs: list
-    score: float
+    score: float  # what drafts were ranked by: arctic's score, or calibrated expected accepted tokens
     match_len: int
     source: str  # "problem" | "global" | "" (no draft)
+    other: Optional["StoreDraft"] = None  # with a calibration: the other tree's draft, when it lost
 
 
 _EMPTY = StoreDraft([], [], 0.0, 0, "")
@@ -530,9 +532,18 @@ class RolloutStore:
 
     # ------------------------------------------------------------------ reads
     def speculate(self, context: np.ndarray, problem_id: Optional[str], max_spec_tokens: int,
-                  max_spec_factor: float = 1.0, min_token_prob: float = 0.1) -> StoreDraft:
+                  max_spec_factor: float = 1.0, min_token_prob: float = 0.1, calibration=None) -> StoreDraft:
         """Best draft for `context` (int32, its last max_tree_depth tokens are used) from the trees
-        the request may see: its problem tree (scope problem|both) and/or the global tree."""
+        the request may see: its problem tree (scope problem|both) and/or the global tree.
+
+        Without `calibration`, drafts are ranked by arctic's score (the sum of the path's estimated
+        probabilities) and the global tree is skipped once the problem tree gave a full-length draft.
+        With an :class:`~nemo_rl_specdec.drafters.calibration.AcceptanceCalibration`, drafts are
+        ranked by calibrated expected accepted tokens (returned as ``score``), the losing tree's draft
+        is returned too (``other``: the proposer measures what it would have got, so each source is
+        calibrated on the same contexts, not only where it won), and the global tree is skipped only
+        when it cannot win: when even ``max_spec_tokens`` tokens at its best measured rate would not
+        beat the problem tree's draft."""
         if max_spec_tokens <= 0 or len(context) == 0:
             return _EMPTY
         if len(context) > self.max_tree_depth:
@@ -543,14 +554,23 @@ class RolloutStore:
             if tree is not None:
                 d = tree.speculate_ndarray(context, max_spec_tokens, max_spec_factor, 0.0, min_token_prob, False)
                 if d.token_ids:
-                    best = StoreDraft(d.token_ids, d.probs, d.score, d.match_len, "problem")
-                    if len(best.token_ids) >= max_spec_tokens:
-                        return best  # full length from the problem's own rollouts: skip the global tree
+                    e = d.score if calibration is None else calibration.expected(0, d.probs)
+                    best = StoreDraft(d.token_ids, d.probs, e, d.match_len, "problem")
+                    if calibration is None:
+                        if len(best.token_ids) >= max_spec_tokens:
+                            return best  # full length from the problem's own rollouts: skip the global tree
+                    elif e >= max_spec_tokens * calibration.max_rate[1]:
+                        return best  # the global tree cannot beat it
         if self._in_global(problem_id) and self._global_tree is not None:
             d = self._global_tree.speculate_ndarray(context, max_spec_tokens, max_spec_factor, 0.0,
                                                     min_token_prob, False)
-            if d.token_ids and d.score > best.score:
-                best = StoreDraft(d.token_ids, d.probs, d.score, d.match_len, "global")
+            if d.token_ids:
+                e = d.score if calibration is None else calibration.expected(1, d.probs)
+                g = StoreDraft(d.token_ids, d.probs, e, d.match_len, "global")
+                if e > best.score:
+                    g.other, best = (best if best.token_ids else None), g
+                elif calibration is not None:
+                    best.other = g
         return best
 
     def bytes(self) -> int:

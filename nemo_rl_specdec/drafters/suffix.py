@@ -6,7 +6,9 @@
 Its state is a :class:`~nemo_rl_specdec.drafters.store.RolloutStore` of recent rollouts
 (per-problem and global arctic-inference suffix trees, windowed by policy version), refreshed
 through the lockstep update (``refresh.mode: rebuild``): the worker extension calls
-:meth:`DASProposer.specdec_rebuild` with the step's rollouts and the new policy version.
+:meth:`DASProposer.specdec_rebuild` with the step's rollouts and the new policy version, or, when
+the rollouts were handed over as the rollout ended (``Engine.stage_rollouts``), installs the
+rebuild staged for exactly that version (:mod:`~nemo_rl_specdec.drafters.staging`).
 
 Per request and per engine step, :meth:`DASProposer.propose`:
 
@@ -14,14 +16,23 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   (``problem_id``, ``specdec_budget``; budget 0 means no drafts); a request that outlives its
   predicted length (``specdec_predicted_len``, output tokens) is promoted to the full k: the
   prediction that withheld its drafts was wrong, and it is now the tail that sets the makespan;
-- matches the request's own context (prompt + verified output so far, last
-  ``max_tree_depth`` tokens) in the trees its scope allows (problem tree, global tree; a
-  request without a problem id uses the global tree), so the request's own tokens extend
-  the match as it generates;
+- feeds back how many tokens of its previous draft vLLM accepted (``len(sampled_token_ids[row])
+  - 1``) into an :class:`~nemo_rl_specdec.drafters.calibration.AcceptanceCalibration`;
+- matches the request's own context (prompt + verified output so far, last ``max_match_len``
+  tokens: arctic re-walks the tree from the root for every match length, so the cost grows with
+  the square of the matched tail, and trees are built only ``max_match_len - 1 + k`` deep, as
+  deep as such a query reads) in the trees its scope allows (problem tree, global tree; a
+  request without a problem id uses the global tree and is counted in ``no_problem_id``), and
+  keeps the draft with more calibrated expected accepted tokens; the global tree is skipped
+  only when it cannot win;
 - while the request's problem has no stored rollouts (cold start), shares its verified tokens
   with its siblings through the store as it generates (settled exactly at the next rebuild);
 - if the store's draft is shorter than allowed, also tries a per-request tree of the
-  request's own prompt and output (prompt-lookup style) and keeps the better-scoring draft;
+  request's own prompt and output (prompt-lookup style) and keeps the draft with more
+  calibrated expected accepted tokens;
+- while a rebuild is staged (:meth:`DASProposer.specdec_stage`, installed at the update by
+  :meth:`DASProposer.specdec_install_staged`), reads and writes nothing in the store: drafts
+  then come from the per-request tree only (``fenced_rows``);
 - lets the draft length follow the match: at most ``max_spec_factor`` x match length, tokens
   only while their frequency-estimated probability is >= ``min_token_prob``, and never more than
   min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
@@ -35,17 +46,21 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 
+from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration
+from nemo_rl_specdec.drafters.staging import StagedRebuild
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
 
 log = logging.getLogger("nemo_rl_specdec")
 
 TRACE_LIMIT = 1_000_000  # drafts kept when tracing is on (tests, debugging)
+_SOURCE_INDEX = {s: i for i, s in enumerate(SOURCES)}
+_LOCAL = _SOURCE_INDEX["local"]
 
 
 @dataclass
@@ -58,6 +73,40 @@ class _ReqState:
     local_upto: int = 0  # tokens of the context already in `local`
     live_id: Optional[int] = None  # this request's in-flight entry in the store
     live_upto: int = 0  # tokens of the context already in the in-flight entry
+    last_src: int = -1  # source index of the draft proposed at the last step (-1: none), for calibration
+    last_probs: Any = None  # its tokens' tree-estimated path probabilities
+    # drafts computed at the last steps but not proposed: (source, probs, tokens not yet compared with
+    # what the target produced, tokens matched so far); resolved against the realized tokens
+    others: list = field(default_factory=list)
+
+
+def _resolve_others(calib: AcceptanceCalibration, others: list, sampled: list) -> list:
+    """Feed back drafts that were computed but not proposed: `sampled` are the tokens the target
+    produced this step (under rejection sampling a sample of the policy, whatever was drafted), so a
+    draft's accepted length is its common prefix with what was produced. A draft that matches every
+    produced token and has more waits for the next step's tokens."""
+    left = []
+    for src, probs, toks, got in others:
+        m = 0
+        for a, b in zip(toks, sampled):  # at most k tokens
+            if a != b:
+                break
+            m += 1
+        if m < len(sampled) or m == len(toks):
+            calib.record(src, probs, got + m)
+        else:
+            left.append((src, probs, toks[m:], got + m))
+    return left
+
+
+def _rollout_rows(rollouts):
+    """The rollouts as the store reads them: a RolloutBatch in place, else dicts (objects with
+    `to_dict()` are accepted); the store validates them."""
+    if rollouts is None or isinstance(rollouts, (dict, str, bytes)):
+        raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
+    if isinstance(rollouts, RolloutBatch):
+        return rollouts
+    return [r.to_dict() if hasattr(r, "to_dict") and not isinstance(r, dict) else r for r in rollouts]
 
 
 def _suffix_settings(spec: Optional[dict]) -> dict:
@@ -81,20 +130,32 @@ class DASProposer:
         # yet (cold start); settled at the next rebuild. Warm problems draft from the store alone:
         # measured on the bundled workload, in-flight sharing then adds CPU without adding acceptance.
         self.live = True
+        # rank drafts by calibrated expected accepted tokens (False: by arctic's score, as before; for A/B)
+        self.calibrated = True
         self.version = 0  # policy version installed by the last rebuild: tags in-flight entries
         self._reqs: dict = {}
         self.trace: Optional[list] = None
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "from_problem": 0,
                          "from_global": 0, "from_local": 0, "budget_zero": 0, "budget_promoted": 0, "propose_s": 0.0,
-                         "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0}
+                         "propose_cpu_s": 0.0,
+                         "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0, "no_problem_id": 0,
+                         "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0}
+        self._staged: Optional[StagedRebuild] = None
+        self._from = [0] * len(SOURCES)  # drafts per source within one propose call
         self.configure(None)
 
     # ------------------------------------------------------------------ lifecycle
     def configure(self, spec: Optional[dict]) -> None:
         """(Re)build the store from the speculative block (`None`: schema defaults). Drops content."""
         s = _suffix_settings(spec)
+        self._drop_staged()
         self.settings = s
-        self.depth = int(s["max_tree_depth"])
+        # a query matches at most match_len - 1 tokens of the request's tail and drafts at most k more,
+        # so nodes deeper than match_len - 1 + k are never read: trees that deep give the same drafts
+        # as max_tree_depth-deep ones, and insertion (cost grows with depth) is cheaper
+        self.match_len = min(int(s["max_tree_depth"]), int(s["max_match_len"]))
+        self.depth = min(int(s["max_tree_depth"]), self.match_len - 1 + max(1, self.k))
+        self.calibration = AcceptanceCalibration()
         self.max_spec_factor = float(s["max_spec_factor"])
         self.min_token_prob = float(s["min_token_prob"])
         self.store = RolloutStore(window_steps=s["window_steps"], scope=s["scope"], max_tree_depth=self.depth,
@@ -120,21 +181,85 @@ class DASProposer:
         from nemo_rl_specdec.lockstep import DrafterRefreshError
 
         t0 = time.perf_counter()
+        if self._staged is not None:
+            raise DrafterRefreshError(f"DAS: the update to policy version {version} carries rollouts, but a rebuild "
+                                      f"for version {self._staged.version} is staged; install or drop it first")
         try:
-            if rollouts is None or isinstance(rollouts, (dict, str, bytes)):
-                raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
-            rows = rollouts if isinstance(rollouts, RolloutBatch) else [  # a batch is read in place
-                r.to_dict() if hasattr(r, "to_dict") and not isinstance(r, dict) else r for r in rollouts]
-            added = self.store.rebuild(rows, version)
+            added = self.store.rebuild(_rollout_rows(rollouts), version)
         except StoreInputError as e:
             raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: {e}") from e
-        self.version = int(version)
+        self._installed(int(version), added)
+        self.counters["rebuild_s"] += time.perf_counter() - t0
+        return added
+
+    def _installed(self, version: int, added: int) -> None:
+        self.version = version
         for st in self._reqs.values():  # in-flight entries were settled: running requests start new ones
             st.live_id = None
         self.counters["rebuilds"] += 1
         self.counters["rollouts_added"] += added
+
+    def specdec_stage(self, rollouts, version: int) -> dict:
+        """Start rebuilding the store for policy `version` from a step's final rollouts on a background
+        thread (see :mod:`~nemo_rl_specdec.drafters.staging`); :meth:`specdec_install_staged` at the
+        update installs it. From now until then the store is fenced: no draft reads it."""
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+        version = int(version)
+        if self._staged is not None:
+            raise DrafterRefreshError(f"DAS: cannot stage rollouts for policy version {version}: a rebuild for "
+                                      f"version {self._staged.version} is already staged and not installed")
+        if version <= self.version:
+            raise DrafterRefreshError(f"DAS: cannot stage rollouts for policy version {version}: the store already "
+                                      f"serves version {self.version} (versions only move forward)")
+        try:
+            rows = _rollout_rows(rollouts)
+        except StoreInputError as e:
+            raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: {e}") from e
+        store = self.store
+        self._staged = StagedRebuild(version, lambda: store.rebuild(rows, version))
+        self.counters["staged"] += 1
+        return {"staged_version": version, "rollouts": len(rows)}
+
+    def specdec_wait_staged(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to `timeout` seconds for the staged rebuild to finish (True if none is pending)."""
+        job = self._staged
+        return True if job is None else job.wait(timeout)
+
+    def specdec_install_staged(self, version: int) -> int:
+        """Install the staged rebuild as policy `version`: wait for what is left of it (the critical-path
+        cost, counted in ``rebuild_s``), check that it was staged for this very version, unfence the
+        store. Returns the number of rollouts added."""
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+        version = int(version)
+        job = self._staged
+        if job is None:
+            raise DrafterRefreshError(f"DAS: the update to policy version {version} uses staged rollouts, "
+                                      "but none were staged")
+        if job.version != version:
+            raise DrafterRefreshError(f"DAS: the staged rollouts are for policy version {job.version}, but the "
+                                      f"update installs version {version}; the store stays fenced and generation "
+                                      "is refused until an update for the staged version lands")
+        t0 = time.perf_counter()
+        job.wait()
+        self._staged = None
         self.counters["rebuild_s"] += time.perf_counter() - t0
-        return added
+        self.counters["rebuild_bg_s"] += job.busy_s
+        self.counters["rebuild_bg_cpu_s"] += job.thread_cpu_s
+        if job.error is not None:
+            e = job.error
+            if isinstance(e, StoreInputError):
+                raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: "
+                                          f"{e}") from e
+            raise DrafterRefreshError(f"DAS store rebuild for policy version {version} failed: {e!r}") from e
+        self._installed(version, job.added)
+        return job.added
+
+    def _drop_staged(self) -> None:
+        job, self._staged = getattr(self, "_staged", None), None
+        if job is not None:
+            job.wait()
 
     def specdec_disable(self, reason: str) -> None:
         """Stop proposing for good (on_refresh_error=disable): every later step drafts nothing, so
@@ -144,8 +269,16 @@ class DASProposer:
         self._reqs.clear()
 
     def specdec_stats(self) -> dict:
-        return {"store": self.store.stats(), "counters": dict(self.counters), "active_requests": len(self._reqs),
-                "k": self.k, "settings": dict(self.settings)}
+        """Store contents, counters, settings. While a staged rebuild is still running on its thread
+        the store is not read (it is being written): ``store`` then says which version is staged."""
+        job = self._staged
+        if job is not None and not job.done:
+            store = {"staged_version": job.version, "rebuilding": True}
+        else:
+            store = self.store.stats()
+        return {"store": store, "counters": dict(self.counters), "active_requests": len(self._reqs),
+                "k": self.k, "settings": dict(self.settings), "staged_version": job.version if job else None,
+                "calibration": self.calibration.table()}
 
     def specdec_trace(self, enable: bool = True) -> list:
         """Start (clear) or stop recording every proposed draft as (req_id, problem_id, tokens).
@@ -170,6 +303,8 @@ class DASProposer:
         pid = extra.get("problem_id")
         if pid is not None and not isinstance(pid, str):
             pid = str(pid)
+        if pid is None:  # drafts from the global tree only (scope problem: the id-less rollouts' tree)
+            self.counters["no_problem_id"] += 1
         budget = self.k
         b = extra.get("specdec_budget")
         if b is not None:
@@ -212,7 +347,7 @@ class DASProposer:
         return st.local.speculate_ndarray(ctx, limit, self.max_spec_factor, 0.0, self.min_token_prob, False)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         rows = len(sampled_token_ids)
         out: list = [[] for _ in range(rows)]
         c = self.counters
@@ -223,8 +358,15 @@ class DASProposer:
         req_ids = runner.input_batch.req_ids
         reqs = self._reqs
         seen = set()
-        depth, store = self.depth, self.store
+        store, calib, match, k = self.store, self.calibration, self.match_len, self.k
+        ranker = calib if self.calibrated else None
+        fenced = self._staged is not None  # a staged rebuild owns the store until it is installed
+        live = self.live and not fenced
+        local_bound = calib.max_rate[_LOCAL] if ranker is not None else 1.0
         grew = False
+        ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch
+        verified = drafted = drafted_tokens = 0
+        sources = self._from
         for i in range(rows):
             rid = req_ids[i]
             if rid is None:
@@ -233,42 +375,70 @@ class DASProposer:
             st = reqs.get(rid)
             if st is None:
                 st = self._request_state(rid, i)
-            if not sampled_token_ids[i]:  # partial prefill chunk: nothing to verify yet
+            sampled = sampled_token_ids[i]
+            if not sampled:  # partial prefill chunk: nothing to verify yet
                 continue
-            c["rows"] += 1
-            n = int(num_tokens_no_spec[i])
+            if st.last_src >= 0:  # this step verified the request's last draft: accepted = sampled - 1
+                calib.record(st.last_src, st.last_probs, len(sampled) - 1)
+                st.last_src = -1
+            if st.others:
+                st.others = _resolve_others(calib, st.others, sampled)
+            verified += 1
+            n = ns[i]
             row = token_ids_cpu[i]
-            if self.live:
+            if live:
                 grew |= self._live_update(st, row, n)
-            if st.budget < self.k and st.predicted is not None and n - st.prompt_len > st.predicted:
-                st.budget = self.k
+            if st.budget < k and st.predicted is not None and n - st.prompt_len > st.predicted:
+                st.budget = k
                 c["budget_promoted"] += 1
             limit = min(st.budget, self.max_model_len - n - 1)
             if limit <= 0:
                 if st.budget == 0:
                     c["budget_zero"] += 1
                 continue
-            ctx = row[max(0, n - depth):n]
-            d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob)
-            tokens, source, score = d.token_ids, d.source, d.score
-            if self.use_local and len(tokens) < limit:
+            ctx = row[n - match:n] if n > match else row[:n]
+            if fenced:
+                c["fenced_rows"] += 1
+                tokens, probs, source, score = (), (), "", 0.0
+            else:
+                d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob, ranker)
+                tokens, probs, source, score = d.token_ids, d.probs, d.source, d.score
+                if d.other is not None:
+                    o = d.other
+                    st.others.append((_SOURCE_INDEX[o.source], o.probs[:k], o.token_ids[:k], 0))
+            if self.use_local and len(tokens) < limit and score < limit * local_bound:
                 ld = self._local_draft(st, row, n, ctx, limit)
-                if ld.token_ids and ld.score > score:
-                    tokens, source = ld.token_ids, "local"
+                if ld.token_ids:
+                    le = calib.expected(_LOCAL, ld.probs) if ranker is not None else ld.score
+                    if le > score:
+                        if ranker is not None and tokens:
+                            st.others.append((_SOURCE_INDEX[source], probs[:k], tokens[:k], 0))
+                        tokens, probs, source = ld.token_ids, ld.probs, "local"
+                    elif ranker is not None:
+                        st.others.append((_LOCAL, ld.probs[:k], ld.token_ids[:k], 0))
             if not tokens:
                 continue
-            if len(tokens) > self.k:  # never more than k: more kills the engine
-                tokens = tokens[: self.k]
-            out[i] = list(tokens)
-            c["drafts"] += 1
-            c["draft_tokens"] += len(tokens)
-            c["from_" + source] += 1
+            if len(tokens) > k:  # never more than k: more kills the engine
+                tokens, probs = tokens[:k], probs[:k]
+            out[i] = tokens
+            src = st.last_src = _SOURCE_INDEX[source]
+            st.last_probs = probs
+            drafted += 1
+            drafted_tokens += len(tokens)
+            sources[src] += 1
             if self.trace is not None and len(self.trace) < TRACE_LIMIT:
                 self.trace.append((rid, st.problem_id, tuple(tokens)))
+        c["rows"] += verified
+        c["drafts"] += drafted
+        c["draft_tokens"] += drafted_tokens
+        for name, j in _SOURCE_INDEX.items():
+            c["from_" + name] += sources[j]
+            sources[j] = 0
         if len(reqs) > len(seen):  # finished or preempted requests: drop their state
             for rid in [r for r in reqs if r not in seen]:  # (their in-flight entries wait for the rebuild)
                 del reqs[rid]
         if grew and store.live_over_cap():
             store.enforce_memory()
         c["propose_s"] += time.perf_counter() - t0
+        c["propose_cpu_s"] += time.thread_time() - cpu0  # this thread's CPU: wall minus waiting for a core
         return out

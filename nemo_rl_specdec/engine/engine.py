@@ -452,6 +452,19 @@ class Engine:
             raise box[0]
         return box[0]
 
+    def stage_rollouts(self, version: int, rollouts) -> dict:
+        """Hand the step's final rollouts to the DAS drafter now (refresh.mode=rebuild), to rebuild its
+        store in the background while the policy trains; then `update(version, ..., rollouts="staged")`
+        installs it (waiting for what is left). Nothing changes version here, and until the install the
+        drafter does not read its store (drafts come from each request's own tokens only). An update for
+        any other version is refused, and the staleness check then refuses generation."""
+        with _MODEL_LOCK:
+            return self.llm.collective_rpc("specdec_stage_rollouts", args=(rollouts, int(version)))[0]
+
+    def wait_staged(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to `timeout` seconds for a staged store rebuild (True when none is pending)."""
+        return bool(self.llm.collective_rpc("specdec_wait_staged", args=(timeout,))[0])
+
     def submit_update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
                       drafter_version: Optional[int] = None, refresh_drafter: bool = True):
         """Queue an update for the running generate loop (non-blocking; e.g. from `on_step`).

@@ -25,7 +25,7 @@ from nemo_rl_specdec.engine.weights import (
     shared_parameter_names,
     split_policy_and_drafter,
 )
-from nemo_rl_specdec.lockstep import DrafterRefreshError
+from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -208,13 +208,21 @@ class SpecDecWorkerExtension:
                         "(expected draft.*, mtp.* or model.layers.>=L.* names, or drafter_weights)")
                 # online without weights: the trainer did not publish this step; the drafter ages
             elif st.mode == "rebuild":
-                if rollouts is None:
-                    raise DrafterRefreshError(
-                        f"refresh.mode=rebuild but the update to version {version} carries no rollouts")
-                report["rollouts_added"] = self._specdec_rebuild(rollouts, version)
-                st.drafter_version = version
-                st.drafter_built_from = version
-                report["drafter_refreshed"] = True
+                if isinstance(rollouts, str) and rollouts == STAGED_ROLLOUTS:
+                    report["rollouts_added"] = self._specdec_proposer("install staged rollouts for",
+                                                                      version).specdec_install_staged(version)
+                    st.drafter_version = version
+                    st.drafter_built_from = version
+                    report["drafter_refreshed"] = True
+                    report["staged"] = True
+                else:
+                    if rollouts is None:
+                        raise DrafterRefreshError(
+                            f"refresh.mode=rebuild but the update to version {version} carries no rollouts")
+                    report["rollouts_added"] = self._specdec_rebuild(rollouts, version)
+                    st.drafter_version = version
+                    st.drafter_built_from = version
+                    report["drafter_refreshed"] = True
         except (DrafterRefreshError, WeightLoadError) as e:
             if st.on_error != "disable":
                 raise DrafterRefreshError(str(e)) from None
@@ -311,10 +319,27 @@ class SpecDecWorkerExtension:
         log.warning("nemo_rl_specdec: %s; restored it from the last pushed state", what)
         return report
 
-    def _specdec_rebuild(self, rollouts, version: int) -> int:
+    def _specdec_proposer(self, what: str, version: int):
         proposer = getattr(self.model_runner, "drafter", None)
         if proposer is None or not hasattr(proposer, "specdec_rebuild"):
             raise DrafterRefreshError(
-                f"refresh.mode=rebuild needs a rollout-store drafter; the engine's drafter is "
-                f"{type(proposer).__name__ if proposer is not None else 'missing'}")
-        return int(proposer.specdec_rebuild(rollouts, version))
+                f"refresh.mode=rebuild needs a rollout-store drafter to {what} version {version}; the engine's "
+                f"drafter is {type(proposer).__name__ if proposer is not None else 'missing'}")
+        return proposer
+
+    def _specdec_rebuild(self, rollouts, version: int) -> int:
+        return int(self._specdec_proposer("rebuild", version).specdec_rebuild(rollouts, version))
+
+    def specdec_stage_rollouts(self, rollouts, version: int) -> dict:
+        """Hand a step's final rollouts to the rollout-store drafter as soon as they exist: it rebuilds its
+        store for policy `version` in the background (while the policy trains), and the update to
+        `version` with ``rollouts="staged"`` installs it. Versions are not advanced here."""
+        st = self._specdec()
+        if st.mode != "rebuild" or st.disabled or not st.spec.get("enabled"):
+            raise DrafterRefreshError(f"staging rollouts for version {version} needs an enabled drafter with "
+                                      f"refresh.mode=rebuild (mode={st.mode}, disabled={st.disabled})")
+        return self._specdec_proposer("stage rollouts for", int(version)).specdec_stage(rollouts, int(version))
+
+    def specdec_wait_staged(self, timeout: Optional[float] = None) -> bool:
+        """Wait up to `timeout` s for a staged store rebuild to finish (True when none is pending)."""
+        return bool(self._specdec_proposer("wait for", self._specdec().policy_version).specdec_wait_staged(timeout))

@@ -226,3 +226,32 @@ def test_malformed_rollouts_fail_the_update_with_a_clear_error(das):
     # a correct update for the same version brings the drafter back in lockstep
     rep = das.update(v + 1, None, rollouts=[])
     assert rep["drafter_version"] == rep["policy_version"] == v + 1
+
+
+def test_staged_rebuild_is_installed_only_at_its_version(das, problems):
+    """Rollouts handed over when a rollout ends are rebuilt in the background and become visible at
+    the update to exactly their version; an update for another version is refused, and so is
+    generation until the staged version lands."""
+    from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, StaleDrafterError
+
+    tok = das.tokenizer()
+    prompt = ids_of(tok, problems[10].prompt)
+    text = "VUTSRQVUTSRQVUTSRQ"
+    banned = set(ids_of(tok, text))
+    v = das.state["policy_version"]
+    das.stage_rollouts(v + 1, [sentinel_rollout(tok, prompt, text, "staged", v)])
+    assert das.wait_staged(timeout=60.0)
+    with pytest.raises(DrafterRefreshError, match=f"staged rollouts are for policy version {v + 1}.*installs version {v + 2}"):
+        das.update(v + 2, None, rollouts=STAGED_ROLLOUTS)
+    with pytest.raises(StaleDrafterError, match="stale"):
+        das.generate([Request(prompt, problem_id="staged")], max_new_tokens=8, temperature=0.0)
+    # while staged, a plain update with rollouts is refused too (one rebuild at a time)
+    with pytest.raises(DrafterRefreshError, match="rebuild for version"):
+        das.update(v + 2, None, rollouts=[])
+    # the update retried with the staged version installs it: lockstep again, and the store is read
+    rep = das.update(v + 1, None, rollouts=STAGED_ROLLOUTS)
+    assert rep["staged"] and rep["rollouts_added"] == 1
+    assert rep["drafter_version"] == rep["policy_version"] == v + 1
+    _, trace = traced(das, lambda: das.generate([Request(prompt, problem_id="staged")], max_new_tokens=24,
+                                                temperature=0.0))
+    assert tokens_in(trace, banned, "staged")

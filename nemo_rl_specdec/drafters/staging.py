@@ -1,0 +1,57 @@
+"""A DAS store rebuild staged off the critical path: started when a step's rollouts are final, installed
+at the lockstep update that carries the new policy version.
+
+In a sync RL step the rollouts are final when generation ends, and the policy then trains for a
+while; the engine process is idle. :class:`StagedRebuild` runs ``RolloutStore.rebuild`` on a
+background thread during that time. The update that installs the version only waits for whatever
+is left of it (the critical-path cost) and advances the drafter's version.
+
+Exactness. From the moment a rebuild is staged until it is installed, the store holds neither the
+old version's content nor (yet) the new one's as far as the lockstep is concerned: the proposer
+neither reads nor writes it (``fenced``) and drafts from each request's own tokens only, so no
+draft ever comes from a store whose version was not pushed. Installing checks the version: an
+update for another version is refused with an error naming both, the drafter's version does not
+advance, and the engine's staleness check then refuses to generate.
+
+The arctic-inference calls hold the GIL (its nanobind bindings do not release it), so the thread
+overlaps the trainer and idle time, not Python work in the same process: in an async pipeline it
+shares the engine process's GIL with generation.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Optional
+
+
+class StagedRebuild:
+    """One background rebuild of the store for `version` (see module docstring)."""
+
+    def __init__(self, version: int, work: Callable[[], int]):
+        self.version = int(version)
+        self.added: Optional[int] = None
+        self.error: Optional[BaseException] = None
+        self.busy_s = 0.0  # wall seconds the rebuild itself took on its thread
+        self.thread_cpu_s = 0.0  # CPU seconds of the rebuild thread
+        self._work = work
+        self._thread = threading.Thread(target=self._run, name=f"das-rebuild-v{self.version}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            self.added = int(self._work())
+        except BaseException as e:  # noqa: BLE001 - handed to the update that installs this version
+            self.error = e
+        finally:
+            self.busy_s = time.perf_counter() - t0
+            self.thread_cpu_s = time.thread_time() - c0
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the rebuild finished (or `timeout` seconds passed); returns whether it finished."""
+        self._thread.join(timeout)
+        return self.done
