@@ -25,15 +25,18 @@ class RolloutError(ValueError):
     """A rollout (or a batch of them) is malformed; the message names the field and the index."""
 
 
+def _numpy(x: Any) -> Any:
+    """A torch tensor as a numpy array (anything else unchanged)."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else x
+
+
 def _int_tokens(tokens: Any, what: str) -> np.ndarray:
     if isinstance(tokens, np.ndarray):
         arr = tokens
     else:
         if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
             raise RolloutError(f"{what}: expected a sequence of token ids, got {type(tokens).__name__}")
-        if hasattr(tokens, "detach"):  # a torch tensor
-            tokens = tokens.detach().cpu().numpy()
-        arr = np.asarray(tokens)
+        arr = np.asarray(_numpy(tokens))
     if arr.ndim != 1:
         raise RolloutError(f"{what}: expected a 1-D token sequence, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
@@ -45,8 +48,7 @@ def _int_tokens(tokens: Any, what: str) -> np.ndarray:
 
 def problem_id(prompt_tokens: Any) -> str:
     """Stable id of a prompt: 16 hex chars of blake2b over its tokens as int64."""
-    arr = np.asarray(prompt_tokens.detach().cpu().numpy() if hasattr(prompt_tokens, "detach") else prompt_tokens,
-                     dtype=np.int64).reshape(-1)
+    arr = np.asarray(_numpy(prompt_tokens), dtype=np.int64).reshape(-1)
     return hashlib.blake2b(arr.tobytes(), digest_size=8).hexdigest()
 
 
@@ -206,12 +208,11 @@ class RolloutBatch:
 
 
 def _np2(x: Any, what: str) -> np.ndarray:
-    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+    a = np.asarray(_numpy(x))
     if a.ndim != 2:
         raise RolloutError(f"{what}: expected a 2-D [batch, tokens] array, got shape {a.shape}")
     return a
 
 
 def _np1(x: Any, what: str) -> np.ndarray:
-    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x).reshape(-1)
-    return a
+    return np.asarray(_numpy(x)).reshape(-1)

@@ -155,16 +155,6 @@ def load_run_grpo_module() -> Any:
     return module
 
 
-def all_references() -> dict[str, str]:
-    """Every NeMo-RL FQN constant in this module (name -> FQN); the contract test reads this."""
-    out = {}
-    for k, v in globals().items():
-        if k.isupper() and isinstance(v, str) and (v.startswith("nemo_rl.") or v.startswith("examples.")):
-            out[k] = v
-    out["RESOLVER"] = f"{RESOLVER_MODULE}.{RESOLVER_NAME}"
-    return out
-
-
 # --------------------------------------------------------------------------- support policy
 
 # (owner FQN, attribute) -> what the adapter does with it. `REQUIRED_HOOKS` are needed by every
@@ -206,8 +196,6 @@ CHECKPOINT_ENGINE_HOOKS = {
     (ASYNC_WORKER_IMPL, "checkpoint_engine_rpc_async"): "checkpoint-engine refit: stages rollouts (async)",
 }
 MTP_REFIT_HOOK = (HOST_EXTENSION, "_maybe_refit_mtp_drafter")
-# Optional refit routes: wrapped where the NeMo-RL found has them (absent: that transport does not exist there).
-OPTIONAL_REFIT_METHODS = ("nccl_reshard_refit",)
 
 
 def _has(owner: str, attr: str) -> bool:
@@ -275,12 +263,13 @@ def required_hooks(gen_cfg: dict, spec: Any, trains_mtp: bool = False) -> dict:
     if spec is not None and spec.drafter == "mtp" and (trains_mtp or gen_cfg.get("_mtp_weights_from_refit")):
         need[MTP_REFIT_HOOK] = "drafter=mtp refreshed from the policy stream (megatron_cfg.mtp_num_layers > 0)"
     transport = gen_cfg.get("refit_transport")
+    route: dict = {}
     if transport == "nccl_reshard":
-        need.update({h: w for h, w in NCCL_RESHARD_HOOKS.items()
-                     if vllm_cfg.get("async_engine") or h[0] != ASYNC_WORKER_IMPL})
+        route = NCCL_RESHARD_HOOKS
     elif transport == "nixl" or (isinstance(transport, str) and ":" in transport):
-        need.update({h: w for h, w in CHECKPOINT_ENGINE_HOOKS.items()
-                     if vllm_cfg.get("async_engine") or h[0] != ASYNC_WORKER_IMPL})
+        route = CHECKPOINT_ENGINE_HOOKS
+    # the async worker's side of a route is needed only with the async engine
+    need.update({h: w for h, w in route.items() if vllm_cfg.get("async_engine") or h[0] != ASYNC_WORKER_IMPL})
     return need
 
 

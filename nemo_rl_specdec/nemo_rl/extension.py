@@ -87,16 +87,24 @@ class SpecDecHostHooks:
     # -- NeMo-RL hooks
 
     def _load_weights(self, weights):
-        from nemo_rl_specdec.engine.weights import split_policy_and_drafter
+        recording = self._specdec_loaded_names is not None  # inside a refit RPC we wrap
+        if recording:  # names and drafter tensors before NeMo-RL's loader sees (and may rename) them
+            from nemo_rl_specdec.engine.weights import split_policy_and_drafter
 
-        names = [name for name, _ in weights]
-        _, drafter = split_policy_and_drafter(list(weights), self._specdec_num_layers())
-        drafter = [(n, t.detach().to("cpu", copy=True) if hasattr(t, "detach") else t)  # kept for a restore
-                   for n, t in drafter]
+            names = [name for name, _ in weights]
+            _, drafter = split_policy_and_drafter(list(weights), self._specdec_num_layers())
+            drafter = [(n, t.detach().to("cpu", copy=True) if hasattr(t, "detach") else t)  # kept for a restore
+                       for n, t in drafter]
         super()._load_weights(weights)
-        if self._specdec_loaded_names is not None:
+        if recording:
             self._specdec_loaded_names.extend(names)
             self._specdec_loaded_drafter.extend(drafter)
+
+    def _specdec_start_recording(self) -> None:
+        self._specdec_loaded_names, self._specdec_loaded_drafter = [], []
+
+    def _specdec_stop_recording(self) -> None:
+        self._specdec_loaded_names = self._specdec_loaded_drafter = None
 
     # -- ours
 
@@ -114,7 +122,7 @@ class SpecDecHostHooks:
         self._specdec_pending = None
         names = list(self._specdec_loaded_names or [])
         loaded_drafter = list(self._specdec_loaded_drafter or [])
-        self._specdec_loaded_names = self._specdec_loaded_drafter = None
+        self._specdec_stop_recording()
         version = pending.get("version")
         if version is None:  # refit not staged by our worker actor (e.g. a weight synchronizer)
             version = int((self.specdec_state() or {}).get("policy_version") or 0) + 1
@@ -148,10 +156,10 @@ class SpecDecHostHooks:
 
 def _refit_wrapper(owner: type, name: str):
     def refit(self, *args, **kwargs):
-        self._specdec_loaded_names, self._specdec_loaded_drafter = [], []
+        self._specdec_start_recording()
         ok = getattr(super(owner, self), name)(*args, **kwargs)
         if not ok:
-            self._specdec_loaded_names = None
+            self._specdec_stop_recording()
             return ok
         return self._specdec_after_refit(name)
 
@@ -184,9 +192,10 @@ class SpecDecCheckpointEngineHooks:
     in its own RPC: finish our update after it returns."""
 
     async def _update_weights_from_checkpoint_engine_async(self) -> bool:
-        self._specdec_loaded_names, self._specdec_loaded_drafter = [], []
+        self._specdec_start_recording()
         ok = await super()._update_weights_from_checkpoint_engine_async()
         if not ok:
+            self._specdec_stop_recording()
             return ok
         return self._specdec_after_refit("checkpoint_engine")
 

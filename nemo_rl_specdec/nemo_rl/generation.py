@@ -105,9 +105,7 @@ def _build_generation() -> type:
             if spec is not None:
                 async_engine = bool((config.get("vllm_cfg") or {}).get("async_engine"))
                 preflight.check(spec, config, translate.OUR_ASYNC_WORKER if async_engine else translate.OUR_SYNC_WORKER)
-                source = config.get(translate.WEIGHT_SOURCE_KEY) or translate.drafter_weight_source(
-                    spec, False, bool(config.get("_mtp_weights_from_refit")))
-                if translate.wants_rollouts(spec, source):
+                if translate.rollouts_wanted(config, spec):
                     import uuid
 
                     from nemo_rl_specdec.nemo_rl.exchange import exchange_actor_class

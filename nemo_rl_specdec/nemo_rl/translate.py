@@ -142,6 +142,14 @@ def wants_rollouts(spec: SpecDecConfig, source: str) -> bool:
     return spec.refresh.mode == "online" and source not in (SOURCE_REFIT_STREAM, SOURCE_NONE)
 
 
+def rollouts_wanted(gen_cfg: dict, spec: SpecDecConfig) -> bool:
+    """`wants_rollouts` for a configured NeMo-RL generation config (the driver starts the rollout
+    exchange exactly when the workers keep a stash: both ask here)."""
+    source = gen_cfg.get(WEIGHT_SOURCE_KEY) or drafter_weight_source(
+        spec, False, bool(gen_cfg.get("_mtp_weights_from_refit")))
+    return wants_rollouts(spec, source)
+
+
 def check_run(raw: dict) -> Optional[SpecDecConfig]:
     """Validate a composed NeMo-RL run dict for our block (before NeMo-RL is imported).
 

@@ -122,9 +122,7 @@ class SpecDecWorkerState:
         self._specdec_prompt_tail = None
         if self._specdec_spec is not None:
             preflight(self._specdec_spec)
-            source = config.get(translate.WEIGHT_SOURCE_KEY) or translate.drafter_weight_source(
-                self._specdec_spec, False, bool(config.get("_mtp_weights_from_refit")))
-            want = translate.wants_rollouts(self._specdec_spec, source)
+            want = translate.rollouts_wanted(config, self._specdec_spec)
             if self._specdec_spec.drafter == "suffix":
                 self._specdec_prompt_tail = self._specdec_spec.suffix.max_tree_depth - 1
         if want and not self._specdec_exchange_name:
@@ -172,7 +170,7 @@ class SpecDecWorkerState:
         """Whether the update to `version` refreshes the drafter (refresh.every_n_steps; 1 = the first)."""
         return (version - 1) % self._specdec_spec.refresh.every_n_steps == 0
 
-    def _specdec_after_refit(self, ok: bool, version: int, per_rank: list) -> None:
+    def _specdec_record_refit(self, ok: bool, version: int, per_rank: list) -> None:
         """Record the engine's versions after a refit; the next generate checks them."""
         if ok:
             self._specdec_version = version
@@ -295,7 +293,7 @@ def _build_sync_impl() -> type:
             staged = payload.stage_payload(version, refs, refresh_drafter=refresh)
             self.llm.collective_rpc("specdec_stage_update", args=(staged,))
             ok = call(*args)
-            self._specdec_after_refit(ok, version, self.llm.collective_rpc("specdec_report"))
+            self._specdec_record_refit(ok, version, self.llm.collective_rpc("specdec_report"))
             return ok
 
         def update_weights_via_ipc_zmq(self):
@@ -381,7 +379,7 @@ def _build_async_impl() -> type:
             staged = payload.stage_payload(version, refs, refresh_drafter=refresh)
             await _maybe_await(self.llm.collective_rpc("specdec_stage_update", args=(staged,)))
             ok = await call(*args)
-            self._specdec_after_refit(ok, version, await _maybe_await(self.llm.collective_rpc("specdec_report")))
+            self._specdec_record_refit(ok, version, await _maybe_await(self.llm.collective_rpc("specdec_report")))
             return ok
 
         async def update_weights_via_ipc_zmq_async(self):
