@@ -83,10 +83,22 @@ class MTPConfig(_Strict):
     num_layers: int = Field(1, ge=1)
 
 
+class DistillConfig(_Strict):
+    """Online distillation of a model drafter (`refresh.mode: online`; train/distill.py)."""
+
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the drafter")
+    epochs: int = Field(2, ge=1, description="passes over the step's rollouts per refresh")
+    micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per teacher/drafter forward")
+    max_tokens: Optional[int] = Field(
+        8192, ge=1, description="rollout tokens distilled per step and trainer rank (the longest rollouts are "
+                                "kept); teacher log-probs held per step are max_tokens x vocab floats; null: all")
+
+
 class RefreshConfig(_Strict):
     mode: Optional[Literal["frozen", "refit", "online", "rebuild"]] = None  # None: drafter default
     every_n_steps: int = Field(1, ge=1)
     max_policy_lag: int = Field(0, ge=0, description="async: policy_version - drafter_version allowed")
+    distill: DistillConfig = DistillConfig()
 
 
 class SchedulingConfig(_Strict):
@@ -167,6 +179,11 @@ class SpecDecConfig(_Strict):
             raise _PathError(
                 "refresh.mode", self.refresh.mode, f"one of {list(allowed)} for drafter '{self.drafter}'"
             )
+        changed = [k for k, v in self.refresh.distill if v != DistillConfig.model_fields[k].default]
+        if changed and self.refresh.mode != "online":
+            raise _PathError(f"refresh.distill.{changed[0]}", getattr(self.refresh.distill, changed[0]),
+                             f"its default: refresh.distill applies to refresh.mode 'online' only (mode is "
+                             f"{self.refresh.mode!r})")
         lag_needed = self.refresh.every_n_steps - 1
         if self.refresh.mode != "frozen" and lag_needed > self.refresh.max_policy_lag:
             raise _PathError(

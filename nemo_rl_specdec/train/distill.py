@@ -119,6 +119,68 @@ def forward_kl(teacher_logp, student_logits, temperature: float):
     return (teacher_logp.exp() * (teacher_logp - s_logp)).sum(-1).mean()
 
 
+def cap_tokens(seqs: list, max_tokens: Optional[int]) -> list:
+    """The first `max_tokens` tokens of the step's rollouts, in order (the last one kept is cut to fit;
+    a cut that would leave it no response token drops it)."""
+    if max_tokens is None:
+        return seqs
+    out, left = [], int(max_tokens)
+    for s in seqs:
+        n = len(s.prompt) + len(s.response)
+        if n <= left:
+            out.append(s)
+            left -= n
+            continue
+        if left > len(s.prompt):
+            out.append(_Seq(s.prompt, s.response[: left - len(s.prompt)]))
+        break
+    return out
+
+
+class DataParallel:
+    """The replicas of one drafter on the ranks of a `torch.distributed` group, kept identical:
+    every rank runs as many micro-batches as the busiest one (FSDP's sharded teacher needs every
+    rank in each forward), and each optimizer step uses the gradient summed over ranks, weighted by
+    the positions each rank trained. Tensors for the collectives live on `device` (NCCL: cuda)."""
+
+    def __init__(self, group: Any = None, device: Any = "cpu"):
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError("DataParallel needs an initialised torch.distributed process group")
+        self.torch, self.dist, self.group, self.device = torch, dist, group, torch.device(device)
+
+    def _all_reduce(self, t, op):
+        self.dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+    def max(self, n: int) -> int:
+        t = self.torch.tensor([int(n)], dtype=self.torch.long, device=self.device)
+        return int(self._all_reduce(t, self.dist.ReduceOp.MAX).item())
+
+    def sum(self, x: float) -> float:
+        t = self.torch.tensor([float(x)], dtype=self.torch.float64, device=self.device)
+        return float(self._all_reduce(t, self.dist.ReduceOp.SUM).item())
+
+    def reduce_grads(self, params: list, n_local: int) -> int:
+        """Replace each gradient (the local loss was scaled by `n_local`) by the group's sum over
+        the group's positions; returns that position count (0: no rank trained, skip the step)."""
+        torch = self.torch
+        flat = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
+        buf = torch.cat(flat + [torch.tensor([float(n_local)], device=flat[0].device)])
+        self._all_reduce(buf, self.dist.ReduceOp.SUM)
+        total = int(round(buf[-1].item()))
+        if total == 0:
+            return 0
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = (buf[offset: offset + n] / total).view_as(p).to(p.dtype)
+            offset += n
+        return total
+
+
 class Distiller:
     """The shared loop: checks, no-grad teacher pass, KL at the sampling temperature, AdamW with
     gradient clipping over a few epochs, kl_first/kl_last and top-1 agreement stats.
@@ -131,10 +193,13 @@ class Distiller:
     kind = "base"
 
     def _setup(self, *, lr: float, epochs: int, temperature: float, micro_batch_tokens: int,
-               max_grad_norm: float, weight_decay: float, vocab_size: int) -> None:
+               max_grad_norm: float, weight_decay: float, vocab_size: int, max_tokens: Optional[int] = None,
+               device: Any = "cpu") -> None:
         import torch
 
         self.torch = torch
+        self.device = torch.device(device)
+        self.module.to(self.device)
         self.module.train()
         self.opt = torch.optim.AdamW(self.module.parameters(), lr=lr, weight_decay=weight_decay)
         # T = 0 (greedy) keeps the argmax of any temperature; distil at T = 1 then
@@ -142,6 +207,9 @@ class Distiller:
         self.epochs, self.micro_batch_tokens = int(epochs), int(micro_batch_tokens)
         self.max_grad_norm = float(max_grad_norm)
         self.vocab_size = int(vocab_size)
+        if max_tokens is not None and int(max_tokens) < 1:
+            raise ValueError(f"max_tokens: got {max_tokens!r}; allowed: an integer >= 1 or None (all)")
+        self.max_tokens = None if max_tokens is None else int(max_tokens)
         self.steps = 0
         self.history: list = []
 
@@ -182,7 +250,9 @@ class Distiller:
 
     # ------------------------------------------------------------------ training
     def teacher_targets(self, teacher, seqs: list, batches: list) -> list:
-        """Per micro-batch, the no-grad teacher side (`_prepare`), teacher mode restored after."""
+        """Per micro-batch, the no-grad teacher side (`_prepare`), teacher mode restored after. An
+        empty index group runs a dummy forward that trains nothing (a data-parallel rank short of
+        batches still joins its sharded teacher's collective forwards)."""
         torch = self.torch
         was_training = teacher.training
         teacher.eval()
@@ -190,8 +260,12 @@ class Distiller:
         try:
             with torch.no_grad():
                 for idx in batches:
-                    ids, mask = pad_batch([seqs[i] for i in idx], self._pad_id(teacher))
-                    item = self._prepare(teacher, ids, mask)
+                    if idx:
+                        ids, mask = pad_batch([seqs[i] for i in idx], self._pad_id(teacher))
+                    else:
+                        ids = torch.full((1, 2), self._pad_id(teacher), dtype=torch.long)
+                        mask = torch.zeros((1, 1), dtype=torch.bool)
+                    item = self._prepare(teacher, ids.to(self.device), mask.to(self.device))
                     item.setdefault("response_tokens", int(mask.sum()))
                     out.append(item)
         finally:
@@ -201,42 +275,55 @@ class Distiller:
     def _teacher_logp(self, logits):
         import torch.nn.functional as F
 
+        if hasattr(logits, "full_tensor"):  # a DTensor from a sharded policy
+            logits = logits.full_tensor()
         return F.log_softmax(logits.float() / self.temperature, dim=-1)
 
-    def step(self, teacher, rollouts: Sequence[Any]) -> dict:
-        """Distil the drafter towards `teacher` (the updated policy) on `rollouts`; returns stats."""
+    def step(self, teacher, rollouts: Sequence[Any], dp: Optional["DataParallel"] = None) -> dict:
+        """Distil the drafter towards `teacher` (the updated policy) on `rollouts`; returns stats.
+
+        With `dp`, this rank's `rollouts` are its shard of the step and the replicas of the drafter
+        on the group's ranks take identical optimizer steps (gradients summed over ranks, weighted
+        by trained positions), so they stay equal; the loss stats are the group's."""
         torch = self.torch
         self._check_teacher(teacher)
-        seqs = rollout_sequences(rollouts, self.vocab_size)
-        if not seqs:
+        seqs = cap_tokens(rollout_sequences(rollouts, self.vocab_size), self.max_tokens)
+        if not seqs and dp is None:
             raise DistillInputError("no rollout has response tokens: nothing to distil on")
         t0 = time.perf_counter()
         batches = micro_batches([len(s.prompt) + len(s.response) for s in seqs], self.micro_batch_tokens)
+        if dp is not None:
+            batches += [[] for _ in range(dp.max(len(batches)) - len(batches))]
         targets = self.teacher_targets(teacher, seqs, batches)
         teacher_s = time.perf_counter() - t0
-        n_tok = sum(t["n"] for t in targets)
+        n_local = sum(t["n"] for t in targets)
+        n_tok = n_local if dp is None else int(dp.sum(n_local))
         if n_tok == 0:
             raise DistillInputError(f"{self.kind}: the rollouts leave no position to train on "
                                     "(responses too short for this drafter's target)")
         agree_before = self._agreement(targets)
         losses, grad_norm = [], float("nan")
+        params = [p for p in self.module.parameters() if p.requires_grad]
         self.module.train()
         for _ in range(self.epochs):
             total = 0.0
-            for item in targets:  # one AdamW step per micro-batch
-                if item["n"] == 0:
+            for item in targets:  # one AdamW step per micro-batch (per round of micro-batches with dp)
+                if dp is None and item["n"] == 0:
                     continue
-                loss, _, _ = self._loss(item)
                 self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm)
+                if item["n"]:
+                    loss, _, _ = self._loss(item)
+                    (loss if dp is None else loss * item["n"]).backward()
+                    total += loss.item() * item["n"] / n_tok
+                if dp is not None and dp.reduce_grads(params, item["n"]) == 0:
+                    continue
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
                 self.opt.step()
-                total += loss.item() * item["n"] / n_tok
-            losses.append(total)
+            losses.append(total if dp is None else dp.sum(total))
         agree_after = self._agreement(targets)
         self.steps += 1
         stats = {"distill_step": self.steps, "kind": self.kind, "tokens": sum(t["response_tokens"] for t in targets),
-                 "trained_positions": n_tok, "sequences": len(seqs), "epochs": self.epochs,
+                 "trained_positions": n_local, "sequences": len(seqs), "epochs": self.epochs,
                  "kl_first": losses[0], "kl_last": losses[-1], "grad_norm": float(grad_norm),
                  "top1_agreement_before": agree_before, "top1_agreement_after": agree_after,
                  "teacher_s": teacher_s, "train_s": time.perf_counter() - t0 - teacher_s,
@@ -265,7 +352,8 @@ class DraftModelDistiller(Distiller):
 
     def __init__(self, drafter_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
                  temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, num_threads: Optional[int] = None):
+                 weight_decay: float = 0.0, num_threads: Optional[int] = None,
+                 max_tokens: Optional[int] = None, device: Any = "cpu"):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -277,7 +365,8 @@ class DraftModelDistiller(Distiller):
         self.model = self.module = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
-                    max_grad_norm=max_grad_norm, weight_decay=weight_decay, vocab_size=self.model.config.vocab_size)
+                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
+                    vocab_size=self.model.config.vocab_size, max_tokens=max_tokens, device=device)
 
     def _pad_id(self, teacher) -> int:
         return self.pad_id
@@ -316,7 +405,8 @@ class Eagle3Distiller(Distiller):
 
     def __init__(self, head_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
                  temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, ttt: bool = True, num_threads: Optional[int] = None):
+                 weight_decay: float = 0.0, ttt: bool = True, num_threads: Optional[int] = None,
+                 max_tokens: Optional[int] = None, device: Any = "cpu"):
         from nemo_rl_specdec.train.train_eagle3 import load_head
 
         if not (Path(head_dir) / "config.json").is_file():
@@ -330,7 +420,8 @@ class Eagle3Distiller(Distiller):
         self.ttt = bool(ttt)
         self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
                     max_grad_norm=max_grad_norm, weight_decay=weight_decay,
-                    vocab_size=int(self.config.get("draft_vocab_size") or self.config["vocab_size"]))
+                    vocab_size=int(self.config.get("draft_vocab_size") or self.config["vocab_size"]),
+                    max_tokens=max_tokens, device=device)
 
     def _check_teacher(self, teacher) -> None:
         super()._check_teacher(teacher)
@@ -345,8 +436,9 @@ class Eagle3Distiller(Distiller):
     def _prepare(self, teacher, ids, mask) -> dict:
         from nemo_rl_specdec.train.train_eagle3 import aux_hidden_and_logits
 
-        aux, logits = aux_hidden_and_logits(teacher, ids, self.layer_ids)
-        emb = teacher.get_input_embeddings()(ids)
+        # the embeddings are the forward's hidden_states[0]: a separate call of a sharded (FSDP)
+        # policy's embedding module would see its weight still sharded
+        aux, logits, emb = aux_hidden_and_logits(teacher, ids, self.layer_ids, embeddings=True)
         return {"mask": mask, "aux": self.torch.cat(aux, -1).detach(), "emb": emb.detach(),
                 "t_logp": self._teacher_logp(logits), "n": int(mask[:, 1:].sum())}
 
@@ -385,7 +477,8 @@ class MTPDistiller(Distiller):
 
     def __init__(self, model_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
                  temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, num_threads: Optional[int] = None):
+                 weight_decay: float = 0.0, num_threads: Optional[int] = None,
+                 max_tokens: Optional[int] = None, device: Any = "cpu"):
         from nemo_rl_specdec.train.train_tiny_mtp import load_mtp_layer
 
         if not Path(model_dir).is_dir():
@@ -399,7 +492,8 @@ class MTPDistiller(Distiller):
             raise DistillInputError(str(e)) from None
         self.module = self.mtp
         self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
-                    max_grad_norm=max_grad_norm, weight_decay=weight_decay, vocab_size=self.config.vocab_size)
+                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
+                    vocab_size=self.config.vocab_size, max_tokens=max_tokens, device=device)
 
     def _check_teacher(self, teacher) -> None:
         super()._check_teacher(teacher)
@@ -461,8 +555,12 @@ class MTPDistiller(Distiller):
 
 
 def make_distiller(spec, *, temperature: float, seed: int = 0, model_path: Optional[str] = None, **kw):
-    """The online trainer for the configured drafter (`SpecDecConfig`); `model_path` is the policy
-    checkpoint (MTP layers live in it). Raises for drafters that have none."""
+    """The online trainer for the configured drafter (`SpecDecConfig`), with the hyper-parameters of
+    `refresh.distill` (keyword arguments override them); `model_path` is the policy checkpoint (MTP
+    layers live in it). Raises for drafters that have none."""
+    d = spec.refresh.distill
+    kw = {"lr": d.lr, "epochs": d.epochs, "micro_batch_tokens": d.micro_batch_tokens, "max_tokens": d.max_tokens,
+          **kw}
     if spec.drafter == "draft_model":
         if not spec.draft_model.model:
             raise DistillInputError("draft_model.model is not set: no drafter checkpoint to train")

@@ -116,17 +116,19 @@ class Eagle3Head(torch.nn.Module):
         return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
 
 
-def aux_hidden_and_logits(policy, ids, layer_ids):
+def aux_hidden_and_logits(policy, ids, layer_ids, embeddings: bool = False):
     """Aux hidden states (id i = residual stream after i decoder layers, 0 = embeddings) and logits,
     from one no-grad forward with ``output_hidden_states`` (entry i < num_hidden_layers is the input
-    of layer i; the last entry is after the final norm, so ids must stay below the layer count)."""
+    of layer i; the last entry is after the final norm, so ids must stay below the layer count);
+    with `embeddings`, the token embeddings (entry 0) as a third value."""
     L = policy.config.num_hidden_layers
     bad = [i for i in layer_ids if not 0 <= int(i) < L]
     if bad:
         raise ValueError(f"eagle_aux_hidden_state_layer_ids: {bad} outside [0, {L}) for a {L}-layer policy")
     with torch.no_grad():
         out = policy(input_ids=ids, output_hidden_states=True)
-    return [out.hidden_states[int(i)] for i in layer_ids], out.logits
+    aux = [out.hidden_states[int(i)] for i in layer_ids]
+    return (aux, out.logits, out.hidden_states[0]) if embeddings else (aux, out.logits)
 
 
 def load_head(head_dir) -> tuple:

@@ -105,7 +105,8 @@ EXPECTED_DEFAULTS = {
     "draft_model": {"model": None},
     "eagle3": {"model": None, "aux_layer_ids": None},
     "mtp": {"num_layers": 1},
-    "refresh": {"mode": "rebuild", "every_n_steps": 1, "max_policy_lag": 0},
+    "refresh": {"mode": "rebuild", "every_n_steps": 1, "max_policy_lag": 0,
+                "distill": {"lr": 1e-3, "epochs": 2, "micro_batch_tokens": 4096, "max_tokens": 8192}},
     "scheduling": {"placement": "contiguous", "budget": "uniform", "k_by_batch_size": None,
                    "long_fraction": 0.25, "short_fraction": 0.25},
     "on_refresh_error": "raise",
@@ -205,6 +206,11 @@ ALLOWED = [
     ("refresh.every_n_steps", 5, {"refresh": {"max_policy_lag": 4}}),  # lags up to 4 versions between refreshes
     ("refresh.max_policy_lag", 0, {}),
     ("refresh.max_policy_lag", 2, {}),
+    ("refresh.distill.lr", 3e-4, {"drafter": "eagle3", "eagle3": {"model": "/h"}}),
+    ("refresh.distill.epochs", 1, {"drafter": "draft_model", "draft_model": {"model": "/d"}}),
+    ("refresh.distill.micro_batch_tokens", 2048, {"drafter": "draft_model", "draft_model": {"model": "/d"}}),
+    ("refresh.distill.max_tokens", None, {"drafter": "draft_model", "draft_model": {"model": "/d"}}),
+    ("refresh.distill.max_tokens", 65536, {"drafter": "eagle3", "eagle3": {"model": "/h"}}),
     ("scheduling.placement", "contiguous", {}),
     ("scheduling.placement", "round_robin", {}),
     ("scheduling.placement", "length_aware", {}),
@@ -249,6 +255,15 @@ def test_yaml_lists_become_k_by_batch_size_tuples():
 ])
 def test_default_refresh_mode_per_drafter(drafter, mode):
     assert spec_of({"drafter": drafter}).refresh.mode == mode
+
+
+def test_distill_settings_are_refused_outside_online_refresh():
+    with pytest.raises(ConfigError, match=rf"{B}\.refresh\.distill\.lr: got 0.01.*refresh.mode 'online' only"):
+        spec_of({"drafter": "suffix", "refresh": {"distill": {"lr": 0.01}}})
+    spec = spec_of({"drafter": "draft_model", "draft_model": {"model": "/ckpt"}, "refresh": {"distill": {"lr": 0.01}}})
+    assert spec.refresh.distill.lr == 0.01 and spec.refresh.distill.epochs == 2
+    with pytest.raises(ConfigError, match=rf"{B}\.refresh\.distill\.max_tokens"):
+        spec_of({"drafter": "eagle3", "eagle3": {"model": "/h"}, "refresh": {"distill": {"max_tokens": 0}}})
 
 
 def test_with_spec_switching_drafter_takes_the_new_drafters_refresh_default():
