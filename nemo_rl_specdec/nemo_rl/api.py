@@ -40,6 +40,16 @@ HOST_EXTENSION_CKPT = (
     "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine"
 )
 
+# -- policy workers (online drafter distillation; policy_workers.py)
+POLICY = "nemo_rl.models.policy.lm_policy.Policy"
+POLICY_MODULE = "nemo_rl.models.policy.lm_policy"  # binds `resolve_policy_worker_cls` by name; we rebind it
+POLICY_RESOLVER_NAME = "resolve_policy_worker_cls"
+POLICY_RUNTIME_ENV = "nemo_rl.models.policy.utils.get_runtime_env_for_policy_worker"
+DTENSOR_WORKER = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
+DTENSOR_WORKER_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
+DTENSOR_WORKER_IMPL = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorkerImpl"
+DTENSOR_WORKER_V2_IMPL = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2Impl"
+
 # -- actor environments and venvs
 ACTOR_REGISTRY = "nemo_rl.distributed.ray_actor_environment_registry.ACTOR_ENVIRONMENT_REGISTRY"
 DEFAULT_VENV_DIR = "nemo_rl.utils.venvs.DEFAULT_VENV_DIR"
@@ -196,6 +206,13 @@ CHECKPOINT_ENGINE_HOOKS = {
     (ASYNC_WORKER_IMPL, "checkpoint_engine_rpc_async"): "checkpoint-engine refit: stages rollouts (async)",
 }
 MTP_REFIT_HOOK = (HOST_EXTENSION, "_maybe_refit_mtp_drafter")
+DISTILL_HOOKS = {
+    (POLICY_MODULE, POLICY_RESOLVER_NAME): "chooses our DTensor policy workers, which distil the drafter online",
+    (POLICY, "train"): "after each policy step, publishes the distilled drafter for the next refit",
+    (POLICY_RUNTIME_ENV, "__call__"): "the runtime environment of our policy worker actors",
+    (DTENSOR_WORKER_IMPL, "train"): "distils the drafter on the rank's shard after the policy step (dtensor v1)",
+    (DTENSOR_WORKER_V2_IMPL, "train"): "distils the drafter on the rank's shard after the policy step (dtensor v2)",
+}
 
 
 def _has(owner: str, attr: str) -> bool:
@@ -231,7 +248,7 @@ def shard_index_is_read_synchronously(generation_cls: type) -> bool:
 
 
 ALL_HOOKS = {**REQUIRED_HOOKS, **ASYNC_HOOKS, ASYNC_PLACEMENT_HOOK: "async placement", MTP_REFIT_HOOK: "mtp refit",
-             **NCCL_RESHARD_HOOKS, **CHECKPOINT_ENGINE_HOOKS}
+             **NCCL_RESHARD_HOOKS, **CHECKPOINT_ENGINE_HOOKS, **DISTILL_HOOKS}
 
 
 def probe(hooks: Optional[dict] = None) -> dict:
@@ -250,10 +267,13 @@ def describe_nemo_rl() -> str:
     return f"nemo_rl {version} at {find_nemo_rl_root()} (optional refit routes: {routes or 'none'})"
 
 
-def required_hooks(gen_cfg: dict, spec: Any, trains_mtp: bool = False) -> dict:
+def required_hooks(gen_cfg: dict, spec: Any, trains_mtp: bool = False, distills: bool = False) -> dict:
     """Every hook a run with this generation config and block needs -> why. `trains_mtp`:
-    `policy.megatron_cfg.mtp_num_layers > 0` (MTP layers arrive in the policy stream)."""
+    `policy.megatron_cfg.mtp_num_layers > 0` (MTP layers arrive in the policy stream); `distills`:
+    the policy workers distil the drafter online."""
     need = dict(REQUIRED_HOOKS)
+    if distills:
+        need.update(DISTILL_HOOKS)
     vllm_cfg = gen_cfg.get("vllm_cfg") or {}
     if vllm_cfg.get("async_engine"):
         need.update(ASYNC_HOOKS)
@@ -273,9 +293,9 @@ def required_hooks(gen_cfg: dict, spec: Any, trains_mtp: bool = False) -> dict:
     return need
 
 
-def check_support(gen_cfg: dict, spec: Any, trains_mtp: bool = False) -> dict:
+def check_support(gen_cfg: dict, spec: Any, trains_mtp: bool = False, distills: bool = False) -> dict:
     """Raise UnsupportedNeMoRL naming every missing hook; returns the probe of the needed hooks."""
-    need = required_hooks(gen_cfg, spec, trains_mtp)
+    need = required_hooks(gen_cfg, spec, trains_mtp, distills)
     found = probe(need)
     missing = [h for h, ok in found.items() if not ok]
     if missing:

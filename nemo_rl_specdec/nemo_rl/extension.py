@@ -116,7 +116,7 @@ class SpecDecHostHooks:
         return True
 
     def _specdec_finish_update(self, transport: str) -> dict:
-        from nemo_rl_specdec.nemo_rl.payload import resolve_rollouts
+        from nemo_rl_specdec.nemo_rl.payload import resolve_drafter_weights, resolve_rollouts
 
         pending = self._specdec_pending or {}
         self._specdec_pending = None
@@ -130,11 +130,12 @@ class SpecDecHostHooks:
         # None (not staged) stays None: a rebuild-mode drafter then fails loudly instead of
         # rebuilding from nothing; an empty batch means "this step had no rollouts".
         rollouts = resolve_rollouts(pending)
+        drafter_weights = resolve_drafter_weights(pending)
         fetch_s = time.perf_counter() - t0
         try:
             report = self.specdec_after_policy_weights(
                 version=int(version), loaded_names=names,
-                drafter_weights=pending.get("drafter_weights"), rollouts=rollouts,
+                drafter_weights=drafter_weights, rollouts=rollouts,
                 refresh_drafter=bool(pending.get("refresh_drafter", True)), loaded_drafter=loaded_drafter,
             )
         except Exception:

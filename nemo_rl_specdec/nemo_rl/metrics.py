@@ -10,6 +10,8 @@ speculative counters arrive as `vllm/spec_*` (-> `train/vllm/spec_*`); ours are 
   specdec/engines_in_lockstep   1.0 when every engine reports the same (policy, drafter) versions
   specdec/disabled_engines      engines whose drafter was disabled after a refresh error
   specdec/refresh_s             slowest drafter refresh of the last update (max over engines)
+  specdec/drafter_train_s       online distillation of the drafter applied last, slowest policy rank (s)
+  specdec/drafter_train_share   that time over the policy step period it was made in
   specdec/tensors_applied       drafter tensors applied in the last update (max over engines)
   specdec/rollouts_staged       rollouts handed to the drafter with the last update (sum)
   specdec/rollouts_dropped      rollouts dropped because the stash hit its token cap (sum)
@@ -109,6 +111,11 @@ def version_metrics(reports: list[dict]) -> dict[str, float]:
     dropped = [_num(r.get("rollouts_dropped")) for r in reports]
     if any(v is not None for v in dropped):
         out[f"{PREFIX}rollouts_dropped"] = sum(v for v in dropped if v is not None)
+    for key in ("drafter_train_s", "drafter_train_share"):  # online distillation in the policy workers
+        vals = [_num((r.get("distill") or {}).get(key)) for r in reports]
+        vals = [v for v in vals if v is not None]
+        if vals:
+            out[f"{PREFIX}{key}"] = max(vals)
     out.update(engine_reported_metrics(states))
     return out
 

@@ -76,6 +76,16 @@ def stage_payload(version: Optional[int], rollout_refs: Optional[Sequence[Any]] 
     }
 
 
+def resolve_drafter_weights(pending: dict) -> Any:
+    """The staged drafter weights, fetched from Ray's object store when staged by reference."""
+    weights = pending.get("drafter_weights")
+    if type(weights).__name__ == "ObjectRef":
+        import ray
+
+        weights = ray.get(weights)
+    return weights
+
+
 def resolve_rollouts(pending: dict) -> Optional[RolloutBatch]:
     """The staged rollouts as one batch (refs fetched from Ray's object store), or None if none were staged."""
     refs = pending.get("rollout_refs")

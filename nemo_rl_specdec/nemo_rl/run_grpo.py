@@ -10,7 +10,9 @@
    `nemo_rl.algorithms.grpo.VllmGeneration` rebound to our subclass, `grpo.validate` wrapped so
    validation rollouts never reach the drafter, and the entry script's
    `configure_generation_config` wrapped so the block becomes `vllm_kwargs.speculative_config`
-   before NeMo-RL configures generation.
+   before NeMo-RL configures generation. With `refresh.mode: online` for a draft model or Eagle3
+   head, also NeMo-RL's `resolve_policy_worker_cls` (our distilling DTensor policy workers) and
+   `Policy.__init__` / `Policy.train` (publish each distilled drafter; policy_workers.py).
 4. Run NeMo-RL's own `examples/run_grpo.py:main` (sync or async GRPO, as the run file says).
    Block absent or disabled: step 3 is skipped and NeMo-RL runs unchanged.
 """
@@ -64,6 +66,23 @@ def make_resolver(original: Callable[[str, dict], str]) -> Callable[[str, dict],
     return resolve_generation_worker_cls
 
 
+def make_policy_resolver(original: Callable[[str, dict], str]) -> Callable[[str, dict], str]:
+    """Wrap NeMo-RL's `resolve_policy_worker_cls` (same parameters): our distilling DTensor workers."""
+    subs = translate.POLICY_WORKER_SUBSTITUTES
+
+    def resolve_policy_worker_cls(default_cls, config):
+        chosen = original(default_cls, config)
+        if chosen != default_cls or default_cls not in subs:
+            raise api.UnsupportedNeMoRL(
+                f"{translate.BLOCK_PATH}.refresh.mode=online distils the drafter in NeMo-RL's DTensor policy "
+                f"workers, but this run's policy worker is {chosen!r} (policy.quant_cfg or a non-DTensor backend); "
+                f"allowed: {sorted(subs)}")
+        return subs[default_cls]
+
+    resolve_policy_worker_cls.__wrapped__ = original
+    return resolve_policy_worker_cls
+
+
 def make_validate_wrapper(original: Callable) -> Callable:
     """Wrap NeMo-RL's `grpo.validate(policy_generation, ...)`: its rollouts are marked as validation."""
     import functools
@@ -79,13 +98,16 @@ def make_validate_wrapper(original: Callable) -> Callable:
 
 
 def install(env: Optional[dict] = None, gen_cfg: Optional[dict] = None,
-            trains_mtp: bool = False) -> list[tuple[Any, str, Any]]:
+            trains_mtp: bool = False, exports_draft: bool = False) -> list[tuple[Any, str, Any]]:
     """Check support for `gen_cfg` (NeMo-RL's `policy.generation` with our block), then apply the
     substitutions; returns (object, attribute, previous value) for `uninstall`. Raises
-    `api.UnsupportedNeMoRL` (nothing patched) when a hook the run needs is missing."""
+    `api.UnsupportedNeMoRL` (nothing patched) when a hook the run needs is missing.
+    `exports_draft`: `policy.draft.enabled` (the trainer streams an Eagle head)."""
     env = os.environ if env is None else env
     gen_cfg = gen_cfg if gen_cfg is not None else {}
-    api.check_support(gen_cfg, translate.enabled_spec(gen_cfg), trains_mtp)
+    spec = translate.enabled_spec(gen_cfg)
+    distills = translate.distills_in_policy(gen_cfg, spec, exports_draft)
+    api.check_support(gen_cfg, spec, trains_mtp, distills)
     undo: list[tuple[Any, str, Any]] = []
 
     def setattr_undo(obj: Any, name: str, value: Any) -> None:
@@ -97,7 +119,7 @@ def install(env: Optional[dict] = None, gen_cfg: Optional[dict] = None,
 
     registry = api.resolve(api.ACTOR_REGISTRY)
     venv_dir = env.get("NEMO_RL_VENV_DIR") or api.resolve(api.DEFAULT_VENV_DIR)
-    for fqn, python in translate.registry_entries(registry, venv_dir).items():
+    for fqn, python in translate.registry_entries(registry, venv_dir, policy_workers=distills).items():
         undo.append((registry, fqn, registry.get(fqn)))
         registry[fqn] = python
 
@@ -112,6 +134,17 @@ def install(env: Optional[dict] = None, gen_cfg: Optional[dict] = None,
 
     script = api.load_run_grpo_module()
     setattr_undo(script, "configure_generation_config", make_configure_wrapper(script.configure_generation_config))
+
+    if distills:
+        from nemo_rl_specdec.nemo_rl.policy_workers import wrap_policy
+
+        policy_module = importlib.import_module(api.POLICY_MODULE)
+        setattr_undo(policy_module, api.POLICY_RESOLVER_NAME,
+                     make_policy_resolver(getattr(policy_module, api.POLICY_RESOLVER_NAME)))
+        policy_cls = api.resolve(api.POLICY)
+        temperature = float(gen_cfg.get("temperature", 1.0) or 0.0)
+        for name, fn in wrap_policy(policy_cls, spec, temperature).items():
+            setattr_undo(policy_cls, name, fn)
     return undo
 
 
@@ -167,8 +200,9 @@ def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
         return EXIT_CONFIG, None
     policy = (full.resolved().get("policy") or {}) if spec is not None else {}
     trains_mtp = bool(((policy.get("megatron_cfg") or {}).get("mtp_num_layers")) or 0)
+    exports_draft = bool((policy.get("draft") or {}).get("enabled"))
     return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base,
-                "generation": policy.get("generation"), "trains_mtp": trains_mtp}
+                "generation": policy.get("generation"), "trains_mtp": trains_mtp, "exports_draft": exports_draft}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -183,7 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         script = api.load_run_grpo_module()
         if plan["spec"] is not None:
-            install(gen_cfg=plan["generation"], trains_mtp=plan["trains_mtp"])
+            install(gen_cfg=plan["generation"], trains_mtp=plan["trains_mtp"], exports_draft=plan["exports_draft"])
             spec = plan["spec"]
             print(f"[specdec] speculative decoding on: drafter={spec.drafter} k={spec.num_speculative_tokens} "
                   f"refresh={spec.refresh.mode} placement={spec.scheduling.placement}")

@@ -25,6 +25,11 @@ SPEC_KWARGS_PATH = "policy.generation.vllm_kwargs.speculative_config"
 OUR_SYNC_WORKER = "nemo_rl_specdec.nemo_rl.workers.SpecDecVllmGenerationWorker"
 OUR_ASYNC_WORKER = "nemo_rl_specdec.nemo_rl.workers.SpecDecVllmAsyncGenerationWorker"
 WORKER_SUBSTITUTES = {api.SYNC_WORKER: OUR_SYNC_WORKER, api.ASYNC_WORKER: OUR_ASYNC_WORKER}
+# NeMo-RL's DTensor policy workers -> ours, which also distil the drafter (built in policy_workers.py).
+POLICY_WORKER_SUBSTITUTES = {
+    api.DTENSOR_WORKER: "nemo_rl_specdec.nemo_rl.policy_workers.SpecDecDTensorPolicyWorker",
+    api.DTENSOR_WORKER_V2: "nemo_rl_specdec.nemo_rl.policy_workers.SpecDecDTensorPolicyWorkerV2",
+}
 
 # NeMo-RL's vLLM worker extensions -> our composites (built in extension.py).
 OUR_EXTENSION = "nemo_rl_specdec.nemo_rl.extension.SpecDecNemoRLWorkerExtension"
@@ -39,6 +44,7 @@ SOURCE_NONE = "none"                  # suffix / ngram: no weights
 SOURCE_REFIT_STREAM = "refit_stream"  # trainer exports them with the policy (draft.* or MTP layers)
 SOURCE_CHECKPOINT_ONCE = "checkpoint_once"  # MTP heads read once from the policy checkpoint
 SOURCE_CHECKPOINT = "checkpoint"      # eagle3 / draft_model read from their own checkpoint at startup
+SOURCE_POLICY_DISTILL = "policy_distill"  # ... and distilled online in the DTensor policy workers (policy_workers.py)
 
 # Generation-config keys (NeMo-RL style internal keys, like `_pad_token_id`) read by our workers:
 WEIGHT_SOURCE_KEY = "_specdec_weight_source"  # where the drafter's weights come from
@@ -112,7 +118,7 @@ def drafter_weight_source(spec: SpecDecConfig, trainer_exports_draft: bool, trai
         return SOURCE_REFIT_STREAM if trains_mtp else SOURCE_CHECKPOINT_ONCE
     if d == "eagle3" and trainer_exports_draft:
         return SOURCE_REFIT_STREAM
-    return SOURCE_CHECKPOINT
+    return SOURCE_POLICY_DISTILL if spec.refresh.mode == "online" else SOURCE_CHECKPOINT
 
 
 def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
@@ -125,8 +131,13 @@ def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
         elif spec.drafter == "eagle3":
             hint = "refit needs the trainer to stream the Eagle head: policy.draft.enabled=true (Megatron policy)"
         else:
-            hint = "NeMo-RL 0.6.0 trains no external draft model; use 'online' (distilled on rollouts) or 'frozen'"
+            hint = "NeMo-RL trains no external draft model; use 'online' (distilled in the policy workers) or 'frozen'"
         raise ConfigError(f"{path}: got 'refit'; {hint}")
+    if mode == "online" and source == SOURCE_CHECKPOINT_ONCE:
+        raise ConfigError(
+            f"{path}: got 'online' with drafter 'mtp' and no trainer-side MTP layers; in NeMo-RL the MTP layers "
+            "are refreshed by the trainer (policy.megatron_cfg.mtp_num_layers > 0, then 'refit' or 'online'); "
+            "allowed here: 'frozen'")
     if mode == "frozen" and source == SOURCE_REFIT_STREAM:
         what = "policy.draft.enabled=true" if spec.drafter == "eagle3" else "policy.megatron_cfg.mtp_num_layers > 0"
         raise ConfigError(
@@ -137,9 +148,35 @@ def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
 
 def wants_rollouts(spec: SpecDecConfig, source: str) -> bool:
     """Whether each policy update should hand the finished rollouts to the drafter."""
-    if spec.drafter == "suffix":
-        return spec.suffix.backend == "das"
-    return spec.refresh.mode == "online" and source not in (SOURCE_REFIT_STREAM, SOURCE_NONE)
+    return spec.drafter == "suffix" and spec.suffix.backend == "das"
+
+
+def check_distill_policy(policy: dict) -> None:
+    """The policy backend can host the online distiller (DTensor, data parallel only), or a clear error."""
+    path = f"{BLOCK_PATH}.refresh.mode"
+    if _get(policy, "megatron_cfg.enabled", False):
+        raise ConfigError(
+            f"{path}: got 'online' with policy.megatron_cfg.enabled=true; the online distiller of a draft model "
+            "or Eagle3 head runs in NeMo-RL's DTensor policy workers; allowed: policy.dtensor_cfg.enabled=true, "
+            "or refresh.mode 'frozen' (eagle3 with Megatron: 'refit' with policy.draft.enabled=true)")
+    if not _get(policy, "dtensor_cfg.enabled", False):
+        raise ConfigError(f"policy.dtensor_cfg.enabled: got false with {path}='online'; the online distiller runs "
+                          "in NeMo-RL's DTensor policy workers; allowed: true")
+    for key in ("tensor_parallel_size", "context_parallel_size"):
+        size = _get(policy, f"dtensor_cfg.{key}", 1) or 1
+        if size != 1:
+            raise ConfigError(
+                f"policy.dtensor_cfg.{key}: got {size} with {path}='online'; the distiller reads the policy's full "
+                "logits and hidden states on every rank, which holds only with data parallelism (FSDP); allowed: 1 "
+                "(or refresh.mode 'frozen')")
+
+
+def distills_in_policy(gen_cfg: dict, spec: Optional[SpecDecConfig], trainer_exports_draft: bool = False) -> bool:
+    """Whether the policy workers distil the drafter online (the policy side of the adapter)."""
+    if spec is None:
+        return False
+    source = gen_cfg.get(WEIGHT_SOURCE_KEY) or drafter_weight_source(spec, trainer_exports_draft, False)
+    return source == SOURCE_POLICY_DISTILL
 
 
 def rollouts_wanted(gen_cfg: dict, spec: SpecDecConfig) -> bool:
@@ -171,6 +208,8 @@ def check_run(raw: dict) -> Optional[SpecDecConfig]:
     _check_generation_compat(gen, spec)
     source = drafter_weight_source(spec, trainer_exports_draft, trains_mtp)
     check_refresh_mode(spec, source)
+    if source == SOURCE_POLICY_DISTILL:
+        check_distill_policy(policy)
     if spec.drafter == "eagle3" and trainer_exports_draft:
         trained = _get(policy, "draft.model_name")
         if trained and trained != spec.eagle3.model:
@@ -337,10 +376,14 @@ def worker_python_env(base_env: str, base_fqn: str, venv_dir: Optional[str],
     return candidate if exists(candidate) else base_env
 
 
-def registry_entries(registry: dict, venv_dir: Optional[str]) -> dict[str, str]:
-    """Actor-environment registry entries for our worker FQNs."""
+def registry_entries(registry: dict, venv_dir: Optional[str], policy_workers: bool = False) -> dict[str, str]:
+    """Actor-environment registry entries for our worker FQNs (with `policy_workers`, the
+    distilling DTensor policy workers too)."""
     out = {}
-    for base, ours in WORKER_SUBSTITUTES.items():
+    subs = dict(WORKER_SUBSTITUTES)
+    if policy_workers:
+        subs.update(POLICY_WORKER_SUBSTITUTES)
+    for base, ours in subs.items():
         if base not in registry:
             raise RuntimeError(f"NeMo-RL's actor registry has no entry for {base}; supported: {api.SUPPORTED}")
         out[ours] = worker_python_env(registry[base], base, venv_dir)

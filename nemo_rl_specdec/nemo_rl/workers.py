@@ -15,8 +15,9 @@ venv. On top of NeMo-RL's behaviour they:
   exchange;
 - keep the rollouts they generate (never validation rollouts) and, right before every refit RPC,
   swap them with every other engine through the exchange and stage the refs of the whole step with
-  the next policy version (`specdec_stage_update`); the refit itself then refreshes the drafter
-  (see extension.py);
+  the next policy version (`specdec_stage_update`), with the newest drafter the policy workers
+  distilled when the drafter is trained online (the drafter board, exchange.py); the refit itself
+  then refreshes the drafter (see extension.py);
 - after every wake-up that brings weights back, have each vLLM worker prove its drafter is the
   pushed version and restore it from the last pushed state if a sleep discarded it
   (`specdec_verify_drafter`; NeMo-RL's refit restores only what it streams);
@@ -132,6 +133,9 @@ class SpecDecWorkerState:
         self._specdec_observe_errors = 0
         self._specdec_observe_first = ""
         self._specdec_skipped_validation = 0
+        self._specdec_distilled = translate.distills_in_policy(config, self._specdec_spec)
+        self._specdec_drafter_seq = -1  # the newest policy-distilled drafter this engine applied
+        self._specdec_distill_stats: dict = {}
 
     @property
     def specdec_enabled(self) -> bool:
@@ -170,10 +174,36 @@ class SpecDecWorkerState:
         """Whether the update to `version` refreshes the drafter (refresh.every_n_steps; 1 = the first)."""
         return (version - 1) % self._specdec_spec.refresh.every_n_steps == 0
 
-    def _specdec_record_refit(self, ok: bool, version: int, per_rank: list) -> None:
+    def _specdec_board_ref(self) -> Any:
+        """A ref to the newest drafter the policy workers published that this engine has not applied
+        ((seq, refs, stats) or None), or None when this run does not distil online."""
+        if not self._specdec_distilled:
+            return None
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+        from nemo_rl_specdec.nemo_rl.exchange import drafter_board
+
+        try:
+            board = drafter_board()
+        except ValueError:
+            raise DrafterRefreshError(
+                "refresh.mode=online distils the drafter in the policy workers, but this Ray job has no drafter "
+                "board: the policy was not built by nemo-rl-specdec's launcher (python -m nemo_rl_specdec.run_grpo), "
+                "so this engine's drafter would never be refreshed") from None
+        return board.latest.remote(self._specdec_drafter_seq)
+
+    def _specdec_stage(self, version: int, rollout_refs: Any, published: Any) -> dict:
+        """The payload staged before the refit to `version`. A policy-distilled drafter is refreshed
+        exactly when the trainer published a new one; other drafters follow refresh.every_n_steps."""
+        refresh = published is not None if self._specdec_distilled else self._specdec_refreshes(version)
+        weights = published[1][0] if published is not None else None
+        return payload.stage_payload(version, rollout_refs, drafter_weights=weights, refresh_drafter=refresh)
+
+    def _specdec_record_refit(self, ok: bool, version: int, per_rank: list, published: Any = None) -> None:
         """Record the engine's versions after a refit; the next generate checks them."""
         if ok:
             self._specdec_version = version
+            if published is not None:
+                self._specdec_drafter_seq, self._specdec_distill_stats = published[0], dict(published[2])
         reps = [r for r in (per_rank or []) if r]
         self._specdec_engine_state = dict((reps[0] or {}).get("state") or {}) if reps else {}
 
@@ -220,6 +250,8 @@ class SpecDecWorkerState:
         first["rollout_record_errors"] = self._specdec_observe_errors
         first["validation_rollouts_skipped"] = self._specdec_skipped_validation
         first["actor_policy_version"] = self._specdec_version
+        if self._specdec_distilled:
+            first["distill"] = {**self._specdec_distill_stats, "drafter_seq": self._specdec_drafter_seq}
         return first
 
 
@@ -287,13 +319,13 @@ def _build_sync_impl() -> type:
             import ray
 
             version = self._specdec_version + 1
-            refresh = self._specdec_refreshes(version)
-            swap = self._specdec_stash is not None and refresh  # off-cadence: rollouts wait for the next refresh
+            swap = self._specdec_stash is not None and self._specdec_refreshes(version)  # off-cadence: they wait
             refs = ray.get(self._specdec_swap_ref()) if swap else None
-            staged = payload.stage_payload(version, refs, refresh_drafter=refresh)
-            self.llm.collective_rpc("specdec_stage_update", args=(staged,))
+            board = self._specdec_board_ref()
+            published = ray.get(board) if board is not None else None
+            self.llm.collective_rpc("specdec_stage_update", args=(self._specdec_stage(version, refs, published),))
             ok = call(*args)
-            self._specdec_record_refit(ok, version, self.llm.collective_rpc("specdec_report"))
+            self._specdec_record_refit(ok, version, self.llm.collective_rpc("specdec_report"), published)
             return ok
 
         def update_weights_via_ipc_zmq(self):
@@ -373,13 +405,15 @@ def _build_async_impl() -> type:
             if not self.specdec_enabled or self.llm is None:
                 return await call(*args)
             version = self._specdec_version + 1
-            refresh = self._specdec_refreshes(version)
-            swap = self._specdec_stash is not None and refresh  # off-cadence: rollouts wait for the next refresh
+            swap = self._specdec_stash is not None and self._specdec_refreshes(version)  # off-cadence: they wait
             refs = await self._specdec_swap_ref() if swap else None
-            staged = payload.stage_payload(version, refs, refresh_drafter=refresh)
+            board = self._specdec_board_ref()
+            published = await board if board is not None else None
+            staged = self._specdec_stage(version, refs, published)
             await _maybe_await(self.llm.collective_rpc("specdec_stage_update", args=(staged,)))
             ok = await call(*args)
-            self._specdec_record_refit(ok, version, await _maybe_await(self.llm.collective_rpc("specdec_report")))
+            self._specdec_record_refit(ok, version, await _maybe_await(self.llm.collective_rpc("specdec_report")),
+                                       published)
             return ok
 
         async def update_weights_via_ipc_zmq_async(self):

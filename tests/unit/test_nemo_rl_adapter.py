@@ -150,8 +150,12 @@ def test_enabled_spec_is_none_when_absent_or_disabled():
     ({"drafter": "mtp"}, False, True, translate.SOURCE_REFIT_STREAM),
     ({"drafter": "mtp"}, False, False, translate.SOURCE_CHECKPOINT_ONCE),
     ({"drafter": "eagle3", "eagle3": {"model": "e"}}, True, False, translate.SOURCE_REFIT_STREAM),
-    ({"drafter": "eagle3", "eagle3": {"model": "e"}}, False, False, translate.SOURCE_CHECKPOINT),
-    ({"drafter": "draft_model", "draft_model": {"model": "d"}}, True, False, translate.SOURCE_CHECKPOINT),
+    ({"drafter": "eagle3", "eagle3": {"model": "e"}}, False, False, translate.SOURCE_POLICY_DISTILL),
+    ({"drafter": "eagle3", "eagle3": {"model": "e"}, "refresh": {"mode": "frozen"}}, False, False,
+     translate.SOURCE_CHECKPOINT),
+    ({"drafter": "draft_model", "draft_model": {"model": "d"}}, True, False, translate.SOURCE_POLICY_DISTILL),
+    ({"drafter": "draft_model", "draft_model": {"model": "d"}, "refresh": {"mode": "frozen"}}, False, False,
+     translate.SOURCE_CHECKPOINT),
 ])
 def test_drafter_weight_source(block, exports, trains_mtp, source):
     assert translate.drafter_weight_source(spec(**block), exports, trains_mtp) == source
@@ -163,6 +167,7 @@ def test_drafter_weight_source(block, exports, trains_mtp, source):
     ({"drafter": "draft_model", "draft_model": {"model": "d"}, "refresh": {"mode": "refit"}}, False, False, "trains no external draft model"),
     ({"drafter": "eagle3", "eagle3": {"model": "e"}, "refresh": {"mode": "frozen"}}, True, False, "stream new drafter weights"),
     ({"drafter": "mtp", "refresh": {"mode": "frozen"}}, False, True, "stream new drafter weights"),
+    ({"drafter": "mtp", "refresh": {"mode": "online"}}, False, False, "allowed here: 'frozen'"),
 ])
 def test_refresh_modes_nemo_rl_cannot_honour_are_rejected(block, exports, trains_mtp, match):
     s = spec(**block)
@@ -175,7 +180,7 @@ def test_refresh_modes_nemo_rl_cannot_honour_are_rejected(block, exports, trains
     ({"drafter": "suffix"}, translate.SOURCE_NONE, True),
     ({"drafter": "suffix", "suffix": {"backend": "vllm"}}, translate.SOURCE_NONE, False),
     ({"drafter": "ngram"}, translate.SOURCE_NONE, False),
-    ({"drafter": "draft_model", "draft_model": {"model": "d"}}, translate.SOURCE_CHECKPOINT, True),
+    ({"drafter": "draft_model", "draft_model": {"model": "d"}}, translate.SOURCE_POLICY_DISTILL, False),
     ({"drafter": "draft_model", "draft_model": {"model": "d"}, "refresh": {"mode": "frozen"}}, translate.SOURCE_CHECKPOINT, False),
     ({"drafter": "eagle3", "eagle3": {"model": "e"}}, translate.SOURCE_REFIT_STREAM, False),
 ])
@@ -1650,6 +1655,7 @@ SUBCLASSES = {
     ("generation.py", "SpecDecVllmGeneration"): "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration",
     ("extension.py", "SpecDecHostHooks"): "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension",
     ("extension.py", "SpecDecCheckpointEngineHooks"): "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine",
+    ("policy_workers.py", "SpecDecDistillMixin"): "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2Impl",
 }
 # Plain mixins of ours that the classes above also inherit (no NeMo-RL methods).
 OWN_MIXINS = {("workers.py", "SpecDecWorkerState"), ("generation.py", "SpecDecGenerationState")}
@@ -1686,6 +1692,7 @@ def _is_ours(name: str) -> bool:
 def test_every_class_the_adapter_defines_is_accounted_for():
     found = {(p.name, c.name) for p in ADAPTER.glob("*.py") for c in _classes(p)}
     nemo_rl_free = {("api.py", "NeMoRLMissing"), ("api.py", "UnsupportedNeMoRL"), ("exchange.py", "RolloutExchange"),
+                    ("exchange.py", "DrafterBoard"),
                     ("config_loader.py", "Composed"), ("payload.py", "RolloutStash"),
                     ("metrics.py", "AcceptanceByLag"), ("sharding.py", "Plan"), ("sharding.py", "Planner")}
     assert found == set(SUBCLASSES) | OWN_MIXINS | nemo_rl_free
