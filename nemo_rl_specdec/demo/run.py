@@ -280,10 +280,21 @@ def write_artifacts(rows: list, summary: dict, out: Path) -> None:
 
     with SummaryWriter(str(out / "tb")) as w:
         for r in rows:
-            for k, v in r.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    w.add_scalar(f"specdec/{k}", v, r["step"])
+            for k, v in tensorboard_scalars(r).items():
+                w.add_scalar(k, v, r["step"])
     plot_run(rows, out)
+
+
+def tensorboard_scalars(row: dict) -> dict:
+    """A step row's TensorBoard scalars: every numeric field as `specdec/<field>` (acceptance
+    length and rate, drafts, policy and drafter versions, policy age, refresh_s, distill_s, ...)
+    and the acceptance at each draft position as `specdec/acceptance_rate_by_position/<i>`,
+    i = 1 for the first draft token, as NeMo-RL's `vllm/spec_acceptance_rate-pos-<i>`."""
+    out = {f"specdec/{k}": float(v) for k, v in row.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for i, v in enumerate(row.get("accepted_per_position") or [], 1):
+        out[f"specdec/acceptance_rate_by_position/{i}"] = float(v)
+    return out
 
 
 def print_report(rows: list, summary: dict, out: Path) -> None:

@@ -2,11 +2,31 @@
 
 NeMo-RL logs whatever `VllmGeneration.get_step_metrics()` returns under `train/`: its own
 speculative counters arrive as `vllm/spec_*` (-> `train/vllm/spec_*`); ours are added as
-`specdec/*` (-> `train/specdec/*`):
+`specdec/*` (-> `train/specdec/*`).
+
+Per-step metrics for every drafter (issue 14, item 4), and the key that carries each. NeMo-RL
+already computes the acceptance figures from vLLM's counters (the same code on v0.7.0 and main:
+`aggregate_spec_decode_counters` / `compute_spec_decode_metrics`, counter deltas over the step
+summed over the engines, for any proposer, since vLLM's scheduler counts them), so they are not
+repeated under `specdec/` (tests/nemo_rl/test_contract.py checks them on NeMo-RL's source):
+
+  acceptance length             vllm/spec_acceptance_length (1 + accepted / drafts)
+  acceptance rate               vllm/spec_acceptance_rate (accepted / draft tokens)
+  acceptance per position       vllm/spec_acceptance_rate-pos-<i> (drafts accepted at draft
+                                position i, 1-based, over drafts) and the counts
+                                vllm/vllm:spec_decode_num_accepted_tokens_per_pos-<i>
+  drafts made                   vllm/spec_num_drafts (and vllm/spec_num_draft_tokens)
+  acceptance vs policy age      specdec/acceptance_{length,rate}_by_lag/<a> (below)
+  drafter version, refresh time specdec/drafter_version, specdec/refresh_s (below)
+
+Policy age = policy version - drafter version, taken as the largest over the engines; it is
+`specdec/drafter_lag` (the `lag` of the by-lag keys). The CPU demo calls it `policy_age`.
+
+Ours:
 
   specdec/policy_version        lowest policy version among engines (weight updates received)
   specdec/drafter_version       lowest drafter version among engines
-  specdec/drafter_lag           largest policy_version - drafter_version among engines
+  specdec/drafter_lag           policy age: largest policy_version - drafter_version among engines
   specdec/engines_in_lockstep   1.0 when every engine reports the same (policy, drafter) versions
   specdec/disabled_engines      engines whose drafter was disabled after a refresh error
   specdec/refresh_s             slowest drafter refresh of the last update (max over engines)
@@ -17,7 +37,8 @@ speculative counters arrive as `vllm/spec_*` (-> `train/vllm/spec_*`); ours are 
   specdec/rollouts_dropped      rollouts dropped because the stash hit its token cap (sum)
   specdec/no_drafts             1.0 when speculation is on but the step produced no drafts
   specdec/acceptance_length_by_lag/<a>, specdec/acceptance_rate_by_lag/<a>
-                                cumulative acceptance of steps generated with drafter lag a
+                                acceptance against policy age: cumulative acceptance (NeMo-RL's
+                                definitions) of the steps generated with drafter_lag a
   specdec/placement/*           predicted / actual load imbalance of the step's placement
   specdec/engine/<name>         numeric metrics an engine reports in `specdec_state()["metrics"]`
                                 (e.g. budgets), averaged over engines
@@ -33,6 +54,7 @@ NRL_DRAFT_TOKENS = "vllm/spec_num_draft_tokens"
 NRL_ACCEPTED = "vllm/spec_num_accepted_tokens"
 NRL_ACCEPTANCE_LENGTH = "vllm/spec_acceptance_length"
 NRL_ACCEPTANCE_RATE = "vllm/spec_acceptance_rate"
+NRL_ACCEPTANCE_RATE_AT_POSITION = "vllm/spec_acceptance_rate-pos-{}"  # .format(i), i = 1 for the first draft token
 NRL_KEYS = (NRL_DRAFTS, NRL_DRAFT_TOKENS, NRL_ACCEPTED, NRL_ACCEPTANCE_LENGTH, NRL_ACCEPTANCE_RATE)
 
 NO_DRAFTS_HINT = (
@@ -59,7 +81,8 @@ def acceptance(drafts: float, draft_tokens: float, accepted: float) -> tuple[flo
 
 
 class AcceptanceByLag:
-    """Cumulative spec counters grouped by the drafter lag the step was generated with."""
+    """Cumulative spec counters grouped by the drafter lag (policy age: policy version - drafter
+    version) the step was generated with."""
 
     def __init__(self):
         self.counts: dict[int, list[float]] = {}

@@ -30,7 +30,8 @@ def test_demo_runs_two_steps_and_writes_artifacts(tmp_path, mode, tiny_cfg_fn):
         assert rows[1]["rollout_policy_versions"] == [1]
     else:  # it overlaps the first update: tokens from version 0 and/or 1, never older (lag <= 1)
         assert set(rows[1]["rollout_policy_versions"]) <= {0, 1}
-    for png in ("acceptance_vs_step.png", "acceptance_vs_policy_age.png", "rollout_time.png", "reward.png"):
+    for png in ("acceptance_vs_step.png", "acceptance_vs_policy_age.png", "acceptance_by_position.png",
+                "versions.png", "refresh_time.png", "rollout_time.png", "reward.png"):
         assert (out / png).stat().st_size > 1000
     assert any((out / "tb").iterdir())
     summary = json.loads((out / "summary.json").read_text())

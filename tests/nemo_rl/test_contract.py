@@ -12,8 +12,9 @@ Per capability the adapter relies on, not per recorded name list:
   in the same RPC; a refresh failure makes the refit report failure (and a failed refit never
   refreshes); the worker actor turns a failure on any tensor-parallel rank into a failed refit;
   `generate_async` picks its engine synchronously in its first step, so setting
-  `current_generate_dp_shard_idx` routes the request; and the bindings `run_grpo.install` patches
-  are the ones NeMo-RL reads at call time.
+  `current_generate_dp_shard_idx` routes the request; the bindings `run_grpo.install` patches
+  are the ones NeMo-RL reads at call time; and NeMo-RL's spec-decode step metrics (acceptance per
+  position, drafts) reach our `get_step_metrics` beside the `specdec/*` keys.
 """
 from __future__ import annotations
 
@@ -638,3 +639,59 @@ def test_install_and_uninstall_on_real_nemo_rl(nemo_rl_src):
     assert (grpo.VllmGeneration, grpo.validate, vllm_generation.resolve_generation_worker_cls,
             script.configure_generation_config) == before
     assert translate.OUR_SYNC_WORKER not in ACTOR_ENVIRONMENT_REGISTRY
+
+
+# --------------------------------------------------------------------------- step metrics
+
+def test_step_metrics_carry_acceptance_per_position_and_drafts_from_nemo_rl(nemo_rl_src, monkeypatch):
+    """Issue 14, item 4 takes acceptance length and rate, drafts made and acceptance per draft
+    position from NeMo-RL's own `vllm/spec_*` keys (metrics.py does not repeat them): vLLM's
+    counters, read by NeMo-RL's worker (which our worker actors inherit), summed over engines and
+    differenced over the step by NeMo-RL's code, come out of our SpecDecVllmGeneration's
+    get_step_metrics beside the `specdec/*` keys (versions, refresh time, acceptance by policy age)."""
+    import ray
+    from nemo_rl.models.generation.vllm.vllm_worker import BaseVllmGenerationWorker
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    from nemo_rl_specdec.metrics import PER_POS
+    from nemo_rl_specdec.nemo_rl import generation, metrics
+
+    def vllm_counters(drafts, draft_tokens, accepted, per_pos):
+        return [Counter("vllm:spec_decode_num_drafts", {}, drafts),
+                Counter("vllm:spec_decode_num_draft_tokens", {}, draft_tokens),
+                Counter("vllm:spec_decode_num_accepted_tokens", {}, accepted), Vector(PER_POS, {}, per_pos)]
+
+    # two engines, k = 3; over the step engine A adds 20 drafts (accepted per position 12, 10, 6)
+    # and engine B 20 drafts (10, 6, 4)
+    start = [vllm_counters(10, 30, 12, [6, 4, 2]), vllm_counters(0, 0, 0, [0, 0, 0])]
+    end = [vllm_counters(30, 90, 40, [18, 14, 8]), vllm_counters(20, 60, 20, [10, 6, 4])]
+    now = {"counters": start}
+    engines = [SimpleNamespace(llm=SimpleNamespace(get_metrics=lambda i=i: now["counters"][i])) for i in range(2)]
+    report = {"state": {"policy_version": 3, "drafter_version": 2}, "last_update": {"refresh_s": 0.5}}
+
+    def run_all(method, run_rank_0_only_axes):
+        if method == "_get_raw_spec_counters":
+            return [BaseVllmGenerationWorker._get_raw_spec_counters(e) for e in engines]
+        assert method == "specdec_report"
+        return [report, report]
+
+    monkeypatch.setattr(ray, "get", lambda futures: futures)
+    g = object.__new__(generation.SpecDecVllmGeneration)
+    g.cfg = {"vllm_cfg": {"async_engine": False}, "max_new_tokens": 64,
+             "speculative_decoding": {"enabled": True, "drafter": "ngram"}}
+    g._specdec_setup(g.cfg)
+    g._step_metrics_snapshot = None
+    g.worker_group = SimpleNamespace(run_all_workers_single_data=run_all)
+    g.snapshot_step_metrics()
+    now["counters"] = end
+    m = g.get_step_metrics()
+
+    assert m[metrics.NRL_DRAFTS] == 40 and m[metrics.NRL_DRAFT_TOKENS] == 120 and m[metrics.NRL_ACCEPTED] == 48
+    assert m[metrics.NRL_ACCEPTANCE_LENGTH] == pytest.approx(1 + 48 / 40)
+    assert m[metrics.NRL_ACCEPTANCE_RATE] == pytest.approx(48 / 120)
+    rates = {i: m.get(metrics.NRL_ACCEPTANCE_RATE_AT_POSITION.format(i)) for i in (1, 2, 3, 4)}
+    assert rates == {1: pytest.approx(22 / 40), 2: pytest.approx(16 / 40), 3: pytest.approx(10 / 40), 4: None}
+    assert m[f"vllm/{PER_POS}-1"] == 22  # the counts too, 1-based like the rates
+    assert m["specdec/drafter_version"] == 2 and m["specdec/drafter_lag"] == 1 and m["specdec/refresh_s"] == 0.5
+    assert m["specdec/acceptance_length_by_lag/1"] == pytest.approx(1 + 48 / 40)
+    assert m["specdec/acceptance_rate_by_lag/1"] == pytest.approx(48 / 120)
