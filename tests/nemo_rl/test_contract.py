@@ -695,3 +695,78 @@ def test_step_metrics_carry_acceptance_per_position_and_drafts_from_nemo_rl(nemo
     assert m["specdec/drafter_version"] == 2 and m["specdec/drafter_lag"] == 1 and m["specdec/refresh_s"] == 0.5
     assert m["specdec/acceptance_length_by_lag/1"] == pytest.approx(1 + 48 / 40)
     assert m["specdec/acceptance_rate_by_lag/1"] == pytest.approx(48 / 120)
+
+
+# --------------------------------------------------------------------------- online distillation (policy side)
+
+def test_distilling_policy_workers_are_nemo_rl_s_dtensor_workers_with_our_train(nemo_rl_src):
+    """Our policy worker actors extend NeMo-RL's real DTensor worker Impls (v1 and v2), in the runtime
+    env NeMo-RL gives those, and our `train` takes NeMo-RL's parameters and calls theirs first."""
+    import ray
+
+    from nemo_rl_specdec.nemo_rl import policy_workers
+
+    checked = []
+    for name, (impl_fqn, _) in policy_workers.BASES.items():
+        try:
+            impl = api.resolve(impl_fqn)
+        except ImportError as e:  # the V2 worker imports nemo_automodel, which needs a GPU build
+            print(f"skipped {impl_fqn}: {e}")
+            continue
+        ours = getattr(policy_workers, name)
+        assert isinstance(ours, ray.actor.ActorClass)
+        o_cls = ours.__ray_metadata__.modified_class
+        assert issubclass(o_cls, impl) and issubclass(o_cls, policy_workers.SpecDecDistillMixin)
+        assert o_cls.__mro__.index(policy_workers.SpecDecDistillMixin) < o_cls.__mro__.index(impl)
+        assert params(impl.train)[:4] == ["self", "data", "loss_fn", "eval_mode"], params(impl.train)
+        # the rest of NeMo-RL's train parameters pass through *args / **kwargs unchanged
+        assert params(policy_workers.SpecDecDistillMixin.train) == ["self", "data", "loss_fn", "eval_mode", "*args",
+                                                                      "**kwargs"]
+        # the attributes the mixin reads are set by NeMo-RL's own __init__ (the teacher, the DP group)
+        src = inspect.getsource(impl)
+        assert "self.model = " in src and "self.dp_mesh" in src, impl_fqn
+        checked.append(name)
+    assert "SpecDecDTensorPolicyWorker" in checked  # v1 imports everywhere
+
+def test_policy_train_passes_eval_mode_by_keyword_and_every_rank_runs_train(nemo_rl_src):
+    """NeMo-RL's `Policy.train` sends `eval_mode` to every worker's `train` (so ours skips
+    distillation in eval passes), sharded over data parallel only."""
+    from nemo_rl.models.policy import lm_policy, utils
+
+    src = inspect.getsource(lm_policy.Policy.train)
+    assert '"train"' in src and '"eval_mode": eval_mode' in src and 'in_sharded_axes=["data_parallel"]' in src
+    assert params(lm_policy.Policy.train)[:4] == ["self", "data", "loss_fn", "eval_mode"]
+    # Policy.__init__ resolves its worker through the module-global name that install() rebinds
+    assert lm_policy.resolve_policy_worker_cls is utils.resolve_policy_worker_cls
+    assert "resolve_policy_worker_cls(" in inspect.getsource(lm_policy.Policy.__init__)
+    assert utils.resolve_policy_worker_cls(api.DTENSOR_WORKER_V2, {"quant_cfg": None}) == api.DTENSOR_WORKER_V2
+    assert "run_all_workers_single_data" in dir(api.resolve("nemo_rl.distributed.worker_groups.RayWorkerGroup"))
+
+
+def test_install_for_online_distillation_patches_the_policy_and_refuses_other_workers(nemo_rl_src):
+    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+    from nemo_rl.models.policy import lm_policy
+
+    before = (lm_policy.resolve_policy_worker_cls, lm_policy.Policy.__init__, lm_policy.Policy.train)
+    gen = {"backend": "vllm", "temperature": 1.0, "vllm_cfg": {"async_engine": False},
+           "speculative_decoding": {"enabled": True, "drafter": "draft_model",
+                                    "draft_model": {"model": "/ckpt/draft"}}}
+    undo = run_grpo.install({}, gen)
+    try:
+        ours = translate.POLICY_WORKER_SUBSTITUTES[api.DTENSOR_WORKER_V2]
+        assert lm_policy.resolve_policy_worker_cls(api.DTENSOR_WORKER_V2, {}) == ours
+        assert ACTOR_ENVIRONMENT_REGISTRY[ours] == ACTOR_ENVIRONMENT_REGISTRY[api.DTENSOR_WORKER_V2] or \
+            ACTOR_ENVIRONMENT_REGISTRY[ours].endswith("/bin/python")
+        assert lm_policy.Policy.train is not before[2] and lm_policy.Policy.__init__ is not before[1]
+        with pytest.raises(api.UnsupportedNeMoRL, match="refresh.mode=online"):
+            lm_policy.resolve_policy_worker_cls(api.DTENSOR_WORKER_V2, {"quant_cfg": "fp8.yaml"})
+    finally:
+        run_grpo.uninstall(undo)
+    assert (lm_policy.resolve_policy_worker_cls, lm_policy.Policy.__init__, lm_policy.Policy.train) == before
+    # a frozen drafter distils nothing: the policy is left alone
+    gen["speculative_decoding"]["refresh"] = {"mode": "frozen"}
+    undo = run_grpo.install({}, gen)
+    try:
+        assert (lm_policy.resolve_policy_worker_cls, lm_policy.Policy.train) == (before[0], before[2])
+    finally:
+        run_grpo.uninstall(undo)

@@ -56,10 +56,11 @@ BLOCKS = {
 }
 
 
-def _gen_cfg(block: dict) -> dict:
+def _gen_cfg(block: dict, temperature: float = 1.0, max_new_tokens: int = 24) -> dict:
     from nemo_rl_specdec.nemo_rl import translate
 
-    cfg = {"backend": "vllm", "model_name": str(POLICY), "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0,
+    cfg = {"backend": "vllm", "model_name": str(POLICY), "max_new_tokens": max_new_tokens,
+           "temperature": temperature, "top_p": 1.0,
            "top_k": None, "stop_token_ids": None, "stop_strings": None, "_pad_token_id": 0,
            "vllm_cfg": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "expert_parallel_size": 1,
                         "gpu_memory_utilization": 0.5, "max_model_len": 256, "skip_tokenizer_init": False,
@@ -158,7 +159,7 @@ def cpu_host(nemo_rl_src, ray_local):
             os.environ[k] = v
 
 
-def _worker(block: dict, exchange: str | None):
+def _worker(block: dict, exchange: str | None, **gen):
     """NeMo-RL's real worker __init__ (and so its `_load_model`) building our worker actor's engine."""
     from nemo_rl_specdec.nemo_rl import translate, workers
 
@@ -173,7 +174,7 @@ def _worker(block: dict, exchange: str | None):
             super()._create_engine(llm_kwargs)
             self.engine_llm_kwargs = dict(llm_kwargs)
 
-    cfg = _gen_cfg(block)
+    cfg = _gen_cfg(block, **gen)
     if exchange is not None:
         cfg[translate.EXCHANGE_KEY] = exchange
     w = CpuWorker(cfg, bundle_indices=[0], seed=0)
