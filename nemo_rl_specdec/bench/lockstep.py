@@ -1,10 +1,22 @@
-"""Bench suite `lockstep`: what a policy update does to a frozen vs a refit drafter, in one run.
+"""Bench suite `lockstep`: what a policy update does to a frozen vs a refreshed drafter, in one run.
 
-Two draft-model engines start with a drafter identical to the policy. Both receive the same new
-policy weights (the policy after real GRPO steps on the bundled task); the refit engine also
-receives the new drafter weights in the same update. Reported per engine: acceptance before and
-after the update, the refresh wall time, and that time as a fraction of one rollout batch.
-Every engine is timed against a no-spec engine on the same prompts and weights.
+Part 1, one update. Two draft-model engines start with a drafter identical to the policy. Both
+receive the same new policy weights (the policy after real GRPO steps on the bundled task); the
+refit engine also receives the new drafter weights in the same update. Reported per engine:
+acceptance before and after the update, the refresh wall time, and that time as a fraction of
+one rollout batch. Every engine is timed against a no-spec engine on the same prompts and weights.
+
+Part 2, NeMo-RL-shaped rows (`bench.lockstep.nemo_rl_steps` steps, default 5), per drafter: a
+frozen engine and a refreshed one (online for `draft_model` / `eagle3`, rebuild for `suffix`)
+follow a policy trained by real GRPO steps. The refresh takes the adapter's NeMo-RL route, minus
+NeMo-RL itself (absent here): the step's batch in NeMo-RL's training layout (`input_ids`,
+`input_lengths`, `token_mask`); the policy step and the distillation in our DTensor-worker mixin
+(`nemo_rl/policy_workers.py`) over a CPU stand-in whose `train` is the GRPO step; the replica taken
+by reference through Ray's object store and checked (`combine_takes`); then one versioned engine
+update with policy and drafter. Per step: acceptance of the frozen and refreshed engines, and the
+refresh cost (distillation + hand-over + engine update) as a share of the step (rollout + policy
+step + refresh). Target: <= 10% for online refresh. `bench.lockstep.distill` (a mapping) sets
+`refresh.distill.*` of the online engines, `bench.lockstep.drafters` the drafters.
 """
 from __future__ import annotations
 
@@ -83,4 +95,126 @@ def run(cfg, args) -> list:
     print_table(results, ["name", "policy_version", "drafter_version", "acceptance_rate_before", "acceptance_rate",
                           "tokens_per_target_forward_before", "tokens_per_target_forward", "refresh_s",
                           "refresh_fraction_of_rollout", "wall_clock_ratio"])
-    return results
+    shaped = nemo_rl_shaped(cfg, args)
+    print_table([{"name": r["name"], **s} for r in shaped for s in r["per_step"]],
+                ["name", "step", "acceptance_rate_frozen", "acceptance_rate", "refresh_s", "step_s",
+                 "refresh_share_of_step"])
+    print_table(shaped, ["name", "acceptance_rate_frozen", "acceptance_rate", "refresh_share_of_step",
+                         "refresh_share_target_met"])
+    return results + shaped
+
+
+class _GRPOPolicyWorker:
+    """CPU stand-in for NeMo-RL's DTensor policy worker: `self.model` and `train` = one GRPO step."""
+
+    def __init__(self, trainer):
+        self.trainer, self.model = trainer, trainer.model
+
+    def train(self, data, loss_fn, eval_mode=False, *args, **kwargs):
+        t0 = time.perf_counter()
+        self.stats = self.trainer.step(data["rollouts"], data["rewards"], data["groups"])
+        self.train_s = time.perf_counter() - t0
+        return {"global_loss": self.stats.get("loss")}
+
+
+def _train_data(rollouts, rewards, groups) -> dict:
+    """The step's batch in NeMo-RL's training layout (plus what the stand-in's GRPO step reads)."""
+    import torch
+
+    rows = [list(r.prompt_token_ids) + list(r.token_ids) for r in rollouts]
+    ids = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (r, row) in enumerate(zip(rollouts, rows)):
+        ids[i, :len(row)] = torch.tensor(row)
+        mask[i, len(r.prompt_token_ids):len(row)] = 1
+    return {"input_ids": ids, "input_lengths": torch.tensor([len(x) for x in rows]), "token_mask": mask,
+            "rollouts": rollouts, "rewards": rewards, "groups": groups}
+
+
+def nemo_rl_shaped(cfg, args) -> list:
+    """Part 2 of the module docstring: one result per drafter, with per-step rows."""
+    import ray
+
+    from nemo_rl_specdec.bench.parametric import _available
+    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.demo.grpo import GRPOTrainer
+    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, combine_takes
+
+    b = (cfg.raw.get("bench") or {}).get("lockstep") or {}
+    steps = int(b.get("nemo_rl_steps", 5))
+    # mtp is refused online in NeMo-RL (nothing there trains its layers), so it has no row here
+    drafters = list(b.get("drafters", [d for d in _available(cfg, {}) if d != "mtp"] + ["suffix"]))
+    grpo = cfg.raw.get("grpo", {})
+    n_prob, G = int(grpo.get("num_prompts_per_step", 16)), int(grpo.get("num_generations_per_prompt", 4))
+    temperature = cfg.generation.temperature
+    if not ray.is_initialized():
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    worker_cls = type("BenchPolicyWorker", (SpecDecDistillMixin, _GRPOPolicyWorker), {})
+    out = []
+    for drafter in drafters:
+        mode = "rebuild" if drafter == "suffix" else "online"
+        over = list(args.overrides) + [f"{BLOCK}.drafter={drafter}", f"{BLOCK}.num_speculative_tokens=4"]
+        distill = [f"{BLOCK}.refresh.distill.{k}={v}" for k, v in (b.get("distill") or {}).items()
+                   if mode == "online"]
+        live_cfg = load_run_config(cfg.source, over + [f"{BLOCK}.refresh.mode={mode}"] + distill)
+        engines = {"frozen": Engine(load_run_config(cfg.source, over + [f"{BLOCK}.refresh.mode=frozen"]),
+                                    name=f"{drafter}-frozen"),
+                   "live": Engine(live_cfg, name=f"{drafter}-{mode}")}
+        try:
+            tok = engines["live"].tokenizer()
+            problems = task.make_problems(n_prob, seed=int(grpo.get("seed", 0)))
+            trainer = GRPOTrainer(cfg.model_path, lr=float(grpo.get("learning_rate", 1e-4)) * 10, seed=0,
+                                  temperature=max(temperature, 1e-3))
+            worker = worker_cls(trainer) if mode == "online" else _GRPOPolicyWorker(trainer)
+            if mode == "online":
+                worker.specdec_distill_setup(live_cfg.spec.model_dump(mode="json"), temperature)
+                combine_takes([worker.specdec_take_drafter()])  # drafter 0: the checkpoint, already in the engine
+            reqs = [Request(tok.encode(p.prompt, add_special_tokens=False), problem_id=p.problem_id)
+                    for p in problems for _ in range(G)]
+            for e in engines.values():
+                e.generate(reqs[:4], max_new_tokens=16)  # warm-up
+            rows = []
+            for step in range(1, steps + 1):
+                frozen = engines["frozen"].generate(reqs).metrics
+                t0 = time.perf_counter()
+                live = engines["live"].generate(reqs)
+                rollout_s = time.perf_counter() - t0
+                rewards = [task.verify(problems[i // G], tok.decode(r.token_ids, skip_special_tokens=True))
+                           for i, r in enumerate(live.rollouts)]
+                t0 = time.perf_counter()
+                worker.train(_train_data(live.rollouts, rewards, [i // G for i in range(len(rewards))]), None)
+                train_and_distill_s = time.perf_counter() - t0
+                distill_s = train_and_distill_s - worker.train_s
+                sd = trainer.state_dict()
+                t0 = time.perf_counter()
+                if mode == "online":
+                    pub = combine_takes([worker.specdec_take_drafter()])
+                    rep = engines["live"].update(step, sd, drafter_weights=ray.get(pub["refs"][0]),
+                                                 drafter_version=step)
+                else:
+                    rep = engines["live"].update(step, sd, rollouts=[r.to_dict() for r in live.rollouts])
+                handover_s = time.perf_counter() - t0
+                engines["frozen"].update(step, sd)
+                refresh_s = distill_s + handover_s
+                step_s = rollout_s + worker.train_s + refresh_s
+                rows.append({"step": step, "acceptance_rate_frozen": frozen.acceptance_rate,
+                             "tokens_per_target_forward_frozen": frozen.acceptance_length,
+                             "acceptance_rate": live.metrics.acceptance_rate,
+                             "tokens_per_target_forward": live.metrics.acceptance_length,
+                             "rollout_s": rollout_s, "policy_step_s": worker.train_s, "distill_s": distill_s,
+                             "handover_s": handover_s, "refresh_s": refresh_s, "step_s": step_s,
+                             "refresh_share_of_step": refresh_s / step_s,
+                             "drafter_version": rep["drafter_version"], "policy_version": rep["policy_version"]})
+        finally:
+            for e in engines.values():
+                e.close()
+        share = sum(r["refresh_s"] for r in rows) / sum(r["step_s"] for r in rows)
+        out.append({"name": f"{drafter} ({mode}, NeMo-RL-shaped)", "drafter": drafter, "mode": mode,
+                    "acceptance_rate_frozen": sum(r["acceptance_rate_frozen"] for r in rows) / len(rows),
+                    "acceptance_rate": sum(r["acceptance_rate"] for r in rows) / len(rows),
+                    "tokens_per_target_forward": sum(r["tokens_per_target_forward"] for r in rows) / len(rows),
+                    "wall_clock_ratio": None, "refresh_share_of_step": share,
+                    "refresh_share_target_met": share <= 0.10 if mode == "online" else None, "per_step": rows})
+    return out

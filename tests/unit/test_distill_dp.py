@@ -8,33 +8,7 @@ import pytest
 import torch
 
 from nemo_rl_specdec.train.distill import DraftModelDistiller, _Seq, cap_tokens
-
-VOCAB = 32
-
-
-def _save_model(path, seed: int, hidden: int, layers: int):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, intermediate_size=2 * hidden, max_position_embeddings=128,
-                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    m = Qwen3ForCausalLM(cfg).float()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    m.save_pretrained(path)
-
-
-def _rollouts(n: int, seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        p = torch.randint(3, VOCAB, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
-        r = torch.randint(3, VOCAB, (int(torch.randint(5, 20, (1,), generator=g)),), generator=g).tolist()
-        out.append({"prompt_token_ids": p, "token_ids": r})
-    return out
+from test_distill import _rollouts, _save_model
 
 
 def _digest(sd: dict) -> str:

@@ -1794,3 +1794,17 @@ def test_step_metrics_report_the_drafter_training_cost():
                                    {"state": {}, "distill": {"drafter_train_s": 4.0, "drafter_train_share": 0.05}}])
     assert out["specdec/drafter_train_s"] == 4.0 and out["specdec/drafter_train_share"] == 0.05
     assert "specdec/drafter_train_s" not in metrics.version_metrics([{"state": {}}])
+
+
+def test_bench_lockstep_builds_nemo_rl_s_training_layout_the_distiller_reads_back():
+    from types import SimpleNamespace
+
+    from nemo_rl_specdec.bench.lockstep import _train_data
+    from nemo_rl_specdec.nemo_rl.policy_workers import rollouts_from_train_data
+
+    ro = [SimpleNamespace(prompt_token_ids=[1, 2, 3], token_ids=[4, 5]),
+          SimpleNamespace(prompt_token_ids=[7], token_ids=[8, 9, 10, 11])]
+    data = _train_data(ro, [1.0, 0.0], [0, 0])
+    assert data["input_ids"].shape == (2, 5) and data["input_lengths"].tolist() == [5, 5]
+    assert rollouts_from_train_data(data) == [{"prompt_token_ids": [1, 2, 3], "token_ids": [4, 5]},
+                                              {"prompt_token_ids": [7], "token_ids": [8, 9, 10, 11]}]
