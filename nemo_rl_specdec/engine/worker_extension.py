@@ -40,6 +40,7 @@ class _EngineState:
     drafter_version: int = 0
     drafter_built_from: int = 0  # policy version the drafter's weights/rollouts came from
     drafter_fingerprint: str = ""
+    checkpoint_fingerprint: str = ""  # the drafter as the engine loaded it
     last_drafter_payload: str = ""
     policy_broken: str = ""  # why the last policy load failed part-way; generation refuses until fixed
     disabled: bool = False
@@ -104,7 +105,7 @@ class SpecDecWorkerExtension:
             raise DrafterRefreshError(
                 f"drafter '{spec.get('drafter')}' is configured but the engine has no drafter model "
                 "(get_draft_model(), model_runner.drafter.model, model_runner.speculator.model are all empty)")
-        st.drafter_fingerprint = self._specdec_drafter_fp()
+        st.drafter_fingerprint = st.checkpoint_fingerprint = self._specdec_drafter_fp()
         return self.specdec_state()
 
     def specdec_state(self) -> dict:
@@ -154,7 +155,8 @@ class SpecDecWorkerExtension:
 
     def specdec_after_policy_weights(self, version: int, drafter_weights=None, rollouts=None,
                                      drafter_version: Optional[int] = None, loaded_names=None,
-                                     refresh_drafter: bool = True, loaded_drafter=None) -> dict:
+                                     refresh_drafter: bool = True, loaded_drafter=None,
+                                     drafter_checkpoint: bool = False) -> dict:
         """Hook for a host extension (NeMo-RL) that has loaded the policy weights itself:
         refresh the drafter and advance versions in the same RPC. Drafter tensors the host
         loaded itself (draft.*, MTP layers among `loaded_names`; their values in `loaded_drafter`)
@@ -166,13 +168,14 @@ class SpecDecWorkerExtension:
         else:
             report = self._specdec_refresh_drafter(int(version), decode_weights(drafter_weights), rollouts,
                                                    drafter_version, policy_updated=True, host_loaded=len(routed),
-                                                   host_items=loaded_drafter)
+                                                   host_items=loaded_drafter, checkpoint=drafter_checkpoint)
         report["policy_tensors_applied"] = len(loaded_names or [])
         report["refresh_s"] = time.perf_counter() - t0
         return report
 
     def _specdec_refresh_drafter(self, version: int, drafter_items, rollouts, drafter_version,
-                                 policy_updated: bool, host_loaded: int = 0, host_items=None) -> dict:
+                                 policy_updated: bool, host_loaded: int = 0, host_items=None,
+                                 checkpoint: bool = False) -> dict:
         st = self._specdec()
         st.policy_version = version
         st.updates += 1
@@ -206,6 +209,13 @@ class SpecDecWorkerExtension:
                     raise DrafterRefreshError(
                         f"refresh.mode=refit but the update to version {version} carries no drafter tensors "
                         "(expected draft.*, mtp.* or model.layers.>=L.* names, or drafter_weights)")
+                elif checkpoint:  # the trainer's drafter is still the checkpoint this engine loaded
+                    if self._specdec_drafter_fp() != st.checkpoint_fingerprint:
+                        raise DrafterRefreshError(
+                            f"the update to version {version} says the drafter is still its checkpoint, but this "
+                            "engine's drafter no longer holds the checkpoint's weights")
+                    st.drafter_version = version if drafter_version is None else int(drafter_version)
+                    report["drafter_refreshed"] = True
                 # online without weights: the trainer did not publish this step; the drafter ages
             elif st.mode == "rebuild":
                 if isinstance(rollouts, str) and rollouts == STAGED_ROLLOUTS:

@@ -137,6 +137,7 @@ class SpecDecHostHooks:
                 version=int(version), loaded_names=names,
                 drafter_weights=drafter_weights, rollouts=rollouts,
                 refresh_drafter=bool(pending.get("refresh_drafter", True)), loaded_drafter=loaded_drafter,
+                drafter_checkpoint=bool(pending.get("drafter_checkpoint")),
             )
         except Exception:
             logger.exception(

@@ -59,7 +59,8 @@ class RolloutStash:
 
 
 def stage_payload(version: Optional[int], rollout_refs: Optional[Sequence[Any]] = None,
-                  drafter_weights: Optional[list] = None, refresh_drafter: bool = True) -> dict:
+                  drafter_weights: Any = None, refresh_drafter: bool = True,
+                  drafter_checkpoint: bool = False) -> dict:
     """What the worker actor stages into every vLLM worker right before a refit RPC.
 
     `rollout_refs`: Ray object refs of `RolloutBatch`es (every engine's share of the step), or
@@ -73,6 +74,7 @@ def stage_payload(version: Optional[int], rollout_refs: Optional[Sequence[Any]] 
         "rollout_refs": None if rollout_refs is None else list(rollout_refs),
         "drafter_weights": drafter_weights,
         "refresh_drafter": bool(refresh_drafter),  # False: an off-cadence step (refresh.every_n_steps)
+        "drafter_checkpoint": bool(drafter_checkpoint),  # the drafter is still the checkpoint the engine loaded
     }
 
 

@@ -115,7 +115,8 @@ class SpecDecDistillMixin:
 
     def specdec_take_drafter(self) -> Optional[dict]:
         """The replica made since the last take, or None: every rank returns its fingerprint and
-        stats; rank 0 also puts the tensors in Ray's object store (`refs`: [ref])."""
+        stats; rank 0 also puts the tensors in Ray's object store (`refs`: [ref]; [] for drafter 0,
+        the checkpoint, which each engine verifies against the drafter it loaded)."""
         if self._specdec_distiller is None or self._specdec_seq == self._specdec_taken:
             return None
         import ray
@@ -126,8 +127,8 @@ class SpecDecDistillMixin:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         out = {"seq": self._specdec_seq, "rank": rank, "fingerprint": fingerprint(state),
                "stats": dict(self._specdec_stats)}
-        if rank == 0:
-            out["refs"] = [ray.put({k: v.detach().to("cpu") for k, v in state.items()})]
+        if rank == 0:  # drafter 0 is the checkpoint every engine loaded: it travels as a claim, not tensors
+            out["refs"] = [ray.put({k: v.detach().to("cpu") for k, v in state.items()})] if self._specdec_seq else []
         return out
 
 
@@ -190,7 +191,7 @@ def wrap_policy(policy_cls: type, spec: Any, temperature: float, seed: int = 0) 
             "specdec_distill_setup", spec=spec_json, temperature=temperature, seed=seed))
         logger.info("[specdec] online %s distillation in %d policy workers: %s", spec.drafter, len(setup), setup[0])
         self._specdec_train_started = None
-        _publish(self)  # drafter 0, the checkpoint as loaded: the first refit carries a drafter too
+        _publish(self)  # drafter 0: the checkpoint as loaded; a refit before any policy step confirms it
 
     def train(self, *args, **kwargs):
         now = time.perf_counter()

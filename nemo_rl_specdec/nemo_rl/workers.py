@@ -195,8 +195,9 @@ class SpecDecWorkerState:
         """The payload staged before the refit to `version`. A policy-distilled drafter is refreshed
         exactly when the trainer published a new one; other drafters follow refresh.every_n_steps."""
         refresh = published is not None if self._specdec_distilled else self._specdec_refreshes(version)
-        weights = published[1][0] if published is not None else None
-        return payload.stage_payload(version, rollout_refs, drafter_weights=weights, refresh_drafter=refresh)
+        refs = published[1] if published is not None else []
+        return payload.stage_payload(version, rollout_refs, drafter_weights=refs[0] if refs else None,
+                                     refresh_drafter=refresh, drafter_checkpoint=published is not None and not refs)
 
     def _specdec_record_refit(self, ok: bool, version: int, per_rank: list, published: Any = None) -> None:
         """Record the engine's versions after a refit; the next generate checks them."""

@@ -162,6 +162,11 @@ def loop(request, cpu_host, tmp_path_factory):  # noqa: F811
         tok = AutoTokenizer.from_pretrained(str(POLICY))
         train, held = make_problems(TRAIN, seed=5), make_problems(HELD, seed=77)
         feed, reports = cpu_host, []
+        # NeMo-RL's first refit comes before any policy step: it carries drafter 0, the checkpoint
+        first = ray.get(workers[0].policy_state.remote())
+        for name in ("online", "frozen"):
+            assert _refit(engines[name], feed, first)
+        initial = engines["online"].specdec_report()
         for step in range(1, STEPS + 1):
             out, _ = _generate(engines["online"], _batch(train, tok))
             policy.train(_train_batch(out))
@@ -170,7 +175,7 @@ def loop(request, cpu_host, tmp_path_factory):  # noqa: F811
                 assert _refit(engines[name], feed, sd)
             reports.append(engines["online"].specdec_report())
         results = {name: _generate(w, _batch(held, tok)) for name, w in engines.items()}
-        yield {"drafter": drafter, "reports": reports, "results": results, "engines": engines,
+        yield {"drafter": drafter, "reports": reports, "initial": initial, "results": results, "engines": engines,
                "board": drafter_board(), "workers": workers}
     finally:
         for w in workers:
@@ -181,13 +186,15 @@ def loop(request, cpu_host, tmp_path_factory):  # noqa: F811
 
 
 def test_every_refit_carries_the_drafter_distilled_after_that_policy_step(loop):
-    for v, rep in enumerate(loop["reports"], start=1):
+    first = loop["initial"]  # refit 1, before any policy step: drafter 0, verified, no tensors sent
+    assert first["state"]["policy_version"] == 1 and first["state"]["drafter_version"] == 1
+    assert first["last_update"]["drafter_refreshed"] and first["last_update"]["drafter_tensors_applied"] == 0
+    assert first["distill"]["drafter_seq"] == 0
+    for step, rep in enumerate(loop["reports"], start=1):
         state, last = rep["state"], rep["last_update"]
-        assert state["policy_version"] == v and state["drafter_version"] == v, rep
+        assert state["policy_version"] == step + 1 and state["drafter_version"] == step + 1, rep
         assert last["drafter_refreshed"] and last["drafter_tensors_applied"] > 0
-        # refit 1 carries drafter 1: distilled after policy step 1 (drafter 0, the checkpoint, was
-        # published before any refit and replaced by drafter 1 before the first refit took one)
-        assert rep["distill"]["drafter_seq"] == v and rep["distill"]["policy_step"] == v
+        assert rep["distill"]["drafter_seq"] == step and rep["distill"]["policy_step"] == step
         assert rep["distill"]["drafter_train_s"] > 0 and rep["distill"]["kl_last"] < rep["distill"]["kl_first"]
     share = [rep["distill"].get("drafter_train_share") for rep in loop["reports"]]
     print(f"\n{loop['drafter']}: drafter_train_s per step "
@@ -205,3 +212,18 @@ def test_online_beats_frozen_by_010_with_identical_greedy_outputs(loop):
           f"frozen {rate['frozen']:.3f}")
     assert res["online"][1][0] > 50 and res["frozen"][1][0] > 50
     assert rate["online"] >= rate["frozen"] + 0.10, rate
+
+
+def test_a_checkpoint_claim_is_refused_once_the_drafter_was_distilled(loop):
+    """Drafter 0 travels as a claim, checked against the drafter the engine loaded: after distilled
+    drafters have been applied, the same claim is refused (this runs last: it leaves the engine failed)."""
+    from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+    def claim(vllm_worker):
+        try:
+            vllm_worker.specdec_after_policy_weights(version=99, loaded_names=[], drafter_checkpoint=True)
+        except DrafterRefreshError as e:
+            return str(e)
+        return None
+
+    assert "no longer holds the checkpoint's weights" in (_on_engine(loop["engines"]["online"], claim) or "")

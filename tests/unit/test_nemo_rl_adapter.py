@@ -535,8 +535,10 @@ class RecordingEngineMixin:
         return {"checked": True, "restored": False}
 
     def specdec_after_policy_weights(self, version, drafter_weights=None, rollouts=None, drafter_version=None,
-                                     loaded_names=None, refresh_drafter=True, loaded_drafter=None):
+                                     loaded_names=None, refresh_drafter=True, loaded_drafter=None,
+                                     drafter_checkpoint=False):
         self.calls = getattr(self, "calls", []) + [("after", list(loaded_names), version, drafter_weights, rollouts)]
+        self.checkpoint_claims = getattr(self, "checkpoint_claims", []) + [drafter_checkpoint]
         self.refreshes = getattr(self, "refreshes", []) + [refresh_drafter]
         self.log = getattr(self, "log", []) + ["specdec_after_policy_weights"]
         if self.fail_next:
@@ -1772,16 +1774,15 @@ def test_worker_stages_the_newest_published_drafter_into_the_refit(fake_nemo_rl,
         w.update_weights_from_collective()
     board = drafter_board(create=True)
     try:
-        ray_local.get(board.publish.remote(0, [ray_local.put({"w": torch.zeros(2)})], {}))
+        ray_local.get(board.publish.remote(0, [], {}))  # drafter 0: the checkpoint, a claim the engine verifies
         assert w.update_weights_from_collective() is True
         ray_local.get(board.publish.remote(1, [ray_local.put({"w": torch.ones(2)})], {"drafter_train_s": 1.5}))
         assert w.update_weights_from_collective() is True
         assert w.update_weights_from_collective() is True      # nothing new: the drafter ages
         rank = w.llm.ranks[0]
-        assert rank.refreshes == [True, True, False]
+        assert rank.refreshes == [True, True, False] and rank.checkpoint_claims == [True, False, False]
         applied = [c[3] for c in rank.calls if c[0] == "after"]
-        assert torch.equal(applied[0]["w"], torch.zeros(2)) and torch.equal(applied[1]["w"], torch.ones(2))
-        assert applied[2] is None
+        assert applied[0] is None and torch.equal(applied[1]["w"], torch.ones(2)) and applied[2] is None
         assert w._specdec_drafter_seq == 1 and w._specdec_combine([{"state": {}}])["distill"]["drafter_train_s"] == 1.5
         with pytest.raises(ValueError, match="in order"):
             ray_local.get(board.publish.remote(1, [], {}))
