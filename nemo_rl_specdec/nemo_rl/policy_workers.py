@@ -194,6 +194,8 @@ def wrap_policy(policy_cls: type, spec: Any, temperature: float, seed: int = 0) 
         _publish(self)  # drafter 0: the checkpoint as loaded; a refit before any policy step confirms it
 
     def train(self, *args, **kwargs):
+        if kwargs.get("eval_mode", args[2] if len(args) > 2 else False):
+            return orig_train(self, *args, **kwargs)  # an eval pass: no policy step, nothing distilled
         now = time.perf_counter()
         period = None if self._specdec_train_started is None else now - self._specdec_train_started
         self._specdec_train_started = now  # step period: from one policy step to the next

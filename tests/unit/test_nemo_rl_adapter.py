@@ -408,7 +408,7 @@ def test_rollout_stash_keeps_the_newest_within_its_token_budget():
 
 def test_stage_payload():
     assert payload.stage_payload(3, ["ref"]) == {"version": 3, "rollout_refs": ["ref"], "drafter_weights": None,
-                                                 "refresh_drafter": True}
+                                                 "refresh_drafter": True, "drafter_checkpoint": False}
     assert payload.stage_payload(None)["version"] is None and payload.stage_payload(2)["rollout_refs"] is None
     with pytest.raises(ValueError, match=">= 1"):
         payload.stage_payload(0)
