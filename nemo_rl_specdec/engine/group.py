@@ -403,8 +403,11 @@ class EngineGroup:
             budgets = engine_budgets(preds, assignment, self.spec.num_speculative_tokens, budget, fixed=fixed,
                                      long_fraction=sc.long_fraction, short_fraction=sc.short_fraction,
                                      acceptance=self.acceptance or 0.7, **self.cost_model)
+        # a budget the caller fixed is a cap: no predicted length goes with it, so the drafter never
+        # promotes it (promotion corrects the group's own length-based budgets when a request outlives them)
         sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed,
-                        predicted_len=preds[i] if budgets[i] is not None else None) for i, r in enumerate(requests)]
+                        predicted_len=preds[i] if budgets[i] is not None and fixed[i] is None else None)
+                for i, r in enumerate(requests)]
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=ignore_eos, use_tqdm=use_tqdm)
 
         t_dispatch = time.time()
