@@ -57,15 +57,6 @@ def rollouts_from_train_data(data: Any) -> list[dict]:
     return out
 
 
-def fingerprint(state: dict) -> list[float]:
-    """A cheap per-tensor signature ([sum, sum of squares] in float64) to compare replicas."""
-    out = []
-    for k in sorted(state):
-        t = state[k].detach().double()
-        out += [float(t.sum()), float((t * t).sum())]
-    return out
-
-
 class SpecDecDistillMixin:
     """In front of NeMo-RL's DTensor policy worker in the MRO. RPCs: `specdec_distill_setup(spec,
     temperature, seed)`, `specdec_take_drafter()`; wraps `train`."""
@@ -122,20 +113,20 @@ class SpecDecDistillMixin:
         import ray
         import torch
 
-        state = self._specdec_distiller.state_dict()
+        from nemo_rl_specdec.engine.weights import fingerprint
+
         self._specdec_taken = self._specdec_seq
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        out = {"seq": self._specdec_seq, "rank": rank, "fingerprint": fingerprint(state),
+        out = {"seq": self._specdec_seq, "rank": rank, "fingerprint": fingerprint(self._specdec_distiller.module),
                "stats": dict(self._specdec_stats)}
         if rank == 0:  # drafter 0 is the checkpoint every engine loaded: it travels as a claim, not tensors
-            out["refs"] = [ray.put({k: v.detach().to("cpu") for k, v in state.items()})] if self._specdec_seq else []
+            state = self._specdec_distiller.state_dict() if self._specdec_seq else {}
+            out["refs"] = [ray.put({k: v.to("cpu") for k, v in state.items()})] if state else []
         return out
 
 
 def combine_takes(takes: list) -> Optional[dict]:
     """One publication from every rank's `specdec_take_drafter` result; raises when the replicas differ."""
-    import math
-
     from nemo_rl_specdec.lockstep import DrafterRefreshError
 
     takes = [t for t in takes if t]
@@ -147,9 +138,8 @@ def combine_takes(takes: list) -> Optional[dict]:
     seqs = {t["seq"] for t in takes}
     if len(seqs) != 1:
         raise DrafterRefreshError(f"policy worker ranks hold different drafter versions: {sorted(seqs)}")
-    for t in takes:
-        if not all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
-                   for a, b in zip(t["fingerprint"], first["fingerprint"])):
+    for t in takes:  # the content fingerprint the engines use (engine/weights.py): replicas are bit-identical
+        if t["fingerprint"] != first["fingerprint"]:
             raise DrafterRefreshError(f"the drafter replica on policy rank {t['rank']} differs from rank 0's: "
                                       "data-parallel distillation must keep them identical")
     stats = dict(first["stats"])

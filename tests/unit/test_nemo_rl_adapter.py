@@ -1737,20 +1737,27 @@ def test_rollouts_from_nemo_rl_s_training_batch():
 
 
 def test_replicas_are_combined_only_when_every_rank_holds_the_same_drafter():
-    from nemo_rl_specdec.lockstep import DrafterRefreshError
-    from nemo_rl_specdec.nemo_rl.policy_workers import combine_takes, fingerprint
+    import copy
 
     import torch
 
-    fp = fingerprint({"a": torch.ones(2, 2)})
-    assert fp == [4.0, 4.0]
+    from nemo_rl_specdec.engine.weights import fingerprint
+    from nemo_rl_specdec.lockstep import DrafterRefreshError
+    from nemo_rl_specdec.nemo_rl.policy_workers import combine_takes
+
+    replica = torch.nn.Linear(4, 4)
+    other = copy.deepcopy(replica)
+    fp = fingerprint(replica)
+    assert fingerprint(other) == fp
+    with torch.no_grad():
+        other.weight[0, 0] += 1e-6  # one rank's replica drifted
     r0 = {"seq": 3, "rank": 0, "fingerprint": fp, "stats": {"wall_s": 2.0, "kl_last": 0.1}, "refs": ["ref"]}
-    r1 = {"seq": 3, "rank": 1, "fingerprint": list(fp), "stats": {"wall_s": 5.0}}
+    r1 = {"seq": 3, "rank": 1, "fingerprint": fingerprint(copy.deepcopy(replica)), "stats": {"wall_s": 5.0}}
     pub = combine_takes([r1, r0])
     assert pub["seq"] == 3 and pub["refs"] == ["ref"] and pub["stats"]["drafter_train_s"] == 5.0
     assert combine_takes([None, None]) is None
     with pytest.raises(DrafterRefreshError, match="rank 1 differs from rank 0"):
-        combine_takes([r0, {**r1, "fingerprint": [4.0, 4.5]}])
+        combine_takes([r0, {**r1, "fingerprint": fingerprint(other)}])
     with pytest.raises(DrafterRefreshError, match="different drafter versions"):
         combine_takes([r0, {**r1, "seq": 2}])
     with pytest.raises(DrafterRefreshError, match="rank 0 must"):
