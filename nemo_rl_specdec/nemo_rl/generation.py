@@ -105,7 +105,7 @@ def _build_generation() -> type:
             if spec is not None:
                 async_engine = bool((config.get("vllm_cfg") or {}).get("async_engine"))
                 preflight.check(spec, config, translate.OUR_ASYNC_WORKER if async_engine else translate.OUR_SYNC_WORKER)
-                if translate.rollouts_wanted(config, spec):
+                if translate.rollouts_wanted(spec):
                     import uuid
 
                     from nemo_rl_specdec.nemo_rl.exchange import exchange_actor_class

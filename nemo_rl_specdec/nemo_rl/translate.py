@@ -146,8 +146,10 @@ def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
         )
 
 
-def wants_rollouts(spec: SpecDecConfig, source: str) -> bool:
-    """Whether each policy update should hand the finished rollouts to the drafter."""
+def rollouts_wanted(spec: SpecDecConfig) -> bool:
+    """Whether each policy update hands the step's rollouts to the engines' drafters: only DAS
+    builds from them (model drafters are distilled in the policy workers). The driver starts the
+    rollout exchange exactly when the workers keep a stash: both ask here."""
     return spec.drafter == "suffix" and spec.suffix.backend == "das"
 
 
@@ -177,14 +179,6 @@ def distills_in_policy(gen_cfg: dict, spec: Optional[SpecDecConfig], trainer_exp
         return False
     source = gen_cfg.get(WEIGHT_SOURCE_KEY) or drafter_weight_source(spec, trainer_exports_draft, False)
     return source == SOURCE_POLICY_DISTILL
-
-
-def rollouts_wanted(gen_cfg: dict, spec: SpecDecConfig) -> bool:
-    """`wants_rollouts` for a configured NeMo-RL generation config (the driver starts the rollout
-    exchange exactly when the workers keep a stash: both ask here)."""
-    source = gen_cfg.get(WEIGHT_SOURCE_KEY) or drafter_weight_source(
-        spec, False, bool(gen_cfg.get("_mtp_weights_from_refit")))
-    return wants_rollouts(spec, source)
 
 
 def check_run(raw: dict) -> Optional[SpecDecConfig]:

@@ -123,7 +123,7 @@ class SpecDecWorkerState:
         self._specdec_prompt_tail = None
         if self._specdec_spec is not None:
             preflight(self._specdec_spec)
-            want = translate.rollouts_wanted(config, self._specdec_spec)
+            want = translate.rollouts_wanted(self._specdec_spec)
             if self._specdec_spec.drafter == "suffix":
                 self._specdec_prompt_tail = self._specdec_spec.suffix.max_tree_depth - 1
         if want and not self._specdec_exchange_name:

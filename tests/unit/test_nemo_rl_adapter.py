@@ -176,16 +176,16 @@ def test_refresh_modes_nemo_rl_cannot_honour_are_rejected(block, exports, trains
     assert match in str(e.value)
 
 
-@pytest.mark.parametrize("block, source, want", [
-    ({"drafter": "suffix"}, translate.SOURCE_NONE, True),
-    ({"drafter": "suffix", "suffix": {"backend": "vllm"}}, translate.SOURCE_NONE, False),
-    ({"drafter": "ngram"}, translate.SOURCE_NONE, False),
-    ({"drafter": "draft_model", "draft_model": {"model": "d"}}, translate.SOURCE_POLICY_DISTILL, False),
-    ({"drafter": "draft_model", "draft_model": {"model": "d"}, "refresh": {"mode": "frozen"}}, translate.SOURCE_CHECKPOINT, False),
-    ({"drafter": "eagle3", "eagle3": {"model": "e"}}, translate.SOURCE_REFIT_STREAM, False),
+@pytest.mark.parametrize("block, want", [
+    ({"drafter": "suffix"}, True),
+    ({"drafter": "suffix", "suffix": {"backend": "vllm"}}, False),
+    ({"drafter": "ngram"}, False),
+    ({"drafter": "draft_model", "draft_model": {"model": "d"}}, False),  # distilled in the policy workers
+    ({"drafter": "draft_model", "draft_model": {"model": "d"}, "refresh": {"mode": "frozen"}}, False),
+    ({"drafter": "eagle3", "eagle3": {"model": "e"}}, False),
 ])
-def test_wants_rollouts(block, source, want):
-    assert translate.wants_rollouts(spec(**block), source) is want
+def test_rollouts_wanted(block, want):
+    assert translate.rollouts_wanted(spec(**block)) is want
 
 
 def test_check_run_rejects_incompatible_generation_settings():
