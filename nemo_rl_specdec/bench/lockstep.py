@@ -183,17 +183,19 @@ def nemo_rl_shaped(cfg, args) -> list:
                 rollout_s = time.perf_counter() - t0
                 rewards = [task.verify(problems[i // G], tok.decode(r.token_ids, skip_special_tokens=True))
                            for i, r in enumerate(live.rollouts)]
-                t0 = time.perf_counter()
                 worker.train(_train_data(live.rollouts, rewards, [i // G for i in range(len(rewards))]), None)
-                train_and_distill_s = time.perf_counter() - t0
-                distill_s = train_and_distill_s - worker.train_s
                 sd = trainer.state_dict()
                 t0 = time.perf_counter()
                 if mode == "online":
                     pub = combine_takes([worker.specdec_take_drafter()])
+                    if pub is None:
+                        raise RuntimeError(f"bench.lockstep: no drafter was distilled after step {step}; the rows "
+                                           "need refresh.every_n_steps=1")
+                    distill_s = pub["stats"]["drafter_train_s"]  # what NeMo-RL logs as specdec/drafter_train_s
                     rep = engines["live"].update(step, sd, drafter_weights=ray.get(pub["refs"][0]),
                                                  drafter_version=step)
                 else:
+                    distill_s = 0.0
                     rep = engines["live"].update(step, sd, rollouts=[r.to_dict() for r in live.rollouts])
                 handover_s = time.perf_counter() - t0
                 engines["frozen"].update(step, sd)
