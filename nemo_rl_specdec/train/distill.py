@@ -207,15 +207,13 @@ class Distiller:
         self.epochs, self.micro_batch_tokens = int(epochs), int(micro_batch_tokens)
         self.max_grad_norm = float(max_grad_norm)
         self.vocab_size = int(vocab_size)
-        if max_tokens is not None and int(max_tokens) < 1:
-            raise ValueError(f"max_tokens: got {max_tokens!r}; allowed: an integer >= 1 or None (all)")
         self.max_tokens = None if max_tokens is None else int(max_tokens)
         self.steps = 0
         self.history: list = []
 
     @staticmethod
     def _begin(*, lr: float, epochs: int, micro_batch_tokens: int, max_grad_norm: float, seed: int,
-               num_threads: Optional[int]) -> None:
+               num_threads: Optional[int], max_tokens: Optional[int] = None) -> None:
         """Before a subclass loads its drafter: check the arguments, threads, seed."""
         import torch
 
@@ -229,6 +227,8 @@ class Distiller:
             raise ValueError(f"micro_batch_tokens: got {micro_batch_tokens!r}; allowed: >= 1")
         if max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm: got {max_grad_norm!r}; allowed: > 0")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens: got {max_tokens!r}; allowed: an integer >= 1 or None (all)")
         request_torch_threads(num_threads)
         torch.manual_seed(seed)
 
@@ -360,7 +360,7 @@ class DraftModelDistiller(Distiller):
         if not Path(drafter_dir).is_dir():
             raise FileNotFoundError(f"drafter_dir: {drafter_dir} is not a checkpoint directory")
         self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads)
+                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.drafter_dir = str(drafter_dir)
         self.model = self.module = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
         self.pad_id = int(self.model.config.pad_token_id or 0)
@@ -412,7 +412,7 @@ class Eagle3Distiller(Distiller):
         if not (Path(head_dir) / "config.json").is_file():
             raise FileNotFoundError(f"head_dir: {head_dir} is not an Eagle3 checkpoint directory (no config.json)")
         self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads)
+                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.head_dir = str(head_dir)
         self.head, self.config = load_head(head_dir)
         self.module = self.head
@@ -484,7 +484,7 @@ class MTPDistiller(Distiller):
         if not Path(model_dir).is_dir():
             raise FileNotFoundError(f"model_dir: {model_dir} is not a checkpoint directory")
         self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads)
+                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.model_dir = str(model_dir)
         try:
             self.mtp, self.config = load_mtp_layer(model_dir)
