@@ -14,73 +14,15 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from nemo_rl_specdec.drafters.base import LIST
+from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
+from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_CONFIGS = PACKAGE_DIR.parent / "configs"
-
-DRAFTERS = ("suffix", "eagle3", "draft_model", "mtp", "ngram")
-PARAMETRIC = ("eagle3", "draft_model", "mtp")
-# Which refresh modes make sense for which drafter (first entry is the default).
-REFRESH_MODES = {
-    "suffix": ("rebuild", "frozen"),
-    "ngram": ("frozen",),
-    "draft_model": ("online", "refit", "frozen"),
-    "eagle3": ("online", "refit", "frozen"),
-    "mtp": ("refit", "online", "frozen"),
-}
-
-
-class ConfigError(ValueError):
-    """Invalid run configuration. The message names the dotted key path, value, and what is allowed."""
-
-
-class _Strict(BaseModel):
-    # strict: `true` is not an int and "8" is not a number inside our block
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
-
-
-class SuffixConfig(_Strict):
-    """DAS suffix-tree drafter built from recent rollouts (or vLLM's built-in `suffix`)."""
-
-    backend: Literal["das", "vllm"] = "das"
-    window_steps: int = Field(4, ge=1, description="policy versions kept in the rollout store")
-    scope: Literal["problem", "global", "both"] = "both"
-    max_tree_depth: int = Field(64, ge=1, le=4096)
-    max_match_len: int = Field(16, ge=2, le=4096, description="das backend: tokens of a request's tail matched "
-                               "against the trees per step (arctic's matching cost grows with its square)")
-    max_spec_factor: float = Field(1.0, gt=0)
-    min_token_prob: float = Field(0.1, ge=0, le=1)
-    max_memory_mb: float = Field(512.0, gt=0, description="store cap; oldest versions evicted first")
-    max_cached_requests: int = Field(10000, ge=0, description="vllm backend only")
-
-
-class NgramConfig(_Strict):
-    prompt_lookup_min: int = Field(2, ge=1)
-    prompt_lookup_max: int = Field(4, ge=1)
-
-    @model_validator(mode="after")
-    def _order(self):
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise _PathError(
-                "prompt_lookup_min", self.prompt_lookup_min,
-                f"a value <= prompt_lookup_max ({self.prompt_lookup_max})",
-            )
-        return self
-
-
-class DraftModelConfig(_Strict):
-    model: Optional[str] = Field(None, description="path of an HF checkpoint sharing the policy's tokenizer")
-
-
-class Eagle3Config(_Strict):
-    model: Optional[str] = None
-    aux_layer_ids: Optional[list[int]] = None
-
-
-class MTPConfig(_Strict):
-    num_layers: int = Field(1, ge=1)
 
 
 class DistillConfig(_Strict):
@@ -153,26 +95,21 @@ class SchedulingConfig(_Strict):
         return self
 
 
-class SpecDecConfig(_Strict):
-    """The whole `policy.generation.speculative_decoding` block."""
+class _SpecDecBlock(_Strict):
+    """The block's common settings; `SpecDecConfig` adds one sub-block per registered drafter."""
 
     enabled: bool = False
-    drafter: Literal["suffix", "eagle3", "draft_model", "mtp", "ngram"] = "suffix"
+    drafter: Literal[tuple(DRAFTERS)] = "suffix"  # type: ignore[valid-type]
     num_speculative_tokens: int = Field(8, ge=1, le=64)
     # auto: probabilistic for model drafters at T>0 (lossless and far better accepted), else greedy
     draft_sample_method: Literal["auto", "greedy", "probabilistic"] = "auto"
-    suffix: SuffixConfig = SuffixConfig()
-    ngram: NgramConfig = NgramConfig()
-    draft_model: DraftModelConfig = DraftModelConfig()
-    eagle3: Eagle3Config = Eagle3Config()
-    mtp: MTPConfig = MTPConfig()
     refresh: RefreshConfig = RefreshConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     on_refresh_error: Literal["raise", "disable"] = "raise"
 
     @model_validator(mode="after")
     def _coherent(self):
-        allowed = REFRESH_MODES[self.drafter]
+        allowed = drafter_of(self.drafter).refresh_modes
         if self.refresh.mode is None:
             self.refresh.mode = allowed[0]
         elif self.refresh.mode not in allowed:
@@ -191,10 +128,8 @@ class SpecDecConfig(_Strict):
                 f">= {lag_needed}: refresh.every_n_steps={self.refresh.every_n_steps} lets the drafter fall "
                 f"{lag_needed} version(s) behind between refreshes",
             )
-        if self.enabled and self.drafter == "draft_model" and not self.draft_model.model:
-            raise _PathError("draft_model.model", None, "a checkpoint path when drafter is 'draft_model'")
-        if self.enabled and self.drafter == "eagle3" and not self.eagle3.model:
-            raise _PathError("eagle3.model", None, "a checkpoint path when drafter is 'eagle3'")
+        if self.enabled:
+            drafter_of(self.drafter).check(self)
         if self.scheduling.k_by_batch_size:
             top = max(k for _, _, k in self.scheduling.k_by_batch_size)
             if top > self.num_speculative_tokens:
@@ -207,7 +142,13 @@ class SpecDecConfig(_Strict):
     @property
     def is_list_drafter(self) -> bool:
         """Drafters that may return any draft length per request (per-request budgets apply)."""
-        return self.drafter in ("suffix", "ngram")
+        return drafter_of(self.drafter).kind == LIST
+
+
+SpecDecConfig = create_model(
+    "SpecDecConfig", __base__=_SpecDecBlock, __module__=__name__,
+    __doc__="The whole `policy.generation.speculative_decoding` block: common settings and one sub-block per drafter.",
+    **{name: (d.config, d.config()) for name, d in DRAFTERS.items()})
 
 
 class VllmCfg(BaseModel):
@@ -238,14 +179,6 @@ class GenerationConfig(BaseModel):
         if v is not None and v != -1 and v < 1:
             raise ValueError("top_k must be null, -1 (off) or >= 1")
         return v
-
-
-class _PathError(ValueError):
-    """Raised inside validators when the offending key is not the one being validated."""
-
-    def __init__(self, rel_path: str, value: Any, allowed: str):
-        self.rel_path, self.value, self.allowed = rel_path, value, allowed
-        super().__init__(f"{rel_path}={value!r}: expected {allowed}")
 
 
 class RunConfig:
@@ -421,43 +354,15 @@ def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | lis
 
 # --------------------------------------------------------------------------- vLLM mapping
 
-DAS_PROPOSER = "nemo_rl_specdec.drafters.suffix.DASProposer"
-
-
 def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:
-    if spec.draft_sample_method != "auto":
-        return spec.draft_sample_method
-    return "probabilistic" if (spec.drafter in PARAMETRIC and temperature > 0) else "greedy"
+    return drafter_of(spec).draft_sample_method(spec, temperature)
 
 
 def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) -> Optional[dict]:
     """The `speculative_config` dict handed to `vllm.LLM`, or None when speculation is off."""
     if not spec.enabled:
         return None
-    k = spec.num_speculative_tokens
-    d = spec.drafter
-    out: dict[str, Any]
-    if d == "ngram":
-        out = {"method": "ngram", "num_speculative_tokens": k,
-               "prompt_lookup_min": spec.ngram.prompt_lookup_min, "prompt_lookup_max": spec.ngram.prompt_lookup_max}
-    elif d == "suffix" and spec.suffix.backend == "vllm":
-        s = spec.suffix
-        out = {"method": "suffix", "num_speculative_tokens": k,
-               "suffix_decoding_max_tree_depth": s.max_tree_depth,
-               "suffix_decoding_max_cached_requests": s.max_cached_requests,
-               "suffix_decoding_max_spec_factor": s.max_spec_factor,
-               "suffix_decoding_min_token_prob": s.min_token_prob}
-    elif d == "suffix":
-        out = {"method": "custom_class", "model": DAS_PROPOSER, "num_speculative_tokens": k}
-    elif d == "draft_model":
-        out = {"method": "draft_model", "model": spec.draft_model.model, "num_speculative_tokens": k,
-               "draft_sample_method": draft_sample_method(spec, temperature)}
-    elif d == "eagle3":
-        out = {"method": "eagle3", "model": spec.eagle3.model, "num_speculative_tokens": k,
-               "draft_sample_method": draft_sample_method(spec, temperature)}
-    else:  # mtp: drafter read from the target checkpoint
-        out = {"method": "mtp", "num_speculative_tokens": k,
-               "draft_sample_method": draft_sample_method(spec, temperature)}
+    out = drafter_of(spec).vllm_config(spec, temperature)
     if spec.scheduling.k_by_batch_size:
         out["num_speculative_tokens_per_batch_size"] = [list(t) for t in spec.scheduling.k_by_batch_size]
     return out

@@ -51,16 +51,17 @@ def _say(msg: str) -> None:
 
 
 def _options(cfg) -> dict:
-    from nemo_rl_specdec.bench.drafters import CPU_DRAFTERS
+    from nemo_rl_specdec.bench.drafters import cpu_drafters
     from nemo_rl_specdec.config import ConfigError
 
     b = cfg.get("bench.costmodel", {}) or {}
     if not isinstance(b, dict):
         raise ConfigError(f"bench.costmodel: got {b!r}; allowed: a mapping")
-    drafters = list(b.get("drafters", list(CPU_DRAFTERS)))
-    bad = [d for d in drafters if d not in CPU_DRAFTERS]
+    rows = cpu_drafters(cfg.spec)
+    drafters = list(b.get("drafters", list(rows)))
+    bad = [d for d in drafters if d not in rows]
     if bad:
-        raise ConfigError(f"bench.costmodel.drafters: got {drafters!r}; allowed: a subset of {list(CPU_DRAFTERS)}")
+        raise ConfigError(f"bench.costmodel.drafters: got {drafters!r}; allowed: a subset of {list(rows)}")
     return {"problems": int(b.get("problems", cfg.get("grpo.num_prompts_per_step", 16))),
             "samples": int(b.get("samples", cfg.get("grpo.num_generations_per_prompt", 4))),
             "problem_seed": int(b.get("problem_seed", 50_000 + int(cfg.get("grpo.seed", 0) or 0))),
@@ -110,7 +111,7 @@ def timed_steps(engine, reqs) -> tuple[list, list]:
 
 def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
-    from nemo_rl_specdec.bench.drafters import CPU_DRAFTERS, prepare, workload
+    from nemo_rl_specdec.bench.drafters import cpu_drafters, prepare, workload
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.metrics import SpecMetrics
@@ -124,9 +125,7 @@ def run(cfg, args) -> list:
     base_samples, lengths = [], None
     results = []
     for name in o["drafters"]:
-        ov = CPU_DRAFTERS[name]
-        if name == "draft_model" and not cfg.spec.draft_model.model:
-            continue
+        ov = cpu_drafters(cfg.spec)[name]
         dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
         eng = Engine(dcfg, name=name, core=core)
         try:

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import time
 
+from nemo_rl_specdec.drafters.base import MODEL
+from nemo_rl_specdec.drafters.registry import DRAFTERS
+
 BLOCK = "policy.generation.speculative_decoding"
-CPU_DRAFTERS = {
-    "ngram": [f"{BLOCK}.drafter=ngram"],
-    "suffix (DAS)": [f"{BLOCK}.drafter=suffix", f"{BLOCK}.suffix.backend=das"],
-    "suffix (vLLM)": [f"{BLOCK}.drafter=suffix", f"{BLOCK}.suffix.backend=vllm", f"{BLOCK}.refresh.mode=frozen"],
-    "draft_model": [f"{BLOCK}.drafter=draft_model", f"{BLOCK}.num_speculative_tokens=4",
-                    f"{BLOCK}.refresh.mode=frozen"],
-}
+
+
+def cpu_drafters(spec=None) -> dict:
+    """Bench rows (label -> overrides) of every registered drafter; with `spec`, only the model drafters
+    whose checkpoint the run file names (e.g. none is bundled for SmolLM2)."""
+    out = {}
+    for name, d in DRAFTERS.items():
+        if spec is not None and d.kind == MODEL and not d.checkpoint(spec):
+            continue
+        for label, over in d.bench_rows:
+            out[label] = [f"{BLOCK}.drafter={name}"] + [f"{BLOCK}.{o}" for o in over]
+    return out
 
 
 def workload(cfg, tok, num_problems: int, samples: int, seed: int):
@@ -33,10 +41,11 @@ def prepare(eng, dcfg, reqs, history) -> None:
     """Give a drafter engine what it has before an RL step: the suffix drafters one previous
     step of rollouts of the same problems (DAS via its lockstep rebuild update, vLLM's suffix
     via its own cache); the others a short warm-up (ngram JIT etc.)."""
-    if dcfg.spec.drafter == "suffix" and dcfg.spec.suffix.backend == "das":
+    d = DRAFTERS[dcfg.spec.drafter]
+    if d.rollout_prompt_tail(dcfg.spec) is not None:
         eng.update(1, None, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
                                        "token_ids": r.token_ids, "policy_version": 0} for r in history])
-    elif dcfg.spec.drafter == "suffix":
+    elif d.caches_own_requests(dcfg.spec):
         eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
     else:
         eng.generate(reqs[: len(reqs) // 4])
@@ -61,9 +70,7 @@ def run(cfg, args) -> list:
     history = base.generate(reqs).rollouts  # the "previous step" for history-based drafters
     _timed(base, reqs)  # warm-up
     results = []
-    for name, ov in CPU_DRAFTERS.items():
-        if name == "draft_model" and not cfg.spec.draft_model.model:
-            continue  # the run file names no draft model (e.g. SmolLM2: none is bundled for it)
+    for name, ov in cpu_drafters(cfg.spec).items():
         dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
         eng = Engine(dcfg, name=name)
         try:

@@ -139,13 +139,16 @@ def nemo_rl_shaped(cfg, args) -> list:
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
+    from nemo_rl_specdec.drafters.registry import DRAFTERS
     from nemo_rl_specdec.engine.engine import Engine, Request
     from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, combine_takes
 
     b = (cfg.raw.get("bench") or {}).get("lockstep") or {}
     steps = int(b.get("nemo_rl_steps", 5))
-    # mtp is refused online in NeMo-RL (nothing there trains its layers), so it has no row here
-    drafters = list(b.get("drafters", [d for d in _available(cfg, {}) if d != "mtp"] + ["suffix"]))
+    # layers that ride in the policy checkpoint (MTP) are refused online in NeMo-RL (nothing there trains
+    # them), so they have no row here; list drafters that rebuild from rollouts do
+    drafters = list(b.get("drafters", [d for d in _available(cfg, {}) if not DRAFTERS[d].weights_in_policy_checkpoint]
+                          + [n for n, d in DRAFTERS.items() if "rebuild" in d.refresh_modes]))
     grpo = cfg.raw.get("grpo", {})
     n_prob, G = int(grpo.get("num_prompts_per_step", 16)), int(grpo.get("num_generations_per_prompt", 4))
     temperature = cfg.generation.temperature
@@ -154,7 +157,7 @@ def nemo_rl_shaped(cfg, args) -> list:
     worker_cls = type("BenchPolicyWorker", (SpecDecDistillMixin, _GRPOPolicyWorker), {})
     out = []
     for drafter in drafters:
-        mode = "rebuild" if drafter == "suffix" else "online"
+        mode = DRAFTERS[drafter].refresh_modes[0]  # online for model drafters, rebuild for DAS
         over = list(args.overrides) + [f"{BLOCK}.drafter={drafter}", f"{BLOCK}.num_speculative_tokens=4"]
         distill = [f"{BLOCK}.refresh.distill.{k}={v}" for k, v in (b.get("distill") or {}).items()
                    if mode == "online"]

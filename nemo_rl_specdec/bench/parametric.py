@@ -41,10 +41,11 @@ from typing import Any
 
 from nemo_rl_specdec.bench import say
 from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.drafters.base import MODEL
+from nemo_rl_specdec.drafters.registry import DRAFTERS
 
 MIN_STEPS = 10
 BLOCK = "policy.generation.speculative_decoding"
-ONLINE_TRAINERS = ("draft_model", "eagle3", "mtp")  # drafters train/distill.py can train online
 
 
 def _say(msg: str) -> None:
@@ -74,14 +75,20 @@ def _mtp_model(cfg: RunConfig, b: dict):
 
 
 def _available(cfg: RunConfig, b: dict) -> list:
+    """Model drafters with weights for this policy: their own checkpoint directory, or (drafters whose
+    layers ride in the policy checkpoint) an MTP policy (`_mtp_model`)."""
     out = []
-    if cfg.spec.draft_model.model and Path(cfg.spec.draft_model.model).is_dir():
-        out.append("draft_model")
-    if cfg.spec.eagle3.model and Path(cfg.spec.eagle3.model).is_dir():
-        out.append("eagle3")
-    m = _mtp_model(cfg, b)
-    if m and _has_mtp_layers(m):
-        out.append("mtp")
+    for name, d in DRAFTERS.items():
+        if d.kind != MODEL:
+            continue
+        if d.weights_in_policy_checkpoint:
+            m = _mtp_model(cfg, b)
+            ok = bool(m and _has_mtp_layers(m))
+        else:
+            p = d.checkpoint(cfg.spec)
+            ok = bool(p and Path(p).is_dir())
+        if ok:
+            out.append(name)
     return out
 
 
@@ -123,14 +130,15 @@ def _mtp_policy_cfg(cfg: RunConfig, model: str) -> RunConfig:
 def configurations(cfg: RunConfig, opts: dict) -> list:
     """Groups of configurations sharing one policy: [(policy cfg, [conf, ...]), ...]."""
     main, mtp = [], []
-    mtp_cfg = _mtp_policy_cfg(cfg, opts["mtp_model"]) if "mtp" in opts["drafters"] else None
+    in_policy = {d for d in opts["drafters"] if DRAFTERS[d].weights_in_policy_checkpoint}
+    mtp_cfg = _mtp_policy_cfg(cfg, opts["mtp_model"]) if in_policy else None
     for d in opts["drafters"]:
-        base = mtp_cfg if d == "mtp" else cfg
-        k = opts["mtp_k"] if d == "mtp" else opts["k"]
-        modes = ["frozen"] + (["online"] if d in ONLINE_TRAINERS else [])
+        base = mtp_cfg if d in in_policy else cfg
+        k = opts["mtp_k"] if d in in_policy else opts["k"]
+        modes = ["frozen"] + (["online"] if "online" in DRAFTERS[d].refresh_modes else [])
         for mode in modes:
             c = base.with_spec(enabled=True, drafter=d, refresh={"mode": mode}, num_speculative_tokens=k)
-            (mtp if d == "mtp" else main).append({"name": f"{d}_{mode}", "drafter": d, "mode": mode, "cfg": c})
+            (mtp if d in in_policy else main).append({"name": f"{d}_{mode}", "drafter": d, "mode": mode, "cfg": c})
     groups = [(cfg, main)] if main else []
     if mtp:
         groups.append((mtp_cfg, mtp))
@@ -156,7 +164,8 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.engine.engine import Engine, Request
-    from nemo_rl_specdec.train.distill import make_distiller, refresh_due
+    from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+    from nemo_rl_specdec.train.distill import refresh_due
 
     g = cfg.generation
     baseline = Engine(cfg, spec_enabled=False, core=opts["core"], seed=opts["seed"], name="no_spec")
@@ -165,9 +174,10 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
         for c in confs:
             engines.append(Engine(c["cfg"], core=opts["core"], seed=opts["seed"], name=c["name"]))
             if c["mode"] == "online":
-                distillers[c["name"]] = make_distiller(c["cfg"].spec, temperature=g.temperature, seed=opts["seed"],
-                                                       model_path=c["cfg"].model_path, lr=opts["distill_lr"],
-                                                       epochs=opts["distill_epochs"])
+                spec = c["cfg"].spec
+                distillers[c["name"]] = drafter_of(spec).distiller(spec, temperature=g.temperature, seed=opts["seed"],
+                                                                   model_path=c["cfg"].model_path,
+                                                                   lr=opts["distill_lr"], epochs=opts["distill_epochs"])
         tok = baseline.tokenizer()
         problems = task.make_problems(opts["prompts"], seed=opts["problem_seed"])
         warm = [Request(tok.encode(problems[0].prompt, add_special_tokens=False))]

@@ -86,10 +86,10 @@ class RLLoop:
         self.rows: list = []
         self.distiller, self.distill_stats = None, None  # online drafter training (train/distill.py)
         if cfg.spec.enabled and cfg.spec.refresh.mode == "online":
-            from nemo_rl_specdec.train.distill import make_distiller
+            from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 
-            self.distiller = make_distiller(cfg.spec, temperature=cfg.generation.temperature, seed=self.s.seed,
-                                            model_path=cfg.model_path)
+            self.distiller = drafter_of(cfg.spec).distiller(cfg.spec, temperature=cfg.generation.temperature,
+                                                            seed=self.s.seed, model_path=cfg.model_path)
 
     # ------------------------------------------------------------------ pieces
     def batch(self, step: int):

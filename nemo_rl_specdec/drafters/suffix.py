@@ -1,8 +1,9 @@
-"""DAS: a training-free drafter that speculates from the policy's recent rollouts.
+"""The `suffix` drafter: DAS, a training-free drafter that speculates from the policy's recent
+rollouts (`suffix.backend: das`, the default), or vLLM's built-in suffix decoding (`backend: vllm`).
 
+`Suffix` declares the drafter (its `suffix:` sub-block, refresh modes, vLLM mapping).
 `DASProposer` is a vLLM ``custom_class`` proposer (``speculative_config={"method":
-"custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", ...}``, which
-``config.to_vllm_speculative_config`` emits for ``drafter: suffix, suffix.backend: das``).
+"custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", ...}``).
 Its state is a :class:`~nemo_rl_specdec.drafters.store.RolloutStore` of recent rollouts
 (per-problem and global arctic-inference suffix trees, windowed by policy version), refreshed
 through the lockstep update (``refresh.mode: rebuild``): the worker extension calls
@@ -47,16 +48,65 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
+from pydantic import Field
 
+from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration
 from nemo_rl_specdec.drafters.staging import StagedRebuild
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
+from nemo_rl_specdec.schema import Strict
 
 log = logging.getLogger("nemo_rl_specdec")
+
+
+class SuffixConfig(Strict):
+    """DAS suffix-tree drafter built from recent rollouts (or vLLM's built-in `suffix`)."""
+
+    backend: Literal["das", "vllm"] = "das"
+    window_steps: int = Field(4, ge=1, description="policy versions kept in the rollout store")
+    scope: Literal["problem", "global", "both"] = "both"
+    max_tree_depth: int = Field(64, ge=1, le=4096)
+    max_match_len: int = Field(16, ge=2, le=4096, description="das backend: tokens of a request's tail matched "
+                               "against the trees per step (arctic's matching cost grows with its square)")
+    max_spec_factor: float = Field(1.0, gt=0)
+    min_token_prob: float = Field(0.1, ge=0, le=1)
+    max_memory_mb: float = Field(512.0, gt=0, description="store cap; oldest versions evicted first")
+    max_cached_requests: int = Field(10000, ge=0, description="vllm backend only")
+
+
+class Suffix(Drafter):
+    name = "suffix"
+    kind = LIST
+    draft_cost = HOST
+    config = SuffixConfig
+    refresh_modes = ("rebuild", "frozen")
+    worker_modules = ("arctic_inference.suffix_decoding",)  # both backends build arctic's suffix trees
+    bench_rows = (("suffix (DAS)", ("suffix.backend=das",)),
+                  ("suffix (vLLM)", ("suffix.backend=vllm", "refresh.mode=frozen")))
+
+    def vllm_config(self, spec, temperature):
+        s, k = spec.suffix, spec.num_speculative_tokens
+        if s.backend == "das":
+            return {"method": "custom_class", "model": f"{__name__}.DASProposer", "num_speculative_tokens": k}
+        return {"method": "suffix", "num_speculative_tokens": k,
+                "suffix_decoding_max_tree_depth": s.max_tree_depth,
+                "suffix_decoding_max_cached_requests": s.max_cached_requests,
+                "suffix_decoding_max_spec_factor": s.max_spec_factor,
+                "suffix_decoding_min_token_prob": s.min_token_prob}
+
+    def takes_request_budgets(self, spec):
+        return spec.suffix.backend == "das"
+
+    def caches_own_requests(self, spec):
+        return spec.suffix.backend == "vllm"
+
+    def rollout_prompt_tail(self, spec):
+        # the store keeps a prompt's last max_tree_depth - 1 tokens: a match never reaches further back
+        return spec.suffix.max_tree_depth - 1 if spec.suffix.backend == "das" else None
 
 TRACE_LIMIT = 1_000_000  # drafts kept when tracing is on (tests, debugging)
 _SOURCE_INDEX = {s: i for i, s in enumerate(SOURCES)}
@@ -111,8 +161,6 @@ def _rollout_rows(rollouts):
 
 def _suffix_settings(spec: Optional[dict]) -> dict:
     """The `suffix` sub-block of the speculative block, validated with the config schema."""
-    from nemo_rl_specdec.config import SuffixConfig
-
     raw = dict((spec or {}).get("suffix") or {})
     return SuffixConfig(**raw).model_dump()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, to_vllm_speculative_config
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 
@@ -84,12 +85,10 @@ def check_drafter_paths(spec: SpecDecConfig) -> None:
     """Fail before any engine starts when a drafter checkpoint path does not exist."""
     if not spec.enabled:
         return
-    for name in ("draft_model", "eagle3"):
-        if spec.drafter == name:
-            p = getattr(spec, name).model
-            if p and not Path(p).exists():
-                raise ConfigError(f"policy.generation.speculative_decoding.{name}.model: got {p!r}; "
-                                  "allowed: an existing checkpoint directory")
+    p = drafter_of(spec).checkpoint(spec)
+    if p and not Path(p).exists():
+        raise ConfigError(f"policy.generation.speculative_decoding.{spec.drafter}.model: got {p!r}; "
+                          "allowed: an existing checkpoint directory")
 
 
 @dataclass

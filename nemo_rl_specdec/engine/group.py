@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.drafters.base import MODEL
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine.engine import GenerateResult, Request, Rollout
 from nemo_rl_specdec.metrics import SpecMetrics
 from nemo_rl_specdec.scheduling.budget import BUDGETS, engine_budgets, k_by_batch_size_schedule
@@ -57,7 +59,6 @@ from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
 log = logging.getLogger("nemo_rl_specdec")
 
-MODEL_DRAFTERS = ("draft_model", "eagle3", "mtp")
 VLLM_MAX_NUM_SEQS_CPU = 256  # vLLM's default max_num_seqs for LLM() on CPU: the schedule covers 1..this
 DEFAULT_COST_MODEL = {"c_base": 1.0, "c_tok": 1.0 / 64, "c_draft": 0.0}
 
@@ -92,9 +93,10 @@ def budget_route(spec) -> str:
     `k_by_batch_size` (model drafters), `none` (speculation off; vLLM's ngram / suffix)."""
     if not spec.enabled:
         return "none"
-    if spec.drafter == "suffix" and spec.suffix.backend == "das":
+    d = drafter_of(spec)
+    if d.takes_request_budgets(spec):
         return "per_request"
-    if spec.drafter in MODEL_DRAFTERS:
+    if d.kind == MODEL:
         return "k_by_batch_size"
     return "none"
 
@@ -110,7 +112,7 @@ def scheduled_config(cfg: RunConfig, spec_enabled: Optional[bool] = None,
     is returned unchanged (an explicit schedule is used as written)."""
     cm = {**DEFAULT_COST_MODEL, **(cost_model or {})}
     spec = cfg.spec if spec_enabled is None else cfg.spec.model_copy(update={"enabled": bool(spec_enabled)})
-    if not (spec.enabled and spec.drafter in MODEL_DRAFTERS and spec.scheduling.budget != "uniform"
+    if not (spec.enabled and drafter_of(spec).kind == MODEL and spec.scheduling.budget != "uniform"
             and not spec.scheduling.k_by_batch_size):
         return cfg, None
     max_batch = int((cfg.generation.vllm_cfg.model_extra or {}).get("max_num_seqs") or VLLM_MAX_NUM_SEQS_CPU)

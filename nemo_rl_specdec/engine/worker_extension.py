@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from nemo_rl_specdec.drafters.base import MODEL
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine.weights import (
     WeightLoadError,
     decode_weights,
@@ -101,7 +103,7 @@ class SpecDecWorkerExtension:
             st.drafter_kind = "list"
             if hasattr(proposer, "specdec_attach"):
                 proposer.specdec_attach(self.model_runner, spec)
-        if spec.get("enabled") and spec.get("drafter") in ("draft_model", "eagle3", "mtp") and model is None:
+        if spec.get("enabled") and drafter_of(spec).kind == MODEL and model is None:
             raise DrafterRefreshError(
                 f"drafter '{spec.get('drafter')}' is configured but the engine has no drafter model "
                 "(get_draft_model(), model_runner.drafter.model, model_runner.speculator.model are all empty)")
@@ -296,7 +298,7 @@ class SpecDecWorkerExtension:
         if pushed:
             return pushed
         st = self._specdec()
-        if st.spec.get("drafter") == "mtp":
+        if drafter_of(st.spec).weights_in_policy_checkpoint:
             items = decode_weights(self.model_config.model)
             return split_policy_and_drafter(items, self._specdec_num_layers())[1]
         return decode_weights(self.vllm_config.speculative_config.model)

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+
 SUPPORTED = "NeMo-RL v0.7.0 (81aa43d) and main (7ea279a)"
 
 # -- generation backend (driver side)
@@ -281,7 +283,8 @@ def required_hooks(gen_cfg: dict, spec: Any, trains_mtp: bool = False, distills:
         if spec is not None and spec.scheduling.placement != "contiguous":
             need[ASYNC_PLACEMENT_HOOK] = (f"scheduling.placement={spec.scheduling.placement} with async_engine: "
                                           "routes each request to the chosen engine")
-    if spec is not None and spec.drafter == "mtp" and (trains_mtp or gen_cfg.get("_mtp_weights_from_refit")):
+    if spec is not None and drafter_of(spec).weights_in_policy_checkpoint and (
+            trains_mtp or gen_cfg.get("_mtp_weights_from_refit")):
         need[MTP_REFIT_HOOK] = "drafter=mtp refreshed from the policy stream (megatron_cfg.mtp_num_layers > 0)"
     transport = gen_cfg.get("refit_transport")
     route: dict = {}

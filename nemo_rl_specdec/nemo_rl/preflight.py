@@ -115,9 +115,9 @@ def check(spec: Any, gen_cfg: dict, worker_fqn: str, run: Callable = subprocess.
     if spec is None:
         return {}
     facts = facts if facts is not None else worker_facts(worker_python(worker_fqn), run)
-    if spec.drafter == "suffix" and facts.get("arctic"):
+    if translate.needs_arctic(spec) and facts.get("arctic"):
         raise ImportError(translate.arctic_missing_message(
-            f"the vLLM workers' Python ({facts.get('python', '?')})", facts["arctic"]))
+            f"the vLLM workers' Python ({facts.get('python', '?')})", facts["arctic"], spec.drafter))
     kwargs = gen_cfg.get("vllm_kwargs") or {}
     if kwargs.get("speculative_config"):
         kwargs = dict(kwargs)

@@ -16,6 +16,15 @@ from nemo_rl_specdec.config import (
     to_vllm_speculative_config,
     validate_run_dict,
 )
+from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, re-exported for the adapter)
+    MODEL,
+    SOURCE_CHECKPOINT,
+    SOURCE_CHECKPOINT_ONCE,
+    SOURCE_NONE,
+    SOURCE_POLICY_DISTILL,
+    SOURCE_REFIT_STREAM,
+)
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.nemo_rl import api
 
 GEN_PATH = "policy.generation"
@@ -40,11 +49,6 @@ EXTENSION_SUBSTITUTES = {api.HOST_EXTENSION: OUR_EXTENSION, api.HOST_EXTENSION_C
 UNSUPPORTED_REFIT_TRANSPORTS = ("vllm_s3_sparse", "vllm_zmq_sparse")
 
 # Where the drafter's weights come from in a NeMo-RL run.
-SOURCE_NONE = "none"                  # suffix / ngram: no weights
-SOURCE_REFIT_STREAM = "refit_stream"  # trainer exports them with the policy (draft.* or MTP layers)
-SOURCE_CHECKPOINT_ONCE = "checkpoint_once"  # MTP heads read once from the policy checkpoint
-SOURCE_CHECKPOINT = "checkpoint"      # eagle3 / draft_model read from their own checkpoint at startup
-SOURCE_POLICY_DISTILL = "policy_distill"  # ... and distilled online in the DTensor policy workers (policy_workers.py)
 
 # Generation-config keys (NeMo-RL style internal keys, like `_pad_token_id`) read by our workers:
 WEIGHT_SOURCE_KEY = "_specdec_weight_source"  # where the drafter's weights come from
@@ -60,8 +64,16 @@ NeMo-RL's vLLM workers. PyPI has only its source distribution; build it against 
 (docs/nemo_rl.md, "arctic-inference in NeMo-RL's vLLM environment")."""
 
 
-def arctic_missing_message(where: str, error: str) -> str:
-    return (f"{BLOCK_PATH}.drafter=suffix: arctic_inference does not import in {where}: {error}\n"
+ARCTIC_MODULE = "arctic_inference.suffix_decoding"
+
+
+def needs_arctic(spec: SpecDecConfig) -> bool:
+    """Whether the drafter builds arctic-inference suffix trees in the vLLM workers."""
+    return ARCTIC_MODULE in drafter_of(spec).worker_modules
+
+
+def arctic_missing_message(where: str, error: str, drafter: str = "suffix") -> str:
+    return (f"{BLOCK_PATH}.drafter={drafter}: arctic_inference does not import in {where}: {error}\n"
             + ARCTIC_RECIPE)
 
 
@@ -111,14 +123,7 @@ def drafter_weight_source(spec: SpecDecConfig, trainer_exports_draft: bool, trai
     `trainer_exports_draft` is `policy.draft.enabled` (Megatron trains an Eagle head and streams
     it as `draft.*` tensors); `trains_mtp` is `policy.megatron_cfg.mtp_num_layers > 0`.
     """
-    d = spec.drafter
-    if d in ("suffix", "ngram"):
-        return SOURCE_NONE
-    if d == "mtp":
-        return SOURCE_REFIT_STREAM if trains_mtp else SOURCE_CHECKPOINT_ONCE
-    if d == "eagle3" and trainer_exports_draft:
-        return SOURCE_REFIT_STREAM
-    return SOURCE_POLICY_DISTILL if spec.refresh.mode == "online" else SOURCE_CHECKPOINT
+    return drafter_of(spec).weight_source(spec, trainer_exports_draft, trains_mtp)
 
 
 def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
@@ -126,22 +131,15 @@ def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
     mode = spec.refresh.mode
     path = f"{BLOCK_PATH}.refresh.mode"
     if mode == "refit" and source != SOURCE_REFIT_STREAM:
-        if spec.drafter == "mtp":
-            hint = "refit needs the trainer to train and stream the MTP layers: policy.megatron_cfg.mtp_num_layers > 0"
-        elif spec.drafter == "eagle3":
-            hint = "refit needs the trainer to stream the Eagle head: policy.draft.enabled=true (Megatron policy)"
-        else:
-            hint = "NeMo-RL trains no external draft model; use 'online' (distilled in the policy workers) or 'frozen'"
-        raise ConfigError(f"{path}: got 'refit'; {hint}")
+        raise ConfigError(f"{path}: got 'refit'; {drafter_of(spec).refit_hint}")
     if mode == "online" and source == SOURCE_CHECKPOINT_ONCE:
         raise ConfigError(
             f"{path}: got 'online' with drafter 'mtp' and no trainer-side MTP layers; in NeMo-RL the MTP layers "
             "are refreshed by the trainer (policy.megatron_cfg.mtp_num_layers > 0, then 'refit' or 'online'); "
             "allowed here: 'frozen'")
     if mode == "frozen" and source == SOURCE_REFIT_STREAM:
-        what = "policy.draft.enabled=true" if spec.drafter == "eagle3" else "policy.megatron_cfg.mtp_num_layers > 0"
         raise ConfigError(
-            f"{path}: got 'frozen', but {what} makes the trainer stream new drafter weights every step; "
+            f"{path}: got 'frozen', but {drafter_of(spec).trainer_stream} makes the trainer stream new drafter weights every step; "
             f"use 'online' or 'refit', or turn the trainer-side drafter off"
         )
 
@@ -150,7 +148,12 @@ def rollouts_wanted(spec: SpecDecConfig) -> bool:
     """Whether each policy update hands the step's rollouts to the engines' drafters: only DAS
     builds from them (model drafters are distilled in the policy workers). The driver starts the
     rollout exchange exactly when the workers keep a stash: both ask here."""
-    return spec.drafter == "suffix" and spec.suffix.backend == "das"
+    return rollout_prompt_tail(spec) is not None
+
+
+def rollout_prompt_tail(spec: SpecDecConfig) -> Optional[int]:
+    """Prompt tokens (the tail) each rollout carries to the engines' drafters; None: they take none."""
+    return drafter_of(spec).rollout_prompt_tail(spec)
 
 
 def check_distill_policy(policy: dict) -> None:
@@ -204,13 +207,7 @@ def check_run(raw: dict) -> Optional[SpecDecConfig]:
     check_refresh_mode(spec, source)
     if source == SOURCE_POLICY_DISTILL:
         check_distill_policy(policy)
-    if spec.drafter == "eagle3" and trainer_exports_draft:
-        trained = _get(policy, "draft.model_name")
-        if trained and trained != spec.eagle3.model:
-            raise ConfigError(
-                f"{BLOCK_PATH}.eagle3.model: got {spec.eagle3.model!r}, but the trainer's Eagle head is "
-                f"policy.draft.model_name={trained!r}; they must be the same checkpoint"
-            )
+    drafter_of(spec).check_nemo_rl(spec, policy)
     return spec
 
 
@@ -228,7 +225,7 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{BLOCK_PATH}.scheduling.budget: got {spec.scheduling.budget!r} with "
             f"{GEN_PATH}.vllm_cfg.async_engine=true; per-request budgets are computed over an engine's "
             "batch, and NeMo-RL's async engine receives one request at a time; allowed here: 'uniform'")
-    if spec.on_refresh_error == "disable" and spec.drafter in ("draft_model", "eagle3", "mtp"):
+    if spec.on_refresh_error == "disable" and drafter_of(spec).kind == MODEL:
         raise ConfigError(
             f"{BLOCK_PATH}.on_refresh_error: got 'disable' with drafter={spec.drafter!r}; NeMo-RL's vLLM engine "
             "keeps a model drafter for the whole run, so a failed refresh could not really turn speculation off; "

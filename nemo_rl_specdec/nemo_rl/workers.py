@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 import logging
+import sys
 import uuid
 from typing import Any, Optional
 
@@ -100,13 +102,13 @@ def wrap_engine_generate(llm: Any) -> None:
 
 def preflight(spec: Any) -> None:
     """The drafter's libraries import in this Python environment (raised before any engine starts)."""
-    if spec is None or spec.drafter != "suffix":
+    if spec is None or not translate.needs_arctic(spec):
         return
     try:
-        import arctic_inference.suffix_decoding  # noqa: F401
+        importlib.import_module(translate.ARCTIC_MODULE)
     except ImportError as e:
-        raise ImportError(translate.arctic_missing_message(f"this worker's Python ({__import__('sys').executable})",
-                                                          str(e))) from None
+        raise ImportError(translate.arctic_missing_message(f"this worker's Python ({sys.executable})", str(e),
+                                                          spec.drafter)) from None
 
 
 class SpecDecWorkerState:
@@ -124,8 +126,7 @@ class SpecDecWorkerState:
         if self._specdec_spec is not None:
             preflight(self._specdec_spec)
             want = translate.rollouts_wanted(self._specdec_spec)
-            if self._specdec_spec.drafter == "suffix":
-                self._specdec_prompt_tail = self._specdec_spec.suffix.max_tree_depth - 1
+            self._specdec_prompt_tail = translate.rollout_prompt_tail(self._specdec_spec)
         if want and not self._specdec_exchange_name:
             raise RuntimeError(f"{translate.EXCHANGE_KEY} is missing from the generation config: the worker was not "
                                "created by nemo-rl-specdec's VllmGeneration, so its drafter would see no rollouts")

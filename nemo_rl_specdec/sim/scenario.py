@@ -19,6 +19,8 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
+from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.scheduling.budget import expected_accepted
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
@@ -26,7 +28,6 @@ from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_siz
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SIM_CONFIGS = PACKAGE_DIR.parent / "configs" / "sim"
 
-LIST_DRAFTERS = ("suffix", "ngram")
 # metrics a calibration target may name (report.compare produces exactly these)
 METRICS = (
     "rollout_s_baseline", "rollout_s_spec", "rollout_speedup", "rollout_time_reduction",
@@ -37,8 +38,16 @@ METRICS = (
     "output_tokens_per_s_baseline", "output_tokens_per_s_spec", "exposed_generation_s_baseline",
     "exposed_generation_s_spec", "preemptions_baseline", "preemptions_spec",
 )
-MODEL_DRAFTERS = ("eagle3", "draft_model", "mtp")
-BLOCK_DRAFTERS = ("dflash", "dspark")
+# the simulator's drafter kinds by how drafting costs (drafters/base.py: draft_cost)
+SIM_KIND = {HOST: "list", SEQUENTIAL: "model", PARALLEL: "block"}
+# published drafters the simulator prices that this package does not run (a registered drafter of the same
+# name takes precedence)
+PUBLISHED_DRAFTERS = {"dflash": "block", "dspark": "block"}
+
+
+def drafter_kinds() -> dict:
+    """Drafter name -> simulator kind: every registered drafter, plus the published ones."""
+    return {**PUBLISHED_DRAFTERS, **{n: SIM_KIND[d.draft_cost] for n, d in DRAFTERS.items()}}
 
 
 class ScenarioError(ConfigError):
@@ -172,7 +181,7 @@ class Drafter(_Strict):
     `coverage` of request-steps. A drafter forward is priced by the roofline of `model` when
     given, plus `fwd_base_s`."""
 
-    name: Literal["suffix", "ngram", "eagle3", "draft_model", "mtp", "dflash", "dspark", "custom"] = "suffix"
+    name: str = Field("suffix", description="a registered or published drafter (kind implied), or 'custom'")
     kind: Optional[Literal["list", "model", "block"]] = None
     fwd_base_s: float = Field(0.0, ge=0, description="fixed cost of one draft forward")
     tok_s: float = Field(0.0, ge=0, description="cost per draft token")
@@ -185,8 +194,10 @@ class Drafter(_Strict):
 
     @model_validator(mode="after")
     def _kind(self):
-        default = {**{n: "list" for n in LIST_DRAFTERS}, **{n: "model" for n in MODEL_DRAFTERS},
-                   **{n: "block" for n in BLOCK_DRAFTERS}}.get(self.name)
+        kinds = drafter_kinds()
+        if self.name != "custom" and self.name not in kinds:
+            raise _PathError("drafter.name", self.name, f"one of {sorted(kinds) + ['custom']}")
+        default = kinds.get(self.name)
         if self.kind is None:
             if default is None:
                 raise ValueError("drafter 'custom' needs kind: list | model | block")

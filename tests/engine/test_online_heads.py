@@ -25,7 +25,8 @@ import pytest
 
 from nemo_rl_specdec.config import load_run_config
 from nemo_rl_specdec.engine.engine import Engine, Request
-from nemo_rl_specdec.train.distill import Eagle3Distiller, MTPDistiller
+from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
+from nemo_rl_specdec.drafters.mtp import MTPDistiller
 
 BLOCK = "policy.generation.speculative_decoding"
 ROUNDS = 2

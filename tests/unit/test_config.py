@@ -19,7 +19,6 @@ from pydantic import BaseModel
 from nemo_rl_specdec import cli
 from nemo_rl_specdec.config import (
     BLOCK_PATH,
-    DAS_PROPOSER,
     PACKAGE_DIR,
     ConfigError,
     RunConfig,
@@ -296,10 +295,9 @@ def test_vllm_config_ngram():
 def test_vllm_config_suffix_das_is_our_custom_proposer():
     spec = spec_of({"enabled": True, "drafter": "suffix", "num_speculative_tokens": 12})
     assert to_vllm_speculative_config(spec) == {
-        "method": "custom_class", "model": DAS_PROPOSER, "num_speculative_tokens": 12,
+        "method": "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", "num_speculative_tokens": 12,
     }
-    assert DAS_PROPOSER == "nemo_rl_specdec.drafters.suffix.DASProposer"
-
+    
 
 def test_vllm_config_suffix_vllm_backend():
     spec = spec_of({"enabled": True, "drafter": "suffix", "num_speculative_tokens": 16,
@@ -777,7 +775,7 @@ def test_cli_validate_ok(capsys):
     assert out["speculative_decoding"]["drafter"] == "suffix"
     assert out["speculative_decoding"]["refresh"]["mode"] == "rebuild"
     assert out["vllm_speculative_config"] == {
-        "method": "custom_class", "model": DAS_PROPOSER, "num_speculative_tokens": 8,
+        "method": "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", "num_speculative_tokens": 8,
     }
 
 

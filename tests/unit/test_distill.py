@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nemo_rl_specdec.drafters.draft_model import DraftModelDistiller
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
-    DraftModelDistiller,
     forward_kl,
     micro_batches,
     pad_batch,
@@ -166,9 +166,14 @@ def test_demo_accepts_online_for_every_drafter_with_a_trainer_and_names_the_key_
             DemoSettings(load_run_config(run_file, bad))
 
 
-def test_make_distiller_builds_the_configured_drafters_trainer():
+def test_each_drafter_builds_its_own_online_trainer():
     from nemo_rl_specdec.config import load_run_config
-    from nemo_rl_specdec.train.distill import Eagle3Distiller, MTPDistiller, make_distiller
+    from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
+    from nemo_rl_specdec.drafters.mtp import MTPDistiller
+    from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+
+    def make_distiller(spec, **kw):
+        return drafter_of(spec).distiller(spec, **kw)
 
     b = "policy.generation.speculative_decoding"
     spec = load_run_config("configs/tiny_cpu.yaml", [f"{b}.drafter=eagle3"]).spec

@@ -7,7 +7,8 @@ import hashlib
 import pytest
 import torch
 
-from nemo_rl_specdec.train.distill import DraftModelDistiller, _Seq, cap_tokens
+from nemo_rl_specdec.drafters.draft_model import DraftModelDistiller
+from nemo_rl_specdec.train.distill import _Seq, cap_tokens
 from test_distill import _rollouts, _save_model
 
 

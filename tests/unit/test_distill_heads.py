@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from nemo_rl_specdec.demo.task import TINY_ASSETS_DIR
-from nemo_rl_specdec.train.distill import DistillInputError, Eagle3Distiller, MTPDistiller
+from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
+from nemo_rl_specdec.drafters.mtp import MTPDistiller
+from nemo_rl_specdec.train.distill import DistillInputError
 
 EAGLE3 = TINY_ASSETS_DIR / "eagle3"
 POLICY = TINY_ASSETS_DIR / "policy"
@@ -138,7 +140,7 @@ def test_checkpoints_without_a_head_are_refused(tmp_path, perturbed_policy):
 
 
 def test_aux_hidden_states_are_the_inputs_of_the_policys_layers(perturbed_policy):
-    from nemo_rl_specdec.train.train_eagle3 import aux_hidden_and_logits
+    from nemo_rl_specdec.drafters.eagle3 import aux_hidden_and_logits
 
     p = perturbed_policy(POLICY, scale=0.0, seed=0)
     ids = torch.randint(3, 128, (2, 12))

@@ -1,6 +1,6 @@
 """Train the bundled MTP workload: a tiny Qwen2 policy with one MiMo-style MTP layer.
 
-    python -m nemo_rl_specdec.train.train_tiny_mtp --out nemo_rl_specdec/assets/tiny_mtp --seed 0
+    python -m nemo_rl_specdec.tools.train_tiny_mtp --out nemo_rl_specdec/assets/tiny_mtp --seed 0
 
 vLLM runs ``method: mtp`` on CPU for ``MiMoForCausalLM`` (Qwen2 + ``model.mtp_layers.*``) in fp32
 (reference/drafters_cpu.md §3). The checkpoint is a plain ``Qwen2ForCausalLM`` (``model_type:
@@ -18,7 +18,7 @@ position 0, and the MTP layer's RoPE position is t (the drafter runs on the targ
 
 Training (deterministic given --seed, CPU, one thread): the policy and the MTP layer are trained
 together by supervised learning on the task's worked solutions (reuses the tokenizer, task and
-data stream of :mod:`nemo_rl_specdec.demo.train_tiny`): loss = CE(next token) + CE(token after
+data stream of :mod:`nemo_rl_specdec.tools.train_tiny`): loss = CE(next token) + CE(token after
 next, MTP). The hidden state fed to the MTP layer is detached, so the MTP loss does not shape the
 decoder layers; the shared (tied) embedding/lm_head receive both losses, as in joint MTP training.
 """
@@ -34,11 +34,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nemo_rl_specdec.demo import task, train_tiny
+from nemo_rl_specdec.demo import task
+from nemo_rl_specdec.drafters.mtp import MTPLayer, mtp_loss, pre_norm_hidden
+from nemo_rl_specdec.tools import train_tiny
 
 POLICY_ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=320)
-MTP_PREFIX = "model.mtp_layers.0."
 
 
 def log(msg: str) -> None:
@@ -56,98 +57,6 @@ def make_policy(tok, seed: int):
     cfg._attn_implementation = "sdpa"  # causal with attention_mask=None (the MTP layer relies on it)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg).float()
-
-
-class MTPLayer(torch.nn.Module):
-    """HF-module mirror of vLLM's MiMoMultiTokenPredictorLayer (same parameter names)."""
-
-    def __init__(self, config):
-        super().__init__()
-        from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
-
-        H, eps = config.hidden_size, config.rms_norm_eps
-        self.token_layernorm = Qwen2RMSNorm(H, eps=eps)
-        self.hidden_layernorm = Qwen2RMSNorm(H, eps=eps)
-        self.input_proj = torch.nn.Linear(2 * H, H, bias=False)
-        self.block = Qwen2DecoderLayer(config, layer_idx=config.num_hidden_layers - 1)  # a full-attention layer
-        self.final_layernorm = Qwen2RMSNorm(H, eps=eps)
-
-    def forward(self, hidden, embeds, position_ids, rotary):
-        embeds = torch.where((position_ids == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
-        x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(embeds)], -1))
-        out = self.block(x, attention_mask=None, position_ids=position_ids, position_embeddings=rotary(x, position_ids))
-        out = out[0] if isinstance(out, tuple) else out
-        return self.final_layernorm(out)
-
-    def checkpoint_tensors(self) -> dict:
-        out = {}
-        for k, v in self.state_dict().items():
-            k = k.replace("block.", "", 1)
-            out[MTP_PREFIX + k] = v.detach().clone().contiguous()
-        return out
-
-
-MTP_OWN = ("token_layernorm.", "hidden_layernorm.", "input_proj.", "final_layernorm.")
-
-
-def load_mtp_layer(model_dir) -> tuple:
-    """(MTPLayer with layer 0's tensors, the policy's HF config) read from the checkpoint's safetensors
-    (transformers' Qwen2ForCausalLM drops ``model.mtp_layers.*`` on load, so they are read here)."""
-    from safetensors import safe_open
-    from transformers import AutoConfig
-
-    model_dir = Path(model_dir)
-    cfg = AutoConfig.from_pretrained(str(model_dir))
-    n = int(getattr(cfg, "num_nextn_predict_layers", 0) or 0)
-    if n < 1:
-        raise ValueError(f"{model_dir}: config.json has no num_nextn_predict_layers (not a MiMo-style MTP policy)")
-    cfg._attn_implementation = "sdpa"  # causal with attention_mask=None
-    tensors = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as fh:
-            for k in fh.keys():
-                if k.startswith(MTP_PREFIX):
-                    rest = k[len(MTP_PREFIX):]
-                    tensors[rest if rest.startswith(MTP_OWN) else "block." + rest] = fh.get_tensor(k)
-    if not tensors:
-        raise ValueError(f"{model_dir}: no {MTP_PREFIX}* tensors in its safetensors files")
-    mtp = MTPLayer(cfg).float()
-    missing, unexpected = mtp.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{model_dir}: MTP layer 0 does not match the MiMo layout (missing {missing[:4]}, "
-                         f"unexpected {unexpected[:4]})")
-    return mtp, cfg
-
-
-def pre_norm_hidden(policy, ids):
-    """(logits, last decoder layer output before the final norm) for ids [B, T]."""
-    box = {}
-    h = policy.model.layers[-1].register_forward_hook(
-        lambda m, i, o: box.__setitem__("h", o[0] if isinstance(o, tuple) else o))
-    try:
-        logits = policy(input_ids=ids).logits
-    finally:
-        h.remove()
-    return logits, box["h"]
-
-
-def mtp_inputs(policy, ids, hidden):
-    """What the MTP layer reads at positions t = 0..T-2: (h_t [B, T-1, H], emb(x_{t+1}), positions t)."""
-    T = ids.shape[1]
-    pos = torch.arange(T - 1).unsqueeze(0).expand(ids.shape[0], -1)
-    return hidden[:, :-1], policy.model.embed_tokens(ids[:, 1:]), pos
-
-
-def mtp_logits(policy, mtp: MTPLayer, ids, hidden):
-    """MTP logits at positions 0..T-2 (predicting ids[:, 2:] at 0..T-3)."""
-    h, emb, pos = mtp_inputs(policy, ids, hidden)
-    return policy.lm_head(mtp(h, emb, pos, policy.model.rotary_emb))
-
-
-def mtp_loss(policy, mtp, ids, labels, hidden):
-    lg = mtp_logits(policy, mtp, ids, hidden)[:, :-1]  # position t predicts x_{t+2}
-    tgt = labels[:, 2:]
-    return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), ignore_index=-100), lg, tgt
 
 
 def _lr(step: int, peak: float, total: int, warmup: int = 50) -> float:
@@ -201,7 +110,7 @@ def save(tok, policy, mtp, out: Path, info: dict, args) -> None:
     cfg = json.loads((out / "config.json").read_text())
     cfg.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    manifest = {"script": "nemo_rl_specdec.train.train_tiny_mtp", "seed": args.seed, "args": vars(args) | {"out": None},
+    manifest = {"script": "nemo_rl_specdec.tools.train_tiny_mtp", "seed": args.seed, "args": vars(args) | {"out": None},
                 "arch": POLICY_ARCH | {"mtp_layers": 1, "architecture": "MiMoForCausalLM (model_type qwen2)"},
                 "policy_params": sum(p.numel() for p in policy.parameters()),
                 "mtp_params": sum(p.numel() for p in mtp.parameters()), "training": info,

@@ -1,6 +1,6 @@
 """Train the bundled default workload: a tiny Qwen3 policy and a smaller Qwen3 draft model.
 
-    python -m nemo_rl_specdec.demo.train_tiny --out nemo_rl_specdec/assets/tiny --seed 0
+    python -m nemo_rl_specdec.tools.train_tiny --out nemo_rl_specdec/assets/tiny --seed 0
 
 Writes ``<out>/policy`` and ``<out>/draft`` (``save_pretrained``, fp32 safetensors, plus the
 tokenizer files) and ``<out>/MANIFEST.json``. Everything is derived from ``--seed``:
@@ -468,7 +468,7 @@ def main(argv=None) -> dict:
     save(policy, tok, out / "policy")
     save(draft, tok, out / "draft")
     manifest = {
-        "script": "nemo_rl_specdec.demo.train_tiny",
+        "script": "nemo_rl_specdec.tools.train_tiny",
         "script_version": SCRIPT_VERSION,
         "seed": args.seed,
         "args": vars(args) | {"out": None},

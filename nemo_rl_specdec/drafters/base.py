@@ -1,0 +1,120 @@
+"""The drafter contract: what one speculative-decoding method declares so that the rest of the
+package asks it instead of comparing drafter names.
+
+A drafter is a class with a few class attributes and methods, one file per drafter, listed once
+in `drafters/registry.py`:
+
+- identity and benchmark rows (`bench_rows`): `name` (the `drafter:` value), `kind` (`list`: any draft length per request, per-step
+  host work; `model`: k fixed at engine start, a module in the engine), `draft_cost` (how its
+  drafting scales: `host`, `sequential` k small forwards, or one `parallel` block forward);
+- configuration: `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes` (the
+  first is the default), `check(spec)` for cross-field rules, `vllm_config(spec, temperature)`;
+- weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
+  layers ride in the policy's), `takes_request_budgets(spec)`, `rollout_prompt_tail(spec)` (it
+  builds from rollouts);
+- online refresh: `distiller(spec, ...)` returns its `train.distill.Distiller`;
+- NeMo-RL: `weight_source(spec, ...)` (where its weights come from there), `refit_hint` and
+  `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`, `worker_modules` (libraries the
+  vLLM workers must import).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from nemo_rl_specdec.schema import PathError, Strict
+
+if TYPE_CHECKING:
+    from nemo_rl_specdec.config import SpecDecConfig
+    from nemo_rl_specdec.train.distill import Distiller
+
+LIST, MODEL = "list", "model"
+HOST, SEQUENTIAL, PARALLEL = "host", "sequential", "parallel"
+
+# Where a drafter's weights come from inside NeMo-RL (nemo_rl/translate.py routes on them)
+SOURCE_NONE = "none"                  # list drafters: no weights
+SOURCE_REFIT_STREAM = "refit_stream"  # the trainer exports them with the policy (draft.* or MTP layers)
+SOURCE_CHECKPOINT_ONCE = "checkpoint_once"  # MTP layers read once from the policy checkpoint
+SOURCE_CHECKPOINT = "checkpoint"      # read from the drafter's own checkpoint at engine start
+SOURCE_POLICY_DISTILL = "policy_distill"  # ... and distilled online in the policy workers
+
+
+class NoConfig(Strict):
+    """A drafter without settings of its own."""
+
+
+class Drafter:
+    name: ClassVar[str]
+    kind: ClassVar[str] = MODEL
+    draft_cost: ClassVar[str] = SEQUENTIAL
+    config: ClassVar[type[Strict]] = NoConfig
+    refresh_modes: ClassVar[tuple[str, ...]] = ("frozen",)
+    weights_in_policy_checkpoint: ClassVar[bool] = False
+    refit_hint: ClassVar[str] = "no NeMo-RL trainer streams this drafter's weights"  # why `refit` is refused
+    trainer_stream: ClassVar[str] = ""  # the NeMo-RL policy setting that makes the trainer stream its weights
+    worker_modules: ClassVar[tuple[str, ...]] = ()
+    # rows of `bench --suite drafters`: (label, block overrides `key=value` relative to the block)
+    bench_rows: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
+
+    # ------------------------------------------------------------------ configuration
+    def settings(self, spec: "SpecDecConfig") -> Strict:
+        """The drafter's sub-block of `spec`."""
+        return getattr(spec, self.name)
+
+    def checkpoint(self, spec: "SpecDecConfig") -> Optional[str]:
+        """Path of the drafter's own checkpoint (None: it has none, or it lives in the policy's)."""
+        return None
+
+    def check(self, spec: "SpecDecConfig") -> None:
+        """Cross-field rules of an enabled block; raise PathError (relative to the block)."""
+        if self.kind == MODEL and not self.weights_in_policy_checkpoint and not self.checkpoint(spec):
+            raise PathError(f"{self.name}.model", None, f"a checkpoint path when drafter is '{self.name}'")
+
+    def vllm_config(self, spec: "SpecDecConfig", temperature: float) -> dict:
+        """vLLM's `speculative_config` for this drafter (the k schedule is added by config.py)."""
+        raise NotImplementedError
+
+    def draft_sample_method(self, spec: "SpecDecConfig", temperature: float) -> str:
+        """`auto`: probabilistic drafts for model drafters at T>0 (lossless and far better accepted)."""
+        if spec.draft_sample_method != "auto":
+            return spec.draft_sample_method
+        return "probabilistic" if (self.kind == MODEL and temperature > 0) else "greedy"
+
+    # ------------------------------------------------------------------ runtime
+    def takes_request_budgets(self, spec: "SpecDecConfig") -> bool:
+        """Whether per-request draft budgets (`extra_args["specdec_budget"]`) reach this drafter."""
+        return False
+
+    def caches_own_requests(self, spec: "SpecDecConfig") -> bool:
+        """Whether the drafter learns from the engine's own finished requests (vLLM's suffix cache)."""
+        return False
+
+    def rollout_prompt_tail(self, spec: "SpecDecConfig") -> Optional[int]:
+        """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
+        return None
+
+    def distiller(self, spec: "SpecDecConfig", *, temperature: float, seed: int = 0,
+                  model_path: Optional[str] = None, **kw: Any) -> "Distiller":
+        """The online trainer of this drafter (`refresh.mode: online`) with the hyper-parameters of
+        `refresh.distill` (keyword arguments override them); `model_path` is the policy checkpoint."""
+        d = spec.refresh.distill
+        kw = {"lr": d.lr, "epochs": d.epochs, "micro_batch_tokens": d.micro_batch_tokens,
+              "max_tokens": d.max_tokens, **kw}
+        return self.build_distiller(spec, temperature=temperature, seed=seed, model_path=model_path, **kw)
+
+    def build_distiller(self, spec: "SpecDecConfig", *, temperature: float, seed: int,
+                        model_path: Optional[str], **kw: Any) -> "Distiller":
+        from nemo_rl_specdec.train.distill import DistillInputError
+
+        raise DistillInputError(f"drafter {self.name!r} has no online trainer")
+
+    # ------------------------------------------------------------------ NeMo-RL
+    def weight_source(self, spec: "SpecDecConfig", trainer_exports_draft: bool, trains_mtp: bool) -> str:
+        """Where the drafter's weights come from in a NeMo-RL run. `trainer_exports_draft`:
+        `policy.draft.enabled`; `trains_mtp`: `policy.megatron_cfg.mtp_num_layers > 0`."""
+        if self.kind == LIST:
+            return SOURCE_NONE
+        return SOURCE_POLICY_DISTILL if spec.refresh.mode == "online" else SOURCE_CHECKPOINT
+
+    def check_nemo_rl(self, spec: "SpecDecConfig", policy: dict) -> None:
+        """Drafter-specific rules against the rest of a NeMo-RL run's `policy` (ConfigError)."""
+

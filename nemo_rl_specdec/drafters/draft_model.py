@@ -1,0 +1,90 @@
+"""The `draft_model` drafter: an external small causal LM that shares the policy's tokenizer;
+vLLM's `draft_model` method runs it k times per step.
+
+Owns its `draft_model:` sub-block, its vLLM mapping and its online distiller (the drafter is a
+plain HF model, so no module of its own). In NeMo-RL it is distilled online in the policy workers
+or kept frozen; NeMo-RL has no trainer that streams it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import Field
+
+from nemo_rl_specdec.drafters.base import Drafter
+from nemo_rl_specdec.schema import Strict
+from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_kl
+
+
+class DraftModelConfig(Strict):
+    model: Optional[str] = Field(None, description="path of an HF checkpoint sharing the policy's tokenizer")
+
+
+class DraftModel(Drafter):
+    name = "draft_model"
+    config = DraftModelConfig
+    refresh_modes = ("online", "refit", "frozen")
+    bench_rows = (("draft_model", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
+    refit_hint = "NeMo-RL trains no external draft model; use 'online' (distilled in the policy workers) or 'frozen'"
+
+    def checkpoint(self, spec):
+        return spec.draft_model.model
+
+    def vllm_config(self, spec, temperature):
+        return {"method": "draft_model", "model": spec.draft_model.model,
+                "num_speculative_tokens": spec.num_speculative_tokens,
+                "draft_sample_method": self.draft_sample_method(spec, temperature)}
+
+    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+        if not spec.draft_model.model:
+            raise DistillInputError("draft_model.model is not set: no drafter checkpoint to train")
+        return DraftModelDistiller(spec.draft_model.model, temperature=temperature, seed=seed, **kw)
+
+
+class DraftModelDistiller(Distiller):
+    """Online trainer of an external draft model (any HF causal LM sharing the policy's vocab)."""
+
+    kind = "draft_model"
+
+    def __init__(self, drafter_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
+                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
+                 weight_decay: float = 0.0, num_threads: Optional[int] = None,
+                 max_tokens: Optional[int] = None, device: Any = "cpu"):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if not Path(drafter_dir).is_dir():
+            raise FileNotFoundError(f"drafter_dir: {drafter_dir} is not a checkpoint directory")
+        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
+                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
+        self.drafter_dir = str(drafter_dir)
+        self.model = self.module = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
+                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
+                    vocab_size=self.model.config.vocab_size, max_tokens=max_tokens, device=device)
+
+    def _pad_id(self, teacher) -> int:
+        return self.pad_id
+
+    def _prepare(self, teacher, ids, mask) -> dict:
+        logits = teacher(input_ids=ids).logits[:, :-1]
+        return {"ids": ids, "mask": mask, "t_logp": self._teacher_logp(logits[mask]), "n": int(mask.sum())}
+
+    def _loss(self, item):
+        logits = self.model(input_ids=item["ids"]).logits[:, :-1][item["mask"]]
+        return forward_kl(item["t_logp"], logits, self.temperature), logits, item["t_logp"]
+
+    # ------------------------------------------------------------------ export
+    def state_dict(self) -> dict:
+        """Drafter tensors in its own checkpoint names (detached copies), for `drafter_weights=`."""
+        return {k: v.detach().clone().contiguous() for k, v in self.model.state_dict().items()}
+
+    def save(self, path: str | Path) -> None:
+        """A checkpoint directory of the current drafter (weights, config, the drafter's tokenizer files)."""
+        import shutil
+
+        self.model.save_pretrained(path, safe_serialization=True)
+        for f in Path(self.drafter_dir).glob("tokenizer*"):
+            shutil.copy(f, Path(path) / f.name)

@@ -1,0 +1,293 @@
+"""The `eagle3` drafter: an Eagle3 head (EAGLE/HF layout, one ``llama_eagle3`` layer) that reads
+the policy's aux hidden states; vLLM's `eagle3` method runs it.
+
+Owns its `eagle3:` sub-block, its vLLM mapping, the plain-torch mirror of vLLM's ``llama_eagle3``
+forward (same parameter names, so a checkpoint needs no conversion), its training loss and its
+online distiller. The bundled head is built by `tools/train_eagle3.py`.
+
+Checkpoint layout (what vLLM's ``eagle3`` loads; reference/drafters_cpu.md §1.1): ``config.json``
+with ``architectures: ["LlamaForCausalLMEagle3"]`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``;
+``model.safetensors`` with ``midlayer.*`` (one decoder layer whose q/k/v see
+``cat[input_layernorm(emb), hidden_norm(g)]``), ``fc.weight`` (fuses the aux hidden states into
+``g``), ``norm.weight`` and ``lm_head.weight``. There is no ``embed_tokens``: vLLM shares the
+policy's embedding.
+
+In NeMo-RL the head is distilled online in the policy workers, or streamed by a Megatron
+trainer that trains it (`policy.draft.enabled`, `refresh.mode: refit`).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from pydantic import Field
+
+from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, Drafter
+from nemo_rl_specdec.schema import ConfigError, Strict
+from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_kl
+
+
+class Eagle3Config(Strict):
+    model: Optional[str] = Field(None, description="path of an Eagle3 head checkpoint for the policy")
+    aux_layer_ids: Optional[list[int]] = None
+
+
+class Eagle3(Drafter):
+    name = "eagle3"
+    config = Eagle3Config
+    refresh_modes = ("online", "refit", "frozen")
+    refit_hint = "refit needs the trainer to stream the Eagle head: policy.draft.enabled=true (Megatron policy)"
+    trainer_stream = "policy.draft.enabled=true"
+
+    def checkpoint(self, spec):
+        return spec.eagle3.model
+
+    def vllm_config(self, spec, temperature):
+        return {"method": "eagle3", "model": spec.eagle3.model, "num_speculative_tokens": spec.num_speculative_tokens,
+                "draft_sample_method": self.draft_sample_method(spec, temperature)}
+
+    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+        if not spec.eagle3.model:
+            raise DistillInputError("eagle3.model is not set: no Eagle3 head checkpoint to train")
+        return Eagle3Distiller(spec.eagle3.model, temperature=temperature, seed=seed, **kw)
+
+    def weight_source(self, spec, trainer_exports_draft, trains_mtp):
+        return SOURCE_REFIT_STREAM if trainer_exports_draft else super().weight_source(spec, False, trains_mtp)
+
+    def check_nemo_rl(self, spec, policy):
+        draft = policy.get("draft") or {}
+        trained = draft.get("model_name") if draft.get("enabled") else None
+        if trained and trained != spec.eagle3.model:
+            raise ConfigError(
+                f"policy.generation.speculative_decoding.eagle3.model: got {spec.eagle3.model!r}, but the trainer's "
+                f"Eagle head is policy.draft.model_name={trained!r}; they must be the same checkpoint")
+
+
+# --------------------------------------------------------------------------- the head in plain torch
+
+@functools.cache
+def torch_modules() -> SimpleNamespace:
+    """The head's torch module classes (RMSNorm, MidLayer, Eagle3Head), built on first use so that
+    declaring the drafter (config validation, the CLI) imports no torch."""
+    import torch
+    import torch.nn.functional as F
+
+    class RMSNorm(torch.nn.Module):
+        def __init__(self, n: int, eps: float):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(n))
+            self.eps = eps
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+    class MidLayer(torch.nn.Module):
+        def __init__(self, H: int, nh: int, nkv: int, hd: int, inter: int, eps: float):
+            super().__init__()
+            self.nh, self.nkv, self.hd = nh, nkv, hd
+            self.self_attn = torch.nn.Module()
+            self.self_attn.q_proj = torch.nn.Linear(2 * H, nh * hd, bias=False)
+            self.self_attn.k_proj = torch.nn.Linear(2 * H, nkv * hd, bias=False)
+            self.self_attn.v_proj = torch.nn.Linear(2 * H, nkv * hd, bias=False)
+            self.self_attn.o_proj = torch.nn.Linear(nh * hd, H, bias=False)
+            self.mlp = torch.nn.Module()
+            self.mlp.gate_proj = torch.nn.Linear(H, inter, bias=False)
+            self.mlp.up_proj = torch.nn.Linear(H, inter, bias=False)
+            self.mlp.down_proj = torch.nn.Linear(inter, H, bias=False)
+            self.input_layernorm = RMSNorm(H, eps)
+            self.post_attention_layernorm = RMSNorm(H, eps)
+            self.hidden_norm = RMSNorm(H, eps)
+
+
+    class Eagle3Head(torch.nn.Module):
+        """vLLM llama_eagle3 (one layer, norm_before_residual=False) in plain torch."""
+
+        def __init__(self, H: int, n_aux: int, vocab: int, nh: int, nkv: int, hd: int, inter: int,
+                     eps: float = 1e-6, theta: float = 10000.0):
+            super().__init__()
+            self.theta = theta
+            self.fc = torch.nn.Linear(n_aux * H, H, bias=False)
+            self.midlayer = MidLayer(H, nh, nkv, hd, inter, eps)
+            self.norm = RMSNorm(H, eps)
+            self.lm_head = torch.nn.Linear(H, vocab, bias=False)
+
+        def forward(self, embeds, hidden, pos):
+            """embeds = emb(x_{t+1}), hidden = g_t (or the head's own pre-norm output) [B, T, H].
+            Returns (logits, pre-norm output)."""
+            L = self.midlayer
+            B, T, _ = embeds.shape
+            residual = hidden
+            x = torch.cat([L.input_layernorm(embeds), L.hidden_norm(hidden)], -1)
+            a = L.self_attn
+            q = a.q_proj(x).view(B, T, L.nh, L.hd).transpose(1, 2)
+            k = a.k_proj(x).view(B, T, L.nkv, L.hd).transpose(1, 2)
+            v = a.v_proj(x).view(B, T, L.nkv, L.hd).transpose(1, 2)
+            q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
+            rep = L.nh // L.nkv
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+            h = a.o_proj(o) + residual
+            m = L.post_attention_layernorm(h)
+            h = L.mlp.down_proj(F.silu(L.mlp.gate_proj(m)) * L.mlp.up_proj(m)) + h
+            return self.lm_head(self.norm(h)), h
+
+        def checkpoint_tensors(self) -> dict:
+            return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
+
+    for cls in (RMSNorm, MidLayer, Eagle3Head):
+        cls.__qualname__ = cls.__name__  # pickles by module attribute (the module __getattr__ below)
+    return SimpleNamespace(RMSNorm=RMSNorm, MidLayer=MidLayer, Eagle3Head=Eagle3Head)
+
+
+def __getattr__(name: str):
+    if name in ("RMSNorm", "MidLayer", "Eagle3Head"):
+        return getattr(torch_modules(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def rope(x, pos, theta: float):
+    """Neox-style rotary embedding on [B, heads, T, hd] at integer positions [B, T]."""
+    import torch
+
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    ang = pos.float().unsqueeze(-1) * inv  # [B, T, hd/2]
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(1), torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(1)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def aux_hidden_and_logits(policy, ids, layer_ids, embeddings: bool = False):
+    """Aux hidden states (id i = residual stream after i decoder layers, 0 = embeddings) and logits,
+    from one no-grad forward with ``output_hidden_states`` (entry i < num_hidden_layers is the input
+    of layer i; the last entry is after the final norm, so ids must stay below the layer count);
+    with `embeddings`, the token embeddings (entry 0) as a third value."""
+    import torch
+
+    L = policy.config.num_hidden_layers
+    bad = [i for i in layer_ids if not 0 <= int(i) < L]
+    if bad:
+        raise ValueError(f"eagle_aux_hidden_state_layer_ids: {bad} outside [0, {L}) for a {L}-layer policy")
+    with torch.no_grad():
+        out = policy(input_ids=ids, output_hidden_states=True)
+    aux = [out.hidden_states[int(i)] for i in layer_ids]
+    return (aux, out.logits, out.hidden_states[0]) if embeddings else (aux, out.logits)
+
+
+def load_head(head_dir) -> tuple:
+    """(Eagle3Head with the checkpoint's tensors, its config dict) from an EAGLE/HF-layout directory."""
+    from safetensors.torch import load_file
+
+    head_dir = Path(head_dir)
+    cfg = json.loads((head_dir / "config.json").read_text())
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        raise ValueError(f"{head_dir}/config.json: eagle_config.eagle_aux_hidden_state_layer_ids is missing")
+    H = int(cfg["hidden_size"])
+    hd = int(cfg.get("head_dim") or H // int(cfg["num_attention_heads"]))
+    head = torch_modules().Eagle3Head(
+        H, len(ids), int(cfg.get("draft_vocab_size") or cfg["vocab_size"]), int(cfg["num_attention_heads"]),
+        int(cfg["num_key_value_heads"]), hd, int(cfg["intermediate_size"]), float(cfg.get("rms_norm_eps", 1e-6)),
+        float(cfg.get("rope_theta", 10000.0))).float()
+    tensors = {}
+    for f in sorted(head_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    missing, unexpected = head.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{head_dir}: not a one-layer llama_eagle3 head (missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]})")
+    return head, cfg
+
+
+def eagle3_loss(head, mask, aux, t_logp, emb, *, ttt: bool = True, temperature: float = 1.0):
+    """Eagle3 training loss on one padded batch, as vLLM runs the head.
+
+    mask [B, T-1] (pad_batch: logits at t predict a response token), aux = cat of the aux hidden
+    states [B, T, n*H], t_logp = the policy's log-probs at `temperature` [B, T, V], emb = the
+    policy's embeddings of ids [B, T]. Step 0 at positions t = 0..T-3 reads x_{t+1} and g_t and
+    is trained towards the policy at t+1 (the distribution of x_{t+2}); with `ttt`, a second step
+    feeds the head its own pre-norm output (draft position 2), weight 0.5.
+    Returns (loss, step-0 logits at trained positions, step-0 teacher log-probs there)."""
+    import torch
+
+    B, T = mask.shape[0], mask.shape[1] + 1
+    pos = torch.arange(T - 2).unsqueeze(0).expand(B, -1)
+    m = mask[:, 1:T - 1]  # position t+1 predicts a response token
+    logits0, pre0 = head(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
+    tgt = t_logp[:, 1:T - 1]
+    loss = forward_kl(tgt[m], logits0[m], temperature)
+    if ttt and T > 3:
+        m1 = mask[:, 2:T - 1]
+        if bool(m1.any()):
+            logits1, _ = head(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
+            loss = loss + 0.5 * forward_kl(t_logp[:, 2:T - 1][m1], logits1[m1], temperature)
+    return loss, logits0[m], tgt[m]
+
+
+class Eagle3Distiller(Distiller):
+    """Online trainer of an Eagle3 head (EAGLE/HF layout, one ``llama_eagle3`` layer) on rollouts.
+
+    Teacher side (no grad): one forward of the policy with ``output_hidden_states`` gives the aux
+    hidden states at the head's ``eagle_aux_hidden_state_layer_ids`` and the logits (targets at the
+    sampling temperature); the head reads the policy's embeddings (vLLM shares them), computed here
+    as constants. Trained: ``fc``, ``midlayer.*``, ``norm``, ``lm_head`` (the head's own)."""
+
+    kind = "eagle3"
+
+    def __init__(self, head_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
+                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
+                 weight_decay: float = 0.0, ttt: bool = True, num_threads: Optional[int] = None,
+                 max_tokens: Optional[int] = None, device: Any = "cpu"):
+        if not (Path(head_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"head_dir: {head_dir} is not an Eagle3 checkpoint directory (no config.json)")
+        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
+                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
+        self.head_dir = str(head_dir)
+        self.head, self.config = load_head(head_dir)
+        self.module = self.head
+        self.layer_ids = [int(i) for i in self.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        self.ttt = bool(ttt)
+        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
+                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
+                    vocab_size=int(self.config.get("draft_vocab_size") or self.config["vocab_size"]),
+                    max_tokens=max_tokens, device=device)
+
+    def _check_teacher(self, teacher) -> None:
+        super()._check_teacher(teacher)
+        c = teacher.config
+        H = int(self.config.get("target_hidden_size") or self.config["hidden_size"])
+        if c.hidden_size != H:
+            raise DistillInputError(f"the policy's hidden_size {c.hidden_size} is not the head's target_hidden_size {H}")
+        if max(self.layer_ids) >= c.num_hidden_layers:
+            raise DistillInputError(f"eagle_aux_hidden_state_layer_ids {self.layer_ids} need a policy with more than "
+                                    f"{max(self.layer_ids)} layers; it has {c.num_hidden_layers}")
+
+    def _prepare(self, teacher, ids, mask) -> dict:
+        # the embeddings are the forward's hidden_states[0]: a separate call of a sharded (FSDP)
+        # policy's embedding module would see its weight still sharded
+        aux, logits, emb = aux_hidden_and_logits(teacher, ids, self.layer_ids, embeddings=True)
+        return {"mask": mask, "aux": self.torch.cat(aux, -1).detach(), "emb": emb.detach(),
+                "t_logp": self._teacher_logp(logits), "n": int(mask[:, 1:].sum())}
+
+    def _loss(self, item):
+        return eagle3_loss(self.head, item["mask"], item["aux"], item["t_logp"], item["emb"], ttt=self.ttt,
+                           temperature=self.temperature)
+
+    # ------------------------------------------------------------------ export
+    def state_dict(self) -> dict:
+        """The head's tensors in the EAGLE/HF names vLLM's eagle3 drafter loads (detached copies)."""
+        return self.head.checkpoint_tensors()
+
+    def save(self, path: str | Path) -> None:
+        """A head checkpoint directory (the original config.json, the current tensors)."""
+        import shutil
+
+        from safetensors.torch import save_file
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(self.head_dir) / "config.json", Path(path) / "config.json")
+        save_file(self.state_dict(), str(Path(path) / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,251 @@
+"""The `mtp` drafter: MiMo-style multi-token-prediction layers that ship inside the policy
+checkpoint (``model.mtp_layers.*``); vLLM's `mtp` method runs them with the policy's shared
+embedding and lm_head.
+
+Owns its `mtp:` sub-block, its vLLM mapping, the HF-module mirror of vLLM's MiMo MTP layer (same
+parameter names), the readers of the policy side it needs (pre-norm hidden state, inputs), and
+its online distiller. The bundled MTP policy is built by `tools/train_tiny_mtp.py`.
+
+In NeMo-RL the layers are refreshed by a trainer that trains them
+(`policy.megatron_cfg.mtp_num_layers > 0`: they arrive in the policy's weight stream), else they
+stay the checkpoint's.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from pydantic import Field
+
+from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
+from nemo_rl_specdec.schema import Strict
+from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_kl
+
+MTP_PREFIX = "model.mtp_layers.0."
+
+
+class MTPConfig(Strict):
+    num_layers: int = Field(1, ge=1)
+
+
+class MTP(Drafter):
+    name = "mtp"
+    config = MTPConfig
+    refresh_modes = ("refit", "online", "frozen")
+    weights_in_policy_checkpoint = True
+    refit_hint = "refit needs the trainer to train and stream the MTP layers: policy.megatron_cfg.mtp_num_layers > 0"
+    trainer_stream = "policy.megatron_cfg.mtp_num_layers > 0"
+
+    def vllm_config(self, spec, temperature):
+        # the drafter is read from the target checkpoint
+        return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens,
+                "draft_sample_method": self.draft_sample_method(spec, temperature)}
+
+    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+        if not model_path:
+            raise DistillInputError("drafter 'mtp' trains the MTP layers of the policy checkpoint: pass model_path")
+        return MTPDistiller(model_path, temperature=temperature, seed=seed, **kw)
+
+    def weight_source(self, spec, trainer_exports_draft, trains_mtp):
+        return SOURCE_REFIT_STREAM if trains_mtp else SOURCE_CHECKPOINT_ONCE
+
+
+# --------------------------------------------------------------------------- the MTP layer in torch
+
+@functools.cache
+def torch_modules() -> SimpleNamespace:
+    """The MTP layer's torch module class, built on first use so that declaring the drafter (config
+    validation, the CLI) imports no torch."""
+    import torch
+
+    class MTPLayer(torch.nn.Module):
+        """HF-module mirror of vLLM's MiMoMultiTokenPredictorLayer (same parameter names)."""
+
+        def __init__(self, config):
+            super().__init__()
+            from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
+
+            H, eps = config.hidden_size, config.rms_norm_eps
+            self.token_layernorm = Qwen2RMSNorm(H, eps=eps)
+            self.hidden_layernorm = Qwen2RMSNorm(H, eps=eps)
+            self.input_proj = torch.nn.Linear(2 * H, H, bias=False)
+            self.block = Qwen2DecoderLayer(config, layer_idx=config.num_hidden_layers - 1)  # a full-attention layer
+            self.final_layernorm = Qwen2RMSNorm(H, eps=eps)
+
+        def forward(self, hidden, embeds, position_ids, rotary):
+            embeds = torch.where((position_ids == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
+            x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(embeds)], -1))
+            out = self.block(x, attention_mask=None, position_ids=position_ids, position_embeddings=rotary(x, position_ids))
+            out = out[0] if isinstance(out, tuple) else out
+            return self.final_layernorm(out)
+
+        def checkpoint_tensors(self) -> dict:
+            out = {}
+            for k, v in self.state_dict().items():
+                k = k.replace("block.", "", 1)
+                out[MTP_PREFIX + k] = v.detach().clone().contiguous()
+            return out
+
+    MTPLayer.__qualname__ = MTPLayer.__name__  # pickles by module attribute (the module __getattr__ below)
+    return SimpleNamespace(MTPLayer=MTPLayer)
+
+
+def __getattr__(name: str):
+    if name == "MTPLayer":
+        return torch_modules().MTPLayer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+MTP_OWN = ("token_layernorm.", "hidden_layernorm.", "input_proj.", "final_layernorm.")
+
+
+def load_mtp_layer(model_dir) -> tuple:
+    """(MTPLayer with layer 0's tensors, the policy's HF config) read from the checkpoint's safetensors
+    (transformers' Qwen2ForCausalLM drops ``model.mtp_layers.*`` on load, so they are read here)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    model_dir = Path(model_dir)
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    n = int(getattr(cfg, "num_nextn_predict_layers", 0) or 0)
+    if n < 1:
+        raise ValueError(f"{model_dir}: config.json has no num_nextn_predict_layers (not a MiMo-style MTP policy)")
+    cfg._attn_implementation = "sdpa"  # causal with attention_mask=None
+    tensors = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                if k.startswith(MTP_PREFIX):
+                    rest = k[len(MTP_PREFIX):]
+                    tensors[rest if rest.startswith(MTP_OWN) else "block." + rest] = fh.get_tensor(k)
+    if not tensors:
+        raise ValueError(f"{model_dir}: no {MTP_PREFIX}* tensors in its safetensors files")
+    mtp = torch_modules().MTPLayer(cfg).float()
+    missing, unexpected = mtp.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{model_dir}: MTP layer 0 does not match the MiMo layout (missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]})")
+    return mtp, cfg
+
+
+def pre_norm_hidden(policy, ids):
+    """(logits, last decoder layer output before the final norm) for ids [B, T]."""
+    box = {}
+    h = policy.model.layers[-1].register_forward_hook(
+        lambda m, i, o: box.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    try:
+        logits = policy(input_ids=ids).logits
+    finally:
+        h.remove()
+    return logits, box["h"]
+
+
+def mtp_inputs(policy, ids, hidden):
+    """What the MTP layer reads at positions t = 0..T-2: (h_t [B, T-1, H], emb(x_{t+1}), positions t)."""
+    import torch
+
+    T = ids.shape[1]
+    pos = torch.arange(T - 1).unsqueeze(0).expand(ids.shape[0], -1)
+    return hidden[:, :-1], policy.model.embed_tokens(ids[:, 1:]), pos
+
+
+def mtp_logits(policy, mtp, ids, hidden):
+    """MTP logits at positions 0..T-2 (predicting ids[:, 2:] at 0..T-3)."""
+    h, emb, pos = mtp_inputs(policy, ids, hidden)
+    return policy.lm_head(mtp(h, emb, pos, policy.model.rotary_emb))
+
+
+def mtp_loss(policy, mtp, ids, labels, hidden):
+    import torch.nn.functional as F
+
+    lg = mtp_logits(policy, mtp, ids, hidden)[:, :-1]  # position t predicts x_{t+2}
+    tgt = labels[:, 2:]
+    return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), ignore_index=-100), lg, tgt
+
+
+class MTPDistiller(Distiller):
+    """Online trainer of a MiMo-style MTP layer (``model.mtp_layers.0.*``) on rollouts.
+
+    The layer's tensors are read from the policy checkpoint's safetensors (transformers'
+    Qwen2ForCausalLM drops them on load). Teacher side (no grad): the policy's last decoder layer
+    output before the final norm h_t, its embeddings of x_{t+1}, its RoPE tables and a detached
+    copy of its (tied) lm_head; target at t = the policy's distribution at t+1. vLLM shares the
+    embedding and lm_head with the target, so only the MTP layer is trained and pushed."""
+
+    kind = "mtp"
+
+    def __init__(self, model_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
+                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
+                 weight_decay: float = 0.0, num_threads: Optional[int] = None,
+                 max_tokens: Optional[int] = None, device: Any = "cpu"):
+        if not Path(model_dir).is_dir():
+            raise FileNotFoundError(f"model_dir: {model_dir} is not a checkpoint directory")
+        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
+                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
+        self.model_dir = str(model_dir)
+        try:
+            self.mtp, self.config = load_mtp_layer(model_dir)
+        except ValueError as e:
+            raise DistillInputError(str(e)) from None
+        self.module = self.mtp
+        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
+                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
+                    vocab_size=self.config.vocab_size, max_tokens=max_tokens, device=device)
+
+    def _check_teacher(self, teacher) -> None:
+        super()._check_teacher(teacher)
+        if teacher.config.hidden_size != self.config.hidden_size:
+            raise DistillInputError(f"the policy's hidden_size {teacher.config.hidden_size} is not the MTP layer's "
+                                    f"{self.config.hidden_size}")
+        for attr in ("model", "lm_head"):
+            if not hasattr(teacher, attr):
+                raise DistillInputError(f"the teacher has no .{attr}: expected an HF causal LM (Qwen2ForCausalLM)")
+
+    def _prepare(self, teacher, ids, mask) -> dict:
+        logits, hidden = pre_norm_hidden(teacher, ids)
+        h, emb, pos = mtp_inputs(teacher, ids, hidden)
+        cos, sin = teacher.model.rotary_emb(h, pos)
+        return {"mask": mask, "h": h.detach(), "emb": emb.detach(), "pos": pos, "rope": (cos.detach(), sin.detach()),
+                "lm_head": teacher.lm_head.weight.detach(), "t_logp": self._teacher_logp(logits),
+                "n": int(mask[:, 1:].sum())}
+
+    def _loss(self, item):
+        import torch.nn.functional as F
+
+        rope = item["rope"]
+        out = self.mtp(item["h"], item["emb"], item["pos"], lambda x, p: rope)
+        logits = F.linear(out, item["lm_head"])[:, :-1]  # position t predicts x_{t+2}
+        T1 = logits.shape[1]
+        m = item["mask"][:, 1:T1 + 1]
+        tgt = item["t_logp"][:, 1:T1 + 1][m]
+        return forward_kl(tgt, logits[m], self.temperature), logits[m], tgt
+
+    # ------------------------------------------------------------------ export
+    def state_dict(self) -> dict:
+        """The MTP layer's tensors as ``model.mtp_layers.0.*`` (what vLLM's MiMo MTP drafter loads)."""
+        return self.mtp.checkpoint_tensors()
+
+    def save(self, path: str | Path, policy_state_dict: Optional[dict] = None) -> None:
+        """A full MiMo checkpoint directory: the policy (`policy_state_dict`, else the original one's
+        non-MTP tensors) plus the current MTP layer, config and tokenizer files copied."""
+        import shutil
+
+        from safetensors.torch import load_file, save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        for f in Path(self.model_dir).iterdir():
+            if f.is_file() and f.suffix != ".safetensors":
+                shutil.copy(f, path / f.name)
+        if policy_state_dict is None:
+            policy_state_dict = {}
+            for f in sorted(Path(self.model_dir).glob("*.safetensors")):
+                policy_state_dict.update(load_file(str(f)))
+        tensors = {k: v.detach().contiguous() for k, v in policy_state_dict.items()
+                   if not k.startswith("model.mtp_layers.")}
+        if self.config.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)
+        tensors.update(self.state_dict())
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,1 @@
+"""Offline asset builders: they import the package, nothing imports them."""
