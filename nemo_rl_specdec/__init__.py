@@ -1,6 +1,8 @@
 """nemo-rl-specdec: lossless speculative decoding for NeMo-RL rollouts.
 
-Layers (data flows downward only): config -> engine (vLLM, no NeMo-RL) -> drafters;
-nemo_rl/ is a thin adapter that imports NeMo-RL lazily.
+Layers, top to bottom (imports point down only; tests/unit/test_import_graph.py checks it):
+cli, tools -> bench -> nemo_rl (thin adapter, imports NeMo-RL lazily) -> demo -> sim -> engine (vLLM,
+no NeMo-RL) -> scheduling -> config -> drafters (one file per drafter, one registry) -> train (the
+distillation loop) -> schema, rollouts, lockstep, metrics, openmp.
 """
 __version__ = "0.1.0"

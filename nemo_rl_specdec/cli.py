@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "overrides"):
         args.overrides = list(args.overrides) + extra
     if argv is None and args.command in ENGINE_COMMANDS:
-        from nemo_rl_specdec.engine.openmp import reexec_with_iomp
+        from nemo_rl_specdec.openmp import reexec_with_iomp
 
         reexec_with_iomp(sys.argv[1:])  # vLLM CPU wants Intel OpenMP preloaded; returns if n/a
     try:

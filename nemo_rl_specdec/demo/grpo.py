@@ -71,7 +71,7 @@ class GRPOTrainer:
             raise ValueError(f"max_grad_norm: got {max_grad_norm!r}; allowed: > 0")
         if not Path(policy_dir).is_dir():
             raise FileNotFoundError(f"policy_dir: {policy_dir} is not a checkpoint directory")
-        from nemo_rl_specdec.engine.openmp import request_torch_threads
+        from nemo_rl_specdec.openmp import request_torch_threads
 
         request_torch_threads(num_threads)
         torch.manual_seed(seed)

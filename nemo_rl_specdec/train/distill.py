@@ -216,7 +216,7 @@ class Distiller:
         """Before a subclass loads its drafter: check the arguments, threads, seed."""
         import torch
 
-        from nemo_rl_specdec.engine.openmp import request_torch_threads
+        from nemo_rl_specdec.openmp import request_torch_threads
 
         if lr <= 0 or not math.isfinite(lr):
             raise ValueError(f"lr: got {lr!r}; allowed: a finite number > 0")

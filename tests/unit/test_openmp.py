@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from nemo_rl_specdec.engine import openmp
+from nemo_rl_specdec import openmp
 
 
 def test_preloaded_detects_the_library_among_others():

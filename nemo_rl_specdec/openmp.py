@@ -12,7 +12,7 @@ Once a vLLM CPU engine has bound its threads, vLLM turns ``torch.set_num_threads
 that logs a warning (the engine filters that warning as noise); :func:`request_torch_threads` is
 how our trainers ask for a thread count, and it says so when the request cannot be applied.
 
-Opt out with ``NEMO_RL_SPECDEC_NO_IOMP=1``. ``python -m nemo_rl_specdec.engine.openmp`` prints
+Opt out with ``NEMO_RL_SPECDEC_NO_IOMP=1``. ``python -m nemo_rl_specdec.openmp`` prints
 the library's path (empty when absent), for Makefiles: ``LD_PRELOAD="$(python -m ...)"``.
 """
 from __future__ import annotations
