@@ -68,20 +68,27 @@ def _options(cfg: RunConfig) -> dict:
                           "(acceptance must be followed while the policy changes)")
     windows = b.get("windows", sorted({1, suffix.window_steps, 2 * suffix.window_steps}))
     scopes = b.get("scopes", ["problem", "global", "both"])
-    baselines = b.get("baselines", ["vllm_suffix", "ngram"])
+    baselines = b.get("baselines", list(BASELINES))
     if not windows or any(not isinstance(w, int) or w < 1 for w in windows):
         raise ConfigError(f"bench.das.windows: got {windows!r}; allowed: a list of ints >= 1")
     bad = [s for s in scopes if s not in ("problem", "global", "both")]
     if bad or not scopes:
         raise ConfigError(f"bench.das.scopes: got {scopes!r}; allowed: a non-empty subset of problem, global, both")
-    bad = [x for x in baselines if x not in ("vllm_suffix", "ngram")]
+    bad = [x for x in baselines if x not in BASELINES]
     if bad:
-        raise ConfigError(f"bench.das.baselines: got {baselines!r}; allowed: a subset of vllm_suffix, ngram")
+        raise ConfigError(f"bench.das.baselines: got {baselines!r}; allowed: a subset of {', '.join(BASELINES)}")
     return {"steps": steps, "windows": list(windows), "scopes": list(scopes), "baselines": list(baselines),
             "core": b.get("core", 0), "problem_seed": int(b.get("problem_seed", 20_000 + int(cfg.get("grpo.seed", 0)))),
             "prompts": int(cfg.get("grpo.num_prompts_per_step", 16)),
             "generations": int(cfg.get("grpo.num_generations_per_prompt", 4)),
             "lr": float(cfg.get("grpo.learning_rate", 1e-4)), "seed": int(cfg.get("grpo.seed", 0))}
+
+
+# bench.das.baselines: label -> (drafter, backend, what its history is, changes to the suffix block)
+BASELINES = {
+    "vllm_suffix": ("suffix", "vllm", "global (FIFO by request count)", {"backend": "vllm"}),
+    "ngram": ("ngram", "vllm", "request", None),
+}
 
 
 def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
@@ -97,14 +104,11 @@ def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
         out.append({"name": f"das_w{w}_{s}", "drafter": "suffix", "backend": "das", "window_steps": w, "scope": s,
                     "k": k, "cfg": cfg.with_spec(enabled=True, drafter="suffix", suffix=suffix,
                                                  refresh={"mode": "rebuild"})})
-    if "vllm_suffix" in opts["baselines"]:
-        suffix = {**base, "backend": "vllm"}
-        out.append({"name": "vllm_suffix", "drafter": "suffix", "backend": "vllm", "window_steps": None,
-                    "scope": "global (FIFO by request count)", "k": k,
-                    "cfg": cfg.with_spec(enabled=True, drafter="suffix", suffix=suffix, refresh={"mode": "frozen"})})
-    if "ngram" in opts["baselines"]:
-        out.append({"name": "ngram", "drafter": "ngram", "backend": "vllm", "window_steps": None, "scope": "request",
-                    "k": k, "cfg": cfg.with_spec(enabled=True, drafter="ngram", refresh={"mode": "frozen"})})
+    for name in opts["baselines"]:
+        drafter, backend, scope, block = BASELINES[name]
+        out.append({"name": name, "drafter": drafter, "backend": backend, "window_steps": None, "scope": scope, "k": k,
+                    "cfg": cfg.with_spec(enabled=True, drafter=drafter, refresh={"mode": "frozen"},
+                                         **({"suffix": {**base, **block}} if block else {}))})
     return out
 
 
