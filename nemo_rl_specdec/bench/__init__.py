@@ -32,6 +32,16 @@ def say(suite: str, msg: str) -> None:
     print(f"[bench {suite} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def suite_options(cfg, suite: str, allowed: str = "a mapping") -> dict:
+    """The run file's `bench.<suite>` mapping ({} when absent), or a ConfigError naming the key."""
+    from nemo_rl_specdec.config import ConfigError
+
+    b = cfg.get(f"bench.{suite}", {}) or {}
+    if not isinstance(b, dict):
+        raise ConfigError(f"bench.{suite}: got {b!r}; allowed: {allowed}")
+    return b
+
+
 def print_table(results: list[dict], columns: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -38,25 +38,22 @@ same way, docs/simulator.md).
 """
 from __future__ import annotations
 
+import functools
 import time
 
-from nemo_rl_specdec.bench import say
+from nemo_rl_specdec.bench import say, suite_options
 
 # the keys every result of this suite carries (the dispatcher checks them instead of its default)
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "samples")
 
 
-def _say(msg: str) -> None:
-    say("costmodel", msg)
-
+_say = functools.partial(say, "costmodel")
 
 def _options(cfg) -> dict:
     from nemo_rl_specdec.bench.drafters import cpu_drafters
     from nemo_rl_specdec.config import ConfigError
 
-    b = cfg.get("bench.costmodel", {}) or {}
-    if not isinstance(b, dict):
-        raise ConfigError(f"bench.costmodel: got {b!r}; allowed: a mapping")
+    b = suite_options(cfg, "costmodel")
     rows = cpu_drafters(cfg.spec)
     drafters = list(b.get("drafters", list(rows)))
     bad = [d for d in drafters if d not in rows]

@@ -39,12 +39,13 @@ ngram]``), ``core`` (CPU core the engines are pinned to, default 0), ``problem_s
 """
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
 from typing import Any
 
-from nemo_rl_specdec.bench import say
+from nemo_rl_specdec.bench import say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -53,14 +54,10 @@ MIN_STEPS = 5
 AFTER_STEP = 3  # "after 3 steps": the store holds rollouts of 3 policy versions
 
 
-def _say(msg: str) -> None:
-    say("das", msg)
-
+_say = functools.partial(say, "das")
 
 def _options(cfg: RunConfig) -> dict:
-    b = cfg.get("bench.das", {}) or {}
-    if not isinstance(b, dict):
-        raise ConfigError(f"bench.das: got {b!r}; allowed: a mapping")
+    b = suite_options(cfg, "das")
     suffix = cfg.spec.suffix
     steps = int(b.get("steps", cfg.get("grpo.max_num_steps", MIN_STEPS)))
     if steps < MIN_STEPS:

@@ -138,12 +138,13 @@ def nemo_rl_shaped(cfg, args) -> list:
     from nemo_rl_specdec.bench.parametric import _available
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.bench import suite_options
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import DRAFTERS
     from nemo_rl_specdec.engine.engine import Engine, Request
     from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, combine_takes
 
-    b = (cfg.raw.get("bench") or {}).get("lockstep") or {}
+    b = suite_options(cfg, "lockstep")
     steps = int(b.get("nemo_rl_steps", 5))
     # layers that ride in the policy checkpoint (MTP) are refused online in NeMo-RL (nothing there trains
     # them), so they have no row here; list drafters that rebuild from rollouts do

@@ -34,12 +34,13 @@ with a checkpoint for this policy: ``draft_model``, ``eagle3``, ``mtp``), ``k`` 
 """
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.bench import say
+from nemo_rl_specdec.bench import say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
@@ -48,9 +49,7 @@ MIN_STEPS = 10
 BLOCK = "policy.generation.speculative_decoding"
 
 
-def _say(msg: str) -> None:
-    say("parametric", msg)
-
+_say = functools.partial(say, "parametric")
 
 def _has_mtp_layers(model_dir: str) -> bool:
     import json
@@ -93,9 +92,7 @@ def _available(cfg: RunConfig, b: dict) -> list:
 
 
 def _options(cfg: RunConfig) -> dict:
-    b = cfg.get("bench.parametric", {}) or {}
-    if not isinstance(b, dict):
-        raise ConfigError(f"bench.parametric: got {b!r}; allowed: a mapping")
+    b = suite_options(cfg, "parametric")
     steps = int(b.get("steps", max(MIN_STEPS, int(cfg.get("grpo.max_num_steps", MIN_STEPS)))))
     if steps < MIN_STEPS:
         raise ConfigError(f"bench.parametric.steps: got {steps}; allowed: >= {MIN_STEPS} "
@@ -163,8 +160,8 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
     """Baseline + the group's engines on one policy, interleaved step by step."""
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
-    from nemo_rl_specdec.engine.engine import Engine, Request
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+    from nemo_rl_specdec.engine.engine import Engine, Request
     from nemo_rl_specdec.train.distill import refresh_due
 
     g = cfg.generation

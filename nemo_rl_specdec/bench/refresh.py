@@ -44,6 +44,7 @@ must divide ``rollouts``), ``tokens`` (8000 response tokens per rollout), ``prom
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import statistics
@@ -52,6 +53,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from nemo_rl_specdec.bench import say, suite_options
 from nemo_rl_specdec.config import ConfigError
 
 # what every result dict carries (the dispatcher checks it; this suite measures no drafter)
@@ -69,17 +71,11 @@ INTS = ("rollouts", "problems", "tokens", "prompt_tokens", "engines", "steps", "
         "object_store_mb")
 
 
-def _say(msg: str) -> None:
-    from nemo_rl_specdec.bench import say
-
-    say("refresh", msg)
-
+_say = functools.partial(say, "refresh")
 
 def options(cfg) -> dict:
     """The suite's settings from ``bench.refresh`` (defaults above) and the run's ``suffix`` block."""
-    b = cfg.get("bench.refresh", {}) or {}
-    if not isinstance(b, dict):
-        raise ConfigError(f"bench.refresh: got {b!r}; allowed: a mapping of {sorted(DEFAULTS)}")
+    b = suite_options(cfg, "refresh", f"a mapping of {sorted(DEFAULTS)}")
     unknown = sorted(set(b) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"bench.refresh.{unknown[0]}: unknown key; allowed: {sorted(DEFAULTS)}")

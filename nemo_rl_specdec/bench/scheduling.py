@@ -40,26 +40,22 @@ Run-file knobs (all optional, under ``bench.scheduling``): ``problems`` (default
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import statistics
 import time
 from typing import Any, Optional
 
-from nemo_rl_specdec.bench import say
+from nemo_rl_specdec.bench import say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig, validate_run_dict
 from nemo_rl_specdec.demo.task import run_prompt_format
 from nemo_rl_specdec.scheduling.budget import BUDGETS
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS
 
-
-def _say(msg: str) -> None:
-    say("scheduling", msg)
-
+_say = functools.partial(say, "scheduling")
 
 def _options(cfg: RunConfig) -> dict:
-    b = cfg.get("bench.scheduling", {}) or {}
-    if not isinstance(b, dict):
-        raise ConfigError(f"bench.scheduling: got {b!r}; allowed: a mapping")
+    b = suite_options(cfg, "scheduling")
     cluster = int(cfg.get("cluster.num_engines", 1) or 1)
     seqs = b.get("max_num_seqs", [None, 8])
     seqs = seqs if isinstance(seqs, list) else [seqs]
@@ -303,7 +299,8 @@ def placement_bound(runs: dict, engines: int, max_num_seqs: Optional[int]) -> di
     import numpy as np
 
     from nemo_rl_specdec.engine.group import DEFAULT_COST_MODEL
-    from nemo_rl_specdec.scheduling.placement import Request as Placed, place
+    from nemo_rl_specdec.scheduling.placement import Request as Placed
+    from nemo_rl_specdec.scheduling.placement import place
     from nemo_rl_specdec.sim.costmodel import CostModel
     from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest
 

@@ -257,6 +257,25 @@ class SpecDecWorkerState:
         return first
 
 
+class SpecDecEngineHooks(SpecDecWorkerState):
+    """What the sync and async worker Impls share in front of NeMo-RL's: our state is set up before
+    NeMo-RL's constructor runs, and the engine is created with our vLLM worker extension."""
+
+    def __init__(self, config, bundle_indices=None, fraction_of_gpus=1.0, seed=None,
+                 extra_env_vars=None, defer_model_load=False):
+        self._specdec_setup(config)
+        super().__init__(config, bundle_indices=bundle_indices, fraction_of_gpus=fraction_of_gpus, seed=seed,
+                         extra_env_vars=translate.extra_env_var_names(extra_env_vars),
+                         defer_model_load=defer_model_load)
+
+    def _create_engine(self, llm_kwargs):
+        if self.specdec_enabled:
+            translate.inject_extension(llm_kwargs)
+        super()._create_engine(llm_kwargs)
+        if self.specdec_enabled:
+            wrap_engine_generate(self.llm)
+
+
 async def _maybe_await(x: Any) -> Any:
     while asyncio.iscoroutine(x) or isinstance(x, asyncio.Future) or type(x).__name__ == "ObjectRef":
         x = await x
@@ -277,22 +296,8 @@ def _optional(base: type, name: str, make) -> dict:
 def _build_sync_impl() -> type:
     base = api.resolve(api.SYNC_WORKER_IMPL)
 
-    class SpecDecVllmGenerationWorkerImpl(SpecDecWorkerState, base):
+    class SpecDecVllmGenerationWorkerImpl(SpecDecEngineHooks, base):
         """NeMo-RL's sync vLLM worker with speculative decoding (see module docstring)."""
-
-        def __init__(self, config, bundle_indices=None, fraction_of_gpus=1.0, seed=None,
-                     extra_env_vars=None, defer_model_load=False):
-            self._specdec_setup(config)
-            super().__init__(config, bundle_indices=bundle_indices, fraction_of_gpus=fraction_of_gpus, seed=seed,
-                             extra_env_vars=translate.extra_env_var_names(extra_env_vars),
-                             defer_model_load=defer_model_load)
-
-        def _create_engine(self, llm_kwargs):
-            if self.specdec_enabled:
-                translate.inject_extension(llm_kwargs)
-            super()._create_engine(llm_kwargs)
-            if self.specdec_enabled:
-                wrap_engine_generate(self.llm)
 
         def post_init(self):
             import ray
@@ -366,22 +371,8 @@ def _build_sync_impl() -> type:
 def _build_async_impl() -> type:
     base = api.resolve(api.ASYNC_WORKER_IMPL)
 
-    class SpecDecVllmAsyncGenerationWorkerImpl(SpecDecWorkerState, base):
+    class SpecDecVllmAsyncGenerationWorkerImpl(SpecDecEngineHooks, base):
         """NeMo-RL's async vLLM worker with speculative decoding (see module docstring)."""
-
-        def __init__(self, config, bundle_indices=None, fraction_of_gpus=1.0, seed=None,
-                     extra_env_vars=None, defer_model_load=False):
-            self._specdec_setup(config)
-            super().__init__(config, bundle_indices=bundle_indices, fraction_of_gpus=fraction_of_gpus, seed=seed,
-                             extra_env_vars=translate.extra_env_var_names(extra_env_vars),
-                             defer_model_load=defer_model_load)
-
-        def _create_engine(self, llm_kwargs):
-            if self.specdec_enabled:
-                translate.inject_extension(llm_kwargs)
-            super()._create_engine(llm_kwargs)
-            if self.specdec_enabled:
-                wrap_engine_generate(self.llm)
 
         async def post_init_async(self):
             result = await super().post_init_async()

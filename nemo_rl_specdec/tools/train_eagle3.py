@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_rl_specdec.drafters.eagle3 import Eagle3Head, aux_hidden_and_logits, eagle3_loss
+from nemo_rl_specdec.tools.train_tiny import optimizer_step
 
 
 def log(msg: str) -> None:
@@ -95,17 +96,11 @@ def train(policy_dir: str, data: list, args) -> tuple:
             ids, mask, aux, t_logp, emb = cache[bi]
             loss, lg0, tgt0 = eagle3_loss(head, mask, aux, t_logp, emb, ttt=args.ttt)
             lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / max(1, total_steps)))
-            for pg in opt.param_groups:
-                pg["lr"] = lr
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            opt.step()
+            tot += optimizer_step(head, opt, loss, lr)
             step += 1
             with torch.no_grad():
                 hit += float((lg0.argmax(-1) == tgt0.argmax(-1)).sum())
                 n += float(lg0.shape[0])
-                tot += loss.item()
         hist.append({"epoch": ep + 1, "loss": round(tot / len(cache), 4), "top1_step0": round(hit / max(1, n), 4)})
         log(f"epoch {ep + 1}: loss {hist[-1]['loss']:.4f}, step-0 top-1 agreement with the policy "
             f"{hist[-1]['top1_step0']:.3f} ({time.time() - t0:.0f}s)")

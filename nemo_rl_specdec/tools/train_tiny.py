@@ -230,7 +230,8 @@ def _adamw(model, lr: float):
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
 
 
-def _update(model, opt, loss, lr: float) -> float:
+def optimizer_step(model, opt, loss, lr: float) -> float:
+    """One AdamW step at `lr` with gradient-norm clipping; returns the loss."""
     for g in opt.param_groups:
         g["lr"] = lr
     opt.zero_grad(set_to_none=True)
@@ -268,9 +269,8 @@ def train_models(tok, args) -> tuple[object, object, dict, dict]:
     while step < args.policy_max_steps:
         ids, labels = next(stream)
         lr = lr_at(step, args.lr, args.warmup)
-        pl = _update(policy, p_opt, sft_loss(policy, ids, labels), lr)
-        dl = _update(draft, d_opt, sft_loss(draft, ids, labels),
-                     lr_at(step, args.draft_lr, args.warmup))
+        pl = optimizer_step(policy, p_opt, sft_loss(policy, ids, labels), lr)
+        dl = optimizer_step(draft, d_opt, sft_loss(draft, ids, labels), lr_at(step, args.draft_lr, args.warmup))
         step += 1
         p_ema = pl if p_ema is None else 0.95 * p_ema + 0.05 * pl
         d_ema = dl if d_ema is None else 0.95 * d_ema + 0.05 * dl
@@ -307,7 +307,7 @@ def train_models(tok, args) -> tuple[object, object, dict, dict]:
         s_logp = F.log_softmax(s_logits[mask], -1)
         kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1).mean()  # KL(policy || draft)
         lr = args.draft_lr * 0.5 * (1 + math.cos(math.pi * k / max(1, args.distill_steps)))
-        v = _update(draft, d_opt, kl, lr)
+        v = optimizer_step(draft, d_opt, kl, lr)
         kl_ema = v if kl_ema is None else 0.95 * kl_ema + 0.05 * v
         if (k + 1) % 50 == 0:
             log(f"distill step {k + 1} KL {kl_ema:.4f} ({time.time() - t1:.0f}s)")

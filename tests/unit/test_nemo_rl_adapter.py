@@ -1659,8 +1659,10 @@ SUBCLASSES = {
     ("extension.py", "SpecDecCheckpointEngineHooks"): "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine",
     ("policy_workers.py", "SpecDecDistillMixin"): "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2Impl",
 }
-# Plain mixins of ours that the classes above also inherit (no NeMo-RL methods).
-OWN_MIXINS = {("workers.py", "SpecDecWorkerState"), ("generation.py", "SpecDecGenerationState")}
+# Mixins of ours that the classes above also inherit (SpecDecEngineHooks overrides NeMo-RL hooks that
+# api.REQUIRED_HOOKS probes: the Impls' __init__ and _create_engine).
+OWN_MIXINS = {("workers.py", "SpecDecWorkerState"), ("workers.py", "SpecDecEngineHooks"),
+              ("generation.py", "SpecDecGenerationState")}
 
 
 def _classes(path: Path):
