@@ -11,27 +11,24 @@ import os
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Engine, Request
+from nemo_rl_specdec.engine.engine import Request
 
-BLOCK = "policy.generation.speculative_decoding"
 MAX_NEW = 128
 
 
 @pytest.fixture(scope="module")
-def eagle3(tiny_cfg_fn):
-    cfg = tiny_cfg_fn(f"{BLOCK}.drafter=eagle3", "policy.generation.temperature=0")
+def eagle3(start_engine, tiny_cfg_fn):
+    cfg = tiny_cfg_fn(greedy=True, drafter="eagle3")
     if not os.path.isdir(cfg.spec.eagle3.model):
         pytest.fail(f"the bundled Eagle3 head is missing: {cfg.spec.eagle3.model} "
                     "(python -m nemo_rl_specdec.tools.train_eagle3)")
-    e = Engine(cfg, name="eagle3")
-    yield e
-    e.close()
+    return start_engine(cfg=cfg, name="eagle3")
 
 
 def test_bundled_head_is_in_vllms_eagle3_layout(tiny_cfg_fn):
     from safetensors.torch import load_file
 
-    path = tiny_cfg_fn(f"{BLOCK}.drafter=eagle3").spec.eagle3.model
+    path = tiny_cfg_fn(drafter="eagle3").spec.eagle3.model
     cfg = json.loads(open(os.path.join(path, "config.json")).read())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_specdec.config import load_run_config
 from nemo_rl_specdec.engine.engine import Request
 
 ray = pytest.importorskip("ray")
@@ -24,14 +23,13 @@ ray = pytest.importorskip("ray")
 N_PROBLEMS = 8
 SAMPLES = 4      # GRPO group size: samples of one problem sit next to each other in the batch
 MAX_NEW = 64
-RUN_FILE = os.environ.get("SPECDEC_TEST_RUN_FILE", "configs/tiny_cpu.yaml")  # as tests/engine/conftest.py
 
 
 @pytest.fixture(scope="module")
-def group():
+def group(tiny_cfg_fn):
     from nemo_rl_specdec.engine.group import EngineGroup
 
-    g = EngineGroup(load_run_config(RUN_FILE), num_engines=2)
+    g = EngineGroup(tiny_cfg_fn(), num_engines=2)
     yield g
     g.close()
     ray.shutdown()

@@ -13,36 +13,20 @@ from nemo_rl_specdec.engine.engine import Engine, Request
 from nemo_rl_specdec.engine.weights import WeightLoadError
 from nemo_rl_specdec.lockstep import DrafterRefreshError, StaleDrafterError
 
-BLOCK = "policy.generation.speculative_decoding"
-
-
-def _drafter_cfg(tiny_cfg, mode: str, *extra: str):
-    base = tiny_cfg()
-    return tiny_cfg("policy.generation.temperature=0", f"{BLOCK}.drafter=draft_model",
-                    f"{BLOCK}.draft_model.model={base.model_path}", f"{BLOCK}.num_speculative_tokens=4",
-                    f"{BLOCK}.refresh.mode={mode}", *extra)
+@pytest.fixture(scope="module")
+def frozen_engine(start_engine, self_draft_cfg_fn):
+    return start_engine(cfg=self_draft_cfg_fn("frozen"), name="frozen")
 
 
 @pytest.fixture(scope="module")
-def frozen_engine(tiny_cfg_fn):
-    e = Engine(_drafter_cfg(tiny_cfg_fn, "frozen"), name="frozen")
-    yield e
-    e.close()
+def refit_engine(start_engine, self_draft_cfg_fn):
+    return start_engine(cfg=self_draft_cfg_fn("refit"), name="refit")
 
 
 @pytest.fixture(scope="module")
-def refit_engine(tiny_cfg_fn):
-    e = Engine(_drafter_cfg(tiny_cfg_fn, "refit"), name="refit")
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def fresh_b(tiny_cfg_fn, policy_versions):
-    e = Engine(tiny_cfg_fn("policy.generation.temperature=0", f"policy.model_name={policy_versions['B'][0]}"),
-               spec_enabled=False, name="fresh_B")
-    yield e
-    e.close()
+def fresh_b(start_engine, policy_versions):
+    return start_engine(f"policy.model_name={policy_versions['B'][0]}", greedy=True, spec_enabled=False,
+                        name="fresh_B")
 
 
 def _reqs(tok, problems, encode, n=8):
@@ -91,7 +75,7 @@ def test_live_update_equals_fresh_engine_on_long_prompts(refit_engine, policy_ve
     sd_c = policy_versions["C"][1]
     refit_engine.update(2, {**sd_c, **_drafter_tensors(sd_c)})
     live = [r.token_ids for r in refit_engine.generate(reqs, max_new_tokens=48).rollouts]
-    fresh = Engine(tiny_cfg_fn("policy.generation.temperature=0", f"policy.model_name={policy_versions['C'][0]}"),
+    fresh = Engine(tiny_cfg_fn(f"policy.model_name={policy_versions['C'][0]}", greedy=True),
                    spec_enabled=False, name="fresh_C")
     try:
         want = [r.token_ids for r in fresh.generate(reqs, max_new_tokens=48).rollouts]
@@ -150,20 +134,20 @@ def test_sync_generate_refuses_a_stale_drafter(refit_engine, policy_versions, pr
     assert refit_engine.generate(reqs, max_new_tokens=8).state["drafter_version"] == v + 2
 
 
-def test_missing_drafter_is_an_error(tiny_cfg_fn):
+def test_missing_drafter_is_an_error(tiny_cfg_fn, self_draft_cfg_fn):
     """A drafter configured but absent from the engine (e.g. wrong method wiring) fails at init."""
     base = Engine(tiny_cfg_fn(), spec_enabled=False, name="no_drafter")
     try:
-        spec = _drafter_cfg(tiny_cfg_fn, "refit").spec.model_dump(mode="json")
+        spec = self_draft_cfg_fn("refit").spec.model_dump(mode="json")
         with pytest.raises(Exception, match="no drafter model"):
             base.llm.collective_rpc("specdec_init", args=(spec,))
     finally:
         base.close()
 
 
-def test_refresh_failure_with_disable_turns_speculation_off_and_keeps_generating(tiny_cfg_fn, policy_versions,
+def test_refresh_failure_with_disable_turns_speculation_off_and_keeps_generating(self_draft_cfg_fn, policy_versions,
                                                                                   problems, encode, fresh_b):
-    e = Engine(_drafter_cfg(tiny_cfg_fn, "refit", f"{BLOCK}.on_refresh_error=disable"), name="disable")
+    e = Engine(self_draft_cfg_fn("refit", on_refresh_error="disable"), name="disable")
     try:
         rep = e.update(1, policy_versions["B"][1])  # refit mode but no drafter tensors
         assert rep["disabled"] and "no drafter tensors" in rep["disabled_reason"]
@@ -177,11 +161,11 @@ def test_refresh_failure_with_disable_turns_speculation_off_and_keeps_generating
         e.close()
 
 
-def test_async_update_in_flight_every_token_from_one_consistent_pair(tiny_cfg_fn, policy_versions, problems,
+def test_async_update_in_flight_every_token_from_one_consistent_pair(self_draft_cfg_fn, policy_versions, problems,
                                                                        encode, fresh_b):
     """An update lands mid-generation: tokens before it are the old policy's, tokens after it
     equal a fresh engine on the new weights continuing the same prefix; versions tag each stretch."""
-    e = Engine(_drafter_cfg(tiny_cfg_fn, "refit", f"{BLOCK}.refresh.max_policy_lag=1"), name="async")
+    e = Engine(self_draft_cfg_fn("refit", refresh={"max_policy_lag": 1}), name="async")
     try:
         tok = e.tokenizer()
         reqs = _reqs(tok, problems, encode, n=6)

@@ -12,8 +12,7 @@ import os
 import pytest
 import torch
 
-from nemo_rl_specdec.config import load_run_config
-from nemo_rl_specdec.engine.engine import Engine, Request
+from nemo_rl_specdec.engine.engine import Request
 from nemo_rl_specdec.lockstep import DrafterRefreshError
 
 RUN_FILE = "configs/tiny_mtp_cpu.yaml"
@@ -21,31 +20,25 @@ MODEL = os.environ.get("SPECDEC_TEST_MTP_MODEL")  # another MiMo-style checkpoin
 MAX_NEW = 96
 
 
-def _cfg(*extra):
-    over = ["policy.generation.temperature=0", *extra]
-    if MODEL:
-        over.append(f"policy.model_name={MODEL}")
-    return load_run_config(RUN_FILE, over)
+@pytest.fixture(scope="module")
+def mtp_cfg(tiny_cfg_fn):
+    return tiny_cfg_fn(*([f"policy.model_name={MODEL}"] if MODEL else []), run_file=RUN_FILE, greedy=True)
 
 
 @pytest.fixture(scope="module")
-def mtp_engines():
-    cfg = _cfg()
+def mtp_engines(start_engine, mtp_cfg):
+    cfg = mtp_cfg
     if not os.path.isdir(cfg.model_path):
         pytest.fail(f"the bundled MTP policy is missing: {cfg.model_path} "
                     "(python -m nemo_rl_specdec.tools.train_tiny_mtp)")
-    base = Engine(cfg, spec_enabled=False, name="mtp_base")
-    spec = Engine(cfg, name="mtp_refit")
-    yield base, spec
-    spec.close()
-    base.close()
+    return start_engine(cfg=cfg, spec_enabled=False, name="mtp_base"), start_engine(cfg=cfg, name="mtp_refit")
 
 
 @pytest.fixture(scope="module")
-def checkpoint():
+def checkpoint(mtp_cfg):
     from safetensors.torch import load_file
 
-    return load_file(os.path.join(_cfg().model_path, "model.safetensors"))
+    return load_file(os.path.join(mtp_cfg.model_path, "model.safetensors"))
 
 
 def _reqs(tok, n=12):
@@ -55,14 +48,14 @@ def _reqs(tok, n=12):
             for p in make_problems(n, seed=31)]
 
 
-def test_checkpoint_is_a_mimo_policy_with_one_mtp_layer(checkpoint):
+def test_checkpoint_is_a_mimo_policy_with_one_mtp_layer(checkpoint, mtp_cfg):
     import json
 
-    cfg = json.loads(open(os.path.join(_cfg().model_path, "config.json")).read())
+    cfg = json.loads(open(os.path.join(mtp_cfg.model_path, "config.json")).read())
     assert cfg["architectures"] == ["MiMoForCausalLM"] and cfg["num_nextn_predict_layers"] == 1
     mtp = [k for k in checkpoint if k.startswith("model.mtp_layers.0.")]
     assert "model.mtp_layers.0.input_proj.weight" in mtp and "model.mtp_layers.0.self_attn.q_proj.bias" in mtp
-    assert os.path.getsize(os.path.join(_cfg().model_path, "model.safetensors")) < 5_000_000
+    assert os.path.getsize(os.path.join(mtp_cfg.model_path, "model.safetensors")) < 5_000_000
 
 
 def test_mtp_rollouts_are_lossless_and_the_trained_head_is_accepted(mtp_engines):

@@ -21,15 +21,11 @@ positions), hence drift 0.3 for MTP.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from nemo_rl_specdec.config import load_run_config
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.engine.engine import Engine, Request
 
-BLOCK = "policy.generation.speculative_decoding"
 ROUNDS = 2
 # per drafter: drift scale, required acceptance-rate gain (online - frozen), training problems per
 # round, max new tokens, held-out problems; a drafter not listed gets DEFAULT
@@ -39,26 +35,23 @@ DEFAULT = (0.8, 0.10, 24, 96, 12)
 ONLINE = sorted(n for n, d in DRAFTERS.items() if "online" in d.refresh_modes)
 
 
-def _cfg(name: str, mode: str, *extra: str):
-    d = DRAFTERS[name]
-    if d.weights_in_policy_checkpoint:  # the tiny MTP policy carries its layers (k=1 there)
-        return load_run_config("configs/tiny_mtp_cpu.yaml", ["policy.generation.temperature=0",
-                                                             f"{BLOCK}.refresh.mode={mode}", *extra])
-    return load_run_config(os.environ.get("SPECDEC_TEST_RUN_FILE", "configs/tiny_cpu.yaml"),
-                           ["policy.generation.temperature=0", f"{BLOCK}.enabled=true", f"{BLOCK}.drafter={name}",
-                            f"{BLOCK}.num_speculative_tokens=4", f"{BLOCK}.refresh.mode={mode}", *extra])
+def _cfg(run_cfg, name: str, mode: str, *extra: str, **block):
+    if DRAFTERS[name].weights_in_policy_checkpoint:  # the tiny MTP policy carries its layers (k=1 there)
+        return run_cfg(*extra, run_file="configs/tiny_mtp_cpu.yaml", greedy=True, refresh={"mode": mode}, **block)
+    return run_cfg(*extra, greedy=True, enabled=True, drafter=name, num_speculative_tokens=4, refresh={"mode": mode},
+                   **block)
 
 
-def _scenario(name: str, tmp_path_factory, perturbed_policy):
+def _scenario(name: str, run_cfg, tmp_path_factory, perturbed_policy):
     from nemo_rl_specdec.demo.task import make_problems
 
     d = DRAFTERS[name]
     drift, _, n_train, max_new, n_held = SETTINGS.get(name, DEFAULT)
-    cfg = _cfg(name, "online")
+    cfg = _cfg(run_cfg, name, "online")
     assert d.weights_in_policy_checkpoint or d.checkpoint(cfg.spec), (
         f"{name}: the bundled run file names no {name} checkpoint for the tiny policy")
-    base = Engine(_cfg(name, "frozen"), spec_enabled=False, name=f"on_{name}_base")
-    frozen = Engine(_cfg(name, "frozen"), name=f"on_{name}_frozen")
+    base = Engine(_cfg(run_cfg, name, "frozen"), spec_enabled=False, name=f"on_{name}_base")
+    frozen = Engine(_cfg(run_cfg, name, "frozen"), name=f"on_{name}_frozen")
     online = Engine(cfg, name=f"on_{name}_online")
     engines = [base, frozen, online]
     try:
@@ -87,10 +80,10 @@ def _scenario(name: str, tmp_path_factory, perturbed_policy):
         ckpt = tmp_path_factory.mktemp(f"online_{name}") / f"{name}_v{ROUNDS}"
         if d.weights_in_policy_checkpoint:
             distiller.save(ckpt, policy_state_dict=sd)
-            fresh_cfg = _cfg(name, "frozen", f"policy.model_name={ckpt}")
+            fresh_cfg = _cfg(run_cfg, name, "frozen", f"policy.model_name={ckpt}")
         else:
             distiller.save(ckpt)
-            fresh_cfg = _cfg(name, "frozen", f"{BLOCK}.{name}.model={ckpt}")
+            fresh_cfg = _cfg(run_cfg, name, "frozen", **{name: {"model": ckpt}})
         fz, on = out["frozen"].metrics, out["online"].metrics
         print(f"\nonline {name}: frozen acceptance {fz.acceptance_rate:.3f} (len {fz.acceptance_length:.2f}), "
               f"online {on.acceptance_rate:.3f} (len {on.acceptance_length:.2f}); kl per round "
@@ -105,8 +98,8 @@ def _scenario(name: str, tmp_path_factory, perturbed_policy):
 
 
 @pytest.fixture(scope="module", params=ONLINE)
-def scenario(request, tmp_path_factory, perturbed_policy):
-    yield from _scenario(request.param, tmp_path_factory, perturbed_policy)
+def scenario(request, tiny_cfg_fn, tmp_path_factory, perturbed_policy):
+    yield from _scenario(request.param, tiny_cfg_fn, tmp_path_factory, perturbed_policy)
 
 
 def test_online_drafter_beats_the_frozen_one_after_drift(scenario):

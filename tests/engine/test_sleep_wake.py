@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Engine, Request
+from nemo_rl_specdec.engine.engine import Request
 from nemo_rl_specdec.lockstep import DrafterRefreshError
 
-BLOCK = "policy.generation.speculative_decoding"
-
-
 @pytest.fixture(scope="module")
-def engine(tiny_cfg_fn):
-    base = tiny_cfg_fn()
-    cfg = tiny_cfg_fn("policy.generation.temperature=0", f"{BLOCK}.drafter=draft_model",
-                      f"{BLOCK}.draft_model.model={base.model_path}", f"{BLOCK}.num_speculative_tokens=4",
-                      f"{BLOCK}.refresh.mode=refit")
-    e = Engine(cfg, name="sleepy")
-    yield e
-    e.close()
+def engine(start_engine, self_draft_cfg_fn):
+    return start_engine(cfg=self_draft_cfg_fn("refit"), name="sleepy")
 
 
 def _run(engine, reqs):

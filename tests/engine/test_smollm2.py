@@ -22,24 +22,11 @@ if os.environ.get("SPECDEC_TEST_SMOLLM2") != "1":
 pytest.importorskip("gguf", reason="the SmolLM2 conversion needs the smollm2 extra (gguf, accelerate)")
 pytest.importorskip("accelerate", reason="the SmolLM2 conversion needs the smollm2 extra (gguf, accelerate)")
 
-BLOCK = "policy.generation.speculative_decoding"
-
-
 @pytest.fixture(scope="module")
-def smol_engines():
-    from nemo_rl_specdec.config import load_run_config
-    from nemo_rl_specdec.engine.engine import Engine
-
-    cfg = load_run_config("smollm2_cpu.yaml", [f"{BLOCK}.drafter=ngram", "policy.generation.max_new_tokens=48"])
-    base = Engine(cfg, spec_enabled=False, name="smollm2_baseline")
-    spec = None
-    try:
-        spec = Engine(cfg, name="smollm2_ngram")
-        yield cfg, base, spec
-    finally:
-        for e in (spec, base):
-            if e is not None:
-                e.close()
+def smol_engines(start_engine, tiny_cfg_fn):
+    cfg = tiny_cfg_fn("policy.generation.max_new_tokens=48", run_file="smollm2_cpu.yaml", drafter="ngram")
+    return cfg, start_engine(cfg=cfg, spec_enabled=False, name="smollm2_baseline"), start_engine(
+        cfg=cfg, name="smollm2_ngram")
 
 
 def test_converted_checkpoint_is_cached_and_sane(smol_engines):

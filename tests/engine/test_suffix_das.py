@@ -9,17 +9,13 @@ as rollouts: whether they are ever proposed tells exactly what the store holds.
 """
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 
-from nemo_rl_specdec.config import load_run_config
-from nemo_rl_specdec.engine.engine import Engine, Request, SpeculationInactiveWarning
+from nemo_rl_specdec.engine.engine import Request, SpeculationInactiveWarning
 from nemo_rl_specdec.lockstep import DrafterRefreshError
 
-RUN_FILE = os.environ.get("SPECDEC_TEST_RUN_FILE", "configs/tiny_cpu.yaml")
-BLOCK = "policy.generation.speculative_decoding"
 WINDOW = 2
 K = 8
 SAMPLES = 4  # GRPO-style samples per problem
@@ -29,13 +25,10 @@ CHI2_TOKENS = 3
 
 
 @pytest.fixture(scope="module")
-def das():
-    cfg = load_run_config(RUN_FILE, [f"{BLOCK}.drafter=suffix", f"{BLOCK}.suffix.backend=das",
-                                     f"{BLOCK}.suffix.scope=problem", f"{BLOCK}.suffix.window_steps={WINDOW}",
-                                     f"{BLOCK}.num_speculative_tokens={K}", f"{BLOCK}.refresh.mode=rebuild"])
-    e = Engine(cfg, name="das_test", seed=1)  # the session baseline uses seed 0
-    yield e
-    e.close()
+def das(start_engine):
+    # the session baseline uses seed 0
+    return start_engine(name="das_test", seed=1, drafter="suffix", num_speculative_tokens=K, refresh={"mode": "rebuild"},
+                        suffix={"backend": "das", "scope": "problem", "window_steps": WINDOW})
 
 
 def on_drafter(engine, fn):
