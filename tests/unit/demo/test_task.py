@@ -159,7 +159,7 @@ def test_run_prompt_format_names_the_key_of_a_bad_value():
     from nemo_rl_specdec.config import ConfigError, load_run_config
     from nemo_rl_specdec.demo.task import run_prompt_format
 
-    run_file = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml")
+    run_file = str(Path(__file__).resolve().parents[3] / "configs" / "tiny_cpu.yaml")
     assert run_prompt_format(load_run_config(run_file)) == "plain"
     assert run_prompt_format(load_run_config(run_file, ["demo.prompt_format=chat"])) == "chat"
     with pytest.raises(ConfigError, match=r"demo\.prompt_format: got 'html'; allowed: \['plain', 'chat'\]"):
@@ -173,7 +173,7 @@ def test_demo_and_benches_refuse_a_bad_prompt_format_before_any_engine(capsys):
     from nemo_rl_specdec.config import ConfigError, load_run_config
     from nemo_rl_specdec.demo.run import DemoSettings
 
-    run_file = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml")
+    run_file = str(Path(__file__).resolve().parents[3] / "configs" / "tiny_cpu.yaml")
     with pytest.raises(ConfigError, match=r"demo\.prompt_format: got 'html'"):
         DemoSettings(load_run_config(run_file, ["demo.prompt_format=html"]))
     for suite in ("drafters", "lockstep", "scheduling"):

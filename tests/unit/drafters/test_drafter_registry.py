@@ -12,7 +12,7 @@ from nemo_rl_specdec.drafters.base import HOST, LIST, MODEL, PARALLEL, SEQUENTIA
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter
 from nemo_rl_specdec.schema import Strict
 
-PKG = Path(__file__).resolve().parents[2] / "nemo_rl_specdec"
+PKG = Path(__file__).resolve().parents[3] / "nemo_rl_specdec"
 MODES = {"frozen", "refit", "online", "rebuild"}
 
 
