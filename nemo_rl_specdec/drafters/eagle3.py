@@ -31,8 +31,8 @@ from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_
 
 
 class Eagle3Config(Strict):
-    model: Optional[str] = Field(None, description="path of an Eagle3 head checkpoint for the policy")
-    aux_layer_ids: Optional[list[int]] = None
+    model: Optional[str] = Field(None, description="path of an Eagle3 head checkpoint for the policy (its config "
+                                 "names the aux layers it reads)")
 
 
 class Eagle3(Drafter):

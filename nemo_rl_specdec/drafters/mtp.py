@@ -2,7 +2,8 @@
 checkpoint (``model.mtp_layers.*``); vLLM's `mtp` method runs them with the policy's shared
 embedding and lm_head.
 
-Owns its `mtp:` sub-block, its vLLM mapping, the HF-module mirror of vLLM's MiMo MTP layer (same
+Owns its vLLM mapping (it has no settings: vLLM reads the layers, and how many there are, from
+the policy checkpoint), the HF-module mirror of vLLM's MiMo MTP layer (same
 parameter names), the readers of the policy side it needs (pre-norm hidden state, inputs), and
 its online distiller. The bundled MTP policy is built by `tools/train_tiny_mtp.py`.
 
@@ -17,22 +18,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from pydantic import Field
-
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
-from nemo_rl_specdec.schema import Strict
 from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_kl
 
 MTP_PREFIX = "model.mtp_layers.0."
 
 
-class MTPConfig(Strict):
-    num_layers: int = Field(1, ge=1)
-
-
 class MTP(Drafter):
     name = "mtp"
-    config = MTPConfig
     refresh_modes = ("refit", "online", "frozen")
     weights_in_policy_checkpoint = True
     refit_hint = "refit needs the trainer to train and stream the MTP layers: policy.megatron_cfg.mtp_num_layers > 0"
