@@ -8,7 +8,7 @@ or kept frozen; NeMo-RL has no trainer that streams it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from pydantic import Field
 
@@ -47,23 +47,16 @@ class DraftModelDistiller(Distiller):
 
     kind = "draft_model"
 
-    def __init__(self, drafter_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
-                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, num_threads: Optional[int] = None,
-                 max_tokens: Optional[int] = None, device: Any = "cpu"):
+    def _load(self, drafter_dir: str | Path) -> tuple:
         import torch
         from transformers import AutoModelForCausalLM
 
         if not Path(drafter_dir).is_dir():
             raise FileNotFoundError(f"drafter_dir: {drafter_dir} is not a checkpoint directory")
-        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.drafter_dir = str(drafter_dir)
-        self.model = self.module = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
         self.pad_id = int(self.model.config.pad_token_id or 0)
-        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
-                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
-                    vocab_size=self.model.config.vocab_size, max_tokens=max_tokens, device=device)
+        return self.model, self.model.config.vocab_size
 
     def _pad_id(self, teacher) -> int:
         return self.pad_id

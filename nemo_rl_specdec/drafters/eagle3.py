@@ -238,23 +238,18 @@ class Eagle3Distiller(Distiller):
 
     kind = "eagle3"
 
-    def __init__(self, head_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
-                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, ttt: bool = True, num_threads: Optional[int] = None,
-                 max_tokens: Optional[int] = None, device: Any = "cpu"):
+    def __init__(self, head_dir: str | Path, *, ttt: bool = True, **kw: Any):
+        """`ttt`: also train the second (test-time-training) step; `kw`: the loop's settings (Distiller)."""
+        self.ttt = bool(ttt)
+        super().__init__(head_dir, **kw)
+
+    def _load(self, head_dir: str | Path) -> tuple:
         if not (Path(head_dir) / "config.json").is_file():
             raise FileNotFoundError(f"head_dir: {head_dir} is not an Eagle3 checkpoint directory (no config.json)")
-        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.head_dir = str(head_dir)
         self.head, self.config = load_head(head_dir)
-        self.module = self.head
         self.layer_ids = [int(i) for i in self.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
-        self.ttt = bool(ttt)
-        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
-                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
-                    vocab_size=int(self.config.get("draft_vocab_size") or self.config["vocab_size"]),
-                    max_tokens=max_tokens, device=device)
+        return self.head, int(self.config.get("draft_vocab_size") or self.config["vocab_size"])
 
     def _check_teacher(self, teacher) -> None:
         super()._check_teacher(teacher)

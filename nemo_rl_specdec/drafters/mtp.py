@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Optional
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
 from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_kl
@@ -169,23 +169,15 @@ class MTPDistiller(Distiller):
 
     kind = "mtp"
 
-    def __init__(self, model_dir: str | Path, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2,
-                 temperature: float = 1.0, micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0,
-                 weight_decay: float = 0.0, num_threads: Optional[int] = None,
-                 max_tokens: Optional[int] = None, device: Any = "cpu"):
+    def _load(self, model_dir: str | Path) -> tuple:
         if not Path(model_dir).is_dir():
             raise FileNotFoundError(f"model_dir: {model_dir} is not a checkpoint directory")
-        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
-                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.model_dir = str(model_dir)
         try:
             self.mtp, self.config = load_mtp_layer(model_dir)
         except ValueError as e:
             raise DistillInputError(str(e)) from None
-        self.module = self.mtp
-        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
-                    max_grad_norm=max_grad_norm, weight_decay=weight_decay,
-                    vocab_size=self.config.vocab_size, max_tokens=max_tokens, device=device)
+        return self.mtp, self.config.vocab_size
 
     def _check_teacher(self, teacher) -> None:
         super()._check_teacher(teacher)

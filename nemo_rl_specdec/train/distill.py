@@ -184,12 +184,26 @@ class Distiller:
     """The shared loop: checks, no-grad teacher pass, KL at the sampling temperature, AdamW with
     gradient clipping over a few epochs, kl_first/kl_last and top-1 agreement stats.
 
-    Subclasses call :meth:`_begin` (argument checks, threads, seed), set ``self.module`` (the
-    trainable drafter), then call :meth:`_setup`, and implement ``_prepare(teacher, ids, mask)`` (no-grad teacher side of one
-    padded batch -> a dict with at least ``n``, the number of trained positions) and
-    ``_loss(item)`` -> (loss, student logits at trained positions, teacher log-probs there)."""
+    Subclasses implement ``_load(source)`` (load the trainable drafter from `source`, its
+    checkpoint directory or the policy's; return (module, vocabulary size)), ``_prepare(teacher,
+    ids, mask)`` (no-grad teacher side of one padded batch -> a dict with at least ``n``, the
+    number of trained positions) and ``_loss(item)`` -> (loss, student logits at trained
+    positions, teacher log-probs there)."""
 
     kind = "base"
+
+    def __init__(self, source: Any, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2, temperature: float = 1.0,
+                 micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0, weight_decay: float = 0.0,
+                 num_threads: Optional[int] = None, max_tokens: Optional[int] = None, device: Any = "cpu"):
+        self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
+                    seed=seed, num_threads=num_threads, max_tokens=max_tokens)
+        self.module, vocab_size = self._load(source)
+        self._setup(lr=lr, epochs=epochs, temperature=temperature, micro_batch_tokens=micro_batch_tokens,
+                    max_grad_norm=max_grad_norm, weight_decay=weight_decay, vocab_size=vocab_size,
+                    max_tokens=max_tokens, device=device)
+
+    def _load(self, source: Any) -> tuple:
+        raise NotImplementedError
 
     def _setup(self, *, lr: float, epochs: int, temperature: float, micro_batch_tokens: int,
                max_grad_norm: float, weight_decay: float, vocab_size: int, max_tokens: Optional[int] = None,
@@ -213,7 +227,7 @@ class Distiller:
     @staticmethod
     def _begin(*, lr: float, epochs: int, micro_batch_tokens: int, max_grad_norm: float, seed: int,
                num_threads: Optional[int], max_tokens: Optional[int] = None) -> None:
-        """Before a subclass loads its drafter: check the arguments, threads, seed."""
+        """Before the drafter is loaded: check the arguments, threads, seed."""
         import torch
 
         from nemo_rl_specdec.openmp import request_torch_threads
