@@ -18,11 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
+from nemo_rl_specdec.resources import asset_path, configs_dir
 from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
-PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_CONFIGS = PACKAGE_DIR.parent / "configs"
 
 
 class DistillConfig(_Strict):
@@ -233,7 +232,7 @@ def _register_resolvers() -> None:
     register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
     if not OmegaConf.has_resolver("specdec_asset"):
         # ${specdec_asset:tiny/policy} -> absolute path of a bundled asset
-        register("specdec_asset", lambda name: str(PACKAGE_DIR / "assets" / name))
+        register("specdec_asset", lambda name: str(asset_path(name)))
     if not OmegaConf.has_resolver("specdec_model"):
         # ${specdec_model:smollm2} -> a real pretrained model's checkpoint, converted and cached on first use
         register("specdec_model", _resolve_model)
@@ -310,16 +309,18 @@ def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
 
 
 def resolve_config_path(path: Optional[str]) -> Path:
-    """A run file path; bare names (`tiny_cpu.yaml`) are looked up in the repo's configs/."""
+    """A run file path; names not found from the working directory (`tiny_cpu.yaml`,
+    `configs/tiny_cpu.yaml`) are looked up in the bundled configs/ (resources.py)."""
     if path is None:
         path = "tiny_cpu.yaml"
     p = Path(path)
     if p.exists():
         return p
-    for base in (REPO_CONFIGS, PACKAGE_DIR / "configs"):
-        if (base / p).exists():
-            return base / p
-    raise ConfigError(f"run file {path!r} not found (looked in ., {REPO_CONFIGS})")
+    bundled = configs_dir()
+    for rel in (p, Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else None):
+        if rel is not None and not rel.is_absolute() and (bundled / rel).is_file():
+            return bundled / rel
+    raise ConfigError(f"run file {path!r} not found (looked in ., {bundled})")
 
 
 def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:

@@ -21,12 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.resources import config_path
 from nemo_rl_specdec.scheduling.budget import expected_accepted
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-SIM_CONFIGS = PACKAGE_DIR.parent / "configs" / "sim"
+SIM_CONFIGS = config_path("sim")
 
 # metrics a calibration target may name (report.compare produces exactly these)
 METRICS = (
@@ -589,7 +589,7 @@ def validate_scenario(raw: Any) -> Scenario:
 
 def resolve_scenario_path(path: str, relative_to: Optional[Path] = None) -> Path:
     """A scenario path; bare names (`nvidia_qwen3_8b_rlzero.yaml`, with or without .yaml) are
-    looked up next to `relative_to`, then in the repo's configs/sim/."""
+    looked up next to `relative_to`, then in the bundled configs/sim/ (resources.py)."""
     p = Path(path)
     tries = [p]
     if relative_to is not None:
