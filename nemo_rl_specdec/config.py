@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
-from nemo_rl_specdec.resources import asset_path, configs_dir
+from nemo_rl_specdec.resources import asset_path, config_lookups, configs_dir
 from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
@@ -316,11 +316,10 @@ def resolve_config_path(path: Optional[str]) -> Path:
     p = Path(path)
     if p.exists():
         return p
-    bundled = configs_dir()
-    for rel in (p, Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else None):
-        if rel is not None and not rel.is_absolute() and (bundled / rel).is_file():
-            return bundled / rel
-    raise ConfigError(f"run file {path!r} not found (looked in ., {bundled})")
+    for candidate in config_lookups(p):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"run file {path!r} not found (looked in ., {configs_dir()})")
 
 
 def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:

@@ -34,6 +34,19 @@ def config_path(*parts: str) -> Path:
     return configs_dir().joinpath(*parts)
 
 
+def config_lookups(name: str | Path, *folders: str) -> list[Path]:
+    """Where a bundled file or folder called `name` may lie, in order: below each of configs/'s
+    `folders` (`"sim"`), then below configs/ itself. A leading `configs/` (as a checkout spells it,
+    `configs/tiny_cpu.yaml`) is dropped, so the same spelling works from an installed wheel."""
+    p = Path(name)
+    if p.is_absolute():
+        return []
+    if p.parts[:1] == ("configs",):
+        p = Path(*p.parts[1:])
+    root = configs_dir()
+    return [root / folder / p for folder in (*folders, "")]
+
+
 def asset_path(*parts: str) -> Path:
     """A file or folder below the bundled assets/ (`asset_path("tiny", "policy")`), the target of
     `${specdec_asset:tiny/policy}` in a run file."""

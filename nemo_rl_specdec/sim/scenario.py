@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
-from nemo_rl_specdec.resources import config_path
+from nemo_rl_specdec.resources import config_lookups, config_path
 from nemo_rl_specdec.scheduling.budget import expected_accepted
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
@@ -588,19 +588,32 @@ def validate_scenario(raw: Any) -> Scenario:
 
 
 def resolve_scenario_path(path: str, relative_to: Optional[Path] = None) -> Path:
-    """A scenario path; bare names (`nvidia_qwen3_8b_rlzero.yaml`, with or without .yaml) are
-    looked up next to `relative_to`, then in the bundled configs/sim/ (resources.py)."""
+    """A scenario path; bare names (`nvidia_qwen3_8b_rlzero.yaml`, with or without .yaml,
+    `predictions/s1_nvidia_rlthink_k3`, `configs/sim/cpu_tiny.yaml`) are looked up next to
+    `relative_to`, then in the bundled configs/sim/ and configs/ (resources.py)."""
     p = Path(path)
     tries = [p]
     if relative_to is not None:
         tries.append(relative_to / p)
-    tries.append(SIM_CONFIGS / p)
+    tries += config_lookups(p, "sim")
     if p.suffix not in (".yaml", ".yml"):
         tries += [t.with_name(t.name + ".yaml") for t in list(tries)]
     for t in tries:
         if t.is_file():
             return t
     raise ScenarioError(f"scenario file {path!r} not found (looked in ., {SIM_CONFIGS})")
+
+
+def scenario_files(directory: str) -> list[Path]:
+    """The `*.yaml` scenarios of a folder (`simulate --all`); a folder not found from the working
+    directory (`configs/sim/predictions`, `predictions`) is looked up in the bundled configs/."""
+    for d in [Path(directory), *config_lookups(directory, "sim")]:
+        if d.is_dir():
+            files = sorted(d.glob("*.yaml"))
+            if files:
+                return files
+            break
+    raise ScenarioError(f"--all {directory!r}: not a directory with *.yaml scenarios (looked in ., {SIM_CONFIGS})")
 
 
 def _load_tree(path: Path, seen: tuple[Path, ...] = ()):

@@ -411,8 +411,12 @@ def test_tiny_cpu_run_file_loads():
     assert cfg.get("grpo.nope", "dflt") == "dflt"
 
 
-def test_bare_run_file_name_is_found_in_configs():
-    assert load_run_config("tiny_cpu.yaml").spec == load_run_config(str(TINY)).spec
+def test_bare_run_file_name_is_found_in_configs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # away from the checkout: found in the bundled configs/ (resources.py)
+    for name in ("tiny_cpu.yaml", "configs/tiny_cpu.yaml"):
+        assert load_run_config(name).source == str(TINY)
+    with pytest.raises(ConfigError, match=r"run file 'tiny_gpu\.yaml' not found \(looked in \., .*configs\)"):
+        load_run_config("tiny_gpu.yaml")
 
 
 def test_specdec_asset_resolver_gives_absolute_bundled_paths():
