@@ -8,7 +8,8 @@ documented in docs/simulator.md. Unknown keys are errors; every error names the 
 path (e.g. `scenario.acceptance.alpha: got 1.3; allowed: ...`).
 
 `extends: other.yaml` at the top level starts from another scenario (looked up next to the
-file, then in configs/sim/) and overrides its keys.
+file, then in configs/sim/) and overrides its keys. Reading, overrides (`key=value`, `+key=value`,
+`++key=value`, `~key`) and interpolation are yaml_loader.py's.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nemo_rl_specdec import yaml_loader
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
@@ -618,37 +620,23 @@ def scenario_files(directory: str) -> list[Path]:
 
 def _load_tree(path: Path, seen: tuple[Path, ...] = ()):
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     if path.resolve() in seen:
         raise ScenarioError(f"{path}: `extends` forms a cycle ({' -> '.join(str(s) for s in seen)})")
-    cfg = OmegaConf.load(path)
-    if not OmegaConf.is_dict(cfg):
-        raise ScenarioError(f"{path}: a scenario must be a mapping")
+    cfg = yaml_loader.read(path, ScenarioError, what="scenario")
     parent = cfg.pop("extends", None) if "extends" in cfg else None
-    if parent is not None:
-        base = _load_tree(resolve_scenario_path(str(parent), path.parent), seen + (path.resolve(),))
-        cfg = OmegaConf.merge(base, cfg)
-    return cfg
+    if parent is None:
+        return cfg
+    base = _load_tree(resolve_scenario_path(str(parent), path.parent), seen + (path.resolve(),))
+    try:
+        return OmegaConf.merge(base, cfg)
+    except OmegaConfBaseException as e:
+        raise ScenarioError(f"{path}: cannot merge it over the scenario it extends ({parent}): {e}") from None
 
 
 def load_scenario(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Load a scenario YAML, apply `key=value` overrides (dotted paths), resolve, validate."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
+    """Load a scenario YAML (and what it `extends`), apply overrides, resolve (yaml_loader.py), validate."""
     p = resolve_scenario_path(path)
-    try:
-        cfg = _load_tree(p)
-        for ov in overrides:
-            if "=" not in ov or ov.startswith("="):
-                raise ScenarioError(f"override {ov!r}: expected key=value (e.g. speculation.k=4)")
-        if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        raw = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as e:
-        raise ScenarioError(f"{p}: {e}") from None
-    except Exception as e:
-        if isinstance(e, ScenarioError):
-            raise
-        raise ScenarioError(f"{p}: cannot read scenario: {e}") from None
-    return validate_scenario(raw)
+    cfg = yaml_loader.apply_overrides(_load_tree(p), overrides, p, ScenarioError, example="speculation.k=4")
+    return validate_scenario(yaml_loader.resolve(cfg, p, ScenarioError))
