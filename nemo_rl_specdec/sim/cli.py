@@ -94,12 +94,9 @@ def format_summary(results: list[dict[str, Any]]) -> str:
 
 
 def _run_all(args) -> int:
-    from nemo_rl_specdec.sim.scenario import ScenarioError
+    from nemo_rl_specdec.sim.scenario import scenario_files
 
-    d = Path(args.scenario)
-    files = sorted(d.glob("*.yaml")) if d.is_dir() else []
-    if not files:
-        raise ScenarioError(f"--all {args.scenario!r}: not a directory with *.yaml scenarios")
+    files = scenario_files(args.scenario)
     overrides = list(getattr(args, "overrides", []) or [])
     results = [simulate(load_scenario(str(f), overrides)) for f in files]
     print(format_summary(results))

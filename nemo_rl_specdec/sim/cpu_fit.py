@@ -39,8 +39,9 @@ import numpy as np
 
 from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.resources import config_path
 
-MEASURED = Path(__file__).resolve().parents[2] / "configs" / "sim" / "measured"
+MEASURED = config_path("sim", "measured")
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")
 HEADER = """\
 # CPU profile fitted on engine-step samples of this machine (issue #16, item 7). WRITTEN BY

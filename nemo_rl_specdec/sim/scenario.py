@@ -8,7 +8,8 @@ documented in docs/simulator.md. Unknown keys are errors; every error names the 
 path (e.g. `scenario.acceptance.alpha: got 1.3; allowed: ...`).
 
 `extends: other.yaml` at the top level starts from another scenario (looked up next to the
-file, then in configs/sim/) and overrides its keys.
+file, then in configs/sim/) and overrides its keys. Reading, overrides (`key=value`, `+key=value`,
+`++key=value`, `~key`) and interpolation are yaml_loader.py's.
 """
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nemo_rl_specdec import yaml_loader
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.resources import config_lookups, config_path
 from nemo_rl_specdec.scheduling.budget import expected_accepted
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-SIM_CONFIGS = PACKAGE_DIR.parent / "configs" / "sim"
+SIM_CONFIGS = config_path("sim")
 
 # metrics a calibration target may name (report.compare produces exactly these)
 METRICS = (
@@ -588,13 +590,14 @@ def validate_scenario(raw: Any) -> Scenario:
 
 
 def resolve_scenario_path(path: str, relative_to: Optional[Path] = None) -> Path:
-    """A scenario path; bare names (`nvidia_qwen3_8b_rlzero.yaml`, with or without .yaml) are
-    looked up next to `relative_to`, then in the repo's configs/sim/."""
+    """A scenario path; bare names (`nvidia_qwen3_8b_rlzero.yaml`, with or without .yaml,
+    `predictions/s1_nvidia_rlthink_k3`, `configs/sim/cpu_tiny.yaml`) are looked up next to
+    `relative_to`, then in the bundled configs/sim/ and configs/ (resources.py)."""
     p = Path(path)
     tries = [p]
     if relative_to is not None:
         tries.append(relative_to / p)
-    tries.append(SIM_CONFIGS / p)
+    tries += config_lookups(p, "sim")
     if p.suffix not in (".yaml", ".yml"):
         tries += [t.with_name(t.name + ".yaml") for t in list(tries)]
     for t in tries:
@@ -603,39 +606,37 @@ def resolve_scenario_path(path: str, relative_to: Optional[Path] = None) -> Path
     raise ScenarioError(f"scenario file {path!r} not found (looked in ., {SIM_CONFIGS})")
 
 
+def scenario_files(directory: str) -> list[Path]:
+    """The `*.yaml` scenarios of a folder (`simulate --all`); a folder not found from the working
+    directory (`configs/sim/predictions`, `predictions`) is looked up in the bundled configs/."""
+    for d in [Path(directory), *config_lookups(directory, "sim")]:
+        if d.is_dir():
+            files = sorted(d.glob("*.yaml"))
+            if files:
+                return files
+            break
+    raise ScenarioError(f"--all {directory!r}: not a directory with *.yaml scenarios (looked in ., {SIM_CONFIGS})")
+
+
 def _load_tree(path: Path, seen: tuple[Path, ...] = ()):
-    from omegaconf import OmegaConf
-
-    if path.resolve() in seen:
-        raise ScenarioError(f"{path}: `extends` forms a cycle ({' -> '.join(str(s) for s in seen)})")
-    cfg = OmegaConf.load(path)
-    if not OmegaConf.is_dict(cfg):
-        raise ScenarioError(f"{path}: a scenario must be a mapping")
-    parent = cfg.pop("extends", None) if "extends" in cfg else None
-    if parent is not None:
-        base = _load_tree(resolve_scenario_path(str(parent), path.parent), seen + (path.resolve(),))
-        cfg = OmegaConf.merge(base, cfg)
-    return cfg
-
-
-def load_scenario(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Load a scenario YAML, apply `key=value` overrides (dotted paths), resolve, validate."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    p = resolve_scenario_path(path)
+    if path.resolve() in seen:
+        raise ScenarioError(f"{path}: `extends` forms a cycle ({' -> '.join(str(s) for s in seen)})")
+    cfg = yaml_loader.read(path, ScenarioError, what="scenario")
+    parent = cfg.pop("extends", None) if "extends" in cfg else None
+    if parent is None:
+        return cfg
+    base = _load_tree(resolve_scenario_path(str(parent), path.parent), seen + (path.resolve(),))
     try:
-        cfg = _load_tree(p)
-        for ov in overrides:
-            if "=" not in ov or ov.startswith("="):
-                raise ScenarioError(f"override {ov!r}: expected key=value (e.g. speculation.k=4)")
-        if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        raw = OmegaConf.to_container(cfg, resolve=True)
+        return OmegaConf.merge(base, cfg)
     except OmegaConfBaseException as e:
-        raise ScenarioError(f"{p}: {e}") from None
-    except Exception as e:
-        if isinstance(e, ScenarioError):
-            raise
-        raise ScenarioError(f"{p}: cannot read scenario: {e}") from None
-    return validate_scenario(raw)
+        raise ScenarioError(f"{path}: cannot merge it over the scenario it extends ({parent}): {e}") from None
+
+
+def load_scenario(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Load a scenario YAML (and what it `extends`), apply overrides, resolve (yaml_loader.py), validate."""
+    p = resolve_scenario_path(path)
+    cfg = yaml_loader.apply_overrides(_load_tree(p), overrides, p, ScenarioError, example="speculation.k=4")
+    return validate_scenario(yaml_loader.resolve(cfg, p, ScenarioError))

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_rl_specdec.drafters.eagle3 import Eagle3Head, aux_hidden_and_logits, eagle3_loss
+from nemo_rl_specdec.resources import asset_path, config_path
 from nemo_rl_specdec.tools.train_tiny import optimizer_step
 
 
@@ -40,7 +41,7 @@ def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens:
     from nemo_rl_specdec.demo.task import make_problems
     from nemo_rl_specdec.engine.engine import Engine, Request
 
-    cfg = load_run_config(str(Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"),
+    cfg = load_run_config(str(config_path("tiny_cpu.yaml")),
                           [f"policy.model_name={policy_dir}", "policy.generation.speculative_decoding.enabled=false"])
     eng = Engine(cfg, spec_enabled=False, name="eagle3_data", seed=seed)
     try:
@@ -129,11 +130,9 @@ def save(head, layer_ids, dims, out: Path, info: dict, args, n_rollouts: int) ->
 
 
 def main(argv=None):
-    from nemo_rl_specdec.demo.task import TINY_ASSETS_DIR
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--policy", default=str(TINY_ASSETS_DIR / "policy"))
-    ap.add_argument("--out", default=str(TINY_ASSETS_DIR / "eagle3"))
+    ap.add_argument("--policy", default=str(asset_path("tiny", "policy")))
+    ap.add_argument("--out", default=str(asset_path("tiny", "eagle3")))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--problems", type=int, default=160)
     ap.add_argument("--max-new-tokens", type=int, default=256)

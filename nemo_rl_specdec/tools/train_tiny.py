@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_rl_specdec.demo import task
+from nemo_rl_specdec.resources import asset_path
 
 SCRIPT_VERSION = "1.0"
 
@@ -424,7 +425,7 @@ def dir_bytes(path: Path) -> int:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(task.TINY_ASSETS_DIR))
+    ap.add_argument("--out", default=str(asset_path("tiny")))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     # lr: 2e-3 left the policy on the loss plateau (no copy/lookup circuits) for 600+ steps

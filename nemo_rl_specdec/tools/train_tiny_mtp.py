@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from nemo_rl_specdec.demo import task
 from nemo_rl_specdec.drafters.mtp import MTPLayer, mtp_loss, pre_norm_hidden
+from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.tools import train_tiny
 
 POLICY_ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -122,7 +122,7 @@ def save(tok, policy, mtp, out: Path, info: dict, args) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(Path(task.TINY_ASSETS_DIR).parent / "tiny_mtp"))
+    ap.add_argument("--out", default=str(asset_path("tiny_mtp")))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--lr", type=float, default=2e-3)

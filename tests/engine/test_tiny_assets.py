@@ -17,10 +17,11 @@ transformers = pytest.importorskip("transformers")
 vllm = pytest.importorskip("vllm")
 
 from nemo_rl_specdec.demo import task  # noqa: E402
+from nemo_rl_specdec.resources import asset_path  # noqa: E402
 
-POLICY_DIR = task.TINY_ASSETS_DIR / "policy"
-DRAFT_DIR = task.TINY_ASSETS_DIR / "draft"
-MANIFEST = task.TINY_ASSETS_DIR / "MANIFEST.json"
+POLICY_DIR = asset_path("tiny", "policy")
+DRAFT_DIR = asset_path("tiny", "draft")
+MANIFEST = asset_path("tiny", "MANIFEST.json")
 ENGINE_KW = dict(dtype="float32", enforce_eager=True, max_model_len=1024,
                  distributed_executor_backend="uni", disable_log_stats=False, seed=0)
 MAX_TOKENS = 512

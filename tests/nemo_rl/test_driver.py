@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from nemo_rl_specdec.nemo_rl import payload, run_grpo, translate
+from nemo_rl_specdec.resources import config_path
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
 
 pytestmark = pytest.mark.nemo_rl
 
-REPO = Path(__file__).resolve().parents[2]
 PAD = 0
 PROMPTS, GROUP, ENGINES = 6, 4, 2
 
@@ -93,7 +92,7 @@ def gen_cfg(nemo_rl_src, tmp_path_factory):
     from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
     from omegaconf import OmegaConf
 
-    code, plan = run_grpo.prepare(["--config", str(REPO / "configs" / "qwen3_8b_suffix.yaml")])
+    code, plan = run_grpo.prepare(["--config", str(config_path("qwen3_8b_suffix.yaml"))])
     assert code == -1
     path = run_grpo.write_composed(plan["base"], str(tmp_path_factory.mktemp("suffix")))
     register_omegaconf_resolvers()

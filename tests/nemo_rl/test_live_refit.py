@@ -33,15 +33,13 @@ once-only, as our own engine layer does.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-
 import pytest
+
+from nemo_rl_specdec.resources import asset_path
 
 pytestmark = pytest.mark.nemo_rl
 
-REPO = Path(__file__).resolve().parents[2]
-ASSETS = REPO / "nemo_rl_specdec" / "assets"
-POLICY = ASSETS / "tiny" / "policy"
+POLICY = asset_path("tiny", "policy")
 SAMPLES = 4
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13, 14], [20, 21, 22, 23, 24, 20, 21]]
 
@@ -50,9 +48,9 @@ BLOCKS = {
     "suffix": {"drafter": "suffix", "num_speculative_tokens": 4,
                "suffix": {"backend": "das", "scope": "problem", "window_steps": 4, "max_tree_depth": 16}},
     "draft_model": {"drafter": "draft_model", "num_speculative_tokens": 3,
-                    "draft_model": {"model": str(ASSETS / "tiny" / "draft")}, "refresh": {"mode": "frozen"}},
+                    "draft_model": {"model": str(asset_path("tiny", "draft"))}, "refresh": {"mode": "frozen"}},
     "eagle3": {"drafter": "eagle3", "num_speculative_tokens": 3,
-               "eagle3": {"model": str(ASSETS / "tiny" / "eagle3")}, "refresh": {"mode": "refit"}},
+               "eagle3": {"model": str(asset_path("tiny", "eagle3"))}, "refresh": {"mode": "refit"}},
 }
 
 
@@ -284,7 +282,7 @@ def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(
     if drafter == "eagle3":
         from safetensors.torch import load_file
 
-        head = load_file(str(ASSETS / "tiny" / "eagle3" / "model.safetensors"))
+        head = load_file(str(asset_path("tiny", "eagle3", "model.safetensors")))
         weights.update({f"draft.{k}": v + 0.01 for k, v in head.items()})
     fp_before = _on_engine(w, lambda self: self.specdec_drafter_fingerprint())
     assert _refit(w, cpu_host, weights) is True

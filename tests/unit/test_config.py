@@ -19,7 +19,6 @@ from pydantic import BaseModel
 from nemo_rl_specdec import cli
 from nemo_rl_specdec.config import (
     BLOCK_PATH,
-    PACKAGE_DIR,
     ConfigError,
     RunConfig,
     SpecDecConfig,
@@ -28,9 +27,10 @@ from nemo_rl_specdec.config import (
     to_vllm_speculative_config,
     validate_run_dict,
 )
+from nemo_rl_specdec.resources import asset_path, config_path
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = REPO / "configs" / "tiny_cpu.yaml"
+TINY = config_path("tiny_cpu.yaml")
 DOC = REPO / "docs" / "configuration.md"
 B = BLOCK_PATH
 
@@ -407,14 +407,18 @@ def test_tiny_cpu_run_file_loads():
     assert cfg.get("grpo.nope", "dflt") == "dflt"
 
 
-def test_bare_run_file_name_is_found_in_configs():
-    assert load_run_config("tiny_cpu.yaml").spec == load_run_config(str(TINY)).spec
+def test_bare_run_file_name_is_found_in_configs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # away from the checkout: found in the bundled configs/ (resources.py)
+    for name in ("tiny_cpu.yaml", "configs/tiny_cpu.yaml"):
+        assert load_run_config(name).source == str(TINY)
+    with pytest.raises(ConfigError, match=r"run file 'tiny_gpu\.yaml' not found \(looked in \., .*configs\)"):
+        load_run_config("tiny_gpu.yaml")
 
 
 def test_specdec_asset_resolver_gives_absolute_bundled_paths():
     cfg = load_run_config(str(TINY))
-    assert cfg.model_path == str(PACKAGE_DIR / "assets" / "tiny" / "policy")
-    assert cfg.spec.draft_model.model == str(PACKAGE_DIR / "assets" / "tiny" / "draft")
+    assert cfg.model_path == str(asset_path("tiny", "policy"))
+    assert cfg.spec.draft_model.model == str(asset_path("tiny", "draft"))
     assert Path(cfg.spec.eagle3.model).is_absolute()
 
 
@@ -429,7 +433,7 @@ def test_specdec_asset_resolver_in_a_user_file(tmp_path):
               draft_model: {model: "${specdec_asset:tiny/draft}"}
     """)
     cfg = load_run_config(str(p))
-    assert to_vllm_speculative_config(cfg.spec)["model"] == str(PACKAGE_DIR / "assets" / "tiny" / "draft")
+    assert to_vllm_speculative_config(cfg.spec)["model"] == str(asset_path("tiny", "draft"))
 
 
 def test_interpolation_and_mul_resolver(tmp_path):
@@ -781,7 +785,7 @@ def test_cli_validate_with_overrides(capsys):
     assert rc == 0
     vcfg = json.loads(capsys.readouterr().out)["vllm_speculative_config"]
     assert vcfg == {
-        "method": "draft_model", "model": str(PACKAGE_DIR / "assets" / "tiny" / "draft"),
+        "method": "draft_model", "model": str(asset_path("tiny", "draft")),
         "num_speculative_tokens": 4, "draft_sample_method": "probabilistic",
         "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 64, 0]],
     }

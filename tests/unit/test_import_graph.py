@@ -15,7 +15,8 @@ PKG = Path(__file__).resolve().parents[2] / "nemo_rl_specdec"
 
 # bottom -> top; a unit may import its own layer's units only where listed in SAME_LAYER_ARROWS
 LAYERS = [
-    {"schema", "rollouts", "lockstep", "metrics", "stats", "openmp", "update", "models"},
+    {"schema", "rollouts", "lockstep", "metrics", "stats", "openmp", "update", "models", "resources"},
+    {"yaml_loader"},    # YAML files with overrides (run files, scenarios, NeMo-RL run files)
     {"train"},          # the online distillation loop (drafters subclass its Distiller)
     {"drafters"},       # one file per drafter, the registry
     {"config"},         # the YAML block, built from the registry

@@ -40,6 +40,9 @@ def test_reexec_sets_ld_preload_and_runs_the_cli(monkeypatch, tmp_path):
     (exe, argv, env), = calls
     assert argv[1:] == ["-m", "nemo_rl_specdec.cli", "bench", "x.yaml", "a=b"]
     assert env["LD_PRELOAD"] == f"{lib} /x/libother.so" and env[openmp._DONE] == "1"
+    monkeypatch.delenv(openmp._DONE, raising=False)
+    openmp.reexec_with_iomp(["--requests", "2"], entry=("examples/generate_cpu.py",))  # a script re-runs itself
+    assert calls[1][1][1:] == ["examples/generate_cpu.py", "--requests", "2"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or openmp.iomp_path() is None,

@@ -14,8 +14,9 @@ from nemo_rl_specdec.demo.task import (
     reference_solution,
     verify,
 )
+from nemo_rl_specdec.resources import asset_path, config_path
 
-POLICY_DIR = task.TINY_ASSETS_DIR / "policy"
+POLICY_DIR = asset_path("tiny", "policy")
 
 
 @pytest.fixture(scope="module")
@@ -154,12 +155,10 @@ def test_bundled_tokenizer_is_character_level_and_round_trips(bundled_tokenizer)
 
 
 def test_run_prompt_format_names_the_key_of_a_bad_value():
-    from pathlib import Path
-
     from nemo_rl_specdec.config import ConfigError, load_run_config
     from nemo_rl_specdec.demo.task import run_prompt_format
 
-    run_file = str(Path(__file__).resolve().parents[3] / "configs" / "tiny_cpu.yaml")
+    run_file = str(config_path("tiny_cpu.yaml"))
     assert run_prompt_format(load_run_config(run_file)) == "plain"
     assert run_prompt_format(load_run_config(run_file, ["demo.prompt_format=chat"])) == "chat"
     with pytest.raises(ConfigError, match=r"demo\.prompt_format: got 'html'; allowed: \['plain', 'chat'\]"):
@@ -167,13 +166,11 @@ def test_run_prompt_format_names_the_key_of_a_bad_value():
 
 
 def test_demo_and_benches_refuse_a_bad_prompt_format_before_any_engine(capsys):
-    from pathlib import Path
-
     from nemo_rl_specdec.cli import main
     from nemo_rl_specdec.config import ConfigError, load_run_config
     from nemo_rl_specdec.demo.run import DemoSettings
 
-    run_file = str(Path(__file__).resolve().parents[3] / "configs" / "tiny_cpu.yaml")
+    run_file = str(config_path("tiny_cpu.yaml"))
     with pytest.raises(ConfigError, match=r"demo\.prompt_format: got 'html'"):
         DemoSettings(load_run_config(run_file, ["demo.prompt_format=html"]))
     for suite in ("drafters", "lockstep", "scheduling"):

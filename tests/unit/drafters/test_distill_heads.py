@@ -10,14 +10,14 @@ import shutil
 import pytest
 import torch
 
-from nemo_rl_specdec.demo.task import TINY_ASSETS_DIR
+from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
 from nemo_rl_specdec.drafters.mtp import MTPDistiller
 from nemo_rl_specdec.train.distill import DistillInputError
 
-EAGLE3 = TINY_ASSETS_DIR / "eagle3"
-POLICY = TINY_ASSETS_DIR / "policy"
-MTP = TINY_ASSETS_DIR.parent / "tiny_mtp"
+EAGLE3 = asset_path("tiny", "eagle3")
+POLICY = asset_path("tiny", "policy")
+MTP = asset_path("tiny_mtp")
 
 
 def _rollouts(vocab: int, n: int = 8, seed: int = 0):

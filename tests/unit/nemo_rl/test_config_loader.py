@@ -46,3 +46,13 @@ def test_overrides_in_nemo_rl_spelling(tmp_path):
         config_loader.compose(run, ["justakey"])
     with pytest.raises(ConfigError, match="not found"):
         config_loader.compose(tmp_path / "nope.yaml")
+
+
+def test_a_bundled_run_file_is_found_by_name_from_anywhere(tmp_path, monkeypatch):
+    from nemo_rl_specdec.resources import config_path
+
+    monkeypatch.chdir(tmp_path)
+    c = config_loader.compose("qwen3_8b_suffix.yaml")
+    assert c.source == config_path("qwen3_8b_suffix.yaml") and c.uses_nemo_rl_parent
+    with pytest.raises(ConfigError, match=r"override '~policy.nope' of .*qwen3_8b_suffix.yaml: policy.nope does not exist"):
+        config_loader.compose("qwen3_8b_suffix.yaml", ["~policy.nope"])

@@ -324,6 +324,21 @@ def test_cli_all_prints_one_line_per_scenario(tmp_path, capsys):
     assert main(["simulate", "--all", str(tmp_path / "a.yaml")]) == 2       # not a directory
 
 
+def test_bundled_scenarios_are_found_from_any_directory(tmp_path, monkeypatch):
+    from nemo_rl_specdec.sim.scenario import SIM_CONFIGS, ScenarioError, resolve_scenario_path, scenario_files
+
+    monkeypatch.chdir(tmp_path)
+    s3 = SIM_CONFIGS / "predictions" / "s3_nvidia_rlthink_k5.yaml"
+    for name in ("predictions/s3_nvidia_rlthink_k5", "sim/predictions/s3_nvidia_rlthink_k5.yaml",
+                 "configs/sim/predictions/s3_nvidia_rlthink_k5.yaml", str(s3)):
+        assert resolve_scenario_path(name) == s3
+    assert resolve_scenario_path("cpu_tiny") == SIM_CONFIGS / "cpu_tiny.yaml"
+    assert scenario_files("configs/sim/predictions") == scenario_files("predictions") != []
+    assert s3 in scenario_files("predictions")
+    with pytest.raises(ScenarioError, match=r"--all 'nowhere': not a directory with \*\.yaml scenarios"):
+        scenario_files("nowhere")
+
+
 def test_prediction_scenarios_load():
     from nemo_rl_specdec.sim.scenario import SIM_CONFIGS
 

@@ -1,0 +1,156 @@
+"""YAML files with command-line overrides: read (OmegaConf), override, resolve. The run files
+(config.py), the simulator's scenarios (sim/scenario.py) and the NeMo-RL run files
+(nemo_rl/config_loader.py) all load through here; each adds only its own inheritance rule.
+
+Overrides use NeMo-RL's (Hydra) spelling:
+- `a.b=v` sets a key, `+a.b=v` adds one, `++a.b=v` adds or sets one. All three merge here (a
+  mapping value merges into the mapping it replaces); the caller's schema still rejects unknown keys.
+- `~a.b` deletes a key, which must exist.
+Values are parsed as YAML by OmegaConf (`1e-4` is a float, `[1, 2]` a list); `${...}` interpolations are
+kept until `resolve`. Every error is a ConfigError (or the caller's subclass) naming the file, and the
+override when one is at fault.
+
+Resolvers available in every file: `${specdec_asset:tiny/policy}` (a bundled asset, resources.py),
+`${specdec_model:smollm2}` (a real model's checkpoint, converted and cached on first use, models/), and
+NeMo-RL's arithmetic helpers `add`, `mul`, `div`, `max`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+from nemo_rl_specdec.schema import ConfigError
+
+OVERRIDE_FORMS = "key=value, +key=value, ++key=value or ~key"
+
+
+def _resolve_model(name: str) -> str:
+    from nemo_rl_specdec.models import resolve
+
+    return resolve(name)
+
+
+def _asset(name: str) -> str:
+    from nemo_rl_specdec.resources import asset_path
+
+    return str(asset_path(name))
+
+
+RESOLVERS = {
+    "specdec_asset": _asset,
+    "specdec_model": _resolve_model,
+    # the arithmetic NeMo-RL registers under the same names
+    "add": lambda a, b: a + b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "max": lambda a, b: max(a, b),
+}
+
+
+def register_resolvers() -> None:
+    """Register RESOLVERS with OmegaConf; a name already registered (e.g. by NeMo-RL) is kept."""
+    from omegaconf import OmegaConf
+
+    # OmegaConf 2.4 deprecates register_new_resolver in favour of register_resolver (same call)
+    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
+    for name, fn in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            register(name, fn)
+
+
+def read(path: Union[str, Path], error: type[ConfigError] = ConfigError, what: str = "YAML file") -> Any:
+    """The file as an (unresolved) omegaconf DictConfig; unreadable YAML or a top level that is not
+    a mapping is an `error` naming the file."""
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_resolvers()
+    try:
+        cfg = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise error(f"{what} {str(path)!r} not found") from None
+    except (OSError, OmegaConfBaseException, yaml.YAMLError) as e:
+        raise error(f"{path}: cannot read the {what}: {e}") from None
+    if not isinstance(cfg, DictConfig):
+        raise error(f"{path}: a {what} must be a mapping of keys (got a {type(cfg).__name__})")
+    return cfg
+
+
+def parse_override(override: str, source: Union[str, Path], error: type[ConfigError] = ConfigError,
+                   example: str = "a.b=1") -> tuple[str, str, Union[str, None]]:
+    """(op, key, value text) of one override: op is "set" (`=`, `+`, `++`) or "delete" (`~`)."""
+    bad = error(f"override {override!r} of {source}: expected {OVERRIDE_FORMS} (e.g. {example})")
+    if override.startswith("~"):
+        key = override[1:]
+        if not key.strip() or "=" in key or key.startswith(("+", "~")):
+            raise bad
+        return "delete", key, None
+    body = override[2:] if override.startswith("++") else override[1:] if override.startswith("+") else override
+    key, eq, value = body.partition("=")
+    if not eq or not key.strip() or key.startswith(("+", "~")):
+        raise bad
+    return "set", key, value
+
+
+def _scalar_above(cfg: Any, key: str) -> Union[str, None]:
+    """The first key above `key` that holds a value other than a mapping or list (so `key` cannot
+    go below it), without resolving interpolations; None when there is none."""
+    from omegaconf import OmegaConf
+
+    node, parts = cfg, key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if not OmegaConf.is_dict(node) or part not in node or OmegaConf.is_interpolation(node, part):
+            return None
+        node = node[part]
+        if node is not None and not OmegaConf.is_config(node):
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def apply_overrides(cfg: Any, overrides: Sequence[str], source: Union[str, Path],
+                    error: type[ConfigError] = ConfigError, example: str = "a.b=1") -> Any:
+    """Apply `overrides` in order to `cfg` (in place; also returned)."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for ov in overrides:
+        op, key, value = parse_override(ov, source, error, example)
+        try:
+            if op == "delete":
+                parent_key, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+                if not OmegaConf.is_dict(node) or leaf not in node:
+                    raise error(f"override {ov!r} of {source}: {key} does not exist, so it cannot be deleted")
+                node.pop(leaf)
+            else:
+                above = _scalar_above(cfg, key)
+                if above is not None:
+                    raise error(f"override {ov!r} of {source}: {above} is a value "
+                                f"({OmegaConf.select(cfg, above)!r}), not a mapping with keys below it")
+                cfg.merge_with_dotlist([f"{key}={value}"])
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise error(f"override {ov!r} of {source}: {e}") from None
+    return cfg
+
+
+def resolve(cfg: Any, source: Union[str, Path], error: type[ConfigError] = ConfigError, hint: str = "") -> dict:
+    """`cfg` as plain Python with every `${...}` resolved; a failing interpolation is an `error`
+    naming the file (and `hint`, appended)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_resolvers()
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        raise error(f"{source}: {e}{hint}") from None
+
+
+def load(path: Union[str, Path], overrides: Sequence[str] = (), error: type[ConfigError] = ConfigError,
+         what: str = "YAML file", example: str = "a.b=1") -> dict:
+    """read + apply_overrides + resolve: the file with its overrides as plain Python."""
+    return resolve(apply_overrides(read(path, error, what), overrides, path, error, example), path, error)

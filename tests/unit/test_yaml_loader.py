@@ -1,0 +1,72 @@
+"""yaml_loader.py: one reader, one override grammar and one resolver set for run files, scenarios
+and NeMo-RL run files; every error names the file, and the override at fault."""
+from __future__ import annotations
+
+import pytest
+
+from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.resources import asset_path
+from nemo_rl_specdec.schema import ConfigError
+
+
+class CallerError(ConfigError):
+    """A caller's own error class (the simulator's ScenarioError)."""
+
+
+@pytest.fixture
+def run(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text("a: {b: 1, c: 2}\nlr: 1.0e-3\nn: ${a.b}\nitems: [1, 2]\n")
+    return p
+
+
+def test_every_override_form_and_yaml_values(run):
+    raw = yaml_loader.load(run, ["a.b=7", "+x.y=[1, 2]", "++a.d={e: 1}", "~a.c", "lr=1e-4", "items.1=5", "s=${a.b}"])
+    assert raw["a"] == {"b": 7, "d": {"e": 1}} and raw["x"] == {"y": [1, 2]}
+    assert raw["lr"] == 1e-4 and isinstance(raw["lr"], float)  # OmegaConf's YAML: no `.` needed
+    assert raw["items"] == [1, 5] and raw["n"] == 7 and raw["s"] == 7  # interpolations resolve after overrides
+
+
+def test_a_mapping_value_merges_into_the_mapping_it_replaces(run):
+    assert yaml_loader.load(run, ["a={c: 3}"])["a"] == {"b": 1, "c": 3}
+
+
+@pytest.mark.parametrize("override", ["a.b", "=1", "+++a=1", "~", "~a=1", "~~a", "+~a=1"])
+def test_malformed_overrides_name_the_file_the_override_and_the_forms(run, override):
+    with pytest.raises(CallerError) as ei:
+        yaml_loader.load(run, [override], error=CallerError, example="speculation.k=4")
+    msg = str(ei.value)
+    assert msg.startswith(f"override {override!r} of {run}: expected key=value, +key=value, ++key=value or ~key")
+    assert msg.endswith("(e.g. speculation.k=4)")
+
+
+def test_bad_values_and_deletions_name_the_override(run):
+    with pytest.raises(ConfigError, match=rf"override 'a.b.z=1' of {run}: a.b is a value \(1\), not a mapping"):
+        yaml_loader.load(run, ["a.b.z=1"])          # below a scalar
+    with pytest.raises(ConfigError, match=rf"override 'x=\[1, 2' of {run}: "):
+        yaml_loader.load(run, ["x=[1, 2"])          # unreadable YAML value
+    with pytest.raises(ConfigError, match=rf"override '~a.q' of {run}: a.q does not exist, so it cannot be deleted"):
+        yaml_loader.load(run, ["~a.q"])
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(CallerError, match=r"scenario '.*nope\.yaml' not found"):
+        yaml_loader.read(tmp_path / "nope.yaml", CallerError, what="scenario")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: {b: 1\n  c: [\n")
+    with pytest.raises(ConfigError, match=rf"{bad}: cannot read the run file: "):
+        yaml_loader.read(bad, what="run file")
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=rf"{listy}: a run file must be a mapping of keys \(got a ListConfig\)"):
+        yaml_loader.read(listy, what="run file")
+    dangling = tmp_path / "dangling.yaml"
+    dangling.write_text("a: ${nowhere}\n")
+    with pytest.raises(ConfigError, match=rf"(?s){dangling}: .*nowhere.*\(hint\)"):
+        yaml_loader.resolve(yaml_loader.read(dangling), dangling, hint=" (hint)")
+
+
+def test_resolvers_for_assets_and_nemo_rl_arithmetic(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("m: ${specdec_asset:tiny/policy}\nx: ${mul:3,4}\ny: ${add:1,2}\nz: ${div:6,4}\nw: ${max:2,5}\n")
+    assert yaml_loader.load(p) == {"m": str(asset_path("tiny", "policy")), "x": 12, "y": 3, "z": 1.5, "w": 5}
