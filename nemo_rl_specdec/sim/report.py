@@ -6,7 +6,7 @@
 
 All three runs see the same batches (one seeded draw). Sweeps re-run the spec case (and the
 baseline where it changes) over k, over the per-position acceptance alpha, and over the
-number of engines.
+number of engines. `format_table` and `format_summary` print them (the `simulate` command).
 """
 from __future__ import annotations
 
@@ -185,3 +185,77 @@ def _point(name: str, x, base: RunResult, r: RunResult) -> dict[str, float]:
         "rollout_s_spec": r.rollout_s,
         "mean_accepted_length": r.mean_accepted_length,
     }
+
+
+# --------------------------------------------------------------------------- tables (`nemo-rl-specdec simulate`)
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf"
+        if abs(v) < 10:
+            return f"{v:.3f}"
+        return f"{v:,.1f}" if abs(v) < 10_000 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def format_table(res: dict[str, Any]) -> str:
+    rows = [
+        ("", "baseline", "speculative", "ratio"),
+        ("rollout (s)", res["rollout_s_baseline"], res["rollout_s_spec"], res["rollout_speedup"]),
+        ("step (s)", res["step_s_baseline"], res["step_s_spec"], res["step_speedup"]),
+        ("generation share of step", res["gen_fraction_baseline"], res["gen_fraction_spec"], None),
+        ("generation idle fraction", res["gen_idle_fraction_baseline"], res["gen_idle_fraction_spec"], None),
+        ("tokens / GPU-s (rollout)", res["tokens_per_gpu_s_baseline"], res["tokens_per_gpu_s_spec"], None),
+        ("target forward steps", res["target_steps_baseline"], res["target_steps_spec"], None),
+        ("exposed generation (s)", res["exposed_generation_s_baseline"], res["exposed_generation_s_spec"], None),
+        ("output tokens / s", res["output_tokens_per_s_baseline"], res["output_tokens_per_s_spec"], None),
+        ("KV preemptions", res["preemptions_baseline"], res["preemptions_spec"], None),
+    ]
+    if "rollout_s_placement_only" in res:
+        rows.append(("rollout, placement only (s)", res["rollout_s_baseline"], res["rollout_s_placement_only"],
+                     res["rollout_speedup_placement_only"]))
+    cells = [[_fmt(c) if i else c for i, c in enumerate(r)] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(4)]
+    e = res["num_engines"]
+    lines = [f"scenario {res['scenario']}: {res['mode']}, {e} engine{'' if e == 1 else 's'}, k={res['k']}, "
+             f"alpha={_fmt(res['alpha'])}, mean accepted length {_fmt(res['mean_accepted_length'])}"]
+    for r in cells:
+        lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
+    cal = res.get("calibration")
+    if cal:
+        lines.append("")
+        lines.append("calibration (published figure -> simulated):")
+        if res.get("overrides"):
+            lines.append(f"  (with overrides {' '.join(res['overrides'])}: the figures describe the scenario as shipped)")
+        lines += _calibration_lines(cal)
+    for pt in res.get("calibration_points") or []:
+        lines.append(f"calibration point {pt['name']!r} ({' '.join(pt['overrides'])}):")
+        lines += _calibration_lines(pt["calibration"])
+    return "\n".join(lines)
+
+
+def _calibration_lines(cal: dict[str, Any]) -> list[str]:
+    out = []
+    for key, c in cal.items():
+        want = _fmt(c["target"]) if c["target"] is not None else f"[{_fmt(c['min'])}, {_fmt(c['max'])}]"
+        tag = {True: "ok", False: "OUT OF RANGE", None: "n/a in this mode"}[c["ok"]]
+        out.append(f"  {key}: {want} -> {_fmt(c['predicted'])}  {tag}   ({c['source']})")
+    return out
+
+
+def format_summary(results: list[dict[str, Any]]) -> str:
+    """One line per scenario: the predictions a reader compares with published figures."""
+    head = ("scenario", "mode", "k", "rollout_s base", "rollout_s spec", "rollout speedup", "step_s base",
+            "step_s spec", "step speedup", "mean acc. length", "exposed gen s base", "exposed gen s spec")
+    rows = [head] + [(r["scenario"], r["mode"], str(r["k"]), _fmt(r["rollout_s_baseline"]), _fmt(r["rollout_s_spec"]),
+                      _fmt(r["rollout_speedup"]), _fmt(r["step_s_baseline"]), _fmt(r["step_s_spec"]),
+                      _fmt(r["step_speedup"]), _fmt(r["mean_accepted_length"]),
+                      _fmt(r["exposed_generation_s_baseline"]), _fmt(r["exposed_generation_s_spec"]))
+                     for r in results]
+    w = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -386,12 +384,13 @@ def test_cli_bad_scenario_exits_2(tmp_path, capsys):
     assert "scenario.acceptance" in err
 
 
-def test_run_accepts_an_argparse_namespace(tmp_path):
-    from nemo_rl_specdec.sim.cli import run
+def test_cli_writes_the_result_json_with_its_overrides(tmp_path):
+    from nemo_rl_specdec.cli import main
 
-    args = SimpleNamespace(scenario="cpu_tiny", overrides=["rl.num_steps=2"], json=str(tmp_path / "r.json"), plots=None)
-    assert run(args) == 0
-    assert json.loads(Path(args.json).read_text())["scenario"] == "cpu_tiny"
+    out = tmp_path / "sub" / "r.json"
+    assert main(["simulate", "cpu_tiny", "rl.num_steps=2", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["scenario"] == "cpu_tiny" and res["overrides"] == ["rl.num_steps=2"]
 
 
 def test_scenario_policy_names_match_the_scheduling_code():
