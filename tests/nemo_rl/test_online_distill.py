@@ -24,19 +24,20 @@ import math
 import sys
 
 import pytest
+from test_live_refit import _on_engine, _refit, _worker, cpu_host  # noqa: F401  (cpu_host: fixture)
 
-from test_live_refit import ASSETS, _on_engine, _refit, _worker, cpu_host  # noqa: F401  (cpu_host: fixture)
+from nemo_rl_specdec.resources import asset_path
 
 pytestmark = pytest.mark.nemo_rl
 
 STEPS = 5
-DRIFT = 0.8 / math.sqrt(STEPS)  # per step; seeded noise adds up to the drift test_online_*.py use at once
+DRIFT = 0.8 / math.sqrt(STEPS)  # per step; seeded noise adds up to the drift test_online_refresh.py uses at once
 MAX_NEW = 96
 TRAIN, HELD = 24, 16
 BLOCKS = {
     "draft_model": {"drafter": "draft_model", "num_speculative_tokens": 4,
-                    "draft_model": {"model": str(ASSETS / "tiny" / "draft")}},
-    "eagle3": {"drafter": "eagle3", "num_speculative_tokens": 3, "eagle3": {"model": str(ASSETS / "tiny" / "eagle3")}},
+                    "draft_model": {"model": str(asset_path("tiny", "draft"))}},
+    "eagle3": {"drafter": "eagle3", "num_speculative_tokens": 3, "eagle3": {"model": str(asset_path("tiny", "eagle3"))}},
 }
 DISTILL = {"lr": 1e-3, "epochs": 3}
 
