@@ -73,3 +73,64 @@ def samples_from_throughput(batch: int, tokens_per_s: float, k: int = 0,
     if batch < 1 or tokens_per_s <= 0 or k < 0 or not 1 <= mean_accepted_length <= k + 1:
         raise ValueError("need batch >= 1, tokens_per_s > 0, k >= 0, 1 <= mean_accepted_length <= k + 1")
     return float(batch * (k + 1)), float(batch * mean_accepted_length / tokens_per_s)
+
+
+# ---------------------------------------------------------------------------------- roofline
+ROOFLINE_FITTED = ("mem_bw_Bps", "flops_per_s", "overhead_s", "eager_overhead_s", "overhead_per_seq_s")
+
+
+def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -> dict:
+    """The roofline constants (`ROOFLINE_FITTED`) that best explain measured forward times, in
+    relative error: samples are `tools/time_forward.py`'s (tokens, ctx_sum, attn_ctx, seconds; a
+    step past the largest capture size ran eagerly), `shape` the timed model's `ModelShape`. The
+    model is `costmodel.Roofline.forward` plus `overhead_per_seq_s` per request, as `CostModel` prices a step. Returns the constants, R^2 of log time, and the
+    median and largest relative residuals."""
+    from scipy.optimize import least_squares
+
+    from nemo_rl_specdec.sim.costmodel import Roofline
+
+    if len(samples) < len(ROOFLINE_FITTED) + 1:
+        raise ValueError(f"need at least {len(ROOFLINE_FITTED) + 1} samples to fit the roofline, got {len(samples)}")
+    t = np.asarray([s["seconds"] for s in samples], dtype=float)
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise ValueError("samples need seconds > 0 (finite)")
+    sizes = tuple(capture_sizes)
+    if not any(s["tokens"] > sizes[-1] for s in samples) or not any(s["tokens"] <= sizes[-1] for s in samples):
+        raise ValueError(f"need samples on both sides of the largest capture size {sizes[-1]} "
+                         "(graph-replayed and eager steps) to separate the eager overhead")
+
+    def predict(x):
+        bw, fl, ov, eager, per_seq = np.exp(x)
+        r = Roofline(bw, fl, ov, capture_sizes=sizes, eager_overhead_s=eager, overhead_per_seq_s=per_seq)
+        out = []
+        for s in samples:
+            const, (m0, _, f0, _) = r.forward(shape, s["tokens"], s["ctx_sum"], 0.0, s["attn_ctx"], 0.0)
+            out.append(const + r.overhead_per_seq_s * s["requests"] + max(m0, f0))
+        return np.asarray(out)
+
+    x0 = np.log([2e12, 5e14, 1e-3, 1e-3, 1e-5])
+    res = least_squares(lambda x: predict(x) / t - 1.0, x0, method="trf")
+    pred = predict(res.x)
+    rel = np.abs(pred / t - 1.0)
+    lt, lp = np.log(t), np.log(pred)
+    ss_tot = float(((lt - lt.mean()) ** 2).sum())
+    fitted = dict(zip(ROOFLINE_FITTED, (float(v) for v in np.exp(res.x))))
+    return {**fitted, "r2_log": 1.0 - float(((lt - lp) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0,
+            "median_rel_residual": float(np.median(rel)), "max_rel_residual": float(rel.max()),
+            "samples": len(samples)}
+
+
+def roofline_from_file(path: str) -> dict:
+    """`fit_roofline` over a `tools/time_forward.py` samples file: its recorded model shape, and
+    vLLM's capture sizes up to the largest size it replayed from a CUDA graph."""
+    import json
+    from pathlib import Path
+
+    from nemo_rl_specdec.sim.costmodel import ModelShape, vllm_capture_sizes
+
+    data = json.loads(Path(path).read_text())
+    m = data["model"]
+    shape = ModelShape(m["weight_bytes"], m["flops_per_token"], m["kv_bytes_per_token"], m["attn_flops_per_ctx"],
+                       m.get("num_layers", 0), m.get("hidden_size", 0))
+    fit = fit_roofline(data["samples"], shape, vllm_capture_sizes(data["graph_max"]))
+    return {**fit, "device": data.get("device", ""), "attention": data.get("attention", "")}

@@ -145,7 +145,9 @@ def _cost_summary(sc, cm: CostModel) -> dict[str, Any]:
                 "c_seq_s": cm.c_seq, "kv_capacity_tokens": kv}
     ctx = sc.workload.prompt_len + sc.workload.lengths.median / 2
     b = sc.hardware.max_num_seqs
-    return {"form": "roofline", "kv_capacity_tokens": kv, "typical_context": ctx,
+    fit = sc.hardware.roofline.fit
+    measured = {"measured": sc.hardware.roofline.measured, "fit": fit} if fit else {}
+    return {"form": "roofline", **measured, "kv_capacity_tokens": kv, "typical_context": ctx,
             "step_s_batch_1": cm.mean_step_time(1, 0, ctx), f"step_s_batch_{b}": cm.mean_step_time(b, 0, ctx),
             f"step_s_batch_{b}_k": cm.mean_step_time(b, sc.speculation.k, ctx)}
 
@@ -224,6 +226,13 @@ def format_table(res: dict[str, Any]) -> str:
     e = res["num_engines"]
     lines = [f"scenario {res['scenario']}: {res['mode']}, {e} engine{'' if e == 1 else 's'}, k={res['k']}, "
              f"alpha={_fmt(res['alpha'])}, mean accepted length {_fmt(res['mean_accepted_length'])}"]
+    fit = res.get("cost_model", {}).get("fit")
+    if fit:
+        lines.append(f"roofline fitted on {fit['samples']} measured forwards ({res['cost_model']['measured']}, "
+                     f"{fit['device']}): {fit['mem_bw_Bps'] / 1e12:.2f} TB/s, {fit['flops_per_s'] / 1e12:.0f} TFLOP/s, "
+                     f"{fit['overhead_s'] * 1e3:.2f} ms per step, {fit['overhead_per_seq_s'] * 1e6:.1f} us per request, "
+                     f"+{fit['eager_overhead_s'] * 1e3:.2f} ms eager; relative residual median "
+                     f"{fit['median_rel_residual']:.1%}, max {fit['max_rel_residual']:.1%}")
     for r in cells:
         lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
     cal = res.get("calibration")

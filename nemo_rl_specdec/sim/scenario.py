@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
 from nemo_rl_specdec.config import ConfigError
@@ -100,17 +100,55 @@ class ModelSpec(_Strict):
 
 class RooflineSpec(_Strict):
     """Per-GPU effective bandwidth and FLOP rate (data sheet x achievable share), the fixed
-    overhead of a forward, the CUDA-graph capture sizes and the tensor-parallel link."""
+    overhead of a forward, the CUDA-graph capture sizes and the tensor-parallel link; or
+    `measured`: the first five fitted on timed forwards (`tools/time_forward.py`, sim/fit.py)."""
 
-    mem_bw_Bps: float = Field(gt=0, description="effective HBM bandwidth per GPU, bytes/s")
-    flops_per_s: float = Field(gt=0, description="effective dense FLOP/s per GPU at the model's precision")
-    overhead_s: float = Field(0.0, ge=0, description="fixed time per forward: launch, scheduling, sampling")
+    measured: Optional[str] = Field(
+        None, description="a time_forward samples JSON (a path, or a name below configs/sim/): mem_bw_Bps, "
+                          "flops_per_s, overhead_s, eager_overhead_s and overhead_per_seq_s are fitted on it")
+    mem_bw_Bps: Optional[float] = Field(None, gt=0, description="effective HBM bandwidth per GPU, bytes/s")
+    flops_per_s: Optional[float] = Field(None, gt=0, description="effective dense FLOP/s per GPU at the model's precision")
+    overhead_s: Optional[float] = Field(None, ge=0, description="fixed time per forward: launch, scheduling, sampling")
     capture_sizes: Union[Literal["vllm", "none"], list[int]] = "none"
     max_capture_size: int = Field(512, ge=1, description="the largest vLLM default capture size")
-    eager_overhead_s: float = Field(0.0, ge=0, description="extra time of a step past the largest capture size")
-    overhead_per_seq_s: float = Field(0.0, ge=0, description="host time per request in a step")
+    eager_overhead_s: Optional[float] = Field(None, ge=0, description="extra time of a step past the largest capture size")
+    overhead_per_seq_s: Optional[float] = Field(None, ge=0, description="time per request in a step")
     allreduce_bw_Bps: Optional[float] = Field(None, gt=0, description="tensor-parallel link bandwidth per GPU")
     allreduce_latency_s: float = Field(0.0, ge=0, description="latency of one all-reduce")
+    _fit: Optional[dict] = PrivateAttr(None)
+
+    @property
+    def fit(self) -> Optional[dict]:
+        """The fit of `measured` (constants, residuals), None for data-sheet constants."""
+        return self._fit
+
+    @model_validator(mode="after")
+    def _constants(self):
+        from nemo_rl_specdec.sim.fit import ROOFLINE_FITTED, roofline_from_file
+
+        if self.measured is None:
+            for key in ("mem_bw_Bps", "flops_per_s"):
+                if getattr(self, key) is None:
+                    raise _PathError(f"hardware.roofline.{key}", None, "a positive number (or roofline.measured)")
+            for key in ROOFLINE_FITTED:
+                if getattr(self, key) is None:
+                    setattr(self, key, 0.0)
+            return self
+        for key in ROOFLINE_FITTED:
+            if getattr(self, key) is not None:
+                raise _PathError(f"hardware.roofline.{key}", getattr(self, key),
+                                 "null with roofline.measured (it is fitted on the measured samples)")
+        path = next((p for p in [Path(self.measured), *config_lookups(self.measured, "sim")] if p.is_file()), None)
+        if path is None:
+            raise _PathError("hardware.roofline.measured", self.measured,
+                             "a time_forward samples JSON: a path, or a name below configs/sim/")
+        try:
+            self._fit = roofline_from_file(str(path))
+        except (OSError, ValueError, KeyError) as e:
+            raise _PathError("hardware.roofline.measured", self.measured, f"samples the roofline can be fitted on ({e})") from None
+        for key in ROOFLINE_FITTED:
+            setattr(self, key, self._fit[key])
+        return self
 
     def sizes(self) -> tuple[int, ...]:
         if self.capture_sizes == "none":
