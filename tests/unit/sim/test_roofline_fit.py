@@ -99,3 +99,20 @@ def test_measured_roofline_errors_name_the_key(tmp_path):
     bad.write_text(json.dumps({"model": {}, "graph_max": 512, "samples": []}))
     with pytest.raises(ConfigError, match=r"hardware\.roofline\.measured.*fitted"):
         load_scenario(str(_measured_scenario(tmp_path, bad)))
+
+
+def test_shipped_h100_fit_predicts_held_out_contexts():
+    """Fitted on three of the five measured contexts, the roofline predicts the other two."""
+    data = json.loads(config_path("sim", "measured", "h100_qwen3_8b_forward.json").read_text())
+    m = data["model"]
+    shape = ModelShape(m["weight_bytes"], m["flops_per_token"], m["kv_bytes_per_token"], m["attn_flops_per_ctx"])
+    train = [s for s in data["samples"] if s["ctx"] in (1024, 4096, 16384)]
+    held = [s for s in data["samples"] if s["ctx"] in (2048, 8192)]
+    fit = fit_roofline(train, shape, SIZES)
+    r = Roofline(fit["mem_bw_Bps"], fit["flops_per_s"], fit["overhead_s"], capture_sizes=SIZES,
+                 eager_overhead_s=fit["eager_overhead_s"], overhead_per_seq_s=fit["overhead_per_seq_s"])
+    err = []
+    for s in held:
+        const, (m0, _, f0, _) = r.forward(shape, s["tokens"], s["ctx_sum"], 0.0, s["attn_ctx"], 0.0)
+        err.append(abs((const + r.overhead_per_seq_s * s["requests"] + max(m0, f0)) / s["seconds"] - 1.0))
+    assert len(held) >= 40 and float(np.median(err)) < 0.10
