@@ -78,6 +78,9 @@ class DFlash(Drafter):
                             f"<= {int(block) - 1} with this DFlash draft (block_size {block} in "
                             f"{path / 'config.json'}: one token plus block_size - 1 drafts)")
 
+    def after_inplace_load(self, model):
+        rebuild_context_kv(model)
+
     def vllm_config(self, spec, temperature):
         return {"method": "dflash", "model": spec.dflash.model, "num_speculative_tokens": spec.num_speculative_tokens,
                 "draft_sample_method": self.draft_sample_method(spec, temperature)}
@@ -100,6 +103,40 @@ def read_config(path) -> dict:
         if d.get(key) is None:
             raise PathError("dflash.model", str(path), f"a config.json with dflash_config.{key} ({f} has none)")
     return cfg
+
+
+def rebuild_context_kv(model) -> None:
+    """Rebuild the copies vLLM's DFlash draft makes of its weights for the context keys/values (the
+    fused k/v projection of all layers, the stacked k norms) after an in-place load.
+
+    vLLM builds them at the end of the draft's ``load_weights``. In a layerwise reload (how the
+    worker extension loads a live engine) each Linear is processed as soon as its tensors arrived,
+    and on CPU that packs the weight for the GEMM kernel and leaves the Parameter empty: the build
+    would read empty weights (the next draft fails with a size mismatch) or, without it, the copies
+    stay the old version's. So each packed qkv projection is read back through its own kernel (the
+    identity as input gives W^T exactly) and handed to vLLM's builder for the duration of the call."""
+    import torch
+
+    inner = getattr(model, "model", None)
+    build = getattr(inner, "_build_fused_kv_buffers", None)
+    if build is None:
+        raise RuntimeError(f"{type(model).__name__}: not vLLM's DFlash draft (no model._build_fused_kv_buffers); "
+                           "its context key/value weights cannot be rebuilt after a refresh")
+    kept = []
+    try:
+        for layer in inner.layers:
+            proj = layer.self_attn.qkv_proj
+            w = proj.weight
+            if w.numel() == 0:
+                eye = torch.eye(int(proj.input_size_per_partition), dtype=w.dtype, device=w.device)
+                with torch.no_grad():
+                    full = proj.quant_method.apply(proj, eye, None).t().contiguous()
+                kept.append((proj, w))
+                proj._parameters["weight"] = torch.nn.Parameter(full, requires_grad=False)
+        build()
+    finally:
+        for proj, w in kept:
+            proj._parameters["weight"] = w
 
 
 # --------------------------------------------------------------------------- the draft in plain torch
