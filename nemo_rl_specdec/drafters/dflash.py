@@ -65,13 +65,9 @@ class DFlash(Drafter):
     def check(self, spec):
         super().check(spec)
         path = Path(spec.dflash.model)
-        if not path.is_dir():  # a hub id or a path on the cluster: vLLM checks it at engine start
+        if not (path / "config.json").is_file():  # a hub id or a path on the cluster: checked at engine start
             return
         cfg = read_config(path)
-        if ARCHITECTURE not in (cfg.get("architectures") or []):
-            raise PathError("dflash.model", spec.dflash.model,
-                            f"a DFlash draft checkpoint (config.json architectures {[ARCHITECTURE]}); "
-                            f"its config.json says {cfg.get('architectures')}")
         block = cfg.get("block_size")
         if block and spec.num_speculative_tokens > int(block) - 1:
             raise PathError("num_speculative_tokens", spec.num_speculative_tokens,
@@ -92,12 +88,15 @@ class DFlash(Drafter):
 
 
 def read_config(path) -> dict:
-    """The draft's config.json, checked for the fields the mirror and vLLM need (ValueError naming
-    the file and the field)."""
+    """The draft's config.json, checked for the architecture and the fields the mirror and vLLM need
+    (PathError on `dflash.model`, naming the file and the field)."""
     f = Path(path) / "config.json"
     if not f.is_file():
         raise PathError("dflash.model", str(path), "a DFlash draft checkpoint directory (it has no config.json)")
     cfg = json.loads(f.read_text())
+    if ARCHITECTURE not in (cfg.get("architectures") or []):
+        raise PathError("dflash.model", str(path), f"a DFlash draft checkpoint (config.json architectures "
+                        f"{[ARCHITECTURE]}); {f} says {cfg.get('architectures')}")
     d = cfg.get("dflash_config") or {}
     for key in ("mask_token_id", "target_layer_ids"):
         if d.get(key) is None:
