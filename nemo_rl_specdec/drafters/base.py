@@ -13,6 +13,7 @@ in `drafters/registry.py`:
   layers ride in the policy's), `takes_request_budgets(spec)`, `rollout_prompt_tail(spec)` (it
   builds from rollouts);
 - online refresh: `distiller(spec, ...)` returns its `train.distill.Distiller`;
+  `after_inplace_load(model)` repairs what the live module derived from its old weights;
 - NeMo-RL: `weight_source(spec, ...)` (where its weights come from there), `refit_hint` and
   `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`, `worker_modules` (libraries the
   vLLM workers must import).
@@ -106,6 +107,11 @@ class Drafter:
         from nemo_rl_specdec.train.distill import DistillInputError
 
         raise DistillInputError(f"drafter {self.name!r} has no online trainer")
+
+    def after_inplace_load(self, model: Any) -> None:
+        """Called after new tensors were loaded in place into the live drafter module `model` (a refresh
+        or a restore): bring up to date what the module derived from its weights at engine start. The
+        drafters here keep nothing derived, except the ones that say so."""
 
     # ------------------------------------------------------------------ NeMo-RL
     def weight_source(self, spec: "SpecDecConfig", trainer_exports_draft: bool, trains_mtp: bool) -> str:

@@ -277,6 +277,7 @@ class SpecDecWorkerExtension:
         digest = _payload_digest(items)
         cfg = self.vllm_config.speculative_config.draft_model_config
         res = load_inplace(drafter, cfg, items, skip_shared=shared, what="drafter")
+        drafter_of(st.spec).after_inplace_load(drafter)
         before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
         if digest != st.last_drafter_payload and before == st.drafter_fingerprint:
             raise DrafterRefreshError(f"drafter weights for version {version} did not land: "
@@ -324,6 +325,7 @@ class SpecDecWorkerExtension:
         shared = shared_parameter_names(drafter, self._specdec_target())
         cfg = self.vllm_config.speculative_config.draft_model_config
         load_inplace(drafter, cfg, items, skip_shared=shared, require_complete=False, what="drafter restore")
+        drafter_of(st.spec).after_inplace_load(drafter)
         if self._specdec_drafter_fp() != st.drafter_fingerprint:
             raise DrafterRefreshError(f"{what}; reloading the last pushed state did not reproduce it")
         st.restores += 1

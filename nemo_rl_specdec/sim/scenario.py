@@ -44,7 +44,7 @@ METRICS = (
 SIM_KIND = {HOST: "list", SEQUENTIAL: "model", PARALLEL: "block"}
 # published drafters the simulator prices that this package does not run (a registered drafter of the same
 # name takes precedence)
-PUBLISHED_DRAFTERS = {"dflash": "block", "dspark": "block"}
+PUBLISHED_DRAFTERS = {"dspark": "block"}
 
 
 def drafter_kinds() -> dict:

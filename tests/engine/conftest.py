@@ -3,13 +3,15 @@
 - `run_cfg(*overrides, run_file=..., greedy=..., **block)`: the run config every engine test
   starts from (the run file, `key=value` overrides, keys of the speculative block);
 - `start_engine(...)`: the one engine factory (module-scoped; engines close when the module ends);
-- `engines`: session-wide shared engines (no-spec baseline and the lossless suite's drafters).
+- `engines`: session-wide shared no-spec engines (the baseline of each run file);
+- `drafter_cases()`: every registered drafter as the suites start it (run file, overrides).
 
 Engines start in 3-5 s each in-process after the first import.
 """
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -19,14 +21,69 @@ from nemo_rl_specdec.config import load_run_config
 # the run file the engine tests use; point it at another model to run the suite against it
 RUN_FILE = os.environ.get("SPECDEC_TEST_RUN_FILE", "configs/tiny_cpu.yaml")
 
-# CPU drafters of the foundation (eagle3 and mtp have their own tests)
-DRAFTER_OVERRIDES = {
-    "ngram": [f"{BLOCK}.drafter=ngram"],
-    "suffix": [f"{BLOCK}.drafter=suffix", f"{BLOCK}.suffix.backend=das"],
-    "suffix_vllm": [f"{BLOCK}.drafter=suffix", f"{BLOCK}.suffix.backend=vllm", f"{BLOCK}.refresh.mode=frozen"],
-    "draft_model": [f"{BLOCK}.drafter=draft_model", f"{BLOCK}.num_speculative_tokens=4",
-                    f"{BLOCK}.refresh.mode=frozen"],
-}
+# the run file of drafters whose weights ride in the policy checkpoint (the tiny MiMo-style MTP policy)
+IN_POLICY_RUN_FILE = os.environ.get("SPECDEC_TEST_MTP_RUN_FILE", "configs/tiny_mtp_cpu.yaml")
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
+
+
+def drafter_cases() -> dict:
+    """Every registered drafter as the engine suites run it: {case: (drafter, run file, overrides)}.
+
+    One case per `bench_rows` entry of the drafter (named after its label: `suffix_das`,
+    `suffix_vllm`, `draft_model`, ...), or one case named after the drafter when it has none. A
+    drafter whose weights ride in the policy checkpoint runs on IN_POLICY_RUN_FILE as written;
+    a model drafter the suite's run file names no checkpoint for is left out (e.g. none is bundled
+    for SmolLM2), as in `bench --suite drafters`."""
+    from nemo_rl_specdec.drafters.base import MODEL
+    from nemo_rl_specdec.drafters.registry import DRAFTERS
+
+    spec = load_run_config(RUN_FILE).spec
+    out = {}
+    for name, d in DRAFTERS.items():
+        if d.weights_in_policy_checkpoint:
+            out[name] = (name, IN_POLICY_RUN_FILE, [])
+            continue
+        if d.kind == MODEL and not d.checkpoint(spec):
+            continue
+        for label, over in d.bench_rows or ((name, ()),):
+            out[_slug(label)] = (name, RUN_FILE, [f"{BLOCK}.drafter={name}"] + [f"{BLOCK}.{o}" for o in over])
+    return out
+
+
+def pytest_generate_tests(metafunc):
+    """A test that takes `case` runs once per drafter case (module-scoped: one drafter engine alive
+    at a time), unless it names its cases itself (`@pytest.mark.parametrize("case", [...], indirect=True)`)."""
+    if "case" not in metafunc.fixturenames:
+        return
+    if any("case" in m.args[0] for m in metafunc.definition.iter_markers("parametrize")):
+        return
+    metafunc.parametrize("case", sorted(drafter_cases()), indirect=True, scope="module")
+
+
+@pytest.fixture(scope="session", name="drafter_cases")
+def drafter_cases_fixture():
+    """drafter_cases() (see above)."""
+    return drafter_cases()
+
+
+@pytest.fixture(scope="module")
+def case(request, engines):
+    """One drafter case (request.param names it): its engine, closed when the module's tests of the
+    case are done, and the no-spec engine of its run file (`name`, `drafter`, `run_file`, `spec`, `base`)."""
+    from types import SimpleNamespace
+
+    from nemo_rl_specdec.engine.engine import Engine
+
+    drafter, run_file, overrides = drafter_cases()[request.param]
+    spec = Engine(run_cfg(*overrides, run_file=run_file), name=request.param)
+    try:
+        yield SimpleNamespace(name=request.param, drafter=drafter, run_file=run_file, spec=spec,
+                              base=engines.baseline(run_file))
+    finally:
+        spec.close()
 
 
 def block_overrides(prefix: str = BLOCK, **keys) -> list[str]:
@@ -53,19 +110,24 @@ def encode_prompt(tok, text: str) -> list[int]:
 
 
 class _Engines:
-    """Lazily started engines keyed by name; all closed at session end."""
+    """Lazily started no-spec engines: "baseline" on the suite's run file, `baseline(run_file)` on
+    another; all closed at session end."""
 
     def __init__(self):
         self._engines = {}
 
     def get(self, name: str):
+        if name != "baseline":
+            raise KeyError(f"engines.get({name!r}): the pool holds no-spec engines ('baseline', baseline(run_file)); "
+                           "drafter engines come from drafter_cases()")
+        return self.baseline(RUN_FILE)
+
+    def baseline(self, run_file: str = RUN_FILE):
         from nemo_rl_specdec.engine.engine import Engine
 
+        name = "baseline" if run_file == RUN_FILE else f"baseline:{run_file}"
         if name not in self._engines:
-            if name == "baseline":
-                self._engines[name] = Engine(run_cfg(), spec_enabled=False, name=name)
-            else:
-                self._engines[name] = Engine(run_cfg(*DRAFTER_OVERRIDES[name]), name=name)
+            self._engines[name] = Engine(run_cfg(run_file=run_file), spec_enabled=False, name=name)
         return self._engines[name]
 
     def close(self):

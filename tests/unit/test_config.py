@@ -103,6 +103,7 @@ EXPECTED_DEFAULTS = {
     "ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 4},
     "draft_model": {"model": None},
     "eagle3": {"model": None},
+    "dflash": {"model": None},
     "mtp": {},
     "refresh": {"mode": "rebuild", "every_n_steps": 1, "max_policy_lag": 0,
                 "distill": {"lr": 1e-3, "epochs": 2, "micro_batch_tokens": 4096, "max_tokens": 8192}},

@@ -1,0 +1,441 @@
+"""The `dflash` drafter: a DFlash block-diffusion draft model that reads the policy's hidden states
+and drafts a whole block in ONE forward; vLLM's `dflash` method runs it.
+
+Owns its `dflash:` sub-block, its vLLM mapping, the plain-torch mirror of vLLM's ``qwen3_dflash``
+draft (same parameter names, so a checkpoint needs no conversion), its training loss and its
+online distiller. The bundled draft is built by `tools/train_dflash.py`.
+
+How vLLM runs it (what the mirror reproduces). After the policy verified the tokens up to position
+n-1 and sampled x_n, the draft sees
+
+- context: for every position p < n, the policy's hidden states after the layers named by
+  ``dflash_config.target_layer_ids`` (layer i's output; vLLM's aux id i + 1), concatenated and
+  fused by ``fc``, normed by ``hidden_norm``; each draft layer projects them to keys (``k_proj``,
+  ``k_norm``, rotary at p) and values (``v_proj``) in its KV cache;
+- a query block at positions n .. n+k: the token x_n followed by k copies of
+  ``dflash_config.mask_token_id``, embedded with the policy's embedding; each layer is a Qwen3
+  decoder layer (q/k RMS norms) whose attention sees all context keys and the whole block (no
+  causal mask inside the block);
+- the final norm and the policy's lm_head at block offsets 1..k give the k draft tokens
+  x_{n+1} .. x_{n+k} (offset j is trained towards the policy's distribution at position n+j-1).
+
+Checkpoint layout (``config.json``): ``architectures: ["DFlashDraftModel"]``, Qwen3 dimensions,
+``dflash_config: {mask_token_id, target_layer_ids}``, ``block_size`` (the query block it was
+trained for: k <= block_size - 1); ``model.safetensors`` with ``fc``, ``hidden_norm``,
+``layers.<i>.*`` and ``norm``. There is no ``embed_tokens`` or ``lm_head``: vLLM shares the
+policy's.
+
+Refresh: `online` (distilled on rollouts, here or in NeMo-RL's policy workers) or `frozen`; no
+NeMo-RL trainer streams a DFlash draft, so there is no `refit`.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from pydantic import Field
+
+from nemo_rl_specdec.drafters.base import PARALLEL, Drafter
+from nemo_rl_specdec.schema import PathError, Strict
+from nemo_rl_specdec.train.distill import DistillInputError, Distiller
+
+ARCHITECTURE = "DFlashDraftModel"
+
+
+class DFlashConfig(Strict):
+    model: Optional[str] = Field(None, description="path of a DFlash draft checkpoint for the policy (its config "
+                                 "names the policy layers it reads, its mask token and its block size)")
+
+
+class DFlash(Drafter):
+    name = "dflash"
+    draft_cost = PARALLEL
+    config = DFlashConfig
+    refresh_modes = ("online", "frozen")
+    refit_hint = ("no NeMo-RL trainer streams a DFlash draft; use 'online' (distilled in the policy workers) "
+                  "or 'frozen'")
+    bench_rows = (("dflash", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
+
+    def checkpoint(self, spec):
+        return spec.dflash.model
+
+    def check(self, spec):
+        super().check(spec)
+        path = Path(spec.dflash.model)
+        if not (path / "config.json").is_file():  # a hub id or a path on the cluster: checked at engine start
+            return
+        cfg = read_config(path)
+        block = cfg.get("block_size")
+        if block and spec.num_speculative_tokens > int(block) - 1:
+            raise PathError("num_speculative_tokens", spec.num_speculative_tokens,
+                            f"<= {int(block) - 1} with this DFlash draft (block_size {block} in "
+                            f"{path / 'config.json'}: one token plus block_size - 1 drafts)")
+
+    def after_inplace_load(self, model):
+        rebuild_context_kv(model)
+
+    def vllm_config(self, spec, temperature):
+        return {"method": "dflash", "model": spec.dflash.model, "num_speculative_tokens": spec.num_speculative_tokens,
+                "draft_sample_method": self.draft_sample_method(spec, temperature)}
+
+    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+        if not spec.dflash.model:
+            raise DistillInputError("dflash.model is not set: no DFlash draft checkpoint to train")
+        return DFlashDistiller(spec.dflash.model, temperature=temperature, seed=seed, **kw)
+
+
+def read_config(path) -> dict:
+    """The draft's config.json, checked for the architecture and the fields the mirror and vLLM need
+    (PathError on `dflash.model`, naming the file and the field)."""
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        raise PathError("dflash.model", str(path), "a DFlash draft checkpoint directory (it has no config.json)")
+    cfg = json.loads(f.read_text())
+    if ARCHITECTURE not in (cfg.get("architectures") or []):
+        raise PathError("dflash.model", str(path), f"a DFlash draft checkpoint (config.json architectures "
+                        f"{[ARCHITECTURE]}); {f} says {cfg.get('architectures')}")
+    d = cfg.get("dflash_config") or {}
+    for key in ("mask_token_id", "target_layer_ids"):
+        if d.get(key) is None:
+            raise PathError("dflash.model", str(path), f"a config.json with dflash_config.{key} ({f} has none)")
+    return cfg
+
+
+def rebuild_context_kv(model) -> None:
+    """Rebuild the copies vLLM's DFlash draft makes of its weights for the context keys/values (the
+    fused k/v projection of all layers, the stacked k norms) after an in-place load.
+
+    vLLM builds them at the end of the draft's ``load_weights``. In a layerwise reload (how the
+    worker extension loads a live engine) each Linear is processed as soon as its tensors arrived,
+    and on CPU that packs the weight for the GEMM kernel and leaves the Parameter empty: the build
+    would read empty weights (the next draft fails with a size mismatch) or, without it, the copies
+    stay the old version's. So each packed qkv projection is read back through its own kernel (the
+    identity as input gives W^T exactly) and handed to vLLM's builder for the duration of the call."""
+    import torch
+
+    inner = getattr(model, "model", None)
+    build = getattr(inner, "_build_fused_kv_buffers", None)
+    if build is None:
+        raise RuntimeError(f"{type(model).__name__}: not vLLM's DFlash draft (no model._build_fused_kv_buffers); "
+                           "its context key/value weights cannot be rebuilt after a refresh")
+    kept = []
+    try:
+        for layer in inner.layers:
+            proj = layer.self_attn.qkv_proj
+            w = proj.weight
+            if w.numel() == 0:
+                eye = torch.eye(int(proj.input_size_per_partition), dtype=w.dtype, device=w.device)
+                with torch.no_grad():
+                    full = proj.quant_method.apply(proj, eye, None).t().contiguous()
+                kept.append((proj, w))
+                proj._parameters["weight"] = torch.nn.Parameter(full, requires_grad=False)
+        build()
+    finally:
+        for proj, w in kept:
+            proj._parameters["weight"] = w
+
+
+# --------------------------------------------------------------------------- the draft in plain torch
+
+@functools.cache
+def torch_modules() -> SimpleNamespace:
+    """The draft's torch module classes (DFlashLayer, DFlashDraft), built on first use so that
+    declaring the drafter (config validation, the CLI) imports no torch."""
+    import torch
+    import torch.nn.functional as F
+
+    from nemo_rl_specdec.drafters.eagle3 import RMSNorm, rope
+
+    class DFlashLayer(torch.nn.Module):
+        """A Qwen3 decoder layer (q/k RMS norms, no biases) whose attention also reads context keys."""
+
+        def __init__(self, H: int, nh: int, nkv: int, hd: int, inter: int, eps: float):
+            super().__init__()
+            self.nh, self.nkv, self.hd = nh, nkv, hd
+            self.self_attn = torch.nn.Module()
+            a = self.self_attn
+            a.q_proj = torch.nn.Linear(H, nh * hd, bias=False)
+            a.k_proj = torch.nn.Linear(H, nkv * hd, bias=False)
+            a.v_proj = torch.nn.Linear(H, nkv * hd, bias=False)
+            a.o_proj = torch.nn.Linear(nh * hd, H, bias=False)
+            a.q_norm = RMSNorm(hd, eps)
+            a.k_norm = RMSNorm(hd, eps)
+            self.mlp = torch.nn.Module()
+            self.mlp.gate_proj = torch.nn.Linear(H, inter, bias=False)
+            self.mlp.up_proj = torch.nn.Linear(H, inter, bias=False)
+            self.mlp.down_proj = torch.nn.Linear(inter, H, bias=False)
+            self.input_layernorm = RMSNorm(H, eps)
+            self.post_attention_layernorm = RMSNorm(H, eps)
+
+        def keys_values(self, x, pos, theta: float):
+            """Rotated, normed keys and values [B, nkv, T, hd] of inputs x [B, T, H] at positions [B, T]."""
+            a = self.self_attn
+            B, T, _ = x.shape
+            k = a.k_norm(a.k_proj(x).view(B, T, self.nkv, self.hd)).transpose(1, 2)
+            v = a.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+            return rope(k, pos, theta), v
+
+        def forward(self, x, pos, ctx_k, ctx_v, ctx_mask, block: int, theta: float):
+            """x [B, Q, H]: query blocks of `block` tokens (Q = A * block) at positions pos [B, Q];
+            ctx_k/ctx_v [B, nkv, T, hd]; ctx_mask [B, Q, T] True where a query sees a context key."""
+            a = self.self_attn
+            B, Q, _ = x.shape
+            A = Q // block
+            h = self.input_layernorm(x)
+            q = rope(a.q_norm(a.q_proj(h).view(B, Q, self.nh, self.hd)).transpose(1, 2), pos, theta)
+            k, v = self.keys_values(h, pos, theta)
+            rep = self.nh // self.nkv
+            ck, cv = ctx_k.repeat_interleave(rep, 1), ctx_v.repeat_interleave(rep, 1)
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            scale = self.hd ** -0.5
+            s_ctx = (q @ ck.transpose(-1, -2)) * scale  # [B, nh, Q, T]
+            s_ctx = s_ctx.masked_fill(~ctx_mask.unsqueeze(1), float("-inf"))
+            qb = q.view(B, self.nh, A, block, self.hd)
+            s_blk = (qb @ k.view(B, self.nh, A, block, self.hd).transpose(-1, -2)) * scale  # [B, nh, A, blk, blk]
+            T = s_ctx.shape[-1]
+            p = torch.softmax(torch.cat([s_ctx, s_blk.reshape(B, self.nh, Q, block)], -1).float(), -1).to(q.dtype)
+            o = p[..., :T] @ cv + (p[..., T:].reshape(B, self.nh, A, block, block)
+                                   @ v.view(B, self.nh, A, block, self.hd)).reshape(B, self.nh, Q, self.hd)
+            x = x + a.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
+            m = self.post_attention_layernorm(x)
+            return x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(m)) * self.mlp.up_proj(m))
+
+    class DFlashDraft(torch.nn.Module):
+        """vLLM's qwen3_dflash draft (non-causal block, full attention, no biases) in plain torch."""
+
+        def __init__(self, H: int, n_aux: int, nh: int, nkv: int, hd: int, inter: int, layers: int,
+                     eps: float = 1e-6, theta: float = 10000.0, target_hidden: Optional[int] = None):
+            super().__init__()
+            self.theta = theta
+            self.fc = torch.nn.Linear(n_aux * (target_hidden or H), H, bias=False)
+            self.hidden_norm = RMSNorm(H, eps)
+            self.layers = torch.nn.ModuleList(DFlashLayer(H, nh, nkv, hd, inter, eps) for _ in range(layers))
+            self.norm = RMSNorm(H, eps)
+
+        def forward(self, aux, query, anchors, valid):
+            """aux [B, T, n*H]: the policy's hidden states at the target layers (context); query
+            [B, A, blk, H]: embedded blocks (x_n then masks) at anchors n [B, A] (valid [B, A]);
+            returns the normed outputs [B, A, blk, H] (the policy's lm_head makes them logits)."""
+            B, T, _ = aux.shape
+            _, A, blk, H = query.shape
+            ctx = self.hidden_norm(self.fc(aux))
+            ctx_pos = torch.arange(T, device=aux.device).unsqueeze(0).expand(B, -1)
+            pos = (anchors.unsqueeze(-1) + torch.arange(blk, device=aux.device)).reshape(B, A * blk)
+            # a query of anchor n sees the context positions p < n (a padded anchor sees position 0)
+            seen = torch.where(valid, anchors, torch.ones_like(anchors))
+            ctx_mask = (ctx_pos[:, None, :] < seen.repeat_interleave(blk, 1)[:, :, None])
+            x = query.reshape(B, A * blk, H)
+            for layer in self.layers:
+                k, v = layer.keys_values(ctx, ctx_pos, self.theta)
+                x = layer(x, pos, k, v, ctx_mask, blk, self.theta)
+            return self.norm(x).view(B, A, blk, H)
+
+        def checkpoint_tensors(self) -> dict:
+            return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
+
+    for cls in (DFlashLayer, DFlashDraft):
+        cls.__qualname__ = cls.__name__  # pickles by module attribute (the module __getattr__ below)
+    return SimpleNamespace(DFlashLayer=DFlashLayer, DFlashDraft=DFlashDraft)
+
+
+def __getattr__(name: str):
+    if name in ("DFlashLayer", "DFlashDraft"):
+        return getattr(torch_modules(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_draft(draft_dir) -> tuple:
+    """(DFlashDraft with the checkpoint's tensors, its config dict) from a DFlash checkpoint directory."""
+    from safetensors.torch import load_file
+
+    draft_dir = Path(draft_dir)
+    cfg = read_config(draft_dir)
+    H = int(cfg["hidden_size"])
+    hd = int(cfg.get("head_dim") or H // int(cfg["num_attention_heads"]))
+    theta = float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    draft = torch_modules().DFlashDraft(
+        H, len(cfg["dflash_config"]["target_layer_ids"]), int(cfg["num_attention_heads"]),
+        int(cfg["num_key_value_heads"]), hd, int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"]),
+        float(cfg.get("rms_norm_eps", 1e-6)), theta, int(cfg.get("target_hidden_size") or H)).float()
+    tensors = {}
+    for f in sorted(draft_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    missing, unexpected = draft.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{draft_dir}: not a qwen3_dflash draft without biases (missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]})")
+    return draft, cfg
+
+
+def target_hidden(policy, ids, target_layer_ids):
+    """(the outputs of the policy's layers `target_layer_ids` concatenated [B, T, n*H], logits) from one
+    no-grad forward. Layer i's output is ``hidden_states[i + 1]``, except for the last layer, whose
+    pre-norm output is taken by a hook (transformers' last entry is after the final norm)."""
+    import torch
+
+    L = policy.config.num_hidden_layers
+    bad = [i for i in target_layer_ids if not 0 <= int(i) < L]
+    if bad:
+        raise DistillInputError(f"dflash_config.target_layer_ids: {bad} outside [0, {L}) for a {L}-layer policy")
+    box = {}
+    hook = policy.model.layers[L - 1].register_forward_hook(
+        lambda m, i, o: box.__setitem__("last", o[0] if isinstance(o, tuple) else o))
+    try:
+        with torch.no_grad():
+            out = policy(input_ids=ids, output_hidden_states=True)
+    finally:
+        hook.remove()
+    hs = [box["last"] if int(i) == L - 1 else out.hidden_states[int(i) + 1] for i in target_layer_ids]
+    return torch.cat(hs, -1), out.logits
+
+
+def pick_anchors(mask, max_anchors: Optional[int], generator=None):
+    """Block starts to train on: positions n whose token x_n is a response token with a response token
+    after it (mask [B, T-1] as pad_batch: logits at t predict response token t+1). At most
+    `max_anchors` per sequence (a random subset, in order). Returns (anchors [B, A], valid [B, A])."""
+    import torch
+
+    B = mask.shape[0]
+    ok = torch.zeros_like(mask)
+    ok[:, 1:] = mask[:, :-1] & mask[:, 1:]  # ok[b, n]: x_n and x_{n+1} are response tokens
+    rows = []
+    for b in range(B):
+        idx = ok[b].nonzero().flatten()
+        if max_anchors is not None and idx.numel() > max_anchors:
+            keep = torch.randperm(idx.numel(), generator=generator)[:max_anchors].sort().values
+            idx = idx[keep]
+        rows.append(idx)
+    A = max(1, max(r.numel() for r in rows))
+    anchors = torch.ones((B, A), dtype=torch.long)
+    valid = torch.zeros((B, A), dtype=torch.bool)
+    for b, r in enumerate(rows):
+        anchors[b, : r.numel()], valid[b, : r.numel()] = r, True
+    return anchors.to(mask.device), valid.to(mask.device)
+
+
+def query_blocks(embed, ids, anchors, block: int, mask_token_id: int):
+    """The embedded query blocks [B, A, block, H]: the policy's embedding of x_n, then of the mask token."""
+    import torch
+
+    first = embed[ids.gather(1, anchors)]  # [B, A, H]
+    rest = embed[mask_token_id].expand(*anchors.shape, block - 1, -1)
+    return torch.cat([first.unsqueeze(2), rest], 2)
+
+
+def teacher_rows(mask, anchors, valid, block: int):
+    """Where block offset j = 1..block-1 of anchor n is trained: the teacher position n+j-1 (clamped to
+    the batch, [B, A, block-1]) and whether it predicts a response token of that rollout."""
+    import torch
+
+    t = anchors.unsqueeze(-1) + torch.arange(block - 1, device=anchors.device)
+    last = mask.shape[1] - 1
+    tc = t.clamp(max=last)
+    rows = valid.unsqueeze(-1) & (t <= last) & mask.gather(1, tc.reshape(mask.shape[0], -1)).view_as(tc)
+    return tc, rows
+
+
+def dflash_loss(draft, item, *, temperature: float = 1.0, decay: float = 4.0):
+    """DFlash training loss on one padded batch, as vLLM runs the draft.
+
+    item: aux [B, T, n*H] (target_hidden), t_logp [B, T, V] (the policy's log-probs at `temperature`:
+    position t predicts x_{t+1}), mask [B, T-1], anchors/valid [B, A] (pick_anchors), query
+    [B, A, block, H] (query_blocks), lm_head [V, H] (the policy's). Block offset j (1..block-1) at
+    anchor n predicts x_{n+j}: forward KL towards the policy at position n+j-1, where that position
+    predicts a response token; offset j weighs exp(-(j-1)/decay) (the first drafts decide acceptance).
+    Returns (loss, offset-1 logits at trained anchors, the teacher's log-probs there)."""
+    import torch
+    import torch.nn.functional as F
+
+    anchors, valid, t_logp = item["anchors"], item["valid"], item["t_logp"]
+    blk, B = item["query"].shape[2], t_logp.shape[0]
+    out = draft(item["aux"], item["query"], anchors, valid)[:, :, 1:]  # [B, A, blk-1, H]
+    logits = out @ item["lm_head"].t()
+    tc, rows = teacher_rows(item["mask"], anchors, valid, blk)
+    tgt = t_logp.gather(1, tc.reshape(B, -1, 1).expand(-1, -1, t_logp.shape[-1])).view(*tc.shape, -1)
+    s_logp = F.log_softmax(logits.float() / temperature, -1)
+    kl = (tgt.exp() * (tgt - s_logp)).sum(-1)  # [B, A, blk-1]
+    w = torch.exp(-torch.arange(blk - 1, device=kl.device, dtype=kl.dtype) / decay).expand_as(kl)
+    w = torch.where(rows, w, torch.zeros_like(w))
+    loss = (kl * w).sum() / w.sum().clamp_min(1e-9)
+    first = rows[..., 0]
+    return loss, logits[..., 0, :][first], tgt[..., 0, :][first]
+
+
+class DFlashDistiller(Distiller):
+    """Online trainer of a DFlash draft (``DFlashDraftModel``, vLLM's ``qwen3_dflash``) on rollouts.
+
+    Teacher side (no grad): one forward of the policy gives the hidden states of the draft's target
+    layers and the logits (targets at the sampling temperature); the policy's embedding (x_n and the
+    mask token) and lm_head, which vLLM shares with the draft, are constants here. Trained: ``fc``,
+    ``hidden_norm``, ``layers.*``, ``norm`` (the draft's own). Each step trains the blocks starting at
+    up to `max_anchors` response positions per rollout."""
+
+    kind = "dflash"
+
+    def __init__(self, draft_dir: str | Path, *, max_anchors: Optional[int] = 64, decay: float = 4.0, **kw: Any):
+        """`max_anchors`: blocks trained per rollout (None: every response position); `decay`: the loss
+        weight of block offset j is exp(-(j-1)/decay); `kw`: the loop's settings (Distiller)."""
+        if max_anchors is not None and max_anchors < 1:
+            raise ValueError(f"max_anchors: got {max_anchors!r}; allowed: an integer >= 1 or None (all)")
+        if not decay > 0:
+            raise ValueError(f"decay: got {decay!r}; allowed: a number > 0")
+        self.max_anchors, self.decay = max_anchors, float(decay)
+        super().__init__(draft_dir, **kw)
+
+    def _load(self, draft_dir: str | Path) -> tuple:
+        if not (Path(draft_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"draft_dir: {draft_dir} is not a DFlash checkpoint directory (no config.json)")
+        self.draft_dir = str(draft_dir)
+        self.draft, self.config = load_draft(draft_dir)
+        d = self.config["dflash_config"]
+        self.layer_ids = [int(i) for i in d["target_layer_ids"]]
+        self.mask_token_id = int(d["mask_token_id"])
+        self.block = int(self.config.get("block_size") or 16)
+        return self.draft, int(self.config["vocab_size"])
+
+    def _check_teacher(self, teacher) -> None:
+        super()._check_teacher(teacher)
+        c = teacher.config
+        H = int(self.config.get("target_hidden_size") or self.config["hidden_size"])
+        if c.hidden_size != H:
+            raise DistillInputError(f"the policy's hidden_size {c.hidden_size} is not the draft's target_hidden_size {H}")
+        if max(self.layer_ids) >= c.num_hidden_layers:
+            raise DistillInputError(f"dflash_config.target_layer_ids {self.layer_ids} need a policy with more than "
+                                    f"{max(self.layer_ids)} layers; it has {c.num_hidden_layers}")
+
+    @staticmethod
+    def _full(w):
+        """A parameter of a sharded (FSDP) policy as a whole tensor (every rank calls this together)."""
+        return (w.full_tensor() if hasattr(w, "full_tensor") else w).detach()
+
+    def _prepare(self, teacher, ids, mask) -> dict:
+        aux, logits = target_hidden(teacher, ids, self.layer_ids)
+        anchors, valid = pick_anchors(mask, self.max_anchors)
+        embed = self._full(teacher.get_input_embeddings().weight).float()
+        item = {"aux": aux.detach().float(), "t_logp": self._teacher_logp(logits), "mask": mask,
+                "anchors": anchors, "valid": valid,
+                "query": query_blocks(embed, ids, anchors, self.block, self.mask_token_id),
+                "lm_head": self._full(teacher.get_output_embeddings().weight).float()}
+        item["n"] = int(teacher_rows(mask, anchors, valid, self.block)[1].sum())
+        return item
+
+    def _loss(self, item):
+        return dflash_loss(self.draft, item, temperature=self.temperature, decay=self.decay)
+
+    # ------------------------------------------------------------------ export
+    def state_dict(self) -> dict:
+        """The draft's tensors in the names vLLM's dflash draft loads (detached copies)."""
+        return self.draft.checkpoint_tensors()
+
+    def save(self, path: str | Path) -> None:
+        """A draft checkpoint directory (the original config.json, the current tensors)."""
+        import shutil
+
+        from safetensors.torch import save_file
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(self.draft_dir) / "config.json", Path(path) / "config.json")
+        save_file(self.state_dict(), str(Path(path) / "model.safetensors"), metadata={"format": "pt"})
