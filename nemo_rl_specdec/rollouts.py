@@ -6,6 +6,8 @@ batch that carries a step's rollouts between processes.
 - `RolloutRecord`: one finished rollout (problem id, prompt tokens, response tokens, the policy
   version that sampled it). `RolloutStore.rebuild` and the online distillers read it; dicts with
   the same keys are accepted (`as_record`).
+- `token_sequences(rollouts, vocab_size)`: the (prompt, response[, logprobs]) token lists a
+  trainer reads from rollouts, checked against the vocabulary (GRPO and the distillers).
 - `RolloutBatch`: many records as four flat numpy arrays plus the problem ids. It pickles as a
   few contiguous buffers, so Ray's object store hands it to every engine without per-token
   Python objects, and `records()` yields views, not copies.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -96,6 +98,43 @@ def as_record(r: Any, i: int = 0) -> RolloutRecord:
     prompt = get("prompt_token_ids")
     return RolloutRecord(pid, _int_tokens(() if prompt is None else prompt, f"rollouts[{i}].prompt_token_ids"),
                          _int_tokens(get("token_ids"), f"rollouts[{i}].token_ids"), int(v))
+
+
+class TokenSequence(NamedTuple):
+    """One rollout as a trainer reads it: plain int lists, and the sampler's logprob per response
+    token where they were asked for and line up with the response (else None)."""
+
+    prompt: list
+    response: list
+    logprobs: Optional[list] = None
+
+
+def _get(r: Any, name: str) -> Any:
+    return r.get(name) if isinstance(r, dict) else getattr(r, name, None)
+
+
+def token_sequences(rollouts: Sequence[Any], vocab_size: int, *, logprobs: bool = False,
+                    error: type = RolloutError) -> list[TokenSequence]:
+    """`TokenSequence` per rollout (records, engine rollouts or dicts with `prompt_token_ids`,
+    `token_ids` and, for `logprobs=True`, `logprobs`). Raises `error` naming the rollout's index
+    when a field is missing, the prompt is empty (the first response token needs a context) or a
+    token id is outside [0, vocab_size). Logprobs not aligned with the response are dropped (None)."""
+    out = []
+    for i, r in enumerate(rollouts):
+        prompt, resp = _get(r, "prompt_token_ids"), _get(r, "token_ids")
+        if prompt is None or resp is None:
+            raise error(f"rollouts[{i}]: needs prompt_token_ids and token_ids")
+        prompt, resp = [int(t) for t in prompt], [int(t) for t in resp]
+        if not prompt:
+            raise error(f"rollouts[{i}]: empty prompt (the first response token needs a context)")
+        bad = [t for t in prompt + resp if t < 0 or t >= vocab_size]
+        if bad:
+            raise error(f"rollouts[{i}]: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+        lps = _get(r, "logprobs") if logprobs else None
+        if lps is not None and len(lps) != len(resp):
+            lps = None
+        out.append(TokenSequence(prompt, resp, None if lps is None else [float(x) for x in lps]))
+    return out
 
 
 class RolloutBatch:
