@@ -12,6 +12,7 @@ import time
 
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.update import PolicyUpdate
 
 BLOCK = "policy.generation.speculative_decoding"
 
@@ -43,8 +44,8 @@ def prepare(eng, dcfg, reqs, history) -> None:
     via its own cache); the others a short warm-up (ngram JIT etc.)."""
     d = DRAFTERS[dcfg.spec.drafter]
     if d.rollout_prompt_tail(dcfg.spec) is not None:
-        eng.update(1, None, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
-                                       "token_ids": r.token_ids, "policy_version": 0} for r in history])
+        eng.update(PolicyUpdate(1, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
+                                       "token_ids": r.token_ids, "policy_version": 0} for r in history]))
     elif d.caches_own_requests(dcfg.spec):
         eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
     else:

@@ -13,11 +13,11 @@ The trainer holds the HF transformers copy of the policy and applies one GRPO st
 - AdamW, gradient-norm clipping; optional KL penalty to the initial policy (k3 estimator).
 
 Then :meth:`GRPOTrainer.state_dict` gives the tensors to push to the engines with
-``Engine.update(version, trainer.state_dict(), rollouts=...)``.
+``Engine.update(PolicyUpdate(version, trainer.state_dict(), rollouts=...))``.
 
     trainer = GRPOTrainer(policy_dir, lr=1e-4, seed=0)
     stats = trainer.step(rollouts, rewards, group_ids)     # {"loss", "grad_norm", ...}
-    engine.update(v + 1, trainer.state_dict(), rollouts=[r.to_dict() for r in rollouts])
+    engine.update(PolicyUpdate(v + 1, trainer.state_dict(), rollouts=[r.to_dict() for r in rollouts]))
 """
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
+from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -118,11 +119,6 @@ class _Live:
 _MODEL_LOCK = threading.RLock()
 
 
-def _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter) -> dict:
-    return {"version": int(version), "policy": policy, "drafter_weights": drafter_weights, "rollouts": rollouts,
-            "drafter_version": drafter_version, "refresh_drafter": bool(refresh_drafter)}
-
-
 class Engine:
     """A vLLM engine with our worker extension. `spec_enabled=False` gives the baseline engine."""
 
@@ -132,9 +128,9 @@ class Engine:
         check_drafter_paths(spec)
         self.cfg, self.spec, self.name, self.seed, self.core = cfg, spec, name, seed, core
         self.model_path = model_path or cfg.model_path
-        self._last_policy_payload: Any = None
+        self._last_policy: Any = None
         self.update_reports: list = []
-        self._pending: "queue.Queue[tuple[dict, threading.Event, list]]" = queue.Queue()
+        self._pending: "queue.Queue[tuple[PolicyUpdate, threading.Event, list]]" = queue.Queue()
         self._generating = threading.Event()
         self._lock = threading.RLock()  # generate start/end vs updates from other threads
         self._counter = 0
@@ -327,19 +323,19 @@ class Engine:
 
     def _drain_pending(self, live: Optional[dict]) -> None:
         while not self._pending.empty():
-            payload, done, box = self._pending.get()
+            update, done, box = self._pending.get()
             try:
-                box.append(self._apply_inflight(payload, live) if live else self._apply_update(payload))
+                box.append(self._apply_inflight(update, live) if live else self._apply_update(update))
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
                 box.append(e)
             finally:
                 done.set()
 
-    def _apply_inflight(self, payload: dict, by_rid: dict) -> dict:
+    def _apply_inflight(self, update: PolicyUpdate, by_rid: dict) -> UpdateReport:
         running = [lv for lv in by_rid.values() if lv.finish_reason is None]
         if running:
             self.llm.llm_engine.abort_request([lv.rid for lv in running])
-        report = self._apply_update(payload)
+        report = self._apply_update(update)
         self.check_lockstep()
         for lv in running:
             del by_rid[lv.rid]
@@ -354,7 +350,7 @@ class Engine:
             sp.max_tokens = remaining
             self._add(lv, sp)
             by_rid[lv.rid] = lv
-        report["in_flight_requests"] = len(running)
+        report.in_flight_requests = len(running)
         return report
 
     def _guard(self, m: SpecMetrics) -> None:
@@ -365,20 +361,17 @@ class Engine:
             warnings.warn(msg, SpeculationInactiveWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ updates
-    def update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
-               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
-               timeout_s: Optional[float] = None) -> dict:
+    def update(self, update: PolicyUpdate, *, timeout_s: Optional[float] = None) -> UpdateReport:
         """Apply one policy update as a unit (policy weights + drafter refresh + version), then
-        reset the prefix cache. Weights: dict of tensors | safetensors bytes | path.
-        Called from another thread while `generate` runs, the update is applied between engine
-        steps (in flight) and this call returns once it has landed."""
-        payload = _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter)
+        reset the prefix cache. Called from another thread while `generate` runs, the update is
+        applied between engine steps (in flight) and this call returns once it has landed."""
         with self._lock:
             if not self._generating.is_set():
-                return self._apply_update(payload)
-            done, box = self._enqueue(payload)
+                return self._apply_update(update)
+            done, box = self._enqueue(update)
         if not done.wait(timeout_s):
-            raise TimeoutError(f"{self.name}: in-flight update to version {version} not applied within {timeout_s}s")
+            raise TimeoutError(f"{self.name}: in-flight update to version {update.version} not applied "
+                               f"within {timeout_s}s")
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
@@ -396,30 +389,31 @@ class Engine:
         """Wait up to `timeout` seconds for a staged store rebuild (True when none is pending)."""
         return bool(self.llm.collective_rpc("specdec_wait_staged", args=(timeout,))[0])
 
-    def submit_update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
-                      drafter_version: Optional[int] = None, refresh_drafter: bool = True):
+    def submit_update(self, update: PolicyUpdate):
         """Queue an update for the running generate loop (non-blocking; e.g. from `on_step`).
         Returns (event, box): the event is set once applied; box holds the report or the error."""
-        return self._enqueue(_update_payload(version, policy, drafter_weights, rollouts, drafter_version,
-                                             refresh_drafter))
+        return self._enqueue(update)
 
-    def _enqueue(self, payload: dict):
+    def _enqueue(self, update: PolicyUpdate):
+        if not isinstance(update, PolicyUpdate):
+            raise TypeError(f"{self.name}: expected a nemo_rl_specdec.update.PolicyUpdate, got {type(update).__name__}")
         done, box = threading.Event(), []
-        self._pending.put((payload, done, box))
+        self._pending.put((update, done, box))
         return done, box
 
-    def _apply_update(self, payload: dict) -> dict:
-        version = payload["version"]
+    def _apply_update(self, update: PolicyUpdate) -> UpdateReport:
+        if not isinstance(update, PolicyUpdate):
+            raise TypeError(f"{self.name}: expected a nemo_rl_specdec.update.PolicyUpdate, got {type(update).__name__}")
         with _MODEL_LOCK:
-            report = self.llm.collective_rpc("specdec_apply_update", args=(payload,))[0]
+            report = self.llm.collective_rpc("specdec_apply_update", args=(update,))[0]
         if not self.llm.reset_prefix_cache():
-            raise RuntimeError(f"{self.name}: reset_prefix_cache failed after the update to version {version}; "
+            raise RuntimeError(f"{self.name}: reset_prefix_cache failed after the update to version {update.version}; "
                                "stale KV would make outputs wrong while acceptance looks perfect; "
                                f"KV held by: {self._kv_holders()}")
-        report["prefix_cache_reset"] = True
-        if payload.get("policy") is not None:
-            self._last_policy_payload = payload["policy"]
-        if report.get("disabled") and self.speculative_config is not None:
+        report.prefix_cache_reset = True
+        if update.policy is not None:
+            self._last_policy = update.policy
+        if report.disabled and self.speculative_config is not None:
             self._restart_without_speculation(report)
         self.refresh_state()
         self.update_reports.append(report)
@@ -436,18 +430,17 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - a diagnostic only; vLLM internals differ by version
             return f"unknown ({type(e).__name__}: {e})"
 
-    def _restart_without_speculation(self, report: dict) -> None:
+    def _restart_without_speculation(self, report: UpdateReport) -> None:
         """on_refresh_error=disable: rebuild this engine without a drafter, on the current policy."""
-        version = report["policy_version"]
-        log.error("%s: restarting without speculation after a failed drafter refresh: %s",
-                  self.name, report.get("disabled_reason"))
+        reason = report.state.get("disabled_reason", "")
+        log.error("%s: restarting without speculation after a failed drafter refresh: %s", self.name, reason)
         self.close()
         self._start(self.spec.model_copy(update={"enabled": False}))
-        if self._last_policy_payload is not None:
+        if self._last_policy is not None:
             self.llm.collective_rpc("specdec_apply_update", args=(
-                {"version": version, "policy": self._last_policy_payload, "refresh_drafter": False},))
+                PolicyUpdate(report.policy_version, self._last_policy, refresh_drafter=False),))
             self.llm.reset_prefix_cache()
-        self.llm.collective_rpc("specdec_mark_disabled", args=(report.get("disabled_reason", ""),))
+        self.llm.collective_rpc("specdec_mark_disabled", args=(reason,))
 
     def close(self) -> None:
         """Shut the engine down and free its memory (other in-process engines keep working)."""

@@ -56,6 +56,7 @@ from nemo_rl_specdec.scheduling.budget import BUDGETS, engine_budgets, k_by_batc
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS, place, restore_order
 from nemo_rl_specdec.scheduling.placement import Request as PlacedRequest
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -181,13 +182,9 @@ class _EngineActor:
             res = self.engine.generate(requests, **kwargs)
             return res, t0, time.time()
 
-    def update(self, version: int, policy=None, drafter_weights=None, rollouts=None,
-               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
-               timeout_s: Optional[float] = None) -> dict:
+    def update(self, update: PolicyUpdate, timeout_s: Optional[float] = None) -> UpdateReport:
         self._pin()
-        return self.engine.update(version, policy, drafter_weights=drafter_weights, rollouts=rollouts,
-                                  drafter_version=drafter_version, refresh_drafter=refresh_drafter,
-                                  timeout_s=timeout_s)
+        return self.engine.update(update, timeout_s=timeout_s)
 
     def is_generating(self) -> bool:
         return self.engine._generating.is_set()
@@ -474,28 +471,26 @@ class EngineGroup:
         return n
 
     # ------------------------------------------------------------------ updates
-    def update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
-               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
-               timeout_s: Optional[float] = None) -> list[dict]:
-        """Broadcast one policy update to every engine; returns the per-engine reports once it has
-        landed on all of them (raises naming an engine where it did not). Rollouts go to every
-        engine: under length_aware placement a problem's samples are spread over engines, and
-        each engine's suffix drafter should see all of them."""
+    def update(self, update: PolicyUpdate, *, timeout_s: Optional[float] = None) -> list[UpdateReport]:
+        """Broadcast one policy update to every engine (one copy in Ray's object store); returns the
+        per-engine reports once it has landed on all of them (raises naming an engine where it did
+        not). Rollouts go to every engine: under length_aware placement a problem's samples are
+        spread over engines, and each engine's suffix drafter should see all of them."""
         import ray
 
         self._check_alive()
-        if rollouts is not None:
-            rollouts = [r.to_dict() if isinstance(r, Rollout) else r for r in rollouts]
-        policy_ref = ray.put(policy) if policy is not None else None
-        drafter_ref = ray.put(drafter_weights) if drafter_weights is not None else None
-        rollouts_ref = ray.put(rollouts) if rollouts is not None else None
-        refs = [a.update.remote(version, policy_ref, drafter_ref, rollouts_ref, drafter_version, refresh_drafter,
-                                timeout_s) for a in self.actors]
-        reports = self._gather(refs, f"update to version {version}")
+        if not isinstance(update, PolicyUpdate):
+            raise TypeError(f"EngineGroup.update: expected a nemo_rl_specdec.update.PolicyUpdate, "
+                            f"got {type(update).__name__}")
+        if update.rollouts is not None and not isinstance(update.rollouts, str):
+            update = update.with_(rollouts=[r.to_dict() if isinstance(r, Rollout) else r for r in update.rollouts])
+        ref = ray.put(update)
+        reports = self._gather([a.update.remote(ref, timeout_s) for a in self.actors],
+                               f"update to version {update.version}")
         for j, rep in enumerate(reports):
-            if int(rep.get("policy_version", version)) != int(version):
-                raise RuntimeError(f"{self.names[j]}: update to version {version} landed as policy_version "
-                                   f"{rep.get('policy_version')}")
+            if rep.policy_version != update.version:
+                raise RuntimeError(f"{self.names[j]}: update to version {update.version} landed as policy_version "
+                                   f"{rep.policy_version}")
         return reports
 
     # ------------------------------------------------------------------ introspection

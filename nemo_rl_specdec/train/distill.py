@@ -28,8 +28,8 @@ as the policy weights:
 
       distiller = drafter_of(cfg.spec).distiller(cfg.spec, temperature=1.0)
       stats = distiller.step(grpo_trainer.model, rollouts)          # after the GRPO step
-      engine.update(v, grpo_trainer.state_dict(), drafter_weights=distiller.state_dict(),
-                    drafter_version=v)
+      engine.update(PolicyUpdate(v, grpo_trainer.state_dict(), drafter_weights=distiller.state_dict(),
+                    drafter_version=v))
 
 No Megatron, no GPU: plain torch + transformers.
 """

@@ -15,6 +15,7 @@ import pytest
 
 from nemo_rl_specdec.engine.engine import Request, SpeculationInactiveWarning
 from nemo_rl_specdec.lockstep import DrafterRefreshError
+from nemo_rl_specdec.update import PolicyUpdate
 
 WINDOW = 2
 K = 8
@@ -38,7 +39,7 @@ def on_drafter(engine, fn):
 
 def push(engine, rollouts) -> dict:
     """One lockstep update (no new weights) carrying `rollouts`: the window slides by one version."""
-    return engine.update(engine.state["policy_version"] + 1, None, rollouts=rollouts)
+    return engine.update(PolicyUpdate(engine.state["policy_version"] + 1, rollouts=rollouts))
 
 
 def traced(engine, fn):
@@ -213,12 +214,12 @@ def test_memory_cap_honoured_in_the_engine(das, problems):
 def test_malformed_rollouts_fail_the_update_with_a_clear_error(das):
     v = das.state["policy_version"]
     with pytest.raises(DrafterRefreshError, match=r"version .*rollouts\[0\]: missing key"):
-        das.update(v + 1, None, rollouts=[{"problem_id": "x", "token_ids": [1, 2]}])
+        das.update(PolicyUpdate(v + 1, rollouts=[{"problem_id": "x", "token_ids": [1, 2]}]))
     with pytest.raises(DrafterRefreshError, match="future policy"):
-        das.update(v + 1, None, rollouts=[{"token_ids": [1], "policy_version": v + 5}])
+        das.update(PolicyUpdate(v + 1, rollouts=[{"token_ids": [1], "policy_version": v + 5}]))
     # a correct update for the same version brings the drafter back in lockstep
-    rep = das.update(v + 1, None, rollouts=[])
-    assert rep["drafter_version"] == rep["policy_version"] == v + 1
+    rep = das.update(PolicyUpdate(v + 1, rollouts=[]))
+    assert rep.drafter_version == rep.policy_version == v + 1
 
 
 def test_staged_rebuild_is_installed_only_at_its_version(das, problems):
@@ -235,16 +236,16 @@ def test_staged_rebuild_is_installed_only_at_its_version(das, problems):
     das.stage_rollouts(v + 1, [sentinel_rollout(tok, prompt, text, "staged", v)])
     assert das.wait_staged(timeout=60.0)
     with pytest.raises(DrafterRefreshError, match=f"staged rollouts are for policy version {v + 1}.*installs version {v + 2}"):
-        das.update(v + 2, None, rollouts=STAGED_ROLLOUTS)
+        das.update(PolicyUpdate(v + 2, rollouts=STAGED_ROLLOUTS))
     with pytest.raises(StaleDrafterError, match="stale"):
         das.generate([Request(prompt, problem_id="staged")], max_new_tokens=8, temperature=0.0)
     # while staged, a plain update with rollouts is refused too (one rebuild at a time)
     with pytest.raises(DrafterRefreshError, match="rebuild for version"):
-        das.update(v + 2, None, rollouts=[])
+        das.update(PolicyUpdate(v + 2, rollouts=[]))
     # the update retried with the staged version installs it: lockstep again, and the store is read
-    rep = das.update(v + 1, None, rollouts=STAGED_ROLLOUTS)
-    assert rep["staged"] and rep["rollouts_added"] == 1
-    assert rep["drafter_version"] == rep["policy_version"] == v + 1
+    rep = das.update(PolicyUpdate(v + 1, rollouts=STAGED_ROLLOUTS))
+    assert rep.staged and rep.rollouts_added == 1
+    assert rep.drafter_version == rep.policy_version == v + 1
     _, trace = traced(das, lambda: das.generate([Request(prompt, problem_id="staged")], max_new_tokens=24,
                                                 temperature=0.0))
     assert tokens_in(trace, banned, "staged")

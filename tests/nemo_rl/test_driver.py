@@ -287,7 +287,7 @@ def test_rollouts_travel_by_reference_through_ray(setup, ray_local):
     g.generate(data)
     refs = [ray_local.put(w._specdec_stash.drain()) for w in workers]
     staged = payload.stage_payload(1, refs)
-    batch = payload.resolve_rollouts(staged)
+    batch = payload.resolve_staged(staged).rollouts
     assert len(batch) == PROMPTS * GROUP
     assert sorted(r.problem_id for r in batch) == sorted(problem_id(r) for r in rows)
 
