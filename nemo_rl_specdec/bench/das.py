@@ -121,7 +121,8 @@ def _encode(tok, text: str) -> list:
 def run(cfg: RunConfig, args: Any) -> list[dict]:
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
-    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.rollouts import Request
 
     opts = _options(cfg)
     g = cfg.generation
@@ -210,7 +211,7 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
     m = res.metrics
     idle_s = 0.0
     if das:  # the rollouts are final: the store rebuilds while the policy trains
-        e.stage_rollouts(step + 1, [r.to_dict() for r in res.rollouts])
+        e.stage_rollouts(step + 1, res.rollouts)
         t0 = time.perf_counter()
         e.wait_staged(timeout=train_s)
         idle_s = time.perf_counter() - t0

@@ -31,7 +31,7 @@ def cpu_drafters(spec=None) -> dict:
 
 def workload(cfg, tok, num_problems: int, samples: int, seed: int):
     from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids, run_prompt_format
-    from nemo_rl_specdec.engine.engine import Request
+    from nemo_rl_specdec.rollouts import Request
 
     problems = make_problems(num_problems, seed)
     fmt = run_prompt_format(cfg)  # chat for real instruction-tuned models

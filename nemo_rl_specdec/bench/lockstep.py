@@ -137,14 +137,15 @@ def nemo_rl_shaped(cfg, args) -> list:
     """Part 2 of the module docstring: one result per drafter, with per-step rows."""
     import ray
 
+    from nemo_rl_specdec.bench import suite_options
     from nemo_rl_specdec.bench.parametric import _available
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.bench import suite_options
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import DRAFTERS
-    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, combine_takes
+    from nemo_rl_specdec.rollouts import Request
 
     b = suite_options(cfg, "lockstep")
     steps = int(b.get("nemo_rl_steps", 5))
@@ -202,7 +203,7 @@ def nemo_rl_shaped(cfg, args) -> list:
                                                  drafter_version=step))
                 else:
                     distill_s = 0.0
-                    rep = engines["live"].update(PolicyUpdate(step, sd, rollouts=[r.to_dict() for r in live.rollouts]))
+                    rep = engines["live"].update(PolicyUpdate(step, sd, rollouts=live.rollouts))
                 handover_s = time.perf_counter() - t0
                 engines["frozen"].update(PolicyUpdate(step, sd))
                 refresh_s = distill_s + handover_s

@@ -161,7 +161,8 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.train.distill import refresh_due
 
     g = cfg.generation

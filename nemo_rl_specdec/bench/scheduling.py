@@ -161,8 +161,8 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
     from transformers import AutoTokenizer
 
     from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.engine.engine import Request
     from nemo_rl_specdec.engine.group import EngineGroup
+    from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
     E, T, max_new = opts["engines"], opts["temperature"], opts["max_new_tokens"]

@@ -17,7 +17,7 @@ Then :meth:`GRPOTrainer.state_dict` gives the tensors to push to the engines wit
 
     trainer = GRPOTrainer(policy_dir, lr=1e-4, seed=0)
     stats = trainer.step(rollouts, rewards, group_ids)     # {"loss", "grad_norm", ...}
-    engine.update(PolicyUpdate(v + 1, trainer.state_dict(), rollouts=[r.to_dict() for r in rollouts]))
+    engine.update(PolicyUpdate(v + 1, trainer.state_dict(), rollouts=rollouts))
 """
 from __future__ import annotations
 

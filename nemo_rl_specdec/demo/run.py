@@ -95,7 +95,7 @@ class RLLoop:
     # ------------------------------------------------------------------ pieces
     def batch(self, step: int):
         from nemo_rl_specdec.demo.task import prompt_token_ids
-        from nemo_rl_specdec.engine.engine import Request
+        from nemo_rl_specdec.rollouts import Request
 
         n = self.s.prompts
         start = (step * n) % len(self.problems)
@@ -115,7 +115,7 @@ class RLLoop:
         """One lockstep update: new policy weights everywhere, the drafter refreshed by its mode."""
         sd = self.trainer.state_dict()
         mode = self.spec.spec.refresh.mode
-        payload = [r.to_dict() for r in rollouts] if mode == "rebuild" else None
+        payload = rollouts if mode == "rebuild" else None
         self.distill_stats = None
         if self.distiller is not None:
             from nemo_rl_specdec.train.distill import refresh_due

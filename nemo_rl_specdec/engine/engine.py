@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -24,6 +24,7 @@ from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
+from nemo_rl_specdec.rollouts import Request, Rollout
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -34,34 +35,6 @@ ZERO_DRAFT_GUARD_TOKENS = 64
 
 class SpeculationInactiveWarning(UserWarning):
     """Speculation is enabled but produced no drafts over a long call (the silent-disable trap)."""
-
-
-@dataclass
-class Request:
-    prompt_token_ids: list
-    problem_id: Optional[str] = None
-    budget: Optional[int] = None  # max draft tokens for this request (list drafters); None = k
-    seed: Optional[int] = None
-    predicted_len: Optional[float] = None  # predicted output tokens; a list drafter lifts the budget past it
-
-
-@dataclass
-class Rollout:
-    index: int
-    problem_id: Optional[str]
-    prompt_token_ids: list
-    token_ids: list
-    logprobs: list
-    finish_reason: Optional[str]
-    policy_version: int
-    drafter_version: int
-    drafter_built_from: int
-    # (first token index, policy_version, drafter_version) for each stretch of tokens generated
-    # under one (policy, drafter) pair; more than one entry only after in-flight updates
-    segments: list = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

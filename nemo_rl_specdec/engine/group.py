@@ -50,8 +50,9 @@ from typing import Any, Optional, Sequence
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-from nemo_rl_specdec.engine.engine import GenerateResult, Request, Rollout
+from nemo_rl_specdec.engine.engine import GenerateResult
 from nemo_rl_specdec.metrics import SpecMetrics
+from nemo_rl_specdec.rollouts import Request, Rollout, RolloutRecord
 from nemo_rl_specdec.scheduling.budget import BUDGETS, engine_budgets, k_by_batch_size_schedule
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS, place, restore_order
 from nemo_rl_specdec.scheduling.placement import Request as PlacedRequest
@@ -390,7 +391,7 @@ class EngineGroup:
         requests = list(requests)
         for i, r in enumerate(requests):
             if not isinstance(r, Request):
-                raise TypeError(f"requests[{i}]: expected nemo_rl_specdec.engine.engine.Request, "
+                raise TypeError(f"requests[{i}]: expected nemo_rl_specdec.rollouts.Request, "
                                 f"got {type(r).__name__}")
         preds = self.predict(requests)
         keyed = [PlacedRequest(i, r.problem_id if r.problem_id is not None else ("__request__", i), preds[i])
@@ -459,14 +460,12 @@ class EngineGroup:
             budgets=[(k if b is None else b) if self.spec.enabled else None for b in budgets],
             engine_metrics=engine_metrics, engine_seconds=own_s, engine_finish_s=finish, makespan_s=makespan)
 
-    def observe(self, rollouts: Sequence[Any]) -> int:
+    def observe(self, rollouts: Sequence[Rollout | RolloutRecord]) -> int:
         """Record finished rollouts' lengths (per problem id) in the predictor; returns how many."""
         n = 0
         for r in rollouts:
-            pid = r["problem_id"] if isinstance(r, dict) else r.problem_id
-            toks = r["token_ids"] if isinstance(r, dict) else r.token_ids
-            if pid is not None:
-                self.predictor.observe(pid, len(toks))
+            if r.problem_id is not None:
+                self.predictor.observe(r.problem_id, len(r.token_ids))
                 n += 1
         return n
 
@@ -482,8 +481,6 @@ class EngineGroup:
         if not isinstance(update, PolicyUpdate):
             raise TypeError(f"EngineGroup.update: expected a nemo_rl_specdec.update.PolicyUpdate, "
                             f"got {type(update).__name__}")
-        if update.rollouts is not None and not isinstance(update.rollouts, str):
-            update = update.with_(rollouts=[r.to_dict() if isinstance(r, Rollout) else r for r in update.rollouts])
         ref = ray.put(update)
         reports = self._gather([a.update.remote(ref, timeout_s) for a in self.actors],
                                f"update to version {update.version}")

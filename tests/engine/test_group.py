@@ -14,9 +14,10 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from nemo_rl_specdec.engine.engine import Request
+from nemo_rl_specdec.rollouts import Request, RolloutRecord
 from nemo_rl_specdec.update import PolicyUpdate
 
 ray = pytest.importorskip("ray")
@@ -55,7 +56,8 @@ def _fresh_predictor(group, problems):
 
     group.predictor = LengthPredictor(cold_start="mean")
     group.acceptance = None     # the das budget's acceptance model: the default, not the last call's
-    group.observe([{"problem_id": p.problem_id, "token_ids": [0] * (10 * p.meta["n"])} for p in problems])
+    group.observe([RolloutRecord(p.problem_id, np.zeros(0, np.int32), np.zeros(10 * p.meta["n"], np.int32), 0)
+                   for p in problems])
 
 
 def _counters(group):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Engine, Request
+from nemo_rl_specdec.engine.engine import Engine
 from nemo_rl_specdec.engine.weights import WeightLoadError
 from nemo_rl_specdec.lockstep import DrafterRefreshError, StaleDrafterError
+from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
-from nemo_rl_specdec.engine.engine import Request
 from nemo_rl_specdec.lockstep import DrafterRefreshError
+from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 
 RUN_FILE = "configs/tiny_mtp_cpu.yaml"

@@ -24,7 +24,8 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_specdec.drafters.registry import DRAFTERS
-from nemo_rl_specdec.engine.engine import Engine, Request
+from nemo_rl_specdec.engine.engine import Engine
+from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 
 ROUNDS = 2

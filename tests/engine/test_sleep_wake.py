@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Request
 from nemo_rl_specdec.lockstep import DrafterRefreshError
+from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 
 @pytest.fixture(scope="module")

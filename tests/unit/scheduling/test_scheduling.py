@@ -411,9 +411,9 @@ def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters()
 # --------------------------------------------------------------------------- bench: simulated bound
 
 def _measured_batch(lengths, problem_ids, predicted):
-    from nemo_rl_specdec.engine.engine import Rollout
     from nemo_rl_specdec.engine.group import GroupGenerateResult
     from nemo_rl_specdec.metrics import SpecMetrics
+    from nemo_rl_specdec.rollouts import Rollout
 
     rollouts = [Rollout(i, pid, [1] * 12, [7] * int(L), [0.0] * int(L), "stop", 0, 0, 0)
                 for i, (pid, L) in enumerate(zip(problem_ids, lengths))]
