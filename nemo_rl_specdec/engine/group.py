@@ -5,7 +5,8 @@ threaded Ray actor holding one in-process `Engine`, pinned to its own core (engi
 i mod cpu_count; every thread of the actor process is pinned, not just the one that started
 vLLM — without pinning every engine binds its worker to core 0).
 
-One `generate(requests)` call:
+One `generate(requests)` call plans the batch with `scheduling/planner.py` (steps 1-3, shared with
+the NeMo-RL adapter's sharding):
 
 1. predicts each request's length from the group's `LengthPredictor` (per problem id, EMA of
    the lengths of its earlier rollouts; unseen problems get the cold-start prior);
@@ -45,7 +46,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
@@ -53,9 +54,9 @@ from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine.engine import GenerateResult
 from nemo_rl_specdec.metrics import SpecMetrics
 from nemo_rl_specdec.rollouts import Request, Rollout, RolloutRecord
-from nemo_rl_specdec.scheduling.budget import BUDGETS, engine_budgets, k_by_batch_size_schedule
-from nemo_rl_specdec.scheduling.placement import PLACEMENTS, place, restore_order
-from nemo_rl_specdec.scheduling.placement import Request as PlacedRequest
+from nemo_rl_specdec.scheduling.budget import k_by_batch_size_schedule
+from nemo_rl_specdec.scheduling.placement import restore_order
+from nemo_rl_specdec.scheduling.planner import Planner, check_policies
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
@@ -286,10 +287,11 @@ class EngineGroup:
         self.budget_via = budget_route(self.spec)
         self.num_engines, self.cores = n, cores
         self.names = [f"{name}{i}" for i in range(n)]
-        self.predictor = predictor or LengthPredictor(cold_start="mean", max_len=cfg.generation.max_new_tokens)
-        # per-position acceptance for the das budget: measured on the last call in which every request
-        # could draft k (uniform budget); alpha 0.7 until then. Set it to pin the acceptance model.
-        self.acceptance: Any = None
+        # predict -> place -> budget; the das budget's acceptance is measured on the last call in which
+        # every request could draft k (uniform budget), 0.7 until then (set `planner.acceptance` to pin it)
+        self.planner = Planner.for_spec(
+            self.spec, predictor or LengthPredictor(cold_start="mean", max_len=cfg.generation.max_new_tokens),
+            self.cost_model)
         self._dead: dict[int, str] = {}
         self._closed = False
         self.actors: list = []
@@ -369,8 +371,7 @@ class EngineGroup:
     # ------------------------------------------------------------------ generation
     def predict(self, requests: Sequence[Request]) -> list[float]:
         """Predicted length per request (the cold-start prior for requests without a problem id)."""
-        return [self.predictor.predict_remaining(r.problem_id, 0) if r.problem_id is not None
-                else self.predictor.cold_prediction() for r in requests]
+        return self.planner.predict([r.problem_id for r in requests])
 
     def generate(self, requests: Sequence[Request], *, placement: Optional[str] = None, budget: Optional[str] = None,
                  max_new_tokens: Optional[int] = None, temperature: Optional[float] = None, ignore_eos: bool = False,
@@ -382,10 +383,7 @@ class EngineGroup:
         sc = self.spec.scheduling
         placement = placement or sc.placement
         budget = budget or sc.budget
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement={placement!r}: expected one of {list(PLACEMENTS)}")
-        if budget not in BUDGETS:
-            raise ValueError(f"budget={budget!r}: expected one of {list(BUDGETS)}")
+        check_policies(placement, budget)
         if budget != "uniform" and budget != sc.budget and self.spec.enabled and self.budget_via == "none":
             self._warn_budget_ignored(budget)
         requests = list(requests)
@@ -393,20 +391,11 @@ class EngineGroup:
             if not isinstance(r, Request):
                 raise TypeError(f"requests[{i}]: expected nemo_rl_specdec.rollouts.Request, "
                                 f"got {type(r).__name__}")
-        preds = self.predict(requests)
-        keyed = [PlacedRequest(i, r.problem_id if r.problem_id is not None else ("__request__", i), preds[i])
-                 for i, r in enumerate(requests)]
-        assignment = place(keyed, self.num_engines, placement)
         fixed = [r.budget for r in requests]
-        budgets = fixed
-        if self.budget_via == "per_request":
-            budgets = engine_budgets(preds, assignment, self.spec.num_speculative_tokens, budget, fixed=fixed,
-                                     long_fraction=sc.long_fraction, short_fraction=sc.short_fraction,
-                                     acceptance=self.acceptance or 0.7, **self.cost_model)
-        # a budget the caller fixed is a cap: no predicted length goes with it, so the drafter never
-        # promotes it (promotion corrects the group's own length-based budgets when a request outlives them)
-        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed,
-                        predicted_len=preds[i] if budgets[i] is not None and fixed[i] is None else None)
+        plan = self.planner.plan([r.problem_id for r in requests], self.num_engines, placement=placement,
+                                 budget=budget if self.budget_via == "per_request" else "uniform", fixed=fixed)
+        assignment, preds, budgets = plan.assignment, plan.predicted, plan.budgets
+        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed, predicted_len=plan.hints[i])
                 for i, r in enumerate(requests)]
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=ignore_eos, use_tqdm=use_tqdm)
 
@@ -436,10 +425,6 @@ class EngineGroup:
         for i, ro in enumerate(rollouts):
             ro.index = i
 
-        engine_of = [0] * len(requests)
-        for j, idxs in enumerate(assignment):
-            for i in idxs:
-                engine_of[i] = j
         metrics = SpecMetrics()
         for m in engine_metrics:
             metrics = metrics + m
@@ -452,22 +437,19 @@ class EngineGroup:
         if self.spec.enabled and metrics.drafts and all(b is None for b in budgets):
             # only unrestricted calls measure the drafter: budget-limited drafts would bias the
             # curve low and feed back into ever smaller das budgets
-            self.acceptance = metrics.accepted_per_position or None
+            self.planner.acceptance = metrics.accepted_per_position or None
         k = self.spec.num_speculative_tokens
         return GroupGenerateResult(
             rollouts, metrics, state, placement=placement, budget=budget, budget_via=self.budget_via,
-            assignment=assignment, engine_of=engine_of, predicted_len=preds,
+            assignment=assignment, engine_of=plan.engine_of, predicted_len=preds,
             budgets=[(k if b is None else b) if self.spec.enabled else None for b in budgets],
             engine_metrics=engine_metrics, engine_seconds=own_s, engine_finish_s=finish, makespan_s=makespan)
 
     def observe(self, rollouts: Sequence[Rollout | RolloutRecord]) -> int:
         """Record finished rollouts' lengths (per problem id) in the predictor; returns how many."""
-        n = 0
-        for r in rollouts:
-            if r.problem_id is not None:
-                self.predictor.observe(r.problem_id, len(r.token_ids))
-                n += 1
-        return n
+        seen = [r for r in rollouts if r.problem_id is not None]
+        self.planner.observe([r.problem_id for r in seen], [len(r.token_ids) for r in seen])
+        return len(seen)
 
     # ------------------------------------------------------------------ updates
     def update(self, update: PolicyUpdate, *, timeout_s: Optional[float] = None) -> list[UpdateReport]:

@@ -54,8 +54,8 @@ def _fresh_predictor(group, problems):
     terms (the task's length structure), so predictions and budget classes differ by problem."""
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
-    group.predictor = LengthPredictor(cold_start="mean")
-    group.acceptance = None     # the das budget's acceptance model: the default, not the last call's
+    group.planner.predictor = LengthPredictor(cold_start="mean")
+    group.planner.acceptance = None     # the das budget's acceptance model: the default, not the last call's
     group.observe([RolloutRecord(p.problem_id, np.zeros(0, np.int32), np.zeros(10 * p.meta["n"], np.int32), 0)
                    for p in problems])
 
@@ -124,7 +124,7 @@ def test_every_request_served_once_in_input_order_under_every_placement(group, b
 def test_predictor_learns_from_the_group_rollouts(group, batch):
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
-    group.predictor = LengthPredictor(cold_start="mean", max_len=MAX_NEW)
+    group.planner.predictor = LengthPredictor(cold_start="mean", max_len=MAX_NEW)
     cold = group.generate(batch, placement="length_aware", temperature=0.0, max_new_tokens=MAX_NEW)
     assert set(cold.predicted_len) == {0.0}                  # nothing seen yet
     assert [len(e) for e in cold.assignment] == [len(batch) // 2] * 2   # cold: spread by count, not piled up
