@@ -132,7 +132,7 @@ def test_engine_serves_exactly_the_pushed_drafter_version(scenario):
     fresh = Engine(scenario["fresh_cfg"], name=f"on_{scenario['name']}_fresh")
     try:
         assert fresh.llm.collective_rpc("specdec_drafter_fingerprint")[0] == scenario["live_fp"]
-        fresh.update(ROUNDS, scenario["sd"])
+        fresh.update(PolicyUpdate(ROUNDS, scenario["sd"]))
         got = fresh.generate(scenario["held"], max_new_tokens=scenario["max_new"]).metrics
         live = scenario["out"]["online"].metrics
         assert (got.drafts, got.accepted_tokens) == (live.drafts, live.accepted_tokens)
