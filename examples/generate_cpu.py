@@ -18,7 +18,9 @@ import sys
 
 from nemo_rl_specdec.config import BLOCK_PATH, load_run_config
 from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids, run_prompt_format
-from nemo_rl_specdec.engine.engine import Engine, Request
+from nemo_rl_specdec.engine.engine import Engine
+from nemo_rl_specdec.rollouts import Request
+from nemo_rl_specdec.update import PolicyUpdate
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
                     for p in make_problems(args.requests, seed=0)]
         first = engine.generate(requests, max_new_tokens=args.max_new_tokens)
         # what the RL loop does after each step: the next policy version (no new weights here) and the step's rollouts
-        engine.update(1, None, rollouts=[r.to_dict() for r in first.rollouts])
+        engine.update(PolicyUpdate(1, rollouts=first.rollouts))
         second = engine.generate(requests, max_new_tokens=args.max_new_tokens)
     finally:
         engine.close()

@@ -1,11 +1,17 @@
-"""The rollout record every drafter refresh consumes, the problem identity, and the columnar
-batch that carries a step's rollouts between processes.
+"""What a generation request and its rollout are, everywhere in the package: the request an
+engine serves, the rollout it returns, the record every drafter refresh consumes, the problem
+identity, and the columnar batch that carries a step's rollouts between processes.
 
+- `Request`: one prompt to roll out (problem id, draft budget, predicted length, seed).
+- `Rollout`: what an engine returns for a request (tokens, target logprobs, finish reason, and
+  the policy/drafter versions each stretch of tokens was generated with).
 - `problem_id(prompt_tokens)`: a request's problem identity, a hash of its prompt tokens. All
   samples of one GRPO prompt share it, and so does the same prompt in a later epoch.
 - `RolloutRecord`: one finished rollout (problem id, prompt tokens, response tokens, the policy
-  version that sampled it). `RolloutStore.rebuild` and the online distillers read it; dicts with
-  the same keys are accepted (`as_record`).
+  version that sampled it). `RolloutStore.rebuild` and the online distillers read it; `as_record`
+  makes one from a `Rollout` or from a dict with the same keys (the wire and test form).
+- `token_sequences(rollouts, vocab_size)`: the (prompt, response[, logprobs]) token lists a
+  trainer reads from rollouts, checked against the vocabulary (GRPO and the distillers).
 - `RolloutBatch`: many records as four flat numpy arrays plus the problem ids. It pickles as a
   few contiguous buffers, so Ray's object store hands it to every engine without per-token
   Python objects, and `records()` yields views, not copies.
@@ -15,8 +21,8 @@ No NeMo-RL, no vLLM, no Ray import.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -52,6 +58,38 @@ def problem_id(prompt_tokens: Any) -> str:
     return hashlib.blake2b(arr.tobytes(), digest_size=8).hexdigest()
 
 
+@dataclass
+class Request:
+    """One prompt to roll out (one sample)."""
+
+    prompt_token_ids: list
+    problem_id: Optional[str] = None
+    budget: Optional[int] = None  # max draft tokens for this request (list drafters); None = k
+    seed: Optional[int] = None
+    predicted_len: Optional[float] = None  # predicted output tokens; a list drafter lifts the budget past it
+
+
+@dataclass
+class Rollout:
+    """What an engine returns for one `Request` (in the request's position `index`)."""
+
+    index: int
+    problem_id: Optional[str]
+    prompt_token_ids: list
+    token_ids: list
+    logprobs: list
+    finish_reason: Optional[str]
+    policy_version: int
+    drafter_version: int
+    drafter_built_from: int
+    # (first token index, policy_version, drafter_version) for each stretch of tokens generated
+    # under one (policy, drafter) pair; more than one entry only after in-flight updates
+    segments: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class RolloutRecord:
     """One finished rollout, as every drafter refresh reads it."""
@@ -70,32 +108,69 @@ _FIELDS = ("problem_id", "prompt_token_ids", "token_ids", "policy_version")
 
 
 def as_record(r: Any, i: int = 0) -> RolloutRecord:
-    """A RolloutRecord from a record, a dict with its keys, or an object with its attributes."""
+    """A RolloutRecord from a record, an engine `Rollout`, or a dict with the record's keys."""
     if isinstance(r, RolloutRecord):
         return r
-    if isinstance(r, dict):
-        get = r.get
-        missing = [k for k in ("token_ids", "policy_version") if k not in r]
-        have = sorted(r)
-    elif hasattr(r, "token_ids"):
-        get = lambda k, d=None: getattr(r, k, d)  # noqa: E731
-        missing = [k for k in ("token_ids", "policy_version") if not hasattr(r, k)]
-        have = [k for k in _FIELDS if hasattr(r, k)]
-    else:
-        raise RolloutError(f"rollouts[{i}]: expected a dict with {list(_FIELDS)} or a RolloutRecord; "
+    if isinstance(r, Rollout):
+        r = {k: getattr(r, k) for k in _FIELDS}
+    if not isinstance(r, dict):
+        raise RolloutError(f"rollouts[{i}]: expected a dict with {list(_FIELDS)}, a RolloutRecord or a Rollout; "
                            f"got {type(r).__name__}")
+    missing = [k for k in ("token_ids", "policy_version") if k not in r]
     if missing:
-        raise RolloutError(f"rollouts[{i}]: missing key(s) {missing}; has {have} "
+        raise RolloutError(f"rollouts[{i}]: missing key(s) {missing}; has {sorted(r)} "
                            f"(a rollout needs {list(_FIELDS)})")
-    pid = get("problem_id")
+    pid = r.get("problem_id")
     if pid is not None and not isinstance(pid, str):
         raise RolloutError(f"rollouts[{i}].problem_id: expected a str or None, got {type(pid).__name__}")
-    v = get("policy_version")
+    v = r["policy_version"]
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
         raise RolloutError(f"rollouts[{i}].policy_version: expected an int policy version >= 0, got {v!r}")
-    prompt = get("prompt_token_ids")
+    prompt = r.get("prompt_token_ids")
     return RolloutRecord(pid, _int_tokens(() if prompt is None else prompt, f"rollouts[{i}].prompt_token_ids"),
-                         _int_tokens(get("token_ids"), f"rollouts[{i}].token_ids"), int(v))
+                         _int_tokens(r["token_ids"], f"rollouts[{i}].token_ids"), int(v))
+
+
+class TokenSequence(NamedTuple):
+    """One rollout as a trainer reads it: plain int lists, and the sampler's logprob per response
+    token where they were asked for and line up with the response (else None)."""
+
+    prompt: list
+    response: list
+    logprobs: Optional[list] = None
+
+
+def _sequence_fields(r: Any, i: int, error: type) -> tuple:
+    """(prompt_token_ids, token_ids, logprobs) of a record, a `Rollout` or a dict (None where absent)."""
+    if isinstance(r, dict):
+        return r.get("prompt_token_ids"), r.get("token_ids"), r.get("logprobs")
+    if isinstance(r, (Rollout, RolloutRecord)):
+        return r.prompt_token_ids, r.token_ids, getattr(r, "logprobs", None)
+    raise error(f"rollouts[{i}]: expected a dict, a RolloutRecord or a Rollout; got {type(r).__name__}")
+
+
+def token_sequences(rollouts: Sequence[Any], vocab_size: int, *, logprobs: bool = False,
+                    error: type = RolloutError) -> list[TokenSequence]:
+    """`TokenSequence` per rollout (records, engine rollouts or dicts with `prompt_token_ids`,
+    `token_ids` and, for `logprobs=True`, `logprobs`). Raises `error` naming the rollout's index
+    when it is none of those, a field is missing, the prompt is empty (the first response token needs a context) or a
+    token id is outside [0, vocab_size). Logprobs not aligned with the response are dropped (None)."""
+    out = []
+    for i, r in enumerate(rollouts):
+        prompt, resp, lps = _sequence_fields(r, i, error)
+        if prompt is None or resp is None:
+            raise error(f"rollouts[{i}]: needs prompt_token_ids and token_ids")
+        prompt, resp = [int(t) for t in prompt], [int(t) for t in resp]
+        if not prompt:
+            raise error(f"rollouts[{i}]: empty prompt (the first response token needs a context)")
+        bad = [t for t in prompt + resp if t < 0 or t >= vocab_size]
+        if bad:
+            raise error(f"rollouts[{i}]: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+        lps = lps if logprobs else None
+        if lps is not None and len(lps) != len(resp):
+            lps = None
+        out.append(TokenSequence(prompt, resp, None if lps is None else [float(x) for x in lps]))
+    return out
 
 
 class RolloutBatch:

@@ -47,6 +47,7 @@ from typing import Any
 
 from nemo_rl_specdec.bench import say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.update import PolicyUpdate
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -120,7 +121,8 @@ def _encode(tok, text: str) -> list:
 def run(cfg: RunConfig, args: Any) -> list[dict]:
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
-    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.rollouts import Request
 
     opts = _options(cfg)
     g = cfg.generation
@@ -153,7 +155,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                           generated_tokens=res.metrics.generated_tokens)
             train_log.append(tstats)
             weights.append(trainer.state_dict())
-            baseline.update(step + 1, weights[-1], rollouts=[])
+            baseline.update(PolicyUpdate(step + 1, weights[-1], rollouts=[]))
             _say(f"trajectory step {step}: reward {tstats['mean_reward']:.3f}, {res.metrics.generated_tokens} tokens "
                  f"in {res.metrics.seconds:.1f}s, GRPO loss {tstats['loss']:+.4f} grad norm {tstats['grad_norm']:.3f}")
         del trainer
@@ -168,13 +170,13 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
             try:
                 e.generate(warm_req, max_new_tokens=8, temperature=g.temperature)  # first-call costs off the clock
                 version += 1
-                baseline.update(version, weights[0], rollouts=[])
+                baseline.update(PolicyUpdate(version, weights[0], rollouts=[]))
                 per_step[c["name"]] = rows = []
                 for step in range(opts["steps"]):
                     rows.append(_measure_step(c, e, baseline, reqs, g.temperature, step, weights[step + 1],
                                               train_log[step]["train_s"]))
                     version += 1
-                    baseline.update(version, weights[step + 1], rollouts=[])
+                    baseline.update(PolicyUpdate(version, weights[step + 1], rollouts=[]))
                 r = rows[-1]
                 _say(f"{c['name']}: " + " ".join(f"{x['tokens_per_target_forward']:.2f}" for x in rows)
                      + f" tok/fwd per step; last step x{r['wall_clock_ratio'] or 0:.2f} wall clock")
@@ -209,12 +211,12 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
     m = res.metrics
     idle_s = 0.0
     if das:  # the rollouts are final: the store rebuilds while the policy trains
-        e.stage_rollouts(step + 1, [r.to_dict() for r in res.rollouts])
+        e.stage_rollouts(step + 1, res.rollouts)
         t0 = time.perf_counter()
         e.wait_staged(timeout=train_s)
         idle_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rep = e.update(step + 1, next_weights, rollouts=STAGED_ROLLOUTS if das else None)
+    rep = e.update(PolicyUpdate(step + 1, next_weights, rollouts=STAGED_ROLLOUTS if das else None))
     update_s = time.perf_counter() - t0
     base_s = base.metrics.seconds
     row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
@@ -224,7 +226,7 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
            "baseline_generated_tokens": base.metrics.generated_tokens, "drafts": m.drafts,
            "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
            "accepted_per_position": m.accepted_per_position, "update_s": update_s,
-           "update_rpc_s": rep.get("refresh_s")}
+           "update_rpc_s": rep.refresh_s}
     if das:
         after = _drafter_stats(e)
         cb, ca = before["counters"], after["counters"]
@@ -239,7 +241,7 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
                     "propose_s": propose_s, "propose_pct": 100.0 * propose_s / m.seconds if m.seconds else None,
                     "propose_cpu_s": propose_cpu_s,
                     "propose_cpu_pct": 100.0 * propose_cpu_s / spec_cpu if spec_cpu else None,
-                    "rollouts_added": rep.get("rollouts_added"),
+                    "rollouts_added": rep.rollouts_added,
                     "drafts_from": {s: ca["from_" + s] - cb["from_" + s] for s in ("problem", "global", "local")},
                     "store": {k: after["store"][k] for k in ("entries", "tokens", "versions", "bytes", "problems",
                                                              "evicted_window", "evicted_memory")}})

@@ -12,6 +12,7 @@ import time
 
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.update import PolicyUpdate
 
 BLOCK = "policy.generation.speculative_decoding"
 
@@ -30,7 +31,7 @@ def cpu_drafters(spec=None) -> dict:
 
 def workload(cfg, tok, num_problems: int, samples: int, seed: int):
     from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids, run_prompt_format
-    from nemo_rl_specdec.engine.engine import Request
+    from nemo_rl_specdec.rollouts import Request
 
     problems = make_problems(num_problems, seed)
     fmt = run_prompt_format(cfg)  # chat for real instruction-tuned models
@@ -43,8 +44,8 @@ def prepare(eng, dcfg, reqs, history) -> None:
     via its own cache); the others a short warm-up (ngram JIT etc.)."""
     d = DRAFTERS[dcfg.spec.drafter]
     if d.rollout_prompt_tail(dcfg.spec) is not None:
-        eng.update(1, None, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
-                                       "token_ids": r.token_ids, "policy_version": 0} for r in history])
+        eng.update(PolicyUpdate(1, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
+                                       "token_ids": r.token_ids, "policy_version": 0} for r in history]))
     elif d.caches_own_requests(dcfg.spec):
         eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
     else:

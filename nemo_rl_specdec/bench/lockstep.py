@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import time
 
+from nemo_rl_specdec.update import PolicyUpdate
+
 BLOCK = "policy.generation.speculative_decoding"
 
 
@@ -38,7 +40,7 @@ def _policy_after_grpo(cfg, base, reqs, probs, steps: int):
         outs = base.generate(reqs).rollouts
         rewards = [verify(by_id[r.problem_id], tok.decode(r.token_ids, skip_special_tokens=True)) for r in outs]
         trainer.step(outs, rewards, [r.problem_id for r in outs])
-        base.update(v, trainer.state_dict())
+        base.update(PolicyUpdate(v, trainer.state_dict()))
     return trainer.state_dict()
 
 
@@ -70,7 +72,7 @@ def run(cfg, args) -> list:
         for mode, e in engines.items():
             drafter = {f"draft.{k}": v for k, v in new_sd.items()} if mode == "refit" else {}
             t0 = time.perf_counter()
-            rep = e.update(version, {**new_sd, **drafter})
+            rep = e.update(PolicyUpdate(version, {**new_sd, **drafter}))
             refresh_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             tb_out = base.generate(reqs)
@@ -83,9 +85,9 @@ def run(cfg, args) -> list:
                 "acceptance_rate_before": before[mode].acceptance_rate, "acceptance_rate": after.acceptance_rate,
                 "tokens_per_target_forward_before": before[mode].acceptance_length,
                 "tokens_per_target_forward": after.acceptance_length,
-                "refresh_s": refresh_s, "worker_refresh_s": rep["refresh_s"], "rollout_s": ts,
-                "refresh_fraction_of_rollout": refresh_s / ts, "drafter_version": rep["drafter_version"],
-                "policy_version": rep["policy_version"], "wall_clock_ratio": tb / ts,
+                "refresh_s": refresh_s, "worker_refresh_s": rep.refresh_s, "rollout_s": ts,
+                "refresh_fraction_of_rollout": refresh_s / ts, "drafter_version": rep.drafter_version,
+                "policy_version": rep.policy_version, "wall_clock_ratio": tb / ts,
                 "baseline_tokens": tb_out.metrics.generated_tokens, "per_step": [],
             })
     finally:
@@ -135,14 +137,15 @@ def nemo_rl_shaped(cfg, args) -> list:
     """Part 2 of the module docstring: one result per drafter, with per-step rows."""
     import ray
 
+    from nemo_rl_specdec.bench import suite_options
     from nemo_rl_specdec.bench.parametric import _available
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.bench import suite_options
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import DRAFTERS
-    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, combine_takes
+    from nemo_rl_specdec.rollouts import Request
 
     b = suite_options(cfg, "lockstep")
     steps = int(b.get("nemo_rl_steps", 5))
@@ -196,13 +199,13 @@ def nemo_rl_shaped(cfg, args) -> list:
                         raise RuntimeError(f"bench.lockstep: no drafter was distilled after step {step}; the rows "
                                            "need refresh.every_n_steps=1")
                     distill_s = pub["stats"]["drafter_train_s"]  # what NeMo-RL logs as specdec/drafter_train_s
-                    rep = engines["live"].update(step, sd, drafter_weights=ray.get(pub["refs"][0]),
-                                                 drafter_version=step)
+                    rep = engines["live"].update(PolicyUpdate(step, sd, drafter_weights=ray.get(pub["refs"][0]),
+                                                 drafter_version=step))
                 else:
                     distill_s = 0.0
-                    rep = engines["live"].update(step, sd, rollouts=[r.to_dict() for r in live.rollouts])
+                    rep = engines["live"].update(PolicyUpdate(step, sd, rollouts=live.rollouts))
                 handover_s = time.perf_counter() - t0
-                engines["frozen"].update(step, sd)
+                engines["frozen"].update(PolicyUpdate(step, sd))
                 refresh_s = distill_s + handover_s
                 step_s = rollout_s + worker.train_s + refresh_s
                 rows.append({"step": step, "acceptance_rate_frozen": frozen.acceptance_rate,
@@ -212,7 +215,7 @@ def nemo_rl_shaped(cfg, args) -> list:
                              "rollout_s": rollout_s, "policy_step_s": worker.train_s, "distill_s": distill_s,
                              "handover_s": handover_s, "refresh_s": refresh_s, "step_s": step_s,
                              "refresh_share_of_step": refresh_s / step_s,
-                             "drafter_version": rep["drafter_version"], "policy_version": rep["policy_version"]})
+                             "drafter_version": rep.drafter_version, "policy_version": rep.policy_version})
         finally:
             for e in engines.values():
                 e.close()

@@ -45,6 +45,7 @@ from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import asset_path
+from nemo_rl_specdec.update import PolicyUpdate
 
 MIN_STEPS = 10
 BLOCK = "policy.generation.speculative_decoding"
@@ -160,7 +161,8 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.train.distill import refresh_due
 
     g = cfg.generation
@@ -196,7 +198,7 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
             tstats["train_s"] = time.perf_counter() - t0
             train_log.append(tstats)
             weights, version = trainer.state_dict(), step + 1
-            baseline.update(version, weights)
+            baseline.update(PolicyUpdate(version, weights))
             for c, e in zip(confs, engines):
                 m = res[c["name"]].metrics
                 row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
@@ -209,15 +211,16 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
                 d = distillers.get(c["name"])
                 if d is not None and refresh_due(version, c["cfg"].spec.refresh.every_n_steps):
                     ds = d.step(trainer.model, res[c["name"]].rollouts)
-                    rep = e.update(version, weights, drafter_weights=d.state_dict(), drafter_version=version)
+                    rep = e.update(PolicyUpdate(version, weights, drafter_weights=d.state_dict(),
+                                                drafter_version=version))
                     row.update(distill_s=ds["seconds"], distill_kl_first=ds["kl_first"], distill_kl_last=ds["kl_last"],
                                distill_top1_agreement=ds["top1_agreement_after"],
                                distill_pct_of_grpo_step=100.0 * ds["seconds"] / tstats["train_s"],
                                distill_pct_of_rollout=100.0 * ds["seconds"] / m.seconds if m.seconds else None,
-                               update_rpc_s=rep.get("refresh_s"))
+                               update_rpc_s=rep.refresh_s)
                 else:
-                    rep = e.update(version, weights)
-                    row["update_rpc_s"] = rep.get("refresh_s")
+                    rep = e.update(PolicyUpdate(version, weights))
+                    row["update_rpc_s"] = rep.refresh_s
                 per_step[c["name"]].append(row)
             _say(f"step {step}: reward {tstats.get('mean_reward', float('nan')):.3f}, GRPO {tstats['train_s']:.2f}s, "
                  + ", ".join(f"{n} acc {rows[-1]['acceptance_rate']:.3f}"

@@ -51,6 +51,7 @@ from nemo_rl_specdec.config import ConfigError, RunConfig, validate_run_dict
 from nemo_rl_specdec.demo.task import run_prompt_format
 from nemo_rl_specdec.scheduling.budget import BUDGETS
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS
+from nemo_rl_specdec.update import PolicyUpdate
 
 _say = functools.partial(say, "scheduling")
 
@@ -160,8 +161,8 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
     from transformers import AutoTokenizer
 
     from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.engine.engine import Request
     from nemo_rl_specdec.engine.group import EngineGroup
+    from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
     E, T, max_new = opts["engines"], opts["temperature"], opts["max_new_tokens"]
@@ -200,7 +201,7 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
                                temperature=T, observe=True).rollouts
         version = int(first.states()[0]["policy_version"]) + 1
         for g in groups:
-            g.update(version, None, rollouts=warm if g is not base else [])
+            g.update(PolicyUpdate(version, rollouts=warm if g is not base else []))
         lens = sorted(len(r.token_ids) for r in warm)
         _say(f"{label}: warm batches ({len(lens)} rollouts): length p50 {lens[len(lens) // 2]}, "
              f"p90 {lens[int(0.9 * (len(lens) - 1))]}, max {lens[-1]}; "

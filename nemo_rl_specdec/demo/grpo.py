@@ -13,17 +13,20 @@ The trainer holds the HF transformers copy of the policy and applies one GRPO st
 - AdamW, gradient-norm clipping; optional KL penalty to the initial policy (k3 estimator).
 
 Then :meth:`GRPOTrainer.state_dict` gives the tensors to push to the engines with
-``Engine.update(version, trainer.state_dict(), rollouts=...)``.
+``Engine.update(PolicyUpdate(version, trainer.state_dict(), rollouts=...))``.
 
     trainer = GRPOTrainer(policy_dir, lr=1e-4, seed=0)
     stats = trainer.step(rollouts, rewards, group_ids)     # {"loss", "grad_norm", ...}
-    engine.update(v + 1, trainer.state_dict(), rollouts=[r.to_dict() for r in rollouts])
+    engine.update(PolicyUpdate(v + 1, trainer.state_dict(), rollouts=rollouts))
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
 from typing import Any, Hashable, Optional, Sequence
+
+from nemo_rl_specdec.rollouts import token_sequences
+from nemo_rl_specdec.train.distill import micro_batches
 
 
 class GRPOInputError(ValueError):
@@ -45,12 +48,6 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], ep
         sd = math.sqrt(sum((x - mu) ** 2 for x in rs) / len(rs))
         stats[g] = (mu, sd)
     return [(float(r) - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, group_ids)]
-
-
-def _field(r: Any, name: str, default: Any = None) -> Any:
-    if isinstance(r, dict):
-        return r.get(name, default)
-    return getattr(r, name, default)
 
 
 class GRPOTrainer:
@@ -96,40 +93,6 @@ class GRPOTrainer:
         self.steps = 0
 
     # ------------------------------------------------------------------ data
-    def _sequences(self, rollouts) -> list:
-        vocab = self.model.config.vocab_size
-        seqs = []
-        for i, r in enumerate(rollouts):
-            prompt, resp = _field(r, "prompt_token_ids"), _field(r, "token_ids")
-            if prompt is None or resp is None:
-                raise GRPOInputError(f"rollouts[{i}]: needs prompt_token_ids and token_ids")
-            prompt, resp = [int(t) for t in prompt], [int(t) for t in resp]
-            if not prompt:
-                raise GRPOInputError(f"rollouts[{i}]: empty prompt (the first response token needs a context)")
-            bad = [t for t in prompt + resp if t < 0 or t >= vocab]
-            if bad:
-                raise GRPOInputError(f"rollouts[{i}]: token id {bad[0]} outside the vocabulary [0, {vocab})")
-            lps = _field(r, "logprobs") if self.use_rollout_logprobs else None
-            if lps is not None and len(lps) != len(resp):
-                lps = None  # not aligned with the tokens: fall back to on-policy ratios
-            seqs.append((prompt, resp, None if lps is None else [float(x) for x in lps]))
-        return seqs
-
-    def _micro_batches(self, n_items: list) -> list:
-        """Index groups whose padded size stays under micro_batch_tokens (longest first)."""
-        order = sorted(range(len(n_items)), key=lambda i: -n_items[i])
-        batches, cur, cur_max = [], [], 0
-        for i in order:
-            m = max(cur_max, n_items[i])
-            if cur and m * (len(cur) + 1) > self.micro_batch_tokens:
-                batches.append(cur)
-                cur, m = [], n_items[i]
-            cur.append(i)
-            cur_max = m
-        if cur:
-            batches.append(cur)
-        return batches
-
     def _response_logprobs(self, model, batch: list):
         """Log-probs (at the sampling temperature) of each response token; [B, T] plus mask."""
         torch = self.torch
@@ -158,11 +121,12 @@ class GRPOTrainer:
         if not rollouts:
             raise GRPOInputError("an empty batch has nothing to learn from")
         adv = group_advantages(rewards, group_ids)
-        seqs = self._sequences(rollouts)
+        seqs = token_sequences(rollouts, self.model.config.vocab_size, logprobs=self.use_rollout_logprobs,
+                               error=GRPOInputError)
         total_tokens = sum(len(r) for _, r, _ in seqs)
         self.opt.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "logprob_gap": 0.0, "gap_tokens": 0, "pg": 0.0}
-        for idx in self._micro_batches([len(p) + len(r) for p, r, _ in seqs]):
+        for idx in micro_batches([len(p) + len(r) for p, r, _ in seqs], self.micro_batch_tokens):
             batch = [seqs[i] for i in idx]
             a = torch.tensor([adv[i] for i in idx], dtype=torch.float32).unsqueeze(1)
             logp, mask = self._response_logprobs(self.model, batch)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
+from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 BLOCK = "policy.generation.speculative_decoding"
 
@@ -94,7 +95,7 @@ class RLLoop:
     # ------------------------------------------------------------------ pieces
     def batch(self, step: int):
         from nemo_rl_specdec.demo.task import prompt_token_ids
-        from nemo_rl_specdec.engine.engine import Request
+        from nemo_rl_specdec.rollouts import Request
 
         n = self.s.prompts
         start = (step * n) % len(self.problems)
@@ -110,11 +111,11 @@ class RLLoop:
         return [reward(by_id[r.problem_id], self.tok.decode(r.token_ids, skip_special_tokens=True), self.s.reward)
                 for r in rollouts]
 
-    def push(self, version: int, rollouts) -> dict:
+    def push(self, version: int, rollouts) -> UpdateReport:
         """One lockstep update: new policy weights everywhere, the drafter refreshed by its mode."""
         sd = self.trainer.state_dict()
         mode = self.spec.spec.refresh.mode
-        payload = [r.to_dict() for r in rollouts] if mode == "rebuild" else None
+        payload = rollouts if mode == "rebuild" else None
         self.distill_stats = None
         if self.distiller is not None:
             from nemo_rl_specdec.train.distill import refresh_due
@@ -122,15 +123,15 @@ class RLLoop:
             if refresh_due(version, self.spec.spec.refresh.every_n_steps):
                 # distil on this step's rollouts against the NEW policy; same update, same version
                 self.distill_stats = self.distiller.step(self.trainer.model, rollouts)
-                rep = self.spec.update(version, sd, drafter_weights=self.distiller.state_dict(),
-                                       drafter_version=version)
+                rep = self.spec.update(PolicyUpdate(version, sd, drafter_weights=self.distiller.state_dict(),
+                                       drafter_version=version))
             else:
-                rep = self.spec.update(version, sd)  # off-cadence: the drafter ages within max_policy_lag
+                rep = self.spec.update(PolicyUpdate(version, sd))  # off-cadence: the drafter ages within max_policy_lag
         else:
-            rep = self.spec.update(version, sd, rollouts=payload)
-        self.base.update(version, sd)
+            rep = self.spec.update(PolicyUpdate(version, sd, rollouts=payload))
+        self.base.update(PolicyUpdate(version, sd))
         if self.frozen is not None:
-            self.frozen.update(version, sd)
+            self.frozen.update(PolicyUpdate(version, sd))
         return rep
 
     # ------------------------------------------------------------------ loop
@@ -209,8 +210,8 @@ class RLLoop:
             "tokens_baseline": base_out.metrics.generated_tokens,
             "rollout_s": spec_s, "rollout_s_baseline": base_s, "wall_clock_ratio": base_s / spec_s,
             "us_per_token": m.us_per_token, "us_per_token_baseline": base_out.metrics.us_per_token,
-            "train_s": train_s, "refresh_s": rep.get("refresh_s"), "drafter_refreshed": rep.get("drafter_refreshed"),
-            "new_policy_version": rep.get("policy_version"), "new_drafter_version": rep.get("drafter_version"),
+            "train_s": train_s, "refresh_s": rep.refresh_s, "drafter_refreshed": rep.drafter_refreshed,
+            "new_policy_version": rep.policy_version, "new_drafter_version": rep.drafter_version,
             "loss": stats.get("loss"), "rewards": r_spec, "rewards_baseline": r_base,
         }
         if self.distill_stats is not None:

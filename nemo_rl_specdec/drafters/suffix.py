@@ -150,13 +150,11 @@ def _resolve_others(calib: AcceptanceCalibration, others: list, sampled: list) -
 
 
 def _rollout_rows(rollouts):
-    """The rollouts as the store reads them: a RolloutBatch in place, else dicts (objects with
-    `to_dict()` are accepted); the store validates them."""
+    """The rollouts as the store reads them: a RolloutBatch in place, else a list of records, engine
+    rollouts or dicts (`rollouts.as_record`); the store validates them."""
     if rollouts is None or isinstance(rollouts, (dict, str, bytes)):
         raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
-    if isinstance(rollouts, RolloutBatch):
-        return rollouts
-    return [r.to_dict() if hasattr(r, "to_dict") and not isinstance(r, dict) else r for r in rollouts]
+    return rollouts if isinstance(rollouts, RolloutBatch) else list(rollouts)
 
 
 def _suffix_settings(spec: Optional[dict]) -> dict:
@@ -224,8 +222,8 @@ class DASProposer:
 
     def specdec_rebuild(self, rollouts, version: int) -> int:
         """Refresh (rebuild mode): add the step's rollouts, slide the window to the new policy version,
-        enforce the memory cap. Rollouts: a RolloutBatch, or dicts {problem_id, prompt_token_ids,
-        token_ids, policy_version} (objects with `to_dict()` are accepted). Returns the number added."""
+        enforce the memory cap. Rollouts: a RolloutBatch, or records, engine `Rollout`s or dicts
+        {problem_id, prompt_token_ids, token_ids, policy_version}. Returns the number added."""
         from nemo_rl_specdec.lockstep import DrafterRefreshError
 
         t0 = time.perf_counter()

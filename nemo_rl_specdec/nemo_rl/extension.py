@@ -26,6 +26,7 @@ import time
 from typing import Any, Optional
 
 from nemo_rl_specdec.nemo_rl import api
+from nemo_rl_specdec.update import PolicyUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +58,12 @@ def find_drafter_model(worker: Any) -> Optional[Any]:
 class SpecDecHostHooks:
     """Sits in front of NeMo-RL's host extension in the MRO; calls it with `super()`.
 
-    RPCs (via `collective_rpc`): `specdec_stage_update(payload)` before a refit, and
+    RPCs (via `collective_rpc`): `specdec_stage_update(update)` before a refit, and
     `specdec_report()` for metrics. Expects our engine mixin (`specdec_after_policy_weights`,
     `specdec_state`) further down the MRO. `refit_hooks(host)` adds the refit wrappers.
     """
 
-    _specdec_pending: Optional[dict] = None
+    _specdec_pending: Optional[PolicyUpdate] = None
     _specdec_loaded_names: Optional[list] = None
     _specdec_loaded_drafter: Optional[list] = None
     _specdec_last_update: Optional[dict] = None
@@ -70,11 +71,12 @@ class SpecDecHostHooks:
 
     # -- RPCs
 
-    def specdec_stage_update(self, payload: dict) -> bool:
+    def specdec_stage_update(self, update: PolicyUpdate) -> bool:
         """Stage the next update's version and rollouts; the drafter is not touched here."""
-        if not isinstance(payload, dict):
-            raise TypeError(f"specdec_stage_update expects a dict payload, got {type(payload).__name__}")
-        self._specdec_pending = dict(payload)
+        if not isinstance(update, PolicyUpdate):
+            raise TypeError(f"specdec_stage_update expects a nemo_rl_specdec.update.PolicyUpdate, "
+                            f"got {type(update).__name__}")
+        self._specdec_pending = update
         return True
 
     def specdec_report(self) -> dict:
@@ -116,44 +118,36 @@ class SpecDecHostHooks:
         return True
 
     def _specdec_finish_update(self, transport: str) -> dict:
-        from nemo_rl_specdec.nemo_rl.payload import resolve_drafter_weights, resolve_rollouts
+        from nemo_rl_specdec.nemo_rl.payload import resolve_staged
 
-        pending = self._specdec_pending or {}
+        staged = self._specdec_pending
         self._specdec_pending = None
         names = list(self._specdec_loaded_names or [])
         loaded_drafter = list(self._specdec_loaded_drafter or [])
         self._specdec_stop_recording()
-        version = pending.get("version")
-        if version is None:  # refit not staged by our worker actor (e.g. a weight synchronizer)
-            version = int((self.specdec_state() or {}).get("policy_version") or 0) + 1
+        if staged is None:  # refit not staged by our worker actor (e.g. a weight synchronizer)
+            staged = PolicyUpdate(int((self.specdec_state() or {}).get("policy_version") or 0) + 1)
         t0 = time.perf_counter()
         # None (not staged) stays None: a rebuild-mode drafter then fails loudly instead of
         # rebuilding from nothing; an empty batch means "this step had no rollouts".
-        rollouts = resolve_rollouts(pending)
-        drafter_weights = resolve_drafter_weights(pending)
+        update = resolve_staged(staged)
         fetch_s = time.perf_counter() - t0
+        rollouts = update.rollouts
         try:
-            report = self.specdec_after_policy_weights(
-                version=int(version), loaded_names=names,
-                drafter_weights=drafter_weights, rollouts=rollouts,
-                refresh_drafter=bool(pending.get("refresh_drafter", True)), loaded_drafter=loaded_drafter,
-                drafter_checkpoint=bool(pending.get("drafter_checkpoint")),
-            )
+            report = self.specdec_after_policy_weights(update, loaded_names=names, loaded_drafter=loaded_drafter)
         except Exception:
             logger.exception(
                 "[specdec] drafter refresh failed at policy version %s (transport=%s, %s rollouts); "
                 "set policy.generation.speculative_decoding.on_refresh_error=disable to keep training "
-                "without speculation", version, transport, "no" if rollouts is None else len(rollouts),
+                "without speculation", update.version, transport, "no" if rollouts is None else len(rollouts),
             )
             raise
-        report = dict(report or {})
-        report.setdefault("refresh_s", time.perf_counter() - t0)
-        report["rollouts_fetch_s"] = fetch_s
-        report["transport"] = transport
-        report["rollouts"] = 0 if rollouts is None else len(rollouts)
-        self._specdec_last_update = report
+        report.rollouts_fetch_s = fetch_s
+        report.transport = transport
+        report.rollouts = 0 if rollouts is None else len(rollouts)
+        self._specdec_last_update = report.to_dict()  # the metrics' flat form; crosses Ray to the driver
         self._specdec_updates += 1
-        return report
+        return self._specdec_last_update
 
 
 def _refit_wrapper(owner: type, name: str):

@@ -26,8 +26,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any
 
-from nemo_rl_specdec.nemo_rl import api, metrics, payload, preflight, translate
-from nemo_rl_specdec.nemo_rl.sharding import Planner
+from nemo_rl_specdec.nemo_rl import api, metrics, payload, preflight, sharding, translate
 
 REQUIRED_OUTPUT_KEYS = ("output_ids", "generation_lengths", "unpadded_sequence_lengths", "logprobs")
 RANK0_ONLY = ["tensor_parallel", "pipeline_parallel"]
@@ -38,10 +37,7 @@ class SpecDecGenerationState:
 
     def _specdec_setup(self, config: dict) -> None:
         self._specdec_spec = translate.enabled_spec(config)
-        placement = self._specdec_spec.scheduling.placement if self._specdec_spec is not None else "contiguous"
-        budget = self._specdec_spec.scheduling.budget if self._specdec_spec is not None else "uniform"
-        self._specdec_planner = Planner(placement, max_new_tokens=config.get("max_new_tokens"), budget=budget,
-                                        spec=self._specdec_spec)
+        self._specdec_planner = sharding.planner_for(self._specdec_spec, config.get("max_new_tokens"))
         self._specdec_tracker = metrics.AcceptanceByLag()
         self._specdec_placement_stats: dict = {}
         self._specdec_warned_no_drafts = False
@@ -121,12 +117,12 @@ def _build_generation() -> type:
             if self._specdec_spec is None:
                 return super().generate(data, greedy=greedy)
             pids = payload.problem_ids(data["input_ids"], data["input_lengths"])
-            plan = planner.plan(pids, self.dp_size)
+            plan = sharding.shard(planner, pids, self.dp_size)
             if plan is None:
                 out = super().generate(self._specdec_mark(data), greedy=greedy)
                 planner.observe(pids, out["generation_lengths"].tolist())
                 return out
-            data = self._specdec_mark(data, plan.budgets, plan.predicted)
+            data = self._specdec_mark(data, *sharding.budgets_to_send(planner, plan))
             shards = [data.select_indices(indices) for indices in plan.assignment]
             future_bundle = self.worker_group.run_all_workers_sharded_data(
                 "generate",
@@ -145,14 +141,14 @@ def _build_generation() -> type:
                 raise ValueError(f"Missing required keys for GenerationOutputSpec: {missing}")
             lengths = combined["generation_lengths"].tolist()
             planner.observe(pids, lengths)
-            self._specdec_placement_stats = {**plan.stats, **plan.actual_stats(lengths)}
+            self._specdec_placement_stats = sharding.placement_stats(plan, lengths)
             return combined
 
         async def generate_async(self, data, greedy=False):
             planner = self._specdec_planner
             if self._specdec_spec is not None:
                 data = self._specdec_mark(data)
-            if (not planner.active or getattr(self, "fleet_selector", None) is not None
+            if (not sharding.reshards(planner) or getattr(self, "fleet_selector", None) is not None
                     or len(data["input_ids"]) != 1):
                 async for item in super().generate_async(data, greedy=greedy):
                     yield item

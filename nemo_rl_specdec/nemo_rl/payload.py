@@ -1,9 +1,9 @@
 """What the worker actors hand the drafter: the rollouts each engine generated, stashed as
-`RolloutBatch` chunks, and the payload staged into the engine before each refit.
+`RolloutBatch` chunks, and the `PolicyUpdate` staged into the engine before each refit.
 
 Rollouts travel by reference: a worker `ray.put`s its stash once per refit, the exchange
 (`exchange.py`) hands every engine the references of all engines, and each vLLM worker
-resolves them from Ray's object store (`resolve_rollouts`), so every engine's store holds the
+resolves them from Ray's object store (`resolve_staged`), so every engine's store holds the
 whole step whatever placement did. No NeMo-RL, no vLLM.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections import deque
 from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
+from nemo_rl_specdec.update import PolicyUpdate
 
 # Keys the driver adds to a generation batch (one value per row); NeMo-RL's workers ignore them.
 NO_RECORD_KEY = "specdec_no_record"        # bool: a validation row, never handed to the drafter
@@ -58,39 +59,37 @@ class RolloutStash:
         return out
 
 
-def stage_payload(version: Optional[int], rollout_refs: Optional[Sequence[Any]] = None,
+def stage_payload(version: int, rollout_refs: Optional[Sequence[Any]] = None,
                   drafter_weights: Any = None, refresh_drafter: bool = True,
-                  drafter_checkpoint: bool = False) -> dict:
-    """What the worker actor stages into every vLLM worker right before a refit RPC.
+                  drafter_checkpoint: bool = False) -> PolicyUpdate:
+    """The update the worker actor stages into every vLLM worker right before a refit RPC (NeMo-RL's
+    refit carries the policy weights, so `policy` stays None).
 
     `rollout_refs`: Ray object refs of `RolloutBatch`es (every engine's share of the step), or
-    None when this refit carries no rollouts. The drafter is not touched by staging: the
+    None when this refit carries no rollouts; `drafter_weights` may be a Ray object ref. Both are
+    fetched inside the refit RPC (`resolve_staged`). The drafter is not touched by staging: the
     extension applies it inside the refit RPC, so target and drafter change together.
     """
-    if version is not None and int(version) < 1:
+    if int(version) < 1:
         raise ValueError(f"policy version must be >= 1, got {version}")
-    return {
-        "version": None if version is None else int(version),
-        "rollout_refs": None if rollout_refs is None else list(rollout_refs),
-        "drafter_weights": drafter_weights,
-        "refresh_drafter": bool(refresh_drafter),  # False: an off-cadence step (refresh.every_n_steps)
-        "drafter_checkpoint": bool(drafter_checkpoint),  # the drafter is still the checkpoint the engine loaded
-    }
+    return PolicyUpdate(int(version), drafter_weights=drafter_weights,
+                        rollouts=None if rollout_refs is None else list(rollout_refs),
+                        refresh_drafter=refresh_drafter,  # False: an off-cadence step (refresh.every_n_steps)
+                        drafter_checkpoint=drafter_checkpoint)  # the drafter is still the checkpoint the engine loaded
 
 
-def resolve_drafter_weights(pending: dict) -> Any:
-    """The staged drafter weights, fetched from Ray's object store when staged by reference."""
-    weights = pending.get("drafter_weights")
+def resolve_staged(staged: PolicyUpdate) -> PolicyUpdate:
+    """The staged update with its Ray refs replaced by what they hold: the drafter weights, and the
+    rollout refs as one `RolloutBatch` (None stays None: no rollouts were staged)."""
+    weights = staged.drafter_weights
     if type(weights).__name__ == "ObjectRef":
         import ray
 
         weights = ray.get(weights)
-    return weights
+    return staged.with_(drafter_weights=weights, rollouts=_resolve_rollouts(staged.rollouts))
 
 
-def resolve_rollouts(pending: dict) -> Optional[RolloutBatch]:
-    """The staged rollouts as one batch (refs fetched from Ray's object store), or None if none were staged."""
-    refs = pending.get("rollout_refs")
+def _resolve_rollouts(refs: Optional[Sequence[Any]]) -> Optional[RolloutBatch]:
     if refs is None:
         return None
     if not refs:

@@ -1,113 +1,65 @@
-"""Length-aware placement of a NeMo-RL generation batch onto the data-parallel vLLM engines.
+"""Length-aware sharding of a NeMo-RL generation batch onto the data-parallel vLLM engines.
 
 NeMo-RL cuts a batch into contiguous shards, so one engine can collect the longest GRPO
-groups and the whole step waits for it. `Planner` predicts each request's length from the
-lengths its problem produced before (`scheduling.predictor.LengthPredictor`, keyed by a hash
-of the prompt tokens), assigns requests with `scheduling.placement.place`, gives each request
-its draft budget over its engine's share (`scheduling.budget.engine_budgets`), and gives the
-permutation that puts the combined results back in input order. Pure; no NeMo-RL.
+groups and the whole step waits for it. The plan (predict → place → budget, and the
+least-loaded pick for the async engine) is `scheduling.planner.Planner`, the same one the CPU
+engine group uses; this module owns NeMo-RL's side of it: the planner a run's block gets
+(`planner_for`), when NeMo-RL's own contiguous sharding is kept (`shard` returns None), and the
+placement statistics logged each step (`placement_stats`). Pure; no NeMo-RL.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.nemo_rl.metrics import imbalance
+from nemo_rl_specdec.scheduling.placement import Request, place
+from nemo_rl_specdec.scheduling.planner import Plan, Planner, check_policies
+from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
 
-@dataclass
-class Plan:
-    assignment: list[list[int]]   # per engine: request indices, in the order they are sent
-    restore: list[int]            # row of the combined (engine-ordered) output for request i
-    stats: dict = field(default_factory=dict)
-    budgets: Optional[list] = None    # per request (input order): max draft tokens, None = k
-    predicted: Optional[list] = None  # per request: predicted output tokens (None where no budget)
-
-    @property
-    def sent_order(self) -> list[int]:
-        return [i for eng in self.assignment for i in eng]
-
-    def actual_stats(self, generation_lengths: Sequence[float]) -> dict:
-        """Imbalance of the generated tokens per engine (input-order lengths)."""
-        loads = [sum(float(generation_lengths[i]) for i in eng) for eng in self.assignment]
-        return {"actual_imbalance": imbalance(loads)}
+def planner_for(spec: Optional[Any], max_new_tokens: Optional[int] = None, **policies: str) -> Planner:
+    """The planner for a run's speculative block (None: speculation off, contiguous and uniform);
+    `policies` (placement=, budget=) override the block's `scheduling` keys."""
+    # A positive prior: with nothing observed yet every request predicts the same length, so
+    # placement balances request counts (all-zero predictions would all tie on engine 0).
+    prior = float(max_new_tokens) / 2 if max_new_tokens else 1.0
+    predictor = LengthPredictor(prior=prior, max_len=max_new_tokens)
+    planner = Planner.for_spec(spec, predictor) if spec is not None else Planner(predictor)
+    for key, value in policies.items():
+        if key not in ("placement", "budget"):
+            raise TypeError(f"planner_for: unknown policy {key!r}; allowed: placement, budget")
+        setattr(planner, key, value)
+    check_policies(planner.placement, planner.budget)
+    return planner
 
 
-def restore_permutation(assignment: list[list[int]]) -> list[int]:
-    """For each request index, its row in the engine-ordered concatenation of the results."""
-    from nemo_rl_specdec.scheduling.placement import restore_order
-
-    rows, pos = [], 0
-    for eng in assignment:
-        rows.append(list(range(pos, pos + len(eng))))
-        pos += len(eng)
-    return restore_order(rows, assignment)
+def reshards(planner: Planner) -> bool:
+    """Whether NeMo-RL's contiguous sharding is replaced (per batch, or per request when async)."""
+    return planner.placement != "contiguous"
 
 
-class Planner:
-    """Per-batch placement for `VllmGeneration.generate` plus per-request picks for `generate_async`."""
+def shard(planner: Planner, problem_ids: Sequence[str], num_engines: int) -> Optional[Plan]:
+    """The plan for one batch, or None to keep NeMo-RL's contiguous sharding (contiguous placement
+    with uniform budgets, fewer requests than engines, or a placement that leaves an engine idle)."""
+    n = len(problem_ids)
+    if (not reshards(planner) and planner.budget == "uniform") or n < max(1, num_engines):
+        return None
+    plan = planner.plan(problem_ids, num_engines)
+    return None if any(not eng for eng in plan.assignment) else plan
 
-    def __init__(self, policy: str, max_new_tokens: Optional[int] = None, budget: str = "uniform",
-                 spec: Optional[object] = None):
-        from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
-        self.policy = policy
-        self.budget = budget
-        self.spec = spec
-        self.acceptance: Optional[float] = None  # last measured per-token acceptance (das budgets)
-        # A positive prior: with nothing observed yet every request predicts the same length, so
-        # placement balances request counts (all-zero predictions would all tie on engine 0).
-        prior = float(max_new_tokens) / 2 if max_new_tokens else 1.0
-        self.predictor = LengthPredictor(prior=prior, max_len=max_new_tokens)
-        self.outstanding: list[float] = []
+def budgets_to_send(planner: Planner, plan: Plan) -> tuple[Optional[list], Optional[list]]:
+    """(budget, predicted length) per row for the workers, or (None, None) under uniform budgets."""
+    return (None, None) if planner.budget == "uniform" else (plan.budgets, plan.hints)
 
-    @property
-    def active(self) -> bool:
-        return self.policy != "contiguous"
 
-    def plan(self, problem_ids: Sequence[str], num_engines: int) -> Optional[Plan]:
-        """None means: keep NeMo-RL's contiguous sharding (contiguous placement with uniform budgets,
-        or fewer requests than engines)."""
-        from nemo_rl_specdec.scheduling.placement import Request, engine_loads, place
-
-        n = len(problem_ids)
-        if (not self.active and self.budget == "uniform") or n < max(1, num_engines):
-            return None
-        reqs = [Request(i, pid, float(self.predictor.predict(pid))) for i, pid in enumerate(problem_ids)]
-        assignment = place(reqs, num_engines, self.policy)
-        if any(not eng for eng in assignment):
-            return None
-        contiguous = place(reqs, num_engines, "contiguous")
-        stats = {
-            "predicted_imbalance": imbalance(engine_loads(reqs, assignment)),
-            "contiguous_predicted_imbalance": imbalance(engine_loads(reqs, contiguous)),
-        }
-        plan = Plan(assignment, restore_permutation(assignment), stats)
-        if self.budget != "uniform" and self.spec is not None:
-            from nemo_rl_specdec.scheduling.budget import engine_budgets
-
-            preds = [r.predicted_len for r in reqs]
-            sc = self.spec.scheduling
-            plan.budgets = engine_budgets(preds, assignment, self.spec.num_speculative_tokens, self.budget,
-                                          long_fraction=sc.long_fraction, short_fraction=sc.short_fraction,
-                                          acceptance=self.acceptance or 0.7)
-            plan.predicted = [p if b is not None else None for p, b in zip(preds, plan.budgets)]
-        return plan
-
-    def observe(self, problem_ids: Sequence[str], generation_lengths: Sequence[float]) -> None:
-        self.predictor.observe_many(zip(problem_ids, (float(x) for x in generation_lengths)))
-
-    # -- per request (async engines): least outstanding predicted tokens first
-
-    def pick(self, problem_id: str, num_engines: int) -> tuple[int, float]:
-        if len(self.outstanding) != num_engines:
-            self.outstanding = [0.0] * num_engines
-        # at least 1: with no history yet (predictions 0) this degrades to least-outstanding-requests
-        predicted = max(1.0, float(self.predictor.predict(problem_id)))
-        engine = min(range(num_engines), key=lambda j: (self.outstanding[j], j))
-        self.outstanding[engine] += predicted
-        return engine, predicted
-
-    def release(self, engine: int, predicted: float) -> None:
-        if 0 <= engine < len(self.outstanding):
-            self.outstanding[engine] = max(0.0, self.outstanding[engine] - predicted)
+def placement_stats(plan: Plan, generation_lengths: Sequence[float]) -> dict:
+    """Imbalance (max / mean per-engine load) of the plan's predicted tokens, of NeMo-RL's contiguous
+    shards' predicted tokens, and of the tokens actually generated (input-order lengths)."""
+    ordered = [Request(i, i, p) for i, p in enumerate(plan.predicted)]
+    contiguous = place(ordered, len(plan.assignment), "contiguous")
+    return {
+        "predicted_imbalance": imbalance(plan.loads()),
+        "contiguous_predicted_imbalance": imbalance([sum(plan.predicted[i] for i in eng) for eng in contiguous]),
+        "actual_imbalance": imbalance(plan.loads(generation_lengths)),
+    }

@@ -19,8 +19,8 @@ policies:
 `contiguous` and `round_robin` keep input order within an engine. Every policy is
 deterministic (ties broken by input position), and every request appears exactly once.
 
-A request is anything with `index`, `problem_id` and `predicted_len` (attributes or mapping
-keys), e.g. `Request(index=3, problem_id="p7", predicted_len=812.0)`. `index` is the
+A request is anything with the attributes `index`, `problem_id` and `predicted_len`, e.g.
+`Request(index=3, problem_id="p7", predicted_len=812.0)`. `index` is the
 request's position in the caller's batch; `place` returns those indices, and
 `restore_order(per_engine_outputs, assignment)` puts per-engine results back in index order.
 """
@@ -40,12 +40,9 @@ class Request:
 
 
 def _field(r: Any, name: str) -> Any:
-    if isinstance(r, dict):
-        if name not in r:
-            raise ValueError(f"request {r!r}: missing key {name!r}")
-        return r[name]
     if not hasattr(r, name):
-        raise ValueError(f"request {r!r}: missing attribute {name!r}")
+        raise ValueError(f"request {r!r}: missing attribute {name!r} (a request has index, problem_id, "
+                         "predicted_len, e.g. scheduling.placement.Request)")
     return getattr(r, name)
 
 

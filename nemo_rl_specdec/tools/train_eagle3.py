@@ -39,7 +39,8 @@ def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens:
     """(prompt ids, response ids) from the policy on vLLM: one greedy and two T=1 samples per problem."""
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo.task import make_problems
-    from nemo_rl_specdec.engine.engine import Engine, Request
+    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.rollouts import Request
 
     cfg = load_run_config(str(config_path("tiny_cpu.yaml")),
                           [f"policy.model_name={policy_dir}", "policy.generation.speculative_decoding.enabled=false"])

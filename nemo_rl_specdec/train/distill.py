@@ -28,8 +28,8 @@ as the policy weights:
 
       distiller = drafter_of(cfg.spec).distiller(cfg.spec, temperature=1.0)
       stats = distiller.step(grpo_trainer.model, rollouts)          # after the GRPO step
-      engine.update(v, grpo_trainer.state_dict(), drafter_weights=distiller.state_dict(),
-                    drafter_version=v)
+      engine.update(PolicyUpdate(v, grpo_trainer.state_dict(), drafter_weights=distiller.state_dict(),
+                    drafter_version=v))
 
 No Megatron, no GPU: plain torch + transformers.
 """
@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
+
+from nemo_rl_specdec.rollouts import TokenSequence, token_sequences
 
 
 class DistillInputError(ValueError):
@@ -52,32 +53,10 @@ def refresh_due(policy_version: int, every_n_steps: int) -> bool:
     return policy_version % every_n_steps == 0
 
 
-def _field(r: Any, name: str, default: Any = None) -> Any:
-    return r.get(name, default) if isinstance(r, dict) else getattr(r, name, default)
-
-
-@dataclass
-class _Seq:
-    prompt: list
-    response: list
-
-
-def rollout_sequences(rollouts: Sequence[Any], vocab_size: int) -> list:
-    """(prompt ids, response ids) per rollout; rollouts with an empty response carry no target."""
-    out = []
-    for i, r in enumerate(rollouts):
-        prompt, resp = _field(r, "prompt_token_ids"), _field(r, "token_ids")
-        if prompt is None or resp is None:
-            raise DistillInputError(f"rollouts[{i}]: needs prompt_token_ids and token_ids")
-        prompt, resp = [int(t) for t in prompt], [int(t) for t in resp]
-        if not prompt:
-            raise DistillInputError(f"rollouts[{i}]: empty prompt (the first response token needs a context)")
-        bad = [t for t in prompt + resp if t < 0 or t >= vocab_size]
-        if bad:
-            raise DistillInputError(f"rollouts[{i}]: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
-        if resp:
-            out.append(_Seq(prompt, resp))
-    return out
+def rollout_sequences(rollouts: Sequence[Any], vocab_size: int) -> list[TokenSequence]:
+    """(prompt ids, response ids) per rollout (`rollouts.token_sequences`); rollouts with an empty
+    response carry no target and are left out."""
+    return [s for s in token_sequences(rollouts, vocab_size, error=DistillInputError) if s.response]
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list:
@@ -131,7 +110,7 @@ def cap_tokens(seqs: list, max_tokens: Optional[int]) -> list:
             left -= n
             continue
         if left > len(s.prompt):
-            out.append(_Seq(s.prompt, s.response[: left - len(s.prompt)]))
+            out.append(TokenSequence(s.prompt, s.response[: left - len(s.prompt)]))
         break
     return out
 

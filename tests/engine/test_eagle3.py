@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Request
+from nemo_rl_specdec.rollouts import Request
 
 MAX_NEW = 128
 

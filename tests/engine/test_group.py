@@ -14,9 +14,11 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from nemo_rl_specdec.engine.engine import Request
+from nemo_rl_specdec.rollouts import Request, RolloutRecord
+from nemo_rl_specdec.update import PolicyUpdate
 
 ray = pytest.importorskip("ray")
 
@@ -52,9 +54,10 @@ def _fresh_predictor(group, problems):
     terms (the task's length structure), so predictions and budget classes differ by problem."""
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
-    group.predictor = LengthPredictor(cold_start="mean")
-    group.acceptance = None     # the das budget's acceptance model: the default, not the last call's
-    group.observe([{"problem_id": p.problem_id, "token_ids": [0] * (10 * p.meta["n"])} for p in problems])
+    group.planner.predictor = LengthPredictor(cold_start="mean")
+    group.planner.acceptance = None     # the das budget's acceptance model: the default, not the last call's
+    group.observe([RolloutRecord(p.problem_id, np.zeros(0, np.int32), np.zeros(10 * p.meta["n"], np.int32), 0)
+                   for p in problems])
 
 
 def _counters(group):
@@ -121,7 +124,7 @@ def test_every_request_served_once_in_input_order_under_every_placement(group, b
 def test_predictor_learns_from_the_group_rollouts(group, batch):
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
-    group.predictor = LengthPredictor(cold_start="mean", max_len=MAX_NEW)
+    group.planner.predictor = LengthPredictor(cold_start="mean", max_len=MAX_NEW)
     cold = group.generate(batch, placement="length_aware", temperature=0.0, max_new_tokens=MAX_NEW)
     assert set(cold.predicted_len) == {0.0}                  # nothing seen yet
     assert [len(e) for e in cold.assignment] == [len(batch) // 2] * 2   # cold: spread by count, not piled up
@@ -182,12 +185,12 @@ def test_update_broadcast_lands_on_every_engine(group, batch, engines):
     weights = load_file(str(Path(group.cfg.model_path) / "model.safetensors"))
     v = group.states()[0]["policy_version"] + 1
     prev = group.generate(batch, placement="length_aware", temperature=0.0, max_new_tokens=MAX_NEW)
-    reports = group.update(v, weights, rollouts=prev.rollouts)
+    reports = group.update(PolicyUpdate(v, weights, rollouts=prev.rollouts))
     assert len(reports) == 2
     for rep in reports:
-        assert rep["policy_version"] == v and rep["drafter_version"] == v
-        assert rep["policy_tensors_applied"] > 0 and rep["prefix_cache_reset"]
-        assert rep["rollouts_added"] == len(batch)             # every engine gets the whole batch
+        assert rep.policy_version == v and rep.drafter_version == v
+        assert rep.policy_tensors_applied > 0 and rep.prefix_cache_reset
+        assert rep.rollouts_added == len(batch)             # every engine gets the whole batch
     for st in group.states():
         assert st["policy_version"] == v and st["drafter_version"] == v
     res = group.generate(batch, placement="length_aware", temperature=0.0, max_new_tokens=MAX_NEW)
@@ -215,14 +218,14 @@ def test_update_reaches_both_engines_while_they_generate(group, batch):
         assert th.is_alive() or "err" in box, "generate finished before both engines were seen generating"
         assert time.monotonic() < deadline, "engines never started generating"
         time.sleep(0.02)
-    reports = group.update(v + 1, None, rollouts=[])
+    reports = group.update(PolicyUpdate(v + 1, rollouts=[]))
     th.join()
     if "err" in box:
         raise box["err"]
     res = box["res"]
     for rep in reports:
-        assert rep["policy_version"] == v + 1
-        assert rep.get("in_flight_requests", 0) > 0, rep     # landed between steps, requests running
+        assert rep.policy_version == v + 1
+        assert (rep.in_flight_requests or 0) > 0, rep     # landed between steps, requests running
     for j in range(group.num_engines):
         mine = [res.rollouts[i] for i in res.assignment[j]]
         assert any(len(r.segments) == 2 for r in mine), f"engine{j}: no request continued under v{v + 1}"
@@ -247,4 +250,4 @@ def test_errors_name_the_engine_and_a_dead_actor_stops_the_group(group, batch):
     with pytest.raises(EngineDiedError, match=r"engine1 \(core \d\) is dead"):
         group.generate(batch, temperature=0.0, max_new_tokens=8)
     with pytest.raises(EngineDiedError, match="engine1"):
-        group.update(99, None, rollouts=[])
+        group.update(PolicyUpdate(99, rollouts=[]))

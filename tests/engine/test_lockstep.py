@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Engine, Request
+from nemo_rl_specdec.engine.engine import Engine
 from nemo_rl_specdec.engine.weights import WeightLoadError
 from nemo_rl_specdec.lockstep import DrafterRefreshError, StaleDrafterError
+from nemo_rl_specdec.rollouts import Request
+from nemo_rl_specdec.update import PolicyUpdate
 
 @pytest.fixture(scope="module")
 def frozen_engine(start_engine, self_draft_cfg_fn):
@@ -46,11 +48,11 @@ def test_frozen_collapses_refit_recovers_and_both_stay_lossless(frozen_engine, r
     assert min(before.values()) > 0.9, f"identical drafter should accept nearly everything: {before}"
 
     fp_before = frozen_engine.llm.collective_rpc("specdec_drafter_fingerprint")[0]
-    rep_f = frozen_engine.update(1, sd_b)
-    rep_r = refit_engine.update(1, {**sd_b, **_drafter_tensors(sd_b)})
-    assert rep_f["drafter_refreshed"] is False and rep_f["drafter_version"] == 0
-    assert rep_r["drafter_refreshed"] is True and rep_r["drafter_version"] == 1
-    assert rep_f["prefix_cache_reset"] and rep_r["prefix_cache_reset"]
+    rep_f = frozen_engine.update(PolicyUpdate(1, sd_b))
+    rep_r = refit_engine.update(PolicyUpdate(1, {**sd_b, **_drafter_tensors(sd_b)}))
+    assert rep_f.drafter_refreshed is False and rep_f.drafter_version == 0
+    assert rep_r.drafter_refreshed is True and rep_r.drafter_version == 1
+    assert rep_f.prefix_cache_reset and rep_r.prefix_cache_reset
     # a frozen drafter is bit-identical after a policy update (content fingerprint through its kernels)
     assert frozen_engine.llm.collective_rpc("specdec_drafter_fingerprint")[0] == fp_before
 
@@ -73,7 +75,7 @@ def test_live_update_equals_fresh_engine_on_long_prompts(refit_engine, policy_ve
     assert min(len(r.prompt_token_ids) for r in reqs) >= 128
     refit_engine.generate(reqs, max_new_tokens=48)  # fills the prefix cache under the current weights
     sd_c = policy_versions["C"][1]
-    refit_engine.update(2, {**sd_c, **_drafter_tensors(sd_c)})
+    refit_engine.update(PolicyUpdate(2, {**sd_c, **_drafter_tensors(sd_c)}))
     live = [r.token_ids for r in refit_engine.generate(reqs, max_new_tokens=48).rollouts]
     fresh = Engine(tiny_cfg_fn(f"policy.model_name={policy_versions['C'][0]}", greedy=True),
                    spec_enabled=False, name="fresh_C")
@@ -87,7 +89,8 @@ def test_live_update_equals_fresh_engine_on_long_prompts(refit_engine, policy_ve
 def test_frozen_drafter_is_never_written(frozen_engine, policy_versions):
     sd_b = policy_versions["B"][1]
     with pytest.raises(DrafterRefreshError, match="frozen"):
-        frozen_engine.update(frozen_engine.state["policy_version"] + 1, {**sd_b, **_drafter_tensors(sd_b)})
+        frozen_engine.update(PolicyUpdate(frozen_engine.state["policy_version"] + 1,
+                                          {**sd_b, **_drafter_tensors(sd_b)}))
 
 
 def test_unmatched_tensor_name_is_rejected_and_engine_refuses_until_fixed(refit_engine, policy_versions,
@@ -95,12 +98,12 @@ def test_unmatched_tensor_name_is_rejected_and_engine_refuses_until_fixed(refit_
     v = refit_engine.state["policy_version"]
     bogus = {"model.layers.0.self_attn.no_such_proj.weight": next(iter(policy_versions["B"][1].values()))}
     with pytest.raises(WeightLoadError, match="matches no parameter"):
-        refit_engine.update(v + 1, bogus)
+        refit_engine.update(PolicyUpdate(v + 1, bogus))
     reqs = _reqs(refit_engine.tokenizer(), problems, encode, n=2)
     with pytest.raises(StaleDrafterError, match="incomplete"):
         refit_engine.generate(reqs, max_new_tokens=8)
     sd_c = policy_versions["C"][1]
-    refit_engine.update(v + 1, {**sd_c, **_drafter_tensors(sd_c)})  # a complete update heals it
+    refit_engine.update(PolicyUpdate(v + 1, {**sd_c, **_drafter_tensors(sd_c)}))  # a complete update heals it
     assert refit_engine.generate(reqs, max_new_tokens=8).rollouts
 
 
@@ -110,27 +113,27 @@ def test_half_applied_update_is_rejected(refit_engine, policy_versions):
     half = {k: sd[k] for k in names[: len(names) // 2]}
     v = refit_engine.state["policy_version"]
     with pytest.raises(WeightLoadError, match="incomplete"):
-        refit_engine.update(v + 1, {**half, **_drafter_tensors(sd)})
+        refit_engine.update(PolicyUpdate(v + 1, {**half, **_drafter_tensors(sd)}))
     sd_c = policy_versions["C"][1]
-    refit_engine.update(v + 1, {**sd_c, **_drafter_tensors(sd_c)})
+    refit_engine.update(PolicyUpdate(v + 1, {**sd_c, **_drafter_tensors(sd_c)}))
 
 
 def test_refit_without_drafter_tensors_raises(refit_engine, policy_versions):
     v = refit_engine.state["policy_version"]
     with pytest.raises(DrafterRefreshError, match="carries no drafter tensors"):
-        refit_engine.update(v + 1, policy_versions["B"][1])
+        refit_engine.update(PolicyUpdate(v + 1, policy_versions["B"][1]))
     sd_c = policy_versions["C"][1]
-    refit_engine.update(v + 1, {**sd_c, **_drafter_tensors(sd_c)})
+    refit_engine.update(PolicyUpdate(v + 1, {**sd_c, **_drafter_tensors(sd_c)}))
 
 
 def test_sync_generate_refuses_a_stale_drafter(refit_engine, policy_versions, problems, encode):
     v = refit_engine.state["policy_version"]
-    refit_engine.update(v + 1, policy_versions["B"][1], refresh_drafter=False)  # drafter left behind
+    refit_engine.update(PolicyUpdate(v + 1, policy_versions["B"][1], refresh_drafter=False))  # drafter left behind
     reqs = _reqs(refit_engine.tokenizer(), problems, encode, n=2)
     with pytest.raises(StaleDrafterError, match="lag 1 > refresh.max_policy_lag=0"):
         refit_engine.generate(reqs, max_new_tokens=8)
     sd = policy_versions["B"][1]
-    refit_engine.update(v + 2, {**sd, **_drafter_tensors(sd)})
+    refit_engine.update(PolicyUpdate(v + 2, {**sd, **_drafter_tensors(sd)}))
     assert refit_engine.generate(reqs, max_new_tokens=8).state["drafter_version"] == v + 2
 
 
@@ -149,8 +152,8 @@ def test_refresh_failure_with_disable_turns_speculation_off_and_keeps_generating
                                                                                   problems, encode, fresh_b):
     e = Engine(self_draft_cfg_fn("refit", on_refresh_error="disable"), name="disable")
     try:
-        rep = e.update(1, policy_versions["B"][1])  # refit mode but no drafter tensors
-        assert rep["disabled"] and "no drafter tensors" in rep["disabled_reason"]
+        rep = e.update(PolicyUpdate(1, policy_versions["B"][1]))  # refit mode but no drafter tensors
+        assert rep.disabled and "no drafter tensors" in rep.disabled_reason
         assert not e.spec_active and e.state["disabled"]
         reqs = _reqs(e.tokenizer(), problems, encode, n=4)
         out = e.generate(reqs, max_new_tokens=48)
@@ -175,11 +178,11 @@ def test_async_update_in_flight_every_token_from_one_consistent_pair(self_draft_
 
         def push_at_step_10(step, engine):
             if step == 10:
-                box["done"] = engine.submit_update(1, {**sd_b, **_drafter_tensors(sd_b)})
+                box["done"] = engine.submit_update(PolicyUpdate(1, {**sd_b, **_drafter_tensors(sd_b)}))
 
         out = e.generate(reqs, max_new_tokens=64, ignore_eos=True, on_step=push_at_step_10)
         done, report = box["done"]
-        assert done.is_set() and report[0]["in_flight_requests"] == len(reqs)
+        assert done.is_set() and report[0].in_flight_requests == len(reqs)
         for r, old_tokens in zip(out.rollouts, old):
             (s0, p0, d0), (cut, p1, d1) = r.segments
             assert (s0, p0, d0) == (0, 0, 0) and (p1, d1) == (1, 1) and 0 < cut < 64
@@ -206,7 +209,7 @@ def test_generate_interrupted_by_an_error_leaves_no_request_behind(tiny_cfg_fn, 
         with pytest.raises(RuntimeError, match="driver interrupted"):
             e.generate(reqs, max_new_tokens=64, ignore_eos=True, on_step=fail_at_step_5)
         assert not e.llm.llm_engine.has_unfinished_requests()
-        assert e.update(1, None)["prefix_cache_reset"]
+        assert e.update(PolicyUpdate(1)).prefix_cache_reset
         out = e.generate(reqs[:2], max_new_tokens=16, ignore_eos=True)
         assert [len(r.token_ids) for r in out.rollouts] == [16, 16]
         assert out.metrics.generated_tokens == 32 and e.state["policy_version"] == 1

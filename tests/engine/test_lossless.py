@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from nemo_rl_specdec.config import to_vllm_speculative_config
-from nemo_rl_specdec.engine.engine import Request, SpeculationInactiveWarning
+from nemo_rl_specdec.engine.engine import SpeculationInactiveWarning
+from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.stats import first_tokens_chi2
 
 CHI2_PROMPTS = 8

@@ -12,8 +12,9 @@ import os
 import pytest
 import torch
 
-from nemo_rl_specdec.engine.engine import Request
 from nemo_rl_specdec.lockstep import DrafterRefreshError
+from nemo_rl_specdec.rollouts import Request
+from nemo_rl_specdec.update import PolicyUpdate
 
 RUN_FILE = "configs/tiny_mtp_cpu.yaml"
 MODEL = os.environ.get("SPECDEC_TEST_MTP_MODEL")  # another MiMo-style checkpoint (development)
@@ -79,18 +80,18 @@ def test_refit_routes_mtp_tensors_from_the_policy_stream(mtp_engines, checkpoint
     g = torch.Generator().manual_seed(0)
     scrambled = {k: (torch.randn(t.shape, generator=g) * t.std() if k.startswith("model.mtp_layers.") and t.dim() > 1
                      else t.clone()) for k, t in checkpoint.items()}
-    rep = spec.update(v + 1, scrambled)  # one dict: policy tensors + MTP tensors, as a trainer sends it
-    assert rep["drafter_refreshed"] and rep["drafter_version"] == v + 1
+    rep = spec.update(PolicyUpdate(v + 1, scrambled))  # one dict: policy tensors + MTP tensors, as a trainer sends it
+    assert rep.drafter_refreshed and rep.drafter_version == v + 1
     n_mtp = sum(k.startswith("model.mtp_layers.") for k in checkpoint)
-    assert rep["drafter_tensors_applied"] == n_mtp
-    assert rep["policy_tensors_applied"] == len(checkpoint) - n_mtp
+    assert rep.drafter_tensors_applied == n_mtp
+    assert rep.policy_tensors_applied == len(checkpoint) - n_mtp
     bad = spec.generate(reqs, max_new_tokens=MAX_NEW)
     assert [r.token_ids for r in bad.rollouts] == want, "a scrambled MTP layer changed the outputs"
     assert bad.metrics.acceptance_rate < 0.5 * ref.acceptance_rate
     assert {r.drafter_version for r in bad.rollouts} == {v + 1}
 
-    rep = spec.update(v + 2, dict(checkpoint))
-    assert rep["drafter_version"] == v + 2
+    rep = spec.update(PolicyUpdate(v + 2, dict(checkpoint)))
+    assert rep.drafter_version == v + 2
     back = spec.generate(reqs, max_new_tokens=MAX_NEW)
     assert [r.token_ids for r in back.rollouts] == want
     assert (back.metrics.drafts, back.metrics.accepted_tokens) == (ref.drafts, ref.accepted_tokens)
@@ -101,6 +102,6 @@ def test_refit_update_without_mtp_tensors_is_refused(mtp_engines, checkpoint):
     v = spec.state["policy_version"]
     policy_only = {k: t for k, t in checkpoint.items() if not k.startswith("model.mtp_layers.")}
     with pytest.raises(DrafterRefreshError, match="carries no drafter tensors"):
-        spec.update(v + 1, policy_only)
-    spec.update(v + 1, dict(checkpoint))  # a complete update heals it
+        spec.update(PolicyUpdate(v + 1, policy_only))
+    spec.update(PolicyUpdate(v + 1, dict(checkpoint)))  # a complete update heals it
     assert spec.state["drafter_version"] == v + 1

@@ -24,7 +24,9 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_specdec.drafters.registry import DRAFTERS
-from nemo_rl_specdec.engine.engine import Engine, Request
+from nemo_rl_specdec.engine.engine import Engine
+from nemo_rl_specdec.rollouts import Request
+from nemo_rl_specdec.update import PolicyUpdate
 
 ROUNDS = 2
 # per drafter: drift scale, required acceptance-rate gain (online - frozen), training problems per
@@ -71,9 +73,9 @@ def _scenario(name: str, run_cfg, tmp_path_factory, perturbed_policy):
             served = online.generate(reqs(train), max_new_tokens=max_new).rollouts  # at version v-1
             stats.append(distiller.step(policy, served))
             pushed.append(distiller.state_dict())
-            reports.append(online.update(v, sd, drafter_weights=pushed[-1], drafter_version=v))
-            frozen.update(v, sd)
-            base.update(v, sd)
+            reports.append(online.update(PolicyUpdate(v, sd, drafter_weights=pushed[-1], drafter_version=v)))
+            frozen.update(PolicyUpdate(v, sd))
+            base.update(PolicyUpdate(v, sd))
         want = [r.token_ids for r in base.generate(reqs(held), max_new_tokens=max_new).rollouts]
         out = {k: e.generate(reqs(held), max_new_tokens=max_new) for k, e in (("frozen", frozen), ("online", online))}
         live_fp = online.llm.collective_rpc("specdec_drafter_fingerprint")[0]
@@ -121,8 +123,8 @@ def test_speculative_rollouts_are_the_new_policys_greedy_outputs(scenario):
 
 def test_engine_serves_exactly_the_pushed_drafter_version(scenario):
     for v, (rep, pushed) in enumerate(zip(scenario["reports"], scenario["pushed"]), start=1):
-        assert rep["drafter_refreshed"] and rep["drafter_version"] == v and rep["policy_version"] == v
-        assert rep["drafter_tensors_applied"] == len(pushed)  # no tensor skipped as shared with the target
+        assert rep.drafter_refreshed and rep.drafter_version == v and rep.policy_version == v
+        assert rep.drafter_tensors_applied == len(pushed)  # no tensor skipped as shared with the target
     assert {r.drafter_version for r in scenario["out"]["online"].rollouts} == {ROUNDS}
     assert {r.policy_version for r in scenario["out"]["online"].rollouts} == {ROUNDS}
     # content: a fresh engine started from the saved drafter holds the same drafter (fingerprint over
@@ -130,7 +132,7 @@ def test_engine_serves_exactly_the_pushed_drafter_version(scenario):
     fresh = Engine(scenario["fresh_cfg"], name=f"on_{scenario['name']}_fresh")
     try:
         assert fresh.llm.collective_rpc("specdec_drafter_fingerprint")[0] == scenario["live_fp"]
-        fresh.update(ROUNDS, scenario["sd"])
+        fresh.update(PolicyUpdate(ROUNDS, scenario["sd"]))
         got = fresh.generate(scenario["held"], max_new_tokens=scenario["max_new"]).metrics
         live = scenario["out"]["online"].metrics
         assert (got.drafts, got.accepted_tokens) == (live.drafts, live.accepted_tokens)
@@ -150,6 +152,6 @@ def test_online_mode_refuses_to_serve_a_drafter_left_behind(scenario):
     from nemo_rl_specdec.lockstep import StaleDrafterError
 
     online = scenario["online"]
-    online.update(ROUNDS + 1, scenario["sd"])  # policy moved, the trainer published nothing
+    online.update(PolicyUpdate(ROUNDS + 1, scenario["sd"]))  # policy moved, the trainer published nothing
     with pytest.raises(StaleDrafterError):
         online.generate(scenario["held"][:1], max_new_tokens=4)

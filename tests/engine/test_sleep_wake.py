@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Request
 from nemo_rl_specdec.lockstep import DrafterRefreshError
+from nemo_rl_specdec.rollouts import Request
+from nemo_rl_specdec.update import PolicyUpdate
 
 @pytest.fixture(scope="module")
 def engine(start_engine, self_draft_cfg_fn):
@@ -45,7 +46,7 @@ def test_a_discarded_drafter_is_caught_and_restored_from_the_last_pushed_state(e
 
     # after a refresh to policy B, the restore brings back B's drafter, not the original checkpoint
     sd_b = policy_versions["B"][1]
-    engine.update(1, {**sd_b, **{f"draft.{k}": v for k, v in sd_b.items()}})
+    engine.update(PolicyUpdate(1, {**sd_b, **{f"draft.{k}": v for k, v in sd_b.items()}}))
     b_tokens, b_acc = _run(engine, reqs)
     assert b_acc > 0.9
     engine.llm.collective_rpc(emulated_deep_sleep)

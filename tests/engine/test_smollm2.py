@@ -40,7 +40,7 @@ def test_converted_checkpoint_is_cached_and_sane(smol_engines):
 
 def test_greedy_speculative_rollouts_identical_on_smollm2(smol_engines):
     from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids
-    from nemo_rl_specdec.engine.engine import Request
+    from nemo_rl_specdec.rollouts import Request
 
     _, base, spec = smol_engines
     tok = base.tokenizer()

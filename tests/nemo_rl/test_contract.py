@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import pytest
 
 from nemo_rl_specdec.nemo_rl import api, run_grpo, translate
+from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 pytestmark = pytest.mark.nemo_rl
 
@@ -306,11 +307,12 @@ def ext_factory(nemo_rl_src, monkeypatch, no_nvtx):
         e.state_dict_info = {n: (t.shape, t.dtype) for n, t in _weights()}  # torch.Size, as NeMo-RL sends it
         e.refreshes = []
 
-        def after(**kw):
+        def after(update, **kw):
             if refresh_error is not None:
                 raise refresh_error
-            e.refreshes.append(kw)
-            return {"drafter_version": kw["version"]}
+            e.refreshes.append({"update": update, **kw})
+            return UpdateReport(policy_version=update.version, mode="rebuild",
+                                state={"drafter_version": update.version})
 
         e.specdec_after_policy_weights = after
         e.specdec_state = lambda: {"policy_version": len(e.refreshes)}
@@ -400,7 +402,7 @@ def _refit(transport, make, tmp_path, monkeypatch, capabilities, refresh_error=N
     name = ("SpecDecNemoRLWorkerExtensionWithCheckpointEngine" if transport == "checkpoint_engine"
             else "SpecDecNemoRLWorkerExtension")
     e = make(name, refresh_error)
-    e.specdec_stage_update({"version": 7, "rollout_refs": None, "drafter_weights": None})
+    e.specdec_stage_update(PolicyUpdate(7))
     if transport == "ipc":
         if fail_load:
             monkeypatch.setattr(type(e.model_runner.model), "load_weights",
@@ -456,7 +458,7 @@ def test_every_refit_transport_loads_through_load_weights_then_refreshes_once(
     assert e.model_runner.model.loaded == names  # NeMo-RL loaded the policy
     assert len(e.refreshes) == 1, "the drafter refresh must run exactly once per refit RPC"
     r = e.refreshes[0]
-    assert r["version"] == 7 and r["loaded_names"] == names and r["rollouts"] is None
+    assert r["update"].version == 7 and r["loaded_names"] == names and r["update"].rollouts is None
     assert e._specdec_last_update["transport"] in (transport, f"update_weights_via_{transport}_zmq",
                                                     "update_weights_from_collective", "nccl_reshard_refit")
     assert e._specdec_updates == 1 and e._specdec_pending is None
@@ -494,7 +496,7 @@ def test_refit_fails_when_the_refresh_fails_on_one_tp_rank_only(ext_factory, mon
     ranks = [ext_factory(), ext_factory(refresh_error=RuntimeError("rank 1 store rejected the step"))]
     for e in ranks:
         e.model_update_group = object()
-        e.specdec_stage_update({"version": 1, "rollout_refs": None, "drafter_weights": None})
+        e.specdec_stage_update(PolicyUpdate(1))
     w = object.__new__(VllmGenerationWorkerImpl)
     w.cfg = {"vllm_cfg": {"async_engine": False}}
     w.llm = SimpleNamespace(collective_rpc=lambda m, args=(): [getattr(e, m)(*args) for e in ranks])

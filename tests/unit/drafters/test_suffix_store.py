@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError  # noqa: E402
+from nemo_rl_specdec.rollouts import Rollout  # noqa: E402
 
 PROMPT = [5, 6, 7, 8]
 
@@ -291,9 +292,12 @@ def test_proposer_rebuild_errors_are_refresh_errors():
         p.specdec_rebuild([{"token_ids": [1]}], 3)
     with pytest.raises(DrafterRefreshError, match="expected a list"):
         p.specdec_rebuild(None, 3)
-    # engine Rollout objects (with to_dict) are accepted
-    obj = SimpleNamespace(to_dict=lambda: rollout([1, 2, 3], 2))
+    # engine Rollout objects are accepted
+    d = rollout([1, 2, 3], 2)
+    obj = Rollout(0, d["problem_id"], d["prompt_token_ids"], d["token_ids"], [], "stop", d["policy_version"], 0, 0)
     assert p.specdec_rebuild([obj], 3) == 1
+    with pytest.raises(DrafterRefreshError, match=r"rollouts\[0\]: expected a dict .*a Rollout"):
+        p.specdec_rebuild([SimpleNamespace(token_ids=[1], policy_version=0)], 3)
 
 
 def test_in_flight_siblings_share_tokens_and_the_rebuild_settles_them():

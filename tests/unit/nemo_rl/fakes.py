@@ -18,6 +18,7 @@ import numpy as np
 
 from nemo_rl_specdec.config import SpecDecConfig
 from nemo_rl_specdec.nemo_rl import api, extension, metrics, translate
+from nemo_rl_specdec.update import UpdateReport
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -75,19 +76,20 @@ class RecordingEngineMixin:
         self.verified = getattr(self, "verified", []) + [restore]
         return {"checked": True, "restored": False}
 
-    def specdec_after_policy_weights(self, version, drafter_weights=None, rollouts=None, drafter_version=None,
-                                     loaded_names=None, refresh_drafter=True, loaded_drafter=None,
-                                     drafter_checkpoint=False):
-        self.calls = getattr(self, "calls", []) + [("after", list(loaded_names), version, drafter_weights, rollouts)]
-        self.checkpoint_claims = getattr(self, "checkpoint_claims", []) + [drafter_checkpoint]
-        self.refreshes = getattr(self, "refreshes", []) + [refresh_drafter]
+    def specdec_after_policy_weights(self, update, loaded_names=None, loaded_drafter=None):
+        version = update.version
+        self.calls = getattr(self, "calls", []) + [("after", list(loaded_names), version, update.drafter_weights,
+                                                    update.rollouts)]
+        self.checkpoint_claims = getattr(self, "checkpoint_claims", []) + [update.drafter_checkpoint]
+        self.refreshes = getattr(self, "refreshes", []) + [update.refresh_drafter]
         self.log = getattr(self, "log", []) + ["specdec_after_policy_weights"]
         if self.fail_next:
             raise RuntimeError("drafter refresh exploded")
         self.policy_version = version
-        if refresh_drafter:
+        if update.refresh_drafter:
             self.drafter_version = version
-        return {"policy_version": version, "drafter_version": version, "drafter_tensors_applied": 0, "refresh_s": 0.25}
+        return UpdateReport(policy_version=version, mode="rebuild", drafter_refreshed=update.refresh_drafter,
+                            refresh_s=0.25, state={"policy_version": version, "drafter_version": version})
 
     def specdec_state(self) -> dict:
         return {"policy_version": self.policy_version, "drafter_version": self.drafter_version,

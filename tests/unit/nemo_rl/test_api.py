@@ -79,5 +79,5 @@ def test_every_class_the_adapter_defines_is_accounted_for():
     nemo_rl_free = {("api.py", "NeMoRLMissing"), ("api.py", "UnsupportedNeMoRL"), ("exchange.py", "RolloutExchange"),
                     ("exchange.py", "DrafterBoard"),
                     ("config_loader.py", "Composed"), ("payload.py", "RolloutStash"),
-                    ("metrics.py", "AcceptanceByLag"), ("sharding.py", "Plan"), ("sharding.py", "Planner")}
+                    ("metrics.py", "AcceptanceByLag")}
     assert found == set(SUBCLASSES) | OWN_MIXINS | nemo_rl_free

@@ -47,8 +47,10 @@ def test_refit_applies_the_staged_update_in_the_same_rpc_after_the_host_loaded(r
     assert rep["state"]["policy_version"] == 1 and rep["updates"] == 1
     last = dict(rep["last_update"])
     assert last.pop("rollouts_fetch_s") >= 0
-    assert last == {"policy_version": 1, "drafter_version": 1, "drafter_tensors_applied": 0,
-                    "refresh_s": 0.25, "transport": "update_weights_from_collective", "rollouts": 1}
+    assert last == {"policy_version": 1, "drafter_version": 1, "mode": "rebuild", "drafter_refreshed": True,
+                    "drafter_tensors_applied": 0, "rollouts_added": 0, "policy_tensors_applied": 0,
+                    "prefix_cache_reset": False, "refresh_s": 0.25, "transport": "update_weights_from_collective",
+                    "rollouts": 1}
     # an unstaged refit (e.g. through a NeMo-RL weight synchronizer) advances the version and hands
     # the drafter None, so a rebuild-mode drafter refuses instead of rebuilding from nothing
     assert w.update_weights_from_collective() is True
@@ -76,9 +78,9 @@ def test_checkpoint_engine_refit_also_refreshes_the_drafter():
     assert w.specdec_report()["last_update"]["transport"] == "checkpoint_engine"
 
 
-def test_stage_rejects_a_non_dict():
+def test_stage_rejects_anything_but_a_policy_update():
     with pytest.raises(TypeError):
-        make_engine_worker().specdec_stage_update([1])
+        make_engine_worker().specdec_stage_update({"version": 1})
 
 
 def _real_engine_mixin(monkeypatch):

@@ -6,6 +6,7 @@ import pytest
 
 from nemo_rl_specdec.nemo_rl import payload
 from nemo_rl_specdec.rollouts import RolloutBatch, RolloutError, problem_id
+from nemo_rl_specdec.update import PolicyUpdate
 
 
 def test_rollouts_from_a_generation_batch_cut_prompt_and_output():
@@ -39,10 +40,11 @@ def test_rollout_stash_keeps_the_newest_within_its_token_budget():
 
 
 def test_stage_payload():
-    assert payload.stage_payload(3, ["ref"]) == {"version": 3, "rollout_refs": ["ref"], "drafter_weights": None,
-                                                 "refresh_drafter": True, "drafter_checkpoint": False}
-    assert payload.stage_payload(None)["version"] is None and payload.stage_payload(2)["rollout_refs"] is None
+    assert payload.stage_payload(3, ["ref"]) == PolicyUpdate(3, rollouts=["ref"])
+    assert payload.stage_payload(2, drafter_weights="w", refresh_drafter=False, drafter_checkpoint=True) == \
+        PolicyUpdate(2, drafter_weights="w", refresh_drafter=False, drafter_checkpoint=True)
+    assert payload.stage_payload(2).rollouts is None
     with pytest.raises(ValueError, match=">= 1"):
         payload.stage_payload(0)
-    assert payload.resolve_rollouts({"rollout_refs": None}) is None
-    assert len(payload.resolve_rollouts({"rollout_refs": []})) == 0
+    assert payload.resolve_staged(payload.stage_payload(1)).rollouts is None  # nothing staged stays None
+    assert len(payload.resolve_staged(payload.stage_payload(1, [])).rollouts) == 0

@@ -184,9 +184,11 @@ def test_length_aware_with_zero_or_equal_predictions_spreads_by_count():
         assert [sum(1 for i in eng if grouped[i].problem_id == f"p{g}") for eng in a] == [2, 2]
 
 
-def test_placement_accepts_dicts_and_objects():
-    reqs = [{"index": 1, "problem_id": "a", "predicted_len": 3}, {"index": 0, "problem_id": "b", "predicted_len": 9}]
+def test_placement_reads_request_attributes_in_any_index_order():
+    reqs = [Request(1, "a", 3), Request(0, "b", 9)]
     assert place(reqs, 2, "length_aware") == [[0], [1]]
+    with pytest.raises(ValueError, match="missing attribute 'index'"):
+        place([{"index": 0, "problem_id": "a", "predicted_len": 1.0}], 2)
 
 
 def test_placement_errors_are_clear():
@@ -411,9 +413,9 @@ def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters()
 # --------------------------------------------------------------------------- bench: simulated bound
 
 def _measured_batch(lengths, problem_ids, predicted):
-    from nemo_rl_specdec.engine.engine import Rollout
     from nemo_rl_specdec.engine.group import GroupGenerateResult
     from nemo_rl_specdec.metrics import SpecMetrics
+    from nemo_rl_specdec.rollouts import Rollout
 
     rollouts = [Rollout(i, pid, [1] * 12, [7] * int(L), [0.0] * int(L), "stop", 0, 0, 0)
                 for i, (pid, L) in enumerate(zip(problem_ids, lengths))]

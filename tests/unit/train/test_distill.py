@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from nemo_rl_specdec.drafters.draft_model import DraftModelDistiller
+from nemo_rl_specdec.rollouts import TokenSequence
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
     forward_kl,
@@ -12,7 +13,6 @@ from nemo_rl_specdec.train.distill import (
     pad_batch,
     refresh_due,
     rollout_sequences,
-    _Seq,
 )
 
 VOCAB = 32
@@ -60,7 +60,7 @@ def test_refresh_due_follows_every_n_steps():
 
 
 def test_mask_marks_exactly_the_positions_that_predict_response_tokens():
-    ids, mask = pad_batch([_Seq([5, 6, 7], [8, 9]), _Seq([5], [4, 4, 4, 4])], pad_id=0)
+    ids, mask = pad_batch([TokenSequence([5, 6, 7], [8, 9]), TokenSequence([5], [4, 4, 4, 4])], pad_id=0)
     assert ids.tolist() == [[5, 6, 7, 8, 9], [5, 4, 4, 4, 4]]
     # logits at t predict token t+1: row 0 predicts 8 at t=2 and 9 at t=3
     assert mask.tolist() == [[False, False, True, True], [True, True, True, True]]

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from nemo_rl_specdec.drafters.draft_model import DraftModelDistiller
-from nemo_rl_specdec.train.distill import _Seq, cap_tokens
+from nemo_rl_specdec.rollouts import TokenSequence
+from nemo_rl_specdec.train.distill import cap_tokens
 from test_distill import _rollouts, _save_model
 
 
@@ -87,9 +88,9 @@ def test_gradient_sum_is_exact(root, tmp_path):
 
 
 def test_cap_tokens_keeps_the_first_tokens_in_order():
-    seqs = [_Seq([1, 2], [3, 4, 5]), _Seq([1], [6, 7]), _Seq([1, 2, 3], [8, 9])]
+    seqs = [TokenSequence([1, 2], [3, 4, 5]), TokenSequence([1], [6, 7]), TokenSequence([1, 2, 3], [8, 9])]
     assert cap_tokens(seqs, None) is seqs
     assert cap_tokens(seqs, 8) == [seqs[0], seqs[1]]
-    assert cap_tokens(seqs, 7) == [seqs[0], _Seq([1], [6])]
+    assert cap_tokens(seqs, 7) == [seqs[0], TokenSequence([1], [6])]
     assert cap_tokens(seqs, 6) == [seqs[0]]  # the second would keep no response token
     assert cap_tokens(seqs, 1) == []

@@ -1,0 +1,104 @@
+"""One policy update, as it travels from the trainer to every engine's worker, and its report.
+
+`PolicyUpdate` is what `Engine.update`, `Engine.submit_update`, `EngineGroup.update`, the engine
+actors, the worker extension's `specdec_apply_update` / `specdec_after_policy_weights` RPCs and
+the NeMo-RL worker actors' staging (`specdec_stage_update`) all take: the new policy version, the
+policy weights, and what refreshes the drafter (drafter weights, rollouts, or neither). It is a
+frozen dataclass of plain values (or Ray object refs while staged), so it pickles through Ray and
+`collective_rpc` unchanged.
+
+`UpdateReport` is what one engine reports once the update landed: what was applied, whether the
+drafter was refreshed, and the engine's state (versions, disabled, ...) after it. `to_dict()` is
+its flat form for metrics and JSON.
+
+No NeMo-RL, no vLLM, no Ray import.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Optional
+
+
+class UpdateError(ValueError):
+    """A policy update is malformed (the message names the field and the allowed values)."""
+
+
+@dataclass(frozen=True)
+class PolicyUpdate:
+    """One policy update (policy weights + drafter refresh + version), applied as a unit.
+
+    Weights (`policy`, `drafter_weights`): a dict of tensors | safetensors bytes | a path | None.
+    `rollouts`: the step's rollouts for a rollout-store drafter (records, engine rollouts or dicts
+    with their keys, a `RolloutBatch`), `lockstep.STAGED_ROLLOUTS` for the store staged earlier,
+    or None. `drafter_version`: the policy version the pushed drafter weights were trained for
+    (default: `version`). `refresh_drafter=False`: an off-cadence step, the drafter ages.
+    `drafter_checkpoint`: the trainer's drafter is still the checkpoint the engine loaded (online
+    mode before its first publication)."""
+
+    version: int
+    policy: Any = None
+    drafter_weights: Any = None
+    rollouts: Any = None
+    drafter_version: Optional[int] = None
+    refresh_drafter: bool = True
+    drafter_checkpoint: bool = False
+
+    def __post_init__(self):
+        for name in ("version", "drafter_version"):
+            v = getattr(self, name)
+            if v is None and name == "drafter_version":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) and not hasattr(v, "__index__"):
+                raise UpdateError(f"PolicyUpdate.{name}: got {v!r}; allowed: an int policy version >= 0")
+            if int(v) < 0:
+                raise UpdateError(f"PolicyUpdate.{name}: got {v!r}; allowed: an int policy version >= 0")
+            object.__setattr__(self, name, int(v))
+        object.__setattr__(self, "refresh_drafter", bool(self.refresh_drafter))
+        object.__setattr__(self, "drafter_checkpoint", bool(self.drafter_checkpoint))
+
+    def with_(self, **changes: Any) -> "PolicyUpdate":
+        """A copy with `changes` (e.g. staged Ray refs replaced by what they hold)."""
+        return replace(self, **changes)
+
+
+@dataclass
+class UpdateReport:
+    """What one engine did with one `PolicyUpdate`.
+
+    `state` is the engine's state after the update (`policy_version`, `drafter_version`,
+    `drafter_built_from`, `disabled`, ...: the worker extension's `specdec_state()`)."""
+
+    policy_version: int
+    mode: str
+    drafter_refreshed: bool = False
+    drafter_tensors_applied: int = 0
+    rollouts_added: int = 0
+    policy_tensors_applied: int = 0
+    refresh_s: float = 0.0
+    staged: bool = False              # the rollout store staged earlier was installed
+    state: dict = field(default_factory=dict)
+    prefix_cache_reset: bool = False  # set by the engine after the RPC
+    in_flight_requests: Optional[int] = None  # requests paused and resumed around an in-flight update
+    # NeMo-RL refits (nemo_rl/extension.py): the refit RPC that carried it, rollouts fetched, fetch time
+    transport: Optional[str] = None
+    rollouts: Optional[int] = None
+    rollouts_fetch_s: Optional[float] = None
+
+    @property
+    def drafter_version(self) -> int:
+        return int(self.state.get("drafter_version", 0))
+
+    @property
+    def disabled(self) -> bool:
+        return bool(self.state.get("disabled"))
+
+    @property
+    def disabled_reason(self) -> str:
+        return str(self.state.get("disabled_reason", ""))
+
+    def to_dict(self) -> dict:
+        """Flat: the report's fields (unset optional ones left out) over the engine's state."""
+        own = {k: v for k, v in asdict(self).items() if k != "state" and v is not None}
+        if not self.staged:
+            own.pop("staged")
+        return {**self.state, **own}
