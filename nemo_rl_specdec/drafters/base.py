@@ -13,6 +13,8 @@ in `drafters/registry.py`:
   layers ride in the policy's), `takes_request_budgets(spec)`, `rollout_prompt_tail(spec)` (it
   builds from rollouts);
 - online refresh: `distiller(spec, ...)` returns its `train.distill.Distiller`;
+  `CheckpointDrafter` is the common case: a checkpoint of its own in `<name>.model`, vLLM's method
+  of the same name, the distiller `distiller_class()`;
   `after_inplace_load(model)` repairs what the live module derived from its old weights;
 - NeMo-RL: `weight_source(spec, ...)` (where its weights come from there), `refit_hint` and
   `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`, `worker_modules` (libraries the
@@ -124,3 +126,26 @@ class Drafter:
     def check_nemo_rl(self, spec: "SpecDecConfig", policy: dict) -> None:
         """Drafter-specific rules against the rest of a NeMo-RL run's `policy` (ConfigError)."""
 
+
+
+class CheckpointDrafter(Drafter):
+    """A model drafter with its own checkpoint in `<name>.model`, run by vLLM's method of the same
+    name, and trained online by the `Distiller` that `distiller_class()` returns."""
+
+    def checkpoint(self, spec: "SpecDecConfig") -> Optional[str]:
+        return self.settings(spec).model
+
+    def vllm_config(self, spec: "SpecDecConfig", temperature: float) -> dict:
+        return {"method": self.name, "model": self.checkpoint(spec), "num_speculative_tokens": spec.num_speculative_tokens,
+                "draft_sample_method": self.draft_sample_method(spec, temperature)}
+
+    def distiller_class(self) -> type:
+        raise NotImplementedError
+
+    def build_distiller(self, spec: "SpecDecConfig", *, temperature: float, seed: int,
+                        model_path: Optional[str], **kw: Any) -> "Distiller":
+        from nemo_rl_specdec.train.distill import DistillInputError
+
+        if not self.checkpoint(spec):
+            raise DistillInputError(f"{self.name}.model is not set: no {self.name} checkpoint to train")
+        return self.distiller_class()(self.checkpoint(spec), temperature=temperature, seed=seed, **kw)

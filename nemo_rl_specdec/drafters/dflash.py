@@ -38,9 +38,9 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import PARALLEL, Drafter
+from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter
 from nemo_rl_specdec.schema import PathError, Strict
-from nemo_rl_specdec.train.distill import DistillInputError, Distiller
+from nemo_rl_specdec.train.distill import DistillInputError, HiddenStateDistiller
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -50,7 +50,7 @@ class DFlashConfig(Strict):
                                  "names the policy layers it reads, its mask token and its block size)")
 
 
-class DFlash(Drafter):
+class DFlash(CheckpointDrafter):
     name = "dflash"
     draft_cost = PARALLEL
     config = DFlashConfig
@@ -58,9 +58,6 @@ class DFlash(Drafter):
     refit_hint = ("no NeMo-RL trainer streams a DFlash draft; use 'online' (distilled in the policy workers) "
                   "or 'frozen'")
     bench_rows = (("dflash", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
-
-    def checkpoint(self, spec):
-        return spec.dflash.model
 
     def check(self, spec):
         super().check(spec)
@@ -77,14 +74,8 @@ class DFlash(Drafter):
     def after_inplace_load(self, model):
         rebuild_context_kv(model)
 
-    def vllm_config(self, spec, temperature):
-        return {"method": "dflash", "model": spec.dflash.model, "num_speculative_tokens": spec.num_speculative_tokens,
-                "draft_sample_method": self.draft_sample_method(spec, temperature)}
-
-    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
-        if not spec.dflash.model:
-            raise DistillInputError("dflash.model is not set: no DFlash draft checkpoint to train")
-        return DFlashDistiller(spec.dflash.model, temperature=temperature, seed=seed, **kw)
+    def distiller_class(self):
+        return DFlashDistiller
 
 
 def read_config(path) -> dict:
@@ -364,7 +355,7 @@ def dflash_loss(draft, item, *, temperature: float = 1.0, decay: float = 4.0):
     return loss, logits[..., 0, :][first], tgt[..., 0, :][first]
 
 
-class DFlashDistiller(Distiller):
+class DFlashDistiller(HiddenStateDistiller):
     """Online trainer of a DFlash draft (``DFlashDraftModel``, vLLM's ``qwen3_dflash``) on rollouts.
 
     Teacher side (no grad): one forward of the policy gives the hidden states of the draft's target
@@ -374,6 +365,7 @@ class DFlashDistiller(Distiller):
     up to `max_anchors` response positions per rollout."""
 
     kind = "dflash"
+    what, layers_key, source_arg = "a DFlash", "dflash_config.target_layer_ids", "draft_dir"
 
     def __init__(self, draft_dir: str | Path, *, max_anchors: Optional[int] = 64, decay: float = 4.0, **kw: Any):
         """`max_anchors`: blocks trained per rollout (None: every response position); `decay`: the loss
@@ -385,26 +377,12 @@ class DFlashDistiller(Distiller):
         self.max_anchors, self.decay = max_anchors, float(decay)
         super().__init__(draft_dir, **kw)
 
-    def _load(self, draft_dir: str | Path) -> tuple:
-        if not (Path(draft_dir) / "config.json").is_file():
-            raise FileNotFoundError(f"draft_dir: {draft_dir} is not a DFlash checkpoint directory (no config.json)")
-        self.draft_dir = str(draft_dir)
-        self.draft, self.config = load_draft(draft_dir)
-        d = self.config["dflash_config"]
-        self.layer_ids = [int(i) for i in d["target_layer_ids"]]
+    def _read(self, draft_dir: str | Path) -> tuple:
+        draft, config = load_draft(draft_dir)
+        d = config["dflash_config"]
         self.mask_token_id = int(d["mask_token_id"])
-        self.block = int(self.config.get("block_size") or 16)
-        return self.draft, int(self.config["vocab_size"])
-
-    def _check_teacher(self, teacher) -> None:
-        super()._check_teacher(teacher)
-        c = teacher.config
-        H = int(self.config.get("target_hidden_size") or self.config["hidden_size"])
-        if c.hidden_size != H:
-            raise DistillInputError(f"the policy's hidden_size {c.hidden_size} is not the draft's target_hidden_size {H}")
-        if max(self.layer_ids) >= c.num_hidden_layers:
-            raise DistillInputError(f"dflash_config.target_layer_ids {self.layer_ids} need a policy with more than "
-                                    f"{max(self.layer_ids)} layers; it has {c.num_hidden_layers}")
+        self.block = int(config.get("block_size") or 16)
+        return draft, config, [int(i) for i in d["target_layer_ids"]], int(config["vocab_size"])
 
     @staticmethod
     def _full(w):
@@ -423,19 +401,4 @@ class DFlashDistiller(Distiller):
         return item
 
     def _loss(self, item):
-        return dflash_loss(self.draft, item, temperature=self.temperature, decay=self.decay)
-
-    # ------------------------------------------------------------------ export
-    def state_dict(self) -> dict:
-        """The draft's tensors in the names vLLM's dflash draft loads (detached copies)."""
-        return self.draft.checkpoint_tensors()
-
-    def save(self, path: str | Path) -> None:
-        """A draft checkpoint directory (the original config.json, the current tensors)."""
-        import shutil
-
-        from safetensors.torch import save_file
-
-        Path(path).mkdir(parents=True, exist_ok=True)
-        shutil.copy(Path(self.draft_dir) / "config.json", Path(path) / "config.json")
-        save_file(self.state_dict(), str(Path(path) / "model.safetensors"), metadata={"format": "pt"})
+        return dflash_loss(self.module, item, temperature=self.temperature, decay=self.decay)

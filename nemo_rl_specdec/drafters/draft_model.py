@@ -12,34 +12,24 @@ from typing import Optional
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import Drafter
+from nemo_rl_specdec.drafters.base import CheckpointDrafter
 from nemo_rl_specdec.schema import Strict
-from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_kl
+from nemo_rl_specdec.train.distill import Distiller, forward_kl
 
 
 class DraftModelConfig(Strict):
     model: Optional[str] = Field(None, description="path of an HF checkpoint sharing the policy's tokenizer")
 
 
-class DraftModel(Drafter):
+class DraftModel(CheckpointDrafter):
     name = "draft_model"
     config = DraftModelConfig
     refresh_modes = ("online", "refit", "frozen")
     bench_rows = (("draft_model", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
     refit_hint = "NeMo-RL trains no external draft model; use 'online' (distilled in the policy workers) or 'frozen'"
 
-    def checkpoint(self, spec):
-        return spec.draft_model.model
-
-    def vllm_config(self, spec, temperature):
-        return {"method": "draft_model", "model": spec.draft_model.model,
-                "num_speculative_tokens": spec.num_speculative_tokens,
-                "draft_sample_method": self.draft_sample_method(spec, temperature)}
-
-    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
-        if not spec.draft_model.model:
-            raise DistillInputError("draft_model.model is not set: no drafter checkpoint to train")
-        return DraftModelDistiller(spec.draft_model.model, temperature=temperature, seed=seed, **kw)
+    def distiller_class(self):
+        return DraftModelDistiller
 
 
 class DraftModelDistiller(Distiller):

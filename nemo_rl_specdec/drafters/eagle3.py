@@ -25,9 +25,9 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, Drafter
+from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
 from nemo_rl_specdec.schema import ConfigError, Strict
-from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_kl
+from nemo_rl_specdec.train.distill import HiddenStateDistiller, forward_kl
 
 
 class Eagle3Config(Strict):
@@ -35,24 +35,15 @@ class Eagle3Config(Strict):
                                  "names the aux layers it reads)")
 
 
-class Eagle3(Drafter):
+class Eagle3(CheckpointDrafter):
     name = "eagle3"
     config = Eagle3Config
     refresh_modes = ("online", "refit", "frozen")
     refit_hint = "refit needs the trainer to stream the Eagle head: policy.draft.enabled=true (Megatron policy)"
     trainer_stream = "policy.draft.enabled=true"
 
-    def checkpoint(self, spec):
-        return spec.eagle3.model
-
-    def vllm_config(self, spec, temperature):
-        return {"method": "eagle3", "model": spec.eagle3.model, "num_speculative_tokens": spec.num_speculative_tokens,
-                "draft_sample_method": self.draft_sample_method(spec, temperature)}
-
-    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
-        if not spec.eagle3.model:
-            raise DistillInputError("eagle3.model is not set: no Eagle3 head checkpoint to train")
-        return Eagle3Distiller(spec.eagle3.model, temperature=temperature, seed=seed, **kw)
+    def distiller_class(self):
+        return Eagle3Distiller
 
     def weight_source(self, spec, trainer_exports_draft, trains_mtp):
         return SOURCE_REFIT_STREAM if trainer_exports_draft else super().weight_source(spec, False, trains_mtp)
@@ -228,7 +219,7 @@ def eagle3_loss(head, mask, aux, t_logp, emb, *, ttt: bool = True, temperature: 
     return loss, logits0[m], tgt[m]
 
 
-class Eagle3Distiller(Distiller):
+class Eagle3Distiller(HiddenStateDistiller):
     """Online trainer of an Eagle3 head (EAGLE/HF layout, one ``llama_eagle3`` layer) on rollouts.
 
     Teacher side (no grad): one forward of the policy with ``output_hidden_states`` gives the aux
@@ -237,29 +228,17 @@ class Eagle3Distiller(Distiller):
     as constants. Trained: ``fc``, ``midlayer.*``, ``norm``, ``lm_head`` (the head's own)."""
 
     kind = "eagle3"
+    what, layers_key, source_arg = "an Eagle3", "eagle_aux_hidden_state_layer_ids", "head_dir"
 
     def __init__(self, head_dir: str | Path, *, ttt: bool = True, **kw: Any):
         """`ttt`: also train the second (test-time-training) step; `kw`: the loop's settings (Distiller)."""
         self.ttt = bool(ttt)
         super().__init__(head_dir, **kw)
 
-    def _load(self, head_dir: str | Path) -> tuple:
-        if not (Path(head_dir) / "config.json").is_file():
-            raise FileNotFoundError(f"head_dir: {head_dir} is not an Eagle3 checkpoint directory (no config.json)")
-        self.head_dir = str(head_dir)
-        self.head, self.config = load_head(head_dir)
-        self.layer_ids = [int(i) for i in self.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
-        return self.head, int(self.config.get("draft_vocab_size") or self.config["vocab_size"])
-
-    def _check_teacher(self, teacher) -> None:
-        super()._check_teacher(teacher)
-        c = teacher.config
-        H = int(self.config.get("target_hidden_size") or self.config["hidden_size"])
-        if c.hidden_size != H:
-            raise DistillInputError(f"the policy's hidden_size {c.hidden_size} is not the head's target_hidden_size {H}")
-        if max(self.layer_ids) >= c.num_hidden_layers:
-            raise DistillInputError(f"eagle_aux_hidden_state_layer_ids {self.layer_ids} need a policy with more than "
-                                    f"{max(self.layer_ids)} layers; it has {c.num_hidden_layers}")
+    def _read(self, head_dir: str | Path) -> tuple:
+        head, config = load_head(head_dir)
+        layer_ids = [int(i) for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        return head, config, layer_ids, int(config.get("draft_vocab_size") or config["vocab_size"])
 
     def _prepare(self, teacher, ids, mask) -> dict:
         # the embeddings are the forward's hidden_states[0]: a separate call of a sharded (FSDP)
@@ -269,20 +248,5 @@ class Eagle3Distiller(Distiller):
                 "t_logp": self._teacher_logp(logits), "n": int(mask[:, 1:].sum())}
 
     def _loss(self, item):
-        return eagle3_loss(self.head, item["mask"], item["aux"], item["t_logp"], item["emb"], ttt=self.ttt,
+        return eagle3_loss(self.module, item["mask"], item["aux"], item["t_logp"], item["emb"], ttt=self.ttt,
                            temperature=self.temperature)
-
-    # ------------------------------------------------------------------ export
-    def state_dict(self) -> dict:
-        """The head's tensors in the EAGLE/HF names vLLM's eagle3 drafter loads (detached copies)."""
-        return self.head.checkpoint_tensors()
-
-    def save(self, path: str | Path) -> None:
-        """A head checkpoint directory (the original config.json, the current tensors)."""
-        import shutil
-
-        from safetensors.torch import save_file
-
-        Path(path).mkdir(parents=True, exist_ok=True)
-        shutil.copy(Path(self.head_dir) / "config.json", Path(path) / "config.json")
-        save_file(self.state_dict(), str(Path(path) / "model.safetensors"), metadata={"format": "pt"})

@@ -350,7 +350,6 @@ def teacher_forced_exact(model, tok, problems, token_budget: int = 4096) -> dict
     seqs = sorted(((encode(tok, p), p) for p in problems), key=lambda x: len(x[0][0]) + len(x[0][1]))
     i = 0
     while i < len(seqs):
-        L = len(seqs[i][0][0]) + len(seqs[i][0][1])
         j = i + 1
         while j < len(seqs) and (j - i + 1) * (len(seqs[j][0][0]) + len(seqs[j][0][1])) <= token_budget:
             j += 1

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.rollouts import TokenSequence, token_sequences
@@ -335,3 +336,53 @@ class Distiller:
                 hit += int((s_logits.argmax(-1) == t_logp.argmax(-1)).sum())
                 tot += int(s_logits.shape[0])
         return hit / max(1, tot)
+
+
+class HiddenStateDistiller(Distiller):
+    """A drafter kept in its own checkpoint directory (``config.json`` + ``model.safetensors``) that
+    reads the policy's hidden states after the layers ``layer_ids`` (Eagle3's aux layers, DFlash's
+    target layers): the directory and teacher checks and the export they share.
+
+    Subclasses implement ``_read(path) -> (module, config dict, layer_ids, vocabulary size)`` and
+    name ``what`` (in messages) and ``layers_key`` (the config key that lists the layers); the
+    module's ``checkpoint_tensors()`` are the names the live vLLM drafter loads."""
+
+    what = "a drafter"
+    layers_key = "layer_ids"
+    source_arg = "checkpoint_dir"
+
+    def _load(self, path: Any) -> tuple:
+        if not (Path(path) / "config.json").is_file():
+            raise FileNotFoundError(f"{self.source_arg}: {path} is not {self.what} checkpoint directory "
+                                    "(no config.json)")
+        self.checkpoint_dir = str(path)
+        module, self.config, self.layer_ids, vocab_size = self._read(path)
+        return module, vocab_size
+
+    def _read(self, path: Any) -> tuple:
+        raise NotImplementedError
+
+    def _check_teacher(self, teacher) -> None:
+        super()._check_teacher(teacher)
+        c = teacher.config
+        H = int(self.config.get("target_hidden_size") or self.config["hidden_size"])
+        if c.hidden_size != H:
+            raise DistillInputError(f"the policy's hidden_size {c.hidden_size} is not the drafter's "
+                                    f"target_hidden_size {H}")
+        if max(self.layer_ids) >= c.num_hidden_layers:
+            raise DistillInputError(f"{self.layers_key} {self.layer_ids} need a policy with more than "
+                                    f"{max(self.layer_ids)} layers; it has {c.num_hidden_layers}")
+
+    def state_dict(self) -> dict:
+        """The drafter's tensors in the names the live vLLM drafter loads (detached copies)."""
+        return self.module.checkpoint_tensors()
+
+    def save(self, path: Any) -> None:
+        """A checkpoint directory: the original config.json, the current tensors."""
+        import shutil
+
+        from safetensors.torch import save_file
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(self.checkpoint_dir) / "config.json", Path(path) / "config.json")
+        save_file(self.state_dict(), str(Path(path) / "model.safetensors"), metadata={"format": "pt"})

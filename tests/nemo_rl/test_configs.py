@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_rl_specdec.nemo_rl import api, config_loader, run_grpo, translate
+from nemo_rl_specdec.nemo_rl import api, run_grpo, translate
 from nemo_rl_specdec.resources import config_path, configs_dir
 
 pytestmark = pytest.mark.nemo_rl

@@ -186,6 +186,8 @@ ALLOWED = [
     ("draft_model.model", None, {}),
     ("eagle3.model", "/ckpt/eagle3", {}),
     ("eagle3.model", None, {}),
+    ("dflash.model", "/ckpt/dflash", {}),
+    ("dflash.model", None, {}),
     ("refresh.mode", "rebuild", {"drafter": "suffix"}),
     ("refresh.mode", "frozen", {"drafter": "suffix"}),
     ("refresh.mode", "frozen", {"drafter": "ngram"}),

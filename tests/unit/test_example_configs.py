@@ -4,7 +4,6 @@ below are the ones NeMo-RL's GRPO entry and setup enforce, see docs/nemo_rl.md).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -5,15 +5,17 @@ import pytest
 
 from nemo_rl_specdec.bench.parametric import _options, configurations
 from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.drafters import registry
 
 
 def test_tiny_run_has_frozen_and_online_rows_for_every_parametric_drafter():
     cfg = load_run_config("configs/tiny_cpu.yaml", [])
     opts = _options(cfg)
-    assert opts["drafters"] == ["draft_model", "eagle3", "mtp"] and opts["steps"] >= 10
+    online = [d.name for d in registry.DRAFTERS.values() if "online" in d.refresh_modes]
+    assert opts["drafters"] == online and "dflash" in online and opts["steps"] >= 10
     groups = configurations(cfg, opts)
     assert [[c["name"] for c in cs] for _, cs in groups] == [
-        ["draft_model_frozen", "draft_model_online", "eagle3_frozen", "eagle3_online"], ["mtp_frozen", "mtp_online"]]
+        [f"{d}_{m}" for d in online if d != "mtp" for m in ("frozen", "online")], ["mtp_frozen", "mtp_online"]]
     (main, _), (mtp_policy, mtp) = groups
     assert main.model_path == cfg.model_path
     assert mtp_policy.model_path.endswith("tiny_mtp") and all(c["cfg"].model_path == mtp_policy.model_path for c in mtp)

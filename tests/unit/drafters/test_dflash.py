@@ -22,7 +22,8 @@ from nemo_rl_specdec.drafters.dflash import (
     target_hidden,
 )
 from nemo_rl_specdec.resources import asset_path
-from nemo_rl_specdec.train.distill import DistillInputError, pad_batch, _Seq
+from nemo_rl_specdec.rollouts import TokenSequence
+from nemo_rl_specdec.train.distill import DistillInputError, pad_batch
 
 DRAFT = asset_path("tiny", "dflash")
 POLICY = asset_path("tiny", "policy")
@@ -101,7 +102,7 @@ def test_blocks_are_not_causal_inside_and_do_not_see_each_other():
 
 
 def test_anchors_are_response_positions_with_a_response_token_after_them():
-    seqs = [_Seq([5, 6, 7], [10, 11, 12, 13]), _Seq([5], [20, 21])]
+    seqs = [TokenSequence([5, 6, 7], [10, 11, 12, 13]), TokenSequence([5], [20, 21])]
     ids, mask = pad_batch(seqs, 0)
     anchors, valid = pick_anchors(mask, None)
     assert [anchors[0][valid[0]].tolist(), anchors[1][valid[1]].tolist()] == [[3, 4, 5], [1]]
@@ -113,7 +114,7 @@ def test_anchors_are_response_positions_with_a_response_token_after_them():
 
 def test_loss_trains_every_offset_that_predicts_a_response_token():
     draft, aux, _, _, _ = _toy(blk=3)
-    seqs = [_Seq([5, 6, 7], [10, 11, 12, 13, 14, 15, 16]), _Seq([5, 6], [20, 21, 22])]
+    seqs = [TokenSequence([5, 6, 7], [10, 11, 12, 13, 14, 15, 16]), TokenSequence([5, 6], [20, 21, 22])]
     ids, mask = pad_batch(seqs, 0)
     anchors, valid = pick_anchors(mask, None)
     V = 32
