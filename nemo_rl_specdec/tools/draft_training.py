@@ -1,7 +1,8 @@
-"""The offline loop the hidden-state draft builders share (`train_eagle3.py`, `train_dflash.py`):
-the policy's rollouts on vLLM, the frozen policy and its per-batch teacher side computed once,
-the cosine-schedule epochs with top-1 agreement, the checkpoint with its MANIFEST, and the
-command-line options both take. Each builder supplies its module, its loss and its config.json."""
+"""The offline loop shared by the builders of drafts that read the policy's hidden states
+(`train_eagle3.py` and its siblings): the policy's rollouts on vLLM, the frozen policy and its
+per-batch teacher side computed once, the cosine-schedule epochs with top-1 agreement, the
+checkpoint with its MANIFEST, and the command-line options they all take. Each builder supplies
+its module, its loss and its config.json."""
 from __future__ import annotations
 
 import argparse

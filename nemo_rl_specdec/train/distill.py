@@ -1,9 +1,10 @@
 """Online drafter training: the gradient-isolated distillation loop every model drafter's
 online trainer runs (:class:`Distiller`), its data parallelism (:class:`DataParallel`) and losses.
 
-Each drafter subclasses :class:`Distiller` in its own file (`drafters/draft_model.py`,
-`drafters/eagle3.py`, `drafters/mtp.py`) with how the teacher side is prepared, its loss and its
-export; `Drafter.distiller(spec, ...)` builds it with the `refresh.distill` settings.
+Each model drafter subclasses :class:`Distiller` (or :class:`HiddenStateDistiller`, for a draft
+with its own checkpoint that reads the policy's hidden states) in its own file under `drafters/`
+with how the teacher side is prepared, its loss and its export; `Drafter.distiller(spec, ...)`
+builds it with the `refresh.distill` settings.
 
 After every policy update (or every ``refresh.every_n_steps``), the drafter is trained to imitate
 the NEW policy on the step's rollouts, then pushed into the engines in the same lockstep update
@@ -340,8 +341,8 @@ class Distiller:
 
 class HiddenStateDistiller(Distiller):
     """A drafter kept in its own checkpoint directory (``config.json`` + ``model.safetensors``) that
-    reads the policy's hidden states after the layers ``layer_ids`` (Eagle3's aux layers, DFlash's
-    target layers): the directory and teacher checks and the export they share.
+    reads the policy's hidden states after the layers ``layer_ids`` (Eagle3's aux layers, for one):
+    the directory and teacher checks and the export such drafters share.
 
     Subclasses implement ``_read(path) -> (module, config dict, layer_ids, vocabulary size)`` and
     name ``what`` (in messages) and ``layers_key`` (the config key that lists the layers); the

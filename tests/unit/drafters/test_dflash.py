@@ -2,7 +2,7 @@
 semantics, the loss's shape contract, the online distiller, and the config rules.
 
 That the mirror drafts exactly as vLLM's ``qwen3_dflash`` does is checked against a live engine in
-tests/engine/test_dflash.py."""
+tests/engine/test_dflash_mirror.py."""
 from __future__ import annotations
 
 import json

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_rl_specdec.engine.engine import Request
+from nemo_rl_specdec.rollouts import Request
 
 K = 4
 MAX_NEW = 128
