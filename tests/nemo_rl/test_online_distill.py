@@ -221,8 +221,10 @@ def test_a_checkpoint_claim_is_refused_once_the_drafter_was_distilled(loop):
     from nemo_rl_specdec.lockstep import DrafterRefreshError
 
     def claim(vllm_worker):
+        from nemo_rl_specdec.update import PolicyUpdate
+
         try:
-            vllm_worker.specdec_after_policy_weights(version=99, loaded_names=[], drafter_checkpoint=True)
+            vllm_worker.specdec_after_policy_weights(PolicyUpdate(version=99, drafter_checkpoint=True), loaded_names=[])
         except DrafterRefreshError as e:
             return str(e)
         return None
