@@ -136,9 +136,8 @@ def torch_modules() -> SimpleNamespace:
     """The draft's torch module classes (DFlashLayer, DFlashDraft), built on first use so that
     declaring the drafter (config validation, the CLI) imports no torch."""
     import torch
-    import torch.nn.functional as F
 
-    from nemo_rl_specdec.drafters.eagle3 import RMSNorm, rope
+    from nemo_rl_specdec.drafters.eagle3 import RMSNorm, SwiGLU, rope
 
     class DFlashLayer(torch.nn.Module):
         """A Qwen3 decoder layer (q/k RMS norms, no biases) whose attention also reads context keys."""
@@ -154,10 +153,7 @@ def torch_modules() -> SimpleNamespace:
             a.o_proj = torch.nn.Linear(nh * hd, H, bias=False)
             a.q_norm = RMSNorm(hd, eps)
             a.k_norm = RMSNorm(hd, eps)
-            self.mlp = torch.nn.Module()
-            self.mlp.gate_proj = torch.nn.Linear(H, inter, bias=False)
-            self.mlp.up_proj = torch.nn.Linear(H, inter, bias=False)
-            self.mlp.down_proj = torch.nn.Linear(inter, H, bias=False)
+            self.mlp = SwiGLU(H, inter)
             self.input_layernorm = RMSNorm(H, eps)
             self.post_attention_layernorm = RMSNorm(H, eps)
 
@@ -191,8 +187,7 @@ def torch_modules() -> SimpleNamespace:
             o = p[..., :T] @ cv + (p[..., T:].reshape(B, self.nh, A, block, block)
                                    @ v.view(B, self.nh, A, block, self.hd)).reshape(B, self.nh, Q, self.hd)
             x = x + a.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
-            m = self.post_attention_layernorm(x)
-            return x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(m)) * self.mlp.up_proj(m))
+            return x + self.mlp(self.post_attention_layernorm(x))
 
     class DFlashDraft(torch.nn.Module):
         """vLLM's qwen3_dflash draft (non-causal block, full attention, no biases) in plain torch."""

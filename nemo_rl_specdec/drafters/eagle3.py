@@ -61,7 +61,7 @@ class Eagle3(CheckpointDrafter):
 
 @functools.cache
 def torch_modules() -> SimpleNamespace:
-    """The head's torch module classes (RMSNorm, MidLayer, Eagle3Head), built on first use so that
+    """The head's torch module classes (RMSNorm, SwiGLU, MidLayer, Eagle3Head), built on first use so that
     declaring the drafter (config validation, the CLI) imports no torch."""
     import torch
     import torch.nn.functional as F
@@ -75,6 +75,17 @@ def torch_modules() -> SimpleNamespace:
         def forward(self, x):
             return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
+    class SwiGLU(torch.nn.Module):
+        """A Qwen3/Llama MLP (gate, up, down; no biases), under vLLM's parameter names."""
+
+        def __init__(self, H: int, inter: int):
+            super().__init__()
+            self.gate_proj = torch.nn.Linear(H, inter, bias=False)
+            self.up_proj = torch.nn.Linear(H, inter, bias=False)
+            self.down_proj = torch.nn.Linear(inter, H, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     class MidLayer(torch.nn.Module):
         def __init__(self, H: int, nh: int, nkv: int, hd: int, inter: int, eps: float):
@@ -85,10 +96,7 @@ def torch_modules() -> SimpleNamespace:
             self.self_attn.k_proj = torch.nn.Linear(2 * H, nkv * hd, bias=False)
             self.self_attn.v_proj = torch.nn.Linear(2 * H, nkv * hd, bias=False)
             self.self_attn.o_proj = torch.nn.Linear(nh * hd, H, bias=False)
-            self.mlp = torch.nn.Module()
-            self.mlp.gate_proj = torch.nn.Linear(H, inter, bias=False)
-            self.mlp.up_proj = torch.nn.Linear(H, inter, bias=False)
-            self.mlp.down_proj = torch.nn.Linear(inter, H, bias=False)
+            self.mlp = SwiGLU(H, inter)
             self.input_layernorm = RMSNorm(H, eps)
             self.post_attention_layernorm = RMSNorm(H, eps)
             self.hidden_norm = RMSNorm(H, eps)
@@ -123,19 +131,19 @@ def torch_modules() -> SimpleNamespace:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
             h = a.o_proj(o) + residual
             m = L.post_attention_layernorm(h)
-            h = L.mlp.down_proj(F.silu(L.mlp.gate_proj(m)) * L.mlp.up_proj(m)) + h
+            h = L.mlp(m) + h
             return self.lm_head(self.norm(h)), h
 
         def checkpoint_tensors(self) -> dict:
             return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
 
-    for cls in (RMSNorm, MidLayer, Eagle3Head):
+    for cls in (RMSNorm, SwiGLU, MidLayer, Eagle3Head):
         cls.__qualname__ = cls.__name__  # pickles by module attribute (the module __getattr__ below)
-    return SimpleNamespace(RMSNorm=RMSNorm, MidLayer=MidLayer, Eagle3Head=Eagle3Head)
+    return SimpleNamespace(RMSNorm=RMSNorm, SwiGLU=SwiGLU, MidLayer=MidLayer, Eagle3Head=Eagle3Head)
 
 
 def __getattr__(name: str):
-    if name in ("RMSNorm", "MidLayer", "Eagle3Head"):
+    if name in ("RMSNorm", "SwiGLU", "MidLayer", "Eagle3Head"):
         return getattr(torch_modules(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

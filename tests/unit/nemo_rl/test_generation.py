@@ -67,7 +67,9 @@ def test_generate_async_routes_to_the_least_loaded_engine(fake_nemo_rl):
         # hold the long request open while two short ones arrive: both must avoid its engine
         agen = ours.generate_async(batch([long_p]))
         first = await agen.__anext__()
-        shorts = [[i async for i in ours.generate_async(batch([short_p]))] for _ in range(2)]
+        shorts = []
+        for _ in range(2):
+            shorts.append([i async for i in ours.generate_async(batch([short_p]))])
         rest = [i async for i in agen]
         return first, shorts, rest
 
