@@ -26,7 +26,13 @@ which uses its own problems:
 
 Nothing in them comes from the benches they predict.
 
-    python -m nemo_rl_specdec.sim.cpu_fit COSTMODEL_JSON OUT_DIR   # cpu_fit.json, cpu_predictions.json, profile
+A profile transfers only to engines bound to cores the same way. `--pinned` takes a second
+costmodel run made with `bench.costmodel.core` set (one engine on one core, one thread, as
+`bench --suite scheduling` runs its engines): the scheduling predictions are then made from
+its fit and its inputs (`cpu_fit_pinned.json`), the drafters predictions from the first run's.
+
+    python -m nemo_rl_specdec.sim.cpu_fit COSTMODEL_JSON OUT_DIR [--pinned PINNED_COSTMODEL_JSON]
+        # cpu_fit.json, cpu_predictions.json, the profile cpu_tiny_measured.yaml in OUT_DIR
     python -m nemo_rl_specdec.sim.cpu_fit --compare PREDICTIONS_JSON BENCH_JSON...   # the table, after measuring
 """
 from __future__ import annotations
@@ -45,7 +51,7 @@ MEASURED = config_path("sim", "measured")
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")
 HEADER = """\
 # CPU profile fitted on engine-step samples of this machine (issue #16, item 7). WRITTEN BY
-#   python -m nemo_rl_specdec.sim.cpu_fit configs/sim/measured/cpu_tiny_costmodel.json configs/sim/measured
+#   python -m nemo_rl_specdec.sim.cpu_fit {command}
 # from `nemo-rl-specdec bench configs/tiny_cpu.yaml --suite costmodel` (cpu_tiny_costmodel.json:
 # every engine step of one 16 x 4 rollout per configuration, on the suite's own problems).
 # hardware.c_*: non-negative least squares over the decode steps of all configurations
@@ -136,7 +142,8 @@ def base_overrides(fit: dict, inp: dict, problems: int, samples: int) -> list:
             "workload.lengths.values=null", f"workload.lengths.groups={groups}"]
 
 
-def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS)", samples: int = 4) -> None:
+def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS)", samples: int = 4,
+                   command: str = "configs/sim/measured/cpu_tiny_costmodel.json configs/sim/measured") -> None:
     import yaml
 
     from nemo_rl_specdec.sim.acceptance import monotone_curve
@@ -159,10 +166,10 @@ def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS
                         "prediction": "history", "history_rollouts": samples},
            "rl": {"mode": "sync", "num_steps": 4},
            "calibration": None}
-    path.write_text(HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
+    path.write_text(HEADER.format(command=command) + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
 
 
-def predict_drafters(fit: dict, inp: dict, problems: int = 16, samples: int = 4) -> list:
+def predict_drafters(fit: dict, inp: dict, problems: int = 16, samples: int = 4, scenario: str = SCENARIO) -> list:
     """Predicted wall-clock ratio (no-spec / spec) of each `bench --suite drafters` row."""
     from nemo_rl_specdec.sim.report import simulate
     from nemo_rl_specdec.sim.scenario import load_scenario
@@ -172,7 +179,7 @@ def predict_drafters(fit: dict, inp: dict, problems: int = 16, samples: int = 4)
         ov = base_overrides(fit, inp, problems, samples) + drafter_overrides(fit, inp, name) + [
             "cluster.num_engines=1", "hardware.max_num_seqs=256", "speculation.placement=contiguous",
             "speculation.budget=uniform", "baseline.placement=contiguous"]
-        res = simulate(load_scenario(SCENARIO, ov))
+        res = simulate(load_scenario(scenario, ov))
         rows.append({"suite": "drafters", "name": name, "predicted_wall_clock_ratio": res["rollout_speedup"],
                      "predicted_mean_accepted_length": res["mean_accepted_length"]})
     return rows
@@ -180,7 +187,7 @@ def predict_drafters(fit: dict, inp: dict, problems: int = 16, samples: int = 4)
 
 def predict_scheduling(fit: dict, inp: dict, drafter: str = "suffix (DAS)", problems: int = 16, samples: int = 4,
                        engines: int = 2, regimes=(None, 8), placements=("contiguous", "round_robin", "length_aware"),
-                       budgets=("uniform", "length_aware", "das")) -> list:
+                       budgets=("uniform", "length_aware", "das"), scenario: str = SCENARIO) -> list:
     """Predicted wall-clock ratio (no-spec makespan / speculative makespan, same placement) of
     each speculative row of `bench --suite scheduling`, per concurrency regime."""
     from nemo_rl_specdec.sim.report import simulate
@@ -195,7 +202,7 @@ def predict_scheduling(fit: dict, inp: dict, drafter: str = "suffix (DAS)", prob
                     f"cluster.num_engines={engines}", f"hardware.max_num_seqs={seqs or 256}",
                     f"speculation.placement={pl}", f"speculation.budget={bu}", f"baseline.placement={pl}",
                     "workload.prediction=history", f"workload.history_rollouts={samples}"]
-                res = simulate(load_scenario(SCENARIO, ov))
+                res = simulate(load_scenario(scenario, ov))
                 rows.append({"suite": "scheduling", "name": f"suffix/{pl}/{bu} @{tag}",
                              "predicted_wall_clock_ratio": res["rollout_speedup"],
                              "predicted_mean_accepted_length": res["mean_accepted_length"]})
@@ -232,18 +239,28 @@ def main(argv=None) -> int:
                   f"{r['measured_tokens_per_target_forward']:.2f} |")
         print(f"{sum(r['within'] for r in rows)} of {len(rows)} rows within 15%")
         return 0
-    if len(argv) != 2:
-        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+    pinned = None
+    if "--pinned" in argv:
+        i = argv.index("--pinned")
+        pinned, argv = argv[i + 1:i + 2], argv[:i] + argv[i + 2:]
+    if len(argv) != 2 or pinned == []:
+        print(__doc__.strip().splitlines()[-2].strip(), file=sys.stderr)
         return 2
-    data = json.loads(Path(argv[0]).read_text())
-    results = data["results"]
+    results = json.loads(Path(argv[0]).read_text())["results"]
     out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
     fit = fit_steps(results)
     inp = inputs(results)
     (out / "cpu_fit.json").write_text(json.dumps({"fit": fit, "inputs": inp}, indent=2))
-    write_scenario(fit, inp, Path(SCENARIO))
-    preds = predict_drafters(fit, inp) + predict_scheduling(fit, inp)
+    scenario = out / "cpu_tiny_measured.yaml"
+    write_scenario(fit, inp, scenario, command=" ".join(argv + (["--pinned", pinned[0]] if pinned else [])))
+    sched_fit, sched_inp = fit, inp
+    if pinned:
+        pinned_results = json.loads(Path(pinned[0]).read_text())["results"]
+        sched_fit, sched_inp = fit_steps(pinned_results), inputs(pinned_results)
+        (out / "cpu_fit_pinned.json").write_text(json.dumps({"fit": sched_fit, "inputs": sched_inp}, indent=2))
+    preds = (predict_drafters(fit, inp, scenario=str(scenario))
+             + predict_scheduling(sched_fit, sched_inp, scenario=str(scenario)))
     (out / "cpu_predictions.json").write_text(json.dumps(preds, indent=2))
     print(json.dumps(fit, indent=2))
     for p in preds:

@@ -107,3 +107,43 @@ def test_measured_cpu_profile_loads_and_simulates():
     res = simulate(load_scenario(SCENARIO))
     assert res["cost_model"]["form"] == "linear" and res["cost_model"]["c_seq_s"] > 0
     assert np.isfinite(res["rollout_speedup"])
+
+
+def _costmodel_json(path, rng, base_s):
+    """A costmodel result file: no-spec and suffix (DAS) steps with a fixed cost of `base_s`."""
+    import json
+
+    def steps(drafter_cost=None, draft=0.0):
+        return [{**s, "seconds": s["seconds"] + base_s - 5e-3} for s in _samples(rng, 200, drafter_cost, draft)]
+
+    lengths = [int(x) for x in rng.integers(20, 120, 64)]
+    results = [{"name": "no-spec", "drafter": None, "k": 0, "lengths": lengths, "samples": steps()},
+               {"name": "suffix (DAS)", "drafter": "suffix", "k": 8, "coverage": 0.8, "lengths": lengths,
+                "accepted_per_position": [0.7, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02],
+                "samples": steps((1e-3, 2e-4), 0.6)}]
+    path.write_text(json.dumps({"suite": "costmodel", "results": results}))
+    return path
+
+
+def test_pinned_run_makes_the_scheduling_predictions(tmp_path):
+    """`--pinned`: the scheduling rows come from the pinned run's fit, the drafters rows from the
+    first run's; the profile is written into the output directory."""
+    import json
+
+    from nemo_rl_specdec.sim.cpu_fit import main
+
+    rng = np.random.default_rng(1)
+    free = _costmodel_json(tmp_path / "free.json", rng, 5e-3)
+    pinned = _costmodel_json(tmp_path / "pinned.json", rng, 20e-3)
+    assert main([str(free), str(tmp_path / "a")]) == 0
+    assert main([str(free), str(tmp_path / "b"), "--pinned", str(pinned)]) == 0
+    a, b = (json.loads((tmp_path / d / "cpu_predictions.json").read_text()) for d in "ab")
+    assert (tmp_path / "b" / "cpu_tiny_measured.yaml").is_file() and (tmp_path / "b" / "cpu_fit_pinned.json").is_file()
+    assert "--pinned" in (tmp_path / "b" / "cpu_tiny_measured.yaml").read_text()
+    fits = json.loads((tmp_path / "b" / "cpu_fit_pinned.json").read_text())["fit"]
+    assert fits["c_base_s"] == pytest.approx(20e-3, rel=0.1)
+    for pa, pb in zip(a, b):
+        assert pa["name"] == pb["name"]
+        same = pa["predicted_wall_clock_ratio"] == pytest.approx(pb["predicted_wall_clock_ratio"])
+        assert same if pa["suite"] == "drafters" else not same, pa["name"]
+    assert main([str(free), str(tmp_path / "c"), "--pinned"]) == 2
