@@ -108,15 +108,47 @@ def _groups(lengths: list, samples: int) -> list:
     return [list(map(int, lengths[i:i + samples])) for i in range(0, len(lengths), samples)]
 
 
+def response_position_factors(samples: list, prompt_len: int, width: int = 32, min_request_steps: int = 64) -> list:
+    """Accepted drafts per request-step by response position, over their mean: the scenario's
+    `acceptance.by_response_position`. A decode step's position is its requests' mean context less
+    the prompt; steps are grouped in `width`-token bins, merged until each segment holds at least
+    `min_request_steps` request-steps."""
+    steps = [s for s in samples if not s["prefill_tokens"] and s["requests"]]
+    req = np.array([s["requests"] for s in steps], dtype=float)
+    acc = np.array([s["accepted"] for s in steps], dtype=float)
+    if not len(steps) or acc.sum() <= 0:
+        return [[0, 1.0]]
+    pos = np.array([max(0.0, s["ctx_sum"] / s["requests"] - prompt_len) for s in steps])
+    bins = (pos // width).astype(int)
+    mean = acc.sum() / req.sum()
+    segments = []                                  # [start bin, request-steps, accepted]
+    for b in np.unique(bins):
+        m = bins == b
+        if segments and segments[-1][1] < min_request_steps:
+            segments[-1][1] += req[m].sum()
+            segments[-1][2] += acc[m].sum()
+        else:
+            segments.append([int(b), req[m].sum(), acc[m].sum()])
+    if len(segments) > 1 and segments[-1][1] < min_request_steps:
+        _, r, a = segments.pop()
+        segments[-1][1] += r
+        segments[-1][2] += a
+    segments[0][0] = 0
+    return [[int(b * width), round(float(a / r / mean), 4)] for b, r, a in segments]
+
+
 def inputs(results: list) -> dict:
     """What the predictions take from the costmodel run besides the cost constants."""
     base = results[0]
     first = base["samples"][0]
-    return {"prompt_len": int(round(first["prefill_tokens"] / first["requests"])),
+    prompt_len = int(round(first["prefill_tokens"] / first["requests"]))
+    return {"prompt_len": prompt_len,
             "lengths": base["lengths"],
             "drafters": {r["name"]: {"drafter": r["drafter"], "k": r["k"],
                                      "accepted_per_position": r["accepted_per_position"],
-                                     "coverage": r["coverage"]} for r in results if r.get("drafter")}}
+                                     "coverage": r["coverage"],
+                                     "by_response_position": response_position_factors(r["samples"], prompt_len)}
+                         for r in results if r.get("drafter")}}
 
 
 def drafter_overrides(fit: dict, inp: dict, name: str) -> list:
@@ -130,6 +162,8 @@ def drafter_overrides(fit: dict, inp: dict, name: str) -> list:
           f"acceptance.per_position={monotone_curve(d['accepted_per_position'])}"]
     cov = min(1.0, max(1e-6, d["coverage"])) if DRAFTERS[sim].kind == LIST else 1.0  # a model drafter always drafts
     ov.append(f"drafter.coverage={cov!r}")
+    if d.get("by_response_position"):
+        ov.append(f"acceptance.by_response_position={d['by_response_position']}")
     return ov
 
 

@@ -85,7 +85,7 @@ class EngineStats:
 class EngineSim:
     def __init__(self, engine_id: int, cost: CostModel, spec: Optional[SpecPolicy], max_num_seqs: int,
                  remaining: Callable[[SimRequest, float], float], kv_capacity: Optional[float] = None,
-                 coverage: float = 1.0):
+                 coverage: float = 1.0, by_response_position: Optional[Sequence[Sequence[float]]] = None):
         self.engine_id = engine_id
         self.cost = cost
         self.spec = spec if (spec is not None and spec.k > 0) else None
@@ -94,6 +94,10 @@ class EngineSim:
         self.kv_capacity = math.inf if kv_capacity is None else float(kv_capacity)
         self.lookahead = self.spec.k if self.spec is not None else 0
         self.coverage = coverage
+        # acceptance by response position: segment starts and their factors on the accepted drafts
+        pts = np.asarray(by_response_position, dtype=float) if by_response_position else None
+        self._pos_starts = None if pts is None else np.append(pts[:, 0], math.inf)
+        self._pos_factors = None if pts is None else pts[:, 1]
         self.clock = 0.0
         self.stats = EngineStats()
         self._queue: list = []              # heap of (release, seq, request)
@@ -227,12 +231,19 @@ class EngineSim:
             d = np.minimum(self._budget, cap)
         idx = np.arange(n_act)
         a_draft = self._A[idx, d]                                 # committed per step when drafting
+        if self._pos_starts is not None and sp is not None:
+            seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
+            a_draft = 1.0 + np.minimum(d, self._pos_factors[seg] * (a_draft - 1.0))
         rate = 1.0 + self.coverage * (a_draft - 1.0)
         d_eff = self.coverage * d
         cost = self.cost.step_cost(d_eff, self._ctx, rate, self._prefill)
 
         left = self._len - self._prog
         n = int(np.min(np.ceil(left / rate - 1e-9)))
+        if self._pos_starts is not None and sp is not None:   # until a request enters its next segment
+            to_next = float(np.min(np.ceil((self._pos_starts[seg + 1] - self._prog) / rate - 1e-9)))
+            if math.isfinite(to_next):
+                n = min(n, max(1, int(to_next)))
         if self._prefill:
             n = 1
         if sp is not None and sp.budget != "uniform":

@@ -269,6 +269,9 @@ class Acceptance(_Strict):
     )
     decay: float = Field(1.0, gt=0, le=1, description="conditional acceptance falls by this factor per position")
     spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha; keeps the mean accepted length")
+    by_response_position: Optional[list[list[float]]] = Field(
+        None, description="[[from_position, factor], ...]: from that many response tokens on, a request's accepted "
+        "drafts per step are multiplied by factor (never above its drafts); first from_position 0, ascending")
 
     @model_validator(mode="after")
     def _one(self):
@@ -287,6 +290,14 @@ class Acceptance(_Strict):
                 raise _PathError("acceptance.bench_json", self.bench_json, f"a readable bench JSON ({e})") from None
         elif self.bench_result is not None:
             raise _PathError("acceptance.bench_result", self.bench_result, "null unless bench_json is given")
+        if self.by_response_position is not None:
+            pts = self.by_response_position
+            ok = (pts and all(len(p) == 2 and p[1] >= 0 for p in pts) and pts[0][0] == 0
+                  and all(a[0] < b[0] for a, b in zip(pts, pts[1:])))
+            if not ok:
+                raise _PathError("acceptance.by_response_position", pts,
+                                 "[[from_position, factor], ...] with the first from_position 0, from_positions "
+                                 "strictly ascending and factors >= 0")
         if self.per_position is not None:
             expected_accepted(self.per_position, len(self.per_position))  # validates the curve
             for key in ("spread", "decay"):

@@ -142,7 +142,7 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
         return predictor.predict_remaining(r.problem_id, generated)
 
     engines = [EngineSim(e, cost, policy, sc.hardware.max_num_seqs, remaining, sc.kv_capacity_tokens,
-                         sc.drafter.coverage) for e in range(E)]
+                         sc.drafter.coverage, sc.acceptance.by_response_position) for e in range(E)]
     serving = sc.workload.steady_state
     train_gpus = rl.training_gpus or E * sc.hardware.gpus_per_engine
     train_flops = rl.training_flops_per_s * train_gpus

@@ -147,3 +147,39 @@ def test_pinned_run_makes_the_scheduling_predictions(tmp_path):
         same = pa["predicted_wall_clock_ratio"] == pytest.approx(pb["predicted_wall_clock_ratio"])
         assert same if pa["suite"] == "drafters" else not same, pa["name"]
     assert main([str(free), str(tmp_path / "c"), "--pinned"]) == 2
+
+
+def test_acceptance_by_response_position():
+    """Accepted drafts scaled per response-position segment: a factor of 1 changes nothing, a tail
+    that accepts less lowers the speedup, and a bad table is refused naming its key."""
+    long = {"workload.lengths.values": [40, 400], "workload.lengths.max_len": 400}
+    plain = simulate(build(LINEAR, long))
+    same = simulate(build(LINEAR, {**long, "acceptance.by_response_position": [[0, 1.0]]}))
+    tail = simulate(build(LINEAR, {**long, "acceptance.by_response_position": [[0, 1.0], [100, 0.2]]}))
+    none = simulate(build(LINEAR, {**long, "acceptance.by_response_position": [[0, 0.0]]}))
+    assert same["rollout_speedup"] == pytest.approx(plain["rollout_speedup"])
+    assert same["target_steps_spec"] == plain["target_steps_spec"]
+    assert none["mean_accepted_length"] == pytest.approx(1.0)
+    assert none["rollout_speedup"] < tail["rollout_speedup"] < plain["rollout_speedup"]
+    assert tail["target_steps_spec"] > plain["target_steps_spec"]
+    for bad in ([[10, 1.0]], [[0, 1.0], [0, 0.5]], [[0, -1.0]], [[0]]):
+        with pytest.raises(ScenarioError, match=r"acceptance\.by_response_position"):
+            build(LINEAR, {"acceptance.by_response_position": bad})
+
+
+def test_response_position_factors_follow_the_samples():
+    from nemo_rl_specdec.sim.cpu_fit import response_position_factors
+
+    # 64 requests accepting 6 drafts per step early on, then a tail of 2 requests accepting 1
+    early = [{"requests": 64, "prefill_tokens": 0, "accepted": 6 * 64, "ctx_sum": 64 * (32 + 7 * i),
+              "draft_tokens": 8 * 64, "seconds": 0.01} for i in range(6)]
+    late = [{"requests": 2, "prefill_tokens": 0, "accepted": 2, "ctx_sum": 2 * (32 + 60 + 2 * i),
+             "draft_tokens": 16, "seconds": 0.01} for i in range(150)]
+    f = response_position_factors(early + late, prompt_len=32)
+    assert f[0][0] == 0 and f[0][1] > 1 and f[-1][1] < 0.3
+    assert [p for p, _ in f] == sorted(p for p, _ in f)
+    req = [64] * 6 + [2] * 150
+    acc = [6 * 64] * 6 + [2] * 150
+    mean = sum(acc) / sum(req)
+    assert f[0][1] == pytest.approx(6 / mean, rel=1e-3)
+    assert response_position_factors([], 32) == [[0, 1.0]]
