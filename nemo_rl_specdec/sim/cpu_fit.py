@@ -277,9 +277,11 @@ def main(argv=None) -> int:
     pinned = None
     if "--pinned" in argv:
         i = argv.index("--pinned")
-        pinned, argv = argv[i + 1:i + 2], argv[:i] + argv[i + 2:]
-    if len(argv) != 2 or pinned == []:
-        print(__doc__.strip().splitlines()[-2].strip(), file=sys.stderr)
+        pinned = argv[i + 1] if i + 1 < len(argv) else ""
+        argv = argv[:i] + argv[i + 2:]
+    if len(argv) != 2 or pinned == "":
+        usage = [line.strip() for line in __doc__.splitlines() if line.strip().startswith("python -m")]
+        print("usage:\n  " + "\n  ".join(usage), file=sys.stderr)
         return 2
     results = json.loads(Path(argv[0]).read_text())["results"]
     out = Path(argv[1])
@@ -288,10 +290,10 @@ def main(argv=None) -> int:
     inp = inputs(results)
     (out / "cpu_fit.json").write_text(json.dumps({"fit": fit, "inputs": inp}, indent=2))
     scenario = out / "cpu_tiny_measured.yaml"
-    write_scenario(fit, inp, scenario, command=" ".join(argv + (["--pinned", pinned[0]] if pinned else [])))
+    write_scenario(fit, inp, scenario, command=" ".join(argv + (["--pinned", pinned] if pinned else [])))
     sched_fit, sched_inp = fit, inp
     if pinned:
-        pinned_results = json.loads(Path(pinned[0]).read_text())["results"]
+        pinned_results = json.loads(Path(pinned).read_text())["results"]
         sched_fit, sched_inp = fit_steps(pinned_results), inputs(pinned_results)
         (out / "cpu_fit_pinned.json").write_text(json.dumps({"fit": sched_fit, "inputs": sched_inp}, indent=2))
     preds = (predict_drafters(fit, inp, scenario=str(scenario))

@@ -125,7 +125,7 @@ def _costmodel_json(path, rng, base_s):
     return path
 
 
-def test_pinned_run_makes_the_scheduling_predictions(tmp_path):
+def test_pinned_run_makes_the_scheduling_predictions(tmp_path, capsys):
     """`--pinned`: the scheduling rows come from the pinned run's fit, the drafters rows from the
     first run's; the profile is written into the output directory."""
     import json
@@ -147,6 +147,8 @@ def test_pinned_run_makes_the_scheduling_predictions(tmp_path):
         same = pa["predicted_wall_clock_ratio"] == pytest.approx(pb["predicted_wall_clock_ratio"])
         assert same if pa["suite"] == "drafters" else not same, pa["name"]
     assert main([str(free), str(tmp_path / "c"), "--pinned"]) == 2
+    err = capsys.readouterr().err
+    assert "COSTMODEL_JSON OUT_DIR [--pinned PINNED_COSTMODEL_JSON]" in err and "--compare" in err
 
 
 def test_acceptance_by_response_position():
