@@ -231,7 +231,8 @@ class EngineSim:
             d = np.minimum(self._budget, cap)
         idx = np.arange(n_act)
         a_draft = self._A[idx, d]                                 # committed per step when drafting
-        if self._pos_starts is not None and sp is not None:
+        by_position = self._pos_starts is not None and sp is not None
+        if by_position:
             seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
             a_draft = 1.0 + np.minimum(d, self._pos_factors[seg] * (a_draft - 1.0))
         rate = 1.0 + self.coverage * (a_draft - 1.0)
@@ -240,7 +241,7 @@ class EngineSim:
 
         left = self._len - self._prog
         n = int(np.min(np.ceil(left / rate - 1e-9)))
-        if self._pos_starts is not None and sp is not None:   # until a request enters its next segment
+        if by_position:   # until a request enters its next segment
             to_next = float(np.min(np.ceil((self._pos_starts[seg + 1] - self._prog) / rate - 1e-9)))
             if math.isfinite(to_next):
                 n = min(n, max(1, int(to_next)))
