@@ -5,9 +5,17 @@ against the no-spec engine twice in ABBA order (baseline, spec, spec, baseline) 
 of a shared machine does not favour either side. The suffix drafters first see one previous
 step of rollouts for the same problems (as in RL, where problems recur every epoch): DAS via
 its lockstep rebuild update, vLLM's suffix via its own cache.
+
+Run-file knob (optional): `bench.drafters.repeats` (default 1), the ABBA rounds per drafter.
+A row's `wall_clock_ratio` is the median of its rounds' ratios (`wall_clock_ratios` lists them):
+on this 2-core machine one round's ratio moves by up to 17% between two quiet runs
+(docs/simulator.md), so a row that is compared with a prediction needs several.
 """
 from __future__ import annotations
 
+import functools
+import operator
+import statistics
 import time
 
 from nemo_rl_specdec.drafters.base import MODEL
@@ -52,6 +60,16 @@ def prepare(eng, dcfg, reqs, history) -> None:
         eng.generate(reqs[: len(reqs) // 4])
 
 
+def _repeats(cfg) -> int:
+    from nemo_rl_specdec.bench import suite_options
+    from nemo_rl_specdec.config import ConfigError
+
+    n = suite_options(cfg, "drafters").get("repeats", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"bench.drafters.repeats: got {n!r}; allowed: an int >= 1")
+    return n
+
+
 def _timed(engine, reqs):
     t0 = time.perf_counter()
     out = engine.generate(reqs)
@@ -66,6 +84,7 @@ def run(cfg, args) -> list:
     grpo = cfg.raw.get("grpo", {})
     n_prob = int(grpo.get("num_prompts_per_step", 16))
     n_samp = int(grpo.get("num_generations_per_prompt", 4))
+    repeats = _repeats(cfg)
     base = Engine(cfg, spec_enabled=False, name="no-spec")
     reqs = workload(cfg, base.tokenizer(), n_prob, n_samp, seed=int(grpo.get("seed", 0)))
     history = base.generate(reqs).rollouts  # the "previous step" for history-based drafters
@@ -74,25 +93,33 @@ def run(cfg, args) -> list:
     for name, ov in cpu_drafters(cfg.spec).items():
         dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
         eng = Engine(dcfg, name=name)
+        spec_m, base_m, ratios, lengths = [], [], [], []
+        tb = ts = 0.0
         try:
             prepare(eng, dcfg, reqs, history)
-            tb1, b1 = _timed(base, reqs)
-            ts1, o1 = _timed(eng, reqs)
-            ts2, o2 = _timed(eng, reqs)
-            tb2, b2 = _timed(base, reqs)
+            for _ in range(repeats):  # ABBA
+                tb1, b1_ = _timed(base, reqs)
+                ts1, o1 = _timed(eng, reqs)
+                ts2, o2 = _timed(eng, reqs)
+                tb2, b2 = _timed(base, reqs)
+                lengths = lengths or [len(r.token_ids) for r in b1_.rollouts]  # for the simulator cross-check
+                ratios.append((tb1 + tb2) / (ts1 + ts2))
+                tb, ts = tb + tb1 + tb2, ts + ts1 + ts2
+                spec_m += [o1.metrics, o2.metrics]
+                base_m += [b1_.metrics, b2.metrics]
         finally:
             eng.close()
-        m, mb = o1.metrics + o2.metrics, b1.metrics + b2.metrics
-        tb, ts = tb1 + tb2, ts1 + ts2
+        m, mb = functools.reduce(operator.add, spec_m), functools.reduce(operator.add, base_m)
         results.append({
             "name": name, "drafter": dcfg.spec.drafter, "k": dcfg.spec.num_speculative_tokens,
             "tokens_per_target_forward": m.acceptance_length, "acceptance_rate": m.acceptance_rate,
             "accepted_per_position": [round(x, 3) for x in m.accepted_per_position],
             "tokens_per_s": m.generated_tokens / ts, "baseline_tokens_per_s": mb.generated_tokens / tb,
             # same prompts and weights; at T>0 the sampled lengths differ, so also the throughput ratio
-            "wall_clock_ratio": tb / ts, "throughput_ratio": (m.generated_tokens / ts) / (mb.generated_tokens / tb),
+            "wall_clock_ratio": statistics.median(ratios), "wall_clock_ratios": ratios,
+            "throughput_ratio": (m.generated_tokens / ts) / (mb.generated_tokens / tb),
             "accepted_per_draft_step": m.accepted_per_draft_step,
-            "lengths": [len(r.token_ids) for r in b1.rollouts],  # response lengths (simulator cross-check)
+            "lengths": lengths,
             "drafts": m.drafts, "per_step": [],
         })
     base.close()

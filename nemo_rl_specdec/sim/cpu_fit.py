@@ -49,6 +49,11 @@ from nemo_rl_specdec.resources import config_path
 
 MEASURED = config_path("sim", "measured")
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")
+# RL steps simulated per prediction. Each step draws its problems' lengths from the measured
+# groups with replacement; one 16-problem batch is a noisy draw of that pool (round 3's four
+# steps had a mean response length of 84 where the pool's is 65), and with acceptance by
+# response position that noise moves a prediction by up to 15%. 64 steps give the expectation.
+PREDICTION_STEPS = 64
 HEADER = """\
 # CPU profile fitted on engine-step samples of this machine (issue #16, item 7). WRITTEN BY
 #   python -m nemo_rl_specdec.sim.cpu_fit {command}
@@ -139,6 +144,8 @@ def response_position_factors(samples: list, prompt_len: int, width: int = 32, m
 
 def inputs(results: list) -> dict:
     """What the predictions take from the costmodel run besides the cost constants."""
+    from nemo_rl_specdec.bench.costmodel import coverage
+
     base = results[0]
     first = base["samples"][0]
     prompt_len = int(round(first["prefill_tokens"] / first["requests"]))
@@ -146,7 +153,7 @@ def inputs(results: list) -> dict:
             "lengths": base["lengths"],
             "drafters": {r["name"]: {"drafter": r["drafter"], "k": r["k"],
                                      "accepted_per_position": r["accepted_per_position"],
-                                     "coverage": r["coverage"],
+                                     "coverage": coverage(r["samples"]),
                                      "by_response_position": response_position_factors(r["samples"], prompt_len)}
                          for r in results if r.get("drafter")}}
 
@@ -173,7 +180,7 @@ def base_overrides(fit: dict, inp: dict, problems: int, samples: int) -> list:
             f"hardware.c_tok_s={fit['c_tok_s']!r}", f"hardware.c_ctx_s={fit['c_ctx_s']!r}",
             f"workload.prompt_len={inp['prompt_len']}", f"workload.num_prompts={problems}",
             f"workload.generations_per_prompt={samples}", "workload.lengths.dist=groups",
-            "workload.lengths.values=null", f"workload.lengths.groups={groups}"]
+            "workload.lengths.values=null", f"workload.lengths.groups={groups}", f"rl.num_steps={PREDICTION_STEPS}"]
 
 
 def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS)", samples: int = 4,
@@ -199,7 +206,7 @@ def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS
                         "prompt_len": inp["prompt_len"],
                         "lengths": {"dist": "groups", "groups": groups, "max_len": 512},
                         "prediction": "history", "history_rollouts": samples},
-           "rl": {"mode": "sync", "num_steps": 4},
+           "rl": {"mode": "sync", "num_steps": PREDICTION_STEPS},
            "calibration": None}
     path.write_text(HEADER.format(command=command) + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
 

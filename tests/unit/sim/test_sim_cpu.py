@@ -47,7 +47,19 @@ def test_fit_steps_recovers_target_and_drafter_constants():
     assert fit["drafters"]["ngram"]["per_request_s"] == pytest.approx(3e-4, rel=0.1)
     assert fit["steps"] == 600 and fit["r2"] > 0.99
     inp = inputs(results)
-    assert inp["prompt_len"] == 32 and inp["drafters"]["ngram"]["coverage"] == 0.4
+    decode = results[1]["samples"][1:]
+    assert inp["prompt_len"] == 32
+    assert inp["drafters"]["ngram"]["coverage"] == sum(s["drafting"] for s in decode) / sum(s["requests"] for s in decode)
+
+
+def test_coverage_counts_decode_request_steps_only():
+    from nemo_rl_specdec.bench.costmodel import coverage
+
+    steps = [{"requests": 64, "prefill_tokens": 2048, "drafting": 0},   # prefill: no request can draft yet
+             {"requests": 64, "prefill_tokens": 0, "drafting": 64},
+             {"requests": 4, "prefill_tokens": 0, "drafting": 1}]
+    assert coverage(steps) == 65 / 68
+    assert coverage(steps[:1]) == 0.0
 
 
 def test_costmodel_suite_names_its_own_required_keys():
