@@ -25,7 +25,7 @@ so the batch is not the one `bench --suite drafters` or `--suite scheduling` tim
 benches stay held out for the simulator's predictions (`sim/cpu_fit.py` fits these samples).
 
 Per configuration the result also gives each configuration's acceptance per position and
-drafts per request-step (coverage), and the no-spec response lengths. The simulator takes
+drafts per decode request-step (coverage), and the no-spec response lengths. The simulator takes
 them as inputs. The suite computes no wall-clock ratio: `wall_clock_ratio` is None. Its rows
 carry `samples` instead of `per_step`; see `REQUIRED`.
 
