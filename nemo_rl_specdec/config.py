@@ -45,7 +45,7 @@ class RefreshConfig(_Strict):
 
 class SchedulingConfig(_Strict):
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
-    budget: Literal["uniform", "length_aware", "das"] = "uniform"
+    budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
     # [[batch_lo, batch_hi, k], ...] -> vLLM num_speculative_tokens_per_batch_size
     k_by_batch_size: Optional[list[tuple[int, int, int]]] = None
     long_fraction: float = Field(0.25, gt=0, le=1, description="share of requests counted as long")
@@ -130,6 +130,11 @@ class _SpecDecBlock(_Strict):
             )
         if self.enabled:
             drafter_of(self.drafter).check(self)
+            if self.scheduling.budget == "adaptive" and not drafter_of(self.drafter).takes_request_budgets(self):
+                raise _PathError(
+                    "scheduling.budget", "adaptive",
+                    f"uniform | length_aware | das for drafter {self.drafter!r}: 'adaptive' cuts each request's "
+                    "draft at every step, which only the DAS suffix drafter (suffix.backend: das) can do")
         if self.scheduling.k_by_batch_size:
             top = max(k for _, _, k in self.scheduling.k_by_batch_size)
             if top > self.num_speculative_tokens:

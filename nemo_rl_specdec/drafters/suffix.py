@@ -37,7 +37,14 @@ Per request and per engine step, :meth:`DASProposer.propose`:
 - lets the draft length follow the match: at most ``max_spec_factor`` x match length, tokens
   only while their frequency-estimated probability is >= ``min_token_prob``, and never more than
   min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
-  would kill the engine, so the clamp is unconditional.
+  would kill the engine, so the clamp is unconditional;
+- with ``scheduling.budget: adaptive``, then cuts every request's draft to the length that
+  maximises the step's weighted committed tokens per second
+  (:mod:`~nemo_rl_specdec.scheduling.adaptive`): the calibrated acceptance of each draft token,
+  the request's predicted remaining length against the engine's longest, and the engine's step
+  cost fitted online from the time between calls (:mod:`~nemo_rl_specdec.scheduling.step_cost`;
+  drafts are not cut during its warm-up). A step where no draft token pays for itself drafts
+  nothing; each switch between drafting and not is logged with the numbers behind it.
 
 vLLM's rejection sampler verifies every draft against the target, so outputs are exactly the
 policy's (greedy: identical; T > 0: same distribution).
@@ -54,10 +61,12 @@ import numpy as np
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
-from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration
+from nemo_rl_specdec.drafters.calibration import BINS, SOURCES, AcceptanceCalibration
 from nemo_rl_specdec.drafters.staging import StagedRebuild
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
+from nemo_rl_specdec.scheduling.adaptive import draft_lengths, makespan_weights
+from nemo_rl_specdec.scheduling.step_cost import StepCostFit
 from nemo_rl_specdec.schema import Strict
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -185,7 +194,8 @@ class DASProposer:
                          "from_global": 0, "from_local": 0, "budget_zero": 0, "budget_promoted": 0, "propose_s": 0.0,
                          "propose_cpu_s": 0.0,
                          "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0, "no_problem_id": 0,
-                         "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0}
+                         "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0,
+                         "adaptive_steps": 0, "adaptive_off_steps": 0, "adaptive_cut_tokens": 0}
         self._staged: Optional[StagedRebuild] = None
         self._from = [0] * len(SOURCES)  # drafts per source within one propose call
         self.configure(None)
@@ -206,6 +216,10 @@ class DASProposer:
         self.min_token_prob = float(s["min_token_prob"])
         self.store = RolloutStore(window_steps=s["window_steps"], scope=s["scope"], max_tree_depth=self.depth,
                                   max_memory_bytes=float(s["max_memory_mb"]) * 2**20)
+        self.adaptive = ((spec or {}).get("scheduling") or {}).get("budget") == "adaptive"
+        self.step_cost = StepCostFit()
+        self._last_step: Optional[tuple] = None  # (start time, requests, verified tokens, context) of the last call
+        self._drafting = True  # whether the last adaptive step drafted (switches are logged)
         self._reqs.clear()
 
     def load_model(self, target_model) -> None:
@@ -324,7 +338,8 @@ class DASProposer:
             store = self.store.stats()
         return {"store": store, "counters": dict(self.counters), "active_requests": len(self._reqs),
                 "k": self.k, "settings": dict(self.settings), "staged_version": job.version if job else None,
-                "calibration": self.calibration.table()}
+                "calibration": self.calibration.table(), "adaptive": self.adaptive,
+                "step_cost": self.step_cost.metrics()}
 
     def specdec_trace(self, enable: bool = True) -> list:
         """Start (clear) or stop recording every proposed draft as (req_id, problem_id, tokens).
@@ -392,6 +407,39 @@ class DASProposer:
             st.local_upto = n
         return st.local.speculate_ndarray(ctx, limit, self.max_spec_factor, 0.0, self.min_token_prob, False)
 
+    def _cut(self, pending: list, generated: list, requests: int, ctx_sum: int) -> list:
+        """`scheduling.budget: adaptive`: cut each pending draft to its chosen length (module doc). A
+        draft cut to nothing is scored against the tokens the target produces, like a losing draft."""
+        cost = self.step_cost.split(requests, ctx_sum)
+        if cost is None:  # warm-up: the step-cost fit has too few steps yet
+            return pending
+        t0, c_tok = cost
+        rates = self.calibration.rates
+        gains = [[rates[src][min(int(p * BINS), BINS)] for p in probs] for _, _, _, _, probs, src in pending]
+        weights = makespan_weights(generated, [st.predicted for _, _, st, _, _, _ in pending])
+        lengths = draft_lengths(gains, weights, t0, c_tok)
+        c = self.counters
+        c["adaptive_steps"] += 1
+        kept, cut = [], 0
+        for (i, rid, st, tokens, probs, src), d in zip(pending, lengths):
+            cut += len(tokens) - d
+            if d:
+                kept.append((i, rid, st, tokens[:d], probs[:d], src))
+            else:
+                st.others.append((src, probs, tokens, 0))
+        c["adaptive_cut_tokens"] += cut
+        drafting = bool(kept)
+        if not drafting:
+            c["adaptive_off_steps"] += 1
+        if drafting != self._drafting:
+            self._drafting = drafting
+            best = max((g[0] * w for g, w in zip(gains, weights) if g), default=0.0)
+            log.info("DAS adaptive: speculation %s at %d requests: best draft token %.3f expected accepted tokens "
+                     "for %.3g ms against %.3g tokens per ms without drafts (step %.3g ms, fit on %d steps, R^2 %s)",
+                     "on" if drafting else "off", requests, best, 1e3 * c_tok, sum(weights) / (1e3 * t0), 1e3 * t0,
+                     self.step_cost.samples, "n/a" if self.step_cost.r2 is None else f"{self.step_cost.r2:.2f}")
+        return kept
+
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         rows = len(sampled_token_ids)
@@ -411,8 +459,11 @@ class DASProposer:
         local_bound = calib.max_rate[_LOCAL] if ranker is not None else 1.0
         grew = False
         ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch
-        verified = drafted = drafted_tokens = 0
-        sources = self._from
+        verified = drafted = drafted_tokens = ctx_sum = 0
+        new_rows = False  # a request seen for the first time: the step that just ran prefilled it
+        adaptive = self.adaptive and not fenced
+        pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
+        generated: list = []  # per pending draft: its request's output tokens so far
         for i in range(rows):
             rid = req_ids[i]
             if rid is None:
@@ -421,6 +472,7 @@ class DASProposer:
             st = reqs.get(rid)
             if st is None:
                 st = self._request_state(rid, i)
+                new_rows = True
             sampled = sampled_token_ids[i]
             if not sampled:  # partial prefill chunk: nothing to verify yet
                 continue
@@ -431,6 +483,7 @@ class DASProposer:
                 st.others = _resolve_others(calib, st.others, sampled)
             verified += 1
             n = ns[i]
+            ctx_sum += n
             row = token_ids_cpu[i]
             if live:
                 grew |= self._live_update(st, row, n)
@@ -466,20 +519,27 @@ class DASProposer:
                 continue
             if len(tokens) > k:  # never more than k: more kills the engine
                 tokens, probs = tokens[:k], probs[:k]
+            pending.append((i, rid, st, tokens, probs, _SOURCE_INDEX[source]))
+            generated.append(n - st.prompt_len)
+        if adaptive and pending:
+            pending = self._cut(pending, generated, verified, ctx_sum)
+        for i, rid, st, tokens, probs, src in pending:
             out[i] = tokens
-            src = st.last_src = _SOURCE_INDEX[source]
-            st.last_probs = probs
+            st.last_src, st.last_probs = src, probs
             drafted += 1
             drafted_tokens += len(tokens)
-            sources[src] += 1
+            self._from[src] += 1
             if self.trace is not None and len(self.trace) < TRACE_LIMIT:
                 self.trace.append((rid, st.problem_id, tuple(tokens)))
+        last, self._last_step = self._last_step, (t0, verified, verified + drafted_tokens, ctx_sum)
+        if last is not None and not new_rows:  # the step since the last call: decode only
+            self.step_cost.add(last[1], last[2], last[3], t0 - last[0])
         c["rows"] += verified
         c["drafts"] += drafted
         c["draft_tokens"] += drafted_tokens
         for name, j in _SOURCE_INDEX.items():
-            c["from_" + name] += sources[j]
-            sources[j] = 0
+            c["from_" + name] += self._from[j]
+            self._from[j] = 0
         if len(reqs) > len(seen):  # finished or preempted requests: drop their state
             for rid in [r for r in reqs if r not in seen]:  # (their in-flight entries wait for the rebuild)
                 del reqs[rid]

@@ -220,11 +220,12 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{GEN_PATH}.quant_cfg: set together with {BLOCK_PATH}.enabled=true; both replace NeMo-RL's "
             "vLLM worker (ModelOpt quantization and speculative decoding) and cannot be combined"
         )
-    if spec.scheduling.budget != "uniform" and (gen.get("vllm_cfg") or {}).get("async_engine"):
+    if spec.scheduling.budget not in ("uniform", "adaptive") and (gen.get("vllm_cfg") or {}).get("async_engine"):
         raise ConfigError(
             f"{BLOCK_PATH}.scheduling.budget: got {spec.scheduling.budget!r} with "
             f"{GEN_PATH}.vllm_cfg.async_engine=true; per-request budgets are computed over an engine's "
-            "batch, and NeMo-RL's async engine receives one request at a time; allowed here: 'uniform'")
+            "batch, and NeMo-RL's async engine receives one request at a time; allowed here: 'uniform', or "
+            "'adaptive' (chosen inside the engine at every step; without length predictions there)")
     if spec.on_refresh_error == "disable" and drafter_of(spec).kind == MODEL:
         raise ConfigError(
             f"{BLOCK_PATH}.on_refresh_error: got 'disable' with drafter={spec.drafter!r}; NeMo-RL's vLLM engine "

@@ -25,6 +25,9 @@ Policies (`assign_budgets`):
   "long", i.e. the policy falls back to `uniform`.
 - `das`: the closed form derived in `das_budgets` (after DAS, "Beat the long tail:
   Distribution-Aware Speculative Decoding for RL Training").
+- `adaptive`: every request may draft up to k and carries its predicted length; the drafter
+  cuts each draft at every engine step (`scheduling/adaptive.py`). Only a drafter that returns
+  per-request draft lengths (DAS) can do that; validation refuses it for the others.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-BUDGETS = ("uniform", "length_aware", "das")
+BUDGETS = ("uniform", "length_aware", "das", "adaptive")
 CLASSES = ("long", "medium", "short")
 
 Acceptance = Union[float, Sequence[float]]
@@ -224,7 +227,7 @@ def assign_budgets(predicted_remaining: Sequence[float], k: int, policy: str = "
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"k={k!r}: expected an int >= 0")
     n = len(predicted_remaining)
-    if policy == "uniform":
+    if policy in ("uniform", "adaptive"):  # adaptive: the drafter cuts per step
         return [int(k)] * n
     if policy == "length_aware":
         return length_aware_budgets(predicted_remaining, k, long_fraction, short_fraction, medium_k)

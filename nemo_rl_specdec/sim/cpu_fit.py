@@ -3,7 +3,8 @@ predictions made from it.
 
 The fit uses decode steps only; a step that prefills a prompt is left out. It is one
 non-negative least-squares problem over every configuration's steps. Its columns are the
-simulator's linear cost form (`CostModel`, `hardware.c_*_s`, `drafter.*`):
+simulator's linear cost form (`CostModel`, `hardware.c_*_s`, `drafter.*`), the engine's online
+fit's (`scheduling/step_cost.py`) plus a step and a per-request term per drafter:
 
     t = c_base + c_seq * requests + c_tok * (requests + draft_tokens) + c_ctx * sum(context)
         + [drafter X's steps] * (step_overhead_X + per_request_X * requests)
@@ -46,6 +47,7 @@ import numpy as np
 from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_path
+from nemo_rl_specdec.scheduling.step_cost import step_columns
 
 MEASURED = config_path("sim", "measured")
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")
@@ -78,7 +80,7 @@ def _rows(results: list) -> tuple[np.ndarray, np.ndarray, list, list]:
             if s["prefill_tokens"] or s["requests"] == 0:
                 continue
             n = s["requests"]
-            row = [1.0, n, n + s["draft_tokens"], s["ctx_sum"]] + [0.0] * (2 * len(names))
+            row = step_columns(n, n + s["draft_tokens"], s["ctx_sum"]) + [0.0] * (2 * len(names))
             if j is not None:
                 row[4 + 2 * j], row[5 + 2 * j] = 1.0, n
             X.append(row)

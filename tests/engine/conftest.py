@@ -33,7 +33,8 @@ def drafter_cases() -> dict:
     """Every registered drafter as the engine suites run it: {case: (drafter, run file, overrides)}.
 
     One case per `bench_rows` entry of the drafter (named after its label: `suffix_das`,
-    `suffix_vllm`, `draft_model`, ...), or one case named after the drafter when it has none. A
+    `suffix_vllm`, `draft_model`, ...), or one case named after the drafter when it has none, and
+    `suffix_das_adaptive` (DAS under `scheduling.budget: adaptive`). A
     drafter whose weights ride in the policy checkpoint runs on IN_POLICY_RUN_FILE as written;
     a model drafter the suite's run file names no checkpoint for is left out (e.g. none is bundled
     for SmolLM2), as in `bench --suite drafters`."""
@@ -50,6 +51,9 @@ def drafter_cases() -> dict:
             continue
         for label, over in d.bench_rows or ((name, ()),):
             out[_slug(label)] = (name, RUN_FILE, [f"{BLOCK}.drafter={name}"] + [f"{BLOCK}.{o}" for o in over])
+    if "suffix_das" in out:  # scheduling.budget: adaptive cuts DAS drafts at every step: lossless under it too
+        name, run_file, over = out["suffix_das"]
+        out["suffix_das_adaptive"] = (name, run_file, over + [f"{BLOCK}.scheduling.budget=adaptive"])
     return out
 
 

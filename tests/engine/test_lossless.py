@@ -117,6 +117,23 @@ def test_returned_logprobs_are_the_targets(case, problems, hf_policy, encode):
     assert worst < 1e-4, f"{case.name}: returned logprobs differ from the target's by {worst}"
 
 
+@pytest.mark.parametrize("case", ["suffix_das_adaptive"], indirect=True)
+def test_adaptive_budget_cuts_drafts_from_the_measured_step_cost(case, problems, encode):
+    """The greedy and chi-square runs above were lossless with the per-step choice active, not just
+    configured: the step-cost fit is warm and steps were cut."""
+    spec = case.spec
+    tok = spec.tokenizer()
+    spec.generate([Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:8]], temperature=0.0)
+
+    def stats(worker):
+        return worker.model_runner.drafter.specdec_stats()
+
+    st = spec.llm.collective_rpc(stats)[0]
+    assert st["adaptive"] is True
+    assert st["step_cost"]["samples"] >= 32 and st["step_cost"]["c_tok_s"] is not None
+    assert st["counters"]["adaptive_steps"] > 0
+
+
 @pytest.mark.parametrize("case", ["suffix_das"], indirect=True)
 def test_zero_drafts_over_a_long_call_warns(case, problems, encode):
     """The silent-disable trap: speculation enabled, no drafts made -> a loud warning."""

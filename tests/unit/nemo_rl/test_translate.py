@@ -45,6 +45,19 @@ def test_nemo_rl_refuses_settings_it_cannot_honour():
         translate.check_run(run_dict(gen_cfg(drafter="ngram", scheduling={"k_by_batch_size": [[2, 8, 3]]})))
 
 
+def test_async_engine_takes_only_budgets_chosen_inside_the_engine():
+    """NeMo-RL's async engine gets one request at a time: a budget computed over the driver's batch
+    cannot reach it, the per-step adaptive choice (made inside the engine) can."""
+    def async_gen(budget):
+        g = gen_cfg(drafter="suffix", scheduling={"budget": budget})
+        g["vllm_cfg"]["async_engine"] = True
+        return run_dict(g)
+
+    with pytest.raises(ConfigError, match=r"scheduling\.budget: got 'das' with .*async_engine=true.*'adaptive'"):
+        translate.check_run(async_gen("das"))
+    assert translate.check_run(async_gen("adaptive")) is not None
+
+
 def test_enabled_spec_is_none_when_absent_or_disabled():
     assert translate.enabled_spec({"backend": "vllm"}) is None
     assert translate.enabled_spec({"speculative_decoding": {"enabled": False}}) is None

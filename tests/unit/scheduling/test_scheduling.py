@@ -284,13 +284,14 @@ def test_das_per_request_cost_makes_long_contexts_draft():
 
 
 def test_budget_errors():
-    with pytest.raises(ValueError, match=r"'fancy'.*\['uniform', 'length_aware', 'das'\]"):
+    with pytest.raises(ValueError, match=r"'fancy'.*\['uniform', 'length_aware', 'das', 'adaptive'\]"):
         assign_budgets([1], 3, "fancy")
     with pytest.raises(ValueError, match="long_fraction"):
         classify([1, 2], 0.8, 0.5)
     with pytest.raises(ValueError, match="medium_k"):
         length_aware_budgets([1, 2], 2, medium_k=3)
-    assert set(BUDGETS) == {"uniform", "length_aware", "das"}
+    assert set(BUDGETS) == {"uniform", "length_aware", "das", "adaptive"}
+    assert assign_budgets([5, 50], 3, "adaptive") == [3, 3]  # the drafter cuts per step
 
 
 # --------------------------------------------------------------------------- k by batch size

@@ -1,0 +1,83 @@
+"""An engine's step time, fitted online in the simulator's linear form.
+
+    t = c_base + c_seq * requests + c_tok * verified tokens + c_ctx * sum(context)
+
+is `sim/costmodel.py`'s linear target forward (`hardware.c_*_s`), with the drafter's own time per
+step folded into c_base and c_seq (a list drafter runs for every request of every step).
+`StepCostFit` keeps the engine's most recent decode steps, refits by non-negative least squares
+(the same fit as `sim/cpu_fit.py`'s) every `refit_every` steps, and answers what a step would
+cost with more or fewer draft tokens. Until it has `min_samples` steps with at least two
+different draft-token counts it answers None, and the caller drafts as without it (the warm-up). Its
+constants, sample count and R^2 are the engine's `step_cost` metric.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Optional
+
+import numpy as np
+
+COLUMNS = ("c_base_s", "c_seq_s", "c_tok_s", "c_ctx_s")
+
+
+def step_columns(requests: float, verified_tokens: float, ctx_sum: float) -> list:
+    """One row of the linear step form (COLUMNS order)."""
+    return [1.0, float(requests), float(verified_tokens), float(ctx_sum)]
+
+
+class StepCostFit:
+    """Online fit of one engine's step time (see module doc)."""
+
+    def __init__(self, window: int = 2048, min_samples: int = 32, refit_every: int = 32):
+        if window < min_samples or min_samples < len(COLUMNS) or refit_every < 1:
+            raise ValueError(f"window={window}, min_samples={min_samples}, refit_every={refit_every}: need "
+                             f"window >= min_samples >= {len(COLUMNS)} and refit_every >= 1")
+        self.min_samples, self.refit_every = int(min_samples), int(refit_every)
+        self._x: deque = deque(maxlen=int(window))
+        self._y: deque = deque(maxlen=int(window))
+        self._since = 0
+        self.coef: Optional[np.ndarray] = None
+        self.r2: Optional[float] = None
+        self.samples = 0
+
+    def add(self, requests: int, verified_tokens: int, ctx_sum: int, seconds: float) -> None:
+        """One decode step that verified `verified_tokens` tokens of `requests` requests."""
+        if requests <= 0 or not seconds > 0 or not np.isfinite(seconds):
+            return
+        self._x.append(step_columns(requests, verified_tokens, ctx_sum))
+        self._y.append(float(seconds))
+        self.samples += 1
+        self._since += 1
+        if self._since >= self.refit_every and len(self._y) >= self.min_samples:
+            self._refit()
+
+    def _refit(self) -> None:
+        from scipy.optimize import nnls
+
+        self._since = 0
+        X, y = np.asarray(self._x), np.asarray(self._y)
+        if np.ptp(X[:, 2] - X[:, 1]) == 0:  # draft tokens never varied: c_tok cannot be told from c_seq
+            return
+        coef, _ = nnls(X, y)
+        pred = X @ coef
+        ss = float(((y - y.mean()) ** 2).sum())
+        self.coef = coef
+        self.r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else 1.0
+
+    def split(self, requests: int, ctx_sum: int) -> Optional[tuple[float, float]]:
+        """(t0, c_tok): a step of these requests without drafts, and the cost of one more verified
+        token; None during the warm-up."""
+        if self.coef is None:
+            return None
+        c_base, c_seq, c_tok, c_ctx = (float(x) for x in self.coef)
+        t0 = c_base + c_seq * requests + c_tok * requests + c_ctx * ctx_sum
+        return (t0, c_tok) if t0 > 0 else None
+
+    def metrics(self) -> dict:
+        out = {"samples": self.samples, "r2": self.r2}
+        out.update({k: (None if self.coef is None else float(v)) for k, v in
+                    zip(COLUMNS, self.coef if self.coef is not None else [None] * len(COLUMNS))})
+        return out
+
+
+__all__ = ["COLUMNS", "StepCostFit", "step_columns"]
