@@ -23,7 +23,10 @@ Budgets: with speculation on, each request gets d_i = min(budget_i, k(batch size
 from `scheduling.budget.assign_budgets` over the predicted remaining lengths of the requests
 in flight (recomputed whenever the batch changes, and every `interval` steps), k(batch size)
 from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.best_drafts`
-for the requests in flight (re-chosen at every event).
+for the requests in flight (re-chosen at every event). Budget `adaptive` then cuts each d_i at
+every event with the engine's own rule (`scheduling.adaptive.draft_lengths`): gains from the
+request's acceptance curve (and response-position factor, times the coverage), weights from its
+predicted remaining length, t0 and the cost of a draft token from the cost model.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from nemo_rl_specdec.scheduling.adaptive import draft_lengths, makespan_weights
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
 from nemo_rl_specdec.sim.adaptive import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
@@ -79,7 +83,7 @@ class EngineStats:
     budget_recomputes: int = 0
     preemptions: int = 0
     busy: list = field(default_factory=list)   # merged [start, end] intervals with requests in flight
-    adaptive_steps: list = field(default_factory=list)  # (requests, drafts chosen) per per_step decision
+    adaptive_steps: list = field(default_factory=list)  # (requests, drafts chosen) per per_step / adaptive decision
 
 
 class EngineSim:
@@ -213,6 +217,21 @@ class EngineSim:
         self.stats.budget_recomputes += 1
         return np.asarray(out, dtype=int)
 
+    def _adaptive(self, cap: np.ndarray) -> np.ndarray:
+        """`budget: adaptive`: each request's drafts this event, at most `cap` (module doc)."""
+        n = len(self._active)
+        g = np.diff(self._A, axis=1)                   # acceptance of draft position j, unconditional
+        if self._pos_starts is not None:
+            seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
+            g = g * self._pos_factors[seg][:, None]
+        predicted = [p + self.remaining(r, float(p)) for r, p in zip(self._active, self._prog)]
+        weights = makespan_weights(self._prog, predicted)
+        c_base, c_tok, c_draft, c_ctx = self.cost.linearised(n, float(self._ctx.mean()))
+        t0 = c_base + c_tok * n + c_ctx * float(self._ctx.sum())
+        c = self.coverage                              # a share c of request-steps has a draft to verify
+        gains = [c * g[i, :int(cap[i])] for i in range(n)]
+        return np.asarray(draft_lengths(gains, weights, t0, c * (c_tok + c_draft)), dtype=int)
+
     def _advance(self) -> None:
         self._preempt()
         n_act = len(self._active)
@@ -229,6 +248,9 @@ class EngineSim:
             else:
                 cap = schedule_lookup(sp.schedule, n_act, sp.k)
             d = np.minimum(self._budget, cap)
+            if sp.budget == "adaptive":
+                d = self._adaptive(d)
+                self.stats.adaptive_steps.append((n_act, int(d.sum())))
         idx = np.arange(n_act)
         a_draft = self._A[idx, d]                                 # committed per step when drafting
         by_position = self._pos_starts is not None and sp is not None

@@ -311,7 +311,7 @@ class Speculation(_Strict):
     enabled: bool = True
     k: int = Field(3, ge=1, le=64, description="num_speculative_tokens")
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
-    budget: Literal["uniform", "length_aware", "das"] = "uniform"
+    budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
     long_fraction: float = Field(0.25, gt=0, le=1)
     short_fraction: float = Field(0.25, ge=0, lt=1)
     medium_k: Optional[int] = Field(None, ge=0)

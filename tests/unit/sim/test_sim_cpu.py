@@ -112,6 +112,24 @@ def test_per_step_adaptive_is_never_slower_than_fixed_k_when_verification_is_dea
     assert adaptive["rollout_speedup"] > fixed["rollout_speedup"]
 
 
+def test_adaptive_budget_never_slower_where_fixed_k_loses_and_keeps_drafts_where_they_pay():
+    """budget: adaptive is the engine's per-request rule (scheduling/adaptive.py) run in the simulator."""
+    dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
+    fixed = simulate(build(LINEAR, dear))
+    adaptive = simulate(build(LINEAR, {**dear, "speculation.budget": "adaptive"}))
+    assert fixed["rollout_speedup"] < 1.0
+    assert adaptive["rollout_speedup"] >= 0.999 and adaptive["rollout_speedup"] > fixed["rollout_speedup"]
+    cheap_fixed = simulate(build(LINEAR, {}))
+    cheap = simulate(build(LINEAR, {"speculation.budget": "adaptive"}))
+    assert cheap_fixed["rollout_speedup"] > 1.2
+    assert cheap["rollout_speedup"] >= 0.98 * cheap_fixed["rollout_speedup"]
+
+
+def test_adaptive_budget_refuses_a_model_drafter():
+    with pytest.raises(ScenarioError, match="speculation.budget"):
+        build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.budget": "adaptive"})
+
+
 def test_measured_cpu_profile_loads_and_simulates():
     from nemo_rl_specdec.sim.cpu_fit import SCENARIO
     from nemo_rl_specdec.sim.scenario import load_scenario
