@@ -22,6 +22,11 @@ decoded at once per engine; ``null`` = vLLM's default, 256 on CPU, i.e. every re
 batch runs at once; a small cap makes requests queue, as on a GPU whose KV cache holds only a
 few long responses). The engines are rebuilt per regime; each regime has its own warm-up.
 
+Placement is judged against its ceiling: every measured batch is replayed in the simulator
+under clairvoyant placement (`placement_bound`), and each configuration's paired cut against
+contiguous is reported as a share of the clairvoyant cut of its own problem draw,
+``share_of_clairvoyant_cut`` (mean over draws; ``..._per_draw``).
+
 Per configuration (medians over the repeats): ``makespan_s`` (dispatch until the last request
 of the batch finished), ``wall_clock_ratio`` = no-spec makespan / this makespan under the same
 placement, ``makespan_vs_contiguous`` = the same group's contiguous makespan (uniform budget)
@@ -33,6 +38,8 @@ target forward, acceptance rate, per-engine finish times, tokens and longest rol
 Run-file knobs (all optional, under ``bench.scheduling``): ``problems`` (default
 ``grpo.num_prompts_per_step``), ``samples`` (default ``grpo.num_generations_per_prompt``),
 ``engines`` (default ``cluster.num_engines`` if > 1, else 2), ``repeats`` (default 5),
+``draws`` (default 1: independent problem sets per regime, each with its own warm-up; medians
+then run over every draw's repeats),
 ``placements``, ``budgets`` (subset of uniform | length_aware | das, default all three),
 ``max_num_seqs`` (list of regimes, default ``[null, 8]``), ``problem_seed``, ``temperature``
 (default the run file's), ``max_new_tokens`` (default the run file's).
@@ -65,6 +72,7 @@ def _options(cfg: RunConfig) -> dict:
         "samples": int(b.get("samples", cfg.get("grpo.num_generations_per_prompt", 4))),
         "engines": int(b.get("engines", cluster if cluster > 1 else 2)),
         "repeats": int(b.get("repeats", 5)),
+        "draws": int(b.get("draws", 1)),
         "placements": list(b.get("placements", PLACEMENTS)),
         "budgets": list(b.get("budgets", ["uniform", "length_aware", "das"])),
         "max_num_seqs": seqs,
@@ -74,7 +82,7 @@ def _options(cfg: RunConfig) -> dict:
         "seed": int(cfg.get("grpo.seed", 0)),
         "prompt_format": run_prompt_format(cfg),
     }
-    for key in ("problems", "samples", "repeats"):
+    for key in ("problems", "samples", "repeats", "draws"):
         if opts[key] < 1:
             raise ConfigError(f"bench.scheduling.{key}: got {opts[key]}; allowed: an int >= 1")
     if opts["engines"] < 2:
@@ -143,21 +151,34 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     results: list = []
     bounds: list = []  # (max_num_seqs, simulated placement bound) per regime
     for seqs in opts["max_num_seqs"]:
-        runs, warm_n = _measure(with_max_num_seqs(cfg, seqs), opts, per_request, seqs)
-        bound = placement_bound(runs, E, seqs)
+        runs, draws, warm_n = _measure(with_max_num_seqs(cfg, seqs), opts, per_request, seqs)
+        bound = placement_bound(runs, draws, E, seqs)
         bounds.append((seqs, bound))
-        results += [{**r, "simulated_placement_bound": bound} for r in _summarize(runs, opts, spec, E, warm_n, seqs)]
+        results += [{**r, "simulated_placement_bound": bound,
+                     **ceiling_share(runs, draws, r["key"], bound["clairvoyant_cut_pct_by_draw"])}
+                    for r in _summarize(runs, opts, spec, E, warm_n, seqs)]
     _print(results, opts)
     for seqs, b in bounds:
-        print(f"Simulated placement bound @max_num_seqs={seqs if seqs is not None else 'default'}: the "
+        tag = seqs if seqs is not None else "default"
+        print(f"Simulated placement bound @max_num_seqs={tag}: the "
               f"{b['batches']} measured batches replayed with no speculation; cut vs contiguous: length_aware median "
               f"{b['length_aware_cut_pct']['median']:.1f}% (mean {b['length_aware_cut_pct']['mean']:.1f}%), "
               f"clairvoyant median {b['clairvoyant_cut_pct']['median']:.1f}% "
-              f"(mean {b['clairvoyant_cut_pct']['mean']:.1f}%)")
+              f"(mean {b['clairvoyant_cut_pct']['mean']:.1f}%); length_aware reaches "
+              f"{100 * b['length_aware_share_of_clairvoyant']:.0f}% of the clairvoyant cut (mean over "
+              f"{len(b['clairvoyant_cut_pct_by_draw'])} problem draws)")
+        for r in results:
+            if r["max_num_seqs"] == seqs and r["placement"] != "contiguous" and r.get("share_of_clairvoyant_cut") is not None:
+                print(f"  measured {r['name']}: {100 * r['share_of_clairvoyant_cut']:.0f}% of the clairvoyant cut "
+                      f"(per draw: {', '.join(f'{100 * x:.0f}%' for x in r['share_of_clairvoyant_cut_per_draw'])})")
+    for r in results:
+        del r["key"]
     return results
 
 
-def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int]) -> tuple[dict, int]:
+def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int]) -> tuple[dict, dict, int]:
+    """Every configuration's rollouts ({(drafter, placement, budget): [result, ...]}), the problem draw
+    of each, and the number of warm-up rollouts."""
     from transformers import AutoTokenizer
 
     from nemo_rl_specdec.demo import task
@@ -172,6 +193,7 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
     t0 = time.perf_counter()
     groups: list = []
     runs: dict = {}
+    draws: dict = {}
     try:
         base = EngineGroup(cfg, E, spec_enabled=False, seed=opts["seed"], predictor=predictor, name="nospec")
         groups.append(base)
@@ -189,41 +211,47 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
              f"via {first.budget_via}" + (f", k by batch {first.derived_k_schedule}" if first.derived_k_schedule
                                           else ""))
         tok = AutoTokenizer.from_pretrained(cfg.model_path)
-        problems = task.make_problems(opts["problems"], seed=opts["problem_seed"])
-        reqs = [Request(task.prompt_token_ids(tok, p, opts["prompt_format"]), problem_id=p.problem_id)
-                for p in problems for _ in range(opts["samples"])]
-        for g in groups:  # first-call costs (allocator, JIT) off the clock
-            g.generate(reqs[:E], placement="round_robin", max_new_tokens=8, temperature=T, observe=False)
-        # the previous batch of the same problems: it trains the predictor and fills the drafter store
-        warm: list = []
-        for g in groups:
-            warm += g.generate(reqs, placement="contiguous", budget="uniform", max_new_tokens=max_new,
-                               temperature=T, observe=True).rollouts
-        version = int(first.states()[0]["policy_version"]) + 1
-        for g in groups:
-            g.update(PolicyUpdate(version, rollouts=warm if g is not base else []))
-        lens = sorted(len(r.token_ids) for r in warm)
-        _say(f"{label}: warm batches ({len(lens)} rollouts): length p50 {lens[len(lens) // 2]}, "
-             f"p90 {lens[int(0.9 * (len(lens) - 1))]}, max {lens[-1]}; "
-             f"predictor knows {sum(predictor.known(p.problem_id) for p in problems)} problems")
+        warm_n = 0
+        for draw in range(opts["draws"]):  # independent problem sets, each with its own warm-up
+            problems = task.make_problems(opts["problems"], seed=opts["problem_seed"] + 1000 * draw)
+            reqs = [Request(task.prompt_token_ids(tok, p, opts["prompt_format"]), problem_id=p.problem_id)
+                    for p in problems for _ in range(opts["samples"])]
+            if draw == 0:
+                for g in groups:  # first-call costs (allocator, JIT) off the clock
+                    g.generate(reqs[:E], placement="round_robin", max_new_tokens=8, temperature=T, observe=False)
+            # the previous batch of the same problems: it trains the predictor and fills the drafter store
+            warm: list = []
+            for g in groups:
+                warm += g.generate(reqs, placement="contiguous", budget="uniform", max_new_tokens=max_new,
+                                   temperature=T, observe=True).rollouts
+            version = int(first.states()[0]["policy_version"]) + 1
+            for g in groups:
+                g.update(PolicyUpdate(version, rollouts=warm if g is not base else []))
+            lens = sorted(len(r.token_ids) for r in warm)
+            warm_n += len(lens)
+            _say(f"{label} draw {draw}: warm batches ({len(lens)} rollouts): length p50 {lens[len(lens) // 2]}, "
+                 f"p90 {lens[int(0.9 * (len(lens) - 1))]}, max {lens[-1]}; "
+                 f"predictor knows {sum(predictor.known(p.problem_id) for p in problems)} problems")
 
-        for rep in range(opts["repeats"]):
-            for placement in opts["placements"]:
-                key = ("none", placement, "uniform")
-                res = base.generate(reqs, placement=placement, budget="uniform", max_new_tokens=max_new,
-                                    temperature=T, observe=False)
-                runs.setdefault(key, []).append(res)
-                for budget in opts["budgets"]:
-                    res = spec_groups[budget].generate(reqs, placement=placement, budget=budget,
-                                                       max_new_tokens=max_new, temperature=T, observe=False)
-                    runs.setdefault((spec.drafter, placement, budget), []).append(res)
-                _say(f"{label} repeat {rep} {placement}: no-spec {runs[key][-1].makespan_s:.2f}s, "
-                     + ", ".join(f"{b} {runs[(spec.drafter, placement, b)][-1].makespan_s:.2f}s"
-                                 for b in opts["budgets"]))
+            for rep in range(opts["repeats"]):
+                for placement in opts["placements"]:
+                    key = ("none", placement, "uniform")
+                    res = base.generate(reqs, placement=placement, budget="uniform", max_new_tokens=max_new,
+                                        temperature=T, observe=False)
+                    runs.setdefault(key, []).append(res)
+                    draws.setdefault(key, []).append(draw)
+                    for budget in opts["budgets"]:
+                        res = spec_groups[budget].generate(reqs, placement=placement, budget=budget,
+                                                           max_new_tokens=max_new, temperature=T, observe=False)
+                        runs.setdefault((spec.drafter, placement, budget), []).append(res)
+                        draws.setdefault((spec.drafter, placement, budget), []).append(draw)
+                    _say(f"{label} draw {draw} repeat {rep} {placement}: no-spec {runs[key][-1].makespan_s:.2f}s, "
+                         + ", ".join(f"{b} {runs[(spec.drafter, placement, b)][-1].makespan_s:.2f}s"
+                                     for b in opts["budgets"]))
     finally:
         for g in reversed(groups):
             g.close()
-    return runs, len(lens)
+    return runs, draws, warm_n
 
 
 def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Optional[int]) -> list[dict]:
@@ -249,6 +277,7 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
         for b in (mid.budgets if drafter != "none" else []):
             hist[str(b)] = hist.get(str(b), 0) + 1
         out.append({
+            "key": (drafter, placement, budget),
             "name": f"{'no_spec' if drafter == 'none' else drafter}/{placement}/"
                     f"{budget if drafter != 'none' else '-'}@{tag}",
             "drafter": drafter, "placement": placement, "budget": budget if drafter != "none" else None,
@@ -287,7 +316,7 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
     return out
 
 
-def placement_bound(runs: dict, engines: int, max_num_seqs: Optional[int]) -> dict:
+def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optional[int]) -> dict:
     """What placement alone could give on the batches this regime actually produced.
 
     Every measured rollout batch (all configurations and repeats: fresh T > 0 samples of the
@@ -296,7 +325,8 @@ def placement_bound(runs: dict, engines: int, max_num_seqs: Optional[int]) -> di
     length_aware on the frozen predictions the bench used, and clairvoyant — length_aware on
     the lengths each batch really had, which no placement made before generation can beat.
     The gap between the last two is what better predictions could still win; the clairvoyant
-    cut is the ceiling for this batch of problems."""
+    cut is the ceiling for this batch of problems. Per problem draw: the mean clairvoyant cut
+    (what `ceiling_share` judges measured cuts against) and length_aware's share of it."""
     import numpy as np
 
     from nemo_rl_specdec.engine.group import DEFAULT_COST_MODEL
@@ -319,8 +349,9 @@ def placement_bound(runs: dict, engines: int, max_num_seqs: Optional[int]) -> di
         return max(done)
 
     cuts: dict = {"length_aware": [], "clairvoyant": []}
-    for rs in runs.values():
-        for r in rs:
+    by_draw: dict = {}
+    for key, rs in runs.items():
+        for r, draw in zip(rs, draws[key]):
             lengths = [len(ro.token_ids) for ro in r.rollouts]
             prompts = [len(ro.prompt_token_ids) for ro in r.rollouts]
             pids = [ro.problem_id for ro in r.rollouts]
@@ -331,13 +362,35 @@ def placement_bound(runs: dict, engines: int, max_num_seqs: Optional[int]) -> di
                                                               lengths, prompts) / ref))
             cuts["clairvoyant"].append(100.0 * (1 - makespan(place(actual, engines, "length_aware"),
                                                              lengths, prompts) / ref))
+            by_draw.setdefault(draw, []).append((cuts["length_aware"][-1], cuts["clairvoyant"][-1]))
+    clair = {d: float(statistics.fmean(c for _, c in v)) for d, v in sorted(by_draw.items())}
+    shares = [statistics.fmean(a for a, _ in v) / clair[d] for d, v in by_draw.items() if clair[d] > 0]
     return {
+        "clairvoyant_cut_pct_by_draw": clair,
+        "length_aware_share_of_clairvoyant": float(statistics.fmean(shares)) if shares else None,
         "batches": len(cuts["clairvoyant"]),
         "length_aware_cut_pct": {"median": _median(cuts["length_aware"]),
                                  "mean": float(statistics.fmean(cuts["length_aware"]))},
         "clairvoyant_cut_pct": {"median": _median(cuts["clairvoyant"]),
                                 "mean": float(statistics.fmean(cuts["clairvoyant"]))},
     }
+
+
+def ceiling_share(runs: dict, draws: dict, key: tuple, clairvoyant_by_draw: dict) -> dict:
+    """A configuration's measured makespan cut against contiguous (its own drafter and budget, paired
+    repeat by repeat), as a share of the clairvoyant cut simulated on the same draw's batches; the
+    mean over problem draws. None for contiguous itself or where a draw's ceiling is not positive."""
+    drafter, placement, budget = key
+    ref = (drafter, "contiguous", budget)
+    if placement == "contiguous" or ref not in runs:
+        return {"share_of_clairvoyant_cut": None, "share_of_clairvoyant_cut_per_draw": []}
+    per_draw: dict = {}
+    for a, b, d in zip(runs[key], runs[ref], draws[key]):
+        per_draw.setdefault(d, []).append(100.0 * (1 - a.makespan_s / b.makespan_s))
+    shares = [_median(cuts) / clairvoyant_by_draw[d] for d, cuts in sorted(per_draw.items())
+              if clairvoyant_by_draw.get(d, 0) > 0]
+    return {"share_of_clairvoyant_cut": float(statistics.fmean(shares)) if shares else None,
+            "share_of_clairvoyant_cut_per_draw": shares}
 
 
 def _fmt(v: Any) -> str:
