@@ -39,10 +39,9 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
   would kill the engine, so the clamp is unconditional;
 - with ``scheduling.budget: adaptive``, then cuts every request's draft to the length that
-  maximises the step's weighted committed tokens per second
-  (:mod:`~nemo_rl_specdec.scheduling.adaptive`): the calibrated acceptance of each draft token,
-  the request's predicted remaining length against the engine's longest, and the engine's step
-  cost fitted online from the time between calls (:mod:`~nemo_rl_specdec.scheduling.step_cost`;
+  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.scheduling.adaptive`),
+  from the calibrated acceptance of each draft token and the engine's step cost fitted online
+  from the time between calls (:mod:`~nemo_rl_specdec.scheduling.step_cost`;
   drafts are not cut during its warm-up). A step where no draft token pays for itself drafts
   nothing; each switch between drafting and not is logged with the numbers behind it.
 
@@ -65,7 +64,7 @@ from nemo_rl_specdec.drafters.calibration import BINS, SOURCES, AcceptanceCalibr
 from nemo_rl_specdec.drafters.staging import StagedRebuild
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
-from nemo_rl_specdec.scheduling.adaptive import draft_lengths, makespan_weights
+from nemo_rl_specdec.scheduling.adaptive import draft_lengths
 from nemo_rl_specdec.scheduling.step_cost import StepCostFit
 from nemo_rl_specdec.schema import Strict
 
@@ -407,7 +406,7 @@ class DASProposer:
             st.local_upto = n
         return st.local.speculate_ndarray(ctx, limit, self.max_spec_factor, 0.0, self.min_token_prob, False)
 
-    def _cut(self, pending: list, generated: list, requests: int, ctx_sum: int) -> list:
+    def _cut(self, pending: list, requests: int, ctx_sum: int) -> list:
         """`scheduling.budget: adaptive`: cut each pending draft to its chosen length (module doc). A
         draft cut to nothing is scored against the tokens the target produces, like a losing draft."""
         cost = self.step_cost.split(requests, ctx_sum)
@@ -416,8 +415,7 @@ class DASProposer:
         t0, c_tok = cost
         rates = self.calibration.rates
         gains = [[rates[src][min(int(p * BINS), BINS)] for p in probs] for _, _, _, _, probs, src in pending]
-        weights = makespan_weights(generated, [st.predicted for _, _, st, _, _, _ in pending])
-        lengths = draft_lengths(gains, weights, t0, c_tok)
+        lengths = draft_lengths(gains, t0, c_tok)
         c = self.counters
         c["adaptive_steps"] += 1
         kept, cut = [], 0
@@ -433,10 +431,10 @@ class DASProposer:
             c["adaptive_off_steps"] += 1
         if drafting != self._drafting:
             self._drafting = drafting
-            best = max((g[0] * w for g, w in zip(gains, weights) if g), default=0.0)
+            best = max((g[0] for g in gains if g), default=0.0)
             log.info("DAS adaptive: speculation %s at %d requests: best draft token %.3f expected accepted tokens "
                      "for %.3g ms against %.3g tokens per ms without drafts (step %.3g ms, fit on %d steps, R^2 %s)",
-                     "on" if drafting else "off", requests, best, 1e3 * c_tok, sum(weights) / (1e3 * t0), 1e3 * t0,
+                     "on" if drafting else "off", requests, best, 1e3 * c_tok, requests / (1e3 * t0), 1e3 * t0,
                      self.step_cost.samples, "n/a" if self.step_cost.r2 is None else f"{self.step_cost.r2:.2f}")
         return kept
 
@@ -463,7 +461,6 @@ class DASProposer:
         new_rows = False  # a request seen for the first time: the step that just ran prefilled it
         adaptive = self.adaptive and not fenced
         pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
-        generated: list = []  # per pending draft: its request's output tokens so far
         for i in range(rows):
             rid = req_ids[i]
             if rid is None:
@@ -520,9 +517,8 @@ class DASProposer:
             if len(tokens) > k:  # never more than k: more kills the engine
                 tokens, probs = tokens[:k], probs[:k]
             pending.append((i, rid, st, tokens, probs, _SOURCE_INDEX[source]))
-            generated.append(n - st.prompt_len)
         if adaptive and pending:
-            pending = self._cut(pending, generated, verified, ctx_sum)
+            pending = self._cut(pending, verified, ctx_sum)
         for i, rid, st, tokens, probs, src in pending:
             out[i] = tokens
             st.last_src, st.last_probs = src, probs

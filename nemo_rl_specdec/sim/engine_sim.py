@@ -25,8 +25,8 @@ in flight (recomputed whenever the batch changes, and every `interval` steps), k
 from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.best_drafts`
 for the requests in flight (re-chosen at every event). Budget `adaptive` then cuts each d_i at
 every event with the engine's own rule (`scheduling.adaptive.draft_lengths`): gains from the
-request's acceptance curve (and response-position factor, times the coverage), weights from its
-predicted remaining length, t0 and the cost of a draft token from the cost model.
+request's acceptance curve (and response-position factor, times the coverage), t0 and the cost
+of a draft token from the cost model.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from nemo_rl_specdec.scheduling.adaptive import draft_lengths, makespan_weights
+from nemo_rl_specdec.scheduling.adaptive import draft_lengths
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
 from nemo_rl_specdec.sim.adaptive import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
@@ -224,13 +224,11 @@ class EngineSim:
         if self._pos_starts is not None:
             seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
             g = g * self._pos_factors[seg][:, None]
-        predicted = [p + self.remaining(r, float(p)) for r, p in zip(self._active, self._prog)]
-        weights = makespan_weights(self._prog, predicted)
         c_base, c_tok, c_draft, c_ctx = self.cost.linearised(n, float(self._ctx.mean()))
         t0 = c_base + c_tok * n + c_ctx * float(self._ctx.sum())
         c = self.coverage                              # a share c of request-steps has a draft to verify
         gains = [c * g[i, :int(cap[i])] for i in range(n)]
-        return np.asarray(draft_lengths(gains, weights, t0, c * (c_tok + c_draft)), dtype=int)
+        return np.asarray(draft_lengths(gains, t0, c * (c_tok + c_draft)), dtype=int)
 
     def _advance(self) -> None:
         self._preempt()
