@@ -145,7 +145,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     # list drafters take per-request budgets: one speculative group serves every budget policy;
     # model drafters get k by batch size at engine start: one group per budget policy
     per_request = budget_route(spec) == "per_request"
-    n_groups = 1 + (1 if per_request else len(opts["budgets"]))
+    static = [b for b in opts["budgets"] if b != "adaptive"]
+    n_groups = 1 + ((1 if static else 0) + ("adaptive" in opts["budgets"]) if per_request else len(opts["budgets"]))
     if not ray.is_initialized():  # n_groups groups of E single-CPU actors on the same E cores
         ray.init(num_cpus=n_groups * E, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     results: list = []
@@ -164,9 +165,11 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
               f"{b['batches']} measured batches replayed with no speculation; cut vs contiguous: length_aware median "
               f"{b['length_aware_cut_pct']['median']:.1f}% (mean {b['length_aware_cut_pct']['mean']:.1f}%), "
               f"clairvoyant median {b['clairvoyant_cut_pct']['median']:.1f}% "
-              f"(mean {b['clairvoyant_cut_pct']['mean']:.1f}%); length_aware reaches "
-              f"{100 * b['length_aware_share_of_clairvoyant']:.0f}% of the clairvoyant cut (mean over "
-              f"{len(b['clairvoyant_cut_pct_by_draw'])} problem draws)")
+              f"(mean {b['clairvoyant_cut_pct']['mean']:.1f}%); " + (
+                  f"length_aware reaches {100 * b['length_aware_share_of_clairvoyant']:.0f}% of the clairvoyant cut"
+                  if b["length_aware_share_of_clairvoyant"] is not None else
+                  f"no draw has {MIN_CEILING_PCT:.0f}% of placement headroom to judge against")
+              + f" (problem draws: {len(b['clairvoyant_cut_pct_by_draw'])})")
         for r in results:
             if r["max_num_seqs"] == seqs and r["placement"] != "contiguous" and r.get("share_of_clairvoyant_cut") is not None:
                 print(f"  measured {r['name']}: {100 * r['share_of_clairvoyant_cut']:.0f}% of the clairvoyant cut "
@@ -199,12 +202,16 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
         groups.append(base)
         spec_groups: dict = {}
         for b in opts["budgets"]:
-            if per_request and len(groups) > 1:
-                spec_groups[b] = groups[1]
+            # per-request budgets share one group, except adaptive: it is chosen inside the engines, at start
+            shared = per_request and b != "adaptive"
+            if shared and "static" in spec_groups:
+                spec_groups[b] = spec_groups["static"]
                 continue
-            c = cfg if per_request else cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": b})
+            c = cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": "uniform" if shared else b})
             spec_groups[b] = EngineGroup(c, E, seed=opts["seed"], predictor=predictor,
-                                         name="spec" if per_request else f"spec_{b}_")
+                                         name="spec" if shared else f"spec_{b}_")
+            if shared:
+                spec_groups["static"] = spec_groups[b]
             groups.append(spec_groups[b])
         first = groups[1]
         _say(f"{label}: {len(groups)} groups up in {time.perf_counter() - t0:.1f}s (cores {first.cores}), budgets "
@@ -222,7 +229,7 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
             # the previous batch of the same problems: it trains the predictor and fills the drafter store
             warm: list = []
             for g in groups:
-                warm += g.generate(reqs, placement="contiguous", budget="uniform", max_new_tokens=max_new,
+                warm += g.generate(reqs, placement="contiguous", max_new_tokens=max_new,  # its own budget
                                    temperature=T, observe=True).rollouts
             version = int(first.states()[0]["policy_version"]) + 1
             for g in groups:
@@ -364,7 +371,7 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optiona
                                                              lengths, prompts) / ref))
             by_draw.setdefault(draw, []).append((cuts["length_aware"][-1], cuts["clairvoyant"][-1]))
     clair = {d: float(statistics.fmean(c for _, c in v)) for d, v in sorted(by_draw.items())}
-    shares = [statistics.fmean(a for a, _ in v) / clair[d] for d, v in by_draw.items() if clair[d] > 0]
+    shares = [statistics.fmean(a for a, _ in v) / clair[d] for d, v in by_draw.items() if clair[d] >= MIN_CEILING_PCT]
     return {
         "clairvoyant_cut_pct_by_draw": clair,
         "length_aware_share_of_clairvoyant": float(statistics.fmean(shares)) if shares else None,
@@ -376,10 +383,16 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optiona
     }
 
 
+# a draw whose clairvoyant cut is smaller than this has no placement headroom to judge against: a
+# share of it would divide the measurement's noise by nearly nothing
+MIN_CEILING_PCT = 2.0
+
+
 def ceiling_share(runs: dict, draws: dict, key: tuple, clairvoyant_by_draw: dict) -> dict:
     """A configuration's measured makespan cut against contiguous (its own drafter and budget, paired
     repeat by repeat), as a share of the clairvoyant cut simulated on the same draw's batches; the
-    mean over problem draws. None for contiguous itself or where a draw's ceiling is not positive."""
+    mean over the problem draws whose ceiling is at least MIN_CEILING_PCT. None for contiguous
+    itself or where no draw has that headroom."""
     drafter, placement, budget = key
     ref = (drafter, "contiguous", budget)
     if placement == "contiguous" or ref not in runs:
@@ -388,7 +401,7 @@ def ceiling_share(runs: dict, draws: dict, key: tuple, clairvoyant_by_draw: dict
     for a, b, d in zip(runs[key], runs[ref], draws[key]):
         per_draw.setdefault(d, []).append(100.0 * (1 - a.makespan_s / b.makespan_s))
     shares = [_median(cuts) / clairvoyant_by_draw[d] for d, cuts in sorted(per_draw.items())
-              if clairvoyant_by_draw.get(d, 0) > 0]
+              if clairvoyant_by_draw.get(d, 0) >= MIN_CEILING_PCT]
     return {"share_of_clairvoyant_cut": float(statistics.fmean(shares)) if shares else None,
             "share_of_clairvoyant_cut_per_draw": shares}
 

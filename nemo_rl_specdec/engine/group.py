@@ -384,6 +384,10 @@ class EngineGroup:
         placement = placement or sc.placement
         budget = budget or sc.budget
         check_policies(placement, budget)
+        if self.spec.enabled and (budget == "adaptive") != (sc.budget == "adaptive"):
+            raise ValueError(f"budget={budget!r} on a group started with scheduling.budget={sc.budget!r}: the adaptive "
+                             "budget is chosen inside the engines at every step, so it is fixed when they start; "
+                             "start a group with scheduling.budget: adaptive for it, and another for the others")
         if budget != "uniform" and budget != sc.budget and self.spec.enabled and self.budget_via == "none":
             self._warn_budget_ignored(budget)
         requests = list(requests)

@@ -21,10 +21,9 @@ ratio so far, then falls. The greedy below therefore stops at the optimum (a bru
 checks it). When no token pays for itself the step drafts nothing: speculation is off for that
 step, whatever k is.
 
-Every request's tokens count the same. Favouring the requests predicted to set the makespan
-was measured to be slower (docs/scheduling.md): a request denied drafts stays in the batch
-longer, and each of those steps costs its per-request time and delays the requests queued
-behind it.
+Every request's tokens count the same. A weight favouring the requests predicted to set the
+makespan leaves out that a request denied drafts stays in the batch longer, and each of those
+steps costs its per-request time and delays the requests queued behind it.
 """
 from __future__ import annotations
 

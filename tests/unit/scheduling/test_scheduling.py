@@ -463,3 +463,5 @@ def test_ceiling_share_judges_each_draw_against_its_own_clairvoyant_cut():
     assert out["share_of_clairvoyant_cut_per_draw"] == pytest.approx([15.0 / 20.0, 12.5 / 25.0])
     assert out["share_of_clairvoyant_cut"] == pytest.approx((0.75 + 0.5) / 2)
     assert ceiling_share(runs, draws, co, {0: 20.0})["share_of_clairvoyant_cut"] is None
+    # a draw with no placement headroom is not judged: its share would be noise over nearly nothing
+    assert ceiling_share(runs, draws, la, {0: 1.0, 1: 25.0})["share_of_clairvoyant_cut_per_draw"] == [0.5]
