@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.nemo_rl.metrics import imbalance
+from nemo_rl_specdec.scheduling.budget import set_at_submission
 from nemo_rl_specdec.scheduling.placement import Request, place
 from nemo_rl_specdec.scheduling.planner import Plan, Planner, check_policies
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
@@ -42,15 +43,16 @@ def shard(planner: Planner, problem_ids: Sequence[str], num_engines: int) -> Opt
     """The plan for one batch, or None to keep NeMo-RL's contiguous sharding (contiguous placement
     with uniform budgets, fewer requests than engines, or a placement that leaves an engine idle)."""
     n = len(problem_ids)
-    if (not reshards(planner) and planner.budget == "uniform") or n < max(1, num_engines):
+    if (not reshards(planner) and not set_at_submission(planner.budget)) or n < max(1, num_engines):
         return None
     plan = planner.plan(problem_ids, num_engines)
     return None if any(not eng for eng in plan.assignment) else plan
 
 
 def budgets_to_send(planner: Planner, plan: Plan) -> tuple[Optional[list], Optional[list]]:
-    """(budget, predicted length) per row for the workers, or (None, None) under uniform budgets."""
-    return (None, None) if planner.budget == "uniform" else (plan.budgets, plan.hints)
+    """(budget, predicted length) per row for the workers, or (None, None) where budgets are not set
+    at submission (uniform, adaptive)."""
+    return (plan.budgets, plan.hints) if set_at_submission(planner.budget) else (None, None)
 
 
 def placement_stats(plan: Plan, generation_lengths: Sequence[float]) -> dict:

@@ -26,6 +26,7 @@ from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, 
 )
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.nemo_rl import api
+from nemo_rl_specdec.scheduling.budget import set_at_submission
 
 GEN_PATH = "policy.generation"
 SPEC_KWARGS_PATH = "policy.generation.vllm_kwargs.speculative_config"
@@ -220,7 +221,7 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{GEN_PATH}.quant_cfg: set together with {BLOCK_PATH}.enabled=true; both replace NeMo-RL's "
             "vLLM worker (ModelOpt quantization and speculative decoding) and cannot be combined"
         )
-    if spec.scheduling.budget not in ("uniform", "adaptive") and (gen.get("vllm_cfg") or {}).get("async_engine"):
+    if set_at_submission(spec.scheduling.budget) and (gen.get("vllm_cfg") or {}).get("async_engine"):
         raise ConfigError(
             f"{BLOCK_PATH}.scheduling.budget: got {spec.scheduling.budget!r} with "
             f"{GEN_PATH}.vllm_cfg.async_engine=true; per-request budgets are computed over an engine's "

@@ -37,6 +37,12 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 BUDGETS = ("uniform", "length_aware", "das", "adaptive")
+
+
+def set_at_submission(policy: str) -> bool:
+    """Whether `policy` gives requests budgets when they are submitted (length_aware, das); under
+    uniform every request may draft k, and adaptive is chosen inside the engine at every step."""
+    return policy in ("length_aware", "das")
 CLASSES = ("long", "medium", "short")
 
 Acceptance = Union[float, Sequence[float]]
@@ -244,7 +250,8 @@ def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Se
     `predicted_remaining[i]` and the result are indexed by request; `assignment[j]` lists the
     request indices on engine j. `fixed[i]`, when not None, is a budget the caller already chose
     for request i: it is kept as is and the request is left out of its engine's classing.
-    Under `uniform` nothing is assigned (None = the drafter's k). `kwargs` go to `assign_budgets`.
+    Under `uniform` and `adaptive` nothing is assigned (None = the drafter's k). `kwargs` go to
+    `assign_budgets`.
     """
     n = len(predicted_remaining)
     if fixed is not None and len(fixed) != n:
@@ -255,7 +262,7 @@ def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Se
         raise ValueError(f"assignment must list every request index 0..{n - 1} exactly once")
     if policy not in BUDGETS:
         raise ValueError(f"budget policy {policy!r}: expected one of {list(BUDGETS)}")
-    if policy == "uniform":
+    if not set_at_submission(policy):
         return out
     for idxs in assignment:
         free = [i for i in idxs if out[i] is None]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nemo_rl_specdec.scheduling.budget import (
-    BUDGETS, acceptance_curve, assign_budgets, classify, das_budgets, expected_accepted,
+    BUDGETS, acceptance_curve, assign_budgets, classify, das_budgets, engine_budgets, expected_accepted,
     k_by_batch_size_schedule, k_for_batch, length_aware_budgets, schedule_lookup,
 )
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS, Request, engine_loads, place, restore_order
@@ -292,6 +292,7 @@ def test_budget_errors():
         length_aware_budgets([1, 2], 2, medium_k=3)
     assert set(BUDGETS) == {"uniform", "length_aware", "das", "adaptive"}
     assert assign_budgets([5, 50], 3, "adaptive") == [3, 3]  # the drafter cuts per step
+    assert engine_budgets([5, 50], [[0], [1]], 3, "adaptive") == [None, None]  # nothing is sent at submission
 
 
 # --------------------------------------------------------------------------- k by batch size
