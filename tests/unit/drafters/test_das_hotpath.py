@@ -1,6 +1,8 @@
 """DAS proposer hot path without an engine: bounded tail matching, calibrated choice between the
 problem and global trees, feedback from accepted lengths, the no-problem-id fallback, and the
-store rebuild staged off the critical path (fenced until installed at exactly its version)."""
+store rebuild staged off the critical path (fenced until installed at exactly its version), and the
+adaptive budget (drafts cut per step from the online step-cost fit)."""
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -237,3 +239,78 @@ def test_drafts_not_proposed_are_scored_on_the_tokens_the_target_produced():
     assert t["global"]["tokens"][BINS] == 1.0 + 3 and t["global"]["rates"][BINS] == pytest.approx(2 / 4)
     assert t["problem"]["tokens"][BINS] == 1.0 + 4 and t["problem"]["rates"][BINS] == pytest.approx(4 / 5)
     assert t["local"]["rates"][BINS] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------- scheduling.budget: adaptive
+# drafts are cut per step from the online step-cost fit, speculation turns off (and says so) where no
+# draft token pays, and nothing is cut during the fit's warm-up
+
+ADAPTIVE_RESPONSE = list(range(40, 80))
+
+
+def _adaptive_proposer(runner, budget="adaptive", k=4):
+    from nemo_rl_specdec.drafters.suffix import DASProposer
+
+    vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                         model_config=SimpleNamespace(max_model_len=256))
+    p = DASProposer(vc)
+    p.specdec_attach(runner, {"suffix": {"scope": "problem", "max_tree_depth": 32, "min_token_prob": 0.0},
+                              "scheduling": {"budget": budget}})
+    p.use_local = False
+    p.specdec_rebuild([{"problem_id": "p", "prompt_token_ids": PROMPT, "token_ids": ADAPTIVE_RESPONSE,
+                        "policy_version": 0}], 1)
+    return p
+
+
+def _plant_step_cost(p, c_base, c_tok, n=64):
+    """Steps of a planted linear cost, with varying draft tokens (what the fit learns from)."""
+    for i in range(n):
+        req, drafts = 1 + i % 4, i % 5
+        p.step_cost.add(req, req + drafts, 100 * req, c_base + c_tok * (req + drafts))
+
+
+def _adaptive_rows(gen=10, extra=None):
+    return [("a", {"problem_id": "p", **(extra or {})}, PROMPT + ADAPTIVE_RESPONSE[:gen])]
+
+
+def test_no_cut_during_the_warm_up():
+    r = _Runner(_adaptive_rows())
+    p = _adaptive_proposer(r)
+    assert p.step_cost.split(1, 14) is None
+    assert p.propose([[1]], r.n, r.tokens) == [ADAPTIVE_RESPONSE[10:14]]
+    assert p.counters["adaptive_steps"] == 0
+
+
+def test_expensive_drafts_turn_speculation_off_and_it_is_logged(caplog):
+    r = _Runner(_adaptive_rows())
+    p = _adaptive_proposer(r)
+    _plant_step_cost(p, c_base=1e-3, c_tok=1e-3)  # a draft token costs as much as the request's own token
+    for _ in range(200):  # this tree's drafts were rarely accepted so far
+        p.calibration.record(0, [1.0] * 4, 0)
+    p.calibration.flush()
+    with caplog.at_level(logging.INFO, logger="nemo_rl_specdec"):
+        assert p.propose([[1]], r.n, r.tokens) == [[]]
+    assert p.counters["adaptive_off_steps"] == 1 and p.counters["adaptive_cut_tokens"] == 4
+    assert p.counters["drafts"] == 0
+    assert any("speculation off at 1 requests" in m for m in caplog.messages)
+    # the draft it withheld is still scored against what the target produces (calibration stays unbiased)
+    assert p._reqs["a"].others and p._reqs["a"].others[0][2] == ADAPTIVE_RESPONSE[10:14]
+
+
+def test_cheap_drafts_are_all_kept():
+    r = _Runner(_adaptive_rows())
+    p = _adaptive_proposer(r)
+    _plant_step_cost(p, c_base=1e-2, c_tok=1e-6)
+    assert p.propose([[1]], r.n, r.tokens) == [ADAPTIVE_RESPONSE[10:14]]
+    assert p.counters["adaptive_steps"] == 1 and p.counters["adaptive_cut_tokens"] == 0
+    st = p.specdec_stats()
+    assert st["adaptive"] is True and st["step_cost"]["samples"] == 64 and st["step_cost"]["c_tok_s"] > 0
+
+
+def test_step_times_are_sampled_between_calls_of_the_same_requests():
+    r = _Runner(_adaptive_rows())
+    p = _adaptive_proposer(r, budget="uniform")
+    for _ in range(5):
+        p.propose([[1]], r.n, r.tokens)
+    assert p.step_cost.samples == 4  # the first call's step prefilled the request: not a decode sample
+    assert p.counters["adaptive_steps"] == 0  # uniform: measured, never cut
