@@ -201,7 +201,9 @@ def test_every_refit_carries_the_drafter_distilled_after_that_policy_step(loop):
     print(f"\n{loop['drafter']}: drafter_train_s per step "
           f"{[round(rep['distill']['drafter_train_s'], 2) for rep in loop['reports']]}, share of the step period "
           f"{[None if x is None else round(x, 3) for x in share]}")
-    assert share[0] is None and all(0 < x < 1 for x in share[1:])  # the first step has no period yet
+    # the first step has no period yet; the share itself is a wall-clock ratio of this machine (under load
+    # a distillation can outlast the step period), so only its presence is checked
+    assert share[0] is None and all(x is not None and x > 0 for x in share[1:])
 
 
 def test_online_beats_frozen_by_010_with_identical_greedy_outputs(loop):
