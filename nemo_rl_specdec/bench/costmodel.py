@@ -65,15 +65,6 @@ def _options(cfg) -> dict:
             "drafters": drafters, "core": b.get("core")}
 
 
-def coverage(samples: list) -> float:
-    """Share of decode request-steps that verified a draft. A step that prefills a prompt is left
-    out: its new requests cannot draft yet, and counting them put the suffix drafters near 0.94
-    where they draft in every decode step."""
-    decode = [s for s in samples if not s["prefill_tokens"]]
-    request_steps = sum(s["requests"] for s in decode)
-    return sum(s["drafting"] for s in decode) / request_steps if request_steps else 0.0
-
-
 def timed_steps(engine, reqs) -> tuple[list, list]:
     """Roll `reqs` out on `engine`, timing every engine step on its own.
 
@@ -121,6 +112,7 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.metrics import SpecMetrics
+    from nemo_rl_specdec.sim.cpu_fit import coverage
 
     o = _options(cfg)
     core = None if o["core"] is None else int(o["core"])
@@ -155,7 +147,7 @@ def run(cfg, args) -> list:
             "name": name, "drafter": dcfg.spec.drafter, "k": dcfg.spec.num_speculative_tokens,
             "tokens_per_target_forward": m.acceptance_length, "acceptance_rate": m.acceptance_rate,
             "accepted_per_position": [round(x, 4) for x in m.accepted_per_position],
-            "coverage": coverage(smp),
+            "coverage": coverage(smp),  # sim/cpu_fit.py's definition
             "draft_tokens_per_draft": m.draft_tokens / m.drafts if m.drafts else 0.0,
             "wall_clock_ratio": None, "lengths": lens, "samples": smp, "per_step": []})
         _say(f"{name}: {len(smp)} steps, {m.acceptance_length:.2f} tokens per target forward")

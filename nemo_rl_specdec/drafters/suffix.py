@@ -39,9 +39,9 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
   would kill the engine, so the clamp is unconditional;
 - with ``scheduling.budget: adaptive``, then cuts every request's draft to the length that
-  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.scheduling.adaptive`),
+  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.adaptive`),
   from the calibrated acceptance of each draft token and the engine's step cost fitted online
-  from the time between calls (:mod:`~nemo_rl_specdec.scheduling.step_cost`;
+  from the time between calls (:mod:`~nemo_rl_specdec.drafters.step_cost`;
   drafts are not cut during its warm-up). A step where no draft token pays for itself drafts
   nothing; each switch between drafting and not is logged with the numbers behind it.
 
@@ -64,8 +64,8 @@ from nemo_rl_specdec.drafters.calibration import BINS, SOURCES, AcceptanceCalibr
 from nemo_rl_specdec.drafters.staging import StagedRebuild
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
-from nemo_rl_specdec.scheduling.adaptive import draft_lengths
-from nemo_rl_specdec.scheduling.step_cost import StepCostFit
+from nemo_rl_specdec.drafters.adaptive import draft_lengths
+from nemo_rl_specdec.drafters.step_cost import StepCostFit
 from nemo_rl_specdec.schema import Strict
 
 log = logging.getLogger("nemo_rl_specdec")

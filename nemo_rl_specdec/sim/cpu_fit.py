@@ -4,7 +4,7 @@ predictions made from it.
 The fit uses decode steps only; a step that prefills a prompt is left out. It is one
 non-negative least-squares problem over every configuration's steps. Its columns are the
 simulator's linear cost form (`CostModel`, `hardware.c_*_s`, `drafter.*`), the engine's online
-fit's (`scheduling/step_cost.py`) plus a step and a per-request term per drafter:
+fit's (`drafters/step_cost.py`) plus a step and a per-request term per drafter:
 
     t = c_base + c_seq * requests + c_tok * (requests + draft_tokens) + c_ctx * sum(context)
         + [drafter X's steps] * (step_overhead_X + per_request_X * requests)
@@ -47,7 +47,7 @@ import numpy as np
 from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_path
-from nemo_rl_specdec.scheduling.step_cost import step_columns
+from nemo_rl_specdec.drafters.step_cost import step_columns
 
 MEASURED = config_path("sim", "measured")
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")
@@ -115,6 +115,15 @@ def _groups(lengths: list, samples: int) -> list:
     return [list(map(int, lengths[i:i + samples])) for i in range(0, len(lengths), samples)]
 
 
+def coverage(samples: list) -> float:
+    """Share of decode request-steps that verified a draft. A step that prefills a prompt is left
+    out: its new requests cannot draft yet, and counting them put the suffix drafters near 0.94
+    where they draft in every decode step."""
+    decode = [s for s in samples if not s["prefill_tokens"]]
+    request_steps = sum(s["requests"] for s in decode)
+    return sum(s["drafting"] for s in decode) / request_steps if request_steps else 0.0
+
+
 def response_position_factors(samples: list, prompt_len: int, width: int = 32, min_request_steps: int = 64) -> list:
     """Accepted drafts per request-step by response position, over their mean: the scenario's
     `acceptance.by_response_position`. A decode step's position is its requests' mean context less
@@ -146,8 +155,6 @@ def response_position_factors(samples: list, prompt_len: int, width: int = 32, m
 
 def inputs(results: list) -> dict:
     """What the predictions take from the costmodel run besides the cost constants."""
-    from nemo_rl_specdec.bench.costmodel import coverage
-
     base = results[0]
     first = base["samples"][0]
     prompt_len = int(round(first["prefill_tokens"] / first["requests"]))

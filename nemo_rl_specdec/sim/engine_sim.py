@@ -24,7 +24,7 @@ from `scheduling.budget.assign_budgets` over the predicted remaining lengths of 
 in flight (recomputed whenever the batch changes, and every `interval` steps), k(batch size)
 from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.best_drafts`
 for the requests in flight (re-chosen at every event). Budget `adaptive` then cuts each d_i at
-every event with the engine's own rule (`scheduling.adaptive.draft_lengths`): gains from the
+every event with the engine's own rule (`drafters.adaptive.draft_lengths`): gains from the
 request's acceptance curve (and response-position factor, times the coverage), t0 and the cost
 of a draft token from the cost model.
 """
@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from nemo_rl_specdec.scheduling.adaptive import draft_lengths
+from nemo_rl_specdec.drafters.adaptive import draft_lengths
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
 from nemo_rl_specdec.sim.adaptive import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel

@@ -53,7 +53,7 @@ def test_fit_steps_recovers_target_and_drafter_constants():
 
 
 def test_coverage_counts_decode_request_steps_only():
-    from nemo_rl_specdec.bench.costmodel import coverage
+    from nemo_rl_specdec.sim.cpu_fit import coverage
 
     steps = [{"requests": 64, "prefill_tokens": 2048, "drafting": 0},   # prefill: no request can draft yet
              {"requests": 64, "prefill_tokens": 0, "drafting": 64},
@@ -113,7 +113,7 @@ def test_per_step_adaptive_is_never_slower_than_fixed_k_when_verification_is_dea
 
 
 def test_adaptive_budget_never_slower_where_fixed_k_loses_and_keeps_drafts_where_they_pay():
-    """budget: adaptive is the engine's per-request rule (scheduling/adaptive.py) run in the simulator."""
+    """budget: adaptive is the engine's per-request rule (drafters/adaptive.py) run in the simulator."""
     dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
     fixed = simulate(build(LINEAR, dear))
     adaptive = simulate(build(LINEAR, {**dear, "speculation.budget": "adaptive"}))

@@ -8,7 +8,7 @@ drafts, and costs
     t = t0 + c_tok * (draft tokens verified)
 
 with t0 the step's time without drafts and c_tok the cost of one more verified token, both from
-the engine's online step-cost fit (`scheduling/step_cost.py`). `draft_lengths` chooses the d_i
+the engine's online step-cost fit (`drafters/step_cost.py`). `draft_lengths` chooses the d_i
 that maximise committed tokens per second of the step:
 
     max  sum_i (1 + sum_{j <= d_i} g_ij)  /  (t0 + c_tok * sum_i d_i)

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nemo_rl_specdec.scheduling.adaptive import draft_lengths
+from nemo_rl_specdec.drafters.adaptive import draft_lengths
 
 
 def _rate(gains, t0, c_tok, d):
