@@ -40,7 +40,8 @@ Run-file knobs (all optional, under ``bench.scheduling``): ``problems`` (default
 ``engines`` (default ``cluster.num_engines`` if > 1, else 2), ``repeats`` (default 5),
 ``draws`` (default 1: independent problem sets per regime, each with its own warm-up; medians
 then run over every draw's repeats),
-``placements``, ``budgets`` (subset of uniform | length_aware | das, default all three),
+``placements``, ``budgets`` (subset of uniform | length_aware | das | adaptive, default the first
+three),
 ``max_num_seqs`` (list of regimes, default ``[null, 8]``), ``problem_seed``, ``temperature``
 (default the run file's), ``max_new_tokens`` (default the run file's).
 """
@@ -142,11 +143,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
          f"k={spec.num_speculative_tokens}, T={opts['temperature']}, max_new_tokens={opts['max_new_tokens']}, "
          f"repeats={opts['repeats']}, placements={opts['placements']}, budgets={opts['budgets']}, "
          f"max_num_seqs regimes={opts['max_num_seqs']}, model={cfg.model_path}")
-    # list drafters take per-request budgets: one speculative group serves every budget policy;
-    # model drafters get k by batch size at engine start: one group per budget policy
     per_request = budget_route(spec) == "per_request"
-    static = [b for b in opts["budgets"] if b != "adaptive"]
-    n_groups = 1 + ((1 if static else 0) + ("adaptive" in opts["budgets"]) if per_request else len(opts["budgets"]))
+    n_groups = 1 + len({_spec_group(b, per_request) for b in opts["budgets"]})
     if not ray.is_initialized():  # n_groups groups of E single-CPU actors on the same E cores
         ray.init(num_cpus=n_groups * E, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     results: list = []
@@ -156,7 +154,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         bound = placement_bound(runs, draws, E, seqs)
         bounds.append((seqs, bound))
         results += [{**r, "simulated_placement_bound": bound,
-                     **ceiling_share(runs, draws, r["key"], bound["clairvoyant_cut_pct_by_draw"])}
+                     **ceiling_share(runs, draws, _key(r), bound["clairvoyant_cut_pct_by_draw"])}
                     for r in _summarize(runs, opts, spec, E, warm_n, seqs)]
     _print(results, opts)
     for seqs, b in bounds:
@@ -174,9 +172,19 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
             if r["max_num_seqs"] == seqs and r["placement"] != "contiguous" and r.get("share_of_clairvoyant_cut") is not None:
                 print(f"  measured {r['name']}: {100 * r['share_of_clairvoyant_cut']:.0f}% of the clairvoyant cut "
                       f"(per draw: {', '.join(f'{100 * x:.0f}%' for x in r['share_of_clairvoyant_cut_per_draw'])})")
-    for r in results:
-        del r["key"]
     return results
+
+
+def _spec_group(budget: str, per_request: bool) -> str:
+    """The speculative group a budget policy runs on. Per-request budgets (list drafters) share one
+    group, except adaptive: it is chosen inside the engines, so it is fixed when they start. Model
+    drafters get k by batch size at engine start: one group per policy."""
+    return "static" if per_request and budget != "adaptive" else budget
+
+
+def _key(row: dict) -> tuple:
+    """A summary row's key in `runs`: (drafter, placement, budget)."""
+    return row["drafter"], row["placement"], row["budget"] or "uniform"
 
 
 def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int]) -> tuple[dict, dict, int]:
@@ -197,22 +205,24 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
     groups: list = []
     runs: dict = {}
     draws: dict = {}
+
+    def record(key: tuple, draw: int, res) -> None:
+        runs.setdefault(key, []).append(res)
+        draws.setdefault(key, []).append(draw)
+
     try:
         base = EngineGroup(cfg, E, spec_enabled=False, seed=opts["seed"], predictor=predictor, name="nospec")
         groups.append(base)
+        by_group: dict = {}
         spec_groups: dict = {}
         for b in opts["budgets"]:
-            # per-request budgets share one group, except adaptive: it is chosen inside the engines, at start
-            shared = per_request and b != "adaptive"
-            if shared and "static" in spec_groups:
-                spec_groups[b] = spec_groups["static"]
-                continue
-            c = cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": "uniform" if shared else b})
-            spec_groups[b] = EngineGroup(c, E, seed=opts["seed"], predictor=predictor,
-                                         name="spec" if shared else f"spec_{b}_")
-            if shared:
-                spec_groups["static"] = spec_groups[b]
-            groups.append(spec_groups[b])
+            g = _spec_group(b, per_request)
+            if g not in by_group:
+                c = cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": "uniform" if g == "static" else b})
+                by_group[g] = EngineGroup(c, E, seed=opts["seed"], predictor=predictor,
+                                          name="spec" if g == "static" else f"spec_{b}_")
+                groups.append(by_group[g])
+            spec_groups[b] = by_group[g]
         first = groups[1]
         _say(f"{label}: {len(groups)} groups up in {time.perf_counter() - t0:.1f}s (cores {first.cores}), budgets "
              f"via {first.budget_via}" + (f", k by batch {first.derived_k_schedule}" if first.derived_k_schedule
@@ -243,15 +253,12 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
             for rep in range(opts["repeats"]):
                 for placement in opts["placements"]:
                     key = ("none", placement, "uniform")
-                    res = base.generate(reqs, placement=placement, budget="uniform", max_new_tokens=max_new,
-                                        temperature=T, observe=False)
-                    runs.setdefault(key, []).append(res)
-                    draws.setdefault(key, []).append(draw)
+                    record(key, draw, base.generate(reqs, placement=placement, budget="uniform",
+                                                    max_new_tokens=max_new, temperature=T, observe=False))
                     for budget in opts["budgets"]:
-                        res = spec_groups[budget].generate(reqs, placement=placement, budget=budget,
-                                                           max_new_tokens=max_new, temperature=T, observe=False)
-                        runs.setdefault((spec.drafter, placement, budget), []).append(res)
-                        draws.setdefault((spec.drafter, placement, budget), []).append(draw)
+                        record((spec.drafter, placement, budget), draw,
+                               spec_groups[budget].generate(reqs, placement=placement, budget=budget,
+                                                            max_new_tokens=max_new, temperature=T, observe=False))
                     _say(f"{label} draw {draw} repeat {rep} {placement}: no-spec {runs[key][-1].makespan_s:.2f}s, "
                          + ", ".join(f"{b} {runs[(spec.drafter, placement, b)][-1].makespan_s:.2f}s"
                                      for b in opts["budgets"]))
@@ -284,7 +291,6 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
         for b in (mid.budgets if drafter != "none" else []):
             hist[str(b)] = hist.get(str(b), 0) + 1
         out.append({
-            "key": (drafter, placement, budget),
             "name": f"{'no_spec' if drafter == 'none' else drafter}/{placement}/"
                     f"{budget if drafter != 'none' else '-'}@{tag}",
             "drafter": drafter, "placement": placement, "budget": budget if drafter != "none" else None,

@@ -50,9 +50,13 @@ class AcceptanceCalibration:
         self.rates = [list(map(float, row)) for row in r]
         self.max_rate = [float(row.max()) for row in r]
 
+    def token_rates(self, source: int, probs) -> list:
+        """Calibrated acceptance of each token of a path draft from `source` with these path probabilities."""
+        return list(map(self.rates[source].__getitem__, map(int, map(float(BINS).__mul__, probs))))
+
     def expected(self, source: int, probs) -> float:
         """Calibrated expected accepted tokens of a path draft from `source` with these path probabilities."""
-        return sum(map(self.rates[source].__getitem__, map(int, map(float(BINS).__mul__, probs))))
+        return sum(self.token_rates(source, probs))
 
     def record(self, source: int, probs, accepted: int) -> None:
         """The target accepted `accepted` leading tokens of a draft from `source` with these probabilities."""

@@ -74,10 +74,8 @@ class StepCostFit:
         return (t0, c_tok) if t0 > 0 else None
 
     def metrics(self) -> dict:
-        out = {"samples": self.samples, "r2": self.r2}
-        out.update({k: (None if self.coef is None else float(v)) for k, v in
-                    zip(COLUMNS, self.coef if self.coef is not None else [None] * len(COLUMNS))})
-        return out
+        coef = [None] * len(COLUMNS) if self.coef is None else [float(v) for v in self.coef]
+        return {"samples": self.samples, "r2": self.r2, **dict(zip(COLUMNS, coef))}
 
 
 __all__ = ["COLUMNS", "StepCostFit", "step_columns"]

@@ -59,13 +59,13 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import Field
 
+from nemo_rl_specdec.drafters.adaptive import draft_lengths
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
-from nemo_rl_specdec.drafters.calibration import BINS, SOURCES, AcceptanceCalibration
+from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration
 from nemo_rl_specdec.drafters.staging import StagedRebuild
+from nemo_rl_specdec.drafters.step_cost import StepCostFit
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
-from nemo_rl_specdec.drafters.adaptive import draft_lengths
-from nemo_rl_specdec.drafters.step_cost import StepCostFit
 from nemo_rl_specdec.schema import Strict
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -413,8 +413,7 @@ class DASProposer:
         if cost is None:  # warm-up: the step-cost fit has too few steps yet
             return pending
         t0, c_tok = cost
-        rates = self.calibration.rates
-        gains = [[rates[src][min(int(p * BINS), BINS)] for p in probs] for _, _, _, _, probs, src in pending]
+        gains = [self.calibration.token_rates(src, probs) for _, _, _, _, probs, src in pending]
         lengths = draft_lengths(gains, t0, c_tok)
         c = self.counters
         c["adaptive_steps"] += 1

@@ -25,8 +25,8 @@ Policies (`assign_budgets`):
   "long", i.e. the policy falls back to `uniform`.
 - `das`: the closed form derived in `das_budgets` (after DAS, "Beat the long tail:
   Distribution-Aware Speculative Decoding for RL Training").
-- `adaptive`: every request may draft up to k and carries its predicted length; the drafter
-  cuts each draft at every engine step (`drafters/adaptive.py`). Only a drafter that returns
+- `adaptive`: nothing is set at submission (every request may draft up to k); the drafter cuts
+  each draft at every engine step (`drafters/adaptive.py`). Only a drafter that returns
   per-request draft lengths (DAS) can do that; validation refuses it for the others.
 """
 from __future__ import annotations
@@ -37,15 +37,15 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 
 BUDGETS = ("uniform", "length_aware", "das", "adaptive")
+CLASSES = ("long", "medium", "short")
+
+Acceptance = Union[float, Sequence[float]]
 
 
 def set_at_submission(policy: str) -> bool:
     """Whether `policy` gives requests budgets when they are submitted (length_aware, das); under
     uniform every request may draft k, and adaptive is chosen inside the engine at every step."""
     return policy in ("length_aware", "das")
-CLASSES = ("long", "medium", "short")
-
-Acceptance = Union[float, Sequence[float]]
 
 
 # --------------------------------------------------------------------------- acceptance

@@ -46,8 +46,8 @@ import numpy as np
 
 from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS
-from nemo_rl_specdec.resources import config_path
 from nemo_rl_specdec.drafters.step_cost import step_columns
+from nemo_rl_specdec.resources import config_path
 
 MEASURED = config_path("sim", "measured")
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")

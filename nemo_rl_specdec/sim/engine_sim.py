@@ -217,13 +217,13 @@ class EngineSim:
         self.stats.budget_recomputes += 1
         return np.asarray(out, dtype=int)
 
-    def _adaptive(self, cap: np.ndarray) -> np.ndarray:
-        """`budget: adaptive`: each request's drafts this event, at most `cap` (module doc)."""
+    def _adaptive(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> np.ndarray:
+        """`budget: adaptive`: each request's drafts this event, at most `cap` (module doc);
+        `factors`: each request's response-position factor, or None."""
         n = len(self._active)
         g = np.diff(self._A, axis=1)                   # acceptance of draft position j, unconditional
-        if self._pos_starts is not None:
-            seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
-            g = g * self._pos_factors[seg][:, None]
+        if factors is not None:
+            g = g * factors[:, None]
         c_base, c_tok, c_draft, c_ctx = self.cost.linearised(n, float(self._ctx.mean()))
         t0 = c_base + c_tok * n + c_ctx * float(self._ctx.sum())
         c = self.coverage                              # a share c of request-steps has a draft to verify
@@ -234,6 +234,10 @@ class EngineSim:
         self._preempt()
         n_act = len(self._active)
         sp = self.spec
+        by_position = self._pos_starts is not None and sp is not None
+        if by_position:   # each request's response-position segment
+            seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
+            factors = self._pos_factors[seg]
         if sp is None:
             d = np.zeros(n_act, dtype=int)
         else:
@@ -247,14 +251,12 @@ class EngineSim:
                 cap = schedule_lookup(sp.schedule, n_act, sp.k)
             d = np.minimum(self._budget, cap)
             if sp.budget == "adaptive":
-                d = self._adaptive(d)
+                d = self._adaptive(d, factors if by_position else None)
                 self.stats.adaptive_steps.append((n_act, int(d.sum())))
         idx = np.arange(n_act)
         a_draft = self._A[idx, d]                                 # committed per step when drafting
-        by_position = self._pos_starts is not None and sp is not None
         if by_position:
-            seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
-            a_draft = 1.0 + np.minimum(d, self._pos_factors[seg] * (a_draft - 1.0))
+            a_draft = 1.0 + np.minimum(d, factors * (a_draft - 1.0))
         rate = 1.0 + self.coverage * (a_draft - 1.0)
         d_eff = self.coverage * d
         cost = self.cost.step_cost(d_eff, self._ctx, rate, self._prefill)
