@@ -106,6 +106,9 @@ class _SpecDecBlock(_Strict):
     refresh: RefreshConfig = RefreshConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     on_refresh_error: Literal["raise", "disable"] = "raise"
+    # per step, draft nothing where the drafts are predicted to lose (drafters/adaptive.py); unset: on
+    # for drafters that judge each step themselves (DAS), off for the others
+    auto_disable: Optional[bool] = None
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -128,13 +131,28 @@ class _SpecDecBlock(_Strict):
                 f">= {lag_needed}: refresh.every_n_steps={self.refresh.every_n_steps} lets the drafter fall "
                 f"{lag_needed} version(s) behind between refreshes",
             )
+        per_step = drafter_of(self.drafter).takes_request_budgets(self)  # the drafter can cut each step
+        if self.auto_disable is None:
+            self.auto_disable = per_step
         if self.enabled:
             drafter_of(self.drafter).check(self)
-            if self.scheduling.budget == "adaptive" and not drafter_of(self.drafter).takes_request_budgets(self):
+            if self.scheduling.budget == "adaptive" and not per_step:
                 raise _PathError(
                     "scheduling.budget", "adaptive",
                     f"uniform | length_aware | das for drafter {self.drafter!r}: 'adaptive' cuts each request's "
                     "draft at every step, which only the DAS suffix drafter (suffix.backend: das) can do")
+            if self.auto_disable and not per_step:
+                raise _PathError(
+                    "auto_disable", True,
+                    f"false or unset for drafter {self.drafter!r}: turning speculation off step by step needs a "
+                    "drafter that measures each step, which only the DAS suffix drafter (suffix.backend: das) "
+                    f"does. For {self.drafter!r}, vLLM fixes k per batch size at engine start: set "
+                    "scheduling.k_by_batch_size with k=0 for the batch sizes where speculation loses")
+            if self.auto_disable is False and self.scheduling.budget == "adaptive":
+                raise _PathError(
+                    "auto_disable", False,
+                    "true or unset with scheduling.budget: adaptive, which drafts nothing at every step where no "
+                    "draft token pays (it includes auto_disable)")
         if self.scheduling.k_by_batch_size:
             top = max(k for _, _, k in self.scheduling.k_by_batch_size)
             if top > self.num_speculative_tokens:

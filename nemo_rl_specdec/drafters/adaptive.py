@@ -1,4 +1,5 @@
-"""Per-step draft lengths for list drafters: `scheduling.budget: adaptive`.
+"""Per-step draft lengths for list drafters: `scheduling.budget: adaptive`, and the per-step
+off switch `speculative_decoding.auto_disable`.
 
 At every engine step the drafter has a draft for each request (up to its cap) and, for every
 draft token j of request i, a calibrated probability g_ij that the target accepts it. The step
@@ -21,24 +22,38 @@ ratio so far, then falls. The greedy below therefore stops at the optimum (a bru
 checks it). When no token pays for itself the step drafts nothing: speculation is off for that
 step, whatever k is.
 
+`drafts_pay` is the all-or-nothing form of the same rule, for `auto_disable` under the other
+budgets: the step keeps every draft its budget allowed, or none when the step is predicted to
+commit fewer tokens per second with them than without.
+
 Every request's tokens count the same. A weight favouring the requests predicted to set the
 makespan leaves out that a request denied drafts stays in the batch longer, and each of those
 steps costs its per-request time and delays the requests queued behind it.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 
-def draft_lengths(gains: Sequence[Sequence[float]], t0: float, c_tok: float) -> list[int]:
-    """Draft tokens to verify per request (a prefix of each request's draft; see module doc).
-    gains[i][j]: probability that request i's draft token j + 1 is accepted; t0 > 0 seconds;
-    c_tok >= 0 seconds per verified draft token."""
+def _check(gains, t0: float, c_tok: float, requests: Optional[int]) -> int:
     if not t0 > 0 or not c_tok >= 0:
         raise ValueError(f"step cost: need t0 > 0 and c_tok >= 0, got t0={t0!r}, c_tok={c_tok!r}")
-    n = len(gains)
+    if requests is None:
+        return len(gains)
+    if requests < len(gains):
+        raise ValueError(f"requests={requests!r}: the step has at least the {len(gains)} requests with drafts")
+    return int(requests)
+
+
+def draft_lengths(gains: Sequence[Sequence[float]], t0: float, c_tok: float,
+                  requests: Optional[int] = None) -> list[int]:
+    """Draft tokens to verify per request (a prefix of each request's draft; see module doc).
+    gains[i][j]: probability that request i's draft token j + 1 is accepted; t0 > 0 seconds: the
+    step without drafts; c_tok >= 0 seconds per verified draft token; requests: the step's
+    requests (default len(gains)), those without a row in `gains` committing one token each."""
+    n = _check(gains, t0, c_tok, requests)
     value, rows, pos = [], [], []
     for i, g in enumerate(gains):
         if not len(g):
@@ -46,7 +61,7 @@ def draft_lengths(gains: Sequence[Sequence[float]], t0: float, c_tok: float) -> 
         value.append(np.minimum.accumulate(np.clip(np.asarray(g, dtype=float), 0.0, 1.0)))
         rows.append(np.full(len(value[-1]), i))
         pos.append(np.arange(len(value[-1])))
-    out = [0] * n
+    out = [0] * len(gains)
     if not value:
         return out
     v, r, p = np.concatenate(value), np.concatenate(rows), np.concatenate(pos)
@@ -61,4 +76,16 @@ def draft_lengths(gains: Sequence[Sequence[float]], t0: float, c_tok: float) -> 
     return out
 
 
-__all__ = ["draft_lengths"]
+def drafts_pay(gains: Sequence[Sequence[float]], t0: float, c_tok: float, requests: Optional[int] = None) -> bool:
+    """Whether verifying every draft of the step commits more tokens per second than verifying
+    none (arguments as for `draft_lengths`)."""
+    n = _check(gains, t0, c_tok, requests)
+    drafted = [np.minimum.accumulate(np.clip(np.asarray(g, dtype=float), 0.0, 1.0)) for g in gains if len(g)]
+    if not drafted:
+        return False
+    tokens = sum(len(g) for g in drafted)
+    committed = n + float(sum(g.sum() for g in drafted))
+    return committed * t0 > n * (t0 + c_tok * tokens)  # committed / seconds beats n / t0
+
+
+__all__ = ["draft_lengths", "drafts_pay"]

@@ -43,7 +43,10 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   from the calibrated acceptance of each draft token and the engine's step cost fitted online
   from the time between calls (:mod:`~nemo_rl_specdec.drafters.step_cost`;
   drafts are not cut during its warm-up). A step where no draft token pays for itself drafts
-  nothing; each switch between drafting and not is logged with the numbers behind it.
+  nothing; each switch between drafting and not is logged with the numbers behind it. Under the
+  other budgets, ``auto_disable`` (on by default) applies the all-or-nothing form: a step keeps
+  every draft, or none where they are predicted to lose. Steps turned off are counted by
+  batch-size bin (``off_by_batch``).
 
 vLLM's rejection sampler verifies every draft against the target, so outputs are exactly the
 policy's (greedy: identical; T > 0: same distribution).
@@ -59,7 +62,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.adaptive import draft_lengths
+from nemo_rl_specdec.drafters.adaptive import draft_lengths, drafts_pay
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration
 from nemo_rl_specdec.drafters.staging import StagedRebuild
@@ -157,6 +160,14 @@ def _resolve_others(calib: AcceptanceCalibration, others: list, sampled: list) -
     return left
 
 
+def _batch_bin(requests: int) -> str:
+    """Batch-size bin of `off_by_batch`: 1, 2, 3-4, 5-8, ... (powers of two)."""
+    if requests <= 2:
+        return str(requests)
+    hi = 1 << (requests - 1).bit_length()
+    return f"{hi // 2 + 1}-{hi}"
+
+
 def _rollout_rows(rollouts):
     """The rollouts as the store reads them: a RolloutBatch in place, else a list of records, engine
     rollouts or dicts (`rollouts.as_record`); the store validates them."""
@@ -194,7 +205,8 @@ class DASProposer:
                          "propose_cpu_s": 0.0,
                          "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0, "no_problem_id": 0,
                          "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0,
-                         "adaptive_steps": 0, "adaptive_off_steps": 0, "adaptive_cut_tokens": 0}
+                         "adaptive_steps": 0, "adaptive_off_steps": 0, "adaptive_cut_tokens": 0,
+                         "auto_disable_steps": 0, "auto_disable_off_steps": 0, "auto_disable_cut_tokens": 0}
         self._staged: Optional[StagedRebuild] = None
         self._from = [0] * len(SOURCES)  # drafts per source within one propose call
         self.configure(None)
@@ -216,9 +228,11 @@ class DASProposer:
         self.store = RolloutStore(window_steps=s["window_steps"], scope=s["scope"], max_tree_depth=self.depth,
                                   max_memory_bytes=float(s["max_memory_mb"]) * 2**20)
         self.adaptive = ((spec or {}).get("scheduling") or {}).get("budget") == "adaptive"
+        self.auto_disable = (spec or {}).get("auto_disable") is not False  # the schema's default for DAS: on
+        self.off_by_batch: dict = {}  # steps the rule turned speculation off, by batch-size bin
         self.step_cost = StepCostFit()
         self._last_step: Optional[tuple] = None  # (start time, requests, verified tokens, context) of the last call
-        self._drafting = True  # whether the last adaptive step drafted (switches are logged)
+        self._drafting = True  # whether the last step judged by the rule drafted (switches are logged)
         self._reqs.clear()
 
     def load_model(self, target_model) -> None:
@@ -338,6 +352,7 @@ class DASProposer:
         return {"store": store, "counters": dict(self.counters), "active_requests": len(self._reqs),
                 "k": self.k, "settings": dict(self.settings), "staged_version": job.version if job else None,
                 "calibration": self.calibration.table(), "adaptive": self.adaptive,
+                "auto_disable": self.auto_disable, "off_by_batch": dict(self.off_by_batch),
                 "step_cost": self.step_cost.metrics()}
 
     def specdec_trace(self, enable: bool = True) -> list:
@@ -407,16 +422,21 @@ class DASProposer:
         return st.local.speculate_ndarray(ctx, limit, self.max_spec_factor, 0.0, self.min_token_prob, False)
 
     def _cut(self, pending: list, requests: int, ctx_sum: int) -> list:
-        """`scheduling.budget: adaptive`: cut each pending draft to its chosen length (module doc). A
-        draft cut to nothing is scored against the tokens the target produces, like a losing draft."""
+        """Cut the pending drafts by the per-step rule (module doc): `adaptive`, each draft to its
+        chosen length; else (`auto_disable`), all drafts or none. A draft cut to nothing is scored
+        against the tokens the target produces, like a losing draft."""
         cost = self.step_cost.split(requests, ctx_sum)
         if cost is None:  # warm-up: the step-cost fit has too few steps yet
             return pending
         t0, c_tok = cost
         gains = [self.calibration.token_rates(src, probs) for _, _, _, _, probs, src in pending]
-        lengths = draft_lengths(gains, t0, c_tok)
+        if self.adaptive:
+            rule, lengths = "adaptive", draft_lengths(gains, t0, c_tok, requests)
+        else:
+            rule = "auto_disable"
+            lengths = [len(g) for g in gains] if drafts_pay(gains, t0, c_tok, requests) else [0] * len(gains)
         c = self.counters
-        c["adaptive_steps"] += 1
+        c[rule + "_steps"] += 1
         kept, cut = [], 0
         for (i, rid, st, tokens, probs, src), d in zip(pending, lengths):
             cut += len(tokens) - d
@@ -424,17 +444,21 @@ class DASProposer:
                 kept.append((i, rid, st, tokens[:d], probs[:d], src))
             else:
                 st.others.append((src, probs, tokens, 0))
-        c["adaptive_cut_tokens"] += cut
+        c[rule + "_cut_tokens"] += cut
         drafting = bool(kept)
         if not drafting:
-            c["adaptive_off_steps"] += 1
+            c[rule + "_off_steps"] += 1
+            b = _batch_bin(requests)
+            self.off_by_batch[b] = self.off_by_batch.get(b, 0) + 1
         if drafting != self._drafting:
             self._drafting = drafting
-            best = max((g[0] for g in gains if g), default=0.0)
-            log.info("DAS adaptive: speculation %s at %d requests: best draft token %.3f expected accepted tokens "
-                     "for %.3g ms against %.3g tokens per ms without drafts (step %.3g ms, fit on %d steps, R^2 %s)",
-                     "on" if drafting else "off", requests, best, 1e3 * c_tok, requests / (1e3 * t0), 1e3 * t0,
-                     self.step_cost.samples, "n/a" if self.step_cost.r2 is None else f"{self.step_cost.r2:.2f}")
+            with_drafts = requests + sum(float(np.minimum.accumulate(g).sum()) for g in gains if len(g))
+            log.info("DAS %s: speculation %s at %d requests: all drafts would commit %.3g tokens per ms against "
+                     "%.3g without them (step %.3g ms, %.3g ms per draft token; fit on %d steps, R^2 %s)",
+                     rule, "on" if drafting else "off", requests,
+                     with_drafts / (1e3 * (t0 + c_tok * sum(len(g) for g in gains))), requests / (1e3 * t0),
+                     1e3 * t0, 1e3 * c_tok, self.step_cost.samples,
+                     "n/a" if self.step_cost.r2 is None else f"{self.step_cost.r2:.2f}")
         return kept
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list:
@@ -458,7 +482,7 @@ class DASProposer:
         ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch
         verified = drafted = drafted_tokens = ctx_sum = 0
         new_rows = False  # a request seen for the first time: the step that just ran prefilled it
-        adaptive = self.adaptive and not fenced
+        judged = (self.adaptive or self.auto_disable) and not fenced
         pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
         for i in range(rows):
             rid = req_ids[i]
@@ -516,7 +540,7 @@ class DASProposer:
             if len(tokens) > k:  # never more than k: more kills the engine
                 tokens, probs = tokens[:k], probs[:k]
             pending.append((i, rid, st, tokens, probs, _SOURCE_INDEX[source]))
-        if adaptive and pending:
+        if judged and pending:
             pending = self._cut(pending, verified, ctx_sum)
         for i, rid, st, tokens, probs, src in pending:
             out[i] = tokens

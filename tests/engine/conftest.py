@@ -34,7 +34,8 @@ def drafter_cases() -> dict:
 
     One case per `bench_rows` entry of the drafter (named after its label: `suffix_das`,
     `suffix_vllm`, `draft_model`, ...), or one case named after the drafter when it has none, and
-    `suffix_das_adaptive` (DAS under `scheduling.budget: adaptive`). A
+    `suffix_das_adaptive` (DAS under `scheduling.budget: adaptive`; `suffix_das` runs the default
+    `auto_disable`). A
     drafter whose weights ride in the policy checkpoint runs on IN_POLICY_RUN_FILE as written;
     a model drafter the suite's run file names no checkpoint for is left out (e.g. none is bundled
     for SmolLM2), as in `bench --suite drafters`."""

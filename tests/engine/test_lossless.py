@@ -117,10 +117,12 @@ def test_returned_logprobs_are_the_targets(case, problems, hf_policy, encode):
     assert worst < 1e-4, f"{case.name}: returned logprobs differ from the target's by {worst}"
 
 
-@pytest.mark.parametrize("case", ["suffix_das_adaptive"], indirect=True)
-def test_adaptive_budget_cuts_drafts_from_the_measured_step_cost(case, problems, encode):
-    """The greedy and chi-square runs above were lossless with the per-step choice active, not just
-    configured: the step-cost fit is warm and steps were cut."""
+@pytest.mark.parametrize("case, rule", [("suffix_das_adaptive", "adaptive"), ("suffix_das", "auto_disable")],
+                         indirect=["case"])
+def test_per_step_rule_judges_steps_from_the_measured_step_cost(case, rule, problems, encode):
+    """The greedy and chi-square runs above were lossless with the per-step rule active, not just
+    configured: the step-cost fit is warm and steps were judged (`adaptive` cuts each draft;
+    `auto_disable`, on by default for DAS, keeps all drafts or none)."""
     spec = case.spec
     tok = spec.tokenizer()
     spec.generate([Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:8]], temperature=0.0)
@@ -129,9 +131,11 @@ def test_adaptive_budget_cuts_drafts_from_the_measured_step_cost(case, problems,
         return worker.model_runner.drafter.specdec_stats()
 
     st = spec.llm.collective_rpc(stats)[0]
-    assert st["adaptive"] is True
+    assert st["adaptive"] is (rule == "adaptive") and st["auto_disable"] is True
     assert st["step_cost"]["samples"] >= 32 and st["step_cost"]["c_tok_s"] is not None
-    assert st["counters"]["adaptive_steps"] > 0
+    assert st["counters"][rule + "_steps"] > 0
+    other = "auto_disable" if rule == "adaptive" else "adaptive"
+    assert st["counters"][other + "_steps"] == 0
 
 
 @pytest.mark.parametrize("case", ["suffix_das"], indirect=True)

@@ -110,6 +110,7 @@ EXPECTED_DEFAULTS = {
     "scheduling": {"placement": "contiguous", "budget": "uniform", "k_by_batch_size": None,
                    "long_fraction": 0.25, "short_fraction": 0.25},
     "on_refresh_error": "raise",
+    "auto_disable": True,  # resolved per drafter: on for DAS (the default drafter)
 }
 
 
@@ -223,6 +224,9 @@ ALLOWED = [
     ("scheduling.short_fraction", 0.0, {}),
     ("scheduling.short_fraction", 0.5, {}),
     ("on_refresh_error", "raise", {}),
+    ("auto_disable", True, {"enabled": True, "drafter": "suffix"}),
+    ("auto_disable", False, {"enabled": True, "drafter": "suffix"}),
+    ("auto_disable", False, {"enabled": True, "drafter": "ngram"}),
     ("on_refresh_error", "disable", {}),
 ]
 
@@ -595,6 +599,11 @@ INVALID = [
     ("budget-adaptive-vllm-suffix", {"enabled": True, "drafter": "suffix", "suffix": {"backend": "vllm"},
                                      "refresh": {"mode": "frozen"}, "scheduling": {"budget": "adaptive"}},
      f"{B}.scheduling.budget", ["for drafter 'suffix'", "only the DAS suffix drafter"]),
+    ("auto-disable-ngram", {"enabled": True, "drafter": "ngram", "auto_disable": True}, f"{B}.auto_disable",
+     ["false or unset for drafter 'ngram'", "only the DAS suffix drafter", "k_by_batch_size with k=0"]),
+    ("auto-disable-off-under-adaptive", {"enabled": True, "auto_disable": False, "scheduling": {"budget": "adaptive"}},
+     f"{B}.auto_disable", ["true or unset with scheduling.budget: adaptive"]),
+    ("auto-disable-not-bool", {"auto_disable": "yes"}, f"{B}.auto_disable", ["valid boolean"]),
     ("typo-scheduling", {"scheduling": {"k_by_batchsize": [[1, 2, 3]]}}, f"{B}.scheduling.k_by_batchsize",
      ["unknown key", "'k_by_batch_size'"]),
     ("scheduling-not-mapping", {"scheduling": []}, f"{B}.scheduling", ["valid dictionary"]),
@@ -859,6 +868,16 @@ def test_cli_validate_imports_no_engine():
 
 
 # --------------------------------------------------------------------------- docs stay in sync
+
+@pytest.mark.parametrize("block, on", [
+    ({"enabled": True}, True),                                       # DAS judges every step itself
+    ({"enabled": True, "drafter": "ngram"}, False),                  # vLLM's proposer: k fixed at start
+    ({"enabled": True, "suffix": {"backend": "vllm"}, "refresh": {"mode": "frozen"}}, False),
+    ({"enabled": True, "drafter": "draft_model", "draft_model": {"model": "/d"}}, False),
+])
+def test_auto_disable_defaults_to_on_where_the_drafter_judges_each_step(block, on):
+    assert SpecDecConfig(**block).auto_disable is on
+
 
 def test_reference_doc_documents_every_key():
     text = DOC.read_text()

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nemo_rl_specdec.drafters.adaptive import draft_lengths
+from nemo_rl_specdec.drafters.adaptive import draft_lengths, drafts_pay
 
 
 def _rate(gains, t0, c_tok, d):
@@ -36,8 +36,47 @@ def test_a_rising_gain_curve_is_cut_to_its_running_minimum():
     assert draft_lengths([[0.9, 0.05, 0.9]], t0=1.0, c_tok=0.5) == [1]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_requests_without_drafts_count_in_the_step(seed):
+    # a step of 5 requests, 2 of them with drafts: the same choice as the 5 rows with 3 empty ones
+    rng = np.random.default_rng(seed)
+    gains = [np.sort(rng.uniform(0, 1, 4))[::-1] for _ in range(2)]
+    t0, c_tok = float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.0, 0.6))
+    padded = gains + [[]] * 3
+    assert draft_lengths(gains, t0, c_tok, requests=5) == draft_lengths(padded, t0, c_tok)[:2]
+    assert drafts_pay(gains, t0, c_tok, requests=5) == drafts_pay(padded, t0, c_tok)
+
+
+def test_more_requests_raise_the_bar_a_draft_must_clear():
+    # 0.5 tokens for 0.3 s pays against 1 token per 1 s, not against 4 tokens per 1 s
+    assert draft_lengths([[0.5]], t0=1.0, c_tok=0.3) == [1]
+    assert draft_lengths([[0.5]], t0=1.0, c_tok=0.3, requests=4) == [0]
+    with pytest.raises(ValueError, match="at least the 2 requests"):
+        draft_lengths([[0.5], [0.5]], t0=1.0, c_tok=0.3, requests=1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_drafts_pay_compares_all_drafts_with_none(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 4))
+    gains = [np.sort(rng.uniform(0, 1, int(rng.integers(0, 5))))[::-1] for _ in range(n)]
+    t0, c_tok = float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.0, 0.6))
+    full = [len(g) for g in gains]
+    expect = sum(full) > 0 and _rate(gains, t0, c_tok, full) > _rate(gains, t0, c_tok, [0] * n)
+    assert drafts_pay(gains, t0, c_tok) == expect
+
+
+def test_drafts_pay_on_planted_costs():
+    gains = [[0.9, 0.8, 0.1], [0.5]]              # 2.3 expected tokens for 4 draft tokens
+    assert drafts_pay(gains, t0=1.0, c_tok=0.1)   # 4.3 tokens in 1.4: beats 2 in 1
+    assert not drafts_pay(gains, t0=1.0, c_tok=0.4)  # 4.3 in 2.6 loses to 2 in 1
+    assert not drafts_pay([[], []], t0=1.0, c_tok=0.0)  # nothing to verify
+
+
 def test_bad_step_cost_is_refused():
     with pytest.raises(ValueError, match="t0 > 0"):
         draft_lengths([[0.5]], t0=0.0, c_tok=0.1)
     with pytest.raises(ValueError, match="c_tok >= 0"):
         draft_lengths([[0.5]], t0=1.0, c_tok=-1.0)
+    with pytest.raises(ValueError, match="t0 > 0"):
+        drafts_pay([[0.5]], t0=-1.0, c_tok=0.1)

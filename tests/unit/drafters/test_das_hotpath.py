@@ -248,14 +248,14 @@ def test_drafts_not_proposed_are_scored_on_the_tokens_the_target_produced():
 ADAPTIVE_RESPONSE = list(range(40, 80))
 
 
-def _adaptive_proposer(runner, budget="adaptive", k=4):
+def _adaptive_proposer(runner, budget="adaptive", k=4, auto_disable=True):
     from nemo_rl_specdec.drafters.suffix import DASProposer
 
     vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
                          model_config=SimpleNamespace(max_model_len=256))
     p = DASProposer(vc)
     p.specdec_attach(runner, {"suffix": {"scope": "problem", "max_tree_depth": 32, "min_token_prob": 0.0},
-                              "scheduling": {"budget": budget}})
+                              "scheduling": {"budget": budget}, "auto_disable": auto_disable})
     p.use_local = False
     p.specdec_rebuild([{"problem_id": "p", "prompt_token_ids": PROMPT, "token_ids": ADAPTIVE_RESPONSE,
                         "policy_version": 0}], 1)
@@ -305,6 +305,56 @@ def test_cheap_drafts_are_all_kept():
     assert p.counters["adaptive_steps"] == 1 and p.counters["adaptive_cut_tokens"] == 0
     st = p.specdec_stats()
     assert st["adaptive"] is True and st["step_cost"]["samples"] == 64 and st["step_cost"]["c_tok_s"] > 0
+
+
+def _losing_drafts(p):
+    _plant_step_cost(p, c_base=1e-3, c_tok=1e-3)  # a draft token costs as much as the request's own token
+    for _ in range(200):  # this tree's drafts were rarely accepted so far
+        p.calibration.record(0, [1.0] * 4, 0)
+    p.calibration.flush()
+
+
+def test_auto_disable_turns_speculation_off_under_a_uniform_budget_and_logs_it(caplog):
+    r = _Runner(_adaptive_rows())
+    p = _adaptive_proposer(r, budget="uniform")
+    _losing_drafts(p)
+    with caplog.at_level(logging.INFO, logger="nemo_rl_specdec"):
+        assert p.propose([[1]], r.n, r.tokens) == [[]]
+    c = p.counters
+    assert c["auto_disable_steps"] == 1 and c["auto_disable_off_steps"] == 1 and c["auto_disable_cut_tokens"] == 4
+    assert c["drafts"] == 0 and c["draft_tokens"] == 0 and c["adaptive_steps"] == 0
+    st = p.specdec_stats()
+    assert st["auto_disable"] is True and st["off_by_batch"] == {"1": 1}
+    msg = [m for m in caplog.messages if "DAS auto_disable: speculation off at 1 requests" in m]
+    assert msg and "tokens per ms" in msg[0] and "fit on 64 steps" in msg[0]
+    assert p._reqs["a"].others[0][2] == ADAPTIVE_RESPONSE[10:14]  # still scored against the target's tokens
+
+
+def test_auto_disable_keeps_every_draft_that_pays_and_logs_the_switch_back(caplog):
+    r = _Runner(_adaptive_rows())
+    p = _adaptive_proposer(r, budget="uniform")
+    _losing_drafts(p)
+    assert p.propose([[1]], r.n, r.tokens) == [[]]
+    _plant_step_cost(p, c_base=1e-2, c_tok=1e-6, n=2048)  # drafts became cheap: the fit follows
+    with caplog.at_level(logging.INFO, logger="nemo_rl_specdec"):
+        assert p.propose([[1]], r.n, r.tokens) == [ADAPTIVE_RESPONSE[10:14]]  # all of it, not a cut
+    assert p.counters["auto_disable_steps"] == 2 and p.counters["auto_disable_off_steps"] == 1
+    assert any("DAS auto_disable: speculation on at 1 requests" in m for m in caplog.messages)
+
+
+def test_auto_disable_false_never_judges_a_step():
+    r = _Runner(_adaptive_rows())
+    p = _adaptive_proposer(r, budget="uniform", auto_disable=False)
+    _losing_drafts(p)
+    assert p.propose([[1]], r.n, r.tokens) == [ADAPTIVE_RESPONSE[10:14]]
+    assert p.counters["auto_disable_steps"] == 0 and p.specdec_stats()["auto_disable"] is False
+
+
+def test_off_steps_are_binned_by_batch_size():
+    from nemo_rl_specdec.drafters.suffix import _batch_bin
+
+    assert [_batch_bin(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == \
+        ["1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "33-64", "65-128"]
 
 
 def test_step_times_are_sampled_between_calls_of_the_same_requests():
