@@ -32,9 +32,26 @@ steps costs its per-request time and delays the requests queued behind it.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
+
+
+def gain_matrix(gains) -> tuple[np.ndarray, int]:
+    """(values, draft tokens): `gains` as an (n, k) array clipped to [0, 1] and cut to each row's
+    running minimum, with 0 where a row has no token, and the number of real draft tokens. A 2-D
+    array marks "no token" with NaN (rows are padded at their end); a sequence of rows may be ragged."""
+    if isinstance(gains, np.ndarray) and gains.ndim == 2:
+        a = np.array(gains, dtype=float)
+    else:
+        rows = [np.asarray(g, dtype=float).ravel() for g in gains]
+        a = np.full((len(rows), max((len(g) for g in rows), default=0)), np.nan)
+        for i, g in enumerate(rows):
+            a[i, :len(g)] = g
+    real = ~np.isnan(a)
+    a[~real] = 0.0
+    np.clip(a, 0.0, 1.0, out=a)
+    return np.minimum.accumulate(a, axis=1) if a.size else a, int(real.sum())
 
 
 def _check(gains, t0: float, c_tok: float, requests: Optional[int]) -> int:
@@ -47,45 +64,37 @@ def _check(gains, t0: float, c_tok: float, requests: Optional[int]) -> int:
     return int(requests)
 
 
-def draft_lengths(gains: Sequence[Sequence[float]], t0: float, c_tok: float,
-                  requests: Optional[int] = None) -> list[int]:
+def draft_lengths(gains, t0: float, c_tok: float, requests: Optional[int] = None) -> list[int]:
     """Draft tokens to verify per request (a prefix of each request's draft; see module doc).
-    gains[i][j]: probability that request i's draft token j + 1 is accepted; t0 > 0 seconds: the
-    step without drafts; c_tok >= 0 seconds per verified draft token; requests: the step's
-    requests (default len(gains)), those without a row in `gains` committing one token each."""
+    gains[i][j]: probability that request i's draft token j + 1 is accepted (rows of any length,
+    or a NaN-padded 2-D array); t0 > 0 seconds: the step without drafts; c_tok >= 0 seconds per
+    verified draft token; requests: the step's requests (default len(gains)), those without a
+    row in `gains` committing one token each."""
     n = _check(gains, t0, c_tok, requests)
-    value, rows, pos = [], [], []
-    for i, g in enumerate(gains):
-        if not len(g):
-            continue
-        value.append(np.minimum.accumulate(np.clip(np.asarray(g, dtype=float), 0.0, 1.0)))
-        rows.append(np.full(len(value[-1]), i))
-        pos.append(np.arange(len(value[-1])))
-    out = [0] * len(gains)
-    if not value:
-        return out
-    v, r, p = np.concatenate(value), np.concatenate(rows), np.concatenate(pos)
-    order = np.lexsort((r, p, -v))  # most valuable first; ties: earlier position, then earlier request
-    committed, seconds = float(n), float(t0)
-    for idx in order:
-        if v[idx] <= 0 or v[idx] * seconds <= c_tok * committed:  # v / c_tok <= committed / seconds
-            break
-        committed += float(v[idx])
-        seconds += c_tok
-        out[int(r[idx])] += 1
-    return out
+    a, _ = gain_matrix(gains)
+    rows_n, k = a.shape
+    if not a.size:
+        return [0] * rows_n
+    v = a.ravel()
+    row, pos = np.divmod(np.arange(v.size), k)
+    order = np.lexsort((row, pos, -v))  # most valuable first; ties: earlier position, then earlier request
+    vs = v[order]
+    committed = n + np.cumsum(vs) - vs          # before taking token m: n + vs[0] + ... + vs[m - 1]
+    seconds = t0 + c_tok * np.arange(vs.size)
+    take = (vs > 0) & (vs * seconds > c_tok * committed)  # v / c_tok > committed / seconds
+    m = vs.size if take.all() else int(np.argmin(take))  # the greedy stops at the first token that does not pay
+    return np.bincount(row[order[:m]], minlength=rows_n).tolist()
 
 
-def drafts_pay(gains: Sequence[Sequence[float]], t0: float, c_tok: float, requests: Optional[int] = None) -> bool:
+def drafts_pay(gains, t0: float, c_tok: float, requests: Optional[int] = None) -> bool:
     """Whether verifying every draft of the step commits more tokens per second than verifying
     none (arguments as for `draft_lengths`)."""
     n = _check(gains, t0, c_tok, requests)
-    drafted = [np.minimum.accumulate(np.clip(np.asarray(g, dtype=float), 0.0, 1.0)) for g in gains if len(g)]
-    if not drafted:
+    a, tokens = gain_matrix(gains)
+    if not tokens:
         return False
-    tokens = sum(len(g) for g in drafted)
-    committed = n + float(sum(g.sum() for g in drafted))
+    committed = n + float(a.sum())
     return committed * t0 > n * (t0 + c_tok * tokens)  # committed / seconds beats n / t0
 
 
-__all__ = ["draft_lengths", "drafts_pay"]
+__all__ = ["draft_lengths", "drafts_pay", "gain_matrix"]

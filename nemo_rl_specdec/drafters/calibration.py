@@ -47,12 +47,27 @@ class AcceptanceCalibration:
 
     def _refresh(self) -> None:
         r = self._accepted / self._proposed
+        self._rate_arr = r
         self.rates = [list(map(float, row)) for row in r]
         self.max_rate = [float(row.max()) for row in r]
 
     def token_rates(self, source: int, probs) -> list:
         """Calibrated acceptance of each token of a path draft from `source` with these path probabilities."""
         return list(map(self.rates[source].__getitem__, map(int, map(float(BINS).__mul__, probs))))
+
+    def rate_matrix(self, sources, probs, k: int) -> np.ndarray:
+        """`token_rates` of many drafts at once: row i holds the rates of draft i (from `sources[i]`,
+        with path probabilities `probs[i]`, at most k tokens), NaN past its end."""
+        n = len(probs)
+        lens = np.fromiter(map(len, probs), dtype=np.int64, count=n)
+        out = np.full((n, k), np.nan)
+        if not n or not lens.any():
+            return out
+        flat = np.fromiter(chain.from_iterable(probs), dtype=np.float64, count=int(lens.sum()))
+        bins = np.minimum((flat * BINS).astype(np.int64), BINS)
+        src = np.repeat(np.asarray(sources, dtype=np.int64), lens)
+        out[np.arange(k) < lens[:, None]] = self._rate_arr[src, bins]
+        return out
 
     def expected(self, source: int, probs) -> float:
         """Calibrated expected accepted tokens of a path draft from `source` with these path probabilities."""

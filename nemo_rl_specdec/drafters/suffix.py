@@ -62,7 +62,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.adaptive import draft_lengths, drafts_pay
+from nemo_rl_specdec.drafters.adaptive import draft_lengths, drafts_pay, gain_matrix
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration
 from nemo_rl_specdec.drafters.staging import StagedRebuild
@@ -429,12 +429,12 @@ class DASProposer:
         if cost is None:  # warm-up: the step-cost fit has too few steps yet
             return pending
         t0, c_tok = cost
-        gains = [self.calibration.token_rates(src, probs) for _, _, _, _, probs, src in pending]
+        gains = self.calibration.rate_matrix([p[5] for p in pending], [p[4] for p in pending], self.k)
         if self.adaptive:
             rule, lengths = "adaptive", draft_lengths(gains, t0, c_tok, requests)
         else:
             rule = "auto_disable"
-            lengths = [len(g) for g in gains] if drafts_pay(gains, t0, c_tok, requests) else [0] * len(gains)
+            lengths = [len(p[3]) for p in pending] if drafts_pay(gains, t0, c_tok, requests) else [0] * len(pending)
         c = self.counters
         c[rule + "_steps"] += 1
         kept, cut = [], 0
@@ -452,11 +452,12 @@ class DASProposer:
             self.off_by_batch[b] = self.off_by_batch.get(b, 0) + 1
         if drafting != self._drafting:
             self._drafting = drafting
-            with_drafts = requests + sum(float(np.minimum.accumulate(g).sum()) for g in gains if len(g))
+            full, tokens = gain_matrix(gains)
+            with_drafts = requests + float(full.sum())
             log.info("DAS %s: speculation %s at %d requests: all drafts would commit %.3g tokens per ms against "
                      "%.3g without them (step %.3g ms, %.3g ms per draft token; fit on %d steps, R^2 %s)",
                      rule, "on" if drafting else "off", requests,
-                     with_drafts / (1e3 * (t0 + c_tok * sum(len(g) for g in gains))), requests / (1e3 * t0),
+                     with_drafts / (1e3 * (t0 + c_tok * tokens)), requests / (1e3 * t0),
                      1e3 * t0, 1e3 * c_tok, self.step_cost.samples,
                      "n/a" if self.step_cost.r2 is None else f"{self.step_cost.r2:.2f}")
         return kept

@@ -47,6 +47,23 @@ def test_requests_without_drafts_count_in_the_step(seed):
     assert drafts_pay(gains, t0, c_tok, requests=5) == drafts_pay(padded, t0, c_tok)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_nan_padded_matrix_is_the_same_as_ragged_rows(seed):
+    rng = np.random.default_rng(seed)
+    gains = [rng.uniform(0, 1, int(rng.integers(0, 5))) for _ in range(4)]
+    padded = np.full((4, 4), np.nan)
+    for i, g in enumerate(gains):
+        padded[i, :len(g)] = g
+    t0, c_tok = float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.0, 0.6))
+    assert draft_lengths(padded, t0, c_tok, 6) == draft_lengths(gains, t0, c_tok, 6)
+    assert drafts_pay(padded, t0, c_tok, 6) == drafts_pay(gains, t0, c_tok, 6)
+
+
+def test_a_draft_token_nobody_expects_accepted_still_costs_its_verification():
+    assert drafts_pay([[0.5]], t0=1.0, c_tok=0.2)
+    assert not drafts_pay([[0.5, 0.0, 0.0]], t0=1.0, c_tok=0.2)  # 1.5 in 1.6 loses to 1 in 1
+
+
 def test_more_requests_raise_the_bar_a_draft_must_clear():
     # 0.5 tokens for 0.3 s pays against 1 token per 1 s, not against 4 tokens per 1 s
     assert draft_lengths([[0.5]], t0=1.0, c_tok=0.3) == [1]

@@ -80,6 +80,20 @@ def test_bounded_match_gives_the_same_drafts_whenever_the_match_fits_the_bound()
 
 # ---------------------------------------------------------------------- calibration
 
+def test_rate_matrix_is_token_rates_of_every_draft_padded_with_nan():
+    c = AcceptanceCalibration(prior=10.0, flush_every=4)
+    for _ in range(50):
+        c.record(P, [1.0, 0.55], 1)
+        c.record(L, [0.25, 0.15, 0.05], 3)
+    c.flush()
+    drafts = [(P, [1.0, 0.55]), (L, [0.25, 0.15, 0.05]), (G, [])]
+    m = c.rate_matrix([s for s, _ in drafts], [p for _, p in drafts], 4)
+    assert m.shape == (3, 4)
+    for row, (src, probs) in zip(m, drafts):
+        assert row[:len(probs)].tolist() == c.token_rates(src, probs)
+        assert np.isnan(row[len(probs):]).all()
+
+
 def test_calibration_starts_as_arctic_score_and_learns_measured_acceptance():
     c = AcceptanceCalibration(prior=10.0, flush_every=4)
     probs = [1.0, 1.0, 0.55, 0.15]
