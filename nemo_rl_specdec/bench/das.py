@@ -35,7 +35,8 @@ machine it is the steadier of the two.
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
 ``grpo.max_num_steps``, at least 5), ``windows`` (default 1, ``suffix.window_steps`` and twice it),
 ``scopes`` (default ``[problem, global, both]``), ``baselines`` (default ``[vllm_suffix,
-ngram]``), ``core`` (CPU core the engines are pinned to, default 0), ``problem_seed``.
+ngram, das_auto_disable_off]``; the last is the run file's DAS with every draft verified),
+``core`` (CPU core the engines are pinned to, default 0), ``problem_seed``.
 """
 from __future__ import annotations
 
@@ -82,10 +83,15 @@ def _options(cfg: RunConfig) -> dict:
             "lr": float(cfg.get("grpo.learning_rate", 1e-4)), "seed": int(cfg.get("grpo.seed", 0))}
 
 
-# bench.das.baselines: label -> (drafter, backend, what its history is, changes to the suffix block)
+# bench.das.baselines: label -> (drafter, backend, what its history is, changes to the suffix block,
+# changes to the speculative block)
 BASELINES = {
-    "vllm_suffix": ("suffix", "vllm", "global (FIFO by request count)", {"backend": "vllm"}),
-    "ngram": ("ngram", "vllm", "request", None),
+    "vllm_suffix": ("suffix", "vllm", "global (FIFO by request count)", {"backend": "vllm"},
+                    {"refresh": {"mode": "frozen"}}),
+    "ngram": ("ngram", "vllm", "request", None, {"refresh": {"mode": "frozen"}}),
+    # the default DAS with every draft verified: what auto_disable's per-step off switch changes
+    "das_auto_disable_off": ("suffix", "das", None, {"backend": "das"},
+                             {"refresh": {"mode": "rebuild"}, "auto_disable": False}),
 }
 
 
@@ -103,10 +109,12 @@ def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
                     "k": k, "cfg": cfg.with_spec(enabled=True, drafter="suffix", suffix=suffix,
                                                  refresh={"mode": "rebuild"})})
     for name in opts["baselines"]:
-        drafter, backend, scope, block = BASELINES[name]
-        out.append({"name": name, "drafter": drafter, "backend": backend, "window_steps": None, "scope": scope, "k": k,
-                    "cfg": cfg.with_spec(enabled=True, drafter=drafter, refresh={"mode": "frozen"},
-                                         **({"suffix": {**base, **block}} if block else {}))})
+        drafter, backend, scope, block, changes = BASELINES[name]
+        das = backend == "das"  # the run file's window and scope
+        out.append({"name": name, "drafter": drafter, "backend": backend, "window_steps": main_w if das else None,
+                    "scope": main_scope if das else scope,
+                    "k": k, "cfg": cfg.with_spec(enabled=True, drafter=drafter, **changes,
+                                                 **({"suffix": {**base, **block}} if block else {}))})
     return out
 
 
