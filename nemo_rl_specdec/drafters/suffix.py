@@ -120,6 +120,7 @@ class Suffix(Drafter):
         return spec.suffix.max_tree_depth - 1 if spec.suffix.backend == "das" else None
 
 TRACE_LIMIT = 1_000_000  # drafts kept when tracing is on (tests, debugging)
+UNFIT_WARN_STEPS = 512  # decode steps after which a step-cost fit that never became ready is reported once
 _SOURCE_INDEX = {s: i for i, s in enumerate(SOURCES)}
 _LOCAL = _SOURCE_INDEX["local"]
 
@@ -233,6 +234,7 @@ class DASProposer:
         self.step_cost = StepCostFit()
         self._last_step: Optional[tuple] = None  # (start time, requests, verified tokens, context) of the last call
         self._drafting = True  # whether the last step judged by the rule drafted (switches are logged)
+        self._unfit_warned = False
         self._reqs.clear()
 
     def load_model(self, target_model) -> None:
@@ -554,6 +556,13 @@ class DASProposer:
         last, self._last_step = self._last_step, (t0, verified, verified + drafted_tokens, ctx_sum)
         if last is not None and not new_rows:  # the step since the last call: decode only
             self.step_cost.add(last[1], last[2], last[3], t0 - last[0])
+            if judged and not self._unfit_warned and self.step_cost.coef is None \
+                    and self.step_cost.samples >= UNFIT_WARN_STEPS:
+                self._unfit_warned = True
+                log.warning("DAS %s: the step-cost fit is not ready after %d decode steps (the steps' draft-token "
+                            "counts did not vary enough to tell a draft token's cost), so every draft is kept; "
+                            "specdec_stats()['step_cost'] shows the fit",
+                            "adaptive" if self.adaptive else "auto_disable", self.step_cost.samples)
         c["rows"] += verified
         c["drafts"] += drafted
         c["draft_tokens"] += drafted_tokens

@@ -364,6 +364,20 @@ def test_auto_disable_false_never_judges_a_step():
     assert p.counters["auto_disable_steps"] == 0 and p.specdec_stats()["auto_disable"] is False
 
 
+def test_a_fit_that_never_becomes_ready_is_reported_once(caplog, monkeypatch):
+    from nemo_rl_specdec.drafters import suffix
+
+    monkeypatch.setattr(suffix, "UNFIT_WARN_STEPS", 40)
+    r = _Runner(_adaptive_rows(gen=4))
+    p = _adaptive_proposer(r, budget="uniform")
+    p.use_local = True
+    with caplog.at_level(logging.WARNING, logger="nemo_rl_specdec"):
+        for _ in range(60):  # the same request, the same draft length: c_tok cannot be fitted
+            p.propose([[1]], r.n, r.tokens)
+    assert p.step_cost.coef is None and p.step_cost.samples == 59 > p.step_cost.min_samples
+    assert sum("step-cost fit is not ready after 40 decode steps" in m for m in caplog.messages) == 1
+
+
 def test_off_steps_are_binned_by_batch_size():
     from nemo_rl_specdec.drafters.suffix import _batch_bin
 
