@@ -131,7 +131,7 @@ class _SpecDecBlock(_Strict):
                 f">= {lag_needed}: refresh.every_n_steps={self.refresh.every_n_steps} lets the drafter fall "
                 f"{lag_needed} version(s) behind between refreshes",
             )
-        per_step = drafter_of(self.drafter).takes_request_budgets(self)  # the drafter can cut each step
+        per_step = drafter_of(self.drafter).judges_steps(self)  # our proposer cuts each step's drafts
         if self.auto_disable is None:
             self.auto_disable = per_step
         if self.enabled:
@@ -140,14 +140,16 @@ class _SpecDecBlock(_Strict):
                 raise _PathError(
                     "scheduling.budget", "adaptive",
                     f"uniform | length_aware | das for drafter {self.drafter!r}: 'adaptive' cuts each request's "
-                    "draft at every step, which only the DAS suffix drafter (suffix.backend: das) can do")
+                    "draft at every step, which only our proposers do: the DAS suffix drafter (suffix.backend: "
+                    "das) and n-gram with ngram.backend: specdec")
             if self.auto_disable and not per_step:
                 raise _PathError(
                     "auto_disable", True,
-                    f"false or unset for drafter {self.drafter!r}: turning speculation off step by step needs a "
-                    "drafter that measures each step, which only the DAS suffix drafter (suffix.backend: das) "
-                    f"does. For {self.drafter!r}, vLLM fixes k per batch size at engine start: set "
-                    "scheduling.k_by_batch_size with k=0 for the batch sizes where speculation loses")
+                    f"false or unset for drafter {self.drafter!r}: turning speculation off step by step needs "
+                    "our proposer, which measures each step: the DAS suffix drafter (suffix.backend: das) or "
+                    f"n-gram with ngram.backend: specdec. For {self.drafter!r} as configured, vLLM fixes k per "
+                    "batch size at engine start: set scheduling.k_by_batch_size with k=0 for the batch sizes "
+                    "where speculation loses")
             if self.auto_disable is False and self.scheduling.budget == "adaptive":
                 raise _PathError(
                     "auto_disable", False,

@@ -26,15 +26,27 @@ step, whatever k is.
 budgets: the step keeps every draft its budget allowed, or none when the step is predicted to
 commit fewer tokens per second with them than without.
 
+`StepJudge` is what a list proposer in an engine (DAS, our n-gram) holds to apply either rule:
+it samples the step time between the proposer's calls into the step-cost fit, cuts each step's
+drafts, counts what it did (into the proposer's counters, and steps turned off per batch-size
+bin) and logs every switch between drafting and not with the numbers behind it.
+
 Every request's tokens count the same. A weight favouring the requests predicted to set the
 makespan leaves out that a request denied drafts stays in the batch longer, and each of those
 steps costs its per-request time and delays the requests queued behind it.
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import numpy as np
+
+from nemo_rl_specdec.drafters.step_cost import StepCostFit
+
+log = logging.getLogger("nemo_rl_specdec")
+
+UNFIT_WARN_STEPS = 512  # decode steps after which a step-cost fit that never became ready is reported once
 
 
 def gain_matrix(gains) -> tuple[np.ndarray, int]:
@@ -97,4 +109,86 @@ def drafts_pay(gains, t0: float, c_tok: float, requests: Optional[int] = None) -
     return committed * t0 > n * (t0 + c_tok * tokens)  # committed / seconds beats n / t0
 
 
-__all__ = ["draft_lengths", "drafts_pay", "gain_matrix"]
+def batch_bin(requests: int) -> str:
+    """Batch-size bin of `StepJudge.off_by_batch`: 1, 2, 3-4, 5-8, ... (powers of two)."""
+    if requests <= 2:
+        return str(requests)
+    hi = 1 << (requests - 1).bit_length()
+    return f"{hi // 2 + 1}-{hi}"
+
+
+class StepJudge:
+    """The per-step rule of one list proposer (module doc). `counters` is the proposer's counter
+    dict: `<rule>_steps`, `<rule>_off_steps`, `<rule>_cut_tokens` are added to it."""
+
+    def __init__(self, name: str, counters: dict, adaptive: bool, auto_disable: bool):
+        self.name, self.counters = name, counters
+        self.adaptive, self.auto_disable = bool(adaptive), bool(auto_disable)
+        for rule in ("adaptive", "auto_disable"):
+            for what in ("steps", "off_steps", "cut_tokens"):
+                counters.setdefault(f"{rule}_{what}", 0)
+        self.fit = StepCostFit()
+        self.off_by_batch: dict = {}  # steps the rule turned speculation off, by batch-size bin
+        self._last: Optional[tuple] = None  # (start time, requests, verified tokens, context) of the last call
+        self._drafting = True  # whether the last judged step drafted (switches are logged)
+        self._unfit_warned = False
+
+    @property
+    def active(self) -> bool:
+        return self.adaptive or self.auto_disable
+
+    def choose(self, gains, lengths: list, requests: int, ctx_sum: int) -> Optional[list]:
+        """Draft tokens to keep of each pending draft (`lengths` tokens each; `gains` their calibrated
+        acceptance, a NaN-padded matrix or ragged rows), or None: keep every draft (the rule is off,
+        or the step-cost fit is still in its warm-up). `requests`: the step's requests, with or
+        without a draft; `ctx_sum`: their summed context length."""
+        if not self.active or not lengths:
+            return None
+        cost = self.fit.split(requests, ctx_sum)
+        if cost is None:
+            return None
+        t0, c_tok = cost
+        if self.adaptive:
+            rule, keep = "adaptive", draft_lengths(gains, t0, c_tok, requests)
+        else:
+            rule = "auto_disable"
+            keep = list(lengths) if drafts_pay(gains, t0, c_tok, requests) else [0] * len(lengths)
+        c = self.counters
+        c[rule + "_steps"] += 1
+        c[rule + "_cut_tokens"] += int(sum(lengths) - sum(keep))
+        drafting = any(keep)
+        if not drafting:
+            c[rule + "_off_steps"] += 1
+            b = batch_bin(requests)
+            self.off_by_batch[b] = self.off_by_batch.get(b, 0) + 1
+        if drafting != self._drafting:
+            self._drafting = drafting
+            full, tokens = gain_matrix(gains)
+            log.info("%s %s: speculation %s at %d requests: all drafts would commit %.3g tokens per ms against "
+                     "%.3g without them (step %.3g ms, %.3g ms per draft token; fit on %d steps, R^2 %s)",
+                     self.name, rule, "on" if drafting else "off", requests,
+                     (requests + float(full.sum())) / (1e3 * (t0 + c_tok * tokens)), requests / (1e3 * t0),
+                     1e3 * t0, 1e3 * c_tok, self.fit.samples, "n/a" if self.fit.r2 is None else f"{self.fit.r2:.2f}")
+        return keep
+
+    def called(self, start: float, requests: int, verified_tokens: int, ctx_sum: int, prefilled: bool) -> None:
+        """The proposer was called at `start` and proposed for a step of `requests` requests that will
+        verify `verified_tokens` tokens. The time since the last call is the step that ran in
+        between; it is a sample unless it prefilled a request (`prefilled`)."""
+        last, self._last = self._last, (start, requests, verified_tokens, ctx_sum)
+        if last is None or prefilled:
+            return
+        self.fit.add(last[1], last[2], last[3], start - last[0])
+        if self.active and not self._unfit_warned and self.fit.coef is None and self.fit.samples >= UNFIT_WARN_STEPS:
+            self._unfit_warned = True
+            log.warning("%s %s: the step-cost fit is not ready after %d decode steps (the steps' draft-token counts "
+                        "did not vary enough to tell a draft token's cost), so every draft is kept; the stats' "
+                        "step_cost shows the fit", self.name, "adaptive" if self.adaptive else "auto_disable",
+                        self.fit.samples)
+
+    def stats(self) -> dict:
+        return {"adaptive": self.adaptive, "auto_disable": self.auto_disable,
+                "off_by_batch": dict(self.off_by_batch), "step_cost": self.fit.metrics()}
+
+
+__all__ = ["StepJudge", "batch_bin", "draft_lengths", "drafts_pay", "gain_matrix"]

@@ -10,8 +10,8 @@ in `drafters/registry.py`:
 - configuration: `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes` (the
   first is the default), `check(spec)` for cross-field rules, `vllm_config(spec, temperature)`;
 - weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
-  layers ride in the policy's), `takes_request_budgets(spec)`, `rollout_prompt_tail(spec)` (it
-  builds from rollouts);
+  layers ride in the policy's), `takes_request_budgets(spec)`, `judges_steps(spec)` (our proposer
+  cuts each step's drafts), `rollout_prompt_tail(spec)` (it builds from rollouts);
 - online refresh: `distiller(spec, ...)` returns its `train.distill.Distiller`;
   `CheckpointDrafter` is the common case: a checkpoint of its own in `<name>.model`, vLLM's method
   of the same name, the distiller `distiller_class()`;
@@ -85,6 +85,11 @@ class Drafter:
     # ------------------------------------------------------------------ runtime
     def takes_request_budgets(self, spec: "SpecDecConfig") -> bool:
         """Whether per-request draft budgets (`extra_args["specdec_budget"]`) reach this drafter."""
+        return False
+
+    def judges_steps(self, spec: "SpecDecConfig") -> bool:
+        """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/adaptive.py`:
+        `auto_disable`, `scheduling.budget: adaptive`)."""
         return False
 
     def caches_own_requests(self, spec: "SpecDecConfig") -> bool:

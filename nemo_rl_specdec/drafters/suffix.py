@@ -54,7 +54,6 @@ policy's (greedy: identical; T > 0: same distribution).
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -62,11 +61,10 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.adaptive import draft_lengths, drafts_pay, gain_matrix
+from nemo_rl_specdec.drafters.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
-from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration
+from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.staging import StagedRebuild
-from nemo_rl_specdec.drafters.step_cost import StepCostFit
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
 from nemo_rl_specdec.schema import Strict
@@ -112,6 +110,9 @@ class Suffix(Drafter):
     def takes_request_budgets(self, spec):
         return spec.suffix.backend == "das"
 
+    def judges_steps(self, spec):
+        return spec.suffix.backend == "das"
+
     def caches_own_requests(self, spec):
         return spec.suffix.backend == "vllm"
 
@@ -120,7 +121,6 @@ class Suffix(Drafter):
         return spec.suffix.max_tree_depth - 1 if spec.suffix.backend == "das" else None
 
 TRACE_LIMIT = 1_000_000  # drafts kept when tracing is on (tests, debugging)
-UNFIT_WARN_STEPS = 512  # decode steps after which a step-cost fit that never became ready is reported once
 _SOURCE_INDEX = {s: i for i, s in enumerate(SOURCES)}
 _LOCAL = _SOURCE_INDEX["local"]
 
@@ -142,33 +142,6 @@ class _ReqState:
     others: list = field(default_factory=list)
 
 
-def _resolve_others(calib: AcceptanceCalibration, others: list, sampled: list) -> list:
-    """Feed back drafts that were computed but not proposed: `sampled` are the tokens the target
-    produced this step (under rejection sampling a sample of the policy, whatever was drafted), so a
-    draft's accepted length is its common prefix with what was produced. A draft that matches every
-    produced token and has more waits for the next step's tokens."""
-    left = []
-    for src, probs, toks, got in others:
-        m = 0
-        for a, b in zip(toks, sampled):  # at most k tokens
-            if a != b:
-                break
-            m += 1
-        if m < len(sampled) or m == len(toks):
-            calib.record(src, probs, got + m)
-        else:
-            left.append((src, probs, toks[m:], got + m))
-    return left
-
-
-def _batch_bin(requests: int) -> str:
-    """Batch-size bin of `off_by_batch`: 1, 2, 3-4, 5-8, ... (powers of two)."""
-    if requests <= 2:
-        return str(requests)
-    hi = 1 << (requests - 1).bit_length()
-    return f"{hi // 2 + 1}-{hi}"
-
-
 def _rollout_rows(rollouts):
     """The rollouts as the store reads them: a RolloutBatch in place, else a list of records, engine
     rollouts or dicts (`rollouts.as_record`); the store validates them."""
@@ -183,8 +156,10 @@ def _suffix_settings(spec: Optional[dict]) -> dict:
     return SuffixConfig(**raw).model_dump()
 
 
-class DASProposer:
+class DASProposer(SpecdecProposer):
     """vLLM custom_class proposer over a windowed, per-problem rollout store (see module docstring)."""
+
+    metrics_prefix = "das"
 
     def __init__(self, vllm_config):
         sc = vllm_config.speculative_config
@@ -205,9 +180,7 @@ class DASProposer:
                          "from_global": 0, "from_local": 0, "budget_zero": 0, "budget_promoted": 0, "propose_s": 0.0,
                          "propose_cpu_s": 0.0,
                          "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0, "no_problem_id": 0,
-                         "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0,
-                         "adaptive_steps": 0, "adaptive_off_steps": 0, "adaptive_cut_tokens": 0,
-                         "auto_disable_steps": 0, "auto_disable_off_steps": 0, "auto_disable_cut_tokens": 0}
+                         "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0}
         self._staged: Optional[StagedRebuild] = None
         self._from = [0] * len(SOURCES)  # drafts per source within one propose call
         self.configure(None)
@@ -228,26 +201,8 @@ class DASProposer:
         self.min_token_prob = float(s["min_token_prob"])
         self.store = RolloutStore(window_steps=s["window_steps"], scope=s["scope"], max_tree_depth=self.depth,
                                   max_memory_bytes=float(s["max_memory_mb"]) * 2**20)
-        self.adaptive = ((spec or {}).get("scheduling") or {}).get("budget") == "adaptive"
-        self.auto_disable = (spec or {}).get("auto_disable") is not False  # the schema's default for DAS: on
-        self.off_by_batch: dict = {}  # steps the rule turned speculation off, by batch-size bin
-        self.step_cost = StepCostFit()
-        self._last_step: Optional[tuple] = None  # (start time, requests, verified tokens, context) of the last call
-        self._drafting = True  # whether the last step judged by the rule drafted (switches are logged)
-        self._unfit_warned = False
+        self.judge = self.make_judge("DAS", spec)
         self._reqs.clear()
-
-    def load_model(self, target_model) -> None:
-        """Required by vLLM's CPU runner (it calls drafter.load_model unconditionally). There is no
-        model to load; take a handle on the runner that calls us (request ids, sampling params)."""
-        caller = sys._getframe(1).f_locals.get("self")
-        if caller is not None and hasattr(caller, "input_batch") and hasattr(caller, "requests"):
-            self.runner = caller
-
-    def specdec_attach(self, runner, spec: dict) -> None:
-        """Called by the worker extension at init: the runner handle and the speculative block."""
-        self.runner = runner
-        self.configure(spec)
 
     def specdec_rebuild(self, rollouts, version: int) -> int:
         """Refresh (rebuild mode): add the step's rollouts, slide the window to the new policy version,
@@ -353,9 +308,12 @@ class DASProposer:
             store = self.store.stats()
         return {"store": store, "counters": dict(self.counters), "active_requests": len(self._reqs),
                 "k": self.k, "settings": dict(self.settings), "staged_version": job.version if job else None,
-                "calibration": self.calibration.table(), "adaptive": self.adaptive,
-                "auto_disable": self.auto_disable, "off_by_batch": dict(self.off_by_batch),
-                "step_cost": self.step_cost.metrics()}
+                "calibration": self.calibration.table(), **self.judge.stats()}
+
+    def acceptance_metrics(self) -> dict:
+        """Per draft source and probability bin (`<source>/bin<b>`: the tree's path probability in
+        [b/10, (b+1)/10), bin 10 is p = 1): acceptance per match confidence."""
+        return {f"{src}/bin{b}": r for i, src in enumerate(SOURCES) for b, r in enumerate(self.calibration.rates[i])}
 
     def specdec_trace(self, enable: bool = True) -> list:
         """Start (clear) or stop recording every proposed draft as (req_id, problem_id, tokens).
@@ -424,44 +382,18 @@ class DASProposer:
         return st.local.speculate_ndarray(ctx, limit, self.max_spec_factor, 0.0, self.min_token_prob, False)
 
     def _cut(self, pending: list, requests: int, ctx_sum: int) -> list:
-        """Cut the pending drafts by the per-step rule (module doc): `adaptive`, each draft to its
-        chosen length; else (`auto_disable`), all drafts or none. A draft cut to nothing is scored
+        """Cut the pending drafts by the per-step rule (`StepJudge`). A draft cut to nothing is scored
         against the tokens the target produces, like a losing draft."""
-        cost = self.step_cost.split(requests, ctx_sum)
-        if cost is None:  # warm-up: the step-cost fit has too few steps yet
-            return pending
-        t0, c_tok = cost
         gains = self.calibration.rate_matrix([p[5] for p in pending], [p[4] for p in pending], self.k)
-        if self.adaptive:
-            rule, lengths = "adaptive", draft_lengths(gains, t0, c_tok, requests)
-        else:
-            rule = "auto_disable"
-            lengths = [len(p[3]) for p in pending] if drafts_pay(gains, t0, c_tok, requests) else [0] * len(pending)
-        c = self.counters
-        c[rule + "_steps"] += 1
-        kept, cut = [], 0
-        for (i, rid, st, tokens, probs, src), d in zip(pending, lengths):
-            cut += len(tokens) - d
+        keep = self.judge.choose(gains, [len(p[3]) for p in pending], requests, ctx_sum)
+        if keep is None:
+            return pending
+        kept = []
+        for (i, rid, st, tokens, probs, src), d in zip(pending, keep):
             if d:
                 kept.append((i, rid, st, tokens[:d], probs[:d], src))
             else:
                 st.others.append((src, probs, tokens, 0))
-        c[rule + "_cut_tokens"] += cut
-        drafting = bool(kept)
-        if not drafting:
-            c[rule + "_off_steps"] += 1
-            b = _batch_bin(requests)
-            self.off_by_batch[b] = self.off_by_batch.get(b, 0) + 1
-        if drafting != self._drafting:
-            self._drafting = drafting
-            full, tokens = gain_matrix(gains)
-            with_drafts = requests + float(full.sum())
-            log.info("DAS %s: speculation %s at %d requests: all drafts would commit %.3g tokens per ms against "
-                     "%.3g without them (step %.3g ms, %.3g ms per draft token; fit on %d steps, R^2 %s)",
-                     rule, "on" if drafting else "off", requests,
-                     with_drafts / (1e3 * (t0 + c_tok * tokens)), requests / (1e3 * t0),
-                     1e3 * t0, 1e3 * c_tok, self.step_cost.samples,
-                     "n/a" if self.step_cost.r2 is None else f"{self.step_cost.r2:.2f}")
         return kept
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list:
@@ -485,7 +417,7 @@ class DASProposer:
         ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch
         verified = drafted = drafted_tokens = ctx_sum = 0
         new_rows = False  # a request seen for the first time: the step that just ran prefilled it
-        judged = (self.adaptive or self.auto_disable) and not fenced
+        judged = self.judge.active and not fenced
         pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
         for i in range(rows):
             rid = req_ids[i]
@@ -503,7 +435,7 @@ class DASProposer:
                 calib.record(st.last_src, st.last_probs, len(sampled) - 1)
                 st.last_src = -1
             if st.others:
-                st.others = _resolve_others(calib, st.others, sampled)
+                st.others = resolve_withheld(calib, st.others, sampled)
             verified += 1
             n = ns[i]
             ctx_sum += n
@@ -553,16 +485,7 @@ class DASProposer:
             self._from[src] += 1
             if self.trace is not None and len(self.trace) < TRACE_LIMIT:
                 self.trace.append((rid, st.problem_id, tuple(tokens)))
-        last, self._last_step = self._last_step, (t0, verified, verified + drafted_tokens, ctx_sum)
-        if last is not None and not new_rows:  # the step since the last call: decode only
-            self.step_cost.add(last[1], last[2], last[3], t0 - last[0])
-            if judged and not self._unfit_warned and self.step_cost.coef is None \
-                    and self.step_cost.samples >= UNFIT_WARN_STEPS:
-                self._unfit_warned = True
-                log.warning("DAS %s: the step-cost fit is not ready after %d decode steps (the steps' draft-token "
-                            "counts did not vary enough to tell a draft token's cost), so every draft is kept; "
-                            "specdec_stats()['step_cost'] shows the fit",
-                            "adaptive" if self.adaptive else "auto_disable", self.step_cost.samples)
+        self.judge.called(t0, verified, verified + drafted_tokens, ctx_sum, prefilled=new_rows)
         c["rows"] += verified
         c["drafts"] += drafted
         c["draft_tokens"] += drafted_tokens

@@ -54,7 +54,7 @@ from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine.engine import GenerateResult
 from nemo_rl_specdec.metrics import SpecMetrics
 from nemo_rl_specdec.rollouts import Request, Rollout, RolloutRecord
-from nemo_rl_specdec.scheduling.budget import k_by_batch_size_schedule
+from nemo_rl_specdec.scheduling.budget import k_by_batch_size_schedule, set_at_submission
 from nemo_rl_specdec.scheduling.placement import restore_order
 from nemo_rl_specdec.scheduling.planner import Planner, check_policies
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
@@ -295,7 +295,7 @@ class EngineGroup:
         self._dead: dict[int, str] = {}
         self._closed = False
         self.actors: list = []
-        if self.budget_via == "none" and self.spec.enabled and self.spec.scheduling.budget != "uniform":
+        if self.budget_via == "none" and self.spec.enabled and set_at_submission(self.spec.scheduling.budget):
             self._warn_budget_ignored(self.spec.scheduling.budget)
 
         if not ray.is_initialized():
@@ -312,8 +312,8 @@ class EngineGroup:
 
     def _warn_budget_ignored(self, budget: str) -> None:
         msg = (f"speculative_decoding.scheduling.budget={budget!r} has no effect with drafter={self.spec.drafter!r} "
-               f"(suffix.backend={self.spec.suffix.backend!r}): vLLM's built-in ngram and suffix proposers ignore "
-               "per-request budgets; use drafter: suffix with suffix.backend: das")
+               f"(suffix.backend={self.spec.suffix.backend!r}, ngram.backend={self.spec.ngram.backend!r}): only the "
+               "DAS suffix drafter (suffix.backend: das) reads per-request budgets")
         log.warning(msg)
         warnings.warn(msg, BudgetIgnoredWarning, stacklevel=3)
 
@@ -388,7 +388,7 @@ class EngineGroup:
             raise ValueError(f"budget={budget!r} on a group started with scheduling.budget={sc.budget!r}: the adaptive "
                              "budget is chosen inside the engines at every step, so it is fixed when they start; "
                              "start a group with scheduling.budget: adaptive for it, and another for the others")
-        if budget != "uniform" and budget != sc.budget and self.spec.enabled and self.budget_via == "none":
+        if set_at_submission(budget) and budget != sc.budget and self.spec.enabled and self.budget_via == "none":
             self._warn_budget_ignored(budget)
         requests = list(requests)
         for i, r in enumerate(requests):

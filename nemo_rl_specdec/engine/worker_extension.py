@@ -116,6 +116,9 @@ class SpecDecWorkerExtension:
         out = asdict(st)
         out.pop("spec")
         out.pop("last_drafter_payload")
+        proposer = getattr(getattr(self, "model_runner", None), "drafter", None)
+        if hasattr(proposer, "specdec_metrics"):  # the trainer's per-step metrics (NeMo-RL: specdec/engine/*)
+            out["metrics"] = proposer.specdec_metrics()
         return out
 
     def specdec_mark_disabled(self, reason: str) -> dict:

@@ -40,8 +40,11 @@ Ours:
                                 acceptance against policy age: cumulative acceptance (NeMo-RL's
                                 definitions) of the steps generated with drafter_lag a
   specdec/placement/*           predicted / actual load imbalance of the step's placement
-  specdec/engine/<name>         numeric metrics an engine reports in `specdec_state()["metrics"]`
-                                (e.g. budgets), averaged over engines
+  specdec/engine/<name>         numeric metrics an engine reports in `specdec_state()["metrics"]`,
+                                averaged over engines: the DAS proposer's `das/*` (its counters since
+                                engine start, e.g. `das/auto_disable_off_steps`; the step-cost fit
+                                `das/step_cost/*`; acceptance per match confidence
+                                `das/acceptance/<source>/bin<b>`; `DASProposer.specdec_metrics`)
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.nemo_rl import api, translate
 
 # Run in the workers' Python: the vLLM version, SpeculativeConfig's fields, the methods its type
@@ -76,7 +77,7 @@ def adapt_speculative_config(sc: dict, facts: dict, spec: Any, log: Callable[[st
     - `draft_sample_method` (probabilistic drafts at T > 0) is dropped where vLLM has no such field:
       its drafts are then greedy, outputs stay exactly the policy's, acceptance at T > 0 may be
       lower; this is printed.
-    - a method vLLM lacks (`custom_class` for DAS) or `num_speculative_tokens_per_batch_size`
+    - a method vLLM lacks (`custom_class` for DAS and our n-gram) or `num_speculative_tokens_per_batch_size`
       (`scheduling.k_by_batch_size`) where vLLM has no such field: the run is refused.
     """
     version, fields, methods = facts.get("vllm", "?"), set(facts.get("fields") or ()), facts.get("methods")
@@ -85,10 +86,12 @@ def adapt_speculative_config(sc: dict, facts: dict, spec: Any, log: Callable[[st
     method = out.get("method")
     if methods is not None and method not in methods:
         if method == "custom_class":
+            name = spec.drafter  # suffix (das) or ngram (specdec): our proposers, beside vLLM's own backend
+            got = getattr(drafter_of(spec).settings(spec), "backend", None)
             raise ConfigError(
-                f"{BLOCK_PATH}.suffix.backend: got 'das', which runs as vLLM's custom_class proposer; {where} has "
-                f"no custom_class method; allowed with this vLLM: 'vllm' (vLLM's suffix decoding), or use a NeMo-RL "
-                "whose vLLM has custom_class (main pins 0.25.1)")
+                f"{BLOCK_PATH}.{name}.backend: got {got!r}, which runs as vLLM's custom_class proposer; {where} has "
+                f"no custom_class method; allowed with this vLLM: 'vllm' (vLLM's own {name} proposer), or use a "
+                "NeMo-RL whose vLLM has custom_class (main pins 0.25.1)")
         raise ConfigError(f"{BLOCK_PATH}.drafter: {translate.SPEC_KWARGS_PATH}.method={method!r} is not a method of "
                           f"{where}; it has {sorted(methods)}")
     if not fields:

@@ -55,7 +55,21 @@ def drafter_cases() -> dict:
     if "suffix_das" in out:  # scheduling.budget: adaptive cuts DAS drafts at every step: lossless under it too
         name, run_file, over = out["suffix_das"]
         out["suffix_das_adaptive"] = (name, run_file, over + [f"{BLOCK}.scheduling.budget=adaptive"])
+    if "ngram_judged" in out:  # with auto_disable on, the rule withholds the bundled task's n-gram drafts (they
+        name, run_file, over = out["ngram_judged"]  # lose), leaving nothing to verify: see rule_cases()
+        out["ngram_judged"] = (name, run_file, over + [f"{BLOCK}.auto_disable=false"])
     return out
+
+
+def rule_cases() -> dict:
+    """Cases only the per-step rule's own tests run (by name): n-gram through our proposer with
+    `auto_disable` on, as `bench --suite drafters` runs it."""
+    from nemo_rl_specdec.drafters.registry import DRAFTERS
+
+    for label, over in DRAFTERS["ngram"].bench_rows:
+        if _slug(label) == "ngram_judged":
+            return {"ngram_judged_auto": ("ngram", RUN_FILE, [f"{BLOCK}.drafter=ngram"] + [f"{BLOCK}.{o}" for o in over])}
+    return {}
 
 
 def pytest_generate_tests(metafunc):
@@ -82,7 +96,7 @@ def case(request, engines):
 
     from nemo_rl_specdec.engine.engine import Engine
 
-    drafter, run_file, overrides = drafter_cases()[request.param]
+    drafter, run_file, overrides = {**drafter_cases(), **rule_cases()}[request.param]
     spec = Engine(run_cfg(*overrides, run_file=run_file), name=request.param)
     try:
         yield SimpleNamespace(name=request.param, drafter=drafter, run_file=run_file, spec=spec,

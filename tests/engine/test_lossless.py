@@ -117,12 +117,13 @@ def test_returned_logprobs_are_the_targets(case, problems, hf_policy, encode):
     assert worst < 1e-4, f"{case.name}: returned logprobs differ from the target's by {worst}"
 
 
-@pytest.mark.parametrize("case, rule", [("suffix_das_adaptive", "adaptive"), ("suffix_das", "auto_disable")],
-                         indirect=["case"])
-def test_per_step_rule_judges_steps_from_the_measured_step_cost(case, rule, problems, encode):
-    """The greedy and chi-square runs above were lossless with the per-step rule active, not just
-    configured: the step-cost fit is warm and steps were judged (`adaptive` cuts each draft;
-    `auto_disable`, on by default for DAS, keeps all drafts or none)."""
+@pytest.mark.parametrize("case, rule, name", [("suffix_das_adaptive", "adaptive", "das"),
+                                              ("suffix_das", "auto_disable", "das"),
+                                              ("ngram_judged_auto", "auto_disable", "ngram")], indirect=["case"])
+def test_per_step_rule_judges_steps_from_the_measured_step_cost(case, rule, name, problems, encode):
+    """The greedy and chi-square runs above were lossless with the per-step rule of our proposers
+    active, not just configured: the step-cost fit is warm and steps were judged (`adaptive` cuts
+    each draft; `auto_disable`, on by default for them, keeps all drafts or none)."""
     spec = case.spec
     tok = spec.tokenizer()
     spec.generate([Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:8]], temperature=0.0)
@@ -136,6 +137,15 @@ def test_per_step_rule_judges_steps_from_the_measured_step_cost(case, rule, prob
     assert st["counters"][rule + "_steps"] > 0
     other = "auto_disable" if rule == "adaptive" else "adaptive"
     assert st["counters"][other + "_steps"] == 0
+    # the same numbers reach the trainer's step metrics (NeMo-RL: train/specdec/engine/<name>/*)
+    from nemo_rl_specdec.nemo_rl import metrics
+
+    state = spec.llm.collective_rpc("specdec_state")[0]
+    m = metrics.version_metrics([{"state": state, "last_update": None}])
+    assert m[f"specdec/engine/{name}/{rule}_steps"] >= st["counters"][rule + "_steps"] > 0
+    assert m[f"specdec/engine/{name}/step_cost/samples"] >= 32
+    first = "acceptance/problem/bin10" if name == "das" else "acceptance/pos1"  # per match confidence / position
+    assert 0 < m[f"specdec/engine/{name}/{first}"] <= 1
 
 
 @pytest.mark.parametrize("case", ["suffix_das"], indirect=True)

@@ -100,7 +100,7 @@ EXPECTED_DEFAULTS = {
     "suffix": {"backend": "das", "window_steps": 4, "scope": "both", "max_tree_depth": 64,
                "max_match_len": 16, "max_spec_factor": 1.0, "min_token_prob": 0.1, "max_memory_mb": 512.0,
                "max_cached_requests": 10000},
-    "ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    "ngram": {"backend": "vllm", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     "draft_model": {"model": None},
     "eagle3": {"model": None},
     "dflash": {"model": None},
@@ -178,6 +178,8 @@ ALLOWED = [
     ("suffix.max_memory_mb", 4096, {}),
     ("suffix.max_cached_requests", 0, {}),
     ("suffix.max_cached_requests", 500, {}),
+    ("ngram.backend", "vllm", {}),
+    ("ngram.backend", "specdec", {"enabled": True, "drafter": "ngram"}),
     ("ngram.prompt_lookup_min", 1, {}),
     ("ngram.prompt_lookup_min", 4, {}),
     ("ngram.prompt_lookup_max", 2, {}),
@@ -227,6 +229,7 @@ ALLOWED = [
     ("auto_disable", True, {"enabled": True, "drafter": "suffix"}),
     ("auto_disable", False, {"enabled": True, "drafter": "suffix"}),
     ("auto_disable", False, {"enabled": True, "drafter": "ngram"}),
+    ("auto_disable", True, {"enabled": True, "drafter": "ngram", "ngram": {"backend": "specdec"}}),
     ("on_refresh_error", "disable", {}),
 ]
 
@@ -598,12 +601,15 @@ INVALID = [
      f"{B}.scheduling.budget", ["uniform | length_aware | das for drafter 'ngram'", "suffix.backend: das"]),
     ("budget-adaptive-vllm-suffix", {"enabled": True, "drafter": "suffix", "suffix": {"backend": "vllm"},
                                      "refresh": {"mode": "frozen"}, "scheduling": {"budget": "adaptive"}},
-     f"{B}.scheduling.budget", ["for drafter 'suffix'", "only the DAS suffix drafter"]),
+     f"{B}.scheduling.budget", ["for drafter 'suffix'", "the DAS suffix drafter (suffix.backend: das)",
+                                "ngram.backend: specdec"]),
     ("auto-disable-ngram", {"enabled": True, "drafter": "ngram", "auto_disable": True}, f"{B}.auto_disable",
-     ["false or unset for drafter 'ngram'", "only the DAS suffix drafter", "k_by_batch_size with k=0"]),
+     ["false or unset for drafter 'ngram'", "the DAS suffix drafter", "ngram.backend: specdec",
+      "k_by_batch_size with k=0"]),
     ("auto-disable-off-under-adaptive", {"enabled": True, "auto_disable": False, "scheduling": {"budget": "adaptive"}},
      f"{B}.auto_disable", ["true or unset with scheduling.budget: adaptive"]),
     ("auto-disable-not-bool", {"auto_disable": "yes"}, f"{B}.auto_disable", ["valid boolean"]),
+    ("ngram-backend", {"ngram": {"backend": "numba"}}, f"{B}.ngram.backend", ["'vllm'", "'specdec'"]),
     ("typo-scheduling", {"scheduling": {"k_by_batchsize": [[1, 2, 3]]}}, f"{B}.scheduling.k_by_batchsize",
      ["unknown key", "'k_by_batch_size'"]),
     ("scheduling-not-mapping", {"scheduling": []}, f"{B}.scheduling", ["valid dictionary"]),
@@ -872,6 +878,7 @@ def test_cli_validate_imports_no_engine():
 @pytest.mark.parametrize("block, on", [
     ({"enabled": True}, True),                                       # DAS judges every step itself
     ({"enabled": True, "drafter": "ngram"}, False),                  # vLLM's proposer: k fixed at start
+    ({"enabled": True, "drafter": "ngram", "ngram": {"backend": "specdec"}}, True),  # ours: judges each step
     ({"enabled": True, "suffix": {"backend": "vllm"}, "refresh": {"mode": "frozen"}}, False),
     ({"enabled": True, "drafter": "draft_model", "draft_model": {"model": "/d"}}, False),
 ])

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nemo_rl_specdec.drafters.adaptive import draft_lengths, drafts_pay
+from nemo_rl_specdec.drafters.adaptive import batch_bin, draft_lengths, drafts_pay
 
 
 def _rate(gains, t0, c_tok, d):
@@ -12,12 +12,16 @@ def _rate(gains, t0, c_tok, d):
     return committed / (t0 + c_tok * sum(d))
 
 
+def _random_step(seed):
+    """1-3 requests with 0-4 draft tokens each (non-increasing gains) and a random step cost."""
+    rng = np.random.default_rng(seed)
+    gains = [np.sort(rng.uniform(0, 1, int(rng.integers(0, 5))))[::-1] for _ in range(int(rng.integers(1, 4)))]
+    return gains, float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.0, 0.6))
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_draft_lengths_are_the_brute_force_optimum(seed):
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 4))
-    gains = [np.sort(rng.uniform(0, 1, int(rng.integers(0, 5))))[::-1] for _ in range(n)]
-    t0, c_tok = float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.0, 0.6))
+    gains, t0, c_tok = _random_step(seed)
     d = draft_lengths(gains, t0, c_tok)
     best = max(_rate(gains, t0, c_tok, c) for c in itertools.product(*[range(len(g) + 1) for g in gains]))
     assert _rate(gains, t0, c_tok, d) == pytest.approx(best, rel=1e-12)
@@ -74,12 +78,9 @@ def test_more_requests_raise_the_bar_a_draft_must_clear():
 
 @pytest.mark.parametrize("seed", range(40))
 def test_drafts_pay_compares_all_drafts_with_none(seed):
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 4))
-    gains = [np.sort(rng.uniform(0, 1, int(rng.integers(0, 5))))[::-1] for _ in range(n)]
-    t0, c_tok = float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.0, 0.6))
+    gains, t0, c_tok = _random_step(seed)
     full = [len(g) for g in gains]
-    expect = sum(full) > 0 and _rate(gains, t0, c_tok, full) > _rate(gains, t0, c_tok, [0] * n)
+    expect = sum(full) > 0 and _rate(gains, t0, c_tok, full) > _rate(gains, t0, c_tok, [0] * len(gains))
     assert drafts_pay(gains, t0, c_tok) == expect
 
 
@@ -97,3 +98,8 @@ def test_bad_step_cost_is_refused():
         draft_lengths([[0.5]], t0=1.0, c_tok=-1.0)
     with pytest.raises(ValueError, match="t0 > 0"):
         drafts_pay([[0.5]], t0=-1.0, c_tok=0.1)
+
+
+def test_off_steps_are_binned_by_batch_size():
+    assert [batch_bin(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == \
+        ["1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "33-64", "65-128"]

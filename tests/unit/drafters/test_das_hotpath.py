@@ -239,15 +239,15 @@ def test_drafts_not_proposed_are_scored_on_the_tokens_the_target_produced():
     """The losing tree's draft is calibrated too (else a source is only measured where it won): its
     accepted length is its common prefix with the produced tokens, waiting for more when it matched
     all of them."""
-    from nemo_rl_specdec.drafters.suffix import _resolve_others
+    from nemo_rl_specdec.drafters.calibration import resolve_withheld
 
     c = AcceptanceCalibration(prior=1.0, flush_every=1_000)
     others = [(G, [1.0, 1.0, 1.0], [7, 8, 9], 0),      # mismatch at position 1: 1 accepted
               (P, [1.0, 1.0, 1.0, 1.0], [7, 3, 4, 5], 0),  # matches all 2 produced tokens: waits
               (L, [1.0], [7], 0)]                           # matched in full: 1 accepted
-    left = _resolve_others(c, others, [7, 3])
+    left = resolve_withheld(c, others, [7, 3])
     assert left == [(P, [1.0, 1.0, 1.0, 1.0], [4, 5], 2)]
-    assert _resolve_others(c, left, [4, 6, 1]) == []         # then 4 matches, 6 != 5: 3 accepted
+    assert resolve_withheld(c, left, [4, 6, 1]) == []         # then 4 matches, 6 != 5: 3 accepted
     c.flush()
     t = c.table()
     assert t["global"]["tokens"][BINS] == 1.0 + 3 and t["global"]["rates"][BINS] == pytest.approx(2 / 4)
@@ -280,7 +280,7 @@ def _plant_step_cost(p, c_base, c_tok, n=64):
     """Steps of a planted linear cost, with varying draft tokens (what the fit learns from)."""
     for i in range(n):
         req, drafts = 1 + i % 4, i % 5
-        p.step_cost.add(req, req + drafts, 100 * req, c_base + c_tok * (req + drafts))
+        p.judge.fit.add(req, req + drafts, 100 * req, c_base + c_tok * (req + drafts))
 
 
 def _adaptive_rows(gen=10, extra=None):
@@ -290,7 +290,7 @@ def _adaptive_rows(gen=10, extra=None):
 def test_no_cut_during_the_warm_up():
     r = _Runner(_adaptive_rows())
     p = _adaptive_proposer(r)
-    assert p.step_cost.split(1, 14) is None
+    assert p.judge.fit.split(1, 14) is None
     assert p.propose([[1]], r.n, r.tokens) == [ADAPTIVE_RESPONSE[10:14]]
     assert p.counters["adaptive_steps"] == 0
 
@@ -339,6 +339,10 @@ def test_auto_disable_turns_speculation_off_under_a_uniform_budget_and_logs_it(c
     assert c["drafts"] == 0 and c["draft_tokens"] == 0 and c["adaptive_steps"] == 0
     st = p.specdec_stats()
     assert st["auto_disable"] is True and st["off_by_batch"] == {"1": 1}
+    m = p.specdec_metrics()  # what the trainer logs (NeMo-RL: specdec/engine/das/*)
+    assert m["das/auto_disable_off_steps"] == 1.0 and m["das/step_cost/samples"] == 64.0
+    assert m["das/acceptance/problem/bin10"] < 0.1  # the planted rejections, per match confidence
+    assert all(isinstance(v, float) for v in m.values())
     msg = [m for m in caplog.messages if "DAS auto_disable: speculation off at 1 requests" in m]
     assert msg and "tokens per ms" in msg[0] and "fit on 64 steps" in msg[0]
     assert p._reqs["a"].others[0][2] == ADAPTIVE_RESPONSE[10:14]  # still scored against the target's tokens
@@ -365,24 +369,17 @@ def test_auto_disable_false_never_judges_a_step():
 
 
 def test_a_fit_that_never_becomes_ready_is_reported_once(caplog, monkeypatch):
-    from nemo_rl_specdec.drafters import suffix
+    from nemo_rl_specdec.drafters import adaptive
 
-    monkeypatch.setattr(suffix, "UNFIT_WARN_STEPS", 40)
+    monkeypatch.setattr(adaptive, "UNFIT_WARN_STEPS", 40)
     r = _Runner(_adaptive_rows(gen=4))
     p = _adaptive_proposer(r, budget="uniform")
     p.use_local = True
     with caplog.at_level(logging.WARNING, logger="nemo_rl_specdec"):
         for _ in range(60):  # the same request, the same draft length: c_tok cannot be fitted
             p.propose([[1]], r.n, r.tokens)
-    assert p.step_cost.coef is None and p.step_cost.samples == 59 > p.step_cost.min_samples
+    assert p.judge.fit.coef is None and p.judge.fit.samples == 59 > p.judge.fit.min_samples
     assert sum("step-cost fit is not ready after 40 decode steps" in m for m in caplog.messages) == 1
-
-
-def test_off_steps_are_binned_by_batch_size():
-    from nemo_rl_specdec.drafters.suffix import _batch_bin
-
-    assert [_batch_bin(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == \
-        ["1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "33-64", "65-128"]
 
 
 def test_step_times_are_sampled_between_calls_of_the_same_requests():
@@ -390,5 +387,5 @@ def test_step_times_are_sampled_between_calls_of_the_same_requests():
     p = _adaptive_proposer(r, budget="uniform")
     for _ in range(5):
         p.propose([[1]], r.n, r.tokens)
-    assert p.step_cost.samples == 4  # the first call's step prefilled the request: not a decode sample
+    assert p.judge.fit.samples == 4  # the first call's step prefilled the request: not a decode sample
     assert p.counters["adaptive_steps"] == 0  # uniform: measured, never cut

@@ -21,15 +21,15 @@ def report(pv, dv, refresh=None, applied=None, disabled=False, engine_metrics=No
 
 def test_version_metrics():
     out = metrics.version_metrics([
-        report(5, 5, 0.2, 10, engine_metrics={"budget_long_fraction": 0.25, "note": "x"}, staged=3),
-        report(5, 4, 0.5, 12, engine_metrics={"budget_long_fraction": 0.75}, staged=4, dropped=1),
+        report(5, 5, 0.2, 10, engine_metrics={"das/auto_disable_off_steps": 2.0, "note": "x"}, staged=3),
+        report(5, 4, 0.5, 12, engine_metrics={"das/auto_disable_off_steps": 6.0}, staged=4, dropped=1),
     ])
     assert out == {
         "specdec/policy_version": 5.0, "specdec/drafter_version": 4.0, "specdec/drafter_lag": 1.0,
         "specdec/engines_in_lockstep": 0.0, "specdec/disabled_engines": 0.0,
         "specdec/refresh_s": 0.5, "specdec/tensors_applied": 12.0,
         "specdec/rollouts_staged": 7.0, "specdec/rollouts_dropped": 1.0,
-        "specdec/engine/budget_long_fraction": 0.5,
+        "specdec/engine/das/auto_disable_off_steps": 4.0,
     }
     legacy = {"state": {"policy_version": 1, "drafter_version": 1}, "last_update": {"tensors_applied": 7}}
     assert metrics.version_metrics([legacy])["specdec/tensors_applied"] == 7.0

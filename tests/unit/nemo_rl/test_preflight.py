@@ -30,6 +30,9 @@ def test_preflight_fits_the_speculative_config_to_the_workers_vllm_or_refuses_by
     assert len(said) == 1 and "vLLM 0.20.0" in said[0] and "drafts are greedy" in said[0]
     with pytest.raises(ConfigError, match=r"suffix.backend: got 'das'.*vLLM 0.20.0.*allowed with this vLLM: 'vllm'"):
         preflight.adapt_speculative_config({"method": "custom_class"}, FACTS_0_20, spec(drafter="suffix"))
+    with pytest.raises(ConfigError, match=r"ngram.backend: got 'specdec'.*allowed with this vLLM: 'vllm' \(vLLM's own ngram"):
+        preflight.adapt_speculative_config({"method": "custom_class"}, FACTS_0_20,
+                                           spec(drafter="ngram", ngram={"backend": "specdec"}))
     with pytest.raises(ConfigError, match=r"scheduling.k_by_batch_size: vLLM 0.20.0 .* has no num_speculative_tokens_per"):
         preflight.adapt_speculative_config({"method": "ngram", "num_speculative_tokens_per_batch_size": [[1, 8, 2]]},
                                            FACTS_0_20, spec(drafter="ngram"))
