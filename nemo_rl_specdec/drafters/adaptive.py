@@ -29,7 +29,12 @@ commit fewer tokens per second with them than without.
 `StepJudge` is what a list proposer in an engine (DAS, our n-gram) holds to apply either rule:
 it samples the step time between the proposer's calls into the step-cost fit, cuts each step's
 drafts, counts what it did (into the proposer's counters, and steps turned off per batch-size
-bin) and logs every switch between drafting and not with the numbers behind it.
+bin) and logs every switch between drafting and not with the numbers behind it. Withholding a
+step's drafts saves their verification but not the proposer's own time; so once `OFF_STREAK`
+judged steps in a row of one batch-size bin kept nothing, the bin is off: the proposer skips
+drafting there (`skip`), except one probe step in `PROBE_EVERY`, which drafts, is judged, and
+turns the bin back on when its drafts pay. Skipped steps are not step-cost samples (the
+proposer's time is part of what the fit measures).
 
 Every request's tokens count the same. A weight favouring the requests predicted to set the
 makespan leaves out that a request denied drafts stays in the batch longer, and each of those
@@ -47,6 +52,8 @@ from nemo_rl_specdec.drafters.step_cost import StepCostFit
 log = logging.getLogger("nemo_rl_specdec")
 
 UNFIT_WARN_STEPS = 512  # decode steps after which a step-cost fit that never became ready is reported once
+OFF_STREAK = 8  # judged steps in a row with no draft kept, in one batch-size bin, that turn the bin off
+PROBE_EVERY = 16  # in a bin that is off, one step in this many still computes (and withholds) its drafts
 
 
 def gain_matrix(gains) -> tuple[np.ndarray, int]:
@@ -132,6 +139,9 @@ class StepJudge:
         self._last: Optional[tuple] = None  # (start time, requests, verified tokens, context) of the last call
         self._drafting = True  # whether the last judged step drafted (switches are logged)
         self._unfit_warned = False
+        self._streak: dict = {}  # batch-size bin -> judged steps in a row that kept no draft
+        self._seen: dict = {}  # batch-size bin -> steps of the bin while it was off (for the probes)
+        counters.setdefault("skipped_steps", 0)
 
     @property
     def active(self) -> bool:
@@ -157,9 +167,10 @@ class StepJudge:
         c[rule + "_steps"] += 1
         c[rule + "_cut_tokens"] += int(sum(lengths) - sum(keep))
         drafting = any(keep)
+        b = batch_bin(requests)
+        self._streak[b] = 0 if drafting else self._streak.get(b, 0) + 1
         if not drafting:
             c[rule + "_off_steps"] += 1
-            b = batch_bin(requests)
             self.off_by_batch[b] = self.off_by_batch.get(b, 0) + 1
         if drafting != self._drafting:
             self._drafting = drafting
@@ -171,12 +182,26 @@ class StepJudge:
                      1e3 * t0, 1e3 * c_tok, self.fit.samples, "n/a" if self.fit.r2 is None else f"{self.fit.r2:.2f}")
         return keep
 
-    def called(self, start: float, requests: int, verified_tokens: int, ctx_sum: int, prefilled: bool) -> None:
+    def skip(self, requests: int) -> bool:
+        """Whether the proposer should not draft at all this step: its batch-size bin is off and this
+        is not a probe step (module doc)."""
+        b = batch_bin(requests)
+        if not self.active or self._streak.get(b, 0) < OFF_STREAK:
+            return False
+        self._seen[b] = self._seen.get(b, 0) + 1
+        if self._seen[b] % PROBE_EVERY == 0:
+            return False
+        self.counters["skipped_steps"] += 1
+        return True
+
+    def called(self, start: float, requests: int, verified_tokens: int, ctx_sum: int, prefilled: bool,
+               skipped: bool = False) -> None:
         """The proposer was called at `start` and proposed for a step of `requests` requests that will
         verify `verified_tokens` tokens. The time since the last call is the step that ran in
-        between; it is a sample unless it prefilled a request (`prefilled`)."""
-        last, self._last = self._last, (start, requests, verified_tokens, ctx_sum)
-        if last is None or prefilled:
+        between; it is a sample unless it prefilled a request (`prefilled`), or the proposer skipped
+        drafting in either call (`skipped`: the proposer's time, part of every sample, is missing)."""
+        last, self._last = self._last, (start, requests, verified_tokens, ctx_sum, skipped)
+        if last is None or prefilled or skipped or last[4]:
             return
         self.fit.add(last[1], last[2], last[3], start - last[0])
         if self.active and not self._unfit_warned and self.fit.coef is None and self.fit.samples >= UNFIT_WARN_STEPS:
@@ -188,7 +213,9 @@ class StepJudge:
 
     def stats(self) -> dict:
         return {"adaptive": self.adaptive, "auto_disable": self.auto_disable,
-                "off_by_batch": dict(self.off_by_batch), "step_cost": self.fit.metrics()}
+                "off_by_batch": dict(self.off_by_batch), "off_bins": sorted(b for b, n in self._streak.items()
+                                                                            if n >= OFF_STREAK),
+                "step_cost": self.fit.metrics()}
 
 
 __all__ = ["StepJudge", "batch_bin", "draft_lengths", "drafts_pay", "gain_matrix"]

@@ -109,7 +109,9 @@ class NgramProposer(SpecdecProposer):
         if self.runner is None or self.k <= 0:
             return [[] for _ in range(rows)]
         req_ids = self.runner.input_batch.req_ids
-        drafts = self.matcher.propose(self.k, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        skipped = self.judge.skip(rows)  # this batch size is off: no lookup (module doc of adaptive.py)
+        drafts = [[] for _ in range(rows)] if skipped else \
+            self.matcher.propose(self.k, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         calib, reqs = self.calibration, self._reqs
         seen, pending = set(), []
         verified = ctx_sum = 0
@@ -153,7 +155,7 @@ class NgramProposer(SpecdecProposer):
                 reqs[req_ids[i]][0] = drafts[i]
                 drafted += 1
                 drafted_tokens += len(drafts[i])
-        self.judge.called(t0, verified, verified + drafted_tokens, ctx_sum, prefilled=new_rows)
+        self.judge.called(t0, verified, verified + drafted_tokens, ctx_sum, prefilled=new_rows, skipped=skipped)
         if len(reqs) > len(seen):  # finished or preempted requests: drop their state
             for rid in [r for r in reqs if r not in seen]:
                 del reqs[rid]

@@ -418,6 +418,7 @@ class DASProposer(SpecdecProposer):
         verified = drafted = drafted_tokens = ctx_sum = 0
         new_rows = False  # a request seen for the first time: the step that just ran prefilled it
         judged = self.judge.active and not fenced
+        skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (drafters/adaptive.py)
         pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
         for i in range(rows):
             rid = req_ids[i]
@@ -446,7 +447,7 @@ class DASProposer(SpecdecProposer):
                 st.budget = k
                 c["budget_promoted"] += 1
             limit = min(st.budget, self.max_model_len - n - 1)
-            if limit <= 0:
+            if limit <= 0 or skipped:
                 if st.budget == 0:
                     c["budget_zero"] += 1
                 continue
@@ -485,7 +486,7 @@ class DASProposer(SpecdecProposer):
             self._from[src] += 1
             if self.trace is not None and len(self.trace) < TRACE_LIMIT:
                 self.trace.append((rid, st.problem_id, tuple(tokens)))
-        self.judge.called(t0, verified, verified + drafted_tokens, ctx_sum, prefilled=new_rows)
+        self.judge.called(t0, verified, verified + drafted_tokens, ctx_sum, prefilled=new_rows, skipped=skipped)
         c["rows"] += verified
         c["drafts"] += drafted
         c["draft_tokens"] += drafted_tokens

@@ -103,3 +103,39 @@ def test_bad_step_cost_is_refused():
 def test_off_steps_are_binned_by_batch_size():
     assert [batch_bin(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == \
         ["1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "33-64", "65-128"]
+
+
+def _judge():
+    from nemo_rl_specdec.drafters.adaptive import StepJudge
+
+    j = StepJudge("test", {}, adaptive=False, auto_disable=True)
+    for i in range(64):  # a planted linear step cost: 1 ms per step, 1 ms per draft token
+        req, drafts = 1 + i % 4, i % 5
+        j.fit.add(req, req + drafts, 100 * req, 1e-3 + 1e-3 * (req + drafts))
+    return j
+
+
+def test_a_bin_that_keeps_losing_is_skipped_but_probed_and_comes_back():
+    from nemo_rl_specdec.drafters import adaptive
+
+    j = _judge()
+    losing, paying = [[0.01, 0.01]], [[1.0, 1.0]]
+    for _ in range(adaptive.OFF_STREAK):
+        assert not j.skip(1)
+        assert j.choose(losing, [2], 1, 100) == [0]
+    assert j.stats()["off_bins"] == ["1"] and not j.skip(2)  # other batch sizes keep drafting
+    skips = [j.skip(1) for _ in range(adaptive.PROBE_EVERY)]
+    assert skips.count(False) == 1 and not skips[-1]  # one probe step in PROBE_EVERY
+    assert j.counters["skipped_steps"] == adaptive.PROBE_EVERY - 1
+    assert j.choose(paying, [2], 1, 100) == [2]  # the probe's drafts pay: the bin is on again
+    assert j.stats()["off_bins"] == [] and not j.skip(1)
+
+
+def test_skipped_steps_are_not_step_cost_samples():
+    j = _judge()
+    n = j.fit.samples
+    j.called(0.0, 4, 8, 400, prefilled=False)
+    j.called(0.010, 4, 4, 400, prefilled=False, skipped=True)   # this call skipped drafting
+    j.called(0.015, 4, 8, 400, prefilled=False)                  # the step after a skipped call
+    j.called(0.025, 4, 8, 400, prefilled=False)
+    assert j.fit.samples == n + 1  # only the last step had the proposer's time at both ends

@@ -101,3 +101,20 @@ def test_cheap_drafts_are_all_kept():
     tokens, n = _rows()
     assert p.propose([[3]], n, tokens) == [[4, 5, 6, 7]]
     assert p.counters["auto_disable_steps"] == 1 and p.counters["auto_disable_off_steps"] == 0
+
+
+def test_a_batch_size_that_keeps_losing_skips_the_lookup(monkeypatch):
+    from nemo_rl_specdec.drafters import adaptive
+
+    p = _proposer()
+    _plant(p, c_base=1e-3, c_tok=1e-3)
+    _rejected(p)
+    tokens, n = _rows()
+    for _ in range(adaptive.OFF_STREAK):
+        assert p.propose([[3]], n, tokens) == [[]]
+    calls = []
+    monkeypatch.setattr(p.matcher, "propose", lambda *a: calls.append(1) or [[4, 5, 6, 7]])
+    for _ in range(adaptive.PROBE_EVERY):
+        assert p.propose([[3]], n, tokens) == [[]]
+    assert len(calls) == 1 and p.counters["skipped_steps"] == adaptive.PROBE_EVERY - 1  # one probe
+    assert p.specdec_stats()["off_bins"] == ["1"]
