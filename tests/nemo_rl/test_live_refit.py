@@ -307,6 +307,25 @@ def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(
     assert out["generation_lengths"].tolist() and min(out["generation_lengths"].tolist()) > 0
 
 
+def test_our_ngram_proposer_runs_in_nemo_rls_worker_and_reaches_its_step_metrics(cpu_host):
+    """`ngram.backend: specdec` through NeMo-RL's real worker: the engine runs our n-gram proposer
+    (custom_class, attached by our extension with the block), NeMo-RL's generate runs through it,
+    and its counters, step-cost fit and acceptance by position are in the report NeMo-RL's
+    get_step_metrics merges (`specdec/engine/ngram/*`)."""
+    from nemo_rl_specdec.nemo_rl import metrics
+
+    w = _worker({"drafter": "ngram", "num_speculative_tokens": 3, "ngram": {"backend": "specdec"}}, None)
+    assert w.nemo_rl_llm_kwargs["speculative_config"]["method"] == "custom_class"
+    assert _on_engine(w, lambda self: type(self.model_runner.drafter).__name__) == "NgramProposer"
+    assert _on_engine(w, lambda self: self.model_runner.drafter.judge.auto_disable) is True
+    out = w.generate(_batch(PROMPTS))
+    assert len(out["generation_lengths"]) == len(PROMPTS) * SAMPLES
+    m = metrics.version_metrics([w.specdec_report()])
+    assert m["specdec/engine/ngram/calls"] > 0 and m["specdec/engine/ngram/rows"] > 0
+    assert m["specdec/engine/ngram/drafts"] > 0  # the prompts repeat themselves: prompt lookup drafts
+    assert 0 < m["specdec/engine/ngram/acceptance/pos1"] <= 1 and "specdec/engine/ngram/step_cost/samples" in m
+
+
 def test_das_survives_three_refits_with_every_sibling_of_every_problem(cpu_host, exchange):
     """Real NeMo-RL generate + refits; a second data-parallel engine (this test, acting through
     the same exchange) contributes its own rollouts. After each refit the engine's per-problem
