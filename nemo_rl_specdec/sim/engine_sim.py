@@ -26,7 +26,9 @@ from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.b
 for the requests in flight (re-chosen at every event). Budget `adaptive` then cuts each d_i at
 every event with the engine's own rule (`drafters.adaptive.draft_lengths`): gains from the
 request's acceptance curve (and response-position factor, times the coverage), t0 and the cost
-of a draft token from the cost model.
+of a draft token from the cost model. With `auto_disable` (other budgets) the same inputs go to
+`drafters.adaptive.drafts_pay`: the event keeps its drafts or drafts nothing; the steps judged
+and turned off are counted by batch-size bin (`EngineStats.judged_by_batch`, `off_by_batch`).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from nemo_rl_specdec.drafters.adaptive import draft_lengths
+from nemo_rl_specdec.drafters.adaptive import batch_bin, draft_lengths, drafts_pay
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
 from nemo_rl_specdec.sim.adaptive import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
@@ -69,6 +71,7 @@ class SpecPolicy:
     schedule: Union[None, str, Sequence[Sequence[int]]] = None   # [(lo, hi, k), ...] or "per_step"
     interval: int = 64
     acceptance: Union[float, Sequence[float]] = 0.7   # what the budget policy believes
+    auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/adaptive.drafts_pay) per event
 
 
 @dataclass
@@ -84,6 +87,8 @@ class EngineStats:
     preemptions: int = 0
     busy: list = field(default_factory=list)   # merged [start, end] intervals with requests in flight
     adaptive_steps: list = field(default_factory=list)  # (requests, drafts chosen) per per_step / adaptive decision
+    judged_by_batch: dict = field(default_factory=dict)  # auto_disable: steps judged, by batch-size bin
+    off_by_batch: dict = field(default_factory=dict)     # auto_disable: steps it turned off, by batch-size bin
 
 
 class EngineSim:
@@ -217,9 +222,9 @@ class EngineSim:
         self.stats.budget_recomputes += 1
         return np.asarray(out, dtype=int)
 
-    def _adaptive(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> np.ndarray:
-        """`budget: adaptive`: each request's drafts this event, at most `cap` (module doc);
-        `factors`: each request's response-position factor, or None."""
+    def _rule_inputs(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> tuple[list, float, float]:
+        """(gains, t0, c_tok) of the engines' per-step rule this event (module doc); `factors`: each
+        request's response-position factor, or None."""
         n = len(self._active)
         g = np.diff(self._A, axis=1)                   # acceptance of draft position j, unconditional
         if factors is not None:
@@ -227,8 +232,15 @@ class EngineSim:
         c_base, c_tok, c_draft, c_ctx = self.cost.linearised(n, float(self._ctx.mean()))
         t0 = c_base + c_tok * n + c_ctx * float(self._ctx.sum())
         c = self.coverage                              # a share c of request-steps has a draft to verify
-        gains = [c * g[i, :int(cap[i])] for i in range(n)]
-        return np.asarray(draft_lengths(gains, t0, c * (c_tok + c_draft)), dtype=int)
+        return [c * g[i, :int(cap[i])] for i in range(n)], t0, c * (c_tok + c_draft)
+
+    def _adaptive(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> np.ndarray:
+        """`budget: adaptive`: each request's drafts this event, at most `cap`."""
+        return np.asarray(draft_lengths(*self._rule_inputs(cap, factors)), dtype=int)
+
+    def _pays(self, d: np.ndarray, factors: Optional[np.ndarray]) -> bool:
+        """`auto_disable`: whether this event's drafts are worth their verification."""
+        return drafts_pay(*self._rule_inputs(d, factors))
 
     def _advance(self) -> None:
         self._preempt()
@@ -238,6 +250,7 @@ class EngineSim:
         if by_position:   # each request's response-position segment
             seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
             factors = self._pos_factors[seg]
+        judged = None  # auto_disable: the batch-size bin of this event, when the rule judged it
         if sp is None:
             d = np.zeros(n_act, dtype=int)
         else:
@@ -253,6 +266,10 @@ class EngineSim:
             if sp.budget == "adaptive":
                 d = self._adaptive(d, factors if by_position else None)
                 self.stats.adaptive_steps.append((n_act, int(d.sum())))
+            elif sp.auto_disable and d.any():
+                judged = batch_bin(n_act)
+                if not self._pays(d, factors if by_position else None):
+                    d = np.zeros_like(d)
         idx = np.arange(n_act)
         a_draft = self._A[idx, d]                                 # committed per step when drafting
         if by_position:
@@ -285,6 +302,10 @@ class EngineSim:
 
         st = self.stats
         st.steps += n
+        if judged is not None:
+            st.judged_by_batch[judged] = st.judged_by_batch.get(judged, 0) + n
+            if not d.any():
+                st.off_by_batch[judged] = st.off_by_batch.get(judged, 0) + n
         st.busy_s += dt
         st.verified_tokens += n * (n_act + float(d_eff.sum()))
         st.draft_tokens += n * float(d_eff.sum())

@@ -69,6 +69,8 @@ def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunRe
         "preemptions_baseline": base.preemptions,
         "preemptions_spec": spec.preemptions,
     }
+    if spec.judged_by_batch:  # speculation.auto_disable: where the engines' rule turns speculation off
+        out["auto_disable_off_share_by_batch"] = spec.off_share_by_batch
     if placement_only is not None:
         out["rollout_s_placement_only"] = placement_only.rollout_s
         out["rollout_speedup_placement_only"] = _ratio(base.rollout_s, placement_only.rollout_s)
@@ -218,6 +220,11 @@ def format_table(res: dict[str, Any]) -> str:
         ("output tokens / s", res["output_tokens_per_s_baseline"], res["output_tokens_per_s_spec"], None),
         ("KV preemptions", res["preemptions_baseline"], res["preemptions_spec"], None),
     ]
+    if "auto_disable_off_share_by_batch" in res:
+        off = res["auto_disable_off_share_by_batch"]
+        order = sorted(off, key=lambda b: int(b.split("-")[0]))
+        rows.append(("auto_disable: steps off, by batch size", None, "  ".join(f"{b}: {off[b]:.0%}" for b in order),
+                     None))
     if "rollout_s_placement_only" in res:
         rows.append(("rollout, placement only (s)", res["rollout_s_baseline"], res["rollout_s_placement_only"],
                      res["rollout_speedup_placement_only"]))

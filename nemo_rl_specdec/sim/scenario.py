@@ -317,9 +317,14 @@ class Speculation(_Strict):
     medium_k: Optional[int] = Field(None, ge=0)
     k_by_batch_size: Union[None, Literal["auto", "per_step"], list[tuple[int, int, int]]] = None
     budget_interval_steps: int = Field(64, ge=1, description="recompute budgets at least this often")
+    auto_disable: bool = Field(False, description="list drafters: the engines' per-step off switch "
+                               "(speculative_decoding.auto_disable), judged at every event")
 
     @model_validator(mode="after")
     def _check(self):
+        if self.auto_disable and self.budget == "adaptive":
+            raise _PathError("auto_disable", True, "false with budget: adaptive, which already drafts nothing where "
+                             "no draft token pays")
         if self.long_fraction + self.short_fraction > 1:
             raise ValueError("long_fraction + short_fraction must be <= 1")
         if self.medium_k is not None and self.medium_k > self.k:
@@ -490,6 +495,12 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self):
+        if self.drafter.kind == "model" and self.speculation.auto_disable:
+            raise _PathError(
+                "speculation.auto_disable", True,
+                f"false for model drafter {self.drafter.name!r}: vLLM fixes its k per batch size at engine start; "
+                "use speculation.k_by_batch_size",
+            )
         if self.drafter.kind == "model" and self.speculation.budget != "uniform":
             raise _PathError(
                 "speculation.budget", self.speculation.budget,

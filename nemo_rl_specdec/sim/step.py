@@ -67,6 +67,13 @@ class RunResult:
     exposed_generation_s: float = 0.0
     preemptions: int = 0
     engine_busy_s: list[float] = field(default_factory=list)
+    judged_by_batch: dict = field(default_factory=dict)   # auto_disable: target steps judged per batch-size bin
+    off_by_batch: dict = field(default_factory=dict)      # ... and turned off
+
+    @property
+    def off_share_by_batch(self) -> dict:
+        """auto_disable: share of the judged steps it turned off, per batch-size bin."""
+        return {b: self.off_by_batch.get(b, 0) / n for b, n in self.judged_by_batch.items() if n}
 
     @property
     def rollout_s_per_step(self) -> list[float]:
@@ -128,7 +135,8 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
             )
         policy = SpecPolicy(k=k, budget=spec_cfg.budget, long_fraction=spec_cfg.long_fraction,
                             short_fraction=spec_cfg.short_fraction, medium_k=spec_cfg.medium_k,
-                            schedule=sched, interval=spec_cfg.budget_interval_steps, acceptance=acceptance)
+                            schedule=sched, interval=spec_cfg.budget_interval_steps, acceptance=acceptance,
+                            auto_disable=spec_cfg.auto_disable)
 
     max_len = sc.workload.lengths.max_len
     predictor = LengthPredictor(max_len=max_len)
@@ -245,7 +253,17 @@ def _result(policy, placement, E, release, G, Etrain, rollout_s, step_s, exposed
         exposed_generation_s=exposed_s,
         preemptions=sum(s.preemptions for s in st),
         engine_busy_s=[s.busy_s for s in st],
+        judged_by_batch=_sum_bins(s.judged_by_batch for s in st),
+        off_by_batch=_sum_bins(s.off_by_batch for s in st),
     )
+
+
+def _sum_bins(dicts) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for b, n in d.items():
+            out[b] = out.get(b, 0) + n
+    return out
 
 
 __all__ = ["RunResult", "simulate_rl"]

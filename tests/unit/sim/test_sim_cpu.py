@@ -130,6 +130,31 @@ def test_adaptive_budget_refuses_a_model_drafter():
         build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.budget": "adaptive"})
 
 
+def test_auto_disable_turns_losing_batches_off_and_leaves_paying_ones_alone():
+    """speculation.auto_disable is the engines' all-or-nothing rule (drafters/adaptive.drafts_pay)
+    per event: where fixed k loses it stays near no speculation, with every large batch off;
+    where drafts pay it changes nothing."""
+    dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
+    fixed = simulate(build(LINEAR, dear))
+    guarded = simulate(build(LINEAR, {**dear, "speculation.auto_disable": True}))
+    assert fixed["rollout_speedup"] < 1.0
+    assert guarded["rollout_speedup"] >= 0.999 and guarded["rollout_speedup"] > fixed["rollout_speedup"]
+    off = guarded["auto_disable_off_share_by_batch"]
+    assert off["17-32"] == 1.0  # 32 requests: verification is dear, speculation off on every step
+    cheap_fixed = simulate(build(LINEAR, {}))
+    cheap = simulate(build(LINEAR, {"speculation.auto_disable": True}))
+    assert cheap["rollout_speedup"] == pytest.approx(cheap_fixed["rollout_speedup"])
+    assert set(cheap["auto_disable_off_share_by_batch"].values()) == {0.0}
+    assert "auto_disable_off_share_by_batch" not in cheap_fixed
+
+
+def test_auto_disable_is_refused_for_model_drafters_and_under_the_adaptive_budget():
+    with pytest.raises(ScenarioError, match="speculation.auto_disable"):
+        build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.auto_disable": True})
+    with pytest.raises(ScenarioError, match="auto_disable"):
+        build(LINEAR, {"speculation.budget": "adaptive", "speculation.auto_disable": True})
+
+
 def test_measured_cpu_profile_loads_and_simulates():
     from nemo_rl_specdec.sim.cpu_fit import SCENARIO
     from nemo_rl_specdec.sim.scenario import load_scenario
