@@ -5,10 +5,13 @@
 is `sim/costmodel.py`'s linear target forward (`hardware.c_*_s`), with the drafter's own time per
 step folded into c_base and c_seq (a list drafter runs for every request of every step).
 `StepCostFit` keeps the engine's most recent decode steps, refits by non-negative least squares
-(the same fit as `sim/cpu_fit.py`'s) every `refit_every` steps, and answers what a step would
+(the same fit as `sim/cpu_fit.py`'s) every `refit_every` steps, refitting once without the steps
+whose residual is more than `OUTLIER_MADS` robust deviations out (a step the engine was held up
+in: another engine on the core, a pause between calls; on the CPU bench they were 1% of the
+samples at up to 100x the median and left R^2 near 0), and answers what a step would
 cost with more or fewer draft tokens. Until it has `min_samples` steps with at least two
 different draft-token counts it answers None, and the caller drafts as without it (the warm-up). Its
-constants, sample count and R^2 are the engine's `step_cost` metric.
+constants, sample count, samples kept and R^2 (on those) are the engine's `step_cost` metric.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Optional
 import numpy as np
 
 COLUMNS = ("c_base_s", "c_seq_s", "c_tok_s", "c_ctx_s")
+OUTLIER_MADS = 3.0  # a step whose residual is further than this many robust deviations is not a cost sample
 
 
 def step_columns(requests: float, verified_tokens: float, ctx_sum: float) -> list:
@@ -39,6 +43,7 @@ class StepCostFit:
         self.coef: Optional[np.ndarray] = None
         self.r2: Optional[float] = None
         self.samples = 0
+        self.kept = 0  # samples of the last fit left after dropping outliers
 
     def add(self, requests: int, verified_tokens: int, ctx_sum: int, seconds: float) -> None:
         """One decode step that verified `verified_tokens` tokens of `requests` requests."""
@@ -59,9 +64,16 @@ class StepCostFit:
         if np.ptp(X[:, 2] - X[:, 1]) == 0:  # draft tokens never varied: c_tok cannot be told from c_seq
             return
         coef, _ = nnls(X, y)
+        res = y - X @ coef
+        dev = np.abs(res - np.median(res))
+        keep = dev <= OUTLIER_MADS * 1.4826 * np.median(dev)  # steps the engine was held up in: not its cost
+        if np.median(dev) > 0 and keep.sum() >= self.min_samples and not keep.all():
+            X, y = X[keep], y[keep]
+            coef, _ = nnls(X, y)
         pred = X @ coef
         ss = float(((y - y.mean()) ** 2).sum())
         self.coef = coef
+        self.kept = int(len(y))
         self.r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else 1.0
 
     def split(self, requests: int, ctx_sum: int) -> Optional[tuple[float, float]]:
@@ -75,7 +87,7 @@ class StepCostFit:
 
     def metrics(self) -> dict:
         coef = [None] * len(COLUMNS) if self.coef is None else [float(v) for v in self.coef]
-        return {"samples": self.samples, "r2": self.r2, **dict(zip(COLUMNS, coef))}
+        return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(COLUMNS, coef))}
 
 
 __all__ = ["COLUMNS", "StepCostFit", "step_columns"]
