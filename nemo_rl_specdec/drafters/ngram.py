@@ -10,7 +10,6 @@ what it produced where a draft was withheld.
 """
 from __future__ import annotations
 
-import logging
 import time
 from types import SimpleNamespace
 from typing import Literal, Optional
@@ -21,8 +20,6 @@ from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.calibration import AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.proposer import SpecdecProposer
 from nemo_rl_specdec.schema import PathError, Strict
-
-log = logging.getLogger("nemo_rl_specdec")
 
 
 class NgramConfig(Strict):
@@ -74,24 +71,30 @@ class NgramProposer(SpecdecProposer):
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "withheld_drafts": 0,
                          "propose_s": 0.0, "propose_cpu_s": 0.0}
         self._reqs: dict = {}  # request id -> [tokens of its last proposed draft or None, withheld drafts]
+        self.settings: Optional[dict] = None
         self.configure(None)
 
     def configure(self, spec: Optional[dict]) -> None:
         """Settings from the speculative block (`None`: schema defaults)."""
+        c = NgramConfig(**{k: v for k, v in ((spec or {}).get("ngram") or {}).items()})
+        old = self.settings or {}
+        if (old.get("prompt_lookup_min"), old.get("prompt_lookup_max")) != (c.prompt_lookup_min, c.prompt_lookup_max):
+            self.matcher = self._matcher(c)  # built at __init__, and again at attach only if the lookup changed
+        self.settings = c.model_dump()
+        self.calibration = AcceptanceCalibration(sources=("ngram",), positions=max(self.k, 1))
+        self.judge = self.make_judge("n-gram", spec)
+        self._reqs.clear()
+
+    def _matcher(self, c: NgramConfig):
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer as VllmNgram
 
-        c = NgramConfig(**{k: v for k, v in ((spec or {}).get("ngram") or {}).items()})
-        self.settings = c.model_dump()
-        # vLLM's proposer reads only these fields of its config (and compiles its numba kernel once per process)
-        self.matcher = VllmNgram(SimpleNamespace(
+        # vLLM's proposer reads only these fields of its config; building it runs a warm-up lookup
+        return VllmNgram(SimpleNamespace(
             speculative_config=SimpleNamespace(prompt_lookup_min=c.prompt_lookup_min,
                                                prompt_lookup_max=c.prompt_lookup_max, num_speculative_tokens=self.k),
             model_config=SimpleNamespace(max_model_len=self.max_model_len),
             scheduler_config=SimpleNamespace(max_num_seqs=max(self.max_num_seqs, 1024)),
             parallel_config=SimpleNamespace(tensor_parallel_size=1)))
-        self.calibration = AcceptanceCalibration(sources=("ngram",), positions=max(self.k, 1))
-        self.judge = self.make_judge("n-gram", spec)
-        self._reqs.clear()
 
     def specdec_stats(self) -> dict:
         return {"counters": dict(self.counters), "active_requests": len(self._reqs), "k": self.k,

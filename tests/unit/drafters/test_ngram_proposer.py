@@ -118,3 +118,12 @@ def test_a_batch_size_that_keeps_losing_skips_the_lookup(monkeypatch):
         assert p.propose([[3]], n, tokens) == [[]]
     assert len(calls) == 1 and p.counters["skipped_steps"] == adaptive.PROBE_EVERY - 1  # one probe
     assert p.specdec_stats()["off_bins"] == ["1"]
+
+
+def test_vllms_matcher_is_built_again_only_when_the_lookup_changes():
+    p = _proposer()  # built at __init__ (defaults 2-4), then attached with 2-3: rebuilt once
+    first = p.matcher
+    p.configure({"ngram": {"backend": "specdec", "prompt_lookup_min": 2, "prompt_lookup_max": 3}})
+    assert p.matcher is first
+    p.configure({"ngram": {"backend": "specdec", "prompt_lookup_min": 3, "prompt_lookup_max": 3}})
+    assert p.matcher is not first and p.matcher.min_n == 3
