@@ -247,6 +247,7 @@ class EngineSim:
         n_act = len(self._active)
         sp = self.spec
         by_position = self._pos_starts is not None and sp is not None
+        factors = None   # each request's response-position factor
         if by_position:   # each request's response-position segment
             seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
             factors = self._pos_factors[seg]
@@ -264,11 +265,11 @@ class EngineSim:
                 cap = schedule_lookup(sp.schedule, n_act, sp.k)
             d = np.minimum(self._budget, cap)
             if sp.budget == "adaptive":
-                d = self._adaptive(d, factors if by_position else None)
+                d = self._adaptive(d, factors)
                 self.stats.adaptive_steps.append((n_act, int(d.sum())))
             elif sp.auto_disable and d.any():
                 judged = batch_bin(n_act)
-                if not self._pays(d, factors if by_position else None):
+                if not self._pays(d, factors):
                     d = np.zeros_like(d)
         idx = np.arange(n_act)
         a_draft = self._A[idx, d]                                 # committed per step when drafting

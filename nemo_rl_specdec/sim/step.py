@@ -34,6 +34,7 @@ preemptions.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
@@ -253,17 +254,9 @@ def _result(policy, placement, E, release, G, Etrain, rollout_s, step_s, exposed
         exposed_generation_s=exposed_s,
         preemptions=sum(s.preemptions for s in st),
         engine_busy_s=[s.busy_s for s in st],
-        judged_by_batch=_sum_bins(s.judged_by_batch for s in st),
-        off_by_batch=_sum_bins(s.off_by_batch for s in st),
+        judged_by_batch=dict(sum((Counter(s.judged_by_batch) for s in st), Counter())),
+        off_by_batch=dict(sum((Counter(s.off_by_batch) for s in st), Counter())),
     )
-
-
-def _sum_bins(dicts) -> dict:
-    out: dict = {}
-    for d in dicts:
-        for b, n in d.items():
-            out[b] = out.get(b, 0) + n
-    return out
 
 
 __all__ = ["RunResult", "simulate_rl"]
