@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.drafters.base import LIST
+from nemo_rl_specdec.drafters.base import LIST, MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
 from nemo_rl_specdec.resources import config_lookups, configs_dir
 from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict
@@ -48,6 +48,9 @@ class SchedulingConfig(_Strict):
     budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
     # [[batch_lo, batch_hi, k], ...] -> vLLM num_speculative_tokens_per_batch_size
     k_by_batch_size: Optional[list[tuple[int, int, int]]] = None
+    # auto: a model drafter's k by batch size, chosen and re-checked from the engine's steps
+    # (scheduling/k_auto.py), up to num_speculative_tokens
+    k: Optional[Literal["auto"]] = None
     long_fraction: float = Field(0.25, gt=0, le=1, description="share of requests counted as long")
     short_fraction: float = Field(0.25, ge=0, lt=1, description="share of requests that never speculate")
 
@@ -132,8 +135,11 @@ class _SpecDecBlock(_Strict):
                 f"{lag_needed} version(s) behind between refreshes",
             )
         per_step = drafter_of(self.drafter).judges_steps(self)  # our proposer cuts each step's drafts
+        k_auto = self.scheduling.k == "auto"
         if self.auto_disable is None:
-            self.auto_disable = per_step
+            self.auto_disable = per_step or k_auto
+        if k_auto:
+            self._check_k_auto()
         if self.enabled:
             drafter_of(self.drafter).check(self)
             if self.scheduling.budget == "adaptive" and not per_step:
@@ -142,14 +148,14 @@ class _SpecDecBlock(_Strict):
                     f"uniform | length_aware | das for drafter {self.drafter!r}: 'adaptive' cuts each request's "
                     "draft at every step, which only our proposers do: the DAS suffix drafter (suffix.backend: "
                     "das) and n-gram with ngram.backend: specdec")
-            if self.auto_disable and not per_step:
+            if self.auto_disable and not (per_step or k_auto):
                 raise _PathError(
                     "auto_disable", True,
                     f"false or unset for drafter {self.drafter!r}: turning speculation off step by step needs "
                     "our proposer, which measures each step: the DAS suffix drafter (suffix.backend: das) or "
                     f"n-gram with ngram.backend: specdec. For {self.drafter!r} as configured, vLLM fixes k per "
                     "batch size at engine start: set scheduling.k_by_batch_size with k=0 for the batch sizes "
-                    "where speculation loses")
+                    "where speculation loses, or scheduling.k: auto (model drafters) to have it chosen")
             if self.auto_disable is False and self.scheduling.budget == "adaptive":
                 raise _PathError(
                     "auto_disable", False,
@@ -163,6 +169,21 @@ class _SpecDecBlock(_Strict):
                     f"k values <= num_speculative_tokens ({self.num_speculative_tokens})",
                 )
         return self
+
+    def _check_k_auto(self) -> None:
+        if drafter_of(self.drafter).kind != MODEL:
+            raise _PathError(
+                "scheduling.k", "auto",
+                f"null for drafter {self.drafter!r}: k: auto chooses a model drafter's k by batch size "
+                "(draft_model, eagle3, mtp, dflash); a list drafter's drafts are cut per request and step by "
+                "scheduling.budget: adaptive (DAS, n-gram with ngram.backend: specdec)")
+        if self.scheduling.k_by_batch_size:
+            raise _PathError("scheduling.k_by_batch_size", self.scheduling.k_by_batch_size,
+                             "null with scheduling.k: auto, which chooses the schedule itself")
+        if self.scheduling.budget != "uniform":
+            raise _PathError("scheduling.budget", self.scheduling.budget,
+                             "uniform with scheduling.k: auto (a model drafter's per-request budgets become a "
+                             "k-by-batch-size schedule, which k: auto chooses itself)")
 
     @property
     def is_list_drafter(self) -> bool:
@@ -347,4 +368,6 @@ def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) ->
     out = drafter_of(spec).vllm_config(spec, temperature)
     if spec.scheduling.k_by_batch_size:
         out["num_speculative_tokens_per_batch_size"] = [list(t) for t in spec.scheduling.k_by_batch_size]
+    elif spec.scheduling.k == "auto":  # vLLM's per-batch-size mode, at k everywhere until k_auto.py chooses
+        out["num_speculative_tokens_per_batch_size"] = [[1, 1, spec.num_speculative_tokens]]
     return out

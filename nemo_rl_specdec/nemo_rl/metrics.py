@@ -44,7 +44,10 @@ Ours:
                                 averaged over engines: the DAS proposer's `das/*` (its counters since
                                 engine start, e.g. `das/auto_disable_off_steps`; the step-cost fit
                                 `das/step_cost/*`; acceptance per match confidence
-                                `das/acceptance/<source>/bin<b>`; `DASProposer.specdec_metrics`)
+                                `das/acceptance/<source>/bin<b>`; `DASProposer.specdec_metrics`), and
+                                with `scheduling.k: auto` the sync worker's `k_auto/*` (the schedule's
+                                switches, predicted regret and gain, mean k, acceptance by position,
+                                step-cost fit; `KAuto.metrics`)
 """
 from __future__ import annotations
 

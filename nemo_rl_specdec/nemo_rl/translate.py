@@ -227,6 +227,11 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{GEN_PATH}.vllm_cfg.async_engine=true; per-request budgets are computed over an engine's "
             "batch, and NeMo-RL's async engine receives one request at a time; allowed here: 'uniform', or "
             "'adaptive' (chosen inside the engine at every step; without length predictions there)")
+    if spec.scheduling.k == "auto" and (gen.get("vllm_cfg") or {}).get("async_engine"):
+        raise ConfigError(
+            f"{BLOCK_PATH}.scheduling.k: got 'auto' with {GEN_PATH}.vllm_cfg.async_engine=true; k: auto re-chooses "
+            "k in vLLM's scheduler, which NeMo-RL's async engine runs in another process; allowed here: null "
+            f"(with num_speculative_tokens, or {BLOCK_PATH}.scheduling.k_by_batch_size)")
     if spec.on_refresh_error == "disable" and drafter_of(spec).kind == MODEL:
         raise ConfigError(
             f"{BLOCK_PATH}.on_refresh_error: got 'disable' with drafter={spec.drafter!r}; NeMo-RL's vLLM engine "

@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 from nemo_rl_specdec.nemo_rl import api, payload, translate
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
+from nemo_rl_specdec.scheduling.k_auto import attach_to_llm
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class SpecDecWorkerState:
         self._specdec_spec = translate.enabled_spec(config)
         self._specdec_init_payload = translate.engine_init_payload(config)
         self._specdec_version = 0
+        self._specdec_k_auto = None  # scheduling/k_auto.py's KAuto, on the sync engine with scheduling.k: auto
         self._specdec_last_staged = 0
         self._specdec_engine = uuid.uuid4().hex[:12]
         self._specdec_exchange_name = config.get(translate.EXCHANGE_KEY)
@@ -252,6 +254,10 @@ class SpecDecWorkerState:
         first["rollout_record_errors"] = self._specdec_observe_errors
         first["validation_rollouts_skipped"] = self._specdec_skipped_validation
         first["actor_policy_version"] = self._specdec_version
+        if self._specdec_k_auto is not None:  # k by batch size, chosen in this process's vLLM scheduler
+            state = dict(first.get("state") or {})
+            state["metrics"] = {**(state.get("metrics") or {}), **self._specdec_k_auto.metrics()}
+            first["state"] = state
         if self._specdec_distilled:
             first["distill"] = {**self._specdec_distill_stats, "drafter_seq": self._specdec_drafter_seq}
         return first
@@ -305,6 +311,7 @@ def _build_sync_impl() -> type:
             result = super().post_init()
             if self.specdec_enabled and self.llm is not None:
                 self.specdec_init_reports = self.llm.collective_rpc("specdec_init", args=(self._specdec_init_payload,))
+                self._specdec_k_auto = attach_to_llm(self.llm, self._specdec_spec, f"engine {self._specdec_engine}")
                 join = self._specdec_join_ref()
                 if join is not None:
                     ray.get(join)

@@ -35,7 +35,7 @@ def drafter_cases() -> dict:
     One case per `bench_rows` entry of the drafter (named after its label: `suffix_das`,
     `suffix_vllm`, `draft_model`, ...), or one case named after the drafter when it has none, and
     `suffix_das_adaptive` (DAS under `scheduling.budget: adaptive`; `suffix_das` runs the default
-    `auto_disable`). A
+    `auto_disable`) and `draft_model_k_auto` (`scheduling.k: auto`). A
     drafter whose weights ride in the policy checkpoint runs on IN_POLICY_RUN_FILE as written;
     a model drafter the suite's run file names no checkpoint for is left out (e.g. none is bundled
     for SmolLM2), as in `bench --suite drafters`."""
@@ -55,6 +55,9 @@ def drafter_cases() -> dict:
     if "suffix_das" in out:  # scheduling.budget: adaptive cuts DAS drafts at every step: lossless under it too
         name, run_file, over = out["suffix_das"]
         out["suffix_das_adaptive"] = (name, run_file, over + [f"{BLOCK}.scheduling.budget=adaptive"])
+    if "draft_model" in out:  # scheduling.k: auto changes a model drafter's k between steps: lossless under it too
+        name, run_file, over = out["draft_model"]
+        out["draft_model_k_auto"] = (name, run_file, over + [f"{BLOCK}.scheduling.k=auto"])
     if "ngram_judged" in out:  # with auto_disable on, the rule withholds the bundled task's n-gram drafts (they
         name, run_file, over = out["ngram_judged"]  # lose), leaving nothing to verify: see rule_cases()
         out["ngram_judged"] = (name, run_file, over + [f"{BLOCK}.auto_disable=false"])

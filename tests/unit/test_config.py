@@ -107,7 +107,7 @@ EXPECTED_DEFAULTS = {
     "mtp": {},
     "refresh": {"mode": "rebuild", "every_n_steps": 1, "max_policy_lag": 0,
                 "distill": {"lr": 1e-3, "epochs": 2, "micro_batch_tokens": 4096, "max_tokens": 8192}},
-    "scheduling": {"placement": "contiguous", "budget": "uniform", "k_by_batch_size": None,
+    "scheduling": {"placement": "contiguous", "budget": "uniform", "k_by_batch_size": None, "k": None,
                    "long_fraction": 0.25, "short_fraction": 0.25},
     "on_refresh_error": "raise",
     "auto_disable": True,  # resolved per drafter: on for DAS (the default drafter)
@@ -221,6 +221,10 @@ ALLOWED = [
     ("scheduling.budget", "adaptive", {"enabled": True, "drafter": "suffix"}),
     ("scheduling.k_by_batch_size", None, {}),
     ("scheduling.k_by_batch_size", [(1, 8, 8), (9, 32, 4), (33, 1024, 0)], {}),
+    ("scheduling.k", None, {}),
+    ("scheduling.k", "auto", {"enabled": True, "drafter": "draft_model", "draft_model": {"model": "/ckpt"}}),
+    ("auto_disable", True, {"enabled": True, "drafter": "eagle3", "eagle3": {"model": "/h"},
+                            "scheduling": {"k": "auto"}}),
     ("scheduling.long_fraction", 1.0, {"scheduling": {"short_fraction": 0.0}}),
     ("scheduling.long_fraction", 0.1, {}),
     ("scheduling.short_fraction", 0.0, {}),
@@ -890,3 +894,35 @@ def test_reference_doc_documents_every_key():
     text = DOC.read_text()
     missing = [k for k in sorted(leaf_keys(SpecDecConfig)) if f"`{k}`" not in text]
     assert not missing, f"docs/configuration.md lacks: {missing}"
+
+
+# --------------------------------------------------------------------------- scheduling.k: auto
+
+DM = {"enabled": True, "drafter": "draft_model", "draft_model": {"model": "/ckpt"}}
+
+
+def test_k_auto_turns_auto_disable_on_and_starts_vllm_in_its_per_batch_size_mode():
+    spec = spec_of(merge(DM, {"num_speculative_tokens": 6, "scheduling": {"k": "auto"}}))
+    assert spec.auto_disable is True
+    assert to_vllm_speculative_config(spec)["num_speculative_tokens_per_batch_size"] == [[1, 1, 6]]
+    assert spec_of(merge(DM, {"scheduling": {"k": "auto"}, "auto_disable": False})).auto_disable is False
+    assert "num_speculative_tokens_per_batch_size" not in to_vllm_speculative_config(spec_of(DM))
+
+
+@pytest.mark.parametrize("block,key,allowed", [
+    ({"scheduling": {"k": "automatic"}}, r"scheduling\.k", "auto"),
+    ({"scheduling": {"k": 4}}, r"scheduling\.k", "auto"),
+    ({"enabled": True, "drafter": "suffix", "scheduling": {"k": "auto"}}, r"scheduling\.k", "budget: adaptive"),
+    ({"enabled": True, "drafter": "ngram", "scheduling": {"k": "auto"}}, r"scheduling\.k", "model drafter"),
+    (merge(DM, {"scheduling": {"k": "auto", "k_by_batch_size": [[1, 4, 2]]}}), r"scheduling\.k_by_batch_size",
+     "null with scheduling.k: auto"),
+    (merge(DM, {"scheduling": {"k": "auto", "budget": "length_aware"}}), r"scheduling\.budget", "uniform"),
+])
+def test_bad_k_auto_is_refused_with_its_key_path(block, key, allowed):
+    with pytest.raises(ConfigError, match=rf"{B}\.{key}(?s:.*){allowed}"):
+        spec_of(block)
+
+
+def test_auto_disable_on_a_model_drafter_points_to_k_auto():
+    with pytest.raises(ConfigError, match=rf"{B}\.auto_disable(?s:.*)scheduling\.k: auto"):
+        spec_of(merge(DM, {"auto_disable": True}))

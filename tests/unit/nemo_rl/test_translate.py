@@ -58,6 +58,14 @@ def test_async_engine_takes_only_budgets_chosen_inside_the_engine():
     assert translate.check_run(async_gen("adaptive")) is not None
 
 
+def test_k_auto_is_refused_with_the_async_engine_whose_scheduler_runs_in_another_process():
+    g = gen_cfg(drafter="draft_model", draft_model={"model": "d"}, refresh={"mode": "frozen"}, scheduling={"k": "auto"})
+    assert translate.check_run(run_dict(g)).scheduling.k == "auto"
+    g["vllm_cfg"]["async_engine"] = True
+    with pytest.raises(ConfigError, match=r"scheduling\.k: got 'auto' with .*async_engine=true.*allowed here: null"):
+        translate.check_run(run_dict(g))
+
+
 def test_enabled_spec_is_none_when_absent_or_disabled():
     assert translate.enabled_spec({"backend": "vllm"}) is None
     assert translate.enabled_spec({"speculative_decoding": {"enabled": False}}) is None
