@@ -20,6 +20,7 @@ SUITES = {
     "parametric": "nemo_rl_specdec.bench.parametric",  # draft_model/eagle3 frozen vs online over GRPO updates
     "refresh": "nemo_rl_specdec.bench.refresh",        # DAS refresh at NeMo-RL scale: transport + rebuild on Ray
     "costmodel": "nemo_rl_specdec.bench.costmodel",    # engine step times for the simulator's CPU cost model
+    "adaptive": "nemo_rl_specdec.bench.adaptive",      # fixed k vs auto per drafter and load regime, vs no-spec
 }
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "wall_clock_ratio", "per_step")
 

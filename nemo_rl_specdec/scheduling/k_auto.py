@@ -41,7 +41,7 @@ from nemo_rl_specdec.scheduling.budget import expected_accepted
 log = logging.getLogger("nemo_rl_specdec")
 
 WARMUP_STEPS = 64      # scheduled steps that cycle k over its range before the first choice
-EXPLORE_EVERY = 16     # afterwards, one scheduled step in this many drafts a k off the schedule
+EXPLORE_EVERY = 64     # afterwards, one scheduled step in this many drafts a k off the schedule (~1% of steps)
 RECHECK_EVERY = 32     # decode steps between two re-checks of the schedule
 SWITCH_REGRET = 0.05   # the schedule in force is replaced when predicted this much slower than the best
 BATCH_MEMORY = 2048    # decode steps whose batch sizes weigh the re-check
