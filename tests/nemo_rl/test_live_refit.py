@@ -326,6 +326,27 @@ def test_our_ngram_proposer_runs_in_nemo_rls_worker_and_reaches_its_step_metrics
     assert 0 < m["specdec/engine/ngram/acceptance/pos1"] <= 1 and "specdec/engine/ngram/step_cost/samples" in m
 
 
+def test_k_auto_runs_in_nemo_rls_sync_worker_and_reaches_its_step_metrics(cpu_host):
+    """`scheduling.k: auto` through NeMo-RL's real sync worker: vLLM starts in its per-batch-size
+    mode, our worker actor attaches KAuto to the scheduler of NeMo-RL's in-process engine, NeMo-RL's
+    generate runs through it (the warm-up explores k), and its numbers are in the report NeMo-RL's
+    get_step_metrics merges (`specdec/engine/k_auto/*`)."""
+    from nemo_rl_specdec.nemo_rl import metrics
+
+    w = _worker({**BLOCKS["draft_model"], "scheduling": {"k": "auto"}}, None)
+    assert w.nemo_rl_llm_kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 3]]
+    ka = w._specdec_k_auto
+    assert ka is not None and ka.k_min == 0 and ka.k_max == 3
+    assert w.llm.llm_engine.engine_core.engine_core.scheduler.dynamic_sd_lookup is not None
+    out = w.generate(_batch(PROMPTS))
+    assert len(out["generation_lengths"]) == len(PROMPTS) * SAMPLES
+    assert ka.decode_steps > 0 and ka.explore_steps > 0 and ka.acceptance.observed_drafts >= 0
+    m = metrics.version_metrics([w.specdec_report()])
+    assert m["specdec/engine/k_auto/decode_steps"] == ka.decode_steps
+    assert m["specdec/engine/k_auto/explore_steps"] == ka.explore_steps
+    assert 0 <= m["specdec/engine/k_auto/acceptance/pos1"] <= 1 and "specdec/engine/k_auto/k_mean" in m
+
+
 def test_das_survives_three_refits_with_every_sibling_of_every_problem(cpu_host, exchange):
     """Real NeMo-RL generate + refits; a second data-parallel engine (this test, acting through
     the same exchange) contributes its own rollouts. After each refit the engine's per-problem
