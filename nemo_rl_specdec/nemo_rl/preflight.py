@@ -78,7 +78,7 @@ def adapt_speculative_config(sc: dict, facts: dict, spec: Any, log: Callable[[st
       its drafts are then greedy, outputs stay exactly the policy's, acceptance at T > 0 may be
       lower; this is printed.
     - a method vLLM lacks (`custom_class` for DAS and our n-gram) or `num_speculative_tokens_per_batch_size`
-      (`scheduling.k_by_batch_size`) where vLLM has no such field: the run is refused.
+      (`scheduling.k_by_batch_size`, `scheduling.k: auto`) where vLLM has no such field: the run is refused.
     """
     version, fields, methods = facts.get("vllm", "?"), set(facts.get("fields") or ()), facts.get("methods")
     where = f"vLLM {version} in NeMo-RL's workers ({facts.get('python', '?')})"
@@ -97,9 +97,11 @@ def adapt_speculative_config(sc: dict, facts: dict, spec: Any, log: Callable[[st
     if not fields:
         return out
     if "num_speculative_tokens_per_batch_size" in out and "num_speculative_tokens_per_batch_size" not in fields:
-        raise ConfigError(f"{BLOCK_PATH}.scheduling.k_by_batch_size: {where} has no "
-                          "num_speculative_tokens_per_batch_size; remove it (one k for every batch size), or use a "
-                          "NeMo-RL whose vLLM has it (main pins 0.25.1)")
+        key, fix = (("scheduling.k", "set it to null (one k for every batch size)") if spec.scheduling.k == "auto"
+                    else ("scheduling.k_by_batch_size", "remove it (one k for every batch size)"))
+        raise ConfigError(f"{BLOCK_PATH}.{key}: {where} has no num_speculative_tokens_per_batch_size, which "
+                          f"{'k: auto re-chooses at run time' if key == 'scheduling.k' else 'it sets'}; {fix}, or "
+                          "use a NeMo-RL whose vLLM has it (main pins 0.25.1)")
     if "draft_sample_method" in out and "draft_sample_method" not in fields:
         out.pop("draft_sample_method")
         log(f"[specdec] {where} has no draft_sample_method: drafts are greedy; outputs stay exactly the policy's, "

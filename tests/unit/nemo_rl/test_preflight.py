@@ -36,6 +36,10 @@ def test_preflight_fits_the_speculative_config_to_the_workers_vllm_or_refuses_by
     with pytest.raises(ConfigError, match=r"scheduling.k_by_batch_size: vLLM 0.20.0 .* has no num_speculative_tokens_per"):
         preflight.adapt_speculative_config({"method": "ngram", "num_speculative_tokens_per_batch_size": [[1, 8, 2]]},
                                            FACTS_0_20, spec(drafter="ngram"))
+    with pytest.raises(ConfigError, match=r"scheduling\.k: vLLM 0.20.0 .* has no num_speculative_tokens_per.*k: auto"):
+        preflight.adapt_speculative_config({"method": "draft_model", "num_speculative_tokens_per_batch_size": [[1, 1, 4]]},
+                                           FACTS_0_20, spec(drafter="draft_model", draft_model={"model": "d"},
+                                                            scheduling={"k": "auto"}))
 
 
 def test_preflight_reads_the_real_vllm_of_a_python_and_checks_arctic(monkeypatch):
