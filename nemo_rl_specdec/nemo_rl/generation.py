@@ -17,6 +17,10 @@ On top of NeMo-RL's behaviour it:
   outstanding predicted tokens (unless NeMo-RL's fleet-health selector is attached) by setting
   `current_generate_dp_shard_idx`, which both supported NeMo-RL versions read before their first
   await;
+- `finish_generation` (GRPO calls it when a generation phase ends, before the policy trains): first
+  has every engine swap its rollouts and stage them for a background rebuild of the DAS store
+  (workers.py, `specdec_stage_generated`), then runs NeMo-RL's (sleep when colocated, else a
+  prefix-cache reset); the refit then installs the rebuilt store instead of rebuilding it;
 - `get_step_metrics`: NeMo-RL's `vllm/spec_*` counters plus our `specdec/*` metrics (versions,
   refresh time, acceptance by drafter lag, placement balance; see metrics.py).
 """
@@ -42,6 +46,8 @@ class SpecDecGenerationState:
         self._specdec_placement_stats: dict = {}
         self._specdec_warned_no_drafts = False
         self._specdec_validating = False
+        self._specdec_stages = self._specdec_spec is not None and translate.rollouts_wanted(self._specdec_spec)
+        self._specdec_stage_reports: list = []  # what each engine staged at the last finish_generation
 
     def _specdec_mark(self, data: Any, budgets=None, predicted=None) -> Any:
         """Add the driver's per-row keys (validation marker, budgets) to a generation batch."""
@@ -164,6 +170,13 @@ def _build_generation() -> type:
                     yield item
             finally:
                 planner.release(engine, predicted)
+
+        def finish_generation(self, *args, **kwargs):
+            if self._specdec_stages:  # a drafter built from rollouts: stage them now
+                futures = self.worker_group.run_all_workers_single_data("specdec_stage_generated",
+                                                                        run_rank_0_only_axes=RANK0_ONLY)
+                self._specdec_stage_reports = [r for r in _ray_get(futures) if r]
+            return super().finish_generation(*args, **kwargs)
 
         def get_step_metrics(self):
             base = super().get_step_metrics()

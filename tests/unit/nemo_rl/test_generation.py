@@ -104,3 +104,18 @@ def test_get_step_metrics_merges_nemo_rl_and_specdec_keys(fake_nemo_rl, monkeypa
     ours.base_metrics = nrl_step(0, 0, 0)
     with pytest.warns(RuntimeWarning, match="0 drafts"):
         assert ours.get_step_metrics()["specdec/no_drafts"] == 1.0
+
+
+def test_finish_generation_stages_rollouts_on_every_engine_before_nemo_rls_sleep(fake_nemo_rl, monkeypatch):
+    from nemo_rl_specdec.nemo_rl import generation
+
+    monkeypatch.setattr(generation, "_ray_get", lambda futures: futures)
+    engines = [FakeEngine(), FakeEngine()]
+    cfg = worker_cfg(drafter="suffix")
+    cfg["_pad_token_id"] = 0
+    ours = generation.SpecDecVllmGeneration(engines, cfg)
+    assert ours.finish_generation() is True
+    assert [e.stage_calls for e in engines] == [1, 1] and ours.finished == 1
+    assert ours._specdec_stage_reports == [FakeEngine().specdec_stage_generated()] * 2
+    plain = generation.SpecDecVllmGeneration([FakeEngine()], generation_cfg())  # ngram: takes no rollouts
+    assert plain.finish_generation() is True and not hasattr(plain.worker_group.engines[0], "stage_calls")
