@@ -114,8 +114,12 @@ def test_finish_generation_stages_rollouts_on_every_engine_before_nemo_rls_sleep
     cfg = worker_cfg(drafter="suffix")
     cfg["_pad_token_id"] = 0
     ours = generation.SpecDecVllmGeneration(engines, cfg)
+    seen = []
+    nemo_rls = FakeVllmGeneration.finish_generation
+    monkeypatch.setattr(FakeVllmGeneration, "finish_generation", lambda self: (  # staged before the sleep
+        seen.append([getattr(e, "stage_calls", 0) for e in engines]), nemo_rls(self))[-1])
     assert ours.finish_generation() is True
-    assert [e.stage_calls for e in engines] == [1, 1] and ours.finished == 1
+    assert seen == [[1, 1]] and ours.finished == 1
     assert ours._specdec_stage_reports == [FakeEngine().specdec_stage_generated()] * 2
     plain = generation.SpecDecVllmGeneration([FakeEngine()], generation_cfg())  # ngram: takes no rollouts
     assert plain.finish_generation() is True and not hasattr(plain.worker_group.engines[0], "stage_calls")
