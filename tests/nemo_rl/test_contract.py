@@ -531,6 +531,11 @@ def test_sync_grpo_finishes_generation_before_the_policy_trains(nemo_rl_src):
     assert finish < src.index("policy.train(", finish)
     assert "def finish_generation(self, *args: Any, **kwargs: Any)" in inspect.getsource(
         api.resolve(api.VLLM_GENERATION))
+    # async GRPO generates through a copy in its trajectory collector (a Ray actor), so the driver's own
+    # VllmGeneration sees only validation batches there and stages nothing at their finish_generation
+    src = inspect.getsource(grpo.async_grpo_train)
+    collector = src.index("trajectory_collector = AsyncTrajectoryCollector.options(")
+    assert "policy_generation=policy_generation" in src[collector:collector + 400]
 
 
 # --------------------------------------------------------------------------- async placement

@@ -491,10 +491,10 @@ def test_rollouts_staged_at_finish_generation_are_installed_by_the_next_refit(cp
     assert _refit(w, cpu_host, weights, other_engine=lambda: ray.get(ex.swap.remote("engine-d", 1, []))) is True
     pids = [problem_id(p) for p in PROMPTS]
     drafter = lambda fn: _on_engine(w, lambda self: fn(self.model_runner.drafter))  # noqa: E731
-    w.generate(_batch(PROMPTS[:2]))                           # this engine: problems 0 and 1
+    g = _finishing_generation(w)
+    w.generate(g._specdec_mark(_batch(PROMPTS[:2])))          # as g.generate sends it; problems 0 and 1
     other = ray.put(RolloutBatch.pack([{"problem_id": pids[2], "prompt_token_ids": PROMPTS[2],
                                         "token_ids": [31, 32, 33, 34], "policy_version": 1}] * SAMPLES))
-    g = _finishing_generation(w)
     t = threading.Thread(target=lambda: ray.get(ex.swap.remote("engine-d", 2, [other])))
     t.start()
     assert g.finish_generation() is True

@@ -118,8 +118,17 @@ def test_finish_generation_stages_rollouts_on_every_engine_before_nemo_rls_sleep
     nemo_rls = FakeVllmGeneration.finish_generation
     monkeypatch.setattr(FakeVllmGeneration, "finish_generation", lambda self: (  # staged before the sleep
         seen.append([getattr(e, "stage_calls", 0) for e in engines]), nemo_rls(self))[-1])
+    assert ours.finish_generation() is True          # nothing generated through it (async GRPO's validation)
+    assert seen == [[0, 0]] and ours._specdec_stage_reports == []
+    with generation.validating(ours):
+        ours.generate(batch([[1, 2]]))
+    ours.finish_generation()
+    assert seen[-1] == [0, 0]                           # a validation phase stages nothing
+    ours.generate(batch([[1, 2], [3, 4]]))
     assert ours.finish_generation() is True
-    assert seen == [[1, 1]] and ours.finished == 1
+    assert seen[-1] == [1, 1] and ours.finished == 3   # staged on every engine before NeMo-RL's sleep
     assert ours._specdec_stage_reports == [FakeEngine().specdec_stage_generated()] * 2
+    ours.finish_generation()
+    assert seen[-1] == [1, 1]                           # once per rollout phase
     plain = generation.SpecDecVllmGeneration([FakeEngine()], generation_cfg())  # ngram: takes no rollouts
     assert plain.finish_generation() is True and not hasattr(plain.worker_group.engines[0], "stage_calls")
