@@ -94,43 +94,6 @@ def _real_engine_mixin(monkeypatch):
     return mixin
 
 
-def test_hooks_drive_the_real_engine_mixin_and_the_real_das_store(monkeypatch, ray_local):
-    """Host stand-in + our hooks + the real engine mixin + the real DASProposer and RolloutStore:
-    rollouts of a NeMo-RL-shaped generation batch, moved through Ray's object store, reach the
-    per-problem trees inside the refit over three refits, and versions advance together."""
-    import ray
-
-    from nemo_rl_specdec.drafters.suffix import DASProposer
-
-    cls = extension.build_extension("RealComposite", FakeHostExtension, _real_engine_mixin(monkeypatch))
-    w = cls()
-    proposer = DASProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                                           model_config=SimpleNamespace(max_model_len=256)))
-    w.model_runner = SimpleNamespace(drafter=proposer, model=None)
-    w.incoming = [[("model.layers.0.w", 1)]]
-    block = spec(drafter="suffix", suffix={"window_steps": 4, "scope": "problem", "max_tree_depth": 8}).model_dump(mode="json")
-    w.specdec_init(block)
-    proposer.configure(block)
-    w.specdec_stage_update(payload.stage_payload(1, []))
-    assert w.update_weights_from_collective() is True          # first refit: nothing generated yet
-    prompts = np.array([[1, 2, 3, 0], [7, 8, 0, 0]])
-    for version in (2, 3, 4):
-        # 4 siblings per problem, generated on two engines: each engine's batch travels separately
-        out = np.array([[1, 2, 3, 10 + version, 20, 30, 0], [7, 8, 40 + version, 50, 0, 0, 0]])
-        halves = [RolloutBatch.from_generation(prompts, [3, 2], out, [3, 2], version - 1) for _ in range(2)]
-        refs = [ray.put(h) for h in halves for _ in range(2)]
-        w.specdec_stage_update(payload.stage_payload(version, refs))
-        assert w.update_weights_from_collective() is True
-        state = w.specdec_report()["state"]
-        assert (state["policy_version"], state["drafter_version"], state["disabled"]) == (version, version, False)
-    stats = proposer.store.stats()
-    pa, pb = problem_id([1, 2, 3]), problem_id([7, 8])
-    assert proposer.store._problem_entries == {pa: 12, pb: 12}  # every sibling of every problem, 3 refits
-    assert stats["entries"] == 24
-    ctx = np.array([1, 2, 3, 14], dtype=np.int32)
-    assert proposer.store.speculate(ctx, pa, 2).token_ids == [20, 30]
-
-
 def _das_worker(monkeypatch, **block):
     """Host stand-in + our hooks + the real engine mixin + a real DASProposer, after its first refit."""
     from nemo_rl_specdec.drafters.suffix import DASProposer
@@ -148,6 +111,31 @@ def _das_worker(monkeypatch, **block):
     w.specdec_stage_update(payload.stage_payload(1, []))
     assert w.update_weights_from_collective() is True
     return w, proposer
+
+
+def test_hooks_drive_the_real_engine_mixin_and_the_real_das_store(monkeypatch, ray_local):
+    """Host stand-in + our hooks + the real engine mixin + the real DASProposer and RolloutStore:
+    rollouts of a NeMo-RL-shaped generation batch, moved through Ray's object store, reach the
+    per-problem trees inside the refit over three refits, and versions advance together."""
+    import ray
+
+    w, proposer = _das_worker(monkeypatch)                     # first refit: nothing generated yet
+    prompts = np.array([[1, 2, 3, 0], [7, 8, 0, 0]])
+    for version in (2, 3, 4):
+        # 4 siblings per problem, generated on two engines: each engine's batch travels separately
+        out = np.array([[1, 2, 3, 10 + version, 20, 30, 0], [7, 8, 40 + version, 50, 0, 0, 0]])
+        halves = [RolloutBatch.from_generation(prompts, [3, 2], out, [3, 2], version - 1) for _ in range(2)]
+        refs = [ray.put(h) for h in halves for _ in range(2)]
+        w.specdec_stage_update(payload.stage_payload(version, refs))
+        assert w.update_weights_from_collective() is True
+        state = w.specdec_report()["state"]
+        assert (state["policy_version"], state["drafter_version"], state["disabled"]) == (version, version, False)
+    stats = proposer.store.stats()
+    pa, pb = problem_id([1, 2, 3]), problem_id([7, 8])
+    assert proposer.store._problem_entries == {pa: 12, pb: 12}  # every sibling of every problem, 3 refits
+    assert stats["entries"] == 24
+    ctx = np.array([1, 2, 3, 14], dtype=np.int32)
+    assert proposer.store.speculate(ctx, pa, 2).token_ids == [20, 30]
 
 
 def _step_refs(ray, version: int, tail: int) -> list:
