@@ -50,7 +50,8 @@ class _EngineState:
     disabled_reason: str = ""
     updates: int = 0
     restores: int = 0  # times the drafter was found changed after a wake-up and restored
-    stage_error: str = ""  # why staging rollouts for the next version failed; that update's refresh fails
+    stage_error: str = ""  # why staging rollouts for `stage_error_version` failed; that update's refresh fails
+    stage_error_version: int = 0
     cpu_fix: dict = field(default_factory=dict)
 
 
@@ -218,6 +219,8 @@ class SpecDecWorkerExtension:
                     report.drafter_refreshed = True
                 # online without weights: the trainer did not publish this step; the drafter ages
             elif st.mode == "rebuild":
+                if st.stage_error and st.stage_error_version < version:  # that update came and went
+                    st.stage_error = ""
                 if isinstance(rollouts, str) and rollouts == STAGED_ROLLOUTS:
                     self._specdec_install_staged(report, version)
                 else:
@@ -352,13 +355,15 @@ class SpecDecWorkerExtension:
     def specdec_stage_failed(self, version: int, reason: str) -> None:
         """Record that the rollouts for `version` could not be staged (kept until that update fails with it)."""
         st = self._specdec()
-        st.stage_error = st.stage_error or f"staging rollouts for policy version {version} failed: {reason}"
+        if not st.stage_error or st.stage_error_version != int(version):  # the first failure for a version
+            st.stage_error = f"staging rollouts for policy version {version} failed: {reason}"
+            st.stage_error_version = int(version)
 
     def _specdec_install_staged(self, report: UpdateReport, version: int) -> None:
         """Install the store rebuilt in the background for `version` (waiting for what is left of it) and
         report the wait (the critical path) beside the rebuild's own time."""
         st = self._specdec()
-        if st.stage_error:
+        if st.stage_error and st.stage_error_version == version:
             reason, st.stage_error = st.stage_error, ""
             raise DrafterRefreshError(reason)
         proposer = self._specdec_proposer("install staged rollouts for", version)

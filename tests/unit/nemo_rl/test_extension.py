@@ -186,6 +186,11 @@ def test_a_failed_staging_fails_the_refit_that_installs_it(monkeypatch, ray_loca
     with pytest.raises(DrafterRefreshError, match="staging rollouts for policy version 2 failed: TypeError"):
         w.update_weights_from_collective()
     assert w.specdec_state()["drafter_version"] == 1
+    # the failure belongs to version 2 only: a later staging for version 3 installs
+    assert "error" not in w.specdec_stage_refs(_step_refs(ray, 3, 12), 3)
+    w.specdec_stage_update(payload.stage_payload(3, STAGED_ROLLOUTS))
+    assert w.update_weights_from_collective() is True and w.specdec_state()["drafter_version"] == 3
+    assert w.specdec_state()["stage_error"] == ""
     # with on_refresh_error=disable the refit goes on and the engine says why it stopped drafting
     w, proposer = _das_worker(monkeypatch, on_refresh_error="disable")
     w.specdec_stage_refs([ray.put(3)], 2)
