@@ -76,6 +76,8 @@ class UpdateReport:
     policy_tensors_applied: int = 0
     refresh_s: float = 0.0
     staged: bool = False              # the rollout store staged earlier was installed
+    staged_wait_s: Optional[float] = None    # how long installing it waited for its rebuild (critical path)
+    staged_rebuild_s: Optional[float] = None  # the rebuild's own time on its background thread
     state: dict = field(default_factory=dict)
     prefix_cache_reset: bool = False  # set by the engine after the RPC
     in_flight_requests: Optional[int] = None  # requests paused and resumed around an in-flight update

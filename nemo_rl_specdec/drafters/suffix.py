@@ -182,6 +182,9 @@ class DASProposer(SpecdecProposer):
                          "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0, "no_problem_id": 0,
                          "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0}
         self._staged: Optional[StagedRebuild] = None
+        # the last staged rebuild installed: its version, the install's wait (the critical path) and
+        # the rebuild's own wall and CPU seconds on its thread(s)
+        self.last_install: Optional[dict] = None
         self._from = [0] * len(SOURCES)  # drafts per source within one propose call
         self.configure(None)
 
@@ -232,13 +235,15 @@ class DASProposer(SpecdecProposer):
     def specdec_stage(self, rollouts, version: int) -> dict:
         """Start rebuilding the store for policy `version` from a step's final rollouts on a background
         thread (see :mod:`~nemo_rl_specdec.drafters.staging`); :meth:`specdec_install_staged` at the
-        update installs it. From now until then the store is fenced: no draft reads it."""
+        update installs it. From now until then the store is fenced: no draft reads it. More rollouts
+        for the version already staged are appended (rebuilt after the staged ones, installed with them)."""
         from nemo_rl_specdec.lockstep import DrafterRefreshError
 
         version = int(version)
-        if self._staged is not None:
+        before = self._staged
+        if before is not None and before.version != version:
             raise DrafterRefreshError(f"DAS: cannot stage rollouts for policy version {version}: a rebuild for "
-                                      f"version {self._staged.version} is already staged and not installed")
+                                      f"version {before.version} is already staged and not installed")
         if version <= self.version:
             raise DrafterRefreshError(f"DAS: cannot stage rollouts for policy version {version}: the store already "
                                       f"serves version {self.version} (versions only move forward)")
@@ -247,9 +252,9 @@ class DASProposer(SpecdecProposer):
         except StoreInputError as e:
             raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: {e}") from e
         store = self.store
-        self._staged = StagedRebuild(version, lambda: store.rebuild(rows, version))
+        self._staged = StagedRebuild(version, lambda: store.rebuild(rows, version), after=before)
         self.counters["staged"] += 1
-        return {"staged_version": version, "rollouts": len(rows)}
+        return {"staged_version": version, "rollouts": len(rows), "appended": before is not None}
 
     def specdec_wait_staged(self, timeout: Optional[float] = None) -> bool:
         """Wait up to `timeout` seconds for the staged rebuild to finish (True if none is pending)."""
@@ -274,7 +279,10 @@ class DASProposer(SpecdecProposer):
         t0 = time.perf_counter()
         job.wait()
         self._staged = None
-        self.counters["rebuild_s"] += time.perf_counter() - t0
+        wait_s = time.perf_counter() - t0
+        self.last_install = {"version": version, "wait_s": wait_s, "rebuild_s": job.busy_s,
+                             "rebuild_cpu_s": job.thread_cpu_s}
+        self.counters["rebuild_s"] += wait_s
         self.counters["rebuild_bg_s"] += job.busy_s
         self.counters["rebuild_bg_cpu_s"] += job.thread_cpu_s
         if job.error is not None:

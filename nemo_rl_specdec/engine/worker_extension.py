@@ -50,6 +50,8 @@ class _EngineState:
     disabled_reason: str = ""
     updates: int = 0
     restores: int = 0  # times the drafter was found changed after a wake-up and restored
+    stage_error: str = ""  # why staging rollouts for `stage_error_version` failed; that update's refresh fails
+    stage_error_version: int = 0
     cpu_fix: dict = field(default_factory=dict)
 
 
@@ -217,10 +219,10 @@ class SpecDecWorkerExtension:
                     report.drafter_refreshed = True
                 # online without weights: the trainer did not publish this step; the drafter ages
             elif st.mode == "rebuild":
+                if st.stage_error and st.stage_error_version < version:  # that update came and went
+                    st.stage_error = ""
                 if isinstance(rollouts, str) and rollouts == STAGED_ROLLOUTS:
-                    report.rollouts_added = self._specdec_proposer("install staged rollouts for",
-                                                                   version).specdec_install_staged(version)
-                    report.staged = True
+                    self._specdec_install_staged(report, version)
                 else:
                     if rollouts is None:
                         raise DrafterRefreshError(
@@ -337,12 +339,39 @@ class SpecDecWorkerExtension:
     def specdec_stage_rollouts(self, rollouts, version: int) -> dict:
         """Hand a step's final rollouts to the rollout-store drafter as soon as they exist: it rebuilds its
         store for policy `version` in the background (while the policy trains), and the update to
-        `version` with ``rollouts="staged"`` installs it. Versions are not advanced here."""
+        `version` with ``rollouts="staged"`` installs it. Versions are not advanced here. A failure is
+        raised and also kept (`stage_error`): the update that installs `version` then fails its refresh
+        with it (or disables the drafter, with on_refresh_error=disable)."""
         st = self._specdec()
-        if st.mode != "rebuild" or st.disabled or not st.spec.get("enabled"):
-            raise DrafterRefreshError(f"staging rollouts for version {version} needs an enabled drafter with "
-                                      f"refresh.mode=rebuild (mode={st.mode}, disabled={st.disabled})")
-        return self._specdec_proposer("stage rollouts for", int(version)).specdec_stage(rollouts, int(version))
+        try:
+            if st.mode != "rebuild" or st.disabled or not st.spec.get("enabled"):
+                raise DrafterRefreshError(f"staging rollouts for version {version} needs an enabled drafter with "
+                                          f"refresh.mode=rebuild (mode={st.mode}, disabled={st.disabled})")
+            return self._specdec_proposer("stage rollouts for", int(version)).specdec_stage(rollouts, int(version))
+        except Exception as e:
+            self.specdec_stage_failed(version, f"{type(e).__name__}: {e}")
+            raise
+
+    def specdec_stage_failed(self, version: int, reason: str) -> None:
+        """Record that the rollouts for `version` could not be staged (kept until that update fails with it)."""
+        st = self._specdec()
+        if not st.stage_error or st.stage_error_version != int(version):  # the first failure for a version
+            st.stage_error = f"staging rollouts for policy version {version} failed: {reason}"
+            st.stage_error_version = int(version)
+
+    def _specdec_install_staged(self, report: UpdateReport, version: int) -> None:
+        """Install the store rebuilt in the background for `version` (waiting for what is left of it) and
+        report the wait (the critical path) beside the rebuild's own time."""
+        st = self._specdec()
+        if st.stage_error and st.stage_error_version == version:
+            reason, st.stage_error = st.stage_error, ""
+            raise DrafterRefreshError(reason)
+        proposer = self._specdec_proposer("install staged rollouts for", version)
+        report.rollouts_added = proposer.specdec_install_staged(version)
+        report.staged = True
+        done = getattr(proposer, "last_install", None) or {}
+        report.staged_wait_s = done.get("wait_s")
+        report.staged_rebuild_s = done.get("rebuild_s")
 
     def specdec_wait_staged(self, timeout: Optional[float] = None) -> bool:
         """Wait up to `timeout` s for a staged store rebuild to finish (True when none is pending)."""

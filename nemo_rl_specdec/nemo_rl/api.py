@@ -183,6 +183,8 @@ REQUIRED_HOOKS = {
     (SYNC_WORKER_IMPL, "wake_up"): "after a wake-up, verifies (and restores) the drafter a sleep may have discarded",
     (VLLM_GENERATION, "generate"): "length-aware placement and per-request budgets",
     (VLLM_GENERATION, "get_step_metrics"): "adds specdec/* step metrics",
+    (VLLM_GENERATION, "finish_generation"): "stages the step's rollouts for a background store rebuild when "
+                                             "generation ends",
     (RESOLVER_MODULE, RESOLVER_NAME): "chooses our worker actors",
     (GRPO_MODULE, "VllmGeneration"): "GRPO constructs our VllmGeneration subclass",
     (GRPO_MODULE, "validate"): "keeps validation rollouts out of the drafter",

@@ -11,8 +11,8 @@ composite class is created at runtime, when first looked up by its FQN
 `draft.*` Eagle tensors and its MTP layers exactly as before. The hooks wrap every refit RPC entry
 point the NeMo-RL found has (`update_weights_via_ipc_zmq`, `update_weights_from_collective`, and
 `nccl_reshard_refit` where it exists): when NeMo-RL's refit returns True, the same RPC then
-refreshes the drafter (the staged rollouts for the suffix store, online-trained weights) and
-records the versions. So target and drafter change together, between two engine steps, on v0.7.0
+refreshes the drafter (the staged rollouts for the suffix store, or the store rebuilt in the
+background since generation ended; online-trained weights) and records the versions. So target and drafter change together, between two engine steps, on v0.7.0
 (which has no weight-update lifecycle hook) and on main alike. A failed refresh raises out of the
 RPC on whichever tensor-parallel rank it happens; NeMo-RL's worker turns that into a failed
 refit and the run stops.
@@ -58,8 +58,9 @@ def find_drafter_model(worker: Any) -> Optional[Any]:
 class SpecDecHostHooks:
     """Sits in front of NeMo-RL's host extension in the MRO; calls it with `super()`.
 
-    RPCs (via `collective_rpc`): `specdec_stage_update(update)` before a refit, and
-    `specdec_report()` for metrics. Expects our engine mixin (`specdec_after_policy_weights`,
+    RPCs (via `collective_rpc`): `specdec_stage_refs(refs, version)` when generation ends (the
+    step's rollouts, rebuilt into the store in the background), `specdec_stage_update(update)`
+    before a refit, and `specdec_report()` for metrics. Expects our engine mixin (`specdec_after_policy_weights`,
     `specdec_state`) further down the MRO. `refit_hooks(host)` adds the refit wrappers.
     """
 
@@ -78,6 +79,23 @@ class SpecDecHostHooks:
                             f"got {type(update).__name__}")
         self._specdec_pending = update
         return True
+
+    def specdec_stage_refs(self, refs: list, version: int) -> dict:
+        """Fetch the step's rollouts (every engine's refs) and start rebuilding the store for `version` on
+        a background thread (`specdec_stage_rollouts`); the refit to `version` installs it. Never raises:
+        a failure is kept and fails that refit's drafter refresh, where on_refresh_error applies."""
+        from nemo_rl_specdec.nemo_rl.payload import resolve_rollouts
+
+        t0 = time.perf_counter()
+        try:
+            out = dict(self.specdec_stage_rollouts(resolve_rollouts(refs), int(version)))
+        except Exception as e:
+            self.specdec_stage_failed(int(version), f"{type(e).__name__}: {e}")  # kept if staging raised earlier
+            logger.exception("[specdec] staging rollouts for policy version %s failed; the refit to it fails "
+                             "its drafter refresh", version)
+            return {"staged_version": int(version), "error": f"{type(e).__name__}: {e}"}
+        out["stage_s"] = time.perf_counter() - t0
+        return out
 
     def specdec_report(self) -> dict:
         return {
@@ -139,12 +157,13 @@ class SpecDecHostHooks:
             logger.exception(
                 "[specdec] drafter refresh failed at policy version %s (transport=%s, %s rollouts); "
                 "set policy.generation.speculative_decoding.on_refresh_error=disable to keep training "
-                "without speculation", update.version, transport, "no" if rollouts is None else len(rollouts),
+                "without speculation", update.version, transport,
+                "no" if rollouts is None else rollouts if isinstance(rollouts, str) else len(rollouts),
             )
             raise
         report.rollouts_fetch_s = fetch_s
         report.transport = transport
-        report.rollouts = 0 if rollouts is None else len(rollouts)
+        report.rollouts = report.rollouts_added if report.staged else 0 if rollouts is None else len(rollouts)
         self._specdec_last_update = report.to_dict()  # the metrics' flat form; crosses Ray to the driver
         self._specdec_updates += 1
         return self._specdec_last_update

@@ -17,6 +17,11 @@ On top of NeMo-RL's behaviour it:
   outstanding predicted tokens (unless NeMo-RL's fleet-health selector is attached) by setting
   `current_generate_dp_shard_idx`, which both supported NeMo-RL versions read before their first
   await;
+- `finish_generation` (sync GRPO calls it when a rollout phase ends, before the policy trains): when
+  training batches went through `generate` / `generate_async` since the last call, first has every
+  engine swap its rollouts and stage them for a background rebuild of the DAS store (workers.py,
+  `specdec_stage_generated`), then runs NeMo-RL's (sleep when colocated, else a prefix-cache reset);
+  the refit then installs the rebuilt store instead of rebuilding it;
 - `get_step_metrics`: NeMo-RL's `vllm/spec_*` counters plus our `specdec/*` metrics (versions,
   refresh time, acceptance by drafter lag, placement balance; see metrics.py).
 """
@@ -42,12 +47,16 @@ class SpecDecGenerationState:
         self._specdec_placement_stats: dict = {}
         self._specdec_warned_no_drafts = False
         self._specdec_validating = False
+        self._specdec_stages = self._specdec_spec is not None and translate.rollouts_wanted(self._specdec_spec)
+        self._specdec_stage_reports: list = []  # what each engine staged at the last finish_generation
+        self._specdec_generated = False  # a training batch went through this object since finish_generation
 
     def _specdec_mark(self, data: Any, budgets=None, predicted=None) -> Any:
         """Add the driver's per-row keys (validation marker, budgets) to a generation batch."""
         import torch
 
         n = len(data["input_ids"])
+        self._specdec_generated |= not self._specdec_validating
         data[payload.NO_RECORD_KEY] = torch.full((n,), self._specdec_validating, dtype=torch.bool)
         if budgets is not None:
             data[payload.BUDGET_KEY] = torch.tensor([-1 if b is None else int(b) for b in budgets], dtype=torch.long)
@@ -164,6 +173,17 @@ def _build_generation() -> type:
                     yield item
             finally:
                 planner.release(engine, predicted)
+
+        def finish_generation(self, *args, **kwargs):
+            # Stage only after training batches went through this object: sync GRPO's rollout phases.
+            # Async GRPO generates in its trajectory collector and calls this only after validation,
+            # so there the refit hands the rollouts over (a staging would fence the store for a step).
+            if self._specdec_stages and self._specdec_generated:
+                futures = self.worker_group.run_all_workers_single_data("specdec_stage_generated",
+                                                                        run_rank_0_only_axes=RANK0_ONLY)
+                self._specdec_stage_reports = [r for r in _ray_get(futures) if r]
+            self._specdec_generated = False
+            return super().finish_generation(*args, **kwargs)
 
         def get_step_metrics(self):
             base = super().get_step_metrics()

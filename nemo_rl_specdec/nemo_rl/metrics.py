@@ -29,7 +29,15 @@ Ours:
   specdec/drafter_lag           policy age: largest policy_version - drafter_version among engines
   specdec/engines_in_lockstep   1.0 when every engine reports the same (policy, drafter) versions
   specdec/disabled_engines      engines whose drafter was disabled after a refresh error
-  specdec/refresh_s             slowest drafter refresh of the last update (max over engines)
+  specdec/refresh_s             slowest drafter refresh of the last update (max over engines): the
+                                drafter's share of the refit, on the critical path
+  specdec/refresh_staged        1.0 when every engine's last update installed a store rebuilt in the
+                                background since generation ended (0.0: rebuilt inside the refit)
+  specdec/staged_wait_s         how long the last update waited for that background rebuild (max over
+                                engines; part of refresh_s, 0 when it had finished)
+  specdec/staged_rebuild_s      the background rebuild's own time, off the critical path (max)
+  specdec/stage_s               the last end-of-generation staging (swap, fetch, start the rebuild),
+                                inside NeMo-RL's finish_generation: on the critical path (max)
   specdec/drafter_train_s       online distillation of the drafter applied last, slowest policy rank (s)
   specdec/drafter_train_share   that time over the policy step period it was made in
   specdec/tensors_applied       drafter tensors applied in the last update (max over engines)
@@ -130,6 +138,16 @@ def version_metrics(reports: list[dict]) -> dict[str, float]:
     refresh = [v for v in refresh if v is not None]
     if refresh:
         out[f"{PREFIX}refresh_s"] = max(refresh)
+    if any(u.get("mode") == "rebuild" for u in updates):  # a store rebuilt from rollouts (DAS)
+        out[f"{PREFIX}refresh_staged"] = 1.0 if len(updates) == len(reports) and all(
+            u.get("staged") for u in updates) else 0.0
+    for key in ("staged_wait_s", "staged_rebuild_s"):
+        vals = [v for v in (_num(u.get(key)) for u in updates) if v is not None]
+        if vals:
+            out[f"{PREFIX}{key}"] = max(vals)
+    stage = [v for v in (_num((r.get("last_stage") or {}).get("stage_s")) for r in reports) if v is not None]
+    if stage:
+        out[f"{PREFIX}stage_s"] = max(stage)
     applied = [_num(u.get("drafter_tensors_applied", u.get("tensors_applied"))) for u in updates]
     applied = [v for v in applied if v is not None]
     if applied:

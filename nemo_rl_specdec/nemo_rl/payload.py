@@ -4,13 +4,16 @@
 Rollouts travel by reference: a worker `ray.put`s its stash once per refit, the exchange
 (`exchange.py`) hands every engine the references of all engines, and each vLLM worker
 resolves them from Ray's object store (`resolve_staged`), so every engine's store holds the
-whole step whatever placement did. No NeMo-RL, no vLLM.
+whole step whatever placement did. When generation ends (NeMo-RL's `finish_generation`) the same refs
+are staged into the engines for a background store rebuild (`resolve_rollouts`), and the refit's
+update then says `STAGED_ROLLOUTS`. No NeMo-RL, no vLLM.
 """
 from __future__ import annotations
 
 from collections import deque
 from typing import Any, Optional, Sequence
 
+from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
 from nemo_rl_specdec.update import PolicyUpdate
 
@@ -59,21 +62,26 @@ class RolloutStash:
         return out
 
 
-def stage_payload(version: int, rollout_refs: Optional[Sequence[Any]] = None,
+def stage_payload(version: int, rollout_refs: Any = None,
                   drafter_weights: Any = None, refresh_drafter: bool = True,
                   drafter_checkpoint: bool = False) -> PolicyUpdate:
     """The update the worker actor stages into every vLLM worker right before a refit RPC (NeMo-RL's
     refit carries the policy weights, so `policy` stays None).
 
-    `rollout_refs`: Ray object refs of `RolloutBatch`es (every engine's share of the step), or
-    None when this refit carries no rollouts; `drafter_weights` may be a Ray object ref. Both are
-    fetched inside the refit RPC (`resolve_staged`). The drafter is not touched by staging: the
-    extension applies it inside the refit RPC, so target and drafter change together.
+    `rollout_refs`: Ray object refs of `RolloutBatch`es (every engine's share of the step), None
+    when this refit carries no rollouts, or `lockstep.STAGED_ROLLOUTS` when they were handed over at
+    the end of generation and the store was rebuilt in the background (the refit installs it);
+    `drafter_weights` may be a Ray object ref. Refs are fetched inside the refit RPC
+    (`resolve_staged`). The drafter is not touched by staging: the extension applies it inside the
+    refit RPC, so target and drafter change together.
     """
     if int(version) < 1:
         raise ValueError(f"policy version must be >= 1, got {version}")
-    return PolicyUpdate(int(version), drafter_weights=drafter_weights,
-                        rollouts=None if rollout_refs is None else list(rollout_refs),
+    if isinstance(rollout_refs, str) and rollout_refs != STAGED_ROLLOUTS:
+        raise ValueError(f"rollout_refs: got {rollout_refs!r}; allowed: Ray object refs, None or {STAGED_ROLLOUTS!r}")
+    if rollout_refs is not None and not isinstance(rollout_refs, str):
+        rollout_refs = list(rollout_refs)
+    return PolicyUpdate(int(version), drafter_weights=drafter_weights, rollouts=rollout_refs,
                         refresh_drafter=refresh_drafter,  # False: an off-cadence step (refresh.every_n_steps)
                         drafter_checkpoint=drafter_checkpoint)  # the drafter is still the checkpoint the engine loaded
 
@@ -86,10 +94,14 @@ def resolve_staged(staged: PolicyUpdate) -> PolicyUpdate:
         import ray
 
         weights = ray.get(weights)
-    return staged.with_(drafter_weights=weights, rollouts=_resolve_rollouts(staged.rollouts))
+    rollouts = staged.rollouts
+    if not (isinstance(rollouts, str) and rollouts == STAGED_ROLLOUTS):  # "staged": already in the engine
+        rollouts = resolve_rollouts(rollouts)
+    return staged.with_(drafter_weights=weights, rollouts=rollouts)
 
 
-def _resolve_rollouts(refs: Optional[Sequence[Any]]) -> Optional[RolloutBatch]:
+def resolve_rollouts(refs: Optional[Sequence[Any]]) -> Optional[RolloutBatch]:
+    """Ray object refs of `RolloutBatch`es as one batch (None stays None; no refs: an empty batch)."""
     if refs is None:
         return None
     if not refs:

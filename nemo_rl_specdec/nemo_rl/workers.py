@@ -13,11 +13,17 @@ venv. On top of NeMo-RL's behaviour they:
   and, when the driver set them, its draft budget and predicted length;
 - call `specdec_init(block)` in every vLLM worker once the engine is up, and join the rollout
   exchange;
-- keep the rollouts they generate (never validation rollouts) and, right before every refit RPC,
-  swap them with every other engine through the exchange and stage the refs of the whole step with
-  the next policy version (`specdec_stage_update`), with the newest drafter the policy workers
-  distilled when the drafter is trained online (the drafter board, exchange.py); the refit itself
-  then refreshes the drafter (see extension.py);
+- keep the rollouts they generate (never validation rollouts) and, when a generation phase ends
+  (`specdec_stage_generated`, called by our VllmGeneration's `finish_generation` before NeMo-RL's
+  sleep / prefix-cache reset), swap them with every other engine through the exchange and stage the
+  whole step into every vLLM worker for the next policy version (`specdec_stage_refs`): the DAS store
+  is rebuilt on a background thread while the policy trains, and is fenced (never read) until the
+  refit installs it;
+- right before every refit RPC, swap what is left (rollouts generated since, or the whole step when
+  nothing was staged) and stage the update with the next policy version (`specdec_stage_update`):
+  `STAGED_ROLLOUTS` when the store was staged (any later rollouts appended to it), else the refs as
+  before, with the newest drafter the policy workers distilled when the drafter is trained online
+  (the drafter board, exchange.py); the refit itself then refreshes the drafter (see extension.py);
 - after every wake-up that brings weights back, have each vLLM worker prove its drafter is the
   pushed version and restore it from the last pushed state if a sleep discarded it
   (`specdec_verify_drafter`; NeMo-RL's refit restores only what it streams);
@@ -120,7 +126,10 @@ class SpecDecWorkerState:
         self._specdec_init_payload = translate.engine_init_payload(config)
         self._specdec_version = 0
         self._specdec_k_auto = None  # scheduling/k_auto.py's KAuto, on the sync engine with scheduling.k: auto
-        self._specdec_last_staged = 0
+        self._specdec_last_staged = 0  # rollouts this engine handed to the drafters for the last update
+        self._specdec_pending_staged = 0  # ... and for the next one, so far
+        self._specdec_staged_for: Optional[int] = None  # the version a background rebuild is staged for
+        self._specdec_last_stage: dict = {}  # the last end-of-generation staging: version, rollouts, seconds
         self._specdec_engine = uuid.uuid4().hex[:12]
         self._specdec_exchange_name = config.get(translate.EXCHANGE_KEY)
         want = False
@@ -202,10 +211,48 @@ class SpecDecWorkerState:
         return payload.stage_payload(version, rollout_refs, drafter_weights=refs[0] if refs else None,
                                      refresh_drafter=refresh, drafter_checkpoint=published is not None and not refs)
 
+    def _specdec_stages_at_finish(self) -> bool:
+        """Whether the end of generation stages the rollouts: a store rebuilt from them (refresh.mode
+        rebuild) whose next update refreshes it (refresh.every_n_steps; off-cadence rollouts wait)."""
+        return (self._specdec_stash is not None and self._specdec_spec.refresh.mode == "rebuild"
+                and self._specdec_refreshes(self._specdec_version + 1))
+
+    def _specdec_stage_target(self, refs: list) -> Optional[int]:
+        """After the end-of-generation swap: the version to stage `refs` (all engines' rollouts) for, or
+        None. Every engine sees the same refs, so all stage or none do (a validation phase: no refs);
+        an engine whose drafter was disabled after a refresh error swaps but stages nothing."""
+        if not refs or (getattr(self, "_specdec_engine_state", None) or {}).get("disabled"):
+            return None
+        return self._specdec_version + 1
+
+    def _specdec_staged(self, version: int, per_rank: list, t0: float) -> dict:
+        """Record a staging into every vLLM worker of this engine (a failed rank's error is kept there and
+        fails the refit to `version`); the refit then installs it."""
+        import time
+
+        self._specdec_staged_for = version
+        reps = [r for r in per_rank or [] if r]
+        self._specdec_last_stage = {"version": version, "rollouts": max((r.get("rollouts", 0) for r in reps), default=0),
+                                    "stage_s": time.perf_counter() - t0,
+                                    "errors": sum(1 for r in reps if r.get("error"))}
+        return dict(self._specdec_last_stage)
+
+    def _specdec_refit_rollouts(self, version: int, refs: Any) -> tuple[Any, Any]:
+        """(the update's rollouts, refs still to stage before the refit): `STAGED_ROLLOUTS` when the
+        store for `version` was staged when generation ended (rollouts generated since are appended to
+        it), else the refs as they are (a refit that no end of generation staged)."""
+        from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS
+
+        if self._specdec_staged_for != version:
+            return refs, None
+        return STAGED_ROLLOUTS, (refs or None)
+
     def _specdec_record_refit(self, ok: bool, version: int, per_rank: list, published: Any = None) -> None:
         """Record the engine's versions after a refit; the next generate checks them."""
         if ok:
             self._specdec_version = version
+            self._specdec_staged_for = None
+            self._specdec_last_staged, self._specdec_pending_staged = self._specdec_pending_staged, 0
             if published is not None:
                 self._specdec_drafter_seq, self._specdec_distill_stats = published[0], dict(published[2])
         reps = [r for r in (per_rank or []) if r]
@@ -237,7 +284,7 @@ class SpecDecWorkerState:
                 "output_ids and generation_lengths (NeMo-RL's GenerationDatumSpec / GenerationOutputSpec)")
 
         batch = self._specdec_stash.drain()
-        self._specdec_last_staged = len(batch)
+        self._specdec_pending_staged += len(batch)
         refs = [ray.put(batch)] if len(batch) else []
         return self._specdec_exchange().swap.remote(self._specdec_engine, self._specdec_version + 1, refs)
 
@@ -254,6 +301,8 @@ class SpecDecWorkerState:
         first["rollout_record_errors"] = self._specdec_observe_errors
         first["validation_rollouts_skipped"] = self._specdec_skipped_validation
         first["actor_policy_version"] = self._specdec_version
+        first["staged_for"] = self._specdec_staged_for
+        first["last_stage"] = dict(self._specdec_last_stage)
         if self._specdec_k_auto is not None:  # k by batch size, chosen in this process's vLLM scheduler
             state = dict(first.get("state") or {})
             state["metrics"] = {**(state.get("metrics") or {}), **self._specdec_k_auto.metrics()}
@@ -327,6 +376,23 @@ def _build_sync_impl() -> type:
             self._specdec_observe(data, out)
             return out
 
+        def specdec_stage_generated(self) -> dict:
+            """A generation phase ended (our VllmGeneration's finish_generation): swap the rollouts and stage
+            them into every vLLM worker for the next version, rebuilt in the background. {} when nothing
+            was staged (no drafter that rebuilds, an off-cadence step, a validation phase)."""
+            if not self.specdec_enabled or self.llm is None or not self._specdec_stages_at_finish():
+                return {}
+            import time
+
+            import ray
+
+            t0 = time.perf_counter()
+            refs = ray.get(self._specdec_swap_ref())
+            version = self._specdec_stage_target(refs)
+            if version is None:
+                return {}
+            return self._specdec_staged(version, self.llm.collective_rpc("specdec_stage_refs", args=(refs, version)), t0)
+
         def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:
                 return call(*args)
@@ -334,10 +400,12 @@ def _build_sync_impl() -> type:
 
             version = self._specdec_version + 1
             swap = self._specdec_stash is not None and self._specdec_refreshes(version)  # off-cadence: they wait
-            refs = ray.get(self._specdec_swap_ref()) if swap else None
+            rollouts, more = self._specdec_refit_rollouts(version, ray.get(self._specdec_swap_ref()) if swap else None)
+            if more:  # generated after the store was staged: appended to it
+                self.llm.collective_rpc("specdec_stage_refs", args=(more, version))
             board = self._specdec_board_ref()
             published = ray.get(board) if board is not None else None
-            self.llm.collective_rpc("specdec_stage_update", args=(self._specdec_stage(version, refs, published),))
+            self.llm.collective_rpc("specdec_stage_update", args=(self._specdec_stage(version, rollouts, published),))
             ok = call(*args)
             self._specdec_record_refit(ok, version, self.llm.collective_rpc("specdec_report"), published)
             return ok
@@ -401,15 +469,31 @@ def _build_async_impl() -> type:
             finally:
                 _REQUEST_EXTRAS.reset(token)
 
+        async def specdec_stage_generated(self) -> dict:
+            """A generation phase ended (see the sync worker's): swap, and stage a background rebuild."""
+            if not self.specdec_enabled or self.llm is None or not self._specdec_stages_at_finish():
+                return {}
+            import time
+
+            t0 = time.perf_counter()
+            refs = await self._specdec_swap_ref()
+            version = self._specdec_stage_target(refs)
+            if version is None:
+                return {}
+            return self._specdec_staged(
+                version, await _maybe_await(self.llm.collective_rpc("specdec_stage_refs", args=(refs, version))), t0)
+
         async def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:
                 return await call(*args)
             version = self._specdec_version + 1
             swap = self._specdec_stash is not None and self._specdec_refreshes(version)  # off-cadence: they wait
-            refs = await self._specdec_swap_ref() if swap else None
+            rollouts, more = self._specdec_refit_rollouts(version, await self._specdec_swap_ref() if swap else None)
+            if more:  # generated after the store was staged: appended to it
+                await _maybe_await(self.llm.collective_rpc("specdec_stage_refs", args=(more, version)))
             board = self._specdec_board_ref()
             published = await board if board is not None else None
-            staged = self._specdec_stage(version, refs, published)
+            staged = self._specdec_stage(version, rollouts, published)
             await _maybe_await(self.llm.collective_rpc("specdec_stage_update", args=(staged,)))
             ok = await call(*args)
             self._specdec_record_refit(ok, version, await _maybe_await(self.llm.collective_rpc("specdec_report")),

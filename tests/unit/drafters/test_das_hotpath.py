@@ -200,7 +200,7 @@ def test_staged_rebuild_is_fenced_until_installed_at_exactly_its_version():
     assert p.propose([[1]], r.n, r.tokens) == [resp[1:5]]
     new = [50, 60, 61, 62, 63]  # version 1's rollout continues 40 differently
     info = p.specdec_stage([rollout([40] + new, 1, pid="A")], 2)
-    assert info == {"staged_version": 2, "rollouts": 1}
+    assert info == {"staged_version": 2, "rollouts": 1, "appended": False}
     assert p.specdec_wait_staged(timeout=30.0)
     # staged and finished, but not installed: the store is not read (nor written)
     assert p.propose([[1]], r.n, r.tokens) == [[]]
@@ -222,6 +222,27 @@ def test_staged_rebuild_is_fenced_until_installed_at_exactly_its_version():
         p.specdec_install_staged(3)
     with pytest.raises(DrafterRefreshError, match="versions only move forward"):
         p.specdec_stage([], 2)
+
+
+def test_rollouts_staged_twice_for_one_version_are_installed_together_or_not_at_all():
+    """A step whose generation ends twice before its update (NeMo-RL's dynamic sampling): the second
+    staging is appended to the first, the store stays fenced, and the update installs both; a bad first
+    batch fails the install of both, and nothing changes."""
+    p = _proposer(k=4, scope="problem")
+    p.specdec_rebuild([rollout([1, 2, 3], 0, pid="A")], 1)
+    assert p.specdec_stage([rollout([4, 5], 1, pid="A")], 2)["appended"] is False
+    assert p.specdec_stage([rollout([6, 7], 1, pid="B")], 2)["appended"] is True
+    with pytest.raises(DrafterRefreshError, match="already staged"):
+        p.specdec_stage([], 3)
+    assert p.specdec_install_staged(2) == 2
+    assert p.store._problem_entries == {"A": 2, "B": 1} and p.version == 2
+    assert p.last_install["version"] == 2 and p.last_install["rebuild_s"] > 0
+    before = p.store.stats()
+    p.specdec_stage([rollout([8, 9], 9, pid="A")], 3)   # from a future policy: fails on its thread
+    p.specdec_stage([rollout([8, 9], 2, pid="A")], 3)
+    with pytest.raises(DrafterRefreshError, match="policy_version=9 is newer"):
+        p.specdec_install_staged(3)
+    assert p.store.stats() == before and p.version == 2
 
 
 def test_staged_rollout_of_an_unknown_version_is_rejected_naming_it():

@@ -91,6 +91,13 @@ class RecordingEngineMixin:
         return UpdateReport(policy_version=version, mode="rebuild", drafter_refreshed=update.refresh_drafter,
                             refresh_s=0.25, state={"policy_version": version, "drafter_version": version})
 
+    def specdec_stage_rollouts(self, rollouts, version):
+        self.staged = getattr(self, "staged", []) + [(version, sorted(r.prompt_token_ids.tolist() for r in rollouts))]
+        return {"staged_version": version, "rollouts": len(rollouts), "appended": len(self.staged) > 1}
+
+    def specdec_stage_failed(self, version, reason):
+        self.stage_errors = getattr(self, "stage_errors", []) + [(version, reason)]
+
     def specdec_state(self) -> dict:
         return {"policy_version": self.policy_version, "drafter_version": self.drafter_version,
                 "drafter_fingerprint": "f", "disabled": False}
@@ -338,6 +345,10 @@ class FakeEngine:
     def specdec_report(self):
         return {"state": dict(self.state), "last_update": {"refresh_s": 0.1, "tensors_applied": 0}, "ranks_agree": True}
 
+    def specdec_stage_generated(self):
+        self.stage_calls = getattr(self, "stage_calls", 0) + 1
+        return {"version": 2, "rollouts": 3, "stage_s": 0.01, "errors": 0}
+
 
 class FakeVllmGeneration:
     """Stands in for NeMo-RL's VllmGeneration (NeMo-RL cannot be installed here): contiguous
@@ -391,6 +402,11 @@ class FakeVllmGeneration:
 
     def update_weights_from_collective(self):
         return []
+
+    def finish_generation(self, *args, **kwargs):
+        """Sleeps (colocated) or resets the prefix cache on every engine, as the real one does."""
+        self.finished = getattr(self, "finished", 0) + 1
+        return True
 
 
 def fake_configure_generation_config(config, tokenizer, is_eval=False, has_refit_draft_weights=False, trains_mtp=False):

@@ -94,12 +94,8 @@ def _real_engine_mixin(monkeypatch):
     return mixin
 
 
-def test_hooks_drive_the_real_engine_mixin_and_the_real_das_store(monkeypatch, ray_local):
-    """Host stand-in + our hooks + the real engine mixin + the real DASProposer and RolloutStore:
-    rollouts of a NeMo-RL-shaped generation batch, moved through Ray's object store, reach the
-    per-problem trees inside the refit over three refits, and versions advance together."""
-    import ray
-
+def _das_worker(monkeypatch, **block):
+    """Host stand-in + our hooks + the real engine mixin + a real DASProposer, after its first refit."""
     from nemo_rl_specdec.drafters.suffix import DASProposer
 
     cls = extension.build_extension("RealComposite", FakeHostExtension, _real_engine_mixin(monkeypatch))
@@ -108,11 +104,22 @@ def test_hooks_drive_the_real_engine_mixin_and_the_real_das_store(monkeypatch, r
                                            model_config=SimpleNamespace(max_model_len=256)))
     w.model_runner = SimpleNamespace(drafter=proposer, model=None)
     w.incoming = [[("model.layers.0.w", 1)]]
-    block = spec(drafter="suffix", suffix={"window_steps": 4, "scope": "problem", "max_tree_depth": 8}).model_dump(mode="json")
-    w.specdec_init(block)
-    proposer.configure(block)
+    b = spec(drafter="suffix", suffix={"window_steps": 4, "scope": "problem", "max_tree_depth": 8},
+             **block).model_dump(mode="json")
+    w.specdec_init(b)
+    proposer.configure(b)
     w.specdec_stage_update(payload.stage_payload(1, []))
-    assert w.update_weights_from_collective() is True          # first refit: nothing generated yet
+    assert w.update_weights_from_collective() is True
+    return w, proposer
+
+
+def test_hooks_drive_the_real_engine_mixin_and_the_real_das_store(monkeypatch, ray_local):
+    """Host stand-in + our hooks + the real engine mixin + the real DASProposer and RolloutStore:
+    rollouts of a NeMo-RL-shaped generation batch, moved through Ray's object store, reach the
+    per-problem trees inside the refit over three refits, and versions advance together."""
+    import ray
+
+    w, proposer = _das_worker(monkeypatch)                     # first refit: nothing generated yet
     prompts = np.array([[1, 2, 3, 0], [7, 8, 0, 0]])
     for version in (2, 3, 4):
         # 4 siblings per problem, generated on two engines: each engine's batch travels separately
@@ -129,6 +136,69 @@ def test_hooks_drive_the_real_engine_mixin_and_the_real_das_store(monkeypatch, r
     assert stats["entries"] == 24
     ctx = np.array([1, 2, 3, 14], dtype=np.int32)
     assert proposer.store.speculate(ctx, pa, 2).token_ids == [20, 30]
+
+
+def _step_refs(ray, version: int, tail: int) -> list:
+    prompts = np.array([[1, 2, 3, 0], [7, 8, 0, 0]])
+    out = np.array([[1, 2, 3, tail, 20, 30, 0], [7, 8, tail, 50, 0, 0, 0]])
+    return [ray.put(RolloutBatch.from_generation(prompts, [3, 2], out, [3, 2], version - 1))]
+
+
+def test_rollouts_staged_when_generation_ends_are_installed_by_the_refit_not_rebuilt(monkeypatch, ray_local):
+    """specdec_stage_refs (the end of generation) starts the rebuild; the store is fenced until the
+    refit, whose update says "staged": it installs that rebuild for exactly its version, reports the
+    wait beside the rebuild's own time, and rollouts staged later for the same version are appended."""
+    import ray
+
+    from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS
+
+    w, proposer = _das_worker(monkeypatch)
+    got = w.specdec_stage_refs(_step_refs(ray, 2, 12), 2)
+    assert got["staged_version"] == 2 and got["rollouts"] == 2 and got["stage_s"] >= 0 and not got["appended"]
+    assert w.specdec_state()["policy_version"] == 1 and proposer._staged.version == 2  # fenced, not installed
+    assert w.specdec_stage_refs(_step_refs(ray, 2, 13), 2)["appended"] is True   # e.g. dynamic sampling
+    w.specdec_stage_update(payload.stage_payload(2, STAGED_ROLLOUTS))
+    assert w.update_weights_from_collective() is True
+    rep = w.specdec_report()
+    last = rep["last_update"]
+    assert (rep["state"]["policy_version"], rep["state"]["drafter_version"]) == (2, 2)
+    assert last["staged"] is True and last["rollouts_added"] == 4 and last["rollouts"] == 4
+    assert 0 <= last["staged_wait_s"] <= last["refresh_s"] and last["staged_rebuild_s"] > 0
+    assert proposer._staged is None and proposer.store._problem_entries == {problem_id([1, 2, 3]): 2,
+                                                                           problem_id([7, 8]): 2}
+    # a refit that nothing staged still rebuilds inside the refit, as before
+    w.specdec_stage_update(payload.stage_payload(3, _step_refs(ray, 3, 14)))
+    assert w.update_weights_from_collective() is True
+    last = w.specdec_report()["last_update"]
+    assert "staged" not in last and last["rollouts_added"] == 2 and w.specdec_state()["drafter_version"] == 3
+
+
+def test_a_failed_staging_fails_the_refit_that_installs_it(monkeypatch, ray_local, caplog):
+    import ray
+
+    from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError
+
+    w, proposer = _das_worker(monkeypatch)
+    with caplog.at_level(logging.ERROR, logger=extension.logger.name):
+        got = w.specdec_stage_refs([ray.put({"not": "a batch"})], 2)  # never raises at the end of generation
+    assert "RolloutBatch" in got["error"] and "staging rollouts for policy version 2" in caplog.text
+    w.specdec_stage_update(payload.stage_payload(2, STAGED_ROLLOUTS))
+    with pytest.raises(DrafterRefreshError, match="staging rollouts for policy version 2 failed: TypeError"):
+        w.update_weights_from_collective()
+    assert w.specdec_state()["drafter_version"] == 1
+    # the failure belongs to version 2 only: a later staging for version 3 installs
+    assert "error" not in w.specdec_stage_refs(_step_refs(ray, 3, 12), 3)
+    w.specdec_stage_update(payload.stage_payload(3, STAGED_ROLLOUTS))
+    assert w.update_weights_from_collective() is True and w.specdec_state()["drafter_version"] == 3
+    assert w.specdec_state()["stage_error"] == ""
+    # with on_refresh_error=disable the refit goes on and the engine says why it stopped drafting
+    w, proposer = _das_worker(monkeypatch, on_refresh_error="disable")
+    w.specdec_stage_refs([ray.put(3)], 2)
+    w.specdec_stage_update(payload.stage_payload(2, STAGED_ROLLOUTS))
+    assert w.update_weights_from_collective() is True
+    state = w.specdec_state()
+    assert state["disabled"] and "staging rollouts for policy version 2" in state["disabled_reason"]
+    assert proposer.k == 0
 
 
 def _host_that_writes_the_drafter(drafter):

@@ -104,3 +104,31 @@ def test_get_step_metrics_merges_nemo_rl_and_specdec_keys(fake_nemo_rl, monkeypa
     ours.base_metrics = nrl_step(0, 0, 0)
     with pytest.warns(RuntimeWarning, match="0 drafts"):
         assert ours.get_step_metrics()["specdec/no_drafts"] == 1.0
+
+
+def test_finish_generation_stages_rollouts_on_every_engine_before_nemo_rls_sleep(fake_nemo_rl, monkeypatch):
+    from nemo_rl_specdec.nemo_rl import generation
+
+    monkeypatch.setattr(generation, "_ray_get", lambda futures: futures)
+    engines = [FakeEngine(), FakeEngine()]
+    cfg = worker_cfg(drafter="suffix")
+    cfg["_pad_token_id"] = 0
+    ours = generation.SpecDecVllmGeneration(engines, cfg)
+    seen = []
+    nemo_rls = FakeVllmGeneration.finish_generation
+    monkeypatch.setattr(FakeVllmGeneration, "finish_generation", lambda self: (  # staged before the sleep
+        seen.append([getattr(e, "stage_calls", 0) for e in engines]), nemo_rls(self))[-1])
+    assert ours.finish_generation() is True          # nothing generated through it (async GRPO's validation)
+    assert seen == [[0, 0]] and ours._specdec_stage_reports == []
+    with generation.validating(ours):
+        ours.generate(batch([[1, 2]]))
+    ours.finish_generation()
+    assert seen[-1] == [0, 0]                           # a validation phase stages nothing
+    ours.generate(batch([[1, 2], [3, 4]]))
+    assert ours.finish_generation() is True
+    assert seen[-1] == [1, 1] and ours.finished == 3   # staged on every engine before NeMo-RL's sleep
+    assert ours._specdec_stage_reports == [FakeEngine().specdec_stage_generated()] * 2
+    ours.finish_generation()
+    assert seen[-1] == [1, 1]                           # once per rollout phase
+    plain = generation.SpecDecVllmGeneration([FakeEngine()], generation_cfg())  # ngram: takes no rollouts
+    assert plain.finish_generation() is True and not hasattr(plain.worker_group.engines[0], "stage_calls")

@@ -39,6 +39,21 @@ def test_version_metrics():
     assert metrics.version_metrics([report(3, 3, disabled=True)])["specdec/disabled_engines"] == 1.0
 
 
+def test_staged_refresh_metrics_show_what_is_left_on_the_critical_path():
+    def das(staged, wait=None, bg=None, stage_s=None):
+        last = {"refresh_s": 0.3, "mode": "rebuild", **({"staged": True, "staged_wait_s": wait,
+                                                         "staged_rebuild_s": bg} if staged else {})}
+        return {"state": {"policy_version": 2, "drafter_version": 2}, "last_update": last,
+                "last_stage": {} if stage_s is None else {"version": 3, "stage_s": stage_s}}
+
+    out = metrics.version_metrics([das(True, 0.01, 2.0, 0.05), das(True, 0.02, 1.5, 0.04)])
+    assert out["specdec/refresh_staged"] == 1.0 and out["specdec/staged_wait_s"] == 0.02
+    assert out["specdec/staged_rebuild_s"] == 2.0 and out["specdec/stage_s"] == 0.05
+    mixed = metrics.version_metrics([das(True, 0.01, 2.0), das(False)])  # one engine rebuilt inside the refit
+    assert mixed["specdec/refresh_staged"] == 0.0 and "specdec/stage_s" not in mixed
+    assert "specdec/refresh_staged" not in metrics.version_metrics([report(1, 1, 0.1, 3)])  # not a DAS store
+
+
 def test_step_metrics_acceptance_by_lag_accumulates_with_nemo_rl_definitions():
     tracker = metrics.AcceptanceByLag()
     s1 = metrics.step_metrics(nrl_step(10, 80, 30), [report(1, 1)], tracker, {"predicted_imbalance": 1.1})

@@ -123,6 +123,73 @@ def test_worker_refreshes_every_n_steps_and_refuses_a_drafter_past_max_policy_la
         strict.generate(batch([[1, 2]]))
 
 
+def _both(a, b):
+    """Run a() and b() at once (engines swap collectively through the exchange); (a's, b's) results."""
+    import threading
+
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("b", b()))
+    t.start()
+    got["a"] = a()
+    t.join(30)
+    return got["a"], got["b"]
+
+
+def test_rollouts_are_staged_when_generation_ends_and_the_refit_installs_them(fake_nemo_rl, exchange):
+    """The end of generation swaps both engines' rollouts and stages the whole step for the next version in
+    every rank; rollouts generated afterwards are appended before the refit, whose update says "staged";
+    a validation phase stages nothing, and a refit no end of generation staged hands over refs as before."""
+    from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS
+    from nemo_rl_specdec.nemo_rl import workers
+
+    impl = workers.SpecDecVllmGenerationWorkerImpl
+    w, other = (impl(worker_cfg(exchange, drafter="suffix"), bundle_indices=[i]) for i in (0, 1))
+    w.post_init()
+    other.post_init()
+    w.generate(batch([[1, 2, 3]]))
+    other.generate(batch([[4, 5]]))
+    got, got_other = _both(w.specdec_stage_generated, other.specdec_stage_generated)
+    assert got["version"] == got_other["version"] == 1 and got["rollouts"] == 2 and got["errors"] == 0
+    for rank in w.llm.ranks + other.llm.ranks:
+        assert rank.staged == [(1, [[1, 2, 3], [4, 5]])]
+    assert w._specdec_version == 0 and w.specdec_report()["staged_for"] == 1
+    w.generate(batch([[6, 7]]))                         # after the staging, before the refit
+    assert _both(w.update_weights_from_collective, other.update_weights_from_collective) == (True, True)
+    for rank in w.llm.ranks + other.llm.ranks:
+        assert rank.calls[-1][2] == 1 and rank.calls[-1][4] == STAGED_ROLLOUTS
+    assert [r.staged for r in w.llm.ranks] == [[(1, [[1, 2, 3], [4, 5]]), (1, [[6, 7]])]] * 2  # appended
+    assert other.llm.ranks[0].staged == w.llm.ranks[0].staged
+    rep = w.specdec_report()
+    assert rep["staged_for"] is None and rep["rollouts_staged"] == 2 and rep["last_stage"]["version"] == 1
+    # a validation phase: nothing recorded, so nothing is staged and the refit rebuilds from an empty step
+    val = batch([[9, 9]])
+    val[payload.NO_RECORD_KEY] = np.array([True])
+    w.generate(val)
+    assert _both(w.specdec_stage_generated, other.specdec_stage_generated) == ({}, {})
+    assert _both(w.update_weights_from_collective, other.update_weights_from_collective) == (True, True)
+    assert w.llm.ranks[0].calls[-1][2] == 2 and len(w.llm.ranks[0].calls[-1][4]) == 0
+    assert len(w.llm.ranks[0].staged) == 2
+
+
+def test_the_end_of_generation_stages_nothing_off_cadence_or_for_a_disabled_drafter(fake_nemo_rl, exchange):
+    from nemo_rl_specdec.nemo_rl import workers
+
+    cfg = worker_cfg(exchange, drafter="suffix", refresh={"mode": "rebuild", "every_n_steps": 2, "max_policy_lag": 1})
+    w = workers.SpecDecVllmGenerationWorkerImpl(cfg, bundle_indices=[0])
+    w.post_init()
+    w._specdec_version = 1                                # the next update (2) does not refresh
+    w.generate(batch([[1, 2]]))
+    assert w.specdec_stage_generated() == {} and len(w._specdec_stash) == 1  # they wait for update 3
+    frozen = workers.SpecDecVllmGenerationWorkerImpl(worker_cfg(exchange, drafter="suffix", refresh={"mode": "frozen"}),
+                                                     bundle_indices=[0])
+    frozen.generate(batch([[1, 2]]))
+    assert frozen.specdec_stage_generated() == {}
+    w._specdec_version = 2
+    w._specdec_engine_state = {"policy_version": 2, "drafter_version": 2, "disabled": True}
+    assert w.specdec_stage_generated() == {} and len(w._specdec_stash) == 0  # swapped, not staged
+    assert not hasattr(w.llm.ranks[0], "staged")
+
+
 def test_worker_verifies_the_drafter_after_every_wake_up_that_brings_weights_back(fake_nemo_rl):
     from nemo_rl_specdec.nemo_rl import workers
 
@@ -195,16 +262,21 @@ def test_async_worker_stages_and_versions_like_the_sync_one(fake_nemo_rl, exchan
         ok = await w.update_weights_from_collective_async()
         rep = await w.specdec_report()
         passthrough = await w.checkpoint_engine_rpc_async("finalize_checkpoint_engine")
-        return items, ok, rep, passthrough
+        _ = [item async for item in w.generate_async(batch([[3, 4]]))]
+        staged = await w.specdec_stage_generated()      # the end of a generation phase (finish_generation)
+        ok2 = await w.update_weights_from_collective_async()
+        return items, ok, rep, passthrough, staged, ok2
 
-    items, ok, rep, passthrough = asyncio.run(scenario())
-    assert len(items) == 1 and ok is True and w._specdec_version == 1
+    items, ok, rep, passthrough, staged, ok2 = asyncio.run(scenario())
+    assert len(items) == 1 and ok is True
     assert w.llm.ranks[0].calls[0][0] == "init"
-    _, _, version, _, rollouts = w.llm.ranks[0].calls[-1]
+    _, _, version, _, rollouts = w.llm.ranks[0].calls[1]
     (r,) = list(rollouts)
     assert version == 1 and r.prompt_token_ids.tolist() == [7, 8, 9] and len(r.token_ids) == (7 + 8 + 9) % 5 + 1
     assert rep["state"]["policy_version"] == 1 and rep["rollouts_staged"] == 1
     assert passthrough == ("passthrough", "finalize_checkpoint_engine")
+    assert staged["version"] == 2 and ok2 is True and w._specdec_version == 2
+    assert w.llm.ranks[0].staged == [(2, [[3, 4]])] and w.llm.ranks[0].calls[-1][2:5:2] == (2, "staged")
 
 
 def test_ray_actor_classes_build_by_fqn(fake_nemo_rl):
