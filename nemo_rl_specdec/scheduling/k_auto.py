@@ -111,9 +111,10 @@ class KAuto:
 
     def _next_lookup(self) -> list:
         n, self.scheduled = self.scheduled, self.scheduled + 1
-        if n < WARMUP_STEPS or n % EXPLORE_EVERY == 0:
+        if n < WARMUP_STEPS or n % EXPLORE_EVERY == 0:  # the explored k cycles over the exploration steps
+            k = self._cycle[self.explore_steps % len(self._cycle)]
             self.explore_steps += 1
-            return self._explore[self._cycle[n % len(self._cycle)]]
+            return self._explore[k]
         return self.lookup
 
     def _scheduled(self, start: float, out: Any) -> None:

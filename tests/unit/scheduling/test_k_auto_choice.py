@@ -100,6 +100,16 @@ def test_exploration_cycles_k_in_the_warm_up_then_one_step_in_explore_every():
     assert after.count(False) == 4
 
 
+@pytest.mark.parametrize("k_max,allow_zero", [(8, False), (3, True), (8, True)])
+def test_exploration_after_the_warm_up_visits_every_k_whatever_the_cycle_length(k_max, allow_zero):
+    """A cycle whose length divides EXPLORE_EVERY (1..8, 0..3) must not explore one k forever."""
+    ka = KAuto(k_max, 4, allow_zero=allow_zero)
+    for _ in range(k_auto.WARMUP_STEPS):
+        ka._next_lookup()
+    later = [t[1] for t in (ka._next_lookup() for _ in range(20 * k_auto.EXPLORE_EVERY)) if t is not ka.lookup]
+    assert set(later) == set(range(0 if allow_zero else 1, k_max + 1))
+
+
 def test_attach_refuses_a_scheduler_without_a_per_batch_size_schedule():
     class Scheduler:
         dynamic_sd_lookup = None
