@@ -34,8 +34,8 @@ def drafter_cases() -> dict:
 
     One case per `bench_rows` entry of the drafter (named after its label: `suffix_das`,
     `suffix_vllm`, `draft_model`, ...), or one case named after the drafter when it has none, and
-    `suffix_das_adaptive` (DAS under `scheduling.budget: adaptive`; `suffix_das` runs the default
-    `auto_disable`) and `draft_model_k_auto` (`scheduling.k: auto`). A
+    `suffix_das_adaptive` (DAS under `scheduling.budget: adaptive`; `suffix_das` and `ngram_judged`
+    verify every draft, `auto_disable: false`) and `draft_model_k_auto` (`scheduling.k: auto`). A
     drafter whose weights ride in the policy checkpoint runs on IN_POLICY_RUN_FILE as written;
     a model drafter the suite's run file names no checkpoint for is left out (e.g. none is bundled
     for SmolLM2), as in `bench --suite drafters`."""
@@ -55,6 +55,10 @@ def drafter_cases() -> dict:
     if "suffix_das" in out:  # scheduling.budget: adaptive cuts DAS drafts at every step: lossless under it too
         name, run_file, over = out["suffix_das"]
         out["suffix_das_adaptive"] = (name, run_file, over + [f"{BLOCK}.scheduling.budget=adaptive"])
+        # auto_disable may withhold every draft of a call where its timing fit says they lose (a loaded
+        # machine: make test's chi-square call once ran with 0 drafts), leaving nothing to verify; the
+        # lossless cases verify every DAS draft, the rule's own test runs rule_cases()'s suffix_das_auto
+        out["suffix_das"] = (name, run_file, over + [f"{BLOCK}.auto_disable=false"])
     if "draft_model" in out:  # scheduling.k: auto changes a model drafter's k between steps: lossless under it too
         name, run_file, over = out["draft_model"]
         out["draft_model_k_auto"] = (name, run_file, over + [f"{BLOCK}.scheduling.k=auto"])
@@ -65,14 +69,16 @@ def drafter_cases() -> dict:
 
 
 def rule_cases() -> dict:
-    """Cases only the per-step rule's own tests run (by name): n-gram through our proposer with
-    `auto_disable` on, as `bench --suite drafters` runs it."""
+    """Cases only the per-step rule's own tests run (by name): DAS and n-gram through our proposers
+    with `auto_disable` on (their default), as `bench --suite drafters` runs them."""
     from nemo_rl_specdec.drafters.registry import DRAFTERS
 
-    for label, over in DRAFTERS["ngram"].bench_rows:
-        if _slug(label) == "ngram_judged":
-            return {"ngram_judged_auto": ("ngram", RUN_FILE, [f"{BLOCK}.drafter=ngram"] + [f"{BLOCK}.{o}" for o in over])}
-    return {}
+    out = {}
+    for drafter, label, case in (("suffix", "suffix_das", "suffix_das_auto"), ("ngram", "ngram_judged", "ngram_judged_auto")):
+        for row, over in DRAFTERS[drafter].bench_rows:
+            if _slug(row) == label:
+                out[case] = (drafter, RUN_FILE, [f"{BLOCK}.drafter={drafter}"] + [f"{BLOCK}.{o}" for o in over])
+    return out
 
 
 def pytest_generate_tests(metafunc):

@@ -118,12 +118,13 @@ def test_returned_logprobs_are_the_targets(case, problems, hf_policy, encode):
 
 
 @pytest.mark.parametrize("case, rule, name", [("suffix_das_adaptive", "adaptive", "das"),
-                                              ("suffix_das", "auto_disable", "das"),
+                                              ("suffix_das_auto", "auto_disable", "das"),
                                               ("ngram_judged_auto", "auto_disable", "ngram")], indirect=["case"])
 def test_per_step_rule_judges_steps_from_the_measured_step_cost(case, rule, name, problems, encode):
-    """The greedy and chi-square runs above were lossless with the per-step rule of our proposers
-    active, not just configured: the step-cost fit is warm and steps were judged (`adaptive` cuts
-    each draft; `auto_disable`, on by default for them, keeps all drafts or none)."""
+    """The per-step rule of our proposers is active, not just configured: the step-cost fit is warm
+    and steps were judged (`adaptive` cuts each draft, and its greedy and chi-square runs above were
+    lossless; `auto_disable`, on by default for them, keeps all drafts or none, so its steps are
+    either the no-rule case or no speculation)."""
     spec = case.spec
     tok = spec.tokenizer()
     spec.generate([Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:8]], temperature=0.0)
