@@ -311,13 +311,19 @@ def k_by_batch_size_schedule(max_batch: int, k: int, acceptance: Acceptance = 0.
         raise ValueError(f"k={k!r}: expected an int >= 0")
     if step_time is None and (c_base <= 0 or c_tok < 0 or c_draft < 0 or c_draft_fwd < 0):
         raise ValueError("cost model: need c_base > 0 and non-negative c_tok, c_draft, c_draft_fwd")
+    return schedule_ranges([k] + [k_for_batch(b, k, acceptance, c_base, c_tok, c_draft, c_draft_fwd, step_time)
+                                  for b in range(1, max_batch + 1)])
+
+
+def schedule_ranges(lookup: Sequence[int]) -> list[tuple[int, int, int]]:
+    """vLLM's [(lo, hi, k), ...] form of a dense lookup (index = batch size, index 0 unused), equal
+    k values of neighbouring batch sizes merged into one range."""
     out: list[list[int]] = []
-    for b in range(1, max_batch + 1):
-        kb = k_for_batch(b, k, acceptance, c_base, c_tok, c_draft, c_draft_fwd, step_time)
-        if out and out[-1][2] == kb:
+    for b in range(1, len(lookup)):
+        if out and out[-1][2] == lookup[b]:
             out[-1][1] = b
         else:
-            out.append([b, b, kb])
+            out.append([b, b, int(lookup[b])])
     return [tuple(x) for x in out]  # type: ignore[misc]
 
 

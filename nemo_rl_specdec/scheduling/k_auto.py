@@ -36,7 +36,7 @@ import numpy as np
 
 from nemo_rl_specdec.drafters.calibration import AcceptanceCalibration
 from nemo_rl_specdec.drafters.step_cost import StepCostFit
-from nemo_rl_specdec.scheduling.budget import expected_accepted
+from nemo_rl_specdec.scheduling.budget import expected_accepted, schedule_ranges
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -45,17 +45,6 @@ EXPLORE_EVERY = 64     # afterwards, one scheduled step in this many drafts a k 
 RECHECK_EVERY = 32     # decode steps between two re-checks of the schedule
 SWITCH_REGRET = 0.05   # the schedule in force is replaced when predicted this much slower than the best
 BATCH_MEMORY = 2048    # decode steps whose batch sizes weigh the re-check
-
-
-def schedule_ranges(lookup: list) -> list:
-    """vLLM's [(lo, hi, k), ...] form of a dense lookup (index = batch size, index 0 unused)."""
-    out: list = []
-    for b in range(1, len(lookup)):
-        if out and out[-1][2] == lookup[b]:
-            out[-1][1] = b
-        else:
-            out.append([b, b, int(lookup[b])])
-    return [tuple(x) for x in out]
 
 
 class KAuto:
@@ -171,7 +160,6 @@ class KAuto:
         """Compare the schedule in force with the best one; switch when it loses more than SWITCH_REGRET."""
         self.rechecks += 1
         thr = self.throughput()
-        rows = np.arange(self.max_batch)
         best = self.k_min + np.argmax(thr[:, self.k_min:], axis=1)  # ties: the smaller k
         seen = Counter(self._batches)
         bs = np.array(sorted(seen)) - 1
@@ -184,7 +172,7 @@ class KAuto:
         if self.regret <= SWITCH_REGRET:
             return
         old = schedule_ranges(self.lookup)
-        self.lookup[1:] = [int(x) for x in best[rows]]  # in place: the scheduler holds this list
+        self.lookup[1:] = best.tolist()  # in place: the scheduler holds this list
         self.switches += 1
         r2 = self.fit.r2
         log.info("%s k: auto: schedule %s -> %s: predicted %.1f%% more tokens per second at the batch sizes run "
@@ -194,18 +182,19 @@ class KAuto:
                  self.fit.samples, "n/a" if r2 is None else f"{r2:.2f}")
 
     # ------------------------------------------------------------------ reporting
+    def _counts(self) -> dict:
+        return {"k_min": self.k_min, "k_max": self.k_max, "decode_steps": self.decode_steps,
+                "explore_steps": self.explore_steps, "rechecks": self.rechecks, "switches": self.switches,
+                "regret": self.regret, "predicted_gain_vs_k_max": self.predicted_gain}
+
     def stats(self) -> dict:
-        return {"schedule": [list(t) for t in schedule_ranges(self.lookup)], "k_min": self.k_min,
-                "k_max": self.k_max, "decode_steps": self.decode_steps, "explore_steps": self.explore_steps,
-                "rechecks": self.rechecks, "switches": self.switches, "regret": self.regret,
-                "predicted_gain_vs_k_max": self.predicted_gain,
+        return {"schedule": [list(t) for t in schedule_ranges(self.lookup)], **self._counts(),
                 "acceptance_by_position": [round(float(a), 4) for a in self.curve()],
                 "step_cost": self.fit.metrics()}
 
     def metrics(self) -> dict:
         """Flat numeric metrics (NeMo-RL step metrics take these under `specdec/engine/k_auto/`)."""
-        out = {f"k_auto/{k}": v for k, v in self.stats().items()
-               if isinstance(v, (int, float)) and v is not None}
+        out = {f"k_auto/{k}": v for k, v in self._counts().items() if v is not None}
         seen = Counter(self._batches)
         if seen:
             n = sum(seen.values())
@@ -213,7 +202,6 @@ class KAuto:
         out.update({f"k_auto/acceptance/pos{j + 1}": float(a) for j, a in enumerate(self.curve())})
         out.update({f"k_auto/step_cost/{k}": v for k, v in self.fit.metrics().items() if v is not None})
         return out
-
 
 
 def attach_to_llm(llm: Any, spec: Any, name: str = "engine") -> Optional[KAuto]:
@@ -234,4 +222,4 @@ def attach_to_llm(llm: Any, spec: Any, name: str = "engine") -> Optional[KAuto]:
                  allow_zero=bool(spec.auto_disable), name=name).attach(scheduler)
 
 
-__all__ = ["KAuto", "attach_to_llm", "schedule_ranges"]
+__all__ = ["KAuto", "attach_to_llm"]

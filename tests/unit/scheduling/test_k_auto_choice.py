@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from nemo_rl_specdec.scheduling import k_auto
-from nemo_rl_specdec.scheduling.k_auto import KAuto, schedule_ranges
+from nemo_rl_specdec.scheduling.budget import schedule_ranges
+from nemo_rl_specdec.scheduling.k_auto import KAuto
 
 
 def planted(k_max=6, max_batch=64, allow_zero=True, coef=(0.010, 1e-4, 2e-4, 0.0, 0.003, 5e-5),
