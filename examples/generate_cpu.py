@@ -17,9 +17,8 @@ import argparse
 import sys
 
 from nemo_rl_specdec.config import BLOCK_PATH, load_run_config
-from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids, run_prompt_format
+from nemo_rl_specdec.demo.task import run_problems, run_requests
 from nemo_rl_specdec.engine.engine import Engine
-from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 
 
@@ -36,8 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     engine = Engine(cfg, seed=0)
     try:
         tok = engine.tokenizer()
-        requests = [Request(prompt_token_ids(tok, p, run_prompt_format(cfg)), problem_id=p.problem_id)
-                    for p in make_problems(args.requests, seed=0)]
+        requests = run_requests(cfg, tok, run_problems(cfg, args.requests, seed=0), 1)
         first = engine.generate(requests, max_new_tokens=args.max_new_tokens)
         # what the RL loop does after each step: the next policy version (no new weights here) and the step's rollouts
         engine.update(PolicyUpdate(1, rollouts=first.rollouts))

@@ -61,13 +61,15 @@ def print_table(results: list[dict], columns: list[str]) -> None:
 
 def run(args) -> int:
     from nemo_rl_specdec.config import ConfigError, load_run_config
-    from nemo_rl_specdec.demo.task import run_prompt_format
+    from nemo_rl_specdec.demo.task import run_prompt_format, run_task_families
 
     suite = args.suite or "drafters"
     if suite not in SUITES:
         raise ConfigError(f"--suite: got {suite!r}; allowed: {sorted(SUITES)}")
     cfg = load_run_config(args.run_yaml, args.overrides)
-    run_prompt_format(cfg)  # the suites' workloads read it once engines are up: a bad value fails here
+    # the suites' workloads read these once engines are up: a bad value fails here
+    run_prompt_format(cfg)
+    run_task_families(cfg)
     mod = importlib.import_module(SUITES[suite])
     results = mod.run(cfg, args)
     required = getattr(mod, "REQUIRED", REQUIRED)

@@ -126,7 +126,6 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.bench.scheduling import with_max_num_seqs
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.group import EngineGroup
-    from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
     opts = _options(cfg)
@@ -136,10 +135,8 @@ def run(cfg, args) -> list:
     if not ray.is_initialized():  # a no-spec group and one speculative group at a time, on the same cores
         ray.init(num_cpus=2 * engines_max, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     tok = AutoTokenizer.from_pretrained(cfg.model_path)
-    problems = task.make_problems(opts["problems"], seed=opts["problem_seed"])
-    fmt = task.run_prompt_format(cfg)
-    reqs = [Request(task.prompt_token_ids(tok, p, fmt), problem_id=p.problem_id) for p in problems
-            for _ in range(opts["samples"])]
+    reqs = task.run_requests(cfg, tok, task.run_problems(cfg, opts["problems"], seed=opts["problem_seed"]),
+                             opts["samples"])
     _say(f"{len(reqs)} requests, T={T}, max_new_tokens={max_new}, drafters={opts['drafters']}, regimes="
          f"{opts['regimes']}, ks={opts['ks']}, repeats={opts['repeats']}, model={cfg.model_path}")
     results: list = []

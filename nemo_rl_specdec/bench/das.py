@@ -122,8 +122,25 @@ def _drafter_stats(engine) -> dict:
     return engine.llm.collective_rpc(lambda w: w.model_runner.drafter.specdec_stats())[0]
 
 
-def _encode(tok, text: str) -> list:
-    return list(tok.encode(text, add_special_tokens=False))
+def _time_vllm_proposer(engine) -> None:
+    """Give vLLM's own proposer (built-in suffix, n-gram) the wall and CPU counters DAS keeps in
+    `specdec_stats()`, timed around the same call (`propose`), so every row's propose % compares alike."""
+    def wrap(worker):
+        drafter = worker.model_runner.drafter
+        inner, counters = drafter.propose, {"propose_s": 0.0, "propose_cpu_s": 0.0}
+
+        def propose(*args, **kwargs):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                counters["propose_s"] += time.perf_counter() - t0
+                counters["propose_cpu_s"] += time.thread_time() - c0
+
+        drafter.propose = propose
+        drafter.specdec_stats = lambda: {"counters": dict(counters)}
+
+    engine.llm.collective_rpc(wrap)
 
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:
@@ -144,10 +161,10 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     baseline = Engine(cfg, spec_enabled=False, core=core, seed=opts["seed"], name="no_spec")
     try:
         tok = baseline.tokenizer()
-        problems = task.make_problems(opts["prompts"], seed=opts["problem_seed"])
-        reqs = [Request(_encode(tok, p.prompt), problem_id=p.problem_id) for p in problems for _ in range(G)]
-        warm = task.make_problems(1, seed=opts["problem_seed"] + 1)[0]
-        warm_req = [Request(_encode(tok, warm.prompt), problem_id=None)]
+        problems = task.run_problems(cfg, opts["prompts"], seed=opts["problem_seed"])
+        reqs = task.run_requests(cfg, tok, problems, G)
+        warm = task.run_requests(cfg, tok, task.run_problems(cfg, 1, seed=opts["problem_seed"] + 1), 1)
+        warm_req = [Request(warm[0].prompt_token_ids, problem_id=None)]
         baseline.generate(warm_req, max_new_tokens=8, temperature=g.temperature)
 
         # phase 1: the policy trajectory (GRPO on the no-spec engine's rollouts); weights[t] = version t
@@ -155,8 +172,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         weights, train_log = [trainer.state_dict()], []
         for step in range(opts["steps"]):
             res = baseline.generate(reqs, temperature=g.temperature)
-            rewards = [task.verify(problems[i // G], tok.decode(r.token_ids, skip_special_tokens=True))
-                       for i, r in enumerate(res.rollouts)]
+            rewards = task.run_rewards(cfg, tok, problems, res.rollouts, G)
             t0 = time.perf_counter()
             tstats = trainer.step(res.rollouts, rewards, [i // G for i in range(len(res.rollouts))])
             tstats.update(train_s=time.perf_counter() - t0, rollout_s=res.metrics.seconds,
@@ -176,6 +192,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         for c in confs:
             e = Engine(c["cfg"], core=core, seed=opts["seed"], name=c["name"])
             try:
+                if c["backend"] != "das":
+                    _time_vllm_proposer(e)
                 e.generate(warm_req, max_new_tokens=8, temperature=g.temperature)  # first-call costs off the clock
                 version += 1
                 baseline.update(PolicyUpdate(version, weights[0], rollouts=[]))
@@ -212,7 +230,7 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
     c0 = time.process_time()
     base = baseline.generate(reqs, temperature=temperature)
     base_cpu = time.process_time() - c0
-    before = _drafter_stats(e) if das else None
+    before = _drafter_stats(e)
     c0 = time.process_time()
     res = e.generate(reqs, temperature=temperature)
     spec_cpu = time.process_time() - c0
@@ -235,20 +253,20 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
            "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
            "accepted_per_position": m.accepted_per_position, "update_s": update_s,
            "update_rpc_s": rep.refresh_s}
+    after = _drafter_stats(e)
+    cb, ca = before["counters"], after["counters"]
+    propose_s = ca["propose_s"] - cb["propose_s"]
+    propose_cpu_s = ca["propose_cpu_s"] - cb["propose_cpu_s"]
+    row.update({"propose_s": propose_s, "propose_pct": 100.0 * propose_s / m.seconds if m.seconds else None,
+                "propose_cpu_s": propose_cpu_s,
+                "propose_cpu_pct": 100.0 * propose_cpu_s / spec_cpu if spec_cpu else None})
     if das:
-        after = _drafter_stats(e)
-        cb, ca = before["counters"], after["counters"]
         rebuild_s = ca["rebuild_s"] - cb["rebuild_s"]
         bg_s = ca["rebuild_bg_s"] - cb["rebuild_bg_s"]
-        propose_s = ca["propose_s"] - cb["propose_s"]
-        propose_cpu_s = ca["propose_cpu_s"] - cb["propose_cpu_s"]
         row.update({"drafter_refresh_s": rebuild_s, "rebuild_bg_s": bg_s, "train_wait_s": idle_s,
                     "update_cost_pct": 100.0 * rebuild_s / m.seconds if m.seconds else None,
                     "rebuild_bg_pct": 100.0 * bg_s / m.seconds if m.seconds else None,
                     "no_problem_id": ca["no_problem_id"] - cb["no_problem_id"],
-                    "propose_s": propose_s, "propose_pct": 100.0 * propose_s / m.seconds if m.seconds else None,
-                    "propose_cpu_s": propose_cpu_s,
-                    "propose_cpu_pct": 100.0 * propose_cpu_s / spec_cpu if spec_cpu else None,
                     "rollouts_added": rep.rollouts_added,
                     "drafts_from": {s: ca["from_" + s] - cb["from_" + s] for s in ("problem", "global", "local")},
                     "store": {k: after["store"][k] for k in ("entries", "tokens", "versions", "bytes", "problems",
@@ -282,9 +300,9 @@ def _summarize(c: dict, rows: list) -> dict:
         out["update_cost_pct"] = 100.0 * sum(r["drafter_refresh_s"] for r in rows) / spec_s if spec_s else None
         out["update_cost_pct_max_step"] = max(costs) if costs else None
         out["rebuild_bg_pct"] = 100.0 * sum(r["rebuild_bg_s"] for r in rows) / spec_s if spec_s else None
-        out["propose_pct"] = 100.0 * sum(r["propose_s"] for r in rows) / spec_s if spec_s else None
-        spec_c = sum(r["spec_cpu_s"] for r in rows)
-        out["propose_cpu_pct"] = 100.0 * sum(r["propose_cpu_s"] for r in rows) / spec_c if spec_c else None
+    spec_s, spec_c = sum(r["spec_s"] for r in rows), sum(r["spec_cpu_s"] for r in rows)
+    out["propose_pct"] = 100.0 * sum(r["propose_s"] for r in rows) / spec_s if spec_s else None
+    out["propose_cpu_pct"] = 100.0 * sum(r["propose_cpu_s"] for r in rows) / spec_c if spec_c else None
     return out
 
 

@@ -39,12 +39,9 @@ def cpu_drafters(spec=None) -> dict:
 
 
 def workload(cfg, tok, num_problems: int, samples: int, seed: int):
-    from nemo_rl_specdec.demo.task import make_problems, prompt_token_ids, run_prompt_format
-    from nemo_rl_specdec.rollouts import Request
+    from nemo_rl_specdec.demo.task import run_problems, run_requests
 
-    problems = make_problems(num_problems, seed)
-    fmt = run_prompt_format(cfg)  # chat for real instruction-tuned models
-    return [Request(prompt_token_ids(tok, p, fmt), problem_id=p.problem_id) for p in problems for _ in range(samples)]
+    return run_requests(cfg, tok, run_problems(cfg, num_problems, seed), samples)
 
 
 def prepare(eng, dcfg, reqs, history) -> None:

@@ -48,7 +48,7 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
     from nemo_rl_specdec.bench.drafters import workload
     from nemo_rl_specdec.config import load_run_config
-    from nemo_rl_specdec.demo.task import make_problems
+    from nemo_rl_specdec.demo.task import run_problems
     from nemo_rl_specdec.engine.engine import Engine
 
     grpo = cfg.raw.get("grpo", {})
@@ -57,7 +57,7 @@ def run(cfg, args) -> list:
     tok = base.tokenizer()
     n_prob, n_samp = int(grpo.get("num_prompts_per_step", 16)), int(grpo.get("num_generations_per_prompt", 4))
     reqs = workload(cfg, tok, n_prob, n_samp, seed=int(grpo.get("seed", 0)))
-    probs = make_problems(n_prob, int(grpo.get("seed", 0)))
+    probs = run_problems(cfg, n_prob, int(grpo.get("seed", 0)))
     engines = {mode: Engine(load_run_config(cfg.source, list(args.overrides) + [
         f"{BLOCK}.drafter=draft_model", f"{BLOCK}.draft_model.model={cfg.model_path}",
         f"{BLOCK}.num_speculative_tokens=4", f"{BLOCK}.refresh.mode={mode}"]), name=mode)
@@ -145,7 +145,6 @@ def nemo_rl_shaped(cfg, args) -> list:
     from nemo_rl_specdec.drafters.registry import DRAFTERS
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, combine_takes
-    from nemo_rl_specdec.rollouts import Request
 
     b = suite_options(cfg, "lockstep")
     steps = int(b.get("nemo_rl_steps", 5))
@@ -171,15 +170,14 @@ def nemo_rl_shaped(cfg, args) -> list:
                    "live": Engine(live_cfg, name=f"{drafter}-{mode}")}
         try:
             tok = engines["live"].tokenizer()
-            problems = task.make_problems(n_prob, seed=int(grpo.get("seed", 0)))
+            problems = task.run_problems(cfg, n_prob, seed=int(grpo.get("seed", 0)))
             trainer = GRPOTrainer(cfg.model_path, lr=float(grpo.get("learning_rate", 1e-4)) * 10, seed=0,
                                   temperature=max(temperature, 1e-3))
             worker = worker_cls(trainer) if mode == "online" else _GRPOPolicyWorker(trainer)
             if mode == "online":
                 worker.specdec_distill_setup(live_cfg.spec.model_dump(mode="json"), temperature)
                 combine_takes([worker.specdec_take_drafter()])  # drafter 0: the checkpoint, already in the engine
-            reqs = [Request(tok.encode(p.prompt, add_special_tokens=False), problem_id=p.problem_id)
-                    for p in problems for _ in range(G)]
+            reqs = task.run_requests(cfg, tok, problems, G)
             for e in engines.values():
                 e.generate(reqs[:4], max_new_tokens=16)  # warm-up
             rows = []
@@ -188,8 +186,7 @@ def nemo_rl_shaped(cfg, args) -> list:
                 t0 = time.perf_counter()
                 live = engines["live"].generate(reqs)
                 rollout_s = time.perf_counter() - t0
-                rewards = [task.verify(problems[i // G], tok.decode(r.token_ids, skip_special_tokens=True))
-                           for i, r in enumerate(live.rollouts)]
+                rewards = task.run_rewards(cfg, tok, problems, live.rollouts, G)
                 worker.train(_train_data(live.rollouts, rewards, [i // G for i in range(len(rewards))]), None)
                 sd = trainer.state_dict()
                 t0 = time.perf_counter()

@@ -177,8 +177,8 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
                                                                    model_path=c["cfg"].model_path,
                                                                    lr=opts["distill_lr"], epochs=opts["distill_epochs"])
         tok = baseline.tokenizer()
-        problems = task.make_problems(opts["prompts"], seed=opts["problem_seed"])
-        warm = [Request(tok.encode(problems[0].prompt, add_special_tokens=False))]
+        problems = task.run_problems(cfg, opts["prompts"], seed=opts["problem_seed"])
+        warm = [Request(task.run_requests(cfg, tok, problems[:1], 1)[0].prompt_token_ids)]
         for e in [baseline] + engines:
             e.generate(warm, max_new_tokens=8)
         trainer = GRPOTrainer(cfg.model_path, lr=opts["lr"], seed=opts["seed"], temperature=max(g.temperature, 1e-3))
@@ -186,13 +186,11 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
         per_step: dict = {c["name"]: [] for c in confs}
         train_log = []
         for step in range(opts["steps"]):
-            reqs = [Request(tok.encode(p.prompt, add_special_tokens=False), problem_id=p.problem_id)
-                    for p in problems for _ in range(G)]
+            reqs = task.run_requests(cfg, tok, problems, G)
             base_res = baseline.generate(reqs)
             res = {c["name"]: e.generate(reqs) for c, e in zip(confs, engines)}
             rollouts = base_res.rollouts
-            rewards = [task.verify(problems[i // G], tok.decode(r.token_ids, skip_special_tokens=True))
-                       for i, r in enumerate(rollouts)]
+            rewards = task.run_rewards(cfg, tok, problems, rollouts, G)
             t0 = time.perf_counter()
             tstats = trainer.step(rollouts, rewards, [i // G for i in range(len(rollouts))])
             tstats["train_s"] = time.perf_counter() - t0

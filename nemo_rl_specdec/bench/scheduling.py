@@ -56,7 +56,6 @@ from typing import Any, Optional
 
 from nemo_rl_specdec.bench import say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig, validate_run_dict
-from nemo_rl_specdec.demo.task import run_prompt_format
 from nemo_rl_specdec.scheduling.budget import BUDGETS
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS
 from nemo_rl_specdec.update import PolicyUpdate
@@ -81,7 +80,6 @@ def _options(cfg: RunConfig) -> dict:
         "temperature": float(b.get("temperature", cfg.generation.temperature)),
         "max_new_tokens": int(b.get("max_new_tokens", cfg.generation.max_new_tokens)),
         "seed": int(cfg.get("grpo.seed", 0)),
-        "prompt_format": run_prompt_format(cfg),
     }
     for key in ("problems", "samples", "repeats", "draws"):
         if opts[key] < 1:
@@ -194,7 +192,6 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
 
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.group import EngineGroup
-    from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
     E, T, max_new = opts["engines"], opts["temperature"], opts["max_new_tokens"]
@@ -230,9 +227,8 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
         tok = AutoTokenizer.from_pretrained(cfg.model_path)
         warm_n = 0
         for draw in range(opts["draws"]):  # independent problem sets, each with its own warm-up
-            problems = task.make_problems(opts["problems"], seed=opts["problem_seed"] + 1000 * draw)
-            reqs = [Request(task.prompt_token_ids(tok, p, opts["prompt_format"]), problem_id=p.problem_id)
-                    for p in problems for _ in range(opts["samples"])]
+            problems = task.run_problems(cfg, opts["problems"], seed=opts["problem_seed"] + 1000 * draw)
+            reqs = task.run_requests(cfg, tok, problems, opts["samples"])
             if draw == 0:
                 for g in groups:  # first-call costs (allocator, JIT) off the clock
                     g.generate(reqs[:E], placement="round_robin", max_new_tokens=8, temperature=T, observe=False)

@@ -41,11 +41,10 @@ class DemoSettings:
         self.pool = int(d.get("problem_pool", 2 * self.prompts))
         self.compare_frozen = bool(d.get("compare_frozen_drafter", False))
         # real chat models (configs/smollm2_cpu.yaml): chat-formatted prompts, partial-credit rewards (task.py)
-        from nemo_rl_specdec.demo.task import REWARDS, run_prompt_format
+        from nemo_rl_specdec.demo.task import run_prompt_format, run_reward, run_task_families
 
-        self.prompt_format, self.reward = run_prompt_format(cfg), d.get("reward", "exact")
-        if self.reward not in REWARDS:
-            raise ConfigError(f"demo.reward: got {self.reward!r}; allowed: {list(REWARDS)}")
+        self.prompt_format, self.reward = run_prompt_format(cfg), run_reward(cfg)
+        self.families = run_task_families(cfg)
         for key, v, lo in (("grpo.max_num_steps", self.steps, 1), ("grpo.num_prompts_per_step", self.prompts, 1),
                            ("grpo.num_generations_per_prompt", self.generations, 2),
                            ("demo.problem_pool", self.pool, self.prompts)):
@@ -71,7 +70,7 @@ class RLLoop:
 
         self.cfg, self.s, self.out, self.progress = cfg, DemoSettings(cfg), out_dir, progress
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.problems = make_problems(self.s.pool, self.s.seed)
+        self.problems = make_problems(self.s.pool, self.s.seed, self.s.families)
         self.spec = Engine(cfg, name="spec", seed=self.s.seed)
         if not self.spec.spec_active:
             raise ConfigError(f"{BLOCK}.enabled: the demo compares speculative and plain rollouts; set it to true")

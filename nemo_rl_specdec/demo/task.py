@@ -21,6 +21,20 @@ Why this task suits speculative decoding experiments:
   errors are local (a wrong step changes the rest of the trajectory, which is what an
   on-policy drafter must track).
 
+Two more families share the pool when a run asks for them (``demo.task_families``), so that a
+batch mixes problems whose responses differ in form and per-problem history matters:
+
+* ``sort``: sort labelled numbers by insertion, one line per inserted number showing the sorted
+  list so far, then the labels in order::
+
+    prompt:    "sort: a37 b45 c12\n"
+    solution:  "a37\na37 b45\nc12 a37 b45\nanswer: cab"
+
+* ``base``: write a number in base 2 by repeated halving, then the bits, most significant first::
+
+    prompt:    "base 2: 11\n"
+    solution:  "11=2*5+1\n5=2*2+1\n2=2*1+0\n1=2*0+1\nanswer: 1011"
+
 Everything here is pure Python (no torch) and deterministic given the seed.
 """
 from __future__ import annotations
@@ -40,8 +54,18 @@ LOG_SIGMA = 1.0
 LABELS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 PROMPT_HEADER = f"add mod {MODULUS}:"
 ANSWER_PREFIX = "answer:"
+FAMILIES = ("sum", "sort", "base")
+SORT_HEADER = "sort:"
+SORT_MAX_N = 10    # an insertion trace has ~2 n^2 tokens: n = 10 is ~230
+BASE_HEADER = "base 2:"
+BASE_MAX_BITS = 16  # bits of the number to convert: 2..16, drawn like sum's n
 
-_ANSWER_RE = re.compile(r"^\s*answer\s*:\s*([0-9]{1,6})\s*$")
+_ANSWER_RES = {
+    "sum": re.compile(r"^\s*answer\s*:\s*([0-9]{1,6})\s*$"),
+    "sort": re.compile(r"^\s*answer\s*:\s*([A-Za-z]{1,52})\s*$"),
+    "base": re.compile(r"^\s*answer\s*:\s*([01]{1,32})\s*$"),
+}
+_ANSWER_RE = _ANSWER_RES["sum"]
 
 
 @dataclass
@@ -50,6 +74,7 @@ class Problem:
     prompt: str
     answer: str
     meta: dict = field(default_factory=dict)
+    family: str = "sum"
 
 
 def _fmt(x: int) -> str:
@@ -65,42 +90,107 @@ def sample_n(rng: random.Random) -> int:
     return max(MIN_N, min(MAX_N, n))
 
 
-def make_problem(numbers: list[int], problem_id: str) -> Problem:
-    """Build a problem from explicit numbers (each in 10..99; at least two)."""
+def _check_numbers(numbers: list[int], max_n: int) -> None:
     if len(numbers) < MIN_N:
         raise ValueError(f"need at least {MIN_N} numbers, got {len(numbers)}")
     if any((not isinstance(x, int)) or x < 10 or x > 99 for x in numbers):
         raise ValueError(f"numbers must be ints in 10..99, got {numbers}")
-    if len(numbers) > len(LABELS):
-        raise ValueError(f"at most {len(LABELS)} numbers, got {len(numbers)}")
+    if len(numbers) > max_n:
+        raise ValueError(f"at most {max_n} numbers, got {len(numbers)}")
+
+
+def _labelled(numbers: list[int]) -> str:
+    return " ".join(f"{LABELS[i]}{x}" for i, x in enumerate(numbers))
+
+
+def make_problem(numbers: list[int], problem_id: str) -> Problem:
+    """A ``sum`` problem from explicit numbers (each in 10..99; at least two)."""
+    _check_numbers(numbers, len(LABELS))
     total = sum(numbers) % MODULUS
-    prompt = f"{PROMPT_HEADER} {' '.join(f'{LABELS[i]}{x}' for i, x in enumerate(numbers))}\n"
     return Problem(
         problem_id=problem_id,
-        prompt=prompt,
+        prompt=f"{PROMPT_HEADER} {_labelled(numbers)}\n",
         answer=_fmt(total),
         meta={"numbers": list(numbers), "n": len(numbers), "modulus": MODULUS},
     )
 
 
-def make_problems(n: int, seed: int) -> list[Problem]:
-    """``n`` problems, deterministic in ``seed``; ids ``p{seed}-{i}``.
+def _sort_order(numbers: list[int]) -> list[int]:
+    return sorted(range(len(numbers)), key=lambda i: (numbers[i], i))  # stable
 
-    Problem ``i`` does not depend on ``n``: ``make_problems(10, s)[:5] == make_problems(5, s)``.
+
+def make_sort_problem(numbers: list[int], problem_id: str) -> Problem:
+    """A ``sort`` problem from explicit numbers (each in 10..99; 2..SORT_MAX_N of them)."""
+    _check_numbers(numbers, SORT_MAX_N)
+    return Problem(
+        problem_id=problem_id,
+        prompt=f"{SORT_HEADER} {_labelled(numbers)}\n",
+        answer="".join(LABELS[i] for i in _sort_order(numbers)),
+        meta={"numbers": list(numbers), "n": len(numbers)},
+        family="sort",
+    )
+
+
+def make_base_problem(value: int, problem_id: str) -> Problem:
+    """A ``base`` problem: write ``value`` (2 .. 2**BASE_MAX_BITS - 1) in base 2."""
+    if not isinstance(value, int) or not 2 <= value < 2 ** BASE_MAX_BITS:
+        raise ValueError(f"value must be an int in 2..{2 ** BASE_MAX_BITS - 1}, got {value!r}")
+    return Problem(
+        problem_id=problem_id,
+        prompt=f"{BASE_HEADER} {value}\n",
+        answer=format(value, "b"),
+        meta={"value": value, "n": value.bit_length()},
+        family="base",
+    )
+
+
+def _draw(rng: random.Random, family: str, problem_id: str) -> Problem:
+    n = sample_n(rng)
+    if family == "base":
+        bits = min(n, BASE_MAX_BITS)
+        return make_base_problem(2 ** (bits - 1) + int(rng.random() * 2 ** (bits - 1)), problem_id)
+    if family == "sort":
+        n = min(n, SORT_MAX_N)
+    numbers = [10 + int(rng.random() * 90) for _ in range(n)]
+    return (make_sort_problem if family == "sort" else make_problem)(numbers, problem_id)
+
+
+def check_families(families) -> tuple[str, ...]:
+    """``families`` as a tuple; a ValueError names the allowed values."""
+    fams = tuple(families) if isinstance(families, (list, tuple)) else None
+    if not fams or any(f not in FAMILIES for f in fams) or len(set(fams)) != len(fams):
+        raise ValueError(f"got {families!r}; allowed: a non-empty list of distinct values from {list(FAMILIES)}")
+    return fams
+
+
+def make_problems(n: int, seed: int, families=("sum",)) -> list[Problem]:
+    """``n`` problems, deterministic in ``seed`` and ``families``; ids ``p{seed}-{i}``.
+
+    With several families each problem's family is drawn uniformly. Problem ``i`` does not
+    depend on ``n``: ``make_problems(10, s)[:5] == make_problems(5, s)``.
     """
     if n < 0:
         raise ValueError("n must be >= 0")
+    fams = check_families(families)
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        k = sample_n(rng)
-        numbers = [10 + int(rng.random() * 90) for _ in range(k)]
-        out.append(make_problem(numbers, f"p{seed}-{i}"))
+        fam = fams[0] if len(fams) == 1 else fams[min(int(rng.random() * len(fams)), len(fams) - 1)]
+        out.append(_draw(rng, fam, f"p{seed}-{i}"))
     return out
 
 
 def solution_steps(problem: Problem) -> list[str]:
+    """The worked solution's lines before the answer line."""
+    if problem.family == "base":
+        steps, x = [], problem.meta["value"]
+        while x:
+            steps.append(f"{x}=2*{x // 2}+{x % 2}")
+            x //= 2
+        return steps
     nums = problem.meta["numbers"]
+    if problem.family == "sort":
+        return [" ".join(f"{LABELS[i]}{nums[i]}" for i in _sort_order(nums[: j + 1])) for j in range(len(nums))]
     steps = []
     acc = 0
     for i, x in enumerate(nums):
@@ -111,31 +201,35 @@ def solution_steps(problem: Problem) -> list[str]:
 
 
 def reference_solution(problem: Problem) -> str:
-    """Worked solution: one ``s+Lx=t`` line per number, then ``answer: c`` (no trailing newline)."""
+    """Worked solution: the steps, one per line, then ``answer: ...`` (no trailing newline)."""
     return "\n".join(solution_steps(problem) + [f"{ANSWER_PREFIX} {problem.answer}"])
 
 
-def extract_answer(response_text: Any) -> str | None:
-    """The number on the final non-empty line if that line is ``answer: <digits>``, else None."""
+def extract_answer(response_text: Any, family: str = "sum") -> str | None:
+    """The answer on the final non-empty line if that line is ``answer: X`` with X of the family's
+    form (sum: digits; sort: labels; base: bits), else None."""
     if not isinstance(response_text, str):
         return None
     lines = [ln for ln in response_text.splitlines() if ln.strip()]
     if not lines:
         return None
-    m = _ANSWER_RE.match(lines[-1])
+    m = _ANSWER_RES[family].match(lines[-1])
     return m.group(1) if m else None
 
 
 def verify(problem: Problem, response_text: str) -> float:
     """1.0 iff the response's final non-empty line is ``answer: X`` with X equal to the answer.
 
-    Leading zeros are ignored (``answer: 2`` == ``answer: 02``). Anything else, including
-    non-string input, gets 0.0; this function never raises on model output.
+    For ``sum`` leading zeros are ignored (``answer: 2`` == ``answer: 02``); the other families
+    compare exactly. Anything else, including non-string input, gets 0.0; this function never
+    raises on model output.
     """
-    got = extract_answer(response_text)
+    got = extract_answer(response_text, problem.family)
     if got is None:
         return 0.0
-    return 1.0 if int(got) == int(problem.answer) else 0.0
+    if problem.family == "sum":
+        return 1.0 if int(got) == int(problem.answer) else 0.0
+    return 1.0 if got == problem.answer else 0.0
 
 
 def _encode_len(tokenizer: Any, text: str) -> int:
@@ -189,7 +283,9 @@ _STEP_RE = re.compile(r"^\s*(\d{1,4})\s*\+\s*([A-Za-z])(\d{1,4})\s*=\s*(\d{1,4})
 
 
 def chat_prompt_text(problem: Problem) -> str:
-    """The user message of the chat format: instruction, one worked example, the problem."""
+    """The user message of the chat format: instruction, one worked example, the problem (``sum`` only)."""
+    if problem.family != "sum":
+        raise ValueError(f"the chat prompt format covers the sum family only, got a {problem.family!r} problem")
     ex = make_problem([37, 45, 12, 91], "example")
     return f"{CHAT_INSTRUCTION}\nExample:\n{ex.prompt}{reference_solution(ex)}\n\nNow: {problem.prompt}"
 
@@ -202,6 +298,59 @@ def run_prompt_format(cfg: Any) -> str:
     if fmt not in PROMPT_FORMATS:
         raise ConfigError(f"demo.prompt_format: got {fmt!r}; allowed: {list(PROMPT_FORMATS)}")
     return fmt
+
+
+def run_task_families(cfg: Any) -> tuple[str, ...]:
+    """The run file's ``demo.task_families`` (default ``[sum]``); a bad value is a ConfigError naming
+    the key. The chat format and the ``steps`` reward are written for ``sum`` and refuse the others."""
+    from nemo_rl_specdec.config import ConfigError
+
+    kind = run_reward(cfg)
+    raw = cfg.get("demo.task_families", ["sum"])
+    try:
+        fams = check_families(list(raw) if not isinstance(raw, str) and hasattr(raw, "__iter__") else raw)
+    except ValueError as e:
+        raise ConfigError(f"demo.task_families: {e}") from None
+    if fams != ("sum",):
+        if run_prompt_format(cfg) != "plain":
+            raise ConfigError(f"demo.task_families: got {list(fams)} with demo.prompt_format "
+                              f"{cfg.get('demo.prompt_format')!r}; the chat format covers ['sum'] only")
+        if kind != "exact":
+            raise ConfigError(f"demo.task_families: got {list(fams)} with demo.reward {cfg.get('demo.reward')!r}; "
+                              "the steps reward covers ['sum'] only, allowed with other families: 'exact'")
+    return fams
+
+
+def run_reward(cfg: Any) -> str:
+    """The run file's ``demo.reward`` (default ``exact``); a bad value is a ConfigError naming the key."""
+    from nemo_rl_specdec.config import ConfigError
+
+    kind = cfg.get("demo.reward", "exact")
+    if kind not in REWARDS:
+        raise ConfigError(f"demo.reward: got {kind!r}; allowed: {list(REWARDS)}")
+    return kind
+
+
+def run_problems(cfg: Any, n: int, seed: int) -> list[Problem]:
+    """``n`` problems of the run file's ``demo.task_families`` (:func:`make_problems`)."""
+    return make_problems(n, seed, run_task_families(cfg))
+
+
+def run_requests(cfg: Any, tokenizer: Any, problems: list[Problem], samples: int) -> list:
+    """``samples`` requests per problem, in order, prompted in the run file's ``demo.prompt_format``."""
+    from nemo_rl_specdec.rollouts import Request
+
+    fmt = run_prompt_format(cfg)
+    return [Request(prompt_token_ids(tokenizer, p, fmt), problem_id=p.problem_id)
+            for p in problems for _ in range(samples)]
+
+
+def run_rewards(cfg: Any, tokenizer: Any, problems: list[Problem], rollouts: list, samples: int) -> list[float]:
+    """The run file's ``demo.reward`` of each rollout of :func:`run_requests` (rollout i answers
+    ``problems[i // samples]``)."""
+    kind = run_reward(cfg)
+    return [reward(problems[i // samples], tokenizer.decode(r.token_ids, skip_special_tokens=True), kind)
+            for i, r in enumerate(rollouts)]
 
 
 def prompt_token_ids(tokenizer: Any, problem: Problem, prompt_format: str = "plain") -> list:
@@ -226,6 +375,8 @@ def step_credit(problem: Problem, response_text: Any) -> float:
     point when ``t == (s + x) mod 100`` for its own ``s``; the sum is divided by ``n``. A wrong
     running total therefore costs one line, not the rest of the solution.
     """
+    if problem.family != "sum":
+        raise ValueError(f"step credit covers the sum family only, got a {problem.family!r} problem")
     if not isinstance(response_text, str):
         return 0.0
     nums = problem.meta["numbers"]

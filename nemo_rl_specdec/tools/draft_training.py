@@ -17,8 +17,9 @@ import torch
 from nemo_rl_specdec.tools.train_tiny import optimizer_step
 
 
-def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens: int) -> list:
-    """(prompt ids, response ids) from the policy on vLLM: one greedy and two T=1 samples per problem."""
+def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens: int, families=("sum",)) -> list:
+    """(prompt ids, response ids) from the policy on vLLM: one greedy and two T=1 samples per problem
+    of the task `families`."""
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo.task import make_problems
     from nemo_rl_specdec.engine.engine import Engine
@@ -30,7 +31,7 @@ def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens:
     eng = Engine(cfg, spec_enabled=False, name="draft_data", seed=seed)
     try:
         tok = eng.tokenizer()
-        probs = make_problems(n_problems, seed)
+        probs = make_problems(n_problems, seed, families)
         reqs = [Request(tok(p.prompt, add_special_tokens=False)["input_ids"]) for p in probs]
         out = []
         for temp, reps in ((0.0, 1), (1.0, 2)):
@@ -115,6 +116,7 @@ def argument_parser(description: str, asset: str) -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--families", default="sum", help="comma-separated task families the policy's rollouts answer")
     return ap
 
 
@@ -133,8 +135,11 @@ def head_dims(c) -> tuple:
 def build(args, train: Callable, script: str, log: Callable) -> None:
     """The builder's run: rollouts of `args.policy`, `train(policy_dir, data, args) -> (module,
     config.json dict, info)`, the checkpoint in `args.out`."""
+    from nemo_rl_specdec.demo.task import check_families
+
     torch.set_num_threads(args.threads)
-    data = policy_rollouts(args.policy, args.problems, args.seed, args.max_new_tokens)
+    args.families = check_families(args.families.split(","))
+    data = policy_rollouts(args.policy, args.problems, args.seed, args.max_new_tokens, args.families)
     log(f"{len(data)} rollouts, {sum(len(r) for _, r in data)} response tokens")
     module, cfg, info = train(args.policy, data, args)
     write_checkpoint(module, cfg, Path(args.out), script=script, args=args, n_rollouts=len(data), info=info, log=log)

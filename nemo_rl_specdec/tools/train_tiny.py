@@ -137,12 +137,13 @@ def encode(tok, problem) -> tuple[list[int], list[int]]:
     return p, r
 
 
-def batch_stream(tok, seed: int, token_budget: int, chunk: int = 512, max_seqs: int = 64):
+def batch_stream(tok, seed: int, token_budget: int, chunk: int = 512, max_seqs: int = 64,
+                 families=("sum",)):
     """Endless stream of (input_ids, labels) batches; similar lengths grouped to cut padding."""
     rng = random.Random(seed)
     k = 0
     while True:
-        probs = task.make_problems(chunk, TRAIN_SEED_BASE + 1000 * seed + k)
+        probs = task.make_problems(chunk, TRAIN_SEED_BASE + 1000 * seed + k, families)
         k += 1
         seqs = [encode(tok, p) for p in probs]
         seqs.sort(key=lambda s: len(s[0]) + len(s[1]))
@@ -199,11 +200,21 @@ def generate(model, tok, problems, *, max_new_tokens: int = 512, do_sample: bool
     return [out[i] for i in range(len(problems))]
 
 
-_WELL_FORMED = re.compile(r"(?:\d\d\+[A-Za-z]\d\d=\d\d\n)+answer: \d\d")
+_WELL_FORMED = {
+    "sum": re.compile(r"(?:\d\d\+[A-Za-z]\d\d=\d\d\n)+answer: \d\d"),
+    "sort": re.compile(r"(?:[A-Za-z]\d\d(?: [A-Za-z]\d\d)*\n)+answer: [A-Za-z]+"),
+    "base": re.compile(r"(?:\d+=2\*\d+\+[01]\n)+answer: [01]+"),
+}
 
 
-def well_formed(text: str) -> bool:
-    return _WELL_FORMED.fullmatch(text) is not None
+def well_formed(text: str, family: str = "sum") -> bool:
+    return _WELL_FORMED[family].fullmatch(text) is not None
+
+
+def _by_family(problems, scores) -> dict:
+    fams = sorted({p.family for p in problems})
+    return {f: sum(s for p, s in zip(problems, scores) if p.family == f) /
+            sum(p.family == f for p in problems) for f in fams}
 
 
 def evaluate(model, tok, problems, **gen_kw) -> dict:
@@ -216,8 +227,9 @@ def evaluate(model, tok, problems, **gen_kw) -> dict:
     return {
         "num_problems": len(problems),
         "accuracy": sum(scores) / len(scores),
-        "well_formed": sum(well_formed(t) for t in texts) / len(texts),
+        "well_formed": sum(well_formed(t, p.family) for p, t in zip(problems, texts)) / len(texts),
         "by_n": by_bucket,
+        "by_family": _by_family(problems, scores),
     }
 
 
@@ -253,14 +265,21 @@ def train_models(tok, args) -> tuple[object, object, dict, dict]:
     Phase 2: the draft is distilled from the final policy, KL(policy || draft) on reference
     solutions, so it imitates the policy it will draft for (including its mistakes).
     """
-    policy = make_model(POLICY_ARCH, tok, args.seed)
-    draft = make_model(DRAFT_ARCH, tok, args.seed + 1)
-    init_digit_embeddings(policy, tok, args.digit_fourier_init)
-    init_digit_embeddings(draft, tok, args.digit_fourier_init)
+    if args.init_from:
+        from transformers import Qwen3ForCausalLM
+
+        policy = Qwen3ForCausalLM.from_pretrained(Path(args.init_from) / "policy").float()
+        draft = Qwen3ForCausalLM.from_pretrained(Path(args.init_from) / "draft").float()
+        log(f"policy and draft start from {args.init_from}")
+    else:
+        policy = make_model(POLICY_ARCH, tok, args.seed)
+        draft = make_model(DRAFT_ARCH, tok, args.seed + 1)
+        init_digit_embeddings(policy, tok, args.digit_fourier_init)
+        init_digit_embeddings(draft, tok, args.digit_fourier_init)
     log(f"policy: {n_params(policy):,} params; draft: {n_params(draft):,} params")
     p_opt, d_opt = _adamw(policy, args.lr), _adamw(draft, args.draft_lr)
-    dev = task.make_problems(args.dev_size, DEV_SEED_BASE + args.seed)
-    stream = batch_stream(tok, args.seed, args.token_budget)
+    dev = task.make_problems(args.dev_size, DEV_SEED_BASE + args.seed, args.families)
+    stream = batch_stream(tok, args.seed, args.token_budget, families=args.families)
     history, t0 = [], time.time()
     p_ema = d_ema = None
     log(f"dev set: {len(dev)} problems; early stop once greedy exact-match >= {args.target_acc}")
@@ -282,9 +301,11 @@ def train_models(tok, args) -> tuple[object, object, dict, dict]:
             r = teacher_forced_exact(policy, tok, dev)
             history.append({"step": step, "loss_ema": round(p_ema, 4), "dev_exact_match": r["accuracy"],
                             "dev_exact_match_by_n": {k: v["accuracy"] for k, v in r["by_n"].items()},
+                            "dev_exact_match_by_family": r["by_family"],
                             "token_accuracy_by_role": r["token_accuracy_by_role"],
                             "seconds": round(time.time() - t0, 1)})
-            log(f"step {step} policy dev greedy exact-match {r['accuracy']:.3f} by n {_fmt_buckets(r)} "
+            log(f"step {step} policy dev greedy exact-match {r['accuracy']:.3f} by family {r['by_family']} "
+                f"by n {_fmt_buckets(r)} "
                 f"token acc {r['token_accuracy_by_role']}")
             if r["accuracy"] >= args.target_acc:
                 stopped = f"dev exact-match {r['accuracy']:.3f} >= target {args.target_acc}"
@@ -297,7 +318,7 @@ def train_models(tok, args) -> tuple[object, object, dict, dict]:
     log(f"draft: distilling from the policy for {args.distill_steps} steps")
     t1, kl_ema = time.time(), None
     policy.eval()
-    stream = batch_stream(tok, args.seed + 1, args.token_budget)
+    stream = batch_stream(tok, args.seed + 1, args.token_budget, families=args.families)
     for k in range(args.distill_steps):
         ids, labels = next(stream)
         with torch.no_grad():
@@ -361,17 +382,20 @@ def teacher_forced_exact(model, tok, problems, token_budget: int = 4096) -> dict
         pred = model(input_ids=ids).logits.argmax(-1)
         for k, ((pr, r), p) in enumerate(chunk):
             match = pred[k, len(pr) - 1: len(pr) + len(r) - 1] == ids[k, len(pr): len(pr) + len(r)]
-            hits.append((p.meta["n"], bool(match.all())))
+            hits.append((p.meta["n"], bool(match.all()), p.family))
             for role, m in zip(token_roles(p), match.tolist()):
                 role_hits.setdefault(role, []).append(m)
         i = j
     model.train()
     by = {}
     for lo, hi in N_BUCKETS:
-        s = [ok for n, ok in hits if lo <= n <= hi]
+        s = [ok for n, ok, _ in hits if lo <= n <= hi]
         by[f"n{lo}-{hi}"] = {"count": len(s), "accuracy": (sum(s) / len(s)) if s else None}
     roles = {k: round(sum(v) / len(v), 4) for k, v in sorted(role_hits.items())}
-    return {"accuracy": sum(ok for _, ok in hits) / len(hits), "by_n": by, "token_accuracy_by_role": roles}
+    fams = sorted({f for _, _, f in hits})
+    by_family = {f: round(sum(ok for _, ok, g in hits if g == f) / sum(g == f for _, _, g in hits), 4) for f in fams}
+    return {"accuracy": sum(ok for _, ok, _ in hits) / len(hits), "by_n": by, "by_family": by_family,
+            "token_accuracy_by_role": roles}
 
 
 _STEP_ROLES = ["copy", "copy", "op", "label", "lookup", "lookup", "op", "sum_tens", "sum_units", "eol"]
@@ -381,7 +405,10 @@ def token_roles(problem) -> list[str]:
     """Role of every reference response token (characters, then EOS) for diagnostics."""
     roles = []
     for line in task.reference_solution(problem).split("\n"):
-        roles += ["answer"] * (len(line) + 1) if line.startswith(task.ANSWER_PREFIX) else _STEP_ROLES
+        if line.startswith(task.ANSWER_PREFIX):
+            roles += ["answer"] * (len(line) + 1)
+        else:
+            roles += _STEP_ROLES if problem.family == "sum" else [f"{problem.family}_step"] * (len(line) + 1)
     return roles  # the answer line's last slot is the EOS
 
 
@@ -441,7 +468,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--digit-fourier-init", type=float, default=0.1,
                     help="amplitude of Fourier digit-embedding init (0 = plain random init)")
     ap.add_argument("--eval-size", type=int, default=200)
+    ap.add_argument("--families", default="sum",
+                    help=f"comma-separated task families of the problem pool, from {','.join(task.FAMILIES)}")
+    ap.add_argument("--init-from", default=None,
+                    help="a directory with policy/ and draft/ (an earlier output) to continue training from")
     args = ap.parse_args(argv)
+    try:
+        args.families = task.check_families(args.families.split(","))
+    except ValueError as e:
+        ap.error(f"--families: {e}")
 
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
@@ -453,9 +488,10 @@ def main(argv=None) -> dict:
     policy, draft, policy_info, draft_info = train_models(tok, args)
 
     log(f"evaluating on {args.eval_size} fresh problems (greedy, max_new_tokens=512)")
-    fresh = task.make_problems(args.eval_size, EVAL_SEED_BASE + args.seed)
+    fresh = task.make_problems(args.eval_size, EVAL_SEED_BASE + args.seed, args.families)
     pol_eval = evaluate(policy, tok, fresh, max_new_tokens=512)
-    log(f"policy greedy accuracy {pol_eval['accuracy']:.3f} by n {_fmt_buckets(pol_eval)}")
+    log(f"policy greedy accuracy {pol_eval['accuracy']:.3f} by family {pol_eval['by_family']} "
+        f"by n {_fmt_buckets(pol_eval)}")
     pol_sample = evaluate(policy, tok, fresh, max_new_tokens=512, do_sample=True, temperature=1.0,
                           seed=args.seed)
     log(f"policy T=1 sample accuracy {pol_sample['accuracy']:.3f} well-formed {pol_sample['well_formed']:.3f}")
@@ -464,7 +500,7 @@ def main(argv=None) -> dict:
     agree = greedy_agreement(policy, draft, tok, fresh[:50])
     log(f"draft argmax agrees with policy greedy tokens: {agree:.3f}")
 
-    lengths = task.length_stats(task.make_problems(2000, LEN_SEED_BASE + args.seed), tok)
+    lengths = task.length_stats(task.make_problems(2000, LEN_SEED_BASE + args.seed, args.families), tok)
     save(policy, tok, out / "policy")
     save(draft, tok, out / "draft")
     manifest = {
@@ -473,7 +509,8 @@ def main(argv=None) -> dict:
         "seed": args.seed,
         "args": vars(args) | {"out": None},
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
-        "task": {"name": "running sums mod 100", "min_n": task.MIN_N, "max_n": task.MAX_N,
+        "task": {"families": list(args.families), "min_n": task.MIN_N, "max_n": task.MAX_N,
+                 "sort_max_n": task.SORT_MAX_N, "base_max_bits": task.BASE_MAX_BITS,
                  "response_length_tokens": lengths},
         "tokenizer": {"type": "character-level BPE (no merges)", "tokenizer_vocab": len(tok),
                       "model_vocab_size": VOCAB_SIZE},

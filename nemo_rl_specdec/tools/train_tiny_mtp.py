@@ -73,7 +73,7 @@ def train(args):
     mtp = MTPLayer(policy.config).float()
     params = list(policy.parameters()) + list(mtp.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    stream = train_tiny.batch_stream(tok, args.seed, args.token_budget)
+    stream = train_tiny.batch_stream(tok, args.seed, args.token_budget, families=args.families)
     t0, ema = time.time(), None
     for step in range(args.steps):
         ids, labels = next(stream)
@@ -128,7 +128,12 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--families", default="sum", help="comma-separated task families of the training problems")
     args = ap.parse_args(argv)
+    try:
+        args.families = train_tiny.task.check_families(args.families.split(","))
+    except ValueError as e:
+        ap.error(f"--families: {e}")
     torch.set_num_threads(args.threads)
     tok, policy, mtp, info = train(args)
     save(tok, policy, mtp, Path(args.out), info, args)

@@ -176,3 +176,100 @@ def test_demo_and_benches_refuse_a_bad_prompt_format_before_any_engine(capsys):
     for suite in ("drafters", "lockstep", "scheduling"):
         assert main(["bench", run_file, "--suite", suite, "demo.prompt_format=html"]) == 2
         assert "demo.prompt_format: got 'html'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- task families
+MIX = ("sum", "sort", "base")
+
+
+def test_sort_problem_trace_and_answer():
+    p = task.make_sort_problem([37, 45, 12, 37], "s")
+    assert (p.family, p.prompt, p.answer) == ("sort", "sort: a37 b45 c12 d37\n", "cadb")  # stable: a37 before d37
+    assert reference_solution(p) == "a37\na37 b45\nc12 a37 b45\nc12 a37 d37 b45\nanswer: cadb"
+    assert verify(p, reference_solution(p)) == 1.0
+    assert verify(p, "answer: cabd") == 0.0 and verify(p, "answer: CADB") == 0.0
+    with pytest.raises(ValueError):
+        task.make_sort_problem([37] * (task.SORT_MAX_N + 1), "s")
+
+
+def test_base_problem_trace_and_answer():
+    p = task.make_base_problem(11, "b")
+    assert (p.family, p.prompt, p.answer) == ("base", "base 2: 11\n", "1011")
+    assert reference_solution(p) == "11=2*5+1\n5=2*2+1\n2=2*1+0\n1=2*0+1\nanswer: 1011"
+    assert verify(p, "junk\nanswer: 1011") == 1.0
+    assert verify(p, "answer: 01011") == 0.0 and verify(p, "answer: 11") == 0.0
+    for bad in (1, 2 ** task.BASE_MAX_BITS, "11"):
+        with pytest.raises(ValueError):
+            task.make_base_problem(bad, "b")
+
+
+def test_a_mixed_pool_draws_every_family_deterministically():
+    a = make_problems(300, seed=7, families=MIX)
+    assert [(p.problem_id, p.prompt) for p in a] == [(p.problem_id, p.prompt) for p in make_problems(300, 7, list(MIX))]
+    assert [p.prompt for p in make_problems(40, 7, MIX)] == [p.prompt for p in a[:40]]
+    counts = {f: sum(p.family == f for p in a) for f in MIX}
+    assert all(60 <= c <= 140 for c in counts.values()), counts
+    for p in a:
+        assert verify(p, reference_solution(p)) == 1.0
+        assert verify(p, reference_solution(p).rsplit("\n", 1)[0]) == 0.0  # no answer line
+        assert p.prompt.startswith({"sum": task.PROMPT_HEADER, "sort": task.SORT_HEADER, "base": task.BASE_HEADER}[p.family])
+    # the default pool is the sum family alone, drawn as before families existed
+    assert [p.prompt for p in make_problems(50, 3)] == [p.prompt for p in make_problems(50, 3, ["sum"])]
+    assert {p.family for p in make_problems(50, 3)} == {"sum"}
+
+
+@pytest.mark.parametrize("bad", [[], ["sum", "sum"], ["sums"], "sum", None])
+def test_bad_families_are_rejected_with_the_allowed_values(bad):
+    with pytest.raises(ValueError, match=r"allowed: a non-empty list of distinct values from \['sum', 'sort', 'base'\]"):
+        make_problems(3, 0, bad)
+
+
+def test_mixed_families_fit_the_bundled_tokenizer_and_lengths(bundled_tokenizer):
+    problems = make_problems(2000, seed=0, families=MIX)
+    st = length_stats(problems, bundled_tokenizer)
+    assert st["max"] + 1 <= 480 and st["prompt_max"] + 512 <= 1024
+    assert st["ratio"] >= 4.0, st
+    for p in problems[:60]:
+        text = p.prompt + reference_solution(p)
+        assert bundled_tokenizer.decode(bundled_tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_step_credit_and_chat_are_sum_only():
+    p = task.make_sort_problem([37, 45], "s")
+    with pytest.raises(ValueError, match="sum family only"):
+        task.step_credit(p, "a37\nanswer: ab")
+    with pytest.raises(ValueError, match="sum family only"):
+        task.chat_prompt_text(p)
+
+
+def test_run_task_families_names_the_key():
+    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.demo.task import run_problems, run_task_families
+
+    run_file = str(config_path("tiny_cpu.yaml"))
+    cfg = load_run_config(run_file)
+    assert run_task_families(cfg) == ("sum",)
+    mixed = load_run_config(run_file, ["demo.task_families=[sum,sort,base]"])
+    assert run_task_families(mixed) == MIX
+    assert [p.prompt for p in run_problems(mixed, 20, 1)] == [p.prompt for p in make_problems(20, 1, MIX)]
+    with pytest.raises(ConfigError, match=r"demo\.task_families: got \['sum', 'sorting'\]; allowed"):
+        run_task_families(load_run_config(run_file, ["demo.task_families=[sum,sorting]"]))
+    with pytest.raises(ConfigError, match=r"demo\.task_families: .*demo\.prompt_format 'chat'"):
+        run_task_families(load_run_config(run_file, ["demo.task_families=[sum,sort]", "demo.prompt_format=chat"]))
+    with pytest.raises(ConfigError, match=r"demo\.task_families: .*demo\.reward 'steps'"):
+        run_task_families(load_run_config(run_file, ["demo.task_families=[sum,base]", "demo.reward=steps"]))
+    with pytest.raises(ConfigError, match=r"demo\.reward: got 'partial'; allowed: \['exact', 'steps'\]"):
+        run_task_families(load_run_config(run_file, ["demo.reward=partial"]))
+
+
+def test_demo_and_benches_refuse_bad_families_before_any_engine(capsys):
+    from nemo_rl_specdec.cli import main
+    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.demo.run import DemoSettings
+
+    run_file = str(config_path("tiny_cpu.yaml"))
+    with pytest.raises(ConfigError, match=r"demo\.task_families: got \['maths'\]"):
+        DemoSettings(load_run_config(run_file, ["demo.task_families=[maths]"]))
+    for suite in ("das", "adaptive"):
+        assert main(["bench", run_file, "--suite", suite, "demo.task_families=[maths]"]) == 2
+        assert "demo.task_families: got ['maths']" in capsys.readouterr().err
