@@ -1,4 +1,5 @@
-"""Synthetic verifiable reasoning task for the embedded CPU demo: running sums mod 100.
+"""Synthetic verifiable reasoning tasks for the embedded CPU demo: running sums mod 100 (``sum``),
+and the ``sort`` and ``base`` families below.
 
 A problem lists ``n`` two-digit numbers, each tagged with a one-letter label (``a``..``z``,
 then ``A``..``N``). The worked solution starts from 00 and adds one labelled number per line,
@@ -21,8 +22,9 @@ Why this task suits speculative decoding experiments:
   errors are local (a wrong step changes the rest of the trajectory, which is what an
   on-policy drafter must track).
 
-Two more families share the pool when a run asks for them (``demo.task_families``), so that a
-batch mixes problems whose responses differ in form and per-problem history matters:
+Two more families share the pool when a run asks for them (``demo.task_families``; the bundled
+run files ask for all three), so that a batch mixes problems whose responses differ in form and
+per-problem history matters:
 
 * ``sort``: sort labelled numbers by insertion, one line per inserted number showing the sorted
   list so far, then the labels in order::

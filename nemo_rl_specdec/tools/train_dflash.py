@@ -1,7 +1,7 @@
 """Train a tiny DFlash draft for a policy, offline, from the policy's rollouts and hidden states.
 
     python -m nemo_rl_specdec.tools.train_dflash --policy nemo_rl_specdec/assets/tiny/policy \
-        --out nemo_rl_specdec/assets/tiny/dflash --seed 0
+        --out nemo_rl_specdec/assets/tiny/dflash --seed 0 --families sum,sort,base
 
 Writes a checkpoint that vLLM's ``dflash`` method loads (``DFlashDraftModel``); the draft, its
 layout and its loss are the drafter's own (`drafters/dflash.py`). Training data:

@@ -1,7 +1,7 @@
 """Train a tiny Eagle3 head for a policy, offline, from the policy's rollouts and hidden states.
 
     python -m nemo_rl_specdec.tools.train_eagle3 --policy nemo_rl_specdec/assets/tiny/policy \
-        --out nemo_rl_specdec/assets/tiny/eagle3 --seed 0
+        --out nemo_rl_specdec/assets/tiny/eagle3 --seed 0 --families sum,sort,base
 
 Writes an EAGLE/HF-layout checkpoint that vLLM's ``eagle3`` method loads; the head, its layout
 and its loss are the drafter's own (`drafters/eagle3.py`). Training data:

@@ -2,6 +2,10 @@
 
     python -m nemo_rl_specdec.tools.train_tiny --out nemo_rl_specdec/assets/tiny --seed 0
 
+The bundled assets were made in two runs: the command above (the sum family alone), then
+``--families sum,sort,base --init-from <that output> --min-steps 200`` on the three-family pool
+(MANIFEST.json keeps the first run's manifest under ``continued_from``).
+
 Writes ``<out>/policy`` and ``<out>/draft`` (``save_pretrained``, fp32 safetensors, plus the
 tokenizer files) and ``<out>/MANIFEST.json``. Everything is derived from ``--seed``:
 
@@ -507,7 +511,7 @@ def main(argv=None) -> dict:
         "script": "nemo_rl_specdec.tools.train_tiny",
         "script_version": SCRIPT_VERSION,
         "seed": args.seed,
-        "args": vars(args) | {"out": None},
+        "args": vars(args) | {"out": None, "init_from": args.init_from and Path(args.init_from).name},
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         "task": {"families": list(args.families), "min_n": task.MIN_N, "max_n": task.MAX_N,
                  "sort_max_n": task.SORT_MAX_N, "base_max_bits": task.BASE_MAX_BITS,
@@ -526,6 +530,9 @@ def main(argv=None) -> dict:
         "total_seconds": round(time.time() - t_start, 1),
         "total_cpu_seconds": round(time.process_time() - cpu_start, 1),
     }
+    if args.init_from:  # provenance: the run this one continued (its own manifest, nested as written)
+        prev = Path(args.init_from) / "MANIFEST.json"
+        manifest["continued_from"] = json.loads(prev.read_text()) if prev.exists() else None
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"wrote {out} ({(manifest['policy']['bytes'] + manifest['draft']['bytes']) / 1e6:.2f} MB) "
         f"in {manifest['total_seconds']}s wall, {manifest['total_cpu_seconds']}s CPU")

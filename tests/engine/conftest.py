@@ -217,9 +217,10 @@ def encode():
 
 @pytest.fixture(scope="session")
 def problems():
-    from nemo_rl_specdec.demo.task import make_problems
+    """24 problems of the suite's run file's task families (the bundled mix)."""
+    from nemo_rl_specdec.demo.task import run_problems
 
-    return make_problems(24, seed=123)
+    return run_problems(load_run_config(RUN_FILE), 24, seed=123)
 
 
 def perturbed_checkpoint(src: str, dst, seed: int, scale: float = 1.5):
