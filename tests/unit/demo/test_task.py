@@ -247,8 +247,8 @@ def test_run_task_families_names_the_key():
     from nemo_rl_specdec.demo.task import run_problems, run_task_families
 
     run_file = str(config_path("tiny_cpu.yaml"))
-    cfg = load_run_config(run_file)
-    assert run_task_families(cfg) == ("sum",)
+    assert run_task_families(load_run_config(run_file)) == MIX  # the embedded default mixes all three
+    assert run_task_families(load_run_config(str(config_path("smollm2_cpu.yaml")))) == ("sum",)  # the key's default
     mixed = load_run_config(run_file, ["demo.task_families=[sum,sort,base]"])
     assert run_task_families(mixed) == MIX
     assert [p.prompt for p in run_problems(mixed, 20, 1)] == [p.prompt for p in make_problems(20, 1, MIX)]
