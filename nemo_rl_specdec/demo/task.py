@@ -67,7 +67,6 @@ _ANSWER_RES = {
     "sort": re.compile(r"^\s*answer\s*:\s*([A-Za-z]{1,52})\s*$"),
     "base": re.compile(r"^\s*answer\s*:\s*([01]{1,32})\s*$"),
 }
-_ANSWER_RE = _ANSWER_RES["sum"]
 
 
 @dataclass
