@@ -46,9 +46,8 @@ def _policy_after_grpo(cfg, base, reqs, probs, steps: int):
 
 def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
-    from nemo_rl_specdec.bench.drafters import workload
     from nemo_rl_specdec.config import load_run_config
-    from nemo_rl_specdec.demo.task import run_problems
+    from nemo_rl_specdec.demo.task import run_problems, run_requests
     from nemo_rl_specdec.engine.engine import Engine
 
     grpo = cfg.raw.get("grpo", {})
@@ -56,8 +55,8 @@ def run(cfg, args) -> list:
     base = Engine(cfg, spec_enabled=False, name="no-spec")
     tok = base.tokenizer()
     n_prob, n_samp = int(grpo.get("num_prompts_per_step", 16)), int(grpo.get("num_generations_per_prompt", 4))
-    reqs = workload(cfg, tok, n_prob, n_samp, seed=int(grpo.get("seed", 0)))
     probs = run_problems(cfg, n_prob, int(grpo.get("seed", 0)))
+    reqs = run_requests(cfg, tok, probs, n_samp)
     engines = {mode: Engine(load_run_config(cfg.source, list(args.overrides) + [
         f"{BLOCK}.drafter=draft_model", f"{BLOCK}.draft_model.model={cfg.model_path}",
         f"{BLOCK}.num_speculative_tokens=4", f"{BLOCK}.refresh.mode={mode}"]), name=mode)

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from nemo_rl_specdec.tools.train_tiny import optimizer_step
+from nemo_rl_specdec.tools.train_tiny import families_arg, optimizer_step
 
 
 def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens: int, families=("sum",)) -> list:
@@ -116,7 +116,8 @@ def argument_parser(description: str, asset: str) -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--families", default="sum", help="comma-separated task families the policy's rollouts answer")
+    ap.add_argument("--families", type=families_arg, default=("sum",),
+                    help="comma-separated task families the policy's rollouts answer")
     return ap
 
 
@@ -135,10 +136,7 @@ def head_dims(c) -> tuple:
 def build(args, train: Callable, script: str, log: Callable) -> None:
     """The builder's run: rollouts of `args.policy`, `train(policy_dir, data, args) -> (module,
     config.json dict, info)`, the checkpoint in `args.out`."""
-    from nemo_rl_specdec.demo.task import check_families
-
     torch.set_num_threads(args.threads)
-    args.families = check_families(args.families.split(","))
     data = policy_rollouts(args.policy, args.problems, args.seed, args.max_new_tokens, args.families)
     log(f"{len(data)} rollouts, {sum(len(r) for _, r in data)} response tokens")
     module, cfg, info = train(args.policy, data, args)

@@ -215,10 +215,17 @@ def well_formed(text: str, family: str = "sum") -> bool:
     return _WELL_FORMED[family].fullmatch(text) is not None
 
 
-def _by_family(problems, scores) -> dict:
-    fams = sorted({p.family for p in problems})
-    return {f: sum(s for p, s in zip(problems, scores) if p.family == f) /
-            sum(p.family == f for p in problems) for f in fams}
+def _by_family(families: list, scores: list) -> dict:
+    """Mean score per task family (`families[i]` is the family of `scores[i]`)."""
+    return {f: sum(s for g, s in zip(families, scores) if g == f) / families.count(f) for f in sorted(set(families))}
+
+
+def families_arg(text: str) -> tuple:
+    """The trainers' ``--families``: comma-separated task families (``task.check_families``)."""
+    try:
+        return task.check_families(text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def evaluate(model, tok, problems, **gen_kw) -> dict:
@@ -233,7 +240,7 @@ def evaluate(model, tok, problems, **gen_kw) -> dict:
         "accuracy": sum(scores) / len(scores),
         "well_formed": sum(well_formed(t, p.family) for p, t in zip(problems, texts)) / len(texts),
         "by_n": by_bucket,
-        "by_family": _by_family(problems, scores),
+        "by_family": _by_family([p.family for p in problems], scores),
     }
 
 
@@ -396,8 +403,7 @@ def teacher_forced_exact(model, tok, problems, token_budget: int = 4096) -> dict
         s = [ok for n, ok, _ in hits if lo <= n <= hi]
         by[f"n{lo}-{hi}"] = {"count": len(s), "accuracy": (sum(s) / len(s)) if s else None}
     roles = {k: round(sum(v) / len(v), 4) for k, v in sorted(role_hits.items())}
-    fams = sorted({f for _, _, f in hits})
-    by_family = {f: round(sum(ok for _, ok, g in hits if g == f) / sum(g == f for _, _, g in hits), 4) for f in fams}
+    by_family = {f: round(v, 4) for f, v in _by_family([f for _, _, f in hits], [ok for _, ok, _ in hits]).items()}
     return {"accuracy": sum(ok for _, ok, _ in hits) / len(hits), "by_n": by, "by_family": by_family,
             "token_accuracy_by_role": roles}
 
@@ -472,15 +478,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--digit-fourier-init", type=float, default=0.1,
                     help="amplitude of Fourier digit-embedding init (0 = plain random init)")
     ap.add_argument("--eval-size", type=int, default=200)
-    ap.add_argument("--families", default="sum",
+    ap.add_argument("--families", type=families_arg, default=("sum",),
                     help=f"comma-separated task families of the problem pool, from {','.join(task.FAMILIES)}")
     ap.add_argument("--init-from", default=None,
                     help="a directory with policy/ and draft/ (an earlier output) to continue training from")
     args = ap.parse_args(argv)
-    try:
-        args.families = task.check_families(args.families.split(","))
-    except ValueError as e:
-        ap.error(f"--families: {e}")
 
     torch.set_num_threads(args.threads)
     random.seed(args.seed)

@@ -128,12 +128,9 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--families", default="sum", help="comma-separated task families of the training problems")
+    ap.add_argument("--families", type=train_tiny.families_arg, default=("sum",),
+                    help="comma-separated task families of the training problems")
     args = ap.parse_args(argv)
-    try:
-        args.families = train_tiny.task.check_families(args.families.split(","))
-    except ValueError as e:
-        ap.error(f"--families: {e}")
     torch.set_num_threads(args.threads)
     tok, policy, mtp, info = train(args)
     save(tok, policy, mtp, Path(args.out), info, args)

@@ -45,8 +45,7 @@ def _cfg(run_cfg, name: str, mode: str, *extra: str, **block):
 
 
 def _scenario(name: str, run_cfg, tmp_path_factory, perturbed_policy):
-    from nemo_rl_specdec.config import load_run_config
-    from nemo_rl_specdec.demo.task import make_problems, run_task_families
+    from nemo_rl_specdec.demo.task import run_problems
 
     d = DRAFTERS[name]
     drift, _, n_train, max_new, n_held = SETTINGS.get(name, DEFAULT)
@@ -64,8 +63,8 @@ def _scenario(name: str, run_cfg, tmp_path_factory, perturbed_policy):
             return [Request(tok(p.prompt, add_special_tokens=False)["input_ids"], problem_id=p.problem_id)
                     for p in ps]
 
-        families = run_task_families(load_run_config(cfg.source))  # the pool the drafter's policy learned
-        train, held = make_problems(n_train, 5, families), make_problems(n_held, 77, families)
+        # the run file's pool: the families the drafter's policy learned
+        train, held = run_problems(cfg, n_train, 5), run_problems(cfg, n_held, 77)
         policy = perturbed_policy(cfg.model_path, scale=drift, seed=0)
         sd = {k: v.detach().clone() for k, v in policy.state_dict().items()}
         distiller = d.distiller(cfg.spec, temperature=1.0, seed=0, model_path=cfg.model_path, lr=1e-3, epochs=3,
