@@ -85,8 +85,7 @@ def run(cfg, args) -> list:
     repeats = _repeats(cfg)
     base = Engine(cfg, spec_enabled=False, name="no-spec")
     reqs = workload(cfg, base.tokenizer(), n_prob, n_samp, seed=int(grpo.get("seed", 0)))
-    history = base.generate(reqs).rollouts  # the "previous step" for history-based drafters
-    _timed(base, reqs)  # warm-up
+    history = base.generate(reqs).rollouts  # the "previous step" for history-based drafters; also the warm-up
     results = []
     for name, ov in cpu_drafters(cfg.spec).items():
         dcfg = load_run_config(cfg.source, list(args.overrides) + ov)

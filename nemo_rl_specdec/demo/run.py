@@ -4,9 +4,10 @@ Per step: the batch's problems (a fixed pool, so problems recur as in RL epochs)
 on the speculative engine and, on the same weights, on a no-speculation engine (order
 alternates each step); rewards come from the task's verifier; one GRPO update trains the
 policy; one lockstep update moves every engine to the new policy version and refreshes the
-drafter. Optionally a frozen draft-model engine rolls out the same batch to show a stale
-parametric drafter decaying. `grpo.mode: async` overlaps the next batch's rollouts with training;
-the update then lands in flight and rollouts carry the versions of each stretch of tokens.
+drafter. Optionally a frozen draft-model engine rolls out one sample of each of the batch's
+problems to show a stale parametric drafter decaying (tokens per target forward; not timed).
+`grpo.mode: async` overlaps the next batch's rollouts with training; the update then lands in
+flight and rollouts carry the versions of each stretch of tokens.
 
 Artifacts in --out (default runs/<name>/): metrics.jsonl (one line per step), summary.json,
 TensorBoard events (tb/), PNG plots.
@@ -155,7 +156,8 @@ class RLLoop:
             else:
                 spec_out, spec_s = self._timed(self.spec, reqs)
                 base_out, base_s = self._timed(self.base, reqs)
-            frozen_out = self.frozen.generate(reqs) if self.frozen is not None else None
+            # the frozen drafter shows acceptance only (its time is not compared): one sample per problem
+            frozen_out = self.frozen.generate(reqs[:: self.s.generations]) if self.frozen is not None else None
             r_spec, r_base = self.rewards(probs, spec_out.rollouts), self.rewards(probs, base_out.rollouts)
 
             if self.s.mode == "async" and step + 1 < self.s.steps:
@@ -221,7 +223,7 @@ class RLLoop:
             fr = frozen_out.rollouts[0]
             row.update(frozen_acceptance_length=frozen_out.metrics.acceptance_length,
                        frozen_acceptance_rate=frozen_out.metrics.acceptance_rate,
-                       frozen_tokens=frozen_out.metrics.generated_tokens,
+                       frozen_tokens=frozen_out.metrics.generated_tokens, frozen_rollouts=len(frozen_out.rollouts),
                        frozen_policy_age=fr.policy_version - fr.drafter_built_from)
         return row
 

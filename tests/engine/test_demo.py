@@ -1,5 +1,6 @@
 """The CPU RL demo end to end for 2 steps, sync and async: artifacts exist, speculation ran,
-versions advanced and the drafter was refreshed every step."""
+versions advanced and the drafter was refreshed every step; the sync run also rolls out one
+sample per problem with a frozen draft model, whose drafter does not move."""
 from __future__ import annotations
 
 import json
@@ -9,13 +10,15 @@ import pytest
 from nemo_rl_specdec.cli import main
 
 SMALL = ["grpo.max_num_steps=2", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2",
-         "demo.problem_pool=4", "demo.compare_frozen_drafter=false", "policy.generation.max_new_tokens=96"]
+         "demo.problem_pool=4", "policy.generation.max_new_tokens=96"]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_demo_runs_two_steps_and_writes_artifacts(tmp_path, mode, tiny_cfg_fn):
     out = tmp_path / mode
-    assert main(["demo", tiny_cfg_fn().source, f"grpo.mode={mode}", *SMALL, "--out", str(out)]) == 0
+    frozen = mode == "sync"  # the frozen draft-model comparison, once
+    assert main(["demo", tiny_cfg_fn().source, f"grpo.mode={mode}", *SMALL, f"demo.compare_frozen_drafter={frozen}",
+                 "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     for key in ("step", "mode", "policy_version", "drafter_version", "reward_mean", "reward_mean_baseline",
@@ -26,6 +29,10 @@ def test_demo_runs_two_steps_and_writes_artifacts(tmp_path, mode, tiny_cfg_fn):
     assert all(r["drafter_refreshed"] for r in rows), "drafter not refreshed every step"
     assert [r["new_policy_version"] for r in rows] == [1, 2]
     assert [r["new_drafter_version"] for r in rows] == [1, 2]
+    if frozen:  # one sample of each of the batch's 4 problems; its drafter never refreshed
+        assert [r["frozen_rollouts"] for r in rows] == [4, 4]
+        assert [r["frozen_policy_age"] for r in rows] == [0, 1]
+        assert all(r["frozen_tokens"] > 0 and r["frozen_acceptance_length"] > 1.0 for r in rows)
     if mode == "sync":  # the second batch is generated after the first update
         assert rows[1]["rollout_policy_versions"] == [1]
     else:  # it overlaps the first update: tokens from version 0 and/or 1, never older (lag <= 1)
