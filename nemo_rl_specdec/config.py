@@ -115,13 +115,11 @@ class _SpecDecBlock(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self):
-        allowed = drafter_of(self.drafter).refresh_modes
+        allowed, what = drafter_of(self.drafter).refresh_modes_for(getattr(self, self.drafter))
         if self.refresh.mode is None:
             self.refresh.mode = allowed[0]
         elif self.refresh.mode not in allowed:
-            raise _PathError(
-                "refresh.mode", self.refresh.mode, f"one of {list(allowed)} for drafter '{self.drafter}'"
-            )
+            raise _PathError("refresh.mode", self.refresh.mode, f"one of {list(allowed)} for {what}")
         changed = [k for k, v in self.refresh.distill if v != DistillConfig.model_fields[k].default]
         if changed and self.refresh.mode != "online":
             raise _PathError(f"refresh.distill.{changed[0]}", getattr(self.refresh.distill, changed[0]),

@@ -35,7 +35,8 @@ machine it is the steadier of the two.
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
 ``grpo.max_num_steps``, at least 5), ``windows`` (default 1, ``suffix.window_steps`` and twice it),
 ``scopes`` (default ``[problem, global, both]``), ``baselines`` (default ``[vllm_suffix,
-ngram, das_auto_disable_off]``; the last is the run file's DAS with every draft verified),
+ngram, das_auto_disable_off, das_share_always]``: the run file's DAS with every draft verified,
+and with in-flight sharing on warm problems too, ``suffix.share_in_flight: always``),
 ``core`` (CPU core the engines are pinned to, default 0), ``problem_seed``.
 """
 from __future__ import annotations
@@ -92,11 +93,16 @@ BASELINES = {
     # the default DAS with every draft verified: what auto_disable's per-step off switch changes
     "das_auto_disable_off": ("suffix", "das", None, {"backend": "das"},
                              {"refresh": {"mode": "rebuild"}, "auto_disable": False}),
+    # the default DAS with siblings sharing in-flight tokens on warm problems too
+    "das_share_always": ("suffix", "das", None, {"backend": "das", "share_in_flight": "always"},
+                         {"refresh": {"mode": "rebuild"}}),
 }
 
 
 def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
     """(name, RunConfig, description) for every speculative configuration measured."""
+    from nemo_rl_specdec.drafters.suffix import for_backend
+
     base = cfg.spec.suffix.model_dump()
     main_w, main_scope = cfg.spec.suffix.window_steps, cfg.spec.suffix.scope
     k = cfg.spec.num_speculative_tokens
@@ -104,7 +110,7 @@ def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
     variants += [(main_w, s) for s in opts["scopes"] if (main_w, s) not in variants]
     out = []
     for w, s in variants:
-        suffix = {**base, "backend": "das", "window_steps": w, "scope": s}
+        suffix = {**for_backend(base, "das"), "window_steps": w, "scope": s}
         out.append({"name": f"das_w{w}_{s}", "drafter": "suffix", "backend": "das", "window_steps": w, "scope": s,
                     "k": k, "cfg": cfg.with_spec(enabled=True, drafter="suffix", suffix=suffix,
                                                  refresh={"mode": "rebuild"})})
@@ -114,7 +120,8 @@ def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
         out.append({"name": name, "drafter": drafter, "backend": backend, "window_steps": main_w if das else None,
                     "scope": main_scope if das else scope,
                     "k": k, "cfg": cfg.with_spec(enabled=True, drafter=drafter, **changes,
-                                                 **({"suffix": {**base, **block}} if block else {}))})
+                                                 **({"suffix": {**for_backend(base, block["backend"]), **block}}
+                                                    if block else {}))})
     return out
 
 

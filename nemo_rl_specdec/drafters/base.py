@@ -63,6 +63,11 @@ class Drafter:
         """The drafter's sub-block of `spec`."""
         return getattr(spec, self.name)
 
+    def refresh_modes_for(self, block: Strict) -> tuple[tuple[str, ...], str]:
+        """The refresh modes this drafter takes with its sub-block `block` (the first is the default),
+        and what they are allowed for, as an error message says it."""
+        return self.refresh_modes, f"drafter '{self.name}'"
+
     def checkpoint(self, spec: "SpecDecConfig") -> Optional[str]:
         """Path of the drafter's own checkpoint (None: it has none, or it lives in the policy's)."""
         return None

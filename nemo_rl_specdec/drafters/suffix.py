@@ -26,8 +26,9 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   request without a problem id uses the global tree and is counted in ``no_problem_id``), and
   keeps the draft with more calibrated expected accepted tokens; the global tree is skipped
   only when it cannot win;
-- while the request's problem has no stored rollouts (cold start), shares its verified tokens
-  with its siblings through the store as it generates (settled exactly at the next rebuild);
+- shares its verified tokens with its siblings (same problem id) through the store as it
+  generates, settled exactly at the next rebuild: while its problem has no stored rollouts
+  (``suffix.share_in_flight: cold``, the default), always, or never (``off``);
 - if the store's draft is shorter than allowed, also tries a per-request tree of the
   request's own prompt and output (prompt-lookup style) and keeps the draft with more
   calibrated expected accepted tokens;
@@ -59,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from nemo_rl_specdec.drafters.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
@@ -67,7 +68,7 @@ from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration,
 from nemo_rl_specdec.drafters.staging import StagedRebuild
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
-from nemo_rl_specdec.schema import Strict
+from nemo_rl_specdec.schema import PathError, Strict
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -85,6 +86,37 @@ class SuffixConfig(Strict):
     min_token_prob: float = Field(0.1, ge=0, le=1)
     max_memory_mb: float = Field(512.0, gt=0, description="store cap; oldest versions evicted first")
     max_cached_requests: int = Field(10000, ge=0, description="vllm backend only")
+    share_in_flight: Literal["cold", "always", "off"] = Field(
+        "cold", description="das backend: running requests share their verified tokens with same-problem siblings "
+        "through the store while their problem has no stored rollouts (cold), always, or never (off)")
+
+    @model_validator(mode="after")
+    def _read_by_backend(self):
+        """A key the chosen backend does not read keeps its default: set otherwise, it would do nothing."""
+        for key in _VLLM_ONLY if self.backend == "das" else _DAS_ONLY:
+            default = type(self).model_fields[key].default
+            if getattr(self, key) != default:
+                other = "vllm" if self.backend == "das" else "das"
+                raise PathError(key, getattr(self, key), f"its default ({default!r}) with backend {self.backend!r}: "
+                                f"only backend {other!r} reads it")
+        return self
+
+
+_DAS_ONLY = ("window_steps", "scope", "max_match_len", "max_memory_mb", "share_in_flight")
+_VLLM_ONLY = ("max_cached_requests",)
+
+
+def for_backend(block: dict, backend: str) -> dict:
+    """`block` (a suffix sub-block as a dict) switched to `backend`, with the keys only the other
+    backend reads back at their defaults."""
+    other = _VLLM_ONLY if backend == "das" else _DAS_ONLY
+    return {**block, "backend": backend, **{k: SuffixConfig.model_fields[k].default for k in other}}
+
+
+def _backend_overrides(backend: str) -> tuple:
+    """for_backend as `key=value` overrides relative to the speculative block (bench rows)."""
+    other = _VLLM_ONLY if backend == "das" else _DAS_ONLY
+    return (f"suffix.backend={backend}", *(f"suffix.{k}={SuffixConfig.model_fields[k].default}" for k in other))
 
 
 class Suffix(Drafter):
@@ -94,8 +126,13 @@ class Suffix(Drafter):
     config = SuffixConfig
     refresh_modes = ("rebuild", "frozen")
     worker_modules = ("arctic_inference.suffix_decoding",)  # both backends build arctic's suffix trees
-    bench_rows = (("suffix (DAS)", ("suffix.backend=das",)),
-                  ("suffix (vLLM)", ("suffix.backend=vllm", "refresh.mode=frozen")))
+    bench_rows = (("suffix (DAS)", _backend_overrides("das")),
+                  ("suffix (vLLM)", (*_backend_overrides("vllm"), "refresh.mode=frozen")))
+
+    def refresh_modes_for(self, block):
+        if block.backend == "vllm":  # vLLM's suffix cache learns from the engine's own finished requests
+            return ("frozen",), "drafter 'suffix' with suffix.backend 'vllm' (it takes no rollouts; DAS does)"
+        return super().refresh_modes_for(block)
 
     def vllm_config(self, spec, temperature):
         s, k = spec.suffix, spec.num_speculative_tokens
@@ -167,10 +204,6 @@ class DASProposer(SpecdecProposer):
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.runner = None
         self.use_local = True
-        # share in-flight tokens between siblings (same problem id) of problems with no stored rollouts
-        # yet (cold start); settled at the next rebuild. Warm problems draft from the store alone:
-        # measured on the bundled workload, in-flight sharing then adds CPU without adding acceptance.
-        self.live = True
         # rank drafts by calibrated expected accepted tokens (False: by arctic's score, as before; for A/B)
         self.calibrated = True
         self.version = 0  # policy version installed by the last rebuild: tags in-flight entries
@@ -194,6 +227,7 @@ class DASProposer(SpecdecProposer):
         s = _suffix_settings(spec)
         self._drop_staged()
         self.settings = s
+        self.share = s["share_in_flight"]  # in-flight sharing between siblings: cold | always | off
         # a query matches at most match_len - 1 tokens of the request's tail and drafts at most k more,
         # so nodes deeper than match_len - 1 + k are never read: trees that deep give the same drafts
         # as max_tree_depth-deep ones, and insertion (cost grows with depth) is cheaper
@@ -369,8 +403,9 @@ class DASProposer(SpecdecProposer):
         """Add this step's verified tokens to the request's in-flight entry (opening it at first sight
         with the prompt tail). Returns True when the store grew."""
         if st.live_id is None or st.live_id not in self.store:
-            if st.problem_id is None or st.live_id is not None or self.store.has_history(st.problem_id):
-                return False  # siblings share only while their problem has no stored rollouts yet
+            if st.problem_id is None or st.live_id is not None or (
+                    self.share == "cold" and self.store.has_history(st.problem_id)):
+                return False  # "cold": siblings share only while their problem has no stored rollouts yet
             start = max(0, st.prompt_len - self.store.prompt_tail)
             st.live_id = self.store.start_live(row[start:n], problem_id=st.problem_id, version=self.version)
             st.live_upto = n
@@ -419,7 +454,7 @@ class DASProposer(SpecdecProposer):
         store, calib, match, k = self.store, self.calibration, self.match_len, self.k
         ranker = calib if self.calibrated else None
         fenced = self._staged is not None  # a staged rebuild owns the store until it is installed
-        live = self.live and not fenced
+        live = self.share != "off" and not fenced
         local_bound = calib.max_rate[_LOCAL] if ranker is not None else 1.0
         grew = False
         ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch

@@ -212,6 +212,31 @@ def test_memory_cap_honoured_in_the_engine(das, problems):
         on_drafter(das, lambda d: d.configure({"suffix": settings}))
 
 
+@pytest.mark.parametrize("share", ["cold", "always", "off"])
+def test_share_in_flight_decides_which_requests_share_their_tokens(das, engines, problems, share):
+    """suffix.share_in_flight: a batch of warm problems (rollouts stored) and cold ones (none); the
+    in-flight entries left for the next rebuild show who shared; greedy output stays the policy's."""
+    tok = das.tokenizer()
+    settings = on_drafter(das, lambda d: dict(d.settings))
+    on_drafter(das, lambda d: d.configure({"suffix": {**settings, "share_in_flight": share}}))
+    try:
+        warm, cold = problems[:3], problems[3:6]
+        push(das, das.generate(requests(tok, warm, "share-w", SAMPLES), max_new_tokens=48).rollouts)
+        reqs = requests(tok, warm, "share-w", SAMPLES) + requests(tok, cold, "share-c", SAMPLES)
+        out = das.generate(reqs, max_new_tokens=48, temperature=0.0)
+        live = on_drafter(das, lambda d: sorted({e.problem_id for e in d.store._entries.values()
+                                                 if e.live is not None}))
+        want = {"cold": [f"share-c{i}" for i in range(3)],
+                "always": sorted([f"share-c{i}" for i in range(3)] + [f"share-w{i}" for i in range(3)]),
+                "off": []}[share]
+        assert live == want
+        base = engines.get("baseline").generate(reqs, max_new_tokens=48, temperature=0.0)
+        assert [r.token_ids for r in out.rollouts] == [r.token_ids for r in base.rollouts]
+        assert out.metrics.drafts > 0
+    finally:
+        on_drafter(das, lambda d: d.configure({"suffix": settings}))
+
+
 def test_malformed_rollouts_fail_the_update_with_a_clear_error(das):
     v = das.state["policy_version"]
     with pytest.raises(DrafterRefreshError, match=r"version .*rollouts\[0\]: missing key"):

@@ -99,7 +99,7 @@ EXPECTED_DEFAULTS = {
     "draft_sample_method": "auto",
     "suffix": {"backend": "das", "window_steps": 4, "scope": "both", "max_tree_depth": 64,
                "max_match_len": 16, "max_spec_factor": 1.0, "min_token_prob": 0.1, "max_memory_mb": 512.0,
-               "max_cached_requests": 10000},
+               "max_cached_requests": 10000, "share_in_flight": "cold"},
     "ngram": {"backend": "vllm", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     "draft_model": {"model": None},
     "eagle3": {"model": None},
@@ -176,8 +176,11 @@ ALLOWED = [
     ("suffix.min_token_prob", 1.0, {}),
     ("suffix.max_memory_mb", 64.0, {}),
     ("suffix.max_memory_mb", 4096, {}),
-    ("suffix.max_cached_requests", 0, {}),
-    ("suffix.max_cached_requests", 500, {}),
+    ("suffix.max_cached_requests", 0, {"suffix": {"backend": "vllm"}}),
+    ("suffix.max_cached_requests", 500, {"suffix": {"backend": "vllm"}}),
+    ("suffix.share_in_flight", "cold", {}),
+    ("suffix.share_in_flight", "always", {}),
+    ("suffix.share_in_flight", "off", {}),
     ("ngram.backend", "vllm", {}),
     ("ngram.backend", "specdec", {"enabled": True, "drafter": "ngram"}),
     ("ngram.prompt_lookup_min", 1, {}),
@@ -265,6 +268,24 @@ def test_yaml_lists_become_k_by_batch_size_tuples():
 ])
 def test_default_refresh_mode_per_drafter(drafter, mode):
     assert spec_of({"drafter": drafter}).refresh.mode == mode
+
+
+@pytest.mark.parametrize("key,value,backend,other", [
+    ("window_steps", 8, "vllm", "das"), ("scope", "problem", "vllm", "das"), ("max_match_len", 8, "vllm", "das"),
+    ("max_memory_mb", 64.0, "vllm", "das"), ("share_in_flight", "always", "vllm", "das"),
+    ("max_cached_requests", 500, "das", "vllm"),
+])
+def test_suffix_keys_the_backend_does_not_read_are_refused(key, value, backend, other):
+    with pytest.raises(ConfigError, match=rf"{B}\.suffix\.{key}: got .*its default .* with backend '{backend}': "
+                                          rf"only backend '{other}' reads it"):
+        spec_of({"drafter": "suffix", "suffix": {"backend": backend, key: value}})
+
+
+def test_vllm_suffix_takes_no_rollouts_so_its_refresh_is_frozen():
+    assert spec_of({"drafter": "suffix", "suffix": {"backend": "vllm"}}).refresh.mode == "frozen"
+    with pytest.raises(ConfigError, match=rf"{B}\.refresh\.mode: got 'rebuild'; allowed: one of \['frozen'\] for "
+                                          r"drafter 'suffix' with suffix.backend 'vllm'"):
+        spec_of({"drafter": "suffix", "suffix": {"backend": "vllm"}, "refresh": {"mode": "rebuild"}})
 
 
 def test_distill_settings_are_refused_outside_online_refresh():

@@ -276,8 +276,8 @@ def test_proposer_budget_clamp_and_problem_lookup():
 def test_proposer_never_exceeds_model_len_or_k_and_uses_own_tokens():
     p = _proposer(k=8, max_model_len=10)
     r = _FakeRunner([("x-1", {"problem_id": "A"}, [3, 1, 2, 3, 1, 2, 3])], max_model_len=10)
-    p.specdec_attach(r, {"suffix": p.settings})
-    p.live = False  # only the per-request tree may see the request's own tokens here
+    # only the per-request tree may see the request's own tokens here
+    p.specdec_attach(r, {"suffix": {**p.settings, "share_in_flight": "off"}})
     # empty store: the request's own tokens (local tree) give the draft, cut at max_model_len - n - 1 = 2
     out = p.propose([[3]], r.n, r.tokens)
     assert out == [[1, 2]]
