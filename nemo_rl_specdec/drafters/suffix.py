@@ -115,8 +115,7 @@ def for_backend(block: dict, backend: str) -> dict:
 
 def _backend_overrides(backend: str) -> tuple:
     """for_backend as `key=value` overrides relative to the speculative block (bench rows)."""
-    other = _VLLM_ONLY if backend == "das" else _DAS_ONLY
-    return (f"suffix.backend={backend}", *(f"suffix.{k}={SuffixConfig.model_fields[k].default}" for k in other))
+    return tuple(f"suffix.{k}={v}" for k, v in for_backend({}, backend).items())
 
 
 class Suffix(Drafter):
