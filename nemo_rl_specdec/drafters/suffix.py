@@ -93,24 +93,26 @@ class SuffixConfig(Strict):
     @model_validator(mode="after")
     def _read_by_backend(self):
         """A key the chosen backend does not read keeps its default: set otherwise, it would do nothing."""
-        for key in _VLLM_ONLY if self.backend == "das" else _DAS_ONLY:
-            default = type(self).model_fields[key].default
-            if getattr(self, key) != default:
-                other = "vllm" if self.backend == "das" else "das"
-                raise PathError(key, getattr(self, key), f"its default ({default!r}) with backend {self.backend!r}: "
-                                f"only backend {other!r} reads it")
+        for other, keys in _READ_ONLY_BY.items():
+            for key in keys if other != self.backend else ():
+                default = type(self).model_fields[key].default
+                if getattr(self, key) != default:
+                    raise PathError(key, getattr(self, key), f"its default ({default!r}) with backend "
+                                    f"{self.backend!r}: only backend {other!r} reads it")
         return self
 
 
-_DAS_ONLY = ("window_steps", "scope", "max_match_len", "max_memory_mb", "share_in_flight")
-_VLLM_ONLY = ("max_cached_requests",)
+# backend -> the suffix keys only that backend reads
+_READ_ONLY_BY = {"das": ("window_steps", "scope", "max_match_len", "max_memory_mb", "share_in_flight"),
+                 "vllm": ("max_cached_requests",)}
 
 
 def for_backend(block: dict, backend: str) -> dict:
     """`block` (a suffix sub-block as a dict) switched to `backend`, with the keys only the other
     backend reads back at their defaults."""
-    other = _VLLM_ONLY if backend == "das" else _DAS_ONLY
-    return {**block, "backend": backend, **{k: SuffixConfig.model_fields[k].default for k in other}}
+    reset = {k: SuffixConfig.model_fields[k].default
+             for other, keys in _READ_ONLY_BY.items() if other != backend for k in keys}
+    return {**block, "backend": backend, **reset}
 
 
 def _backend_overrides(backend: str) -> tuple:

@@ -224,8 +224,7 @@ def test_share_in_flight_decides_which_requests_share_their_tokens(das, engines,
         push(das, das.generate(requests(tok, warm, "share-w", SAMPLES), max_new_tokens=48).rollouts)
         reqs = requests(tok, warm, "share-w", SAMPLES) + requests(tok, cold, "share-c", SAMPLES)
         out = das.generate(reqs, max_new_tokens=48, temperature=0.0)
-        live = on_drafter(das, lambda d: sorted({e.problem_id for e in d.store._entries.values()
-                                                 if e.live is not None}))
+        live = on_drafter(das, lambda d: sorted({e.problem_id for e in d.store.entries() if e.live is not None}))
         want = {"cold": [f"share-c{i}" for i in range(3)],
                 "always": sorted([f"share-c{i}" for i in range(3)] + [f"share-w{i}" for i in range(3)]),
                 "off": []}[share]
