@@ -28,15 +28,18 @@ seconds / this engine's rollout seconds on the same step), and for DAS the draft
 cost as a percentage of the same engine's rollout seconds: ``update %`` is what is left on the
 critical path (the update's wait for the staged rebuild, plus installing it), ``rebuild bg %``
 the rebuild's own time on its thread (off the critical path), ``propose %`` the proposer's time
-inside the rollout. The CPU-time ratio
+inside the rollout. At T > 0 the two engines sample different lengths for the same batch, which
+moves the wall-clock ratio by as much as speculation does on a weak drafter; the throughput ratio
+(generated tokens per second against the no-spec engine's) leaves that out. The CPU-time ratio
 (this process's CPU seconds, same pairing) is reported next to the wall-clock ratio: on a shared
 machine it is the steadier of the two.
 
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
 ``grpo.max_num_steps``, at least 5), ``windows`` (default 1, ``suffix.window_steps`` and twice it),
 ``scopes`` (default ``[problem, global, both]``), ``baselines`` (default ``[vllm_suffix,
-ngram, das_auto_disable_off, das_share_always]``: the run file's DAS with every draft verified,
-and with in-flight sharing on warm problems too, ``suffix.share_in_flight: always``),
+ngram, das_auto_disable_off, das_share_always, das_adaptive]``: the run file's DAS with every
+draft verified, with in-flight sharing on warm problems too (``suffix.share_in_flight: always``),
+and with per-request draft lengths chosen at every step (``scheduling.budget: adaptive``)),
 ``core`` (CPU core the engines are pinned to, default 0), ``problem_seed``.
 """
 from __future__ import annotations
@@ -96,6 +99,9 @@ BASELINES = {
     # the default DAS with siblings sharing in-flight tokens on warm problems too
     "das_share_always": ("suffix", "das", None, {"backend": "das", "share_in_flight": "always"},
                          {"refresh": {"mode": "rebuild"}}),
+    # the default DAS with per-step, per-request draft lengths instead of all-or-nothing steps
+    "das_adaptive": ("suffix", "das", None, {"backend": "das"},
+                     {"refresh": {"mode": "rebuild"}, "scheduling": {"budget": "adaptive"}}),
 }
 
 
@@ -117,6 +123,9 @@ def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
     for name in opts["baselines"]:
         drafter, backend, scope, block, changes = BASELINES[name]
         das = backend == "das"  # the run file's window and scope
+        if "scheduling" in changes:  # the run file's scheduling block with the row's keys replaced
+            changes = {**changes, "scheduling": {**(cfg.get("policy.generation.speculative_decoding.scheduling")
+                                                    or {}), **changes["scheduling"]}}
         out.append({"name": name, "drafter": drafter, "backend": backend, "window_steps": main_w if das else None,
                     "scope": main_scope if das else scope,
                     "k": k, "cfg": cfg.with_spec(enabled=True, drafter=drafter, **changes,
@@ -289,9 +298,12 @@ def _summarize(c: dict, rows: list) -> dict:
         spec_s = sum(r["spec_s"] for r in rs)
         base_s = sum(r["baseline_s"] for r in rs)
         spec_c = sum(r["spec_cpu_s"] for r in rs)
+        base_gen = sum(r["baseline_generated_tokens"] for r in rs)
         return {"tokens_per_target_forward": gen / (gen - acc) if gen > acc else None,
                 "acceptance_rate": acc / dt if dt else 0.0,
                 "wall_clock_ratio": base_s / spec_s if spec_s else None,
+                # at T > 0 the two engines sample different lengths: tokens/s against tokens/s
+                "throughput_ratio": (gen / spec_s) / (base_gen / base_s) if spec_s and base_gen and base_s else None,
                 "cpu_time_ratio": sum(r["baseline_cpu_s"] for r in rs) / spec_c if spec_c else None}
 
     allr, late = agg(rows), agg([r for r in rows if r["step"] >= AFTER_STEP])
@@ -299,6 +311,7 @@ def _summarize(c: dict, rows: list) -> dict:
            "scope": c["scope"], "k": c["k"], **allr,
            "tokens_per_target_forward_after_3": late["tokens_per_target_forward"],
            "acceptance_rate_after_3": late["acceptance_rate"], "wall_clock_ratio_after_3": late["wall_clock_ratio"],
+           "throughput_ratio_after_3": late["throughput_ratio"],
            "cpu_time_ratio_after_3": late["cpu_time_ratio"],
            "per_step": rows}
     if c["backend"] == "das":
@@ -322,16 +335,19 @@ def _print(results: list, train_log: list) -> None:
         row = {"config": r["name"], "tok/fwd": r["tokens_per_target_forward"],
                f"tok/fwd s>={AFTER_STEP}": r["tokens_per_target_forward_after_3"],
                "accept": r["acceptance_rate"], "speedup": r["wall_clock_ratio"], "cpu speedup": r["cpu_time_ratio"],
+               "tok/s ratio": r["throughput_ratio"], f"tok/s ratio s>={AFTER_STEP}": r["throughput_ratio_after_3"],
                "update %": r.get("update_cost_pct"), "rebuild bg %": r.get("rebuild_bg_pct"),
                "propose %": r.get("propose_pct"), "propose cpu %": r.get("propose_cpu_pct")}
         for s in range(steps):
             row[f"s{s}"] = r["per_step"][s]["tokens_per_target_forward"]
         rows.append(row)
-    cols = ["config", "tok/fwd", f"tok/fwd s>={AFTER_STEP}", "accept", "speedup", "cpu speedup", "update %",
+    cols = ["config", "tok/fwd", f"tok/fwd s>={AFTER_STEP}", "accept", "speedup", "cpu speedup", "tok/s ratio",
+            f"tok/s ratio s>={AFTER_STEP}", "update %",
             "rebuild bg %", "propose %", "propose cpu %"] + \
         [f"s{s}" for s in range(steps)]
     print("DAS suite: tokens per target forward per RL step (s0..); speedup = no-spec wall s / spec wall s, "
           "cpu speedup = the same with this process's CPU seconds (robust to other load on the machine); "
+          "tok/s ratio = spec tokens/s over no-spec tokens/s (at T > 0 the engines sample different lengths); "
           "update % = drafter refresh left on the critical path, rebuild bg % = the staged rebuild on its "
           "thread, propose % = proposer time; all as % of the engine's rollout seconds; propose cpu % = the "
           "proposer's CPU seconds as % of the rollout's CPU seconds")
