@@ -25,8 +25,9 @@ in flight (recomputed whenever the batch changes, and every `interval` steps), k
 from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.best_drafts`
 for the requests in flight (re-chosen at every event). Budget `adaptive` then cuts each d_i at
 every event with the engine's own rule (`drafters.adaptive.draft_lengths`): gains from the
-request's acceptance curve (and response-position factor, times the coverage), t0 and the cost
-of a draft token from the cost model. With `auto_disable` (other budgets) the same inputs go to
+request's acceptance curve (and response-position factor, times the coverage), t0 from the cost
+model, and the cost of a draft token as the secant of the step time between no drafts and the
+drafts the caps allow (a linear rule priced at the point it decides about). With `auto_disable` (other budgets) the same inputs go to
 `drafters.adaptive.drafts_pay`: the event keeps its drafts or drafts nothing; the steps judged
 and turned off are counted by batch-size bin (`EngineStats.judged_by_batch`, `off_by_batch`).
 """
@@ -229,10 +230,16 @@ class EngineSim:
         g = np.diff(self._A, axis=1)                   # acceptance of draft position j, unconditional
         if factors is not None:
             g = g * factors[:, None]
-        c_base, c_tok, c_draft, c_ctx = self.cost.linearised(n, float(self._ctx.mean()))
+        ctx = float(self._ctx.mean())
+        c_base, c_tok, _, c_ctx = self.cost.linearised(n, ctx)
         t0 = c_base + c_tok * n + c_ctx * float(self._ctx.sum())
         c = self.coverage                              # a share c of request-steps has a draft to verify
-        return [c * g[i, :int(cap[i])] for i in range(n)], t0, c * (c_tok + c_draft)
+        # a draft token's cost: the secant of the step time from no drafts to the drafts the caps allow.
+        # Not a new request's marginal cost (that reads its whole context) nor the first draft token's
+        # (it carries the step's fixed cost of drafting, which the tokens after it share)
+        d = c * max(1.0, float(np.mean(cap))) if n else 1.0
+        per_tok = max(0.0, self.cost.mean_step_time(n, d, ctx) - self.cost.mean_step_time(n, 0.0, ctx)) / (max(1, n) * d)
+        return [c * g[i, :int(cap[i])] for i in range(n)], t0, c * per_tok
 
     def _adaptive(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> np.ndarray:
         """`budget: adaptive`: each request's drafts this event, at most `cap`."""

@@ -240,3 +240,25 @@ def test_response_position_factors_follow_the_samples():
     mean = sum(acc) / sum(req)
     assert f[0][1] == pytest.approx(6 / mean, rel=1e-3)
     assert response_position_factors([], 32) == [[0, 1.0]]
+
+
+def test_rule_prices_a_draft_token_at_its_own_cost_not_a_new_requests_on_a_roofline():
+    """On a GPU roofline at long context, a new request costs its whole context read and the first
+    draft token of a step carries the fixed cost of drafting; the tokens after it are near free.
+    The engines' rule (auto_disable, budget: adaptive) is priced with the step time's secant over
+    the drafts it decides about, so where every draft pays it keeps them (it used to turn half the
+    large-batch steps off and lose a fifth of uniform's speedup)."""
+    from nemo_rl_specdec.resources import config_path
+    from nemo_rl_specdec.sim.scenario import load_scenario
+
+    def run(*over):
+        return simulate(load_scenario(str(config_path("sim/das_math_r1_distill_7b.yaml")),
+                                      ["rl.num_steps=2", "workload.num_prompts=32", "speculation.k=8", *over]))
+
+    uniform = run("speculation.budget=uniform")
+    guarded = run("speculation.budget=uniform", "speculation.auto_disable=true")
+    adaptive = run("speculation.budget=adaptive")
+    assert uniform["rollout_speedup"] > 2.0
+    assert set(guarded["auto_disable_off_share_by_batch"].values()) == {0.0}
+    assert guarded["rollout_speedup"] == pytest.approx(uniform["rollout_speedup"])
+    assert adaptive["rollout_speedup"] >= 0.98 * uniform["rollout_speedup"]
