@@ -45,7 +45,9 @@ class RefreshConfig(_Strict):
 
 class SchedulingConfig(_Strict):
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
-    budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
+    # unset: adaptive where our proposer judges each step and auto_disable is on (DAS, n-gram with
+    # ngram.backend: specdec), else uniform
+    budget: Optional[Literal["uniform", "length_aware", "das", "adaptive"]] = None
     # [[batch_lo, batch_hi, k], ...] -> vLLM num_speculative_tokens_per_batch_size
     k_by_batch_size: Optional[list[tuple[int, int, int]]] = None
     # auto: a model drafter's k by batch size, chosen and re-checked from the engine's steps
@@ -136,6 +138,8 @@ class _SpecDecBlock(_Strict):
         k_auto = self.scheduling.k == "auto"
         if self.auto_disable is None:
             self.auto_disable = per_step or k_auto
+        if self.scheduling.budget is None:
+            self.scheduling.budget = "adaptive" if per_step and self.auto_disable else "uniform"
         if k_auto:
             self._check_k_auto()
         if self.enabled:

@@ -37,9 +37,10 @@ machine it is the steadier of the two.
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
 ``grpo.max_num_steps``, at least 5), ``windows`` (default 1, ``suffix.window_steps`` and twice it),
 ``scopes`` (default ``[problem, global, both]``), ``baselines`` (default ``[vllm_suffix,
-ngram, das_auto_disable_off, das_share_always, das_adaptive]``: the run file's DAS with every
-draft verified, with in-flight sharing on warm problems too (``suffix.share_in_flight: always``),
-and with per-request draft lengths chosen at every step (``scheduling.budget: adaptive``)),
+ngram, das_auto_disable_off, das_share_always]`` and the per-step rule the run file does not use,
+``das_uniform`` or ``das_adaptive``: the run file's DAS with every draft verified, with in-flight
+sharing on warm problems too (``suffix.share_in_flight: always``), and with all-or-nothing steps
+(``scheduling.budget: uniform``) or per-request draft lengths chosen at every step (``adaptive``)),
 ``core`` (CPU core the engines are pinned to, default 0), ``problem_seed``.
 """
 from __future__ import annotations
@@ -71,7 +72,9 @@ def _options(cfg: RunConfig) -> dict:
                           "(acceptance must be followed while the policy changes)")
     windows = b.get("windows", sorted({1, suffix.window_steps, 2 * suffix.window_steps}))
     scopes = b.get("scopes", ["problem", "global", "both"])
-    baselines = b.get("baselines", list(BASELINES))
+    # the per-step rule the run file's DAS does not use: adaptive lengths or all-or-nothing steps
+    other_rule = "das_uniform" if cfg.spec.scheduling.budget == "adaptive" else "das_adaptive"
+    baselines = b.get("baselines", [x for x in BASELINES if x not in ("das_adaptive", "das_uniform")] + [other_rule])
     if not windows or any(not isinstance(w, int) or w < 1 for w in windows):
         raise ConfigError(f"bench.das.windows: got {windows!r}; allowed: a list of ints >= 1")
     bad = [s for s in scopes if s not in ("problem", "global", "both")]
@@ -95,13 +98,16 @@ BASELINES = {
     "ngram": ("ngram", "vllm", "request", None, {"refresh": {"mode": "frozen"}}),
     # the default DAS with every draft verified: what auto_disable's per-step off switch changes
     "das_auto_disable_off": ("suffix", "das", None, {"backend": "das"},
-                             {"refresh": {"mode": "rebuild"}, "auto_disable": False}),
+                             {"refresh": {"mode": "rebuild"}, "auto_disable": False,
+                              "scheduling": {"budget": "uniform"}}),
     # the default DAS with siblings sharing in-flight tokens on warm problems too
     "das_share_always": ("suffix", "das", None, {"backend": "das", "share_in_flight": "always"},
                          {"refresh": {"mode": "rebuild"}}),
-    # the default DAS with per-step, per-request draft lengths instead of all-or-nothing steps
+    # the run file's DAS with per-step, per-request draft lengths, and with all-or-nothing steps
     "das_adaptive": ("suffix", "das", None, {"backend": "das"},
                      {"refresh": {"mode": "rebuild"}, "scheduling": {"budget": "adaptive"}}),
+    "das_uniform": ("suffix", "das", None, {"backend": "das"},
+                    {"refresh": {"mode": "rebuild"}, "scheduling": {"budget": "uniform"}}),
 }
 
 

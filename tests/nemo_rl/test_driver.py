@@ -85,7 +85,8 @@ class LocalWorkerGroup:
 
 @pytest.fixture(scope="module")
 def gen_cfg(nemo_rl_src, tmp_path_factory):
-    """policy.generation for configs/qwen3_8b_suffix.yaml after NeMo-RL's loading and our wrapped
+    """policy.generation for configs/qwen3_8b_suffix.yaml with budget: length_aware (budgets set at
+    submission travel with each request) after NeMo-RL's loading and our wrapped
     configure_generation_config (DAS, length-aware placement and budgets)."""
     from nemo_rl.algorithms.grpo import MasterConfig
     from nemo_rl.models.generation import configure_generation_config
@@ -96,7 +97,9 @@ def gen_cfg(nemo_rl_src, tmp_path_factory):
     assert code == -1
     path = run_grpo.write_composed(plan["base"], str(tmp_path_factory.mktemp("suffix")))
     register_omegaconf_resolvers()
-    master = MasterConfig(**OmegaConf.to_container(load_config(str(path)), resolve=True))
+    cfg = load_config(str(path))
+    OmegaConf.update(cfg, "policy.generation.speculative_decoding.scheduling.budget", "length_aware")
+    master = MasterConfig(**OmegaConf.to_container(cfg, resolve=True))
     gen = run_grpo.make_configure_wrapper(configure_generation_config)(
         copy.deepcopy(master.policy["generation"]), SimpleNamespace(pad_token_id=PAD, eos_token_id=2))
     gen[translate.EXCHANGE_KEY] = "specdec_rollouts_test"  # what SpecDecVllmGeneration.__init__ adds

@@ -107,7 +107,7 @@ EXPECTED_DEFAULTS = {
     "mtp": {},
     "refresh": {"mode": "rebuild", "every_n_steps": 1, "max_policy_lag": 0,
                 "distill": {"lr": 1e-3, "epochs": 2, "micro_batch_tokens": 4096, "max_tokens": 8192}},
-    "scheduling": {"placement": "contiguous", "budget": "uniform", "k_by_batch_size": None, "k": None,
+    "scheduling": {"placement": "contiguous", "budget": "adaptive", "k_by_batch_size": None, "k": None,
                    "long_fraction": 0.25, "short_fraction": 0.25},
     "on_refresh_error": "raise",
     "auto_disable": True,  # resolved per drafter: on for DAS (the default drafter)
@@ -947,3 +947,22 @@ def test_bad_k_auto_is_refused_with_its_key_path(block, key, allowed):
 def test_auto_disable_on_a_model_drafter_points_to_k_auto():
     with pytest.raises(ConfigError, match=rf"{B}\.auto_disable(?s:.*)scheduling\.k: auto"):
         spec_of(merge(DM, {"auto_disable": True}))
+
+
+@pytest.mark.parametrize("block, budget", [
+    ({}, "adaptive"),                                                       # DAS: our proposer judges each step
+    ({"auto_disable": False}, "uniform"),                                   # every draft verified
+    ({"suffix": {"backend": "vllm"}}, "uniform"),                           # vLLM's proposer: nothing judges steps
+    ({"drafter": "ngram"}, "uniform"),
+    ({"drafter": "ngram", "ngram": {"backend": "specdec"}}, "adaptive"),
+    ({"drafter": "draft_model", "draft_model": {"model": "/d"}}, "uniform"),
+    ({"scheduling": {"budget": "length_aware"}}, "length_aware"),           # a budget written is kept
+])
+def test_an_unset_budget_is_adaptive_where_our_proposer_judges_each_step(block, budget):
+    assert spec_of({"enabled": True, **block}).scheduling.budget == budget
+    assert spec_of({"enabled": False, **block}).scheduling.budget == budget
+
+
+def test_adaptive_written_with_auto_disable_off_is_still_refused():
+    with pytest.raises(ConfigError, match=r"auto_disable.*true or unset with scheduling.budget: adaptive"):
+        spec_of({"enabled": True, "auto_disable": False, "scheduling": {"budget": "adaptive"}})

@@ -17,14 +17,23 @@ def test_das_rows_run_auto_disable_and_the_off_baseline_verifies_every_draft():
     assert confs["vllm_suffix"]["cfg"].spec.auto_disable is False  # vLLM runs that proposer: nothing judges its steps
 
 
-def test_das_adaptive_row_changes_only_the_budget():
-    cfg = load_run_config(config_path("smollm2_cpu.yaml"), ["bench.das.steps=5"])
-    confs = {c["name"]: c for c in das.configurations(cfg, das._options(cfg))}
-    main = confs[f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"]["cfg"].spec
-    ad = confs["das_adaptive"]["cfg"].spec
-    assert ad.scheduling.budget == "adaptive" and ad.auto_disable is True
-    assert ad.scheduling.placement == cfg.spec.scheduling.placement == "length_aware"  # the run file's block, merged
-    assert ad.model_dump(exclude={"scheduling": {"budget"}}) == main.model_dump(exclude={"scheduling": {"budget"}})
+def test_the_other_per_step_rule_row_changes_only_the_budget():
+    """The run file's DAS beside the rule it does not use: tiny_cpu sets budget: uniform, SmolLM2's
+    leaves it unset (adaptive); the row keeps the run file's scheduling block otherwise."""
+    for name, main_budget, other, other_budget in (("tiny_cpu.yaml", "uniform", "das_adaptive", "adaptive"),
+                                                   ("smollm2_cpu.yaml", "adaptive", "das_uniform", "uniform")):
+        cfg = load_run_config(config_path(name), ["bench.das.steps=5"])
+        opts = das._options(cfg)
+        assert other in opts["baselines"] and {"das_adaptive", "das_uniform"} - {other} & set(opts["baselines"]) == set()
+        confs = {c["name"]: c for c in das.configurations(cfg, opts)}
+        main = confs[f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"]["cfg"].spec
+        row = confs[other]["cfg"].spec
+        assert (main.scheduling.budget, row.scheduling.budget) == (main_budget, other_budget)
+        assert row.auto_disable is True
+        assert row.scheduling.placement == cfg.spec.scheduling.placement == "length_aware"
+        assert row.model_dump(exclude={"scheduling": {"budget"}}) == main.model_dump(exclude={"scheduling": {"budget"}})
+        off = confs["das_auto_disable_off"]["cfg"].spec  # every draft verified: no per-step rule at all
+        assert off.auto_disable is False and off.scheduling.budget == "uniform"
 
 
 def _step(step, gen, base_gen, spec_s, base_s):
