@@ -105,9 +105,9 @@ BASELINES = {
                          {"refresh": {"mode": "rebuild"}}),
     # the run file's DAS with per-step, per-request draft lengths, and with all-or-nothing steps
     "das_adaptive": ("suffix", "das", None, {"backend": "das"},
-                     {"refresh": {"mode": "rebuild"}, "scheduling": {"budget": "adaptive"}}),
+                     {"refresh": {"mode": "rebuild"}, "auto_disable": True, "scheduling": {"budget": "adaptive"}}),
     "das_uniform": ("suffix", "das", None, {"backend": "das"},
-                    {"refresh": {"mode": "rebuild"}, "scheduling": {"budget": "uniform"}}),
+                    {"refresh": {"mode": "rebuild"}, "auto_disable": True, "scheduling": {"budget": "uniform"}}),
 }
 
 

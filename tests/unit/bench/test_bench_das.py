@@ -50,3 +50,14 @@ def test_throughput_ratio_leaves_out_the_sampled_length():
     assert out["wall_clock_ratio"] == 2.0 / 3.0  # the wall clock counts the longer samples against speculation
     assert out["throughput_ratio"] == (350 / 3.0) / (200 / 2.0)
     assert out["throughput_ratio_after_3"] == 1.5 and out["wall_clock_ratio_after_3"] == 1.0
+
+
+def test_a_run_file_that_verifies_every_draft_still_gets_both_rules():
+    """auto_disable: false in the run file (budget uniform, no per-step rule): the das_adaptive row
+    turns the rule on rather than failing validation (adaptive refuses auto_disable: false)."""
+    cfg = load_run_config(config_path("tiny_cpu.yaml"), ["policy.generation.speculative_decoding.auto_disable=false"])
+    confs = {c["name"]: c for c in das.configurations(cfg, {**das._options(cfg), "baselines": ["das_adaptive",
+                                                                                           "das_uniform"]})}
+    assert confs["das_adaptive"]["cfg"].spec.auto_disable is True
+    assert confs["das_uniform"]["cfg"].spec.auto_disable is True
+    assert confs["das_uniform"]["cfg"].spec.scheduling.budget == "uniform"
