@@ -271,9 +271,10 @@ class CostModel:
         b = max(1, batch)
         t1 = self.mean_step_time(b, 0.0, ctx)
         t2 = self.mean_step_time(b, 1.0, ctx)
-        c_tok = max(0.0, (self.mean_step_time(2 * b, 0.0, ctx) - t1) / b)
-        c_draft = max(0.0, (t2 - t1) / b - c_tok)
         c_ctx = max(0.0, (self.mean_step_time(b, 0.0, 2 * ctx + 1) - t1) / (b * (ctx + 1)))
+        # one more request costs a token and a read of its context; c_tok is the token alone
+        c_tok = max(0.0, (self.mean_step_time(2 * b, 0.0, ctx) - t1) / b - c_ctx * ctx)
+        c_draft = max(0.0, (t2 - t1) / b - c_tok)
         return max(1e-12, t1 - c_tok * b - c_ctx * b * ctx), c_tok, c_draft, c_ctx
 
 

@@ -231,8 +231,7 @@ class EngineSim:
         if factors is not None:
             g = g * factors[:, None]
         ctx = float(self._ctx.mean())
-        c_base, c_tok, _, c_ctx = self.cost.linearised(n, ctx)
-        t0 = c_base + c_tok * n + c_ctx * float(self._ctx.sum())
+        t0 = self.cost.mean_step_time(n, 0.0, ctx)
         c = self.coverage                              # a share c of request-steps has a draft to verify
         # a draft token's cost: the secant of the step time from no drafts to the drafts the caps allow.
         # Not a new request's marginal cost (that reads its whole context) nor the first draft token's

@@ -56,6 +56,20 @@ def test_roofline_is_flat_while_memory_bound_and_linear_past_the_knee():
     assert big[2] - big[1] == pytest.approx(8 * knee * per_token)
 
 
+@pytest.mark.parametrize("batch,ctx", [(8, 2000.0), (64, 4000.0), (128, 8000.0)])
+def test_linearised_roofline_counts_a_requests_context_read_once(batch, ctx):
+    """The linear form the submission-time budgets take: per verified token (c_tok), per draft
+    token (c_draft), per context token (c_ctx). A request's context read is in c_ctx only, so the
+    form gives the roofline's step time at batch, twice the batch and one draft each (c_tok used
+    to include the read too, counting it twice and driving c_base to its floor)."""
+    cm = CostModel(roofline=ROOF, target=DENSE)
+    c_base, c_tok, c_draft, c_ctx = cm.linearised(batch, ctx)
+    assert c_base > ROOF.overhead_s + 0.9 * DENSE.weight_bytes / ROOF.mem_bw_Bps   # the weight read
+    for n, d in ((batch, 0), (2 * batch, 0), (batch, 1)):
+        linear = c_base + c_tok * n * (1 + d) + c_draft * n * d + c_ctx * n * ctx
+        assert linear == pytest.approx(cm.mean_step_time(n, d, ctx), rel=1e-6)
+
+
 def test_kv_reads_move_the_knee():
     # a long context adds bytes: the same token count stays memory-bound longer
     assert step_time(400, ctx=0.0) > step_time(1, ctx=0.0)
