@@ -27,9 +27,10 @@ for the requests in flight (re-chosen at every event). Budget `adaptive` then cu
 every event with the engine's own rule (`drafters.adaptive.draft_lengths`): gains from the
 request's acceptance curve (and response-position factor, times the coverage), t0 from the cost
 model, and the cost of a draft token as the secant of the step time between no drafts and the
-drafts the caps allow (a linear rule priced at the point it decides about). With `auto_disable` (other budgets) the same inputs go to
-`drafters.adaptive.drafts_pay`: the event keeps its drafts or drafts nothing; the steps judged
-and turned off are counted by batch-size bin (`EngineStats.judged_by_batch`, `off_by_batch`).
+drafts the caps allow (a linear rule priced at the point it decides about). With `auto_disable`
+(other budgets) the same inputs go to `drafters.adaptive.drafts_pay`: the event keeps its drafts
+or drafts nothing; the steps judged and turned off are counted by batch-size bin
+(`EngineStats.judged_by_batch`, `off_by_batch`).
 """
 from __future__ import annotations
 
@@ -224,8 +225,8 @@ class EngineSim:
         return np.asarray(out, dtype=int)
 
     def _rule_inputs(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> tuple[list, float, float]:
-        """(gains, t0, c_tok) of the engines' per-step rule this event (module doc); `factors`: each
-        request's response-position factor, or None."""
+        """(gains, t0, price of a draft token) of the engines' per-step rule this event (module doc);
+        `factors`: each request's response-position factor, or None."""
         n = len(self._active)
         g = np.diff(self._A, axis=1)                   # acceptance of draft position j, unconditional
         if factors is not None:
@@ -237,7 +238,7 @@ class EngineSim:
         # Not a new request's marginal cost (that reads its whole context) nor the first draft token's
         # (it carries the step's fixed cost of drafting, which the tokens after it share)
         d = c * max(1.0, float(np.mean(cap))) if n else 1.0
-        per_tok = max(0.0, self.cost.mean_step_time(n, d, ctx) - self.cost.mean_step_time(n, 0.0, ctx)) / (max(1, n) * d)
+        per_tok = max(0.0, self.cost.mean_step_time(n, d, ctx) - t0) / (max(1, n) * d)
         return [c * g[i, :int(cap[i])] for i in range(n)], t0, c * per_tok
 
     def _adaptive(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> np.ndarray:
