@@ -336,6 +336,18 @@ def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
     return RunConfig(raw, generation, source)
 
 
+def validate_spec_block(block: Optional[dict]) -> dict:
+    """The speculative block as plain data, validated and with the schema's defaults applied (what the
+    driver hands every engine worker); raises ConfigError naming the dotted key path."""
+    if block is not None and not isinstance(block, dict):
+        raise ConfigError(f"{BLOCK_PATH}: got {block!r}; allowed: a mapping of speculative-decoding settings")
+    try:
+        generation = GenerationConfig.model_validate({"speculative_decoding": block or {}})
+    except ValidationError as e:
+        raise ConfigError(_format_pydantic(e, "policy.generation")) from None
+    return generation.speculative_decoding.model_dump(mode="json")
+
+
 def resolve_config_path(path: Optional[str]) -> Path:
     """A run file path; names not found from the working directory (`tiny_cpu.yaml`,
     `configs/tiny_cpu.yaml`) are looked up in the bundled configs/ (resources.py)."""
