@@ -55,7 +55,7 @@ class GRPOTrainer:
 
     def __init__(self, policy_dir: str | Path, lr: float = 1e-4, seed: int = 0, *, temperature: float = 1.0,
                  max_grad_norm: float = 1.0, clip_eps: float = 0.2, weight_decay: float = 0.0,
-                 kl_coef: float = 0.0, dual_clip_c: float = 3.0, micro_batch_tokens: int = 16384, use_rollout_logprobs: bool = True,
+                 kl_coef: float = 0.0, dual_clip_c: float = 3.0, micro_batch_tokens: int = 2048, use_rollout_logprobs: bool = True,
                  num_threads: Optional[int] = None):
         import torch
         from transformers import AutoModelForCausalLM

@@ -78,6 +78,23 @@ def test_no_signal_means_no_change_and_behaviour_logprobs_are_used(policy_dir):
     assert s["behaviour_logprob_gap"] is not None and s["clip_fraction"] == pytest.approx(0.5)
 
 
+def test_micro_batches_give_the_update_of_one_batch(policy_dir):
+    """micro_batch_tokens bounds memory, not the result: the update is the same however the batch is split."""
+    rollouts = [{"prompt_token_ids": [1, 2, 3], "token_ids": [4 + i, 5, 6 + i, 7][: 2 + i % 3]} for i in range(6)]
+    rewards, groups = [1.0, 0.0, 0.5, 1.0, 0.0, 0.0], [0, 0, 0, 1, 1, 1]
+    out = []
+    for budget in (10_000, 8, 1):  # one batch; two sequences per micro-batch; one per micro-batch
+        t = GRPOTrainer(policy_dir, lr=1e-2, seed=0, micro_batch_tokens=budget)
+        stats = t.step(rollouts, rewards, groups)
+        out.append((t.state_dict(), stats))
+    (ref, ref_stats), rest = out[0], out[1:]
+    for sd, stats in rest:
+        assert stats["loss"] == pytest.approx(ref_stats["loss"], rel=1e-5, abs=1e-7)
+        assert stats["grad_norm"] == pytest.approx(ref_stats["grad_norm"], rel=1e-4)
+        assert all(torch.allclose(sd[k], ref[k], atol=1e-6) for k in ref)
+    assert any(not torch.equal(ref[k], GRPOTrainer(policy_dir, seed=0).state_dict()[k]) for k in ref)
+
+
 def test_gradient_clipping_bounds_the_update(policy_dir):
     lr = 1e-3
     t = GRPOTrainer(policy_dir, lr=lr, seed=0, max_grad_norm=1e-4)
