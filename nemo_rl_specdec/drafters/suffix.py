@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from nemo_rl_specdec.drafters.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
@@ -89,6 +89,12 @@ class SuffixConfig(Strict):
     share_in_flight: Literal["cold", "always", "off"] = Field(
         "cold", description="das backend: running requests share their verified tokens with same-problem siblings "
         "through the store while their problem has no stored rollouts (cold), always, or never (off)")
+
+    @field_validator("share_in_flight", mode="before")
+    @classmethod
+    def _yaml_off(cls, v):
+        # YAML 1.1 (OmegaConf, Hydra) reads an unquoted `off` as the boolean false
+        return "off" if v is False else v
 
     @model_validator(mode="after")
     def _read_by_backend(self):

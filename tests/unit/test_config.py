@@ -752,6 +752,17 @@ def test_typo_in_an_override_key_is_not_ignored():
     assert f"{B}.refresh.mod:" in str(ei.value) and "did you mean 'mode'" in str(ei.value)
 
 
+def test_share_in_flight_off_written_unquoted_in_yaml_is_off(tmp_path):
+    """YAML 1.1 reads `off` as false; the setting's value `off` must still be what arrives."""
+    f = tmp_path / "run.yaml"
+    f.write_text("policy:\n  model_name: /ckpt/policy\n  generation:\n    speculative_decoding:\n"
+                 "      suffix:\n        share_in_flight: off\n")
+    assert load_run_config(str(f)).spec.suffix.share_in_flight == "off"
+    assert load_run_config("tiny_cpu.yaml", [f"{B}.suffix.share_in_flight=off"]).spec.suffix.share_in_flight == "off"
+    with pytest.raises(ConfigError, match=rf"{B}\.suffix\.share_in_flight: got True"):
+        load_run_config("tiny_cpu.yaml", [f"{B}.suffix.share_in_flight=on"])
+
+
 def test_bad_value_in_an_override_names_the_key():
     with pytest.raises(ConfigError) as ei:
         load_run_config(str(TINY), [f"{B}.drafter=medusa"])
