@@ -34,6 +34,11 @@ moves the wall-clock ratio by as much as speculation does on a weak drafter; the
 (this process's CPU seconds, same pairing) is reported next to the wall-clock ratio: on a shared
 machine it is the steadier of the two.
 
+``replay tok/fwd`` (``replay_tokens_per_target_forward``, and after 3 steps): each configuration's
+drafter proposing on one text, the no-spec engine's rollouts of phase 1, with every draft verified
+against them (:mod:`nemo_rl_specdec.bench.replay`). The engine rows sample their own texts; the
+replay compares the drafters on the same one, without the per-step rules' cuts.
+
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
 ``grpo.max_num_steps``, at least 5), ``windows`` (default 1, ``suffix.window_steps`` and twice it),
 ``scopes`` (default ``[problem, global, both]``), ``baselines`` (default ``[vllm_suffix,
@@ -46,12 +51,11 @@ sharing on warm problems too (``suffix.share_in_flight: always``), and with all-
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import time
 from typing import Any
 
-from nemo_rl_specdec.bench import say, suite_options
+from nemo_rl_specdec.bench import release_memory, say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.update import PolicyUpdate
 
@@ -167,6 +171,7 @@ def _time_vllm_proposer(engine) -> None:
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:
     from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.bench.replay import replay
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.rollouts import Request
@@ -191,9 +196,10 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
 
         # phase 1: the policy trajectory (GRPO on the no-spec engine's rollouts); weights[t] = version t
         trainer = GRPOTrainer(cfg.model_path, lr=opts["lr"], seed=opts["seed"], temperature=max(g.temperature, 1e-3))
-        weights, train_log = [trainer.state_dict()], []
+        weights, train_log, recorded = [trainer.state_dict()], [], []
         for step in range(opts["steps"]):
             res = baseline.generate(reqs, temperature=g.temperature)
+            recorded.append(res.rollouts)
             rewards = task.run_rewards(cfg, tok, problems, res.rollouts, G)
             t0 = time.perf_counter()
             tstats = trainer.step(res.rollouts, rewards, [i // G for i in range(len(res.rollouts))])
@@ -205,7 +211,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
             _say(f"trajectory step {step}: reward {tstats['mean_reward']:.3f}, {res.metrics.generated_tokens} tokens "
                  f"in {res.metrics.seconds:.1f}s, GRPO loss {tstats['loss']:+.4f} grad norm {tstats['grad_norm']:.3f}")
         del trainer
-        gc.collect()
+        release_memory()
 
         # phase 2: one speculative engine at a time; at every step the baseline rolls out the same
         # batch on the same weights right before it (same machine load), then both get version t+1
@@ -230,10 +236,14 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                      + f" tok/fwd per step; last step x{r['wall_clock_ratio'] or 0:.2f} wall clock")
             finally:
                 e.close()
-                gc.collect()
+                release_memory()
     finally:
         baseline.close()
-        gc.collect()
+        release_memory()
+    # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
+    # the sampling noise between engines
+    for c in confs:
+        c["replay"] = replay(c["cfg"].spec, recorded, g.vllm_cfg.max_model_len, g.temperature)
     results = [_summarize(c, per_step[c["name"]]) for c in confs]
     for r in results:
         r["train"] = train_log
@@ -320,6 +330,14 @@ def _summarize(c: dict, rows: list) -> dict:
            "throughput_ratio_after_3": late["throughput_ratio"],
            "cpu_time_ratio_after_3": late["cpu_time_ratio"],
            "per_step": rows}
+    if c.get("replay"):
+        def per_forward(rs: list):
+            f = sum(r["target_forwards"] for r in rs)
+            return sum(r["generated_tokens"] for r in rs) / f if f else None
+
+        out["replay_tokens_per_target_forward"] = per_forward(c["replay"])
+        out["replay_tokens_per_target_forward_after_3"] = per_forward(c["replay"][AFTER_STEP:])
+        out["replay_per_step"] = c["replay"]
     if c["backend"] == "das":
         costs = [r["update_cost_pct"] for r in rows if r.get("update_cost_pct") is not None]
         spec_s = sum(r["spec_s"] for r in rows)
@@ -343,20 +361,24 @@ def _print(results: list, train_log: list) -> None:
                "accept": r["acceptance_rate"], "speedup": r["wall_clock_ratio"], "cpu speedup": r["cpu_time_ratio"],
                "tok/s ratio": r["throughput_ratio"], f"tok/s ratio s>={AFTER_STEP}": r["throughput_ratio_after_3"],
                "update %": r.get("update_cost_pct"), "rebuild bg %": r.get("rebuild_bg_pct"),
-               "propose %": r.get("propose_pct"), "propose cpu %": r.get("propose_cpu_pct")}
+               "propose %": r.get("propose_pct"), "propose cpu %": r.get("propose_cpu_pct"),
+               "replay tok/fwd": r.get("replay_tokens_per_target_forward"),
+               f"replay s>={AFTER_STEP}": r.get("replay_tokens_per_target_forward_after_3")}
         for s in range(steps):
             row[f"s{s}"] = r["per_step"][s]["tokens_per_target_forward"]
         rows.append(row)
     cols = ["config", "tok/fwd", f"tok/fwd s>={AFTER_STEP}", "accept", "speedup", "cpu speedup", "tok/s ratio",
             f"tok/s ratio s>={AFTER_STEP}", "update %",
-            "rebuild bg %", "propose %", "propose cpu %"] + \
+            "rebuild bg %", "propose %", "propose cpu %", "replay tok/fwd", f"replay s>={AFTER_STEP}"] + \
         [f"s{s}" for s in range(steps)]
     print("DAS suite: tokens per target forward per RL step (s0..); speedup = no-spec wall s / spec wall s, "
           "cpu speedup = the same with this process's CPU seconds (robust to other load on the machine); "
           "tok/s ratio = spec tokens/s over no-spec tokens/s (at T > 0 the engines sample different lengths); "
           "update % = drafter refresh left on the critical path, rebuild bg % = the staged rebuild on its "
           "thread, propose % = proposer time; all as % of the engine's rollout seconds; propose cpu % = the "
-          "proposer's CPU seconds as % of the rollout's CPU seconds")
+          "proposer's CPU seconds as % of the rollout's CPU seconds; replay tok/fwd = the configuration's "
+          "drafter on the no-spec engine's text of phase 1, every draft verified against it (one text for "
+          "every row)")
     print_table(rows, cols)
     print("GRPO: " + "  ".join(f"s{i} reward {t['mean_reward']:.3f} loss {t['loss']:+.4f}"
                                for i, t in enumerate(train_log)))

@@ -1,0 +1,150 @@
+"""List drafters replayed on one recorded text (the ``replay_*`` figures of ``bench --suite das``).
+
+At T > 0 every engine samples its own text, so engine rows compare drafters on different texts.
+Here each drafter proposes on the same text: batches of rollouts a no-spec engine generated, fed
+as a vLLM model runner feeds its proposer (every running request once per target forward, its
+verified tokens in ``token_ids_cpu``), with every draft verified against the recorded tokens.
+For a deterministic draft, accepting a drafted token iff the recorded sample equals it has the
+acceptance distribution of vLLM's rejection sampler, so tokens per target forward are measured
+without the sampling noise between engines, and without any step time: what the per-step rules
+(``auto_disable``, ``budget: adaptive``) would withhold is verified here too.
+
+Drafters: our custom_class proposers (DAS; n-gram with ``ngram.backend: specdec``) and vLLM's own
+``suffix`` and ``ngram`` proposers, each built from the speculative block its engine gets. DAS gets
+each batch's rollouts after the batch (``specdec_rebuild``, version = batch index + 1), as
+``refresh.mode: rebuild`` does; the others keep their own state, as in an engine.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import numpy as np
+
+from nemo_rl_specdec.config import SpecDecConfig, to_vllm_speculative_config, validate_spec_block
+
+
+class _Batch:
+    """The fields of vLLM's InputBatch that the proposers read."""
+
+    def __init__(self, req_ids: list, n: list, prompt_lens: list, width: int):
+        self.req_ids = req_ids
+        self.req_id_to_index = {r: i for i, r in enumerate(req_ids)}
+        self.num_tokens_no_spec = np.asarray(n, dtype=np.int32)
+        self.num_prompt_tokens = np.asarray(prompt_lens, dtype=np.int32)
+        self.token_ids_cpu = np.zeros((len(req_ids), width), dtype=np.int32)
+
+
+def _vllm_config(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int, temperature: float):
+    sc = to_vllm_speculative_config(spec, temperature)
+    return SimpleNamespace(speculative_config=SimpleNamespace(**{"prompt_lookup_min": None, "prompt_lookup_max": None,
+                                                                 **sc}),
+                           model_config=SimpleNamespace(max_model_len=max_model_len),
+                           scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+                           parallel_config=SimpleNamespace(tensor_parallel_size=1))
+
+
+def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1024, temperature: float = 1.0):
+    """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block."""
+    vc = _vllm_config(spec, max_model_len, max_num_seqs, temperature)
+    method, k = vc.speculative_config.method, spec.num_speculative_tokens
+    if method == "custom_class":
+        import importlib
+
+        mod, _, cls = vc.speculative_config.model.rpartition(".")
+        p = getattr(importlib.import_module(mod), cls)(vc)
+        runner = SimpleNamespace(input_batch=None, requests={})
+        block = spec.model_dump(mode="json")
+        block["auto_disable"] = False  # every draft verified: no step time to judge by
+        block["scheduling"] = {**block["scheduling"], "budget": "uniform"}
+        p.specdec_attach(runner, validate_spec_block(block))
+
+        def propose(batch: _Batch, sampled: list, requests: dict) -> list:
+            runner.input_batch, runner.requests = batch, requests
+            return p.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
+
+        def after_batch(rollouts: list, version: int) -> None:
+            runner.input_batch, runner.requests = _Batch([], [], [], 1), {}
+            p.propose([], np.zeros(0, dtype=np.int32), np.zeros((0, 1), dtype=np.int32))  # requests finished
+            if hasattr(p, "specdec_rebuild") and spec.refresh.mode == "rebuild":
+                p.specdec_rebuild(rollouts, version)
+
+        return propose, after_batch
+    if method == "suffix":
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        p = SuffixDecodingProposer(vc)
+
+        def propose(batch: _Batch, sampled: list, requests: dict) -> list:
+            return p.propose(k, batch, sampled)
+    elif method == "ngram":
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        p = NgramProposer(vc)
+
+        def propose(batch: _Batch, sampled: list, requests: dict) -> list:
+            return [list(d) for d in p.propose(k, sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)]
+    else:
+        raise ValueError(f"replay: drafter {spec.drafter!r} ({method}) is not a list drafter; allowed: suffix, "
+                         "ngram (a model drafter's drafts need the model)")
+
+    def after_batch(rollouts: list, version: int) -> None:
+        propose(_Batch([], [], [], 1), [], {})  # requests finished: vLLM's suffix cache stops them
+
+    return propose, after_batch
+
+
+def _field(r: Any, name: str):
+    return r[name] if isinstance(r, dict) else getattr(r, name)
+
+
+def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len: int,
+           temperature: float = 1.0) -> list[dict]:
+    """Per batch: generated tokens, target forwards (the prefill's included, as in ``metrics.py``),
+    drafts, draft tokens and accepted tokens of ``spec``'s drafter on the recorded rollouts
+    (objects or dicts with ``problem_id``, ``prompt_token_ids``, ``token_ids``)."""
+    propose, after_batch = make_proposer(spec, max_model_len, max(len(b) for b in batches), temperature)
+    k = spec.num_speculative_tokens
+    out = []
+    for v, rollouts in enumerate(batches):
+        recs = [(f"replay-{v}-{i}", _field(r, "problem_id"), list(_field(r, "prompt_token_ids")),
+                 list(_field(r, "token_ids"))) for i, r in enumerate(rollouts)]
+        text = {rid: np.asarray(p + t, dtype=np.int32) for rid, _, p, t in recs}
+        plen = {rid: len(p) for rid, _, p, _ in recs}
+        end = {rid: len(p) + len(t) for rid, _, p, t in recs}
+        requests = {rid: SimpleNamespace(prompt_token_ids=p, sampling_params=SimpleNamespace(
+            extra_args={} if pid is None else {"problem_id": pid})) for rid, pid, p, _ in recs}
+        n = {rid: plen[rid] + 1 for rid in text}  # the prefill forward sampled the first token
+        sampled = {rid: [int(text[rid][n[rid] - 1])] for rid in text}
+        row = {"generated_tokens": sum(len(t) for *_, t in recs), "target_forwards": len(recs), "drafts": 0,
+               "draft_tokens": 0, "accepted_tokens": 0, "accepted_draft_tokens": 0}
+        active = [rid for rid in text if n[rid] < end[rid]]
+        width = max(end.values()) + k + 1
+        while active:
+            batch = _Batch(active, [n[r] for r in active], [plen[r] for r in active], width)
+            for i, rid in enumerate(active):
+                batch.token_ids_cpu[i, :n[rid]] = text[rid][:n[rid]]
+            drafts = propose(batch, [sampled[r] for r in active], requests)
+            still = []
+            for rid, d in zip(active, drafts):
+                d = list(d)[:k]
+                t, m = text[rid], n[rid]
+                a = 0
+                while a < len(d) and m + a < end[rid] and d[a] == t[m + a]:
+                    a += 1
+                made = min(a + 1, end[rid] - m)  # the tokens past the response's end are never sampled
+                sampled[rid] = [int(x) for x in t[m:m + made]]
+                n[rid] = m + made
+                row["target_forwards"] += 1
+                row["drafts"] += bool(d)
+                row["draft_tokens"] += len(d)
+                row["accepted_tokens"] += made - 1
+                row["accepted_draft_tokens"] += a
+                if n[rid] < end[rid]:
+                    still.append(rid)
+            active = still
+        after_batch([{"problem_id": pid, "prompt_token_ids": p, "token_ids": t, "policy_version": v}
+                     for _, pid, p, t in recs], v + 1)
+        row["tokens_per_target_forward"] = row["generated_tokens"] / row["target_forwards"]
+        out.append(row)
+    return out
