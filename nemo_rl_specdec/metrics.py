@@ -6,7 +6,11 @@ Definitions (per generate call, or summed over calls):
 - acceptance_length = tokens per target forward = generated / (generated - accepted): each
   request-forward yields one target token plus the drafts it accepted, so this counts steps
   without drafts too (short requests under a length-aware budget), unlike vLLM's
-  1 + accepted / drafts, which we report as `accepted_per_draft_step`;
+  1 + accepted / drafts, which we report as `accepted_per_draft_step`. A request whose last
+  forward accepted drafts up to its final token yields no bonus token there, but vLLM counts
+  those drafts as accepted, so that forward is not counted: with short responses drafted to
+  their end this overstates the figure (one forward per such request; bench/replay.py counts
+  forwards exactly);
 - accepted_per_position[i]: drafts whose i-th token was accepted, over drafts.
 """
 from __future__ import annotations
