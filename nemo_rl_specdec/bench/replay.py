@@ -44,6 +44,25 @@ def _vllm_config(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int, tem
                            parallel_config=SimpleNamespace(tensor_parallel_size=1))
 
 
+def _suffix(vc, k: int):
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+    p = SuffixDecodingProposer(vc)
+    return lambda batch, sampled, requests: p.propose(k, batch, sampled)
+
+
+def _ngram(vc, k: int):
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+    p = NgramProposer(vc)
+    return lambda batch, sampled, requests: [list(d) for d in p.propose(k, sampled, batch.num_tokens_no_spec,
+                                                                         batch.token_ids_cpu)]
+
+
+# vLLM's own list proposers by speculative_config.method, called as its model runner calls them
+_VLLM_PROPOSERS = {"suffix": _suffix, "ngram": _ngram}
+
+
 def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1024, temperature: float = 1.0):
     """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block."""
     vc = _vllm_config(spec, max_model_len, max_num_seqs, temperature)
@@ -70,23 +89,12 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
                 p.specdec_rebuild(rollouts, version)
 
         return propose, after_batch
-    if method == "suffix":
-        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
-
-        p = SuffixDecodingProposer(vc)
-
-        def propose(batch: _Batch, sampled: list, requests: dict) -> list:
-            return p.propose(k, batch, sampled)
-    elif method == "ngram":
-        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
-
-        p = NgramProposer(vc)
-
-        def propose(batch: _Batch, sampled: list, requests: dict) -> list:
-            return [list(d) for d in p.propose(k, sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)]
-    else:
-        raise ValueError(f"replay: drafter {spec.drafter!r} ({method}) is not a list drafter; allowed: suffix, "
-                         "ngram (a model drafter's drafts need the model)")
+    build = _VLLM_PROPOSERS.get(method)
+    if build is None:
+        raise ValueError(f"replay: drafter {spec.drafter!r} ({method}) is not a list drafter; allowed: those vLLM "
+                         f"runs as {sorted(_VLLM_PROPOSERS)} or as our custom_class (a model drafter's drafts need "
+                         "the model)")
+    propose = build(vc, k)
 
     def after_batch(rollouts: list, version: int) -> None:
         propose(_Batch([], [], [], 1), [], {})  # requests finished: vLLM's suffix cache stops them

@@ -38,12 +38,10 @@ class SpecdecProposer:
             self.runner = caller
 
     def specdec_attach(self, runner, spec: dict) -> None:
-        """Called by the worker extension at init: the runner handle and the speculative block, which
-        is validated here as well (a misplaced key raises ConfigError instead of being ignored)."""
-        from nemo_rl_specdec.config import validate_spec_block
-
+        """Called by the worker extension at init: the runner handle and the speculative block (as
+        validated by `config.validate_spec_block`)."""
         self.runner = runner
-        self.configure(validate_spec_block(spec))
+        self.configure(spec)
 
     def specdec_metrics(self) -> dict:
         """Flat numbers for the trainer's metrics (`specdec_state()["metrics"]`; NeMo-RL logs them as

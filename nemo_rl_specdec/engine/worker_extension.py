@@ -90,9 +90,12 @@ class SpecDecWorkerExtension:
         return fingerprint(d, exclude=shared_parameter_names(d, self._specdec_target()))
 
     def specdec_init(self, spec: dict) -> dict:
-        """Record the block, apply the CPU sampling fix, find the drafter, fingerprint it."""
+        """Validate and record the block (a misplaced key raises ConfigError with its path, here too),
+        apply the CPU sampling fix, find the drafter, fingerprint it."""
+        from nemo_rl_specdec.config import validate_spec_block
         from nemo_rl_specdec.engine.cpu_fixes import apply_cpu_sampling_fix
 
+        spec = validate_spec_block(spec)
         st = self._specdec()
         st.spec = dict(spec)
         st.mode = (spec.get("refresh") or {}).get("mode") or "frozen"

@@ -411,18 +411,3 @@ def test_step_times_are_sampled_between_calls_of_the_same_requests():
     assert p.judge.fit.samples == 4  # the first call's step prefilled the request: not a decode sample
     assert p.counters["adaptive_steps"] == 0  # uniform: measured, never cut
 
-
-@pytest.mark.parametrize("block, path", [
-    ({"scheduling": {"auto_disable": False}}, r"speculative_decoding\.scheduling\.auto_disable: unknown key"),
-    ({"suffix": {"window": 4}}, r"speculative_decoding\.suffix\.window: unknown key .*'window_steps'"),
-    ({"scheduling": {"budget": "adaptiv"}}, r"speculative_decoding\.scheduling\.budget: got 'adaptiv'"),
-])
-def test_attach_rejects_a_block_the_schema_rejects_with_its_key_path(block, path):
-    """The proposer reads the block it is handed; a misplaced key must not be dropped on the way."""
-    from nemo_rl_specdec.config import ConfigError
-    from nemo_rl_specdec.drafters.suffix import DASProposer
-
-    vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                         model_config=SimpleNamespace(max_model_len=256))
-    with pytest.raises(ConfigError, match=path):
-        DASProposer(vc).specdec_attach(_Runner([]), block)
