@@ -70,7 +70,7 @@ def test_bounded_match_gives_the_same_drafts_whenever_the_match_fits_the_bound()
     p = _proposer(k=4, scope="global", max_match_len=6)
     ctx = PROMPT + list(range(40, 50))
     r = _Runner([("m-1", None, ctx)])
-    p.specdec_attach(r, {"suffix": p.settings, "scheduling": {"budget": "uniform"}})
+    p.specdec_attach(r, {"suffix": p.settings})
     p.use_local = False
     p.specdec_rebuild([rollout(list(range(40, 60)), 0, pid=None)], 1)
     out = p.propose([[1]], r.n, r.tokens)
@@ -157,7 +157,7 @@ def test_proposer_feeds_accepted_lengths_back_into_the_calibration():
     p = _proposer(k=4, scope="problem")
     resp = list(range(40, 52))
     r = _Runner([("f-1", {"problem_id": "A"}, PROMPT + resp[:1])])
-    p.specdec_attach(r, {"suffix": p.settings, "scheduling": {"budget": "uniform"}})
+    p.specdec_attach(r, {"suffix": p.settings})
     p.use_local = False
     p.specdec_rebuild([rollout(resp, 0, pid="A")], 1)
     assert p.propose([[1]], r.n, r.tokens) == [resp[1:5]]
@@ -177,7 +177,7 @@ def test_request_without_problem_id_uses_the_global_tree_and_is_counted():
     resp = list(range(40, 52))
     r = _Runner([("n-1", None, PROMPT + [40]), ("n-2", {"problem_id": "A"}, PROMPT + [40]),
                  ("n-3", {"other": 1}, PROMPT + [40])])
-    p.specdec_attach(r, {"suffix": p.settings, "scheduling": {"budget": "uniform"}})
+    p.specdec_attach(r, {"suffix": p.settings})
     p.use_local = False
     p.specdec_rebuild([rollout(resp, 0, pid="A")], 1)
     out = p.propose([[1]] * 3, r.n, r.tokens)
@@ -194,7 +194,7 @@ def test_staged_rebuild_is_fenced_until_installed_at_exactly_its_version():
     p = _proposer(k=4, scope="problem")
     resp = list(range(40, 52))
     r = _Runner([("s-1", {"problem_id": "A"}, PROMPT + [40])])
-    p.specdec_attach(r, {"suffix": p.settings, "scheduling": {"budget": "uniform"}})
+    p.specdec_attach(r, {"suffix": p.settings})
     p.use_local = False
     p.specdec_rebuild([rollout(resp, 0, pid="A")], 1)
     assert p.propose([[1]], r.n, r.tokens) == [resp[1:5]]
@@ -410,4 +410,3 @@ def test_step_times_are_sampled_between_calls_of_the_same_requests():
         p.propose([[1]], r.n, r.tokens)
     assert p.judge.fit.samples == 4  # the first call's step prefilled the request: not a decode sample
     assert p.counters["adaptive_steps"] == 0  # uniform: measured, never cut
-

@@ -256,7 +256,7 @@ def test_proposer_budget_clamp_and_problem_lookup():
             ("r4-eeee", None, PROMPT),                                           # no extra_args: global
             ("r5-ffff", {"problem_id": "A"}, PROMPT)]                            # partial prefill
     r = _FakeRunner(rows)
-    p.specdec_attach(r, {"suffix": p.settings, "scheduling": {"budget": "uniform"}})  # attach re-configures: store rebuilt empty
+    p.specdec_attach(r, {"suffix": p.settings})  # attach re-configures: store rebuilt empty
     p.specdec_rebuild([rollout(resp, 0, pid="A")], 1)
     sampled = [[1], [1], [1], [1], [1], []]
     out = p.propose(sampled, r.n, r.tokens)
@@ -277,7 +277,7 @@ def test_proposer_never_exceeds_model_len_or_k_and_uses_own_tokens():
     p = _proposer(k=8, max_model_len=10)
     r = _FakeRunner([("x-1", {"problem_id": "A"}, [3, 1, 2, 3, 1, 2, 3])], max_model_len=10)
     # only the per-request tree may see the request's own tokens here
-    p.specdec_attach(r, {"suffix": {**p.settings, "share_in_flight": "off"}, "scheduling": {"budget": "uniform"}})
+    p.specdec_attach(r, {"suffix": {**p.settings, "share_in_flight": "off"}})
     # empty store: the request's own tokens (local tree) give the draft, cut at max_model_len - n - 1 = 2
     out = p.propose([[3]], r.n, r.tokens)
     assert out == [[1, 2]]
@@ -308,7 +308,7 @@ def test_in_flight_siblings_share_tokens_and_the_rebuild_settles_them():
     behind = PROMPT + [40]
     r = _FakeRunner([("a-1", {"problem_id": "A"}, ahead), ("b-1", {"problem_id": "A"}, behind),
                      ("c-1", {"problem_id": "C"}, PROMPT + [40])])
-    p.specdec_attach(r, {"suffix": p.settings, "scheduling": {"budget": "uniform"}})
+    p.specdec_attach(r, {"suffix": p.settings})
     p.use_local = False
     out = p.propose([[1], [1], [1]], r.n, r.tokens)
     assert out[1] == [41, 42, 43, 44]  # from sibling a-1, still generating
@@ -351,7 +351,7 @@ def test_proposer_promotes_a_request_that_outlives_its_predicted_length():
     r = _FakeRunner(rows)
     for req in r.requests.values():
         req.prompt_token_ids = PROMPT      # output length = context - prompt
-    p.specdec_attach(r, {"suffix": p.settings, "scheduling": {"budget": "uniform"}})
+    p.specdec_attach(r, {"suffix": p.settings})
     p.specdec_rebuild([rollout(resp, 0, pid="A")], 1)
     out = p.propose([[1]] * 4, r.n, r.tokens)
     assert out[0] == []                    # 3 tokens out of a predicted 3: still within, budget 0
