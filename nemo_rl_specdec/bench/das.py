@@ -170,8 +170,8 @@ def _time_vllm_proposer(engine) -> None:
 
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:
-    from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.rollouts import Request
@@ -212,6 +212,10 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                  f"in {res.metrics.seconds:.1f}s, GRPO loss {tstats['loss']:+.4f} grad norm {tstats['grad_norm']:.3f}")
         del trainer
         release_memory()
+        # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
+        # the sampling noise between engines; seconds, and before any speculative engine starts
+        for c in confs:
+            c["replay"] = replay(c["cfg"].spec, recorded, g.vllm_cfg.max_model_len, g.temperature)
 
         # phase 2: one speculative engine at a time; at every step the baseline rolls out the same
         # batch on the same weights right before it (same machine load), then both get version t+1
@@ -240,10 +244,6 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     finally:
         baseline.close()
         release_memory()
-    # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
-    # the sampling noise between engines
-    for c in confs:
-        c["replay"] = replay(c["cfg"].spec, recorded, g.vllm_cfg.max_model_len, g.temperature)
     results = [_summarize(c, per_step[c["name"]]) for c in confs]
     for r in results:
         r["train"] = train_log
