@@ -24,10 +24,8 @@ def _write_json(path: str, obj) -> None:
 
 def _validate(args) -> int:
     from nemo_rl_specdec.config import load_run_config, to_vllm_speculative_config
-    from nemo_rl_specdec.models import paths_only
 
-    with paths_only():  # validating a run file never downloads or converts a model
-        cfg = load_run_config(args.run_yaml, args.overrides)
+    cfg = load_run_config(args.run_yaml, args.overrides)
     out = {
         "source": cfg.source,
         "speculative_decoding": cfg.spec.model_dump(mode="json"),
@@ -244,11 +242,16 @@ def main(argv: list[str] | None = None) -> int:
         from nemo_rl_specdec.openmp import reexec_with_iomp
 
         reexec_with_iomp(sys.argv[1:])  # vLLM CPU wants Intel OpenMP preloaded; returns if n/a
+    from nemo_rl_specdec.models import ModelUnavailable
+
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ModelUnavailable as e:  # a named model's checkpoint could not be made where it was needed
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -243,7 +243,11 @@ class RunConfig:
 
     @property
     def model_path(self) -> str:
-        return str(self.raw["policy"]["model_name"])
+        """The policy checkpoint, ready to load: a `${specdec_model:NAME}` checkpoint is made here on
+        first use (models.ensure), never when the run file is loaded or validated."""
+        from nemo_rl_specdec.models import ensure
+
+        return ensure(str(self.raw["policy"]["model_name"]))
 
     def get(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.raw

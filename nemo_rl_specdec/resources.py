@@ -1,5 +1,6 @@
-"""Where the bundled files are: the example run files and simulator scenarios (`configs/`) and the
-tiny models (`assets/`). Every module that needs one asks here.
+"""Where the package's files are: the bundled example run files and simulator scenarios
+(`configs/`), the tiny models (`assets/`), and the one cache directory for what it makes at run time.
+Every module that needs one asks here.
 
 Both are found through `importlib.resources` from the package itself. An installed wheel carries
 them as package data, `nemo_rl_specdec/configs/` and `nemo_rl_specdec/assets/` (pyproject.toml maps
@@ -8,10 +9,14 @@ checkout on PYTHONPATH), `configs/` is the checkout's own, beside the package.
 """
 from __future__ import annotations
 
+import os
 from importlib.resources import files
 from pathlib import Path
+from typing import Optional
 
 PACKAGE = "nemo_rl_specdec"
+CACHE_ENV = "NEMO_RL_SPECDEC_CACHE"
+DEFAULT_CACHE = Path("~/.cache/nemo_rl_specdec")
 
 
 def package_dir() -> Path:
@@ -51,3 +56,13 @@ def asset_path(*parts: str) -> Path:
     """A file or folder below the bundled assets/ (`asset_path("tiny", "policy")`), the target of
     `${specdec_asset:tiny/policy}` in a run file."""
     return package_dir().joinpath("assets", *parts)
+
+
+def cache_dir(override: Optional[str | os.PathLike] = None) -> Path:
+    """The cache root: `override`, else $NEMO_RL_SPECDEC_CACHE, else ~/.cache/nemo_rl_specdec.
+
+    The only place the package reads the home directory: converted models (models/) and the
+    import link for NeMo-RL's worker venvs (nemo_rl/translate.py) live below it, and `make test`
+    points it at a fresh directory (tests/conftest.py)."""
+    raw = override if override is not None else (os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+    return Path(raw).expanduser().resolve()

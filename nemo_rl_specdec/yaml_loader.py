@@ -11,7 +11,8 @@ kept until `resolve`. Every error is a ConfigError (or the caller's subclass) na
 override when one is at fault.
 
 Resolvers available in every file: `${specdec_asset:tiny/policy}` (a bundled asset, resources.py),
-`${specdec_model:smollm2}` (a real model's checkpoint, converted and cached on first use, models/), and
+`${specdec_model:smollm2}` (a real model's checkpoint directory; made where it is first used, never
+here: models/), and
 NeMo-RL's arithmetic helpers `add`, `mul`, `div`, `max`.
 """
 from __future__ import annotations

@@ -298,6 +298,7 @@ class EngineGroup:
         if self.budget_via == "none" and self.spec.enabled and set_at_submission(self.spec.scheduling.budget):
             self._warn_budget_ignored(self.spec.scheduling.budget)
 
+        cfg.model_path  # a named model's checkpoint is made here, once, before any engine starts
         if not ray.is_initialized():
             ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         actor_cls = _remote_actor_cls(max_concurrency)

