@@ -1,9 +1,45 @@
-"""Shared pytest configuration."""
+"""Shared pytest configuration.
+
+The test session sees no cache an earlier run left: before any test module is imported, the
+package's cache ($NEMO_RL_SPECDEC_CACHE), Hugging Face's and vLLM's caches point into a new empty
+directory, removed when the session ends. So a test that passes here passes on a fresh machine.
+The one opt-in: SPECDEC_TEST_CACHE=DIR makes DIR the package's cache, so that the opt-in SmolLM2
+tests (SPECDEC_TEST_SMOLLM2=1) convert the model once and reuse it:
+
+    SPECDEC_TEST_SMOLLM2=1 SPECDEC_TEST_CACHE=~/.cache/nemo_rl_specdec pytest -q tests/engine/test_smollm2_engine.py
+"""
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
+
+SHARED_CACHE_ENV = "SPECDEC_TEST_CACHE"
+PRIVATE_CACHES = {"NEMO_RL_SPECDEC_CACHE": "nemo_rl_specdec", "HF_HOME": "huggingface", "VLLM_CACHE_ROOT": "vllm"}
+_private_root = None
 
 
 def pytest_configure(config):
+    global _private_root
     config.addinivalue_line("markers", "nemo_rl: needs NeMo-RL installed; skipped where `import nemo_rl` fails")
+    if _private_root is None:
+        _private_root = Path(tempfile.mkdtemp(prefix="nemo_rl_specdec_test_caches_"))
+        for var, sub in PRIVATE_CACHES.items():
+            os.environ[var] = str(_private_root / sub)
+        if os.environ.get(SHARED_CACHE_ENV):
+            os.environ["NEMO_RL_SPECDEC_CACHE"] = str(Path(os.environ[SHARED_CACHE_ENV]).expanduser().resolve())
+
+
+def pytest_unconfigure(config):
+    if _private_root is not None:
+        shutil.rmtree(_private_root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def private_cache_root() -> Path:
+    """The directory this session's caches live in (empty when the session started)."""
+    return _private_root
 
 
 def _perturbed_policy(path: str, scale: float, seed: int):
