@@ -209,7 +209,10 @@ def fingerprint(model: torch.nn.Module, exclude: Optional[set[str]] = None) -> s
                 h.update(flat.float().cpu().numpy().tobytes())
             elif pname == "weight" and hasattr(mod, "quant_method") and hasattr(mod, "input_size_per_partition"):
                 d = int(mod.input_size_per_partition)
-                probe = torch.randn(_PROBE_ROWS, d, generator=gen).to(dtype=_dtype_of(mod))
+                # drawn on the host (where the generator is, so the probe is the same on every device),
+                # then moved to where the kernel keeps the packed weight
+                probe = torch.randn(_PROBE_ROWS, d, generator=gen, device="cpu")
+                probe = probe.to(device=p.device, dtype=_dtype_of(mod))
                 with torch.no_grad():
                     out = mod.quant_method.apply(mod, probe, None)
                 h.update(full.encode())
