@@ -40,7 +40,8 @@ from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter
 from nemo_rl_specdec.schema import PathError, Strict
-from nemo_rl_specdec.train.distill import DistillInputError, HiddenStateDistiller
+from nemo_rl_specdec.train.distill import DistillInputError, HiddenStateDistiller, check_trainable, last_layer_output, whole
+from nemo_rl_specdec.train.kl import linear_forward_kl
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -249,6 +250,7 @@ def load_draft(draft_dir) -> tuple:
     tensors = {}
     for f in sorted(draft_dir.glob("*.safetensors")):
         tensors.update(load_file(str(f)))
+    check_trainable(tensors, draft_dir)
     missing, unexpected = draft.load_state_dict(tensors, strict=False)
     if missing or unexpected:
         raise ValueError(f"{draft_dir}: not a qwen3_dflash draft without biases (missing {missing[:4]}, "
@@ -256,26 +258,35 @@ def load_draft(draft_dir) -> tuple:
     return draft, cfg
 
 
+def check_target_layers(target_layer_ids, num_layers: int) -> None:
+    bad = [i for i in target_layer_ids if not 0 <= int(i) < num_layers]
+    if bad:
+        raise DistillInputError(f"dflash_config.target_layer_ids: {bad} outside [0, {num_layers}) for a "
+                                f"{num_layers}-layer policy")
+
+
+def target_states(hidden_states, last, target_layer_ids, num_layers: int):
+    """The outputs of the policy's layers `target_layer_ids` concatenated [B, T, n*H], from a forward's
+    ``hidden_states`` and its last layer's pre-norm output `last` (`last_layer_output`): layer i's
+    output is ``hidden_states[i + 1]``, except for the last layer's (transformers' last entry is after
+    the final norm)."""
+    import torch
+
+    check_target_layers(target_layer_ids, num_layers)
+    return torch.cat([whole(last if int(i) == num_layers - 1 else hidden_states[int(i) + 1])
+                      for i in target_layer_ids], -1)
+
+
 def target_hidden(policy, ids, target_layer_ids):
-    """(the outputs of the policy's layers `target_layer_ids` concatenated [B, T, n*H], logits) from one
-    no-grad forward. Layer i's output is ``hidden_states[i + 1]``, except for the last layer, whose
-    pre-norm output is taken by a hook (transformers' last entry is after the final norm)."""
+    """(the target layers' outputs [B, T, n*H] (`target_states`), the forward's output with every
+    hidden state) from one no-grad forward."""
     import torch
 
     L = policy.config.num_hidden_layers
-    bad = [i for i in target_layer_ids if not 0 <= int(i) < L]
-    if bad:
-        raise DistillInputError(f"dflash_config.target_layer_ids: {bad} outside [0, {L}) for a {L}-layer policy")
-    box = {}
-    hook = policy.model.layers[L - 1].register_forward_hook(
-        lambda m, i, o: box.__setitem__("last", o[0] if isinstance(o, tuple) else o))
-    try:
-        with torch.no_grad():
-            out = policy(input_ids=ids, output_hidden_states=True)
-    finally:
-        hook.remove()
-    hs = [box["last"] if int(i) == L - 1 else out.hidden_states[int(i) + 1] for i in target_layer_ids]
-    return torch.cat(hs, -1), out.logits
+    check_target_layers(target_layer_ids, L)
+    with last_layer_output(policy) as box, torch.no_grad():
+        out = policy(input_ids=ids, output_hidden_states=True)
+    return target_states(out.hidden_states, box["last"], target_layer_ids, L), out
 
 
 def pick_anchors(mask, max_anchors: Optional[int], generator=None):
@@ -291,15 +302,15 @@ def pick_anchors(mask, max_anchors: Optional[int], generator=None):
     for b in range(B):
         idx = ok[b].nonzero().flatten()
         if max_anchors is not None and idx.numel() > max_anchors:
-            keep = torch.randperm(idx.numel(), generator=generator)[:max_anchors].sort().values
-            idx = idx[keep]
+            keep = torch.randperm(idx.numel(), generator=generator, device="cpu")[:max_anchors].sort().values
+            idx = idx[keep.to(idx.device)]
         rows.append(idx)
     A = max(1, max(r.numel() for r in rows))
-    anchors = torch.ones((B, A), dtype=torch.long)
-    valid = torch.zeros((B, A), dtype=torch.bool)
+    anchors = torch.ones((B, A), dtype=torch.long, device=mask.device)
+    valid = torch.zeros((B, A), dtype=torch.bool, device=mask.device)
     for b, r in enumerate(rows):
         anchors[b, : r.numel()], valid[b, : r.numel()] = r, True
-    return anchors.to(mask.device), valid.to(mask.device)
+    return anchors, valid
 
 
 def query_blocks(embed, ids, anchors, block: int, mask_token_id: int):
@@ -323,31 +334,28 @@ def teacher_rows(mask, anchors, valid, block: int):
     return tc, rows
 
 
-def dflash_loss(draft, item, *, temperature: float = 1.0, decay: float = 4.0):
-    """DFlash training loss on one padded batch, as vLLM runs the draft.
+def dflash_loss(draft, item, s_out, t_out, *, temperature: float = 1.0, decay: float = 4.0):
+    """DFlash training loss on one padded batch, as vLLM runs the draft (a `KL`, train/kl.py).
 
-    item: aux [B, T, n*H] (target_hidden), t_logp [B, T, V] (the policy's log-probs at `temperature`:
-    position t predicts x_{t+1}), mask [B, T-1], anchors/valid [B, A] (pick_anchors), query
-    [B, A, block, H] (query_blocks), lm_head [V, H] (the policy's). Block offset j (1..block-1) at
-    anchor n predicts x_{n+j}: forward KL towards the policy at position n+j-1, where that position
-    predicts a response token; offset j weighs exp(-(j-1)/decay) (the first drafts decide acceptance).
-    Returns (loss, offset-1 logits at trained anchors, the teacher's log-probs there)."""
+    item: aux [B, T, n*H] (target_hidden, in the draft's dtype), t_hidden [B, T, H] (the policy's
+    final hidden states: position t predicts x_{t+1}), mask [B, T-1], anchors/valid [B, A]
+    (pick_anchors), query [B, A, block, H] (query_blocks, in the draft's dtype). s_out: the policy's
+    lm_head [V, H] in the draft's dtype (vLLM shares it with the draft), t_out: the same in the
+    policy's. Block offset j (1..block-1) at anchor n predicts x_{n+j}: forward KL towards the policy
+    at position n+j-1, where that position predicts a response token; offset j weighs exp(-(j-1)/decay)
+    (the first drafts decide acceptance), normalised over the batch. Agreement counts offset 1."""
     import torch
-    import torch.nn.functional as F
 
-    anchors, valid, t_logp = item["anchors"], item["valid"], item["t_logp"]
-    blk, B = item["query"].shape[2], t_logp.shape[0]
+    anchors, valid, th = item["anchors"], item["valid"], item["t_hidden"]
+    blk, B = item["query"].shape[2], th.shape[0]
     out = draft(item["aux"], item["query"], anchors, valid)[:, :, 1:]  # [B, A, blk-1, H]
-    logits = out @ item["lm_head"].t()
     tc, rows = teacher_rows(item["mask"], anchors, valid, blk)
-    tgt = t_logp.gather(1, tc.reshape(B, -1, 1).expand(-1, -1, t_logp.shape[-1])).view(*tc.shape, -1)
-    s_logp = F.log_softmax(logits.float() / temperature, -1)
-    kl = (tgt.exp() * (tgt - s_logp)).sum(-1)  # [B, A, blk-1]
-    w = torch.exp(-torch.arange(blk - 1, device=kl.device, dtype=kl.dtype) / decay).expand_as(kl)
-    w = torch.where(rows, w, torch.zeros_like(w))
-    loss = (kl * w).sum() / w.sum().clamp_min(1e-9)
-    first = rows[..., 0]
-    return loss, logits[..., 0, :][first], tgt[..., 0, :][first]
+    tgt = th.gather(1, tc.reshape(B, -1, 1).expand(-1, -1, th.shape[-1])).view(*tc.shape, -1)
+    w = torch.exp(-torch.arange(blk - 1, device=out.device, dtype=torch.float32) / decay).expand(tc.shape)[rows]
+    first = torch.zeros(tc.shape, dtype=torch.bool, device=out.device)
+    first[..., 0] = True
+    return linear_forward_kl(out[rows], s_out, tgt[rows], t_out, temperature=temperature,
+                             weights=w / w.sum().clamp_min(1e-9), agree=first[rows])
 
 
 class DFlashDistiller(HiddenStateDistiller):
@@ -379,21 +387,22 @@ class DFlashDistiller(HiddenStateDistiller):
         self.block = int(config.get("block_size") or 16)
         return draft, config, [int(i) for i in d["target_layer_ids"]], int(config["vocab_size"])
 
-    @staticmethod
-    def _full(w):
-        """A parameter of a sharded (FSDP) policy as a whole tensor (every rank calls this together)."""
-        return (w.full_tensor() if hasattr(w, "full_tensor") else w).detach()
+    def _teacher_side(self, teacher) -> None:
+        """Per step: the policy's output projection (also in the draft's dtype, the draft's own lm_head)
+        and its input embeddings, whole and detached."""
+        super()._teacher_side(teacher)
+        self.s_out = self.t_out.to(self.dtype)
+        self.embed = whole(teacher.get_input_embeddings().weight).detach()
 
     def _prepare(self, teacher, ids, mask) -> dict:
-        aux, logits = target_hidden(teacher, ids, self.layer_ids)
+        with last_layer_output(teacher) as box:
+            out, h = self._teacher_forward(teacher, ids)
+        aux = target_states(out.hidden_states, box["last"], self.layer_ids, teacher.config.num_hidden_layers)
         anchors, valid = pick_anchors(mask, self.max_anchors)
-        embed = self._full(teacher.get_input_embeddings().weight).float()
-        item = {"aux": aux.detach().float(), "t_logp": self._teacher_logp(logits), "mask": mask,
-                "anchors": anchors, "valid": valid,
-                "query": query_blocks(embed, ids, anchors, self.block, self.mask_token_id),
-                "lm_head": self._full(teacher.get_output_embeddings().weight).float()}
+        item = {"aux": self._cast(aux), "t_hidden": h, "mask": mask, "anchors": anchors, "valid": valid,
+                "query": self._cast(query_blocks(self.embed, ids, anchors, self.block, self.mask_token_id))}
         item["n"] = int(teacher_rows(mask, anchors, valid, self.block)[1].sum())
         return item
 
     def _loss(self, item):
-        return dflash_loss(self.module, item, temperature=self.temperature, decay=self.decay)
+        return dflash_loss(self.module, item, self.s_out, self.t_out, temperature=self.temperature, decay=self.decay)

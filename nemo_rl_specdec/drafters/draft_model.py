@@ -14,7 +14,8 @@ from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import CheckpointDrafter
 from nemo_rl_specdec.schema import Strict
-from nemo_rl_specdec.train.distill import Distiller, forward_kl
+from nemo_rl_specdec.train.distill import TRAINABLE_DTYPES, DistillInputError, Distiller, final_hidden
+from nemo_rl_specdec.train.kl import linear_forward_kl
 
 
 class DraftModelConfig(Strict):
@@ -33,18 +34,28 @@ class DraftModel(CheckpointDrafter):
 
 
 class DraftModelDistiller(Distiller):
-    """Online trainer of an external draft model (any HF causal LM sharing the policy's vocab)."""
+    """Online trainer of an external draft model (any HF causal LM sharing the policy's vocab).
+
+    The drafter's layers run with activation checkpointing where transformers supports it for the
+    model (the same gradients; one more forward of the drafter instead of keeping every layer's
+    activations), and its logits are made chunk by chunk from its last hidden states (train/kl.py)."""
 
     kind = "draft_model"
 
     def _load(self, drafter_dir: str | Path) -> tuple:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         if not Path(drafter_dir).is_dir():
             raise FileNotFoundError(f"drafter_dir: {drafter_dir} is not a checkpoint directory")
         self.drafter_dir = str(drafter_dir)
+        saved = str(getattr(AutoConfig.from_pretrained(self.drafter_dir), "dtype", None) or "float32")
+        if saved.removeprefix("torch.") not in TRAINABLE_DTYPES:
+            raise DistillInputError(f"draft_model: the drafter checkpoint {self.drafter_dir} is {saved}; allowed: "
+                                    f"{list(TRAINABLE_DTYPES)} (it is trained in float32)")
         self.model = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
+        if self.model.supports_gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = int(self.model.config.pad_token_id or 0)
         return self.model, self.model.config.vocab_size
 
@@ -52,12 +63,14 @@ class DraftModelDistiller(Distiller):
         return self.pad_id
 
     def _prepare(self, teacher, ids, mask) -> dict:
-        logits = teacher(input_ids=ids).logits[:, :-1]
-        return {"ids": ids, "mask": mask, "t_logp": self._teacher_logp(logits[mask]), "n": int(mask.sum())}
+        _, h = self._teacher_forward(teacher, ids)
+        return {"ids": ids, "mask": mask, "t_hidden": h[:, :-1][mask], "n": int(mask.sum())}
 
     def _loss(self, item):
-        logits = self.model(input_ids=item["ids"]).logits[:, :-1][item["mask"]]
-        return forward_kl(item["t_logp"], logits, self.temperature), logits, item["t_logp"]
+        proj = self.model.get_output_embeddings().weight
+        out = self.model(input_ids=item["ids"], output_hidden_states=True, logits_to_keep=1, use_cache=False)
+        h = final_hidden(out, proj, "the drafter")[:, :-1][item["mask"]]
+        return linear_forward_kl(h, proj, item["t_hidden"], self.t_out, temperature=self.temperature)
 
     # ------------------------------------------------------------------ export
     def state_dict(self) -> dict:

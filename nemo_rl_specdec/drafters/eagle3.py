@@ -27,7 +27,8 @@ from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
 from nemo_rl_specdec.schema import ConfigError, Strict
-from nemo_rl_specdec.train.distill import HiddenStateDistiller, forward_kl
+from nemo_rl_specdec.train.distill import HiddenStateDistiller, check_trainable, whole
+from nemo_rl_specdec.train.kl import linear_forward_kl
 
 
 class Eagle3Config(Strict):
@@ -117,6 +118,11 @@ def torch_modules() -> SimpleNamespace:
         def forward(self, embeds, hidden, pos):
             """embeds = emb(x_{t+1}), hidden = g_t (or the head's own pre-norm output) [B, T, H].
             Returns (logits, pre-norm output)."""
+            normed, h = self.hidden(embeds, hidden, pos)
+            return self.lm_head(normed), h
+
+        def hidden(self, embeds, hidden, pos):
+            """As `forward`, with the normed output (what lm_head reads) in place of the logits."""
             L = self.midlayer
             B, T, _ = embeds.shape
             residual = hidden
@@ -132,7 +138,7 @@ def torch_modules() -> SimpleNamespace:
             h = a.o_proj(o) + residual
             m = L.post_attention_layernorm(h)
             h = L.mlp(m) + h
-            return self.lm_head(self.norm(h)), h
+            return self.norm(h), h
 
         def checkpoint_tensors(self) -> dict:
             return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
@@ -149,32 +155,28 @@ def __getattr__(name: str):
 
 
 def rope(x, pos, theta: float):
-    """Neox-style rotary embedding on [B, heads, T, hd] at integer positions [B, T]."""
+    """Neox-style rotary embedding on [B, heads, T, hd] at integer positions [B, T] (on x's device; the
+    tables in fp32, applied in x's dtype)."""
     import torch
 
     hd = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-    ang = pos.float().unsqueeze(-1) * inv  # [B, T, hd/2]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(1), torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(1)
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd))
+    ang = pos.to(x.device).float().unsqueeze(-1) * inv  # [B, T, hd/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(1).to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(1).to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-def aux_hidden_and_logits(policy, ids, layer_ids, embeddings: bool = False):
-    """Aux hidden states (id i = residual stream after i decoder layers, 0 = embeddings) and logits,
-    from one no-grad forward with ``output_hidden_states`` (entry i < num_hidden_layers is the input
-    of layer i; the last entry is after the final norm, so ids must stay below the layer count);
-    with `embeddings`, the token embeddings (entry 0) as a third value."""
-    import torch
-
-    L = policy.config.num_hidden_layers
-    bad = [i for i in layer_ids if not 0 <= int(i) < L]
+def aux_hidden(hidden_states, layer_ids, num_layers: int) -> list:
+    """The aux hidden states (id i = residual stream after i decoder layers, 0 = embeddings) among a
+    forward's ``hidden_states`` (entry i < num_layers is the input of layer i; the last entry is after
+    the final norm, so ids must stay below the layer count)."""
+    bad = [i for i in layer_ids if not 0 <= int(i) < num_layers]
     if bad:
-        raise ValueError(f"eagle_aux_hidden_state_layer_ids: {bad} outside [0, {L}) for a {L}-layer policy")
-    with torch.no_grad():
-        out = policy(input_ids=ids, output_hidden_states=True)
-    aux = [out.hidden_states[int(i)] for i in layer_ids]
-    return (aux, out.logits, out.hidden_states[0]) if embeddings else (aux, out.logits)
+        raise ValueError(f"eagle_aux_hidden_state_layer_ids: {bad} outside [0, {num_layers}) for a "
+                         f"{num_layers}-layer policy")
+    return [hidden_states[int(i)] for i in layer_ids]
 
 
 def load_head(head_dir) -> tuple:
@@ -195,6 +197,7 @@ def load_head(head_dir) -> tuple:
     tensors = {}
     for f in sorted(head_dir.glob("*.safetensors")):
         tensors.update(load_file(str(f)))
+    check_trainable(tensors, head_dir)
     missing, unexpected = head.load_state_dict(tensors, strict=False)
     if missing or unexpected:
         raise ValueError(f"{head_dir}: not a one-layer llama_eagle3 head (missing {missing[:4]}, "
@@ -202,29 +205,32 @@ def load_head(head_dir) -> tuple:
     return head, cfg
 
 
-def eagle3_loss(head, mask, aux, t_logp, emb, *, ttt: bool = True, temperature: float = 1.0):
-    """Eagle3 training loss on one padded batch, as vLLM runs the head.
+def eagle3_loss(head, item, t_out, *, ttt: bool = True, temperature: float = 1.0):
+    """Eagle3 training loss on one padded batch, as vLLM runs the head (a `KL`, train/kl.py).
 
-    mask [B, T-1] (pad_batch: logits at t predict a response token), aux = cat of the aux hidden
-    states [B, T, n*H], t_logp = the policy's log-probs at `temperature` [B, T, V], emb = the
-    policy's embeddings of ids [B, T]. Step 0 at positions t = 0..T-3 reads x_{t+1} and g_t and
-    is trained towards the policy at t+1 (the distribution of x_{t+2}); with `ttt`, a second step
-    feeds the head its own pre-norm output (draft position 2), weight 0.5.
-    Returns (loss, step-0 logits at trained positions, step-0 teacher log-probs there)."""
+    item: mask [B, T-1] (pad_batch: logits at t predict a response token), aux = cat of the aux hidden
+    states [B, T, n*H] and emb = the policy's embeddings of ids [B, T] (both in the head's dtype),
+    t_hidden = the policy's final hidden states [B, T, H]; t_out: the policy's output projection.
+    Step 0 at positions t = 0..T-3 reads x_{t+1} and g_t and is trained towards the policy at t+1
+    (the distribution of x_{t+2}); with `ttt`, a second step feeds the head its own pre-norm output
+    (draft position 2), weight 0.5. Agreement counts step 0."""
     import torch
 
+    mask, aux, emb, th = item["mask"], item["aux"], item["emb"], item["t_hidden"]
     B, T = mask.shape[0], mask.shape[1] + 1
-    pos = torch.arange(T - 2).unsqueeze(0).expand(B, -1)
+    pos = torch.arange(T - 2, device=mask.device).unsqueeze(0).expand(B, -1)
     m = mask[:, 1:T - 1]  # position t+1 predicts a response token
-    logits0, pre0 = head(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
-    tgt = t_logp[:, 1:T - 1]
-    loss = forward_kl(tgt[m], logits0[m], temperature)
+    normed0, pre0 = head.hidden(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
+    parts = [(normed0[m], th[:, 1:T - 1][m], 1.0, True)]
     if ttt and T > 3:
         m1 = mask[:, 2:T - 1]
         if bool(m1.any()):
-            logits1, _ = head(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
-            loss = loss + 0.5 * forward_kl(t_logp[:, 2:T - 1][m1], logits1[m1], temperature)
-    return loss, logits0[m], tgt[m]
+            normed1, _ = head.hidden(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
+            parts.append((normed1[m1], th[:, 2:T - 1][m1], 0.5, False))
+    weights = torch.cat([torch.full((h.shape[0],), w / max(1, h.shape[0]), device=h.device) for h, _, w, _ in parts])
+    agree = torch.cat([torch.full((h.shape[0],), a, dtype=torch.bool, device=h.device) for h, _, _, a in parts])
+    return linear_forward_kl(torch.cat([p[0] for p in parts]), head.lm_head.weight, torch.cat([p[1] for p in parts]),
+                             t_out, temperature=temperature, weights=weights, agree=agree)
 
 
 class Eagle3Distiller(HiddenStateDistiller):
@@ -251,10 +257,10 @@ class Eagle3Distiller(HiddenStateDistiller):
     def _prepare(self, teacher, ids, mask) -> dict:
         # the embeddings are the forward's hidden_states[0]: a separate call of a sharded (FSDP)
         # policy's embedding module would see its weight still sharded
-        aux, logits, emb = aux_hidden_and_logits(teacher, ids, self.layer_ids, embeddings=True)
-        return {"mask": mask, "aux": self.torch.cat(aux, -1).detach(), "emb": emb.detach(),
-                "t_logp": self._teacher_logp(logits), "n": int(mask[:, 1:].sum())}
+        out, h = self._teacher_forward(teacher, ids)
+        aux = aux_hidden(out.hidden_states, self.layer_ids, teacher.config.num_hidden_layers)
+        return {"mask": mask, "aux": self._cast(self.torch.cat([whole(a) for a in aux], -1)),
+                "emb": self._cast(out.hidden_states[0]), "t_hidden": h, "n": int(mask[:, 1:].sum())}
 
     def _loss(self, item):
-        return eagle3_loss(self.module, item["mask"], item["aux"], item["t_logp"], item["emb"], ttt=self.ttt,
-                           temperature=self.temperature)
+        return eagle3_loss(self.module, item, self.t_out, ttt=self.ttt, temperature=self.temperature)

@@ -19,7 +19,8 @@ from types import SimpleNamespace
 from typing import Optional
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
-from nemo_rl_specdec.train.distill import DistillInputError, Distiller, forward_kl
+from nemo_rl_specdec.train.distill import DistillInputError, Distiller, check_trainable, last_layer_output
+from nemo_rl_specdec.train.kl import linear_forward_kl
 
 MTP_PREFIX = "model.mtp_layers.0."
 
@@ -115,6 +116,7 @@ def load_mtp_layer(model_dir) -> tuple:
                     tensors[rest if rest.startswith(MTP_OWN) else "block." + rest] = fh.get_tensor(k)
     if not tensors:
         raise ValueError(f"{model_dir}: no {MTP_PREFIX}* tensors in its safetensors files")
+    check_trainable(tensors, model_dir)
     mtp = torch_modules().MTPLayer(cfg).float()
     missing, unexpected = mtp.load_state_dict(tensors, strict=False)
     if missing or unexpected:
@@ -125,28 +127,24 @@ def load_mtp_layer(model_dir) -> tuple:
 
 def pre_norm_hidden(policy, ids):
     """(logits, last decoder layer output before the final norm) for ids [B, T]."""
-    box = {}
-    h = policy.model.layers[-1].register_forward_hook(
-        lambda m, i, o: box.__setitem__("h", o[0] if isinstance(o, tuple) else o))
-    try:
+    with last_layer_output(policy) as box:
         logits = policy(input_ids=ids).logits
-    finally:
-        h.remove()
-    return logits, box["h"]
+    return logits, box["last"]
 
 
-def mtp_inputs(policy, ids, hidden):
-    """What the MTP layer reads at positions t = 0..T-2: (h_t [B, T-1, H], emb(x_{t+1}), positions t)."""
+def mtp_inputs(ids, hidden, embeds):
+    """What the MTP layer reads at positions t = 0..T-2: (h_t [B, T-1, H], emb(x_{t+1}), positions t),
+    from the last layer's pre-norm outputs `hidden` and the token embeddings `embeds` of ids [B, T]."""
     import torch
 
     T = ids.shape[1]
-    pos = torch.arange(T - 1).unsqueeze(0).expand(ids.shape[0], -1)
-    return hidden[:, :-1], policy.model.embed_tokens(ids[:, 1:]), pos
+    pos = torch.arange(T - 1, device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
+    return hidden[:, :-1], embeds[:, 1:], pos
 
 
 def mtp_logits(policy, mtp, ids, hidden):
     """MTP logits at positions 0..T-2 (predicting ids[:, 2:] at 0..T-3)."""
-    h, emb, pos = mtp_inputs(policy, ids, hidden)
+    h, emb, pos = mtp_inputs(ids, hidden, policy.model.embed_tokens(ids))
     return policy.lm_head(mtp(h, emb, pos, policy.model.rotary_emb))
 
 
@@ -163,9 +161,10 @@ class MTPDistiller(Distiller):
 
     The layer's tensors are read from the policy checkpoint's safetensors (transformers'
     Qwen2ForCausalLM drops them on load). Teacher side (no grad): the policy's last decoder layer
-    output before the final norm h_t, its embeddings of x_{t+1}, its RoPE tables and a detached
-    copy of its (tied) lm_head; target at t = the policy's distribution at t+1. vLLM shares the
-    embedding and lm_head with the target, so only the MTP layer is trained and pushed."""
+    output before the final norm h_t, its embeddings of x_{t+1} (the forward's hidden_states[0]),
+    its RoPE tables, all in the layer's dtype, and its (tied) lm_head, whole and in the layer's dtype
+    once per step; target at t = the policy's distribution at t+1. vLLM shares the embedding and
+    lm_head with the target, so only the MTP layer is trained and pushed."""
 
     kind = "mtp"
 
@@ -188,24 +187,25 @@ class MTPDistiller(Distiller):
             if not hasattr(teacher, attr):
                 raise DistillInputError(f"the teacher has no .{attr}: expected an HF causal LM (Qwen2ForCausalLM)")
 
+    def _teacher_side(self, teacher) -> None:
+        super()._teacher_side(teacher)
+        self.s_out = self.t_out.to(self.dtype)  # the policy's lm_head, which the MTP layer's logits go through
+
     def _prepare(self, teacher, ids, mask) -> dict:
-        logits, hidden = pre_norm_hidden(teacher, ids)
-        h, emb, pos = mtp_inputs(teacher, ids, hidden)
+        with last_layer_output(teacher) as box:
+            out, final = self._teacher_forward(teacher, ids)
+        h, emb, pos = mtp_inputs(ids, self._cast(box["last"]), self._cast(out.hidden_states[0]))
         cos, sin = teacher.model.rotary_emb(h, pos)
-        return {"mask": mask, "h": h.detach(), "emb": emb.detach(), "pos": pos, "rope": (cos.detach(), sin.detach()),
-                "lm_head": teacher.lm_head.weight.detach(), "t_logp": self._teacher_logp(logits),
-                "n": int(mask[:, 1:].sum())}
+        return {"mask": mask, "h": h, "emb": emb, "pos": pos, "rope": (cos.detach(), sin.detach()),
+                "t_hidden": final, "n": int(mask[:, 1:].sum())}
 
     def _loss(self, item):
-        import torch.nn.functional as F
-
         rope = item["rope"]
-        out = self.mtp(item["h"], item["emb"], item["pos"], lambda x, p: rope)
-        logits = F.linear(out, item["lm_head"])[:, :-1]  # position t predicts x_{t+2}
-        T1 = logits.shape[1]
+        out = self.mtp(item["h"], item["emb"], item["pos"], lambda x, p: rope)[:, :-1]  # t predicts x_{t+2}
+        T1 = out.shape[1]
         m = item["mask"][:, 1:T1 + 1]
-        tgt = item["t_logp"][:, 1:T1 + 1][m]
-        return forward_kl(tgt, logits[m], self.temperature), logits[m], tgt
+        return linear_forward_kl(out[m], self.s_out, item["t_hidden"][:, 1:T1 + 1][m], self.t_out,
+                                 temperature=self.temperature)
 
     # ------------------------------------------------------------------ export
     def state_dict(self) -> dict:

@@ -64,7 +64,7 @@ def padded_batches(data: list, pad_id: int, micro_batch_tokens: int) -> list:
 
 def train_epochs(module, cache: list, loss_fn: Callable, args, log: Callable, agreement: str) -> dict:
     """`args.epochs` shuffled passes over `cache` with AdamW at a cosine learning rate from `args.lr`;
-    `loss_fn(item, generator) -> (loss, student logits, teacher log-probs)` at the trained positions.
+    `loss_fn(item, generator) -> KL` (train/kl.py: the loss and the top-1 agreement it counted).
     Returns {"history": per-epoch loss and top-1 agreement (named `agreement`), "seconds"}."""
     opt = torch.optim.AdamW(module.parameters(), lr=args.lr, weight_decay=0.0)
     t0, total_steps, step = time.time(), args.epochs * len(cache), 0
@@ -74,13 +74,11 @@ def train_epochs(module, cache: list, loss_fn: Callable, args, log: Callable, ag
         order = torch.randperm(len(cache), generator=g).tolist()
         tot = hit = n = 0.0
         for bi in order:
-            loss, logits, target = loss_fn(cache[bi], g)
+            kl = loss_fn(cache[bi], g)
             lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / max(1, total_steps)))
-            tot += optimizer_step(module, opt, loss, lr)
+            tot += optimizer_step(module, opt, kl.loss, lr)
             step += 1
-            with torch.no_grad():
-                hit += float((logits.argmax(-1) == target.argmax(-1)).sum())
-                n += float(logits.shape[0])
+            hit, n = hit + kl.hits, n + kl.counted
         hist.append({"epoch": ep + 1, "loss": round(tot / len(cache), 4), agreement: round(hit / max(1, n), 4)})
         log(f"epoch {ep + 1}: loss {hist[-1]['loss']:.4f}, {agreement} agreement with the policy "
             f"{hist[-1][agreement]:.3f} ({time.time() - t0:.0f}s)")

@@ -23,7 +23,6 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 
 from nemo_rl_specdec.drafters.dflash import (
     ARCHITECTURE,
@@ -75,17 +74,17 @@ def train(policy_dir: str, data: list, args) -> tuple:
     draft = DFlashDraft(H, len(layer_ids), nh, nkv, hd, inter, args.layers, c.rms_norm_eps, dt.rope_theta(c)).float()
     embed = policy.get_input_embeddings().weight.detach()
     lm_head = policy.get_output_embeddings().weight.detach()
-    cache = []  # the policy side once: target-layer states, teacher log-probs
+    cache = []  # the policy side once: target-layer states, final hidden states
     for ids, mask in dt.padded_batches(data, int(c.pad_token_id or 0), args.micro_batch_tokens):
-        aux, logits = target_hidden(policy, ids, layer_ids)
-        cache.append((ids, mask, aux, F.log_softmax(logits.float(), -1)))
+        aux, out = target_hidden(policy, ids, layer_ids)
+        cache.append((ids, mask, aux, out.hidden_states[-1]))
 
     def loss(item, generator):
-        ids, mask, aux, t_logp = item
+        ids, mask, aux, t_hidden = item
         anchors, valid = pick_anchors(mask, args.max_anchors, generator=generator)
-        return dflash_loss(draft, {"aux": aux, "t_logp": t_logp, "mask": mask, "anchors": anchors, "valid": valid,
-                                   "query": query_blocks(embed, ids, anchors, args.block_size, mask_id),
-                                   "lm_head": lm_head}, decay=args.decay)
+        return dflash_loss(draft, {"aux": aux, "t_hidden": t_hidden, "mask": mask, "anchors": anchors, "valid": valid,
+                                   "query": query_blocks(embed, ids, anchors, args.block_size, mask_id)},
+                           lm_head, lm_head, decay=args.decay)
 
     info = dt.train_epochs(draft, cache, loss, args, log, "top1_offset1")
     return draft, draft_config(c, args, layer_ids, mask_id, dims), info

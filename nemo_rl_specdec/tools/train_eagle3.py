@@ -20,9 +20,8 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 
-from nemo_rl_specdec.drafters.eagle3 import Eagle3Head, aux_hidden_and_logits, eagle3_loss
+from nemo_rl_specdec.drafters.eagle3 import Eagle3Head, aux_hidden, eagle3_loss
 from nemo_rl_specdec.tools import draft_training as dt
 
 
@@ -41,16 +40,16 @@ def train(policy_dir: str, data: list, args) -> tuple:
     head = Eagle3Head(H, len(layer_ids), c.vocab_size, nh, nkv, hd, inter, c.rms_norm_eps, dt.rope_theta(c)).float()
     with torch.no_grad():
         head.lm_head.weight.copy_(policy.get_output_embeddings().weight)
-    cache = []  # the policy side once: aux states, teacher log-probs, embeddings
+    t_out = policy.get_output_embeddings().weight.detach()
+    cache = []  # the policy side once: aux states, embeddings, final hidden states
     for ids, mask in dt.padded_batches(data, int(c.pad_token_id or 0), args.micro_batch_tokens):
-        aux, logits = aux_hidden_and_logits(policy, ids, layer_ids)
         with torch.no_grad():
-            emb = policy.model.embed_tokens(ids)
-        cache.append((mask, torch.cat(aux, -1), F.log_softmax(logits.float(), -1), emb))
+            out = policy(input_ids=ids, output_hidden_states=True)
+        cache.append({"mask": mask, "aux": torch.cat(aux_hidden(out.hidden_states, layer_ids, L), -1),
+                      "emb": out.hidden_states[0], "t_hidden": out.hidden_states[-1]})
 
     def loss(item, _generator):
-        mask, aux, t_logp, emb = item
-        return eagle3_loss(head, mask, aux, t_logp, emb, ttt=args.ttt)
+        return eagle3_loss(head, item, t_out, ttt=args.ttt)
 
     info = dt.train_epochs(head, cache, loss, args, log, "top1_step0")
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,

@@ -16,7 +16,13 @@ as the policy weights:
   refuses a teacher that shares any parameter object with it, and the teacher's forward runs
   under ``torch.no_grad``, so no gradient ever reaches the policy;
 - loss: forward KL(p_policy || q_drafter) at the sampling temperature, averaged over response
-  tokens (soft cross-entropy minus the teacher entropy, which is constant for the drafter);
+  tokens (soft cross-entropy minus the teacher entropy, which is constant for the drafter),
+  computed from the two models' last hidden states and output projections in chunks of positions
+  (train/kl.py), so no vocabulary-wide tensor outlives a chunk: the teacher side keeps its final
+  hidden states per position, not its log-probs;
+- devices and dtypes: every tensor is made on the device of the data it meets (a NeMo-RL rank's
+  GPU); the teacher may compute in fp32, bf16 or fp16, and what the drafter reads of it is cast
+  to the drafter's (fp32) parameters;
 - optimizer: AdamW with gradient-norm clipping, one step per micro-batch, a few epochs over the
   step's rollouts (``kl_first``/``kl_last`` are the token-weighted epoch means as trained);
 - Eagle3 and MTP heads predict the token after next: at position t they read the policy's hidden
@@ -32,16 +38,19 @@ as the policy weights:
       engine.update(PolicyUpdate(v, grpo_trainer.state_dict(), drafter_weights=distiller.state_dict(),
                     drafter_version=v))
 
-No Megatron, no GPU: plain torch + transformers.
+Plain torch + transformers, on any device.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from nemo_rl_specdec.rollouts import TokenSequence, token_sequences
+
+TRAINABLE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class DistillInputError(ValueError):
@@ -78,25 +87,64 @@ def micro_batches(lengths: Sequence[int], max_tokens: int) -> list:
 
 
 def pad_batch(seqs: list, pad_id: int):
-    """ids [B, T] right-padded; mask [B, T-1] True where logits at t predict a response token t+1."""
+    """ids [B, T] right-padded; mask [B, T-1] True where logits at t predict a response token t+1.
+    Built on the host (the caller moves them to its device in one copy)."""
     import torch
 
     T = max(len(s.prompt) + len(s.response) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T - 1), dtype=torch.bool)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(seqs), T - 1), dtype=torch.bool, device="cpu")
     for b, s in enumerate(seqs):
         n = len(s.prompt) + len(s.response)
-        ids[b, :n] = torch.tensor(s.prompt + s.response)
+        ids[b, :n] = torch.tensor(s.prompt + s.response, device="cpu")
         mask[b, len(s.prompt) - 1: n - 1] = True
     return ids, mask
 
 
-def forward_kl(teacher_logp, student_logits, temperature: float):
-    """Mean over rows of KL(p_teacher || q_student); teacher given as log-probs at `temperature`."""
-    import torch.nn.functional as F
+def check_trainable(tensors: dict, where: Any) -> None:
+    """A drafter checkpoint's tensors must be in a dtype the loss can train (they are loaded into fp32
+    parameters); anything else (int8, fp8) is refused, naming the first such tensor."""
+    for name, t in tensors.items():
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in TRAINABLE_DTYPES:
+            raise DistillInputError(f"{where}: tensor {name!r} is {dtype}; a drafter trained online needs "
+                                    f"{list(TRAINABLE_DTYPES)} weights (it is trained in float32)")
 
-    s_logp = F.log_softmax(student_logits.float() / temperature, dim=-1)
-    return (teacher_logp.exp() * (teacher_logp - s_logp)).sum(-1).mean()
+
+@contextlib.contextmanager
+def last_layer_output(policy):
+    """Within the block, ``box["last"]`` is the output of the policy's last decoder layer before the
+    final norm (transformers' last hidden state is after it), taken by a forward hook."""
+    box = {}
+    hook = policy.model.layers[policy.config.num_hidden_layers - 1].register_forward_hook(
+        lambda m, i, o: box.__setitem__("last", o[0] if isinstance(o, tuple) else o))
+    try:
+        yield box
+    finally:
+        hook.remove()
+
+
+def whole(t):
+    """A tensor of a sharded (FSDP / tensor-parallel) policy as a whole local tensor (every rank calls
+    this together for a parameter); any other tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def final_hidden(out, projection, who: str = "the policy"):
+    """The teacher's last hidden states (after its final norm, what its output projection reads) from
+    a forward run with ``output_hidden_states=True, logits_to_keep=1``, checked against that
+    forward's logits: the last position's logits must be ``hidden @ projection^T``. A policy that does
+    more to its logits (a soft cap, a scale) is refused, since the loss recomputes them this way."""
+    import torch
+
+    h = whole(out.hidden_states[-1])
+    got = whole(out.logits)[:, -1].detach().float()
+    want = (h[:, -1].detach() @ projection.detach().t()).float()
+    err = float((got - want).abs().max())
+    if not torch.isfinite(got).all() or err > 1e-2 * (float(got.abs().max()) + 1.0):
+        raise DistillInputError(f"{who}'s logits are not its last hidden state times its output embeddings "
+                                f"(max |diff| {err:.3g}): a soft cap or scale on the logits is not supported")
+    return h
 
 
 def cap_tokens(seqs: list, max_tokens: Optional[int]) -> list:
@@ -168,8 +216,8 @@ class Distiller:
     Subclasses implement ``_load(source)`` (load the trainable drafter from `source`, its
     checkpoint directory or the policy's; return (module, vocabulary size)), ``_prepare(teacher,
     ids, mask)`` (no-grad teacher side of one padded batch -> a dict with at least ``n``, the
-    number of trained positions) and ``_loss(item)`` -> (loss, student logits at trained
-    positions, teacher log-probs there)."""
+    number of trained positions) and ``_loss(item)`` -> a `KL` (train/kl.py: the loss, and the
+    top-1 agreement at the first-draft positions)."""
 
     kind = "base"
 
@@ -193,7 +241,8 @@ class Distiller:
 
         self.torch = torch
         self.device = torch.device(device)
-        self.module.to(self.device)
+        self.module.to(device=self.device, dtype=torch.float32)
+        self.dtype = torch.float32
         self.module.train()
         self.opt = torch.optim.AdamW(self.module.parameters(), lr=lr, weight_decay=weight_decay)
         # T = 0 (greedy) keeps the argmax of any temperature; distil at T = 1 then
@@ -238,11 +287,31 @@ class Distiller:
         tv = getattr(getattr(teacher, "config", None), "vocab_size", None)
         if tv != self.vocab_size:
             raise DistillInputError(f"vocabularies differ: policy {tv} vs drafter {self.vocab_size}")
+        param = next(teacher.parameters(), None)
+        dtype = str(param.dtype).removeprefix("torch.") if param is not None else None
+        if dtype not in TRAINABLE_DTYPES:
+            raise DistillInputError(f"the policy's parameters are {dtype}; allowed: {list(TRAINABLE_DTYPES)}")
 
     def _pad_id(self, teacher) -> int:
         return int(getattr(teacher.config, "pad_token_id", None) or 0)
 
     # ------------------------------------------------------------------ training
+    def _teacher_side(self, teacher) -> None:
+        """Once per step, before the teacher's forwards: what every micro-batch shares of the policy,
+        here its output projection (whole, detached, in the policy's dtype). With a sharded policy
+        every rank calls this together."""
+        self.t_out = whole(teacher.get_output_embeddings().weight).detach()
+
+    def _teacher_forward(self, teacher, ids):
+        """One no-grad forward of the policy: its outputs with every hidden state, logits only at the
+        last position (the loss recomputes the others chunk by chunk), and its final hidden states."""
+        out = teacher(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
+        h = final_hidden(out, self.t_out)
+        if h.device.type != self.device.type:
+            raise DistillInputError(f"the policy computes on {h.device}, the drafter is on {self.device}: build the "
+                                    "distiller with device= the policy's device")
+        return out, h
+
     def teacher_targets(self, teacher, seqs: list, batches: list) -> list:
         """Per micro-batch, the no-grad teacher side (`_prepare`), teacher mode restored after. An
         empty index group runs a dummy forward that trains nothing (a data-parallel rank short of
@@ -253,12 +322,13 @@ class Distiller:
         out = []
         try:
             with torch.no_grad():
+                self._teacher_side(teacher)
                 for idx in batches:
                     if idx:
                         ids, mask = pad_batch([seqs[i] for i in idx], self._pad_id(teacher))
                     else:
-                        ids = torch.full((1, 2), self._pad_id(teacher), dtype=torch.long)
-                        mask = torch.zeros((1, 1), dtype=torch.bool)
+                        ids = torch.full((1, 2), self._pad_id(teacher), dtype=torch.long, device="cpu")
+                        mask = torch.zeros((1, 1), dtype=torch.bool, device="cpu")
                     item = self._prepare(teacher, ids.to(self.device), mask.to(self.device))
                     item.setdefault("response_tokens", int(mask.sum()))
                     out.append(item)
@@ -266,12 +336,9 @@ class Distiller:
             teacher.train(was_training)
         return out
 
-    def _teacher_logp(self, logits):
-        import torch.nn.functional as F
-
-        if hasattr(logits, "full_tensor"):  # a DTensor from a sharded policy
-            logits = logits.full_tensor()
-        return F.log_softmax(logits.float() / self.temperature, dim=-1)
+    def _cast(self, t):
+        """A teacher-side tensor as the drafter reads it: detached, in the drafter's dtype."""
+        return whole(t).detach().to(self.dtype)
 
     def step(self, teacher, rollouts: Sequence[Any], dp: Optional["DataParallel"] = None) -> dict:
         """Distil the drafter towards `teacher` (the updated policy) on `rollouts`; returns stats.
@@ -306,7 +373,7 @@ class Distiller:
                     continue
                 self.opt.zero_grad(set_to_none=True)
                 if item["n"]:
-                    loss, _, _ = self._loss(item)
+                    loss = self._loss(item).loss
                     (loss if dp is None else loss * item["n"]).backward()
                     total += loss.item() * item["n"] / n_tok
                 if dp is not None and dp.reduce_grads(params, item["n"]) == 0:
@@ -326,16 +393,14 @@ class Distiller:
         return stats
 
     def _agreement(self, targets: list) -> float:
-        """Fraction of trained positions where the drafter's argmax is the policy's argmax."""
-        torch = self.torch
+        """Fraction of first-draft positions where the drafter's argmax is the policy's argmax."""
         hit = tot = 0
-        with torch.no_grad():
+        with self.torch.no_grad():
             for item in targets:
                 if item["n"] == 0:
                     continue
-                _, s_logits, t_logp = self._loss(item)
-                hit += int((s_logits.argmax(-1) == t_logp.argmax(-1)).sum())
-                tot += int(s_logits.shape[0])
+                kl = self._loss(item)
+                hit, tot = hit + kl.hits, tot + kl.counted
         return hit / max(1, tot)
 
 

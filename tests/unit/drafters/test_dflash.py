@@ -118,13 +118,13 @@ def test_loss_trains_every_offset_that_predicts_a_response_token():
     ids, mask = pad_batch(seqs, 0)
     anchors, valid = pick_anchors(mask, None)
     V = 32
-    item = {"aux": aux, "t_logp": torch.log_softmax(torch.randn(2, 10, V), -1), "mask": mask, "anchors": anchors,
-            "valid": valid, "query": query_blocks(torch.randn(V, 16), ids, anchors, 3, V - 1),
-            "lm_head": torch.randn(V, 16)}
-    loss, s1, t1 = dflash_loss(draft, item)
-    assert loss.dim() == 0 and torch.isfinite(loss) and loss > 0
-    assert s1.shape == t1.shape == (int(valid.sum()), V)  # offset 1 of every anchor is trained
-    loss.backward()
+    lm_head = torch.randn(V, 16)
+    item = {"aux": aux, "t_hidden": torch.randn(2, 10, 16), "mask": mask, "anchors": anchors,
+            "valid": valid, "query": query_blocks(torch.randn(V, 16), ids, anchors, 3, V - 1)}
+    kl = dflash_loss(draft, item, lm_head, lm_head)
+    assert kl.loss.dim() == 0 and torch.isfinite(kl.loss) and kl.loss > 0
+    assert kl.counted == int(valid.sum())  # offset 1 of every anchor is trained
+    kl.loss.backward()
     assert all(p.grad is not None for p in draft.parameters())
 
 

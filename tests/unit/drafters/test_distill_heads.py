@@ -140,7 +140,7 @@ def test_checkpoints_without_a_head_are_refused(tmp_path, perturbed_policy):
 
 
 def test_aux_hidden_states_are_the_inputs_of_the_policys_layers(perturbed_policy):
-    from nemo_rl_specdec.drafters.eagle3 import aux_hidden_and_logits
+    from nemo_rl_specdec.drafters.eagle3 import aux_hidden
 
     p = perturbed_policy(POLICY, scale=0.0, seed=0)
     ids = torch.randint(3, 128, (2, 12))
@@ -148,11 +148,13 @@ def test_aux_hidden_states_are_the_inputs_of_the_policys_layers(perturbed_policy
     hooks = [layer.register_forward_pre_hook(lambda m, a, kw, j=j: seen.__setitem__(j, (a[0] if a else kw["hidden_states"]).clone()),
                                              with_kwargs=True) for j, layer in enumerate(p.model.layers)]
     try:
-        aux, logits = aux_hidden_and_logits(p, ids, [1, 2, 3])
+        with torch.no_grad():
+            out = p(input_ids=ids, output_hidden_states=True)
     finally:
         for h in hooks:
             h.remove()
-    for a, j in zip(aux, [1, 2, 3]):
+    L = p.config.num_hidden_layers
+    for a, j in zip(aux_hidden(out.hidden_states, [1, 2, 3], L), [1, 2, 3]):
         assert torch.equal(a, seen[j])
     with pytest.raises(ValueError, match="outside"):
-        aux_hidden_and_logits(p, ids, [4])  # entry L is after the final norm, not a residual state
+        aux_hidden(out.hidden_states, [4], L)  # entry L is after the final norm, not a residual state
