@@ -32,8 +32,8 @@ class DistillConfig(_Strict):
     epochs: int = Field(2, ge=1, description="passes over the step's rollouts per refresh")
     micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per teacher/drafter forward")
     max_tokens: Optional[int] = Field(
-        8192, ge=1, description="rollout tokens distilled per step and trainer rank (the longest rollouts are "
-                                "kept); teacher log-probs held per step are max_tokens x vocab floats; null: all")
+        8192, ge=1, description="rollout tokens distilled per step and trainer rank (the first ones, in "
+                                "order); the teacher's final hidden states of these are held per step; null: all")
 
 
 class RefreshConfig(_Strict):

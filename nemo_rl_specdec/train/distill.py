@@ -298,14 +298,17 @@ class Distiller:
     # ------------------------------------------------------------------ training
     def _teacher_side(self, teacher) -> None:
         """Once per step, before the teacher's forwards: what every micro-batch shares of the policy,
-        here its output projection (whole, detached, in the policy's dtype). With a sharded policy
-        every rank calls this together."""
+        here its output projection (whole and detached; cast once to the dtype the policy computes in
+        at the first forward). With a sharded policy every rank calls this together."""
         self.t_out = whole(teacher.get_output_embeddings().weight).detach()
 
     def _teacher_forward(self, teacher, ids):
         """One no-grad forward of the policy: its outputs with every hidden state, logits only at the
         last position (the loss recomputes the others chunk by chunk), and its final hidden states."""
         out = teacher(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
+        computes_in = whole(out.hidden_states[-1]).dtype
+        if self.t_out.dtype != computes_in:  # mixed precision (FSDP's param_dtype): fp32 stored, bf16 computed
+            self.t_out = self.t_out.to(computes_in)
         h = final_hidden(out, self.t_out)
         if h.device.type != self.device.type:
             raise DistillInputError(f"the policy computes on {h.device}, the drafter is on {self.device}: build the "

@@ -10,7 +10,9 @@ Per drafter (draft_model, eagle3), STEPS policy steps on the bundled task, greed
 - two policy worker ranks, Ray actors: our `SpecDecDistillMixin` over a stand-in for NeMo-RL's
   DTensor policy worker (that one needs CUDA; test_contract.py checks its `train` contract). The
   stand-in's `train` is the policy step: every rank moves its replica of the HF policy by the same
-  seeded drift. The ranks form a gloo group, so the drafter replicas sync as in FSDP;
+  seeded drift. Like NeMo-RL's FSDP policy (`MixedPrecisionPolicy(param_dtype=bfloat16)`), it stores
+  fp32 parameters and computes every forward in bf16, so the distiller's teacher is a bf16 model.
+  The ranks form a gloo group, so the drafter replicas sync as in FSDP;
 - the driver is our `wrap_policy` over a stand-in `Policy` whose `train` shards the batch over the
   ranks as NeMo-RL's does, and the drafter board is the real named Ray actor.
 Each step: generate with the online engine (NeMo-RL's `generate`), build NeMo-RL's training batch
@@ -54,7 +56,22 @@ class StandInPolicyWorker:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
         self.model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+        self.model.register_forward_pre_hook(self._compute_in_bf16)
+        self.model.register_forward_hook(self._store_in_fp32)
+        self._fp32: dict = {}
         self.steps = 0
+
+    def _compute_in_bf16(self, module, args):
+        import torch
+
+        for p in module.parameters():
+            self._fp32[p] = p.data
+            p.data = p.data.to(torch.bfloat16)
+
+    def _store_in_fp32(self, module, args, out):
+        for p, data in self._fp32.items():
+            p.data = data
+        self._fp32.clear()
 
     def train(self, data, loss_fn, eval_mode=False, gbs=None, mbs=None, check_dim_skip_keys=None):
         import torch

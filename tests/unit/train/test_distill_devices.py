@@ -31,7 +31,27 @@ MAKERS = {
     "dflash": (lambda **kw: DFlashDistiller(asset_path("tiny", "dflash"), max_anchors=None, **kw), POLICY),
     "mtp": (lambda **kw: MTPDistiller(MTP, **kw), MTP),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "mixed": torch.bfloat16}
+
+
+def computing_in(model, dtype):
+    """`model` with fp32 parameters that computes in `dtype`, as NeMo-RL's FSDP policies do
+    (MixedPrecisionPolicy(param_dtype=bf16)): each forward runs on a cast copy of the parameters."""
+    kept = {}
+
+    def cast(module, args):
+        for p in module.parameters():
+            kept[p] = p.data
+            p.data = p.data.to(dtype)
+
+    def restore(module, args, out):
+        for p, data in kept.items():
+            p.data = data
+        kept.clear()
+
+    model.register_forward_pre_hook(cast)
+    model.register_forward_hook(restore)
+    return model
 
 
 def _rollouts(vocab: int, n: int = 6, seed: int = 0):
@@ -63,7 +83,8 @@ def _loss_and_grads(d, item):
 @pytest.mark.parametrize("name", list(MAKERS))
 def test_each_distiller_trains_on_a_policy_in_each_dtype(policies, name, dtype):
     make, pol = MAKERS[name]
-    teacher = copy.deepcopy(policies[str(pol)]).to(DTYPES[dtype])
+    teacher = copy.deepcopy(policies[str(pol)])
+    teacher = computing_in(teacher, DTYPES[dtype]) if dtype == "mixed" else teacher.to(DTYPES[dtype])
     d = make(lr=2e-3, epochs=3, seed=0, temperature=0.8)
     names = {k: v.dtype for k, v in d.state_dict().items()}
     s1 = d.step(teacher, _rollouts(teacher.config.vocab_size))
@@ -71,6 +92,7 @@ def test_each_distiller_trains_on_a_policy_in_each_dtype(policies, name, dtype):
     assert all(torch.isfinite(torch.tensor([s["kl_first"], s["kl_last"]])).all() for s in (s1, s2))
     assert s1["kl_last"] < s1["kl_first"]
     assert {k: v.dtype for k, v in d.state_dict().items()} == names  # the names and dtype vLLM loads
+    assert d.t_out.dtype == DTYPES[dtype]  # the policy's projection as the policy computes it
     assert all(p.grad is None for p in teacher.parameters())
 
 
