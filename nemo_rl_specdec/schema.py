@@ -24,3 +24,23 @@ class Strict(BaseModel):
     """Unknown keys are errors; `true` is not an int and "8" is not a number inside our block."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+def int_setting(value: Any, path: str, lo: int, hi: int) -> int:
+    """A setting that must be an integer in [lo, hi] (`true`, 2.5 and "8" are not): the value, or a
+    ConfigError naming `path`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{path}: got {value!r}; allowed: an integer from {lo} to {hi}")
+    return value
+
+
+def float_setting(value: Any, path: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    """A setting that must be a finite number in [lo, hi] ((lo, hi] with `lo_open`)."""
+    import math
+
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (lo < value if lo_open else lo <= value) and value <= hi)
+    if not ok:
+        raise ConfigError(f"{path}: got {value!r}; allowed: a finite number {'>' if lo_open else '>='} {lo} "
+                          f"and <= {hi}")
+    return float(value)

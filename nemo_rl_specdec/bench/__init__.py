@@ -3,7 +3,7 @@
 Each suite is one module with `run(cfg, args) -> list[dict]`; every result dict carries at least
 `name`, `drafter`, `tokens_per_target_forward`, `acceptance_rate`, `wall_clock_ratio`
 (no-spec time / spec time on the same prompts and weights) and `per_step` (may be empty for
-single-batch suites); a suite that measures no speedup (`refresh`, `costmodel`) names its own
+single-batch suites); a suite that measures no speedup (`refresh`, `costmodel`, `distill`) names its own
 `REQUIRED` keys in its module. This module loads the run file, dispatches, prints a table, writes JSON.
 """
 from __future__ import annotations
@@ -21,7 +21,10 @@ SUITES = {
     "refresh": "nemo_rl_specdec.bench.refresh",        # DAS refresh at NeMo-RL scale: transport + rebuild on Ray
     "costmodel": "nemo_rl_specdec.bench.costmodel",    # engine step times for the simulator's CPU cost model
     "adaptive": "nemo_rl_specdec.bench.adaptive",      # fixed k vs auto per drafter and load regime, vs no-spec
+    "distill": "nemo_rl_specdec.bench.distill",        # online distillers' step time and peak memory, full vocabulary
 }
+# bounds of the suites' sizes: beyond them a suite runs for many hours on a few CPU cores
+MAX_STEPS, MAX_PROMPTS, MAX_SAMPLES, MAX_ENGINES, MAX_REPEATS = 100, 1024, 64, 16, 100
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "wall_clock_ratio", "per_step")
 
 
@@ -47,14 +50,36 @@ def release_memory() -> None:
         pass
 
 
-def suite_options(cfg, suite: str, allowed: str = "a mapping") -> dict:
-    """The run file's `bench.<suite>` mapping ({} when absent), or a ConfigError naming the key."""
+def suite_options(cfg, suite: str, allowed: str = "a mapping", known=None) -> dict:
+    """The run file's `bench.<suite>` mapping ({} when absent), or a ConfigError naming the key; with
+    `known` (the suite's option names), an unknown option is refused too, not ignored."""
     from nemo_rl_specdec.config import ConfigError
 
     b = cfg.get(f"bench.{suite}", {}) or {}
     if not isinstance(b, dict):
         raise ConfigError(f"bench.{suite}: got {b!r}; allowed: {allowed}")
+    unknown = sorted(set(b) - set(known)) if known is not None else []
+    if unknown:
+        raise ConfigError(f"bench.{suite}.{unknown[0]}: unknown option; allowed: {sorted(known)}")
     return b
+
+
+def option(b: dict, suite: str, key: str, default, lo, hi, kind: type = int):
+    """`bench.<suite>.<key>` (or `default`) as an integer (kind int) or a finite number in [lo, hi]."""
+    from nemo_rl_specdec.schema import float_setting, int_setting
+
+    path = f"bench.{suite}.{key}"
+    v = b.get(key, default)
+    return int_setting(v, path, lo, hi) if kind is int else float_setting(v, path, lo, hi)
+
+
+def run_setting(cfg, key: str, default, lo, hi, kind: type = int):
+    """A run-file setting a bench reads (`grpo.num_prompts_per_step`, ...), checked as `option` is."""
+    from nemo_rl_specdec.schema import float_setting, int_setting
+
+    v = cfg.get(key, default)
+    v = default if v is None else v
+    return int_setting(v, key, lo, hi) if kind is int else float_setting(v, key, lo, hi)
 
 
 def print_table(results: list[dict], columns: list[str]) -> None:
