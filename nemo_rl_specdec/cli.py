@@ -11,8 +11,35 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 from nemo_rl_specdec.schema import ConfigError
+
+
+# (option, is a directory) of every output a command writes; checked before the command runs
+OUTPUTS = {"generate": (("out", False),), "demo": (("out", True),), "bench": (("json", False),),
+           "simulate": (("json", False), ("plots", True))}
+
+
+def check_output(option: str, path: str, is_dir: bool) -> None:
+    """Refuse an output path that cannot be written, before anything runs and without creating
+    anything: a file where a folder is wanted or the reverse, or a parent that is a file or not
+    writable."""
+    import os
+
+    p = Path(path)
+    want = "a folder" if is_dir else "a file"
+    if not str(path).strip():
+        raise ConfigError(f"--{option}: got an empty path; allowed: {want} path")
+    if p.exists() and p.is_dir() != is_dir:
+        raise ConfigError(f"--{option}: {path} is {'a folder' if p.is_dir() else 'a file'}; allowed: {want}")
+    parent = p if p.exists() else p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--{option}: {path} lies under {parent}, which is a file; allowed: {want} under a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--{option}: {parent} is not writable; allowed: {want} where this user can write")
 
 
 def _write_json(path: str, obj) -> None:
@@ -23,13 +50,31 @@ def _write_json(path: str, obj) -> None:
 # --------------------------------------------------------------------------- validate
 
 def _validate(args) -> int:
-    from nemo_rl_specdec.config import load_run_config, to_vllm_speculative_config
+    """What a launch checks, before any engine: the run file composed with its `defaults:` parents (as
+    the NeMo-RL launcher composes it), the block, NeMo-RL's rules for a NeMo-RL run, and the
+    checkpoint paths; what cannot be checked here (NeMo-RL parents without a checkout, Hugging Face
+    ids) is listed under `not_checked`."""
+    from nemo_rl_specdec.config import to_vllm_speculative_config, validate_run_dict
+    from nemo_rl_specdec.nemo_rl import api, config_loader, translate
 
-    cfg = load_run_config(args.run_yaml, args.overrides)
+    composed = config_loader.compose(args.run_yaml, args.overrides, api.find_nemo_rl_root())
+    unreachable = [m for m in composed.missing_parents if m.startswith(config_loader.NEMO_RL_PREFIX)]
+    absent = [m for m in composed.missing_parents if m not in unreachable]
+    if absent:
+        raise ConfigError(f"{composed.source}: defaults: parent run file(s) not found: {absent}")
+    not_checked = [f"defaults: {unreachable}: no NeMo-RL checkout found (set NEMO_RL_ROOT); the keys they "
+                   "would add were not checked"] if unreachable else []
+    raw = composed.resolved()
+    raw.pop("defaults", None)
+    cfg = validate_run_dict(raw, str(composed.source))
+    if composed.uses_nemo_rl_parent and not unreachable:
+        translate.check_run(raw)
+    not_checked += cfg.check_paths()
     out = {
         "source": cfg.source,
         "speculative_decoding": cfg.spec.model_dump(mode="json"),
         "vllm_speculative_config": to_vllm_speculative_config(cfg.spec, cfg.generation.temperature),
+        "not_checked": not_checked,
     }
     print(json.dumps(out, indent=2))
     return 0
@@ -37,14 +82,25 @@ def _validate(args) -> int:
 
 # --------------------------------------------------------------------------- generate
 
-def read_prompts(path: str) -> list[dict]:
+MAX_SAMPLES = 100_000  # prompts x --n of one `generate`: more is hours of rollouts
+
+
+def read_prompts(path: str, vocab_size: Optional[int] = None) -> list[dict]:
     """The `--prompts` JSONL of `generate`: one {"prompt": text} or {"prompt_token_ids": [...]} per
-    line, optional "problem_id"; errors name the line."""
+    line, optional "problem_id" (a string or an int); token ids below `vocab_size`. Errors name the line."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"--prompts: file {path!r} does not exist")
+    if not p.is_file():
+        raise ConfigError(f"--prompts: {path} is not a file; allowed: a JSONL file of prompts")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--prompts {path}: not a text file (byte {e.start} is not UTF-8); allowed: JSONL") from None
+    except OSError as e:
+        raise ConfigError(f"--prompts {path}: cannot be read ({e.strerror})") from None
     rows = []
-    for ln, line in enumerate(p.read_text().splitlines(), 1):
+    for ln, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -54,8 +110,15 @@ def read_prompts(path: str) -> list[dict]:
         if not isinstance(row, dict) or ("prompt" in row) == ("prompt_token_ids" in row):
             raise ConfigError(f"--prompts {path}:{ln}: need exactly one of 'prompt' (text) or 'prompt_token_ids'")
         ids = row.get("prompt_token_ids")
-        if ids is not None and (not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids)):
-            raise ConfigError(f"--prompts {path}:{ln}: 'prompt_token_ids' must be a non-empty list of ints")
+        if ids is not None and (not isinstance(ids, list) or not ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < (vocab_size or 2**31) for t in ids)):
+            raise ConfigError(f"--prompts {path}:{ln}: 'prompt_token_ids' must be a non-empty list of token ids "
+                              f"(integers from 0 to {(vocab_size or 2**31) - 1})")
+        if "prompt" in row and (not isinstance(row["prompt"], str) or not row["prompt"].strip()):
+            raise ConfigError(f"--prompts {path}:{ln}: 'prompt' must be a non-empty string")
+        pid = row.get("problem_id")
+        if pid is not None and (isinstance(pid, bool) or not isinstance(pid, (str, int))):
+            raise ConfigError(f"--prompts {path}:{ln}: 'problem_id' must be a string or an integer, got {pid!r}")
         rows.append(row)
     if not rows:
         raise ConfigError(f"--prompts {path}: no prompts")
@@ -74,7 +137,13 @@ def _generate(args) -> int:
     if args.n < 1:
         raise ConfigError(f"--n: got {args.n}; allowed: an integer >= 1")
     cfg = load_run_config(args.run_yaml, args.overrides)
-    rows = read_prompts(args.prompts)
+    vocab = None
+    config_json = Path(cfg.raw["policy"]["model_name"]) / "config.json"
+    if config_json.is_file():
+        vocab = json.loads(config_json.read_text()).get("vocab_size")
+    rows = read_prompts(args.prompts, vocab)
+    if len(rows) * args.n > MAX_SAMPLES:
+        raise ConfigError(f"--n: {len(rows)} prompts x {args.n} samples; allowed: at most {MAX_SAMPLES} samples")
     engine = Engine(cfg, spec_enabled=False if args.no_spec else None, seed=args.seed)
     tok = engine.tokenizer()
     requests, index = [], []
@@ -126,19 +195,31 @@ def _simulate(args) -> int:
     `calibration_points` are simulated too and printed after its own targets), the result JSON, and
     with --plots the sweeps over k, acceptance and cluster size as PNGs (also added to the JSON).
     With --all, every scenario of a folder, one line each; with --crosscheck, the scenario's
-    predictions of a measured bench JSON. An invalid scenario is a ScenarioError (a ConfigError)."""
+    predictions of a measured bench JSON. An invalid scenario is a ScenarioError (a ConfigError).
+
+    Everything is checked before anything is simulated or written: the options together, the output
+    paths (`main`), every scenario (with --all each file, the error naming it), the calibration
+    points' variants, the sweeps (sim/report.py: check_sweeps) and the bench JSON (sim/crosscheck.py)."""
+    if args.plots is not None and (args.all or args.crosscheck):
+        raise ConfigError(f"--plots: not with {'--all' if args.all else '--crosscheck'}; allowed: --plots with one "
+                          "scenario (the sweeps vary one scenario)")
+    if args.all and args.crosscheck:
+        raise ConfigError("--crosscheck: not with --all; allowed: one scenario and one bench JSON")
     if args.crosscheck:
         return _simulate_crosscheck(args)
-    if args.all:
-        return _simulate_all(args)
-    from nemo_rl_specdec.sim.report import check_calibration_points, format_table, simulate
-    from nemo_rl_specdec.sim.scenario import load_scenario
+    from nemo_rl_specdec.sim.report import calibration_variants, check_calibration_points, format_table, simulate
+    from nemo_rl_specdec.sim.scenario import load_scenario, scenario_files
 
+    if args.all:
+        for f in scenario_files(args.scenario):
+            load_scenario(str(f), args.overrides)      # each file checked before any is simulated
+        return _simulate_all(args)
     sc = load_scenario(args.scenario, args.overrides)
+    variants = calibration_variants(args.scenario, args.overrides) if sc.calibration_points else None
     res = simulate(sc, sweeps=bool(args.plots))
     res["overrides"] = list(args.overrides)
     if sc.calibration_points:
-        res["calibration_points"] = check_calibration_points(args.scenario, res["overrides"])
+        res["calibration_points"] = check_calibration_points(args.scenario, res["overrides"], variants)
     print(format_table(res))
     if args.plots:
         from nemo_rl_specdec.sim.plots import write_plots
@@ -210,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--suite", default=None,
-                   help="drafters (default) | das | scheduling | lockstep | parametric | refresh | costmodel")
+                   help="drafters (default) | das | scheduling | lockstep | parametric | refresh | costmodel | adaptive "
+                        "| distill")
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("simulate", help="simulate RL steps with speculative decoding")
@@ -238,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if hasattr(args, "overrides"):
         args.overrides = list(args.overrides) + extra
+    try:
+        for option, is_dir in OUTPUTS.get(args.command, ()):
+            if getattr(args, option, None) is not None:
+                check_output(option, getattr(args, option), is_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if argv is None and args.command in ENGINE_COMMANDS:
         from nemo_rl_specdec.openmp import reexec_with_iomp
 

@@ -202,22 +202,23 @@ SpecDecConfig = create_model(
 class VllmCfg(BaseModel):
     """The part of NeMo-RL's `policy.generation.vllm_cfg` we read; other keys pass through."""
 
-    model_config = ConfigDict(extra="allow")
-    max_model_len: int = Field(2048, ge=16)
+    model_config = ConfigDict(extra="allow", strict=True)
+    max_model_len: int = Field(2048, ge=16, le=1 << 24)
     precision: Literal["float32", "bfloat16", "float16", "fp8"] = "float32"  # fp8: GPU (NeMo-RL) only
     enforce_eager: bool = True
-    kv_cache_space_gb: float = Field(1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU")
+    kv_cache_space_gb: float = Field(1.0, gt=0, le=4096, allow_inf_nan=False,
+                                     description="VLLM_CPU_KVCACHE_SPACE on CPU")
 
 
 class GenerationConfig(BaseModel):
     """`policy.generation`: the sampling settings rollouts use (NeMo-RL names)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     backend: Literal["vllm"] = "vllm"
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: Optional[int] = None
-    max_new_tokens: int = Field(512, ge=1)
+    max_new_tokens: int = Field(512, ge=1, le=1 << 24)
     vllm_cfg: VllmCfg = VllmCfg()
     speculative_decoding: SpecDecConfig = SpecDecConfig()
 
@@ -227,6 +228,14 @@ class GenerationConfig(BaseModel):
         if v is not None and v != -1 and v < 1:
             raise ValueError("top_k must be null, -1 (off) or >= 1")
         return v
+
+    @model_validator(mode="after")
+    def _fits_the_context(self):
+        if "max_model_len" in self.vllm_cfg.model_fields_set and self.max_new_tokens > self.vllm_cfg.max_model_len:
+            raise _PathError("max_new_tokens", self.max_new_tokens,
+                             f"at most vllm_cfg.max_model_len ({self.vllm_cfg.max_model_len}): the prompt and the "
+                             "response share the context")
+        return self
 
 
 class RunConfig:
@@ -248,6 +257,31 @@ class RunConfig:
         from nemo_rl_specdec.models import ensure
 
         return ensure(str(self.raw["policy"]["model_name"]))
+
+    def check_paths(self) -> list[str]:
+        """Check the checkpoints the run will load before any engine starts: the policy and, with
+        speculation on, the drafter's checkpoint. A local path must be a checkpoint directory (with
+        config.json); an id that is not a local path (a Hugging Face id) is not checked here, and a
+        named model (`${specdec_model:...}`) is made on first use. Returns what was not checked."""
+        from nemo_rl_specdec.models import is_named
+
+        paths = [("policy.model_name", str(self.raw["policy"]["model_name"]))]
+        ckpt = drafter_of(self.spec).checkpoint(self.spec) if self.spec.enabled else None
+        if ckpt:
+            paths.append((f"{BLOCK_PATH}.{self.spec.drafter}.model", str(ckpt)))
+        not_checked = []
+        for key, value in paths:
+            p = Path(value).expanduser()
+            if is_named(value):
+                not_checked.append(f"{key}: {value} is made on first use (docs/smollm2.md)")
+            elif p.exists() or value.startswith(("/", "./", "../", "~")) or value.count("/") > 1:
+                if not (p / "config.json").is_file():
+                    why = "does not exist" if not p.exists() else "has no config.json"
+                    raise ConfigError(f"{key}: got {value!r}, which {why}; allowed: a checkpoint directory (with "
+                                      "config.json), a Hugging Face id, or ${specdec_model:NAME}")
+            else:
+                not_checked.append(f"{key}: {value!r} is not a local path (a Hugging Face id?): not downloaded here")
+        return not_checked
 
     def get(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.raw
@@ -367,10 +401,17 @@ def resolve_config_path(path: Optional[str]) -> Path:
 
 
 def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
-    """Load a run YAML, apply `key=value` overrides, resolve (yaml_loader.py), validate."""
+    """Load a self-contained run YAML, apply `key=value` overrides, resolve (yaml_loader.py), validate,
+    and check the checkpoint paths it names (`RunConfig.check_paths`)."""
     p = resolve_config_path(path)
     raw = yaml_loader.load(p, overrides, what="run file", example=f"{BLOCK_PATH}.drafter=ngram")
-    return validate_run_dict(raw, str(p))
+    if "defaults" in raw:
+        raise ConfigError(f"{p}: defaults: {raw['defaults']!r}: this command runs one self-contained run file on our "
+                          "engine; a run file with parents is composed by the NeMo-RL launcher (python -m "
+                          "nemo_rl_specdec.run_grpo), and `nemo-rl-specdec validate` checks it composed")
+    cfg = validate_run_dict(raw, str(p))
+    cfg.check_paths()
+    return cfg
 
 
 # --------------------------------------------------------------------------- vLLM mapping

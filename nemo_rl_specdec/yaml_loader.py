@@ -48,6 +48,13 @@ RESOLVERS = {
 }
 
 
+def one_line(e: Exception) -> str:
+    """An OmegaConf error as one line: its message, and the key it names."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    key = getattr(e, "full_key", None)
+    return f"{msg} (key {key})" if key and str(key) not in msg else msg
+
+
 def register_resolvers() -> None:
     """Register RESOLVERS with OmegaConf; a name already registered (e.g. by NeMo-RL) is kept."""
     from omegaconf import OmegaConf
@@ -71,6 +78,10 @@ def read(path: Union[str, Path], error: type[ConfigError] = ConfigError, what: s
         cfg = OmegaConf.load(path)
     except FileNotFoundError:
         raise error(f"{what} {str(path)!r} not found") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory; allowed: a {what} (YAML)") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not a text file (byte {e.start} is not UTF-8); allowed: a {what} (YAML)") from None
     except (OSError, OmegaConfBaseException, yaml.YAMLError) as e:
         raise error(f"{path}: cannot read the {what}: {e}") from None
     if not isinstance(cfg, DictConfig):
@@ -91,6 +102,9 @@ def parse_override(override: str, source: Union[str, Path], error: type[ConfigEr
     key, eq, value = body.partition("=")
     if not eq or not key.strip() or key.startswith(("+", "~")):
         raise bad
+    if value.startswith("="):
+        raise error(f"override {override!r} of {source}: the value starts with '=' (did you mean {key}={value[1:]}?); "
+                    f"expected {OVERRIDE_FORMS}")
     return "set", key, value
 
 
@@ -148,7 +162,13 @@ def resolve(cfg: Any, source: Union[str, Path], error: type[ConfigError] = Confi
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
-        raise error(f"{source}: {e}{hint}") from None
+        if "RecursionError" in str(e):
+            raise error(f"{source}: interpolations (${{...}}) nest too deep to resolve (at key "
+                        f"{getattr(e, 'full_key', None)}); allowed: chains of a few hundred at most") from None
+        raise error(f"{source}: {one_line(e)}{hint}") from None
+    except RecursionError:
+        raise error(f"{source}: interpolations (${{...}}) nest too deep to resolve; allowed: chains of a few "
+                    "hundred at most") from None
 
 
 def load(path: Union[str, Path], overrides: Sequence[str] = (), error: type[ConfigError] = ConfigError,

@@ -37,8 +37,9 @@ import logging
 import statistics
 import time
 
-from nemo_rl_specdec.bench import say, suite_options
+from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_REPEATS, MAX_SAMPLES, run_setting, say, suite_options
 from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.schema import int_setting
 from nemo_rl_specdec.update import PolicyUpdate
 
 _say = functools.partial(say, "adaptive")
@@ -53,27 +54,26 @@ TARGET = 0.97
 
 
 def _options(cfg) -> dict:
-    b = suite_options(cfg, "adaptive")
-    grpo = cfg.raw.get("grpo", {}) or {}
+    b = suite_options(cfg, "adaptive", known=("drafters", "regimes", "ks", "repeats", "problems", "samples",
+                                               "max_new_tokens", "problem_seed"))
     opts = {
         "drafters": list(b.get("drafters", list(DRAFTERS))),
         "regimes": list(b.get("regimes", list(REGIMES))),
         "ks": list(b.get("ks", [2, 4, 8])),
         "repeats": b.get("repeats", 1),
-        "problems": b.get("problems", int(grpo.get("num_prompts_per_step", 16))),
-        "samples": b.get("samples", int(grpo.get("num_generations_per_prompt", 4))),
+        "problems": b.get("problems", run_setting(cfg, "grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS)),
+        "samples": b.get("samples", run_setting(cfg, "grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES)),
         "max_new_tokens": b.get("max_new_tokens", cfg.generation.max_new_tokens),
-        "problem_seed": b.get("problem_seed", 40_000 + int(grpo.get("seed", 0))),
+        "problem_seed": b.get("problem_seed", 40_000 + run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1)),
     }
     for key, allowed in (("drafters", DRAFTERS), ("regimes", REGIMES)):
         if not opts[key] or any(x not in allowed for x in opts[key]):
             raise ConfigError(f"bench.adaptive.{key}: got {opts[key]!r}; allowed: a non-empty subset of {list(allowed)}")
     if not opts["ks"] or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64 for k in opts["ks"]):
         raise ConfigError(f"bench.adaptive.ks: got {opts['ks']!r}; allowed: a non-empty list of ints in 1..64")
-    for key in ("repeats", "problems", "samples", "max_new_tokens", "problem_seed"):
-        v = opts[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "problem_seed" else 1):
-            raise ConfigError(f"bench.adaptive.{key}: got {v!r}; allowed: an int >= {0 if key == 'problem_seed' else 1}")
+    for key, lo, hi in (("repeats", 1, MAX_REPEATS), ("problems", 1, MAX_PROMPTS), ("samples", 1, MAX_SAMPLES),
+                        ("max_new_tokens", 1, cfg.generation.vllm_cfg.max_model_len), ("problem_seed", 0, 2**32 - 1)):
+        int_setting(opts[key], f"bench.adaptive.{key}", lo, hi)
     return opts
 
 

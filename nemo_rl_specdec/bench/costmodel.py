@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import time
 
-from nemo_rl_specdec.bench import say, suite_options
+from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, option, run_setting, say, suite_options
 
 # the keys every result of this suite carries (the dispatcher checks them instead of its default)
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "samples")
@@ -53,16 +53,20 @@ def _options(cfg) -> dict:
     from nemo_rl_specdec.bench.drafters import cpu_drafters
     from nemo_rl_specdec.config import ConfigError
 
-    b = suite_options(cfg, "costmodel")
+    b = suite_options(cfg, "costmodel", known=("drafters", "problems", "samples", "problem_seed", "core"))
     rows = cpu_drafters(cfg.spec)
-    drafters = list(b.get("drafters", list(rows)))
-    bad = [d for d in drafters if d not in rows]
+    drafters = b.get("drafters", list(rows))
+    bad = [d for d in drafters if d not in rows] if isinstance(drafters, list) else [drafters]
     if bad:
         raise ConfigError(f"bench.costmodel.drafters: got {drafters!r}; allowed: a subset of {list(rows)}")
-    return {"problems": int(b.get("problems", cfg.get("grpo.num_prompts_per_step", 16))),
-            "samples": int(b.get("samples", cfg.get("grpo.num_generations_per_prompt", 4))),
-            "problem_seed": int(b.get("problem_seed", 50_000 + int(cfg.get("grpo.seed", 0) or 0))),
-            "drafters": drafters, "core": b.get("core")}
+    return {"problems": option(b, "costmodel", "problems", run_setting(cfg, "grpo.num_prompts_per_step", 16, 1,
+                                                                       MAX_PROMPTS), 1, MAX_PROMPTS),
+            "samples": option(b, "costmodel", "samples", run_setting(cfg, "grpo.num_generations_per_prompt", 4, 1,
+                                                                     MAX_SAMPLES), 1, MAX_SAMPLES),
+            "problem_seed": option(b, "costmodel", "problem_seed",
+                                   50_000 + run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1), 0, 2**32 - 1),
+            "drafters": list(drafters), "core": None if b.get("core") is None else option(b, "costmodel", "core", 0,
+                                                                                         0, 4095)}
 
 
 def timed_steps(engine, reqs) -> tuple[list, list]:

@@ -55,7 +55,16 @@ import logging
 import time
 from typing import Any
 
-from nemo_rl_specdec.bench import release_memory, say, suite_options
+from nemo_rl_specdec.bench import (
+    MAX_PROMPTS,
+    MAX_SAMPLES,
+    MAX_STEPS,
+    option,
+    release_memory,
+    run_setting,
+    say,
+    suite_options,
+)
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.update import PolicyUpdate
 
@@ -68,30 +77,31 @@ AFTER_STEP = 3  # "after 3 steps": the store holds rollouts of 3 policy versions
 _say = functools.partial(say, "das")
 
 def _options(cfg: RunConfig) -> dict:
-    b = suite_options(cfg, "das")
+    b = suite_options(cfg, "das", known=("steps", "windows", "scopes", "baselines", "core", "problem_seed"))
     suffix = cfg.spec.suffix
-    steps = int(b.get("steps", cfg.get("grpo.max_num_steps", MIN_STEPS)))
-    if steps < MIN_STEPS:
-        raise ConfigError(f"bench.das.steps (or grpo.max_num_steps): got {steps}; allowed: >= {MIN_STEPS} "
-                          "(acceptance must be followed while the policy changes)")
+    # acceptance must be followed while the policy changes: at least MIN_STEPS steps
+    steps = option(b, "das", "steps", cfg.get("grpo.max_num_steps") or MIN_STEPS, MIN_STEPS, MAX_STEPS)
     windows = b.get("windows", sorted({1, suffix.window_steps, 2 * suffix.window_steps}))
     scopes = b.get("scopes", ["problem", "global", "both"])
     # the per-step rule the run file's DAS does not use: adaptive lengths or all-or-nothing steps
     other_rule = "das_uniform" if cfg.spec.scheduling.budget == "adaptive" else "das_adaptive"
     baselines = b.get("baselines", [x for x in BASELINES if x not in ("das_adaptive", "das_uniform")] + [other_rule])
-    if not windows or any(not isinstance(w, int) or w < 1 for w in windows):
-        raise ConfigError(f"bench.das.windows: got {windows!r}; allowed: a list of ints >= 1")
-    bad = [s for s in scopes if s not in ("problem", "global", "both")]
+    if not isinstance(windows, list) or not windows or any(
+            isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= MAX_STEPS for w in windows):
+        raise ConfigError(f"bench.das.windows: got {windows!r}; allowed: a list of ints from 1 to {MAX_STEPS}")
+    bad = [s for s in scopes if s not in ("problem", "global", "both")] if isinstance(scopes, list) else [scopes]
     if bad or not scopes:
         raise ConfigError(f"bench.das.scopes: got {scopes!r}; allowed: a non-empty subset of problem, global, both")
-    bad = [x for x in baselines if x not in BASELINES]
+    bad = [x for x in baselines if x not in BASELINES] if isinstance(baselines, list) else [baselines]
     if bad:
         raise ConfigError(f"bench.das.baselines: got {baselines!r}; allowed: a subset of {', '.join(BASELINES)}")
     return {"steps": steps, "windows": list(windows), "scopes": list(scopes), "baselines": list(baselines),
-            "core": b.get("core", 0), "problem_seed": int(b.get("problem_seed", 20_000 + int(cfg.get("grpo.seed", 0)))),
-            "prompts": int(cfg.get("grpo.num_prompts_per_step", 16)),
-            "generations": int(cfg.get("grpo.num_generations_per_prompt", 4)),
-            "lr": float(cfg.get("grpo.learning_rate", 1e-4)), "seed": int(cfg.get("grpo.seed", 0))}
+            "core": option(b, "das", "core", 0, 0, 4095), "seed": run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1),
+            "problem_seed": option(b, "das", "problem_seed", 20_000 + run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1),
+                                   0, 2**32 - 1),
+            "prompts": run_setting(cfg, "grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
+            "generations": run_setting(cfg, "grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
+            "lr": run_setting(cfg, "grpo.learning_rate", 1e-4, 1e-12, 1.0, float)}
 
 
 # bench.das.baselines: label -> (drafter, backend, what its history is, changes to the suffix block,

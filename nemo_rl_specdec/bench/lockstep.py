@@ -44,18 +44,44 @@ def _policy_after_grpo(cfg, base, reqs, probs, steps: int):
     return trainer.state_dict()
 
 
+def _options(cfg) -> dict:
+    """The suite's settings, checked before any engine starts."""
+    from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, run_setting, suite_options
+    from nemo_rl_specdec.bench.parametric import _available
+    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.drafters.registry import DRAFTERS
+
+    b = suite_options(cfg, "lockstep", known=("nemo_rl_steps", "drafters", "distill"))
+    # layers that ride in the policy checkpoint (MTP) are refused online in NeMo-RL (nothing there trains
+    # them), so they have no row here; list drafters that rebuild from rollouts do
+    avail = ([d for d in _available(cfg, {}) if not DRAFTERS[d].weights_in_policy_checkpoint]
+             + [n for n, d in DRAFTERS.items() if "rebuild" in d.refresh_modes])
+    drafters = b.get("drafters", avail)
+    if not isinstance(drafters, list) or not drafters or any(d not in avail for d in drafters):
+        raise ConfigError(f"bench.lockstep.drafters: got {drafters!r}; allowed: a non-empty subset of {avail}")
+    distill = b.get("distill") or {}
+    if not isinstance(distill, dict):
+        raise ConfigError(f"bench.lockstep.distill: got {distill!r}; allowed: a mapping of refresh.distill settings")
+    return {"grpo_steps": run_setting(cfg, "bench.lockstep_grpo_steps", 3, 1, MAX_STEPS),
+            "nemo_rl_steps": option(b, "lockstep", "nemo_rl_steps", 5, 1, MAX_STEPS), "drafters": list(drafters),
+            "distill": distill, "prompts": run_setting(cfg, "grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
+            "samples": run_setting(cfg, "grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES),
+            "seed": run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1),
+            "lr": run_setting(cfg, "grpo.learning_rate", 1e-4, 1e-12, 0.1, float)}
+
+
 def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo.task import run_problems, run_requests
     from nemo_rl_specdec.engine.engine import Engine
 
-    grpo = cfg.raw.get("grpo", {})
-    steps = int((cfg.raw.get("bench") or {}).get("lockstep_grpo_steps", 3))
+    opts = _options(cfg)
+    steps = opts["grpo_steps"]
     base = Engine(cfg, spec_enabled=False, name="no-spec")
     tok = base.tokenizer()
-    n_prob, n_samp = int(grpo.get("num_prompts_per_step", 16)), int(grpo.get("num_generations_per_prompt", 4))
-    probs = run_problems(cfg, n_prob, int(grpo.get("seed", 0)))
+    n_prob, n_samp = opts["prompts"], opts["samples"]
+    probs = run_problems(cfg, n_prob, opts["seed"])
     reqs = run_requests(cfg, tok, probs, n_samp)
     engines = {mode: Engine(load_run_config(cfg.source, list(args.overrides) + [
         f"{BLOCK}.drafter=draft_model", f"{BLOCK}.draft_model.model={cfg.model_path}",
@@ -96,7 +122,7 @@ def run(cfg, args) -> list:
     print_table(results, ["name", "policy_version", "drafter_version", "acceptance_rate_before", "acceptance_rate",
                           "tokens_per_target_forward_before", "tokens_per_target_forward", "refresh_s",
                           "refresh_fraction_of_rollout", "wall_clock_ratio"])
-    shaped = nemo_rl_shaped(cfg, args)
+    shaped = nemo_rl_shaped(cfg, args, opts)
     print_table([{"name": r["name"], **s} for r in shaped for s in r["per_step"]],
                 ["name", "step", "acceptance_rate_frozen", "acceptance_rate", "refresh_s", "step_s",
                  "refresh_share_of_step"])
@@ -132,12 +158,10 @@ def _train_data(rollouts, rewards, groups) -> dict:
             "rollouts": rollouts, "rewards": rewards, "groups": groups}
 
 
-def nemo_rl_shaped(cfg, args) -> list:
+def nemo_rl_shaped(cfg, args, opts: dict) -> list:
     """Part 2 of the module docstring: one result per drafter, with per-step rows."""
     import ray
 
-    from nemo_rl_specdec.bench import suite_options
-    from nemo_rl_specdec.bench.parametric import _available
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
@@ -145,14 +169,8 @@ def nemo_rl_shaped(cfg, args) -> list:
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, combine_takes
 
-    b = suite_options(cfg, "lockstep")
-    steps = int(b.get("nemo_rl_steps", 5))
-    # layers that ride in the policy checkpoint (MTP) are refused online in NeMo-RL (nothing there trains
-    # them), so they have no row here; list drafters that rebuild from rollouts do
-    drafters = list(b.get("drafters", [d for d in _available(cfg, {}) if not DRAFTERS[d].weights_in_policy_checkpoint]
-                          + [n for n, d in DRAFTERS.items() if "rebuild" in d.refresh_modes]))
-    grpo = cfg.raw.get("grpo", {})
-    n_prob, G = int(grpo.get("num_prompts_per_step", 16)), int(grpo.get("num_generations_per_prompt", 4))
+    steps, drafters = opts["nemo_rl_steps"], opts["drafters"]
+    n_prob, G = opts["prompts"], opts["samples"]
     temperature = cfg.generation.temperature
     if not ray.is_initialized():
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -161,7 +179,7 @@ def nemo_rl_shaped(cfg, args) -> list:
     for drafter in drafters:
         mode = DRAFTERS[drafter].refresh_modes[0]  # online for model drafters, rebuild for DAS
         over = list(args.overrides) + [f"{BLOCK}.drafter={drafter}", f"{BLOCK}.num_speculative_tokens=4"]
-        distill = [f"{BLOCK}.refresh.distill.{k}={v}" for k, v in (b.get("distill") or {}).items()
+        distill = [f"{BLOCK}.refresh.distill.{k}={v}" for k, v in opts["distill"].items()
                    if mode == "online"]
         live_cfg = load_run_config(cfg.source, over + [f"{BLOCK}.refresh.mode={mode}"] + distill)
         engines = {"frozen": Engine(load_run_config(cfg.source, over + [f"{BLOCK}.refresh.mode=frozen"]),
@@ -169,8 +187,8 @@ def nemo_rl_shaped(cfg, args) -> list:
                    "live": Engine(live_cfg, name=f"{drafter}-{mode}")}
         try:
             tok = engines["live"].tokenizer()
-            problems = task.run_problems(cfg, n_prob, seed=int(grpo.get("seed", 0)))
-            trainer = GRPOTrainer(cfg.model_path, lr=float(grpo.get("learning_rate", 1e-4)) * 10, seed=0,
+            problems = task.run_problems(cfg, n_prob, seed=opts["seed"])
+            trainer = GRPOTrainer(cfg.model_path, lr=opts["lr"] * 10, seed=0,
                                   temperature=max(temperature, 1e-3))
             worker = worker_cls(trainer) if mode == "online" else _GRPOPolicyWorker(trainer)
             if mode == "online":

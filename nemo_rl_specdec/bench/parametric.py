@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.bench import say, suite_options
+from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, run_setting, say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
@@ -92,25 +92,27 @@ def _available(cfg: RunConfig, b: dict) -> list:
 
 
 def _options(cfg: RunConfig) -> dict:
-    b = suite_options(cfg, "parametric")
-    steps = int(b.get("steps", max(MIN_STEPS, int(cfg.get("grpo.max_num_steps", MIN_STEPS)))))
-    if steps < MIN_STEPS:
-        raise ConfigError(f"bench.parametric.steps: got {steps}; allowed: >= {MIN_STEPS} "
-                          "(acceptance must be followed over at least 10 policy updates)")
+    b = suite_options(cfg, "parametric", known=("steps", "drafters", "k", "mtp_k", "mtp_model", "lr", "distill_lr",
+                                                 "distill_epochs", "problem_seed", "core"))
+    # acceptance must be followed over at least MIN_STEPS policy updates
+    steps = option(b, "parametric", "steps", max(MIN_STEPS, run_setting(cfg, "grpo.max_num_steps", MIN_STEPS, 1,
+                                                                        MAX_STEPS)), MIN_STEPS, MAX_STEPS)
     avail = _available(cfg, b)
     drafters = b.get("drafters", avail)
-    bad = [d for d in drafters if d not in avail]
+    bad = [d for d in drafters if d not in avail] if isinstance(drafters, list) else [drafters]
     if bad or not drafters:
         raise ConfigError(f"bench.parametric.drafters: got {drafters!r}; allowed: a non-empty subset of {avail} "
                           "(parametric drafters with a checkpoint directory for this policy)")
-    return {"steps": steps, "drafters": list(drafters), "k": int(b.get("k", 4)), "mtp_k": int(b.get("mtp_k", 1)),
-            "mtp_model": _mtp_model(cfg, b),
-            "lr": float(b.get("lr", cfg.get("grpo.learning_rate", 1e-4))),
-            "distill_lr": float(b.get("distill_lr", 1e-3)), "distill_epochs": int(b.get("distill_epochs", 2)),
-            "prompts": int(cfg.get("grpo.num_prompts_per_step", 8)),
-            "generations": int(cfg.get("grpo.num_generations_per_prompt", 4)),
-            "problem_seed": int(b.get("problem_seed", 2024)), "seed": int(cfg.get("grpo.seed", 0)),
-            "core": b.get("core", 0)}
+    return {"steps": steps, "drafters": list(drafters), "k": option(b, "parametric", "k", 4, 1, 64),
+            "mtp_k": option(b, "parametric", "mtp_k", 1, 1, 64), "mtp_model": _mtp_model(cfg, b),
+            "lr": option(b, "parametric", "lr", run_setting(cfg, "grpo.learning_rate", 1e-4, 1e-12, 1.0, float),
+                         1e-12, 1.0, float),
+            "distill_lr": option(b, "parametric", "distill_lr", 1e-3, 1e-12, 1.0, float),
+            "distill_epochs": option(b, "parametric", "distill_epochs", 2, 1, 100),
+            "prompts": run_setting(cfg, "grpo.num_prompts_per_step", 8, 1, MAX_PROMPTS),
+            "generations": run_setting(cfg, "grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
+            "problem_seed": option(b, "parametric", "problem_seed", 2024, 0, 2**32 - 1),
+            "seed": run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1), "core": option(b, "parametric", "core", 0, 0, 4095)}
 
 
 def _mtp_policy_cfg(cfg: RunConfig, model: str) -> RunConfig:

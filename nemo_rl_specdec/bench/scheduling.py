@@ -54,7 +54,16 @@ import statistics
 import time
 from typing import Any, Optional
 
-from nemo_rl_specdec.bench import say, suite_options
+from nemo_rl_specdec.bench import (
+    MAX_ENGINES,
+    MAX_PROMPTS,
+    MAX_REPEATS,
+    MAX_SAMPLES,
+    option,
+    run_setting,
+    say,
+    suite_options,
+)
 from nemo_rl_specdec.config import ConfigError, RunConfig, validate_run_dict
 from nemo_rl_specdec.scheduling.budget import BUDGETS
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS
@@ -63,29 +72,31 @@ from nemo_rl_specdec.update import PolicyUpdate
 _say = functools.partial(say, "scheduling")
 
 def _options(cfg: RunConfig) -> dict:
-    b = suite_options(cfg, "scheduling")
-    cluster = int(cfg.get("cluster.num_engines", 1) or 1)
+    b = suite_options(cfg, "scheduling", known=("problems", "samples", "engines", "repeats", "draws", "placements",
+                                                 "budgets", "max_num_seqs", "problem_seed", "temperature",
+                                                 "max_new_tokens"))
+    cluster = run_setting(cfg, "cluster.num_engines", 1, 1, MAX_ENGINES)
     seqs = b.get("max_num_seqs", [None, 8])
     seqs = seqs if isinstance(seqs, list) else [seqs]
+    seed = run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1)
     opts = {
-        "problems": int(b.get("problems", cfg.get("grpo.num_prompts_per_step", 16))),
-        "samples": int(b.get("samples", cfg.get("grpo.num_generations_per_prompt", 4))),
-        "engines": int(b.get("engines", cluster if cluster > 1 else 2)),
-        "repeats": int(b.get("repeats", 5)),
-        "draws": int(b.get("draws", 1)),
-        "placements": list(b.get("placements", PLACEMENTS)),
-        "budgets": list(b.get("budgets", ["uniform", "length_aware", "das"])),
+        "problems": option(b, "scheduling", "problems", run_setting(cfg, "grpo.num_prompts_per_step", 16, 1,
+                                                                    MAX_PROMPTS), 1, MAX_PROMPTS),
+        "samples": option(b, "scheduling", "samples", run_setting(cfg, "grpo.num_generations_per_prompt", 4, 1,
+                                                                  MAX_SAMPLES), 1, MAX_SAMPLES),
+        # placement needs at least two engines
+        "engines": option(b, "scheduling", "engines", cluster if cluster > 1 else 2, 2, MAX_ENGINES),
+        "repeats": option(b, "scheduling", "repeats", 5, 1, MAX_REPEATS),
+        "draws": option(b, "scheduling", "draws", 1, 1, MAX_REPEATS),
+        "placements": list(b.get("placements", PLACEMENTS)) if isinstance(b.get("placements", []), list) else [b["placements"]],
+        "budgets": list(b.get("budgets", ["uniform", "length_aware", "das"])) if isinstance(b.get("budgets", []), list) else [b["budgets"]],
         "max_num_seqs": seqs,
-        "problem_seed": int(b.get("problem_seed", 30_000 + int(cfg.get("grpo.seed", 0)))),
-        "temperature": float(b.get("temperature", cfg.generation.temperature)),
-        "max_new_tokens": int(b.get("max_new_tokens", cfg.generation.max_new_tokens)),
-        "seed": int(cfg.get("grpo.seed", 0)),
+        "problem_seed": option(b, "scheduling", "problem_seed", 30_000 + seed, 0, 2**32 - 1),
+        "temperature": option(b, "scheduling", "temperature", cfg.generation.temperature, 0.0, 100.0, float),
+        "max_new_tokens": option(b, "scheduling", "max_new_tokens", cfg.generation.max_new_tokens, 1,
+                                 cfg.generation.vllm_cfg.max_model_len),
+        "seed": seed,
     }
-    for key in ("problems", "samples", "repeats", "draws"):
-        if opts[key] < 1:
-            raise ConfigError(f"bench.scheduling.{key}: got {opts[key]}; allowed: an int >= 1")
-    if opts["engines"] < 2:
-        raise ConfigError(f"bench.scheduling.engines: got {opts['engines']}; allowed: >= 2 (placement needs engines)")
     bad = [p for p in opts["placements"] if p not in PLACEMENTS]
     if bad or "contiguous" not in opts["placements"]:
         raise ConfigError(f"bench.scheduling.placements: got {opts['placements']!r}; allowed: a subset of "

@@ -21,36 +21,57 @@ from pathlib import Path
 from typing import Optional
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
+from nemo_rl_specdec.schema import float_setting, int_setting
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 BLOCK = "policy.generation.speculative_decoding"
+
+
+def _section(cfg: RunConfig, name: str) -> dict:
+    sec = cfg.raw.get(name)
+    if sec is None:
+        return {}
+    if not isinstance(sec, dict):
+        raise ConfigError(f"{name}: got {sec!r}; allowed: a mapping of settings")
+    return sec
+
+
+def _int(sec: dict, path: str, default: int, lo: int, hi: int) -> int:
+    return int_setting(sec.get(path.rpartition(".")[2], default), path, lo, hi)
+
+
+# the CPU loop's sizes: beyond these a run takes hours on a few cores
+MAX_STEPS, MAX_PROMPTS, MAX_GENERATIONS, MAX_ROLLOUTS_PER_STEP, MAX_POOL = 1000, 1024, 64, 4096, 1_000_000
 
 
 class DemoSettings:
     """The `grpo` and `demo` sections of the run file that the CPU loop reads (NeMo-RL names)."""
 
     def __init__(self, cfg: RunConfig):
-        g, d = cfg.raw.get("grpo") or {}, cfg.raw.get("demo") or {}
+        g, d = _section(cfg, "grpo"), _section(cfg, "demo")
+        if not cfg.spec.enabled:
+            raise ConfigError(f"{BLOCK}.enabled: got false; the demo compares speculative and plain rollouts, so "
+                              "allowed: true")
         self.mode = g.get("mode", "sync")
         if self.mode not in ("sync", "async"):
             raise ConfigError(f"grpo.mode: got {self.mode!r}; allowed: 'sync' or 'async'")
-        self.steps = int(g.get("max_num_steps", 6))
-        self.prompts = int(g.get("num_prompts_per_step", 16))
-        self.generations = int(g.get("num_generations_per_prompt", 4))
-        self.lr = float(g.get("learning_rate", 1e-4))
-        self.seed = int(g.get("seed", 0))
-        self.pool = int(d.get("problem_pool", 2 * self.prompts))
-        self.compare_frozen = bool(d.get("compare_frozen_drafter", False))
+        self.steps = _int(g, "grpo.max_num_steps", 6, 1, MAX_STEPS)
+        self.prompts = _int(g, "grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS)
+        self.generations = _int(g, "grpo.num_generations_per_prompt", 4, 2, MAX_GENERATIONS)
+        if self.prompts * self.generations > MAX_ROLLOUTS_PER_STEP:
+            raise ConfigError(f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt: got {self.prompts} x "
+                              f"{self.generations}; allowed: at most {MAX_ROLLOUTS_PER_STEP} rollouts per step")
+        self.lr = float_setting(g.get("learning_rate", 1e-4), "grpo.learning_rate", 0, 1, lo_open=True)
+        self.seed = _int(g, "grpo.seed", 0, 0, 2**32 - 1)
+        self.pool = _int(d, "demo.problem_pool", 2 * self.prompts, self.prompts, MAX_POOL)
+        self.compare_frozen = d.get("compare_frozen_drafter", False)
+        if not isinstance(self.compare_frozen, bool):
+            raise ConfigError(f"demo.compare_frozen_drafter: got {self.compare_frozen!r}; allowed: true or false")
         # real chat models (configs/smollm2_cpu.yaml): chat-formatted prompts, partial-credit rewards (task.py)
         from nemo_rl_specdec.demo.task import run_prompt_format, run_reward, run_task_families
 
         self.prompt_format, self.reward = run_prompt_format(cfg), run_reward(cfg)
         self.families = run_task_families(cfg)
-        for key, v, lo in (("grpo.max_num_steps", self.steps, 1), ("grpo.num_prompts_per_step", self.prompts, 1),
-                           ("grpo.num_generations_per_prompt", self.generations, 2),
-                           ("demo.problem_pool", self.pool, self.prompts)):
-            if v < lo:
-                raise ConfigError(f"{key}: got {v}; allowed: an integer >= {lo}")
         self.steps_per_pass = -(-self.pool // self.prompts)  # steps until every pool problem was seen
         mode = cfg.spec.refresh.mode
         d = cfg.spec.drafter
@@ -70,7 +91,6 @@ class RLLoop:
         from nemo_rl_specdec.engine.engine import Engine
 
         self.cfg, self.s, self.out, self.progress = cfg, DemoSettings(cfg), out_dir, progress
-        out_dir.mkdir(parents=True, exist_ok=True)
         self.problems = make_problems(self.s.pool, self.s.seed, self.s.families)
         self.spec = Engine(cfg, name="spec", seed=self.s.seed)
         if not self.spec.spec_active:
@@ -274,6 +294,7 @@ def summarize(rows: list, steps_per_pass: int = 1) -> dict:
 def write_artifacts(rows: list, summary: dict, out: Path) -> None:
     from nemo_rl_specdec.demo.plots import plot_run
 
+    out.mkdir(parents=True, exist_ok=True)
     with (out / "metrics.jsonl").open("w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")

@@ -27,6 +27,12 @@ def resolve(name: str) -> str:
     return str(importlib.import_module(MODELS[name]).checkpoint_path())
 
 
+def is_named(path: str) -> bool:
+    """Whether `path` is a named model's checkpoint directory (made on first use, maybe not yet)."""
+    target = Path(path).expanduser().resolve()
+    return any(target == importlib.import_module(m).checkpoint_path() for m in MODELS.values())
+
+
 def ensure(path: str) -> str:
     """`path`, ready to load: where it is a named model's checkpoint directory (what
     ``${specdec_model:NAME}`` gave), the checkpoint is made first if it is not cached yet. Any other

@@ -31,7 +31,7 @@ def test_every_subcommand_and_flag_is_in_the_one_parser():
 @pytest.mark.parametrize("lines,fragment", [
     (['{"prompt": "a"}', "not json"], r":2: not JSON"),
     (['{"prompt": "a", "prompt_token_ids": [1]}'], r":1: need exactly one of 'prompt'"),
-    (['{"prompt_token_ids": []}'], r":1: 'prompt_token_ids' must be a non-empty list of ints"),
+    (['{"prompt_token_ids": []}'], r":1: 'prompt_token_ids' must be a non-empty list of token ids"),
     (["", "  "], r": no prompts"),
 ])
 def test_generate_names_the_bad_prompt_line(tmp_path, lines, fragment):

@@ -755,7 +755,7 @@ def test_typo_in_an_override_key_is_not_ignored():
 def test_share_in_flight_off_written_unquoted_in_yaml_is_off(tmp_path):
     """YAML 1.1 reads `off` as false; the setting's value `off` must still be what arrives."""
     f = tmp_path / "run.yaml"
-    f.write_text("policy:\n  model_name: /ckpt/policy\n  generation:\n    speculative_decoding:\n"
+    f.write_text("policy:\n  model_name: org/policy\n  generation:\n    speculative_decoding:\n"
                  "      suffix:\n        share_in_flight: off\n")
     assert load_run_config(str(f)).spec.suffix.share_in_flight == "off"
     assert load_run_config("tiny_cpu.yaml", [f"{B}.suffix.share_in_flight=off"]).spec.suffix.share_in_flight == "off"
