@@ -53,8 +53,12 @@ from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine.engine import GenerateResult
 from nemo_rl_specdec.metrics import SpecMetrics
+from nemo_rl_specdec.models import ensure
 from nemo_rl_specdec.rollouts import Request, Rollout, RolloutRecord
-from nemo_rl_specdec.scheduling.budget import k_by_batch_size_schedule, set_at_submission
+from nemo_rl_specdec.scheduling.budget import (
+    k_by_batch_size_schedule,
+    set_at_submission,
+)
 from nemo_rl_specdec.scheduling.placement import restore_order
 from nemo_rl_specdec.scheduling.planner import Planner, check_policies
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
@@ -298,7 +302,7 @@ class EngineGroup:
         if self.budget_via == "none" and self.spec.enabled and set_at_submission(self.spec.scheduling.budget):
             self._warn_budget_ignored(self.spec.scheduling.budget)
 
-        cfg.model_path  # a named model's checkpoint is made here, once, before any engine starts
+        ensure(str(cfg.raw["policy"]["model_name"]))  # a named model's checkpoint: made once, before any engine
         if not ray.is_initialized():
             ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         actor_cls = _remote_actor_cls(max_concurrency)
@@ -331,7 +335,12 @@ class EngineGroup:
         """ray.get every engine's ref; wait for all, then raise naming the engine(s) that failed.
         `engines[m]` is the engine number of `refs[m]` (default: refs are engines 0..n-1)."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+        from ray.exceptions import (
+            GetTimeoutError,
+            RayActorError,
+            RayError,
+            RayTaskError,
+        )
 
         engines = list(range(len(refs))) if engines is None else engines
         out: list = [None] * len(refs)
