@@ -162,7 +162,8 @@ class StepTime:
             if d1 == 0:
                 out += _line_sum(a0, a1, 0, n) if d0 >= 0 else _line_sum(b0, b1, 0, n)
                 continue
-            m = int(min(max(math.ceil(-d0 / d1), 0), n))
+            q = -d0 / d1                         # may overflow to +-inf when d1 is tiny
+            m = n if q >= n else 0 if q <= 0 else int(math.ceil(q))
             first, second = ((b0, b1), (a0, a1)) if d1 > 0 else ((a0, a1), (b0, b1))
             out += _line_sum(*first, 0, m) + _line_sum(*second, m, n)
         return out

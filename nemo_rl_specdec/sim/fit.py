@@ -77,6 +77,7 @@ def samples_from_throughput(batch: int, tokens_per_s: float, k: int = 0,
 
 # ---------------------------------------------------------------------------------- roofline
 ROOFLINE_FITTED = ("mem_bw_Bps", "flops_per_s", "overhead_s", "eager_overhead_s", "overhead_per_seq_s")
+MAX_ROOFLINE_SAMPLES = 2_000      # the fit prices every sample at every iteration
 
 
 def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -> dict:
@@ -128,9 +129,16 @@ def roofline_from_file(path: str) -> dict:
 
     from nemo_rl_specdec.sim.costmodel import ModelShape, vllm_capture_sizes
 
-    data = json.loads(Path(path).read_text())
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not (isinstance(data, dict) and isinstance(data.get("samples"), list) and isinstance(data.get("model"), dict)):
+        raise ValueError("a time_forward samples JSON is a mapping with a `model` mapping and a `samples` list")
+    if len(data["samples"]) > MAX_ROOFLINE_SAMPLES:
+        raise ValueError(f"{len(data['samples']):,} samples; at most {MAX_ROOFLINE_SAMPLES:,} are fitted")
+    graph_max = data.get("graph_max")
+    if isinstance(graph_max, bool) or not isinstance(graph_max, int) or not 1 <= graph_max <= 65_536:
+        raise ValueError(f"graph_max={graph_max!r}: expected the largest CUDA-graph size, an integer from 1 to 65,536")
     m = data["model"]
     shape = ModelShape(m["weight_bytes"], m["flops_per_token"], m["kv_bytes_per_token"], m["attn_flops_per_ctx"],
                        m.get("num_layers", 0), m.get("hidden_size", 0))
-    fit = fit_roofline(data["samples"], shape, vllm_capture_sizes(data["graph_max"]))
+    fit = fit_roofline(data["samples"], shape, vllm_capture_sizes(graph_max))
     return {**fit, "device": data.get("device", ""), "attention": data.get("attention", "")}

@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+import numpy as np
+
+from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.sim.costmodel import CostModel
 from nemo_rl_specdec.sim.scenario import ScenarioError
 from nemo_rl_specdec.sim.step import RunResult, simulate_rl
@@ -95,22 +98,103 @@ def check_targets(targets: dict, metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_calibration_points(path: str, overrides: list[str] = ()) -> list[dict[str, Any]]:
-    """Each of the scenario's `calibration_points`: the variant simulated (scenario file at
-    `path` with the point's overrides, then the caller's) and its targets checked."""
+def calibration_variants(path: str, overrides: list[str] = ()) -> list[tuple[Any, Any]]:
+    """(point, its scenario) for each of the scenario's `calibration_points`: the scenario file at
+    `path` with the point's overrides, then the caller's; loading them all first checks every
+    variant before any is simulated (an error names the point)."""
     from nemo_rl_specdec.sim.scenario import load_scenario
 
     sc = load_scenario(path, list(overrides))
     out = []
-    for pt in sc.calibration_points or []:
-        v = load_scenario(path, [*pt.overrides, *overrides, "calibration_points=null"])
+    for i, pt in enumerate(sc.calibration_points or []):
+        try:
+            out.append((pt, load_scenario(path, [*pt.overrides, *overrides, "calibration_points=null"])))
+        except ScenarioError as e:
+            why = str(e).removeprefix(f"{sc.source}: ")
+            raise ScenarioError(f"{sc.source}: calibration_points.{i} ({pt.name!r}), overrides {pt.overrides}: {why}") \
+                from None
+    return out
+
+
+def check_calibration_points(path: str, overrides: list[str] = (),
+                             variants: Optional[list[tuple[Any, Any]]] = None) -> list[dict[str, Any]]:
+    """Each of the scenario's `calibration_points`: the variant simulated (scenario file at
+    `path` with the point's overrides, then the caller's) and its targets checked; `variants`:
+    `calibration_variants` already loaded."""
+    out = []
+    for pt, v in (calibration_variants(path, overrides) if variants is None else variants):
         out.append({"name": pt.name, "overrides": list(pt.overrides),
                     "calibration": check_targets(pt.targets, simulate(v))})
     return out
 
 
+def check_sweeps(sc) -> None:
+    """Refuse, before any run, sweeps that a run could not take: each point's work within the
+    limit (`Scenario.check_work`), and with `acceptance.spread` each swept alpha one a spread can
+    keep."""
+    from nemo_rl_specdec.sim import acceptance as acc
+    from nemo_rl_specdec.sim.scenario import MAX_ENGINES
+
+    def work(**kw) -> None:
+        try:
+            sc.check_work(**kw)
+        except PathError as e:
+            raise ScenarioError(f"{sc.source}: scenario.{e.rel_path}: got {e.value!r}; allowed: {e.allowed}") from None
+
+    E0 = sc.cluster.num_engines
+    for k in sc.sweep.k:
+        work(k=k, at=("sweep.k", sc.sweep.k))
+    cap, wl = sc.kv_capacity_tokens, sc.workload
+    need = wl.prompt_len + wl.lengths.max_len + max(sc.sweep.k) + 1
+    if cap is not None and cap < need:
+        raise ScenarioError(f"{sc.source}: scenario.sweep.k: got {sc.sweep.k}; allowed: k values whose requests fit "
+                            f"the KV cache ({cap:.0f} tokens per engine): prompt_len + max_len + k + 1 = {need} for "
+                            f"k = {max(sc.sweep.k)}")
+    a = sc.acceptance
+    if a.per_position is None and a.spread > 0:
+        for alpha in sc.sweep.alpha:
+            try:
+                acc.spread_mean(alpha, a.decay, a.spread, a.measured_at_k or sc.speculation.k)
+            except ValueError as e:
+                raise ScenarioError(f"{sc.source}: scenario.sweep.alpha: got {alpha!r}; allowed: alphas that "
+                                    f"acceptance.spread can keep ({e})") from None
+    for E in _sweep_sizes(sc):
+        if E > MAX_ENGINES:
+            raise ScenarioError(f"{sc.source}: scenario.sweep.num_engines: got {sc.sweep.num_engines or E!r} (the "
+                                f"default sizes are cluster.num_engines x 1/4 to x 4); allowed: sizes up to "
+                                f"{MAX_ENGINES:,}: give sweep.num_engines")
+        prompts = max(1, round(sc.workload.num_prompts * E / E0)) if sc.sweep.cluster_scaling == "weak" else None
+        work(num_engines=E, num_prompts=prompts, at=("sweep.num_engines", sc.sweep.num_engines or
+                                                     f"the default sizes {_sweep_sizes(sc)}"))
+
+
+def _sweep_sizes(sc) -> list[int]:
+    E0 = sc.cluster.num_engines
+    return sc.sweep.num_engines or sorted({max(1, E0 // 4), max(1, E0 // 2), E0, 2 * E0, 4 * E0})
+
+
 def simulate(sc, sweeps: bool = False) -> dict[str, Any]:
-    """Everything the CLI prints and writes, as a JSON-able dict."""
+    """Everything the CLI prints and writes, as a JSON-able dict. The sweeps are checked before
+    anything runs (`check_sweeps`); a result that comes out NaN or infinite, or a run the model
+    cannot time, is a SimulationError naming the scenario's file."""
+    if sweeps:
+        check_sweeps(sc)
+    try:
+        with np.errstate(all="ignore"):      # an overflow shows as a NaN or infinite result: check_finite
+            result = _simulate(sc, sweeps)
+        check_finite(result)
+    except SimulationError as e:
+        raise SimulationError(f"{sc.source}: {e}") from None
+    except (ValueError, ArithmeticError, RuntimeError) as e:
+        if isinstance(e, ScenarioError):
+            raise
+        raise SimulationError(f"{sc.source}: the simulator cannot time this scenario ({type(e).__name__}: {e}); "
+                              "check the hardware, workload and speculation blocks against docs/simulator.md") \
+            from None
+    return result
+
+
+def _simulate(sc, sweeps: bool) -> dict[str, Any]:
     batches = make_batches(sc.workload, sc.rl.num_steps, sc.seed)
     base = simulate_rl(sc, speculative=False, placement=sc.baseline.placement, batches=batches)
     spec = simulate_rl(sc, speculative=True, batches=batches)
@@ -136,7 +220,6 @@ def simulate(sc, sweeps: bool = False) -> dict[str, Any]:
         result["calibration"] = check_calibration(sc, metrics)
     if sweeps:
         result["sweeps"] = run_sweeps(sc, base, batches)
-    check_finite(result)
     return result
 
 
@@ -168,8 +251,7 @@ def run_sweeps(sc, base: Optional[RunResult] = None, batches=None) -> dict[str, 
             r = simulate_rl(sc, speculative=True, acceptance=a, batches=batches)
             out["alpha"].append(_point("alpha", a, base, r))
     E0 = sc.cluster.num_engines
-    sizes = sc.sweep.num_engines or sorted({max(1, E0 // 4), max(1, E0 // 2), E0, 2 * E0, 4 * E0})
-    for E in sizes:
+    for E in _sweep_sizes(sc):
         prompts = None
         if sc.sweep.cluster_scaling == "weak":
             prompts = max(1, round(sc.workload.num_prompts * E / E0))

@@ -4,8 +4,11 @@ A scenario is a YAML file (loaded with OmegaConf, so `${...}` interpolation work
 describes one engine's hardware cost model, the cluster, the drafter and its acceptance, the
 speculation and scheduling policies, the rollout workload, the RL step around the rollout,
 the sweeps to plot, and optionally the published figures it should reproduce. Every key is
-documented in docs/simulator.md. Unknown keys are errors; every error names the dotted key
-path (e.g. `scenario.acceptance.alpha: got 1.3; allowed: ...`).
+documented in docs/simulator.md. Unknown keys are errors; types are strict (schema.Strict: `true`
+is not a number, "3" and 3.5 are not integers), numbers finite and within a plausible range, and
+the sizes together within a work budget (`Scenario.work`; docs/simulator.md, "Limits"). Every
+error names the file and the dotted key path (e.g. `scenario.acceptance.alpha: got 1.3; allowed:
+...`), on one line per key.
 
 `extends: other.yaml` at the top level starts from another scenario (looked up next to the
 file, then in configs/sim/) and overrides its keys. Reading, overrides (`key=value`, `+key=value`,
@@ -14,13 +17,14 @@ file, then in configs/sim/) and overrides its keys. Reading, overrides (`key=val
 from __future__ import annotations
 
 import math
+import typing
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_lookups, config_path
@@ -56,17 +60,80 @@ class ScenarioError(ConfigError):
     """Invalid scenario; the message names the dotted key path, the value and what is allowed."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+# --------------------------------------------------------------------------- limits
+# The plausible range of every number of a scenario (docs/simulator.md, "Limits"). Each admits
+# every bundled scenario and prediction with room to spare; outside it a number is a typo or
+# would make the simulation overflow or run for hours.
+BANDWIDTH_BPS = (1e6, 1e15)       # HBM and tensor-parallel links, bytes/s per GPU
+FLOP_RATE = (1e6, 1e18)           # FLOP/s per GPU
+MODEL_BYTES = (1e3, 1e15)         # weights (and experts) of a model
+GPU_MEMORY_BYTES = (1e6, 1e15)    # memory per GPU
+MAX_STEP_COST_S = 3600.0          # any cost of one engine step, per token or per request (seconds)
+MIN_STEP_BASE_S = 1e-9            # hardware.c_base_s: a step takes some time
+MAX_PHASE_S = 86400.0             # RL phases and the weight update (seconds)
+MAX_FLOPS_PER_TOKEN = 1e15
+MAX_KV_BYTES_PER_TOKEN = 1e9
+MAX_ATTN_FLOPS_PER_CTX = 1e12
+MAX_TOKENS = 1_000_000            # prompt and response lengths, tokens
+MAX_KV_TOKENS = 10 ** 12
+MAX_PROMPTS = 100_000             # workload.num_prompts
+MAX_GENERATIONS = 1024            # workload.generations_per_prompt
+MAX_HISTORY = 1024                # workload.history_rollouts
+MAX_STEPS = 1000                  # rl.num_steps
+MAX_POLICY_LAG = 100
+MAX_ENGINES = 16_384              # cluster.num_engines, sweep.num_engines
+MAX_GPUS_PER_ENGINE = 1024
+MAX_TRAINING_GPUS = 1_000_000
+MAX_NUM_SEQS = 4096               # hardware.max_num_seqs
+MAX_CAPTURE_SIZE = 65_536
+MAX_K = 64                        # speculation.k (vLLM's num_speculative_tokens)
+MAX_BUDGET_INTERVAL = 1_000_000
+MAX_LIST = 1_000_000              # measured lengths, samples
+MAX_SWEEP_POINTS = 32
+MAX_SEED = 2 ** 32 - 1
+MAX_CURVE = 1024                  # acceptance curves and segments
+MAX_FACTOR = 1000.0               # acceptance.by_response_position factors
+MAX_SIGMA = 5.0                   # log-std of the lognormal lengths
+MAX_EXPERTS = 65_536
+MIN_SPREAD = 1e-3                 # acceptance.spread: 0, or a spread a Beta distribution can take
+# work of one simulated run (baseline or speculative): requests and history draws, budget
+# recomputations, acceptance segments and engine-steps, each counted as one event
+# (`Scenario.work`); the largest bundled scenario needs about 0.22 M
+MAX_EVENTS_PER_RUN = 1_000_000
+# `speculation.k_by_batch_size: auto` prices every batch size 1..max_num_seqs at every d = 0..k
+MAX_K_AUTO_EVALS = 65_536
+
+
+def _unit(unit: str) -> dict:
+    return {"json_schema_extra": {"unit": unit}}
+
+
+class _Strict(Strict):
+    """The shared strict base (schema.py: unknown keys are errors, `true` is not a number, "3" is not
+    an int, 2.5 is not an int), with NaN and infinity refused. Validators here fill in derived
+    values after validation, so assignments are not re-validated."""
+
+    model_config = ConfigDict(allow_inf_nan=False, validate_assignment=False)
+
+
+def _tuples(v: Any, size: int, what: str) -> Any:
+    """A YAML list of `size`-element lists as a list of tuples (strict mode takes tuples only);
+    anything else is left for the type check to refuse."""
+    if isinstance(v, list) and all(isinstance(e, (list, tuple)) for e in v):
+        for i, e in enumerate(v):
+            if len(e) != size:
+                raise ValueError(f"entry {i} ({e!r}): each entry is {what}")
+        return [tuple(e) for e in v]
+    return v
 
 
 class Experts(_Strict):
     """Mixture-of-experts layers: `num` experts, `active` of them per token, `bytes` for all
     experts of all layers."""
 
-    num: int = Field(ge=1)
-    active: int = Field(ge=1)
-    bytes: float = Field(gt=0)
+    num: int = Field(ge=1, le=MAX_EXPERTS)
+    active: int = Field(ge=1, le=MAX_EXPERTS)
+    bytes: float = Field(ge=MODEL_BYTES[0], le=MODEL_BYTES[1], **_unit("bytes"))
     draft_correlation: float = Field(
         0.0, ge=0, le=1, description="routing overlap of a request's consecutive draft tokens (0: independent)")
 
@@ -81,13 +148,16 @@ class ModelSpec(_Strict):
     """A model's shape as the roofline needs it (see sim/costmodel.py)."""
 
     name: str = ""
-    weight_bytes: float = Field(gt=0, description="bytes every forward reads (MoE: all but the experts)")
-    flops_per_token: float = Field(gt=0, description="2 x active parameters")
-    kv_bytes_per_token: float = Field(0.0, ge=0, description="KV cache bytes per context token")
-    attn_flops_per_ctx: float = Field(0.0, ge=0, description="attention FLOPs per (query token, context token)")
-    num_layers: int = Field(0, ge=0)
-    hidden_size: int = Field(0, ge=0)
-    activation_bytes: int = Field(2, ge=1)
+    weight_bytes: float = Field(ge=MODEL_BYTES[0], le=MODEL_BYTES[1], description="bytes every forward reads (MoE: "
+                                "all but the experts)", **_unit("bytes"))
+    flops_per_token: float = Field(ge=1e3, le=MAX_FLOPS_PER_TOKEN, description="2 x active parameters")
+    kv_bytes_per_token: float = Field(0.0, ge=0, le=MAX_KV_BYTES_PER_TOKEN, description="KV cache bytes per context "
+                                      "token", **_unit("bytes"))
+    attn_flops_per_ctx: float = Field(0.0, ge=0, le=MAX_ATTN_FLOPS_PER_CTX,
+                                      description="attention FLOPs per (query token, context token)")
+    num_layers: int = Field(0, ge=0, le=10_000)
+    hidden_size: int = Field(0, ge=0, le=1_000_000)
+    activation_bytes: int = Field(2, ge=1, le=8)
     experts: Optional[Experts] = None
 
     def shape(self) -> ModelShape:
@@ -106,21 +176,36 @@ class RooflineSpec(_Strict):
     measured: Optional[str] = Field(
         None, description="a time_forward samples JSON (a path, or a name below configs/sim/): mem_bw_Bps, "
                           "flops_per_s, overhead_s, eager_overhead_s and overhead_per_seq_s are fitted on it")
-    mem_bw_Bps: Optional[float] = Field(None, gt=0, description="effective HBM bandwidth per GPU, bytes/s")
-    flops_per_s: Optional[float] = Field(None, gt=0, description="effective dense FLOP/s per GPU at the model's precision")
-    overhead_s: Optional[float] = Field(None, ge=0, description="fixed time per forward: launch, scheduling, sampling")
+    mem_bw_Bps: Optional[float] = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
+                                        description="effective HBM bandwidth per GPU, bytes/s", **_unit("B/s"))
+    flops_per_s: Optional[float] = Field(None, ge=FLOP_RATE[0], le=FLOP_RATE[1], description="effective dense FLOP/s "
+                                         "per GPU at the model's precision", **_unit("FLOP/s"))
+    overhead_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="fixed time per forward: launch, "
+                                        "scheduling, sampling", **_unit("s"))
     capture_sizes: Union[Literal["vllm", "none"], list[int]] = "none"
-    max_capture_size: int = Field(512, ge=1, description="the largest vLLM default capture size")
-    eager_overhead_s: Optional[float] = Field(None, ge=0, description="extra time of a step past the largest capture size")
-    overhead_per_seq_s: Optional[float] = Field(None, ge=0, description="time per request in a step")
-    allreduce_bw_Bps: Optional[float] = Field(None, gt=0, description="tensor-parallel link bandwidth per GPU")
-    allreduce_latency_s: float = Field(0.0, ge=0, description="latency of one all-reduce")
+    max_capture_size: int = Field(512, ge=1, le=MAX_CAPTURE_SIZE, description="the largest vLLM default capture size")
+    eager_overhead_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="extra time of a step past "
+                                              "the largest capture size", **_unit("s"))
+    overhead_per_seq_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="time per request in a "
+                                                "step", **_unit("s"))
+    allreduce_bw_Bps: Optional[float] = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
+                                              description="tensor-parallel link bandwidth per GPU", **_unit("B/s"))
+    allreduce_latency_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="latency of one all-reduce",
+                                       **_unit("s"))
     _fit: Optional[dict] = PrivateAttr(None)
 
     @property
     def fit(self) -> Optional[dict]:
         """The fit of `measured` (constants, residuals), None for data-sheet constants."""
         return self._fit
+
+    @field_validator("capture_sizes")
+    @classmethod
+    def _sizes(cls, v):
+        if isinstance(v, list) and (not v or len(v) > MAX_CAPTURE_SIZE
+                                    or any(not 1 <= x <= MAX_CAPTURE_SIZE for x in v)):
+            raise ValueError(f"'vllm', 'none' or a non-empty list of batch sizes from 1 to {MAX_CAPTURE_SIZE:,}")
+        return v
 
     @model_validator(mode="after")
     def _constants(self):
@@ -144,10 +229,19 @@ class RooflineSpec(_Strict):
                              "a time_forward samples JSON: a path, or a name below configs/sim/")
         try:
             self._fit = roofline_from_file(str(path))
-        except (OSError, ValueError, KeyError) as e:
-            raise _PathError("hardware.roofline.measured", self.measured, f"samples the roofline can be fitted on ({e})") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, ArithmeticError,
+                RecursionError) as e:
+            why = e if isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: {e}"
+            raise _PathError("hardware.roofline.measured", self.measured,
+                             f"samples the roofline can be fitted on ({_short(why, 200)})") from None
         for key in ROOFLINE_FITTED:
             setattr(self, key, self._fit[key])
+        for key, (lo, hi) in (("mem_bw_Bps", BANDWIDTH_BPS), ("flops_per_s", FLOP_RATE),
+                              *((k, (0.0, MAX_STEP_COST_S)) for k in ROOFLINE_FITTED[2:])):
+            v = getattr(self, key)
+            if not (isinstance(v, float) and math.isfinite(v) and lo <= v <= hi):
+                raise _PathError("hardware.roofline.measured", self.measured,
+                                 f"samples whose fitted {key} lies from {lo:g} to {hi:g} (the fit gives {v!r})")
         return self
 
     def sizes(self) -> tuple[int, ...]:
@@ -166,19 +260,41 @@ class Hardware(_Strict):
     weights; None: unlimited)."""
 
     name: str = "custom"
-    gpus_per_engine: int = Field(1, ge=1)
-    c_base_s: Optional[float] = Field(None, gt=0, description="fixed cost of one target forward (s)")
-    c_tok_s: Optional[float] = Field(None, ge=0, description="cost per token processed in the step (s)")
-    c_ctx_s: float = Field(0.0, ge=0, description="cost per context token per request per step: KV reads (s)")
-    c_seq_s: float = Field(0.0, ge=0, description="cost per request in the step (scheduling, sampling) (s)")
+    gpus_per_engine: int = Field(1, ge=1, le=MAX_GPUS_PER_ENGINE)
+    c_base_s: Optional[float] = Field(None, ge=MIN_STEP_BASE_S, le=MAX_STEP_COST_S,
+                                      description="fixed cost of one target forward (s)", **_unit("s"))
+    c_tok_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="cost per token processed in the "
+                                     "step (s)", **_unit("s"))
+    c_ctx_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per context token per request per step: "
+                           "KV reads (s)", **_unit("s"))
+    c_seq_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per request in the step (scheduling, "
+                           "sampling) (s)", **_unit("s"))
     fit_samples: Optional[list[tuple[float, float]]] = Field(
         None, description="[[tokens_in_step, seconds], ...]: c_base_s and c_tok_s fitted by least squares"
     )
-    max_num_seqs: int = Field(256, ge=1, description="requests decoded concurrently per engine")
+    max_num_seqs: int = Field(256, ge=1, le=MAX_NUM_SEQS, description="requests decoded concurrently per engine")
     roofline: Optional[RooflineSpec] = None
-    kv_capacity_tokens: Optional[int] = Field(None, ge=1, description="KV cache tokens per engine")
-    memory_bytes: Optional[float] = Field(None, gt=0, description="memory per GPU (derives kv_capacity_tokens)")
+    kv_capacity_tokens: Optional[int] = Field(None, ge=1, le=MAX_KV_TOKENS, description="KV cache tokens per engine")
+    memory_bytes: Optional[float] = Field(None, ge=GPU_MEMORY_BYTES[0], le=GPU_MEMORY_BYTES[1],
+                                          description="memory per GPU (derives kv_capacity_tokens)", **_unit("bytes"))
     memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization")
+
+    @field_validator("fit_samples", mode="before")
+    @classmethod
+    def _pairs(cls, v):
+        return _tuples(v, 2, "[tokens_in_step, seconds]")
+
+    @field_validator("fit_samples")
+    @classmethod
+    def _samples(cls, v):
+        if v is not None:
+            if not 2 <= len(v) <= MAX_LIST:
+                raise ValueError(f"from 2 to {MAX_LIST:,} [tokens_in_step, seconds] pairs")
+            for i, (n, t) in enumerate(v):
+                if not (0 <= n <= 100 * MAX_TOKENS and 0 < t <= MAX_STEP_COST_S):
+                    raise ValueError(f"entry {i} ({n!r}, {t!r}): tokens from 0 to {100 * MAX_TOKENS:,} and seconds "
+                                     f"> 0 and <= {MAX_STEP_COST_S:g}")
+        return v
 
     @model_validator(mode="after")
     def _costs(self):
@@ -211,7 +327,7 @@ class Hardware(_Strict):
 
 
 class Cluster(_Strict):
-    num_engines: int = Field(1, ge=1, description="data-parallel generation engines")
+    num_engines: int = Field(1, ge=1, le=MAX_ENGINES, description="data-parallel generation engines")
 
 
 class Drafter(_Strict):
@@ -223,12 +339,16 @@ class Drafter(_Strict):
 
     name: str = Field("suffix", description="a registered or published drafter (kind implied), or 'custom'")
     kind: Optional[Literal["list", "model", "block"]] = None
-    fwd_base_s: float = Field(0.0, ge=0, description="fixed cost of one draft forward")
-    tok_s: float = Field(0.0, ge=0, description="cost per draft token")
-    ctx_s: float = Field(0.0, ge=0, description="cost per context token per draft token (drafter KV reads)")
-    per_request_s: float = Field(0.0, ge=0, description="host time per drafting request per step")
+    fwd_base_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="fixed cost of one draft forward",
+                              **_unit("s"))
+    tok_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per draft token", **_unit("s"))
+    ctx_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per context token per draft token (drafter "
+                         "KV reads)", **_unit("s"))
+    per_request_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="host time per drafting request per step",
+                                 **_unit("s"))
     step_overhead_s: float = Field(
-        0.0, ge=0, description="fixed cost of a speculative step (rejection sampling; list drafters: the host sync)")
+        0.0, ge=0, le=MAX_STEP_COST_S, description="fixed cost of a speculative step (rejection sampling; list "
+        "drafters: the host sync)", **_unit("s"))
     coverage: float = Field(1.0, gt=0, le=1, description="list drafters: share of request-steps with a match")
     model: Optional[ModelSpec] = Field(None, description="the drafter's shape, for the roofline")
 
@@ -261,11 +381,11 @@ class Acceptance(_Strict):
     alpha: Optional[float] = Field(None, ge=0, le=1)
     conditional: Optional[list[float]] = None
     per_position: Optional[list[float]] = None
-    mean_accepted_length: Optional[float] = Field(None, ge=1)
+    mean_accepted_length: Optional[float] = Field(None, ge=1, le=MAX_K + 1)
     bench_json: Optional[str] = Field(None, description="a `nemo-rl-specdec bench --json` file")
     bench_result: Optional[str] = Field(None, description="the result's name in bench_json (default: the only one)")
     measured_at_k: Optional[int] = Field(
-        None, ge=1, description="the k at which mean_accepted_length was measured (default: speculation.k)"
+        None, ge=1, le=MAX_K, description="the k at which mean_accepted_length was measured (default: speculation.k)"
     )
     decay: float = Field(1.0, gt=0, le=1, description="conditional acceptance falls by this factor per position")
     spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha; keeps the mean accepted length")
@@ -279,27 +399,38 @@ class Acceptance(_Strict):
         given = [n for n in forms if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of {', '.join(forms)} (got {given or 'none'})")
+        for key in ("conditional", "per_position"):
+            v = getattr(self, key)
+            if v is not None and (not 1 <= len(v) <= MAX_CURVE or any(not 0 <= x <= 1 for x in v)):
+                raise _PathError(f"acceptance.{key}", v, f"a list of 1 to {MAX_CURVE} values from 0 to 1 (position 1 "
+                                 "first)")
         if self.conditional is not None:
-            if not self.conditional or any(not 0 <= x <= 1 for x in self.conditional):
-                raise _PathError("acceptance.conditional", self.conditional, "a non-empty list of values in [0, 1]")
             self.per_position = acc.from_conditional(self.conditional)
         if self.bench_json is not None:
             try:
                 self.per_position = acc.curve_from_bench(self.bench_json, self.bench_result)
-            except (OSError, ValueError) as e:
-                raise _PathError("acceptance.bench_json", self.bench_json, f"a readable bench JSON ({e})") from None
+            except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+                why = e if isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: {e}"
+                raise _PathError("acceptance.bench_json", self.bench_json,
+                                 f"a readable bench JSON ({_short(why, 200)})") from None
         elif self.bench_result is not None:
             raise _PathError("acceptance.bench_result", self.bench_result, "null unless bench_json is given")
         if self.by_response_position is not None:
             pts = self.by_response_position
-            ok = (pts and all(len(p) == 2 and p[1] >= 0 for p in pts) and pts[0][0] == 0
-                  and all(a[0] < b[0] for a, b in zip(pts, pts[1:])))
+            ok = (pts and len(pts) <= MAX_CURVE and all(len(p) == 2 and 0 <= p[1] <= MAX_FACTOR for p in pts)
+                  and pts[0][0] == 0 and all(a[0] < b[0] for a, b in zip(pts, pts[1:]))
+                  and pts[-1][0] <= MAX_TOKENS)
             if not ok:
                 raise _PathError("acceptance.by_response_position", pts,
-                                 "[[from_position, factor], ...] with the first from_position 0, from_positions "
-                                 "strictly ascending and factors >= 0")
+                                 f"1 to {MAX_CURVE} [from_position, factor] pairs with the first from_position 0, "
+                                 f"from_positions strictly ascending up to {MAX_TOKENS:,} and factors from 0 to "
+                                 f"{MAX_FACTOR:g}")
         if self.per_position is not None:
-            expected_accepted(self.per_position, len(self.per_position))  # validates the curve
+            try:
+                expected_accepted(self.per_position, len(self.per_position))  # validates the curve
+            except ValueError as e:
+                key = next(k for k in ("per_position", "conditional", "bench_json") if getattr(self, k) is not None)
+                raise _PathError(f"acceptance.{key}", getattr(self, key), str(e)) from None
             for key in ("spread", "decay"):
                 if getattr(self, key) != (0.0 if key == "spread" else 1.0):
                     raise _PathError(f"acceptance.{key}", getattr(self, key),
@@ -309,36 +440,46 @@ class Acceptance(_Strict):
 
 class Speculation(_Strict):
     enabled: bool = True
-    k: int = Field(3, ge=1, le=64, description="num_speculative_tokens")
+    k: int = Field(3, ge=1, le=MAX_K, description="num_speculative_tokens")
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
     budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
     long_fraction: float = Field(0.25, gt=0, le=1)
     short_fraction: float = Field(0.25, ge=0, lt=1)
-    medium_k: Optional[int] = Field(None, ge=0)
+    medium_k: Optional[int] = Field(None, ge=0, le=MAX_K)
     k_by_batch_size: Union[None, Literal["auto", "per_step"], list[tuple[int, int, int]]] = None
-    budget_interval_steps: int = Field(64, ge=1, description="recompute budgets at least this often")
+    budget_interval_steps: int = Field(64, ge=1, le=MAX_BUDGET_INTERVAL, description="recompute budgets at least "
+                                       "this often")
     auto_disable: bool = Field(False, description="list drafters: the engines' per-step off switch "
                                "(speculative_decoding.auto_disable), judged at every event")
+
+    @field_validator("k_by_batch_size", mode="before")
+    @classmethod
+    def _triples(cls, v):
+        return _tuples(v, 3, "[batch_lo, batch_hi, k]")
 
     @model_validator(mode="after")
     def _check(self):
         if self.auto_disable and self.budget == "adaptive":
-            raise _PathError("auto_disable", True, "false with budget: adaptive, which already drafts nothing where "
-                             "no draft token pays")
+            raise _PathError("speculation.auto_disable", True, "false with budget: adaptive, which already drafts "
+                             "nothing where no draft token pays")
         if self.long_fraction + self.short_fraction > 1:
-            raise ValueError("long_fraction + short_fraction must be <= 1")
+            raise _PathError("speculation.short_fraction", self.short_fraction,
+                             f"<= 1 - long_fraction = {1 - self.long_fraction:g} (long_fraction + short_fraction <= 1)")
         if self.medium_k is not None and self.medium_k > self.k:
-            raise ValueError(f"medium_k={self.medium_k} must be <= k={self.k}")
+            raise _PathError("speculation.medium_k", self.medium_k, f"<= k = {self.k}")
         if isinstance(self.k_by_batch_size, list):
+            table = self.k_by_batch_size
+            if not table or len(table) > MAX_NUM_SEQS:
+                raise _PathError("speculation.k_by_batch_size", _short(table),
+                                 f"'auto', 'per_step' or 1 to {MAX_NUM_SEQS} [batch_lo, batch_hi, k] ranges")
             prev = 0
-            for i, (lo, hi, kk) in enumerate(self.k_by_batch_size):
+            for i, (lo, hi, kk) in enumerate(table):
                 if i == 0 and lo != 1:
                     raise ValueError("k_by_batch_size: the first range must start at 1 (vLLM requires it)")
-                if hi < lo or lo <= prev or kk < 0 or kk > self.k:
-                    raise ValueError(
-                        f"k_by_batch_size entry {i} ({lo}, {hi}, {kk}): need ascending non-overlapping "
-                        f"ranges and 0 <= k <= {self.k}"
-                    )
+                if hi < lo or lo <= prev or hi > 10 ** 9 or kk < 0 or kk > self.k:
+                    raise _PathError(f"speculation.k_by_batch_size.{i}", [lo, hi, kk],
+                                     f"ascending non-overlapping ranges [batch_lo, batch_hi, k] with batch_hi <= 1e9 "
+                                     f"and 0 <= k <= speculation.k = {self.k}")
                 prev = hi
         return self
 
@@ -350,61 +491,80 @@ class Lengths(_Strict):
     groups: measured lengths per problem; each simulated problem is one group."""
 
     dist: Literal["lognormal", "values", "groups"] = "lognormal"
-    median: float = Field(1000.0, gt=0)
-    sigma_between: float = Field(0.5, ge=0)
-    sigma_within: float = Field(0.5, ge=0)
-    min_len: int = Field(1, ge=1)
-    max_len: int = Field(8192, ge=1)
+    median: float = Field(1000.0, gt=0, le=MAX_TOKENS, **_unit("tokens"))
+    sigma_between: float = Field(0.5, ge=0, le=MAX_SIGMA)
+    sigma_within: float = Field(0.5, ge=0, le=MAX_SIGMA)
+    min_len: int = Field(1, ge=1, le=MAX_TOKENS, **_unit("tokens"))
+    max_len: int = Field(8192, ge=1, le=MAX_TOKENS, **_unit("tokens"))
     values: Optional[list[int]] = None
     groups: Optional[list[list[int]]] = None
 
     @model_validator(mode="after")
     def _check(self):
         if self.min_len > self.max_len:
-            raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
+            raise _PathError("workload.lengths.min_len", self.min_len, f"<= max_len={self.max_len}")
+        for key in ("values", "groups"):
+            if getattr(self, key) is not None and self.dist != key:
+                raise _PathError(f"workload.lengths.{key}", _short(getattr(self, key)),
+                                 f"null unless dist is '{key}' (dist is {self.dist!r}; it would be ignored)")
         if self.dist == "values" and not self.values:
-            raise ValueError("dist 'values' needs a non-empty values list")
+            raise _PathError("workload.lengths.values", self.values, "a non-empty list of lengths with dist 'values'")
         if self.dist == "groups" and (not self.groups or any(not g for g in self.groups)):
-            raise ValueError("dist 'groups' needs a non-empty list of non-empty groups")
-        for v in (self.values or []) + [x for g in (self.groups or []) for x in g]:
-            if v < 1:
-                raise ValueError(f"measured length {v} must be >= 1")
+            raise _PathError("workload.lengths.groups", _short(self.groups),
+                             "a non-empty list of non-empty groups with dist 'groups'")
+        measured = (self.values or []) + [x for g in (self.groups or []) for x in g]
+        if len(measured) > MAX_LIST:
+            raise _PathError(f"workload.lengths.{self.dist}", f"{len(measured):,} lengths", f"at most {MAX_LIST:,}")
+        for v in measured:
+            if not 1 <= v <= MAX_TOKENS:
+                raise _PathError(f"workload.lengths.{self.dist}", v,
+                                 f"measured lengths from 1 to {MAX_TOKENS:,} tokens")
         return self
 
 
 class Workload(_Strict):
-    num_prompts: int = Field(64, ge=1, description="prompts (GRPO groups) per step")
-    generations_per_prompt: int = Field(16, ge=1)
-    prompt_len: int = Field(256, ge=0)
+    num_prompts: int = Field(64, ge=1, le=MAX_PROMPTS, description="prompts (GRPO groups) per step")
+    generations_per_prompt: int = Field(16, ge=1, le=MAX_GENERATIONS)
+    prompt_len: int = Field(256, ge=0, le=MAX_TOKENS, **_unit("tokens"))
     lengths: Lengths = Lengths()
     prediction: Literal["history", "oracle", "none"] = "history"
     steady_state: bool = Field(
         False, description="serving benchmark: every request released at once, max_num_seqs always in flight")
-    history_rollouts: int = Field(8, ge=0, description="earlier rollouts per problem the predictor has seen")
+    history_rollouts: int = Field(8, ge=0, le=MAX_HISTORY, description="earlier rollouts per problem the predictor "
+                                  "has seen")
 
 
 class Phase(_Strict):
-    fixed_s: float = Field(0.0, ge=0)
-    per_ktoken_s: float = Field(0.0, ge=0, description="seconds per 1000 tokens (prompt + response) in the batch")
-    flops_per_token: float = Field(0.0, ge=0, description="FLOPs per batch token (6 x params to train, 2 x to score)")
+    fixed_s: float = Field(0.0, ge=0, le=MAX_PHASE_S, **_unit("s"))
+    per_ktoken_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="seconds per 1000 tokens (prompt + "
+                                "response) in the batch", **_unit("s"))
+    flops_per_token: float = Field(0.0, ge=0, le=MAX_FLOPS_PER_TOKEN, description="FLOPs per batch token (6 x params "
+                                   "to train, 2 x to score)")
 
 
 class RL(_Strict):
     mode: Literal["sync", "async"] = "sync"
-    max_policy_lag: int = Field(1, ge=1, description="async: a batch may be generated with a policy this many versions old")
-    num_steps: int = Field(4, ge=2)
+    max_policy_lag: int = Field(1, ge=1, le=MAX_POLICY_LAG, description="async: a batch may be generated with a "
+                                "policy this many versions old")
+    num_steps: int = Field(4, ge=2, le=MAX_STEPS)
     logprob: Phase = Phase()
     train: Phase = Phase()
-    refit_s: float = Field(0.0, ge=0, description="weight update of the engines (blocks generation)")
+    refit_s: float = Field(0.0, ge=0, le=MAX_PHASE_S, description="weight update of the engines (blocks generation)",
+                           **_unit("s"))
     refit_blocks_training: bool = Field(False, description="async: the trainer also waits for the refit")
     colocated: Optional[bool] = Field(None, description="generation and training on the same GPUs (default: sync)")
-    training_gpus: Optional[int] = Field(None, ge=1, description="GPUs of the training pool (default: generation's)")
-    training_flops_per_s: float = Field(0.0, ge=0, description="effective FLOP/s per training GPU")
+    training_gpus: Optional[int] = Field(None, ge=1, le=MAX_TRAINING_GPUS, description="GPUs of the training pool "
+                                         "(default: generation's)")
+    training_flops_per_s: float = Field(0.0, ge=0, le=FLOP_RATE[1], description="effective FLOP/s per training GPU "
+                                        "(0: not given)", **_unit("FLOP/s"))
 
     @model_validator(mode="after")
     def _steps(self):
         if self.mode == "async" and self.num_steps < self.max_policy_lag + 2:
             raise ValueError(f"num_steps must be >= max_policy_lag + 2 = {self.max_policy_lag + 2} in async mode")
+        if 0 < self.training_flops_per_s < FLOP_RATE[0]:
+            raise _PathError("rl.training_flops_per_s", self.training_flops_per_s,
+                             f"0 (not given) or a number from {FLOP_RATE[0]:g} to {FLOP_RATE[1]:g} (FLOP/s)")
         if self.colocated and self.mode == "async":
             raise _PathError("rl.colocated", True, "false in async mode (generation and training overlap)")
         if self.colocated and self.training_gpus is not None:
@@ -431,26 +591,23 @@ class Sweep(_Strict):
         "weak", description="weak: prompts per step grow with the cluster; strong: fixed batch"
     )
 
-    @field_validator("k", "num_engines")
-    @classmethod
-    def _pos(cls, v):
-        if v is not None and any(x < 1 for x in v):
-            raise ValueError("values must be >= 1")
-        return v
-
-    @field_validator("alpha")
-    @classmethod
-    def _alpha(cls, v):
-        if any(not 0 <= x <= 1 for x in v):
-            raise ValueError("alpha values must be in [0, 1]")
-        return v
+    @model_validator(mode="after")
+    def _points(self):
+        for key, lo, hi in (("k", 1, MAX_K), ("alpha", 0, 1), ("num_engines", 1, MAX_ENGINES)):
+            v = getattr(self, key)
+            if v is None:
+                continue
+            if not 1 <= len(v) <= MAX_SWEEP_POINTS or any(not lo <= x <= hi for x in v):
+                raise _PathError(f"sweep.{key}", v, f"a list of 1 to {MAX_SWEEP_POINTS} values from {lo:,} to {hi:,}"
+                                 + (" (null: the default sizes)" if key == "num_engines" else ""))
+        return self
 
 
 class Target(_Strict):
     """A published figure: `value` within +-`tolerance` (relative), or a [min, max] range."""
 
     value: Optional[float] = None
-    tolerance: float = Field(0.10, ge=0)
+    tolerance: float = Field(0.10, ge=0, le=10)
     min: Optional[float] = None
     max: Optional[float] = None
     source: str = ""
@@ -459,6 +616,10 @@ class Target(_Strict):
     def _some(self):
         if self.value is None and self.min is None and self.max is None:
             raise ValueError("give value (with tolerance) or min/max")
+        if self.value is not None and (self.min is not None or self.max is not None):
+            raise ValueError("give value (with tolerance) or min/max, not both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min={self.min} must be <= max={self.max}")
         return self
 
     def bounds(self) -> tuple[float, float]:
@@ -471,14 +632,14 @@ class CalibrationPoint(_Strict):
     """Published figures of a variant of the scenario: `overrides` (key=value) applied to it."""
 
     name: str
-    overrides: list[str] = []
-    targets: dict[str, Target]
+    overrides: list[str] = Field([], max_length=MAX_SWEEP_POINTS)
+    targets: dict[str, Target] = Field(min_length=1)
 
 
 class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
-    seed: int = Field(0, ge=0, description="seeds every random draw (numpy needs it >= 0)")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seeds every random draw (numpy needs it >= 0)")
     model: Optional[ModelSpec] = Field(None, description="the target model's shape (the roofline needs it)")
     hardware: Hardware
     cluster: Cluster = Cluster()
@@ -491,7 +652,14 @@ class Scenario(_Strict):
     sweep: Sweep = Sweep()
     calibration: Optional[dict[str, Target]] = Field(None, description="published figures to reproduce; null drops an extended file's")
     calibration_points: Optional[list[CalibrationPoint]] = Field(
-        None, description="variants of this scenario (overrides) with their published figures")
+        None, max_length=MAX_SWEEP_POINTS, description="variants of this scenario (overrides) with their published "
+        "figures")
+    _source: Optional[str] = PrivateAttr(None)
+
+    @property
+    def source(self) -> str:
+        """The file the scenario was loaded from (load_scenario), else its name."""
+        return self._source or self.name
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -530,13 +698,96 @@ class Scenario(_Strict):
                 acc.solve_alpha(a.mean_accepted_length, at_k, a.decay)
             except ValueError as e:
                 raise _PathError("acceptance.mean_accepted_length", a.mean_accepted_length, str(e)) from None
+        if 0 < a.spread < MIN_SPREAD:
+            raise _PathError("acceptance.spread", a.spread, f"0 (every request alike) or from {MIN_SPREAD:g} to 0.5")
         if a.spread > 0:
             try:
                 acc.spread_mean(self.alpha, a.decay, a.spread, at_k)
             except ValueError as e:
                 raise _PathError("acceptance.spread", a.spread, str(e)) from None
         self._check_kv()
+        sp = self.speculation
+        if sp.medium_k is not None and sp.budget == "length_aware" and min(self.sweep.k) < sp.medium_k:
+            raise _PathError("sweep.k", self.sweep.k, f"values >= speculation.medium_k = {sp.medium_k} "
+                             "(a length_aware budget gives medium requests medium_k <= k drafts)")
+        self.check_work()
         return self
+
+    # ------------------------------------------------------------------ work
+    def work(self, k: Optional[int] = None, num_engines: Optional[int] = None,
+             num_prompts: Optional[int] = None) -> tuple[int, str, str]:
+        """(events, key, what) of one simulated run with these overrides (the sweeps'): an upper
+        estimate of the simulator's work in events (docs/simulator.md, "Limits"), the key that
+        contributes most, and the sum spelled out. Counted: every request and history draw, every
+        engine at every RL step, every change of acceptance segment, and every budget recomputation
+        (one per `budget_interval_steps` steps of every engine's longest wave, weighted by the
+        requests it re-plans / 8); all times k + 1 with `k_by_batch_size: per_step` (every d is
+        priced at every event) and times 4 with `budget: adaptive` or `auto_disable` (every
+        request's draft is judged at every event)."""
+        wl, sp, hw = self.workload, self.speculation, self.hardware
+        k = sp.k if k is None else k
+        E = self.cluster.num_engines if num_engines is None else num_engines
+        P = wl.num_prompts if num_prompts is None else num_prompts
+        G, H, N = wl.generations_per_prompt, wl.history_rollouts, self.rl.num_steps
+        per_step = P * G
+        requests, history = per_step * N, P * H * N
+        budgets = 0
+        if sp.enabled and sp.budget != "uniform":
+            busy = min(E, per_step)
+            active = min(hw.max_num_seqs, -(-per_step // busy))
+            waves = -(-per_step // (busy * hw.max_num_seqs))
+            budgets = busy * N * waves * -(-wl.lengths.max_len // sp.budget_interval_steps) * max(1, active // 8)
+        segments = requests * (len(self.acceptance.by_response_position or [[0, 1]]) - 1)
+        parts = {"workload.num_prompts": requests, "workload.history_rollouts": history,
+                 "speculation.budget_interval_steps": budgets, "acceptance.by_response_position": segments,
+                 "cluster.num_engines": E * N}
+        factor = ((k + 1) if sp.enabled and sp.k_by_batch_size == "per_step" else 1) \
+            * (4 if sp.enabled and (sp.budget == "adaptive" or sp.auto_disable) else 1)
+        events = sum(parts.values()) * factor
+        what = " + ".join(f"{v:,} {name}" for v, name in (
+            (requests, f"requests ({P:,} prompts x {G} x {N} steps)"), (history, "history draws"),
+            (budgets, "weighted budget recomputations"), (segments, "acceptance segment changes"),
+            (E * N, "engine-steps")) if v) + (f", x {factor} (drafts judged at every event)" if factor > 1 else "")
+        key = max(parts, key=parts.get)
+        if factor > 1 and parts[key] * factor > MAX_EVENTS_PER_RUN >= sum(parts.values()):
+            key = "speculation.k_by_batch_size" if sp.k_by_batch_size == "per_step" else "speculation.budget"
+        return events, key, what
+
+    def check_work(self, k: Optional[int] = None, num_engines: Optional[int] = None,
+                   num_prompts: Optional[int] = None, at: Optional[tuple[str, Any]] = None) -> None:
+        """Refuse a run whose `work` exceeds MAX_EVENTS_PER_RUN, or whose k-by-batch-size table
+        (`auto`) prices more than MAX_K_AUTO_EVALS steps. The error names the key that contributes
+        most, or `at` (key, value): the sweep that asked for the run."""
+        events, key, what = self.work(k, num_engines, num_prompts)
+        if events > MAX_EVENTS_PER_RUN:
+            name, value = at or (key, _short(self._get(key)))
+            hint = {"speculation.budget_interval_steps": "make speculation.budget_interval_steps larger (or "
+                                                         "workload.lengths.max_len smaller)",
+                    "acceptance.by_response_position": "give fewer acceptance.by_response_position segments",
+                    "cluster.num_engines": "make cluster.num_engines or rl.num_steps smaller",
+                    "speculation.k_by_batch_size": "make speculation.k smaller or give k_by_batch_size as a list",
+                    "speculation.budget": "make the workload smaller or use another speculation.budget",
+                    }.get(key, "make workload.num_prompts, generations_per_prompt, history_rollouts or rl.num_steps "
+                               "smaller")
+            if at is not None:
+                hint = f"give smaller {at[0]} values" + (" (or sweep.cluster_scaling: strong, which keeps the batch)"
+                                                         if at[0] == "sweep.num_engines" else "")
+            raise _PathError(name, value, f"a run of at most {MAX_EVENTS_PER_RUN:,} simulated events; this one needs "
+                             f"about {events:,} ({what}): {hint}")
+        sp = self.speculation
+        k = sp.k if k is None else k
+        evals = self.hardware.max_num_seqs * (k + 1)
+        if sp.enabled and sp.k_by_batch_size == "auto" and evals > MAX_K_AUTO_EVALS:
+            name, value = at or ("speculation.k_by_batch_size", "auto")
+            raise _PathError(name, value, f"at most {MAX_K_AUTO_EVALS:,} step prices for the k-by-batch-size table "
+                             f"(auto): hardware.max_num_seqs {self.hardware.max_num_seqs:,} x (k + 1 = {k + 1}) = "
+                             f"{evals:,}; give the table as a list, or lower max_num_seqs or k")
+
+    def _get(self, dotted: str) -> Any:
+        node: Any = self
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        return node
 
     def _check_costs(self) -> None:
         hw = self.hardware
@@ -613,69 +864,218 @@ def solve_alpha(mean_accepted_length: float, k: int, decay: float = 1.0) -> floa
     return acc.solve_alpha(mean_accepted_length, k, decay)
 
 
-class _PathError(ValueError):
-    def __init__(self, rel_path: str, value: Any, allowed: str):
-        self.rel_path, self.value, self.allowed = rel_path, value, allowed
-        super().__init__(f"{rel_path}={value!r}: expected {allowed}")
+# --------------------------------------------------------------------------- errors
+
+class _Cut(str):
+    """A value's repr cut short for an error message; shown as is."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _short(value: Any, limit: int = 80) -> Any:
+    """`value`, or its repr cut to `limit` characters when that is longer (error messages quote
+    values, and a whole block or a long list would bury the message)."""
+    text = repr(value)
+    return value if len(text) <= limit else _Cut(text[: limit - 3] + "...")
+
+
+def _one_line(e: Exception) -> str:
+    """An OmegaConf error's first line."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def _unwrap(ann: Any) -> tuple[Any, bool]:
+    """(the annotation inside Optional[...], whether it was Optional)."""
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) is Union and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else Union[tuple(rest)]), True
+    return ann, False
+
+
+def _field_at(loc: tuple) -> tuple[Optional[Any], Optional[type]]:
+    """(the field named by a validation error's `loc`, the model that holds it); (None, model) when
+    `loc` ends inside a list or mapping or does not name a field, with the model reached last."""
+    ann: Any = Scenario
+    info, holder = None, Scenario
+    for part in loc:
+        ann, _ = _unwrap(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            holder, info = ann, ann.model_fields.get(part) if isinstance(part, str) else None
+            if info is None:
+                return None, holder
+            ann = info.annotation
+            continue
+        origin, args = typing.get_origin(ann), typing.get_args(ann)
+        if origin in (list, tuple) and isinstance(part, int) and args:
+            ann, info = args[0], None
+        elif origin is dict and args:
+            ann, info = args[1], None
+        else:
+            return None, holder
+    return info, holder
+
+
+def _range(info: Any) -> Optional[str]:
+    """What a numeric field allows, from its bounds: "an integer from 1 to 64", "a number > 0 and
+    <= 1", with its unit, "or null" when it may be null; None for other fields."""
+    ann, optional = _unwrap(info.annotation)
+    if ann not in (int, float):
+        return None
+    lo = hi = None
+    lo_op, hi_op = ">=", "<="
+    for m in info.metadata:             # pydantic's Gt / Ge / Lt / Le constraints
+        if getattr(m, "gt", None) is not None:
+            lo, lo_op = m.gt, ">"
+        elif getattr(m, "ge", None) is not None:
+            lo = m.ge
+        elif getattr(m, "lt", None) is not None:
+            hi, hi_op = m.lt, "<"
+        elif getattr(m, "le", None) is not None:
+            hi = m.le
+    kind = "an integer" if ann is int else "a finite number"
+    if lo is not None and hi is not None and lo_op == ">=" and hi_op == "<=":
+        text = f"{kind} from {_num(lo)} to {_num(hi)}"
+    else:
+        bounds = [f"{op} {_num(v)}" for op, v in ((lo_op, lo), (hi_op, hi)) if v is not None]
+        text = f"{kind} {' and '.join(bounds)}" if bounds else kind
+    unit = (info.json_schema_extra or {}).get("unit") if isinstance(info.json_schema_extra, dict) else None
+    return text + (f" ({unit})" if unit else "") + (" or null" if optional else "")
+
+
+_NUMERIC_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "int_type", "float_type",
+                   "int_from_float", "finite_number", "int_parsing", "float_parsing", "int_parsing_size"}
+
+
+def _got(value: Any) -> str:
+    what = {bool: "a boolean", str: "a string", float: "a float"}.get(type(value))
+    return f"{_short(value)!r}" + (f" ({what})" if what else "")
+
+
+def _format(err: ValidationError) -> list[str]:
+    """One line per key at fault: `scenario.<dotted key>: got <value>; allowed: <what is>`."""
+    import difflib
+
+    out: dict[str, list[str]] = {}
+    for e in err.errors():
+        ctx_err = (e.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, _PathError):
+            out.setdefault(f"scenario.{ctx_err.rel_path}", []).append(
+                f"got {_short(ctx_err.value)!r}; allowed: {ctx_err.allowed}")
+            continue
+        # the members of a union show up in the location ("literal['a','b']", "list[int]"): the key is the rest
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
+        if e["type"] == "literal_error" and loc != tuple(e["loc"]) and isinstance(e.get("input"), (list, dict)):
+            continue            # a list is not one of the union's words: its other member says what is wrong
+        path = ".".join(["scenario", *(str(p) for p in loc)])
+        if e["type"] == "extra_forbidden":
+            _, holder = _field_at(loc[:-1] + ("\0",))
+            known = list(holder.model_fields) if holder is not None else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1) if known else []
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            out.setdefault(path, []).append(f"unknown key (got {_short(e.get('input'))!r}); {hint}allowed keys: "
+                                            f"{known} (docs/simulator.md)")
+        elif e["type"] == "missing":
+            out.setdefault(path, []).append("missing; this key is required")
+        else:
+            info, _ = _field_at(loc)
+            allowed = _range(info) if info is not None and e["type"] in _NUMERIC_ERRORS else None
+            if allowed is None:
+                allowed = e["msg"].removeprefix("Value error, ")
+            out.setdefault(path, []).append(f"got {_got(e.get('input'))}; allowed: {allowed}")
+    lines = []
+    for path, msgs in out.items():
+        if len(msgs) > 1 and all(m.startswith("got ") for m in msgs):   # one value, several forms allowed
+            got = msgs[0].partition("; allowed: ")[0]
+            lines.append(f"{path}: {got}; allowed: " + " | ".join(m.partition("; allowed: ")[2] for m in msgs))
+        else:
+            lines += [f"{path}: {m}" for m in msgs]
+    return lines
 
 
 # --------------------------------------------------------------------------- loading
 
-def _format(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
-        ctx_err = (e.get("ctx") or {}).get("error")
-        if isinstance(ctx_err, _PathError):
-            lines.append(f"scenario.{ctx_err.rel_path}: got {ctx_err.value!r}; allowed: {ctx_err.allowed}")
-            continue
-        path = ".".join(["scenario", *loc])
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{path}: unknown key (got {e.get('input')!r}); check the spelling — see docs/simulator.md")
-        elif e["type"] == "missing":
-            lines.append(f"{path}: missing; this key is required")
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{path}: got {e.get('input')!r}; allowed: {msg}")
-    return "invalid scenario:\n  " + "\n  ".join(lines)
-
-
-def validate_scenario(raw: Any) -> Scenario:
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"scenario: got {type(raw).__name__}; allowed: a mapping of scenario keys")
+def _is(path: Path, kind: str) -> bool:
+    """path.is_file() / is_dir(), False for a path the OS cannot look up (too long, NUL byte)."""
     try:
-        return Scenario.model_validate(raw)
+        return path.is_file() if kind == "file" else path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def validate_scenario(raw: Any, source: Optional[Union[str, Path]] = None) -> Scenario:
+    """The scenario of a resolved mapping; a ScenarioError naming `source` (the file) and each key at
+    fault, one per line, otherwise."""
+    where = f"{source}: " if source is not None else ""
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}scenario: got {type(raw).__name__}; allowed: a mapping of scenario keys")
+    keys = [str(k) for k in raw]
+    if not raw:
+        raise ScenarioError(f"{where}the scenario is empty; allowed: a mapping with at least hardware: and "
+                            "acceptance: (docs/simulator.md)")
+    if "policy" in raw and "hardware" not in raw:
+        raise ScenarioError(f"{where}a run file (it has a policy: block), not a simulator scenario; allowed: a "
+                            "scenario with hardware: and acceptance: (configs/sim/); run files are for validate, "
+                            "generate, demo and bench")
+    unknown = [k for k in keys if k not in Scenario.model_fields]
+    if unknown and not {"hardware", "acceptance"} & set(keys):
+        raise ScenarioError(f"{where}not a simulator scenario: no hardware: or acceptance:, and keys a scenario does "
+                            f"not have ({_short(unknown)}); allowed: a mapping with hardware: and acceptance: "
+                            "(docs/simulator.md)")
+    try:
+        sc = Scenario.model_validate(raw)
     except ValidationError as e:
-        raise ScenarioError(_format(e)) from None
+        lines = _format(e)
+        more = f" (and {len(lines) - 1} more below)" if len(lines) > 1 else ""
+        raise ScenarioError(where + lines[0] + more + "".join(f"\n  {line}" for line in lines[1:])) from None
+    if source is not None:
+        sc._source = str(source)
+    return sc
 
 
 def resolve_scenario_path(path: str, relative_to: Optional[Path] = None) -> Path:
     """A scenario path; bare names (`nvidia_qwen3_8b_rlzero.yaml`, with or without .yaml,
     `predictions/s1_nvidia_rlthink_k3`, `configs/sim/cpu_tiny.yaml`) are looked up next to
     `relative_to`, then in the bundled configs/sim/ and configs/ (resources.py)."""
+    if not isinstance(path, str) or not path.strip() or "\0" in path:
+        raise ScenarioError(f"scenario file {_short(path)!r}: allowed: a path or the name of a bundled scenario")
     p = Path(path)
     tries = [p]
     if relative_to is not None:
         tries.append(relative_to / p)
     tries += config_lookups(p, "sim")
     if p.suffix not in (".yaml", ".yml"):
-        tries += [t.with_name(t.name + ".yaml") for t in list(tries)]
+        tries += [t.with_name(t.name + ".yaml") for t in list(tries) if t.name]
     for t in tries:
-        if t.is_file():
+        if _is(t, "file"):
             return t
-    raise ScenarioError(f"scenario file {path!r} not found (looked in ., {SIM_CONFIGS})")
+    if _is(p, "dir"):
+        raise ScenarioError(f"scenario file {path!r} is a directory; allowed: a scenario file (simulate --all DIR "
+                            "simulates every *.yaml of a directory)")
+    raise ScenarioError(f"scenario file {_short(path)!r} not found (looked in ., {SIM_CONFIGS})")
 
 
 def scenario_files(directory: str) -> list[Path]:
     """The `*.yaml` scenarios of a folder (`simulate --all`); a folder not found from the working
     directory (`configs/sim/predictions`, `predictions`) is looked up in the bundled configs/."""
-    for d in [Path(directory), *config_lookups(directory, "sim")]:
-        if d.is_dir():
-            files = sorted(d.glob("*.yaml"))
-            if files:
-                return files
-            break
-    raise ScenarioError(f"--all {directory!r}: not a directory with *.yaml scenarios (looked in ., {SIM_CONFIGS})")
+    if "\0" not in directory:
+        for d in [Path(directory), *config_lookups(directory, "sim")]:
+            if _is(d, "dir"):
+                try:
+                    files = sorted(f for f in d.glob("*.yaml") if _is(f, "file"))
+                except OSError as e:
+                    raise ScenarioError(f"--all {directory!r}: cannot list the directory ({e.strerror})") from None
+                if files:
+                    return files
+                break
+    raise ScenarioError(f"--all {_short(directory)!r}: not a directory with *.yaml scenarios (looked in ., "
+                        f"{SIM_CONFIGS})")
 
 
 def _load_tree(path: Path, seen: tuple[Path, ...] = ()):
@@ -685,18 +1085,33 @@ def _load_tree(path: Path, seen: tuple[Path, ...] = ()):
     if path.resolve() in seen:
         raise ScenarioError(f"{path}: `extends` forms a cycle ({' -> '.join(str(s) for s in seen)})")
     cfg = yaml_loader.read(path, ScenarioError, what="scenario")
-    parent = cfg.pop("extends", None) if "extends" in cfg else None
+    if "extends" not in cfg:
+        return cfg
+    try:
+        parent = cfg.pop("extends")
+    except OmegaConfBaseException as e:
+        raise ScenarioError(f"{path}: extends: {_one_line(e)}; allowed: a scenario file name") from None
     if parent is None:
         return cfg
-    base = _load_tree(resolve_scenario_path(str(parent), path.parent), seen + (path.resolve(),))
+    if not isinstance(parent, str):
+        raise ScenarioError(f"{path}: extends: got {_short(parent)!r}; allowed: a scenario file name (looked up next "
+                            "to the file, then in configs/sim/)")
+    base = _load_tree(resolve_scenario_path(parent, path.parent), seen + (path.resolve(),))
     try:
         return OmegaConf.merge(base, cfg)
     except OmegaConfBaseException as e:
-        raise ScenarioError(f"{path}: cannot merge it over the scenario it extends ({parent}): {e}") from None
+        raise ScenarioError(f"{path}: cannot merge it over the scenario it extends ({parent}): "
+                            f"{_one_line(e)}") from None
 
 
 def load_scenario(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Load a scenario YAML (and what it `extends`), apply overrides, resolve (yaml_loader.py), validate."""
+    """Load a scenario YAML (and what it `extends`), apply overrides, resolve (yaml_loader.py), validate.
+    Every error is a ScenarioError naming the file."""
     p = resolve_scenario_path(path)
-    cfg = yaml_loader.apply_overrides(_load_tree(p), overrides, p, ScenarioError, example="speculation.k=4")
-    return validate_scenario(yaml_loader.resolve(cfg, p, ScenarioError))
+    try:
+        cfg = yaml_loader.apply_overrides(_load_tree(p), overrides, p, ScenarioError, example="speculation.k=4")
+        raw = yaml_loader.resolve(cfg, p, ScenarioError)
+    except RecursionError:
+        raise ScenarioError(f"{p}: nested too deeply to read (mappings, lists or `extends` hundreds of levels "
+                            "deep); allowed: a scenario as in configs/sim/") from None
+    return validate_scenario(raw, p)
