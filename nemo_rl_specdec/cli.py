@@ -31,11 +31,16 @@ def check_output(option: str, path: str, is_dir: bool) -> None:
     want = "a folder" if is_dir else "a file"
     if not str(path).strip():
         raise ConfigError(f"--{option}: got an empty path; allowed: {want} path")
-    if p.exists() and p.is_dir() != is_dir:
-        raise ConfigError(f"--{option}: {path} is {'a folder' if p.is_dir() else 'a file'}; allowed: {want}")
-    parent = p if p.exists() else p.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
+    try:
+        exists = p.exists()
+        if exists and p.is_dir() != is_dir:
+            raise ConfigError(f"--{option}: {path} is {'a folder' if p.is_dir() else 'a file'}; allowed: {want}")
+        parent = p if exists else p.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--{option}: cannot use {str(path)[:80]!r} as a path "
+                          f"({getattr(e, 'strerror', None) or e}); allowed: {want} path") from None
     if not parent.is_dir():
         raise ConfigError(f"--{option}: {path} lies under {parent}, which is a file; allowed: {want} under a folder")
     if not os.access(parent, os.W_OK | os.X_OK):

@@ -82,8 +82,11 @@ def read(path: Union[str, Path], error: type[ConfigError] = ConfigError, what: s
         raise error(f"{path}: is a directory; allowed: a {what} (YAML)") from None
     except UnicodeDecodeError as e:
         raise error(f"{path}: not a text file (byte {e.start} is not UTF-8); allowed: a {what} (YAML)") from None
+    except RecursionError:
+        raise error(f"{path}: nested too deep to read (interpolations or structures); allowed: a {what} of "
+                    "ordinary depth") from None
     except (OSError, OmegaConfBaseException, yaml.YAMLError) as e:
-        raise error(f"{path}: cannot read the {what}: {e}") from None
+        raise error(f"{path}: cannot read the {what}: {' '.join(str(e).split())}") from None
     if not isinstance(cfg, DictConfig):
         raise error(f"{path}: a {what} must be a mapping of keys (got a {type(cfg).__name__})")
     return cfg
@@ -148,7 +151,8 @@ def apply_overrides(cfg: Any, overrides: Sequence[str], source: Union[str, Path]
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as e:
             if isinstance(e, ConfigError):
                 raise
-            raise error(f"override {ov!r} of {source}: {e}") from None
+            why = " ".join(str(e).split()) if isinstance(e, yaml.YAMLError) else one_line(e)
+            raise error(f"override {ov!r} of {source}: {why[:300]}") from None
     return cfg
 
 
