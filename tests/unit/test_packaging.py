@@ -67,8 +67,9 @@ def venv(wheel, tmp_path_factory) -> Path:
     site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=env_dir).strip())
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (site / "specdec_test_deps.pth").write_text("".join(f"{d}\n" for d in sorted(deps)))
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     _run([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel],
-         cwd=env_dir.parent)
+         cwd=env_dir.parent, env=clean)  # a checkout on PYTHONPATH would look installed already
     return env_dir
 
 

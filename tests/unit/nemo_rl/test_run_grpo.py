@@ -121,6 +121,7 @@ def test_run_grpo_makes_a_named_model_before_nemo_rl_starts(fake_nemo_rl, tmp_pa
     from nemo_rl_specdec.models import smollm2
 
     run = write_file(tmp_path / "run.yaml", GOOD_RUN.replace("Qwen/Qwen3-8B", "${specdec_model:smollm2}"))
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # install() sets it for NeMo-RL's workers: restored after
     made = []
     monkeypatch.setattr(smollm2, "ensure", lambda *a, **k: made.append(1) or smollm2.checkpoint_path())
     argv_before = list(sys.argv)
