@@ -215,10 +215,8 @@ def _simulate(args) -> int:
     from nemo_rl_specdec.sim.report import calibration_variants, check_calibration_points, format_table, simulate
     from nemo_rl_specdec.sim.scenario import load_scenario, scenario_files
 
-    if args.all:
-        for f in scenario_files(args.scenario):
-            load_scenario(str(f), args.overrides)      # each file checked before any is simulated
-        return _simulate_all(args)
+    if args.all:  # every file checked before any is simulated
+        return _simulate_all(args, [load_scenario(str(f), args.overrides) for f in scenario_files(args.scenario)])
     sc = load_scenario(args.scenario, args.overrides)
     variants = calibration_variants(args.scenario, args.overrides) if sc.calibration_points else None
     res = simulate(sc, sweeps=bool(args.plots))
@@ -237,13 +235,12 @@ def _simulate(args) -> int:
     return 0
 
 
-def _simulate_all(args) -> int:
-    """Every scenario of a folder, one line each: predicted rollout and step speedups, mean accepted
-    length and exposed generation (the JSON maps scenario names to results)."""
+def _simulate_all(args, scenarios: list) -> int:
+    """Every scenario of a folder (loaded and checked), one line each: predicted rollout and step
+    speedups, mean accepted length and exposed generation (the JSON maps scenario names to results)."""
     from nemo_rl_specdec.sim.report import format_summary, simulate
-    from nemo_rl_specdec.sim.scenario import load_scenario, scenario_files
 
-    results = [simulate(load_scenario(str(f), args.overrides)) for f in scenario_files(args.scenario)]
+    results = [simulate(sc) for sc in scenarios]
     print(format_summary(results))
     if args.json:
         _write_json(args.json, {r["scenario"]: r for r in results})
