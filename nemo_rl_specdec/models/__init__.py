@@ -27,19 +27,21 @@ def resolve(name: str) -> str:
     return str(importlib.import_module(MODELS[name]).checkpoint_path())
 
 
+def _model_of(path: str):
+    """The module of the named model whose checkpoint directory `path` is, or None."""
+    target = Path(path).expanduser().resolve()
+    return next((mod for mod in map(importlib.import_module, MODELS.values()) if target == mod.checkpoint_path()),
+                None)
+
+
 def is_named(path: str) -> bool:
     """Whether `path` is a named model's checkpoint directory (made on first use, maybe not yet)."""
-    target = Path(path).expanduser().resolve()
-    return any(target == importlib.import_module(m).checkpoint_path() for m in MODELS.values())
+    return _model_of(path) is not None
 
 
 def ensure(path: str) -> str:
     """`path`, ready to load: where it is a named model's checkpoint directory (what
     ``${specdec_model:NAME}`` gave), the checkpoint is made first if it is not cached yet. Any other
     path is returned as it is. Raises ModelUnavailable saying what to do."""
-    target = Path(path).expanduser().resolve()
-    for module in MODELS.values():
-        mod = importlib.import_module(module)
-        if target == mod.checkpoint_path():
-            return str(mod.ensure())
-    return path
+    mod = _model_of(path)
+    return path if mod is None else str(mod.ensure())

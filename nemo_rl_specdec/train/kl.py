@@ -49,8 +49,7 @@ def _kl_chunks(h_s, w_s, h_t, w_t, weights, agree, temperature: float, rows: int
         p_t = t_logp.exp()
         wt = weights[a:b].float()
         loss += ((p_t * (t_logp - s_logp)).sum(-1) * wt).sum()
-        if agree is not None:
-            hits += ((z_s.argmax(-1) == t_logp.argmax(-1)) & agree[a:b]).sum()
+        hits += ((z_s.argmax(-1) == t_logp.argmax(-1)) & agree[a:b]).sum()
         del t_logp
         if grad_h is None and grad_w is None:
             continue
@@ -107,7 +106,7 @@ def linear_forward_kl(h_s, w_s, h_t, w_t, *, temperature: float = 1.0, weights=N
     import torch
 
     n = h_s.shape[0]
-    for name, t, dim in (("w_s", w_s, h_s.shape[-1]), ("h_t", h_t, None), ("w_t", w_t, None)):
+    for name, t in (("w_s", w_s), ("h_t", h_t), ("w_t", w_t)):
         if t.device != h_s.device:
             raise ValueError(f"linear_forward_kl: {name} is on {t.device}, the student's hidden states on {h_s.device}")
     if h_t.shape[0] != n or w_t.shape[0] != w_s.shape[0] or w_s.shape[1] != h_s.shape[1] or w_t.shape[1] != h_t.shape[1]:
