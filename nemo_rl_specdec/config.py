@@ -20,7 +20,7 @@ from nemo_rl_specdec import yaml_loader
 from nemo_rl_specdec.drafters.base import LIST, MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
 from nemo_rl_specdec.resources import config_lookups, configs_dir
-from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict
+from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict, float_setting, int_setting
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
 
@@ -282,6 +282,22 @@ class RunConfig:
             else:
                 not_checked.append(f"{key}: {value!r} is not a local path (a Hugging Face id?): not downloaded here")
         return not_checked
+
+    def setting(self, dotted: str, default: Any, lo: Any, hi: Any, kind: type = int, lo_open: bool = False) -> Any:
+        """The number at `dotted` (or `default` where the run file does not set it), checked: an integer
+        (kind int) or a finite number in [lo, hi]; a key above it that holds no mapping is an error."""
+        node, parts = self.raw, dotted.split(".")
+        for i, part in enumerate(parts[:-1]):
+            node = node.get(part)
+            if node is None:
+                node = {}
+                break
+            if not isinstance(node, dict):
+                raise ConfigError(f"{'.'.join(parts[:i + 1])}: got {node!r}; allowed: a mapping of settings")
+        value = node.get(parts[-1], default)
+        if kind is int:
+            return int_setting(value, dotted, lo, hi)
+        return float_setting(value, dotted, lo, hi, lo_open=lo_open)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.raw

@@ -73,15 +73,6 @@ def option(b: dict, suite: str, key: str, default, lo, hi, kind: type = int):
     return int_setting(v, path, lo, hi) if kind is int else float_setting(v, path, lo, hi)
 
 
-def run_setting(cfg, key: str, default, lo, hi, kind: type = int):
-    """A run-file setting a bench reads (`grpo.num_prompts_per_step`, ...), checked as `option` is."""
-    from nemo_rl_specdec.schema import float_setting, int_setting
-
-    v = cfg.get(key, default)
-    v = default if v is None else v
-    return int_setting(v, key, lo, hi) if kind is int else float_setting(v, key, lo, hi)
-
-
 def print_table(results: list[dict], columns: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -37,7 +37,7 @@ import logging
 import statistics
 import time
 
-from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_REPEATS, MAX_SAMPLES, run_setting, say, suite_options
+from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_REPEATS, MAX_SAMPLES, say, suite_options
 from nemo_rl_specdec.config import ConfigError, load_run_config
 from nemo_rl_specdec.schema import int_setting
 from nemo_rl_specdec.update import PolicyUpdate
@@ -61,10 +61,10 @@ def _options(cfg) -> dict:
         "regimes": list(b.get("regimes", list(REGIMES))),
         "ks": list(b.get("ks", [2, 4, 8])),
         "repeats": b.get("repeats", 1),
-        "problems": b.get("problems", run_setting(cfg, "grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS)),
-        "samples": b.get("samples", run_setting(cfg, "grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES)),
+        "problems": b.get("problems", cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS)),
+        "samples": b.get("samples", cfg.setting("grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES)),
         "max_new_tokens": b.get("max_new_tokens", cfg.generation.max_new_tokens),
-        "problem_seed": b.get("problem_seed", 40_000 + run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1)),
+        "problem_seed": b.get("problem_seed", 40_000 + cfg.setting("grpo.seed", 0, 0, 2**32 - 1)),
     }
     for key, allowed in (("drafters", DRAFTERS), ("regimes", REGIMES)):
         if not opts[key] or any(x not in allowed for x in opts[key]):

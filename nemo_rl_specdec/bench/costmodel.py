@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import time
 
-from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, option, run_setting, say, suite_options
+from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, option, say, suite_options
 
 # the keys every result of this suite carries (the dispatcher checks them instead of its default)
 REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "samples")
@@ -59,12 +59,12 @@ def _options(cfg) -> dict:
     bad = [d for d in drafters if d not in rows] if isinstance(drafters, list) else [drafters]
     if bad:
         raise ConfigError(f"bench.costmodel.drafters: got {drafters!r}; allowed: a subset of {list(rows)}")
-    return {"problems": option(b, "costmodel", "problems", run_setting(cfg, "grpo.num_prompts_per_step", 16, 1,
+    return {"problems": option(b, "costmodel", "problems", cfg.setting("grpo.num_prompts_per_step", 16, 1,
                                                                        MAX_PROMPTS), 1, MAX_PROMPTS),
-            "samples": option(b, "costmodel", "samples", run_setting(cfg, "grpo.num_generations_per_prompt", 4, 1,
+            "samples": option(b, "costmodel", "samples", cfg.setting("grpo.num_generations_per_prompt", 4, 1,
                                                                      MAX_SAMPLES), 1, MAX_SAMPLES),
             "problem_seed": option(b, "costmodel", "problem_seed",
-                                   50_000 + run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1), 0, 2**32 - 1),
+                                   50_000 + cfg.setting("grpo.seed", 0, 0, 2**32 - 1), 0, 2**32 - 1),
             "drafters": list(drafters), "core": None if b.get("core") is None else option(b, "costmodel", "core", 0,
                                                                                          0, 4095)}
 

@@ -61,7 +61,6 @@ from nemo_rl_specdec.bench import (
     MAX_STEPS,
     option,
     release_memory,
-    run_setting,
     say,
     suite_options,
 )
@@ -96,12 +95,12 @@ def _options(cfg: RunConfig) -> dict:
     if bad:
         raise ConfigError(f"bench.das.baselines: got {baselines!r}; allowed: a subset of {', '.join(BASELINES)}")
     return {"steps": steps, "windows": list(windows), "scopes": list(scopes), "baselines": list(baselines),
-            "core": option(b, "das", "core", 0, 0, 4095), "seed": run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1),
-            "problem_seed": option(b, "das", "problem_seed", 20_000 + run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1),
+            "core": option(b, "das", "core", 0, 0, 4095), "seed": cfg.setting("grpo.seed", 0, 0, 2**32 - 1),
+            "problem_seed": option(b, "das", "problem_seed", 20_000 + cfg.setting("grpo.seed", 0, 0, 2**32 - 1),
                                    0, 2**32 - 1),
-            "prompts": run_setting(cfg, "grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
-            "generations": run_setting(cfg, "grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
-            "lr": run_setting(cfg, "grpo.learning_rate", 1e-4, 1e-12, 1.0, float)}
+            "prompts": cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
+            "generations": cfg.setting("grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
+            "lr": cfg.setting("grpo.learning_rate", 1e-4, 1e-12, 1.0, float)}
 
 
 # bench.das.baselines: label -> (drafter, backend, what its history is, changes to the suffix block,

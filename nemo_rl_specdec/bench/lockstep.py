@@ -46,7 +46,7 @@ def _policy_after_grpo(cfg, base, reqs, probs, steps: int):
 
 def _options(cfg) -> dict:
     """The suite's settings, checked before any engine starts."""
-    from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, run_setting, suite_options
+    from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, suite_options
     from nemo_rl_specdec.bench.parametric import _available
     from nemo_rl_specdec.config import ConfigError
     from nemo_rl_specdec.drafters.registry import DRAFTERS
@@ -62,12 +62,12 @@ def _options(cfg) -> dict:
     distill = b.get("distill") or {}
     if not isinstance(distill, dict):
         raise ConfigError(f"bench.lockstep.distill: got {distill!r}; allowed: a mapping of refresh.distill settings")
-    return {"grpo_steps": run_setting(cfg, "bench.lockstep_grpo_steps", 3, 1, MAX_STEPS),
+    return {"grpo_steps": cfg.setting("bench.lockstep_grpo_steps", 3, 1, MAX_STEPS),
             "nemo_rl_steps": option(b, "lockstep", "nemo_rl_steps", 5, 1, MAX_STEPS), "drafters": list(drafters),
-            "distill": distill, "prompts": run_setting(cfg, "grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
-            "samples": run_setting(cfg, "grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES),
-            "seed": run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1),
-            "lr": run_setting(cfg, "grpo.learning_rate", 1e-4, 1e-12, 0.1, float)}
+            "distill": distill, "prompts": cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
+            "samples": cfg.setting("grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES),
+            "seed": cfg.setting("grpo.seed", 0, 0, 2**32 - 1),
+            "lr": cfg.setting("grpo.learning_rate", 1e-4, 1e-12, 0.1, float)}
 
 
 def run(cfg, args) -> list:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, run_setting, say, suite_options
+from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
@@ -95,7 +95,7 @@ def _options(cfg: RunConfig) -> dict:
     b = suite_options(cfg, "parametric", known=("steps", "drafters", "k", "mtp_k", "mtp_model", "lr", "distill_lr",
                                                  "distill_epochs", "problem_seed", "core"))
     # acceptance must be followed over at least MIN_STEPS policy updates
-    steps = option(b, "parametric", "steps", max(MIN_STEPS, run_setting(cfg, "grpo.max_num_steps", MIN_STEPS, 1,
+    steps = option(b, "parametric", "steps", max(MIN_STEPS, cfg.setting("grpo.max_num_steps", MIN_STEPS, 1,
                                                                         MAX_STEPS)), MIN_STEPS, MAX_STEPS)
     avail = _available(cfg, b)
     drafters = b.get("drafters", avail)
@@ -105,14 +105,14 @@ def _options(cfg: RunConfig) -> dict:
                           "(parametric drafters with a checkpoint directory for this policy)")
     return {"steps": steps, "drafters": list(drafters), "k": option(b, "parametric", "k", 4, 1, 64),
             "mtp_k": option(b, "parametric", "mtp_k", 1, 1, 64), "mtp_model": _mtp_model(cfg, b),
-            "lr": option(b, "parametric", "lr", run_setting(cfg, "grpo.learning_rate", 1e-4, 1e-12, 1.0, float),
+            "lr": option(b, "parametric", "lr", cfg.setting("grpo.learning_rate", 1e-4, 1e-12, 1.0, float),
                          1e-12, 1.0, float),
             "distill_lr": option(b, "parametric", "distill_lr", 1e-3, 1e-12, 1.0, float),
             "distill_epochs": option(b, "parametric", "distill_epochs", 2, 1, 100),
-            "prompts": run_setting(cfg, "grpo.num_prompts_per_step", 8, 1, MAX_PROMPTS),
-            "generations": run_setting(cfg, "grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
+            "prompts": cfg.setting("grpo.num_prompts_per_step", 8, 1, MAX_PROMPTS),
+            "generations": cfg.setting("grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
             "problem_seed": option(b, "parametric", "problem_seed", 2024, 0, 2**32 - 1),
-            "seed": run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1), "core": option(b, "parametric", "core", 0, 0, 4095)}
+            "seed": cfg.setting("grpo.seed", 0, 0, 2**32 - 1), "core": option(b, "parametric", "core", 0, 0, 4095)}
 
 
 def _mtp_policy_cfg(cfg: RunConfig, model: str) -> RunConfig:

@@ -60,7 +60,6 @@ from nemo_rl_specdec.bench import (
     MAX_REPEATS,
     MAX_SAMPLES,
     option,
-    run_setting,
     say,
     suite_options,
 )
@@ -75,14 +74,14 @@ def _options(cfg: RunConfig) -> dict:
     b = suite_options(cfg, "scheduling", known=("problems", "samples", "engines", "repeats", "draws", "placements",
                                                  "budgets", "max_num_seqs", "problem_seed", "temperature",
                                                  "max_new_tokens"))
-    cluster = run_setting(cfg, "cluster.num_engines", 1, 1, MAX_ENGINES)
+    cluster = cfg.setting("cluster.num_engines", 1, 1, MAX_ENGINES)
     seqs = b.get("max_num_seqs", [None, 8])
     seqs = seqs if isinstance(seqs, list) else [seqs]
-    seed = run_setting(cfg, "grpo.seed", 0, 0, 2**32 - 1)
+    seed = cfg.setting("grpo.seed", 0, 0, 2**32 - 1)
     opts = {
-        "problems": option(b, "scheduling", "problems", run_setting(cfg, "grpo.num_prompts_per_step", 16, 1,
+        "problems": option(b, "scheduling", "problems", cfg.setting("grpo.num_prompts_per_step", 16, 1,
                                                                     MAX_PROMPTS), 1, MAX_PROMPTS),
-        "samples": option(b, "scheduling", "samples", run_setting(cfg, "grpo.num_generations_per_prompt", 4, 1,
+        "samples": option(b, "scheduling", "samples", cfg.setting("grpo.num_generations_per_prompt", 4, 1,
                                                                   MAX_SAMPLES), 1, MAX_SAMPLES),
         # placement needs at least two engines
         "engines": option(b, "scheduling", "engines", cluster if cluster > 1 else 2, 2, MAX_ENGINES),

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Optional
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
-from nemo_rl_specdec.schema import float_setting, int_setting
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 BLOCK = "policy.generation.speculative_decoding"
@@ -34,10 +33,6 @@ def _section(cfg: RunConfig, name: str) -> dict:
     if not isinstance(sec, dict):
         raise ConfigError(f"{name}: got {sec!r}; allowed: a mapping of settings")
     return sec
-
-
-def _int(sec: dict, path: str, default: int, lo: int, hi: int) -> int:
-    return int_setting(sec.get(path.rpartition(".")[2], default), path, lo, hi)
 
 
 # the CPU loop's sizes: beyond these a run takes hours on a few cores
@@ -55,15 +50,15 @@ class DemoSettings:
         self.mode = g.get("mode", "sync")
         if self.mode not in ("sync", "async"):
             raise ConfigError(f"grpo.mode: got {self.mode!r}; allowed: 'sync' or 'async'")
-        self.steps = _int(g, "grpo.max_num_steps", 6, 1, MAX_STEPS)
-        self.prompts = _int(g, "grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS)
-        self.generations = _int(g, "grpo.num_generations_per_prompt", 4, 2, MAX_GENERATIONS)
+        self.steps = cfg.setting("grpo.max_num_steps", 6, 1, MAX_STEPS)
+        self.prompts = cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS)
+        self.generations = cfg.setting("grpo.num_generations_per_prompt", 4, 2, MAX_GENERATIONS)
         if self.prompts * self.generations > MAX_ROLLOUTS_PER_STEP:
             raise ConfigError(f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt: got {self.prompts} x "
                               f"{self.generations}; allowed: at most {MAX_ROLLOUTS_PER_STEP} rollouts per step")
-        self.lr = float_setting(g.get("learning_rate", 1e-4), "grpo.learning_rate", 0, 1, lo_open=True)
-        self.seed = _int(g, "grpo.seed", 0, 0, 2**32 - 1)
-        self.pool = _int(d, "demo.problem_pool", 2 * self.prompts, self.prompts, MAX_POOL)
+        self.lr = cfg.setting("grpo.learning_rate", 1e-4, 0, 1, float, lo_open=True)
+        self.seed = cfg.setting("grpo.seed", 0, 0, 2**32 - 1)
+        self.pool = cfg.setting("demo.problem_pool", 2 * self.prompts, self.prompts, MAX_POOL)
         self.compare_frozen = d.get("compare_frozen_drafter", False)
         if not isinstance(self.compare_frozen, bool):
             raise ConfigError(f"demo.compare_frozen_drafter: got {self.compare_frozen!r}; allowed: true or false")

@@ -117,6 +117,7 @@ CASES = [
     (["bench", TINY, "--suite", "das", "bench.das.windows=[0]"], "bench.das.windows"),
     (["bench", TINY, "--suite", "das", "bench.das=5"], "bench.das"),
     (["bench", TINY, "--suite", "das", "grpo.seed=-1"], "grpo.seed"),
+    (["bench", TINY, "--suite", "das", "++grpo=5"], "grpo: got 5"),
     (["bench", TINY, "--suite", "scheduling", "bench.scheduling.engines=1"], "bench.scheduling.engines"),
     (["bench", TINY, "--suite", "scheduling", "grpo.num_prompts_per_step=abc"], "grpo.num_prompts_per_step"),
     (["bench", TINY, "--suite", "drafters", "bench.drafters.repeats=abc"], "bench.drafters.repeats"),
