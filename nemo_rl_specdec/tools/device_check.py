@@ -20,8 +20,16 @@ drafters, train and bench modules, which import neither vLLM nor Ray.
     vocabulary and a five-layer DFlash draft (``bench/random_models.py``), ``refresh.distill``'s
     defaults (max_tokens 8192, micro_batch_tokens 4096), 4 rollouts of 512 + 1536 random tokens.
 
+(c) ``forwards``: forward times of the target and of each drafter's forward at the shapes they have
+    beside Qwen3-8B (``tools/time_forward.py``, one process per shape, each within its time budget):
+    the Qwen3-8B target over requests x tokens per request x context, one token per request for the
+    Eagle3 head, the MTP layer and the Qwen3-0.6B draft model, a block of 8 or 16 per request for the
+    DFlash draft. Each shape's samples go to ``forward_<shape>.json`` beside ``--out``; the cost
+    model fits this card's roofline and each drafter's fixed time per forward from them
+    (``nemo-rl-specdec fit-hardware``).
+
 Prints one table (errors under it) and writes everything to ``--out`` (JSON). ``--device cpu
---skip-8b`` (or ``--shape small``) runs it without a GPU, to check the tool itself.
+--skip-8b --forwards tiny`` (or ``--shape small``) runs it without a GPU, to check the tool itself.
 """
 from __future__ import annotations
 
@@ -44,6 +52,15 @@ TINY_CELLS = {  # drafter: (its checkpoint, the policy it drafts for), bundled a
 }
 DTYPES = ("float32", "bfloat16")
 DRAFTERS_8B = ("draft_model", "eagle3", "dflash")
+# part (c), per `tools/time_forward.py` shape: contexts, requests, tokens per request, time budget (s)
+FORWARDS = {
+    "qwen3-8b": ("1024,4096,16384", "1,4,16,64,256", "1,2,4,8", 90),
+    "eagle3-qwen3-8b": ("1024,4096,16384", "1,4,16,64,256", "1", 25),
+    "mtp-qwen3-8b": ("1024,4096,16384", "1,4,16,64,256", "1", 20),
+    "dflash-qwen3-8b": ("1024,4096,16384", "1,4,16,64,256", "8,16", 25),
+    "qwen3-0.6b": ("1024,4096,16384", "1,4,16,64,256", "1", 25),
+    "tiny": ("64,256", "1,4", "1,2", 30),   # checks the tool on a CPU
+}
 
 
 def log(msg: str) -> None:
@@ -137,6 +154,42 @@ def run_8b(args, device: str, shapes: dict, on_row=None) -> list[dict]:
         return measure_drafters(o, shapes, device, root, on_row=mark)
 
 
+def run_forwards(shapes: list, device: str, out_dir: Path, reps: int) -> list[dict]:
+    """Part (c): `tools/time_forward.py` once per shape, each in a process of its own (a model and its
+    KV buffers are gone with it); one summary row per shape."""
+    import subprocess
+
+    rows = []
+    for shape in shapes:
+        contexts, requests, per_request, budget = FORWARDS[shape]
+        path = out_dir / f"forward_{shape}.json"
+        cmd = [sys.executable, "-m", "nemo_rl_specdec.tools.time_forward", "--shape", shape, "--device", device,
+               "--out", str(path), "--contexts", contexts, "--requests", requests, "--per-request", per_request,
+               "--budget-s", str(budget), "--reps", str(reps)] + (["--max-tokens", "32"] if shape == "tiny" else [])
+        row = {"part": "forwards", "drafter": shape, "teacher_dtype": "-", "status": "failed", "error": None,
+               "file": str(path)}
+        log(f"forwards {shape}: {budget} s budget")
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 180)
+            if res.returncode != 0:
+                row["error"] = res.stderr.strip().splitlines()[-1][:300] if res.stderr.strip() else f"rc {res.returncode}"
+        except subprocess.TimeoutExpired:
+            row["error"] = f"no end within {budget + 180} s"
+        if path.is_file():
+            samples = json.loads(path.read_text())["samples"]
+            row["samples"] = len(samples)
+            if samples and row["error"] is None:
+                row["status"] = "ok"
+                one = [x["seconds"] for x in samples if x["tokens"] == 1]
+                row["step_s_min"] = min(x["seconds"] for x in samples)
+                row["step_s"] = statistics.median(one) if one else None
+                row["step_s_max"] = max(x["seconds"] for x in samples)
+        log(f"forwards {shape}: {row['status']}, {row.get('samples', 0)} samples"
+            + (f" ({row['error']})" if row["error"] else ""))
+        rows.append(row)
+    return rows
+
+
 # (header, key, scale)
 COLUMNS = [("part", "part", None), ("drafter", "drafter", None), ("teacher", "teacher_dtype", None),
            ("status", "status", None), ("step s", "step_s", 1), ("min", "step_s_min", 1), ("max", "step_s_max", 1),
@@ -182,6 +235,10 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per drafter in part (b)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
     ap.add_argument("--timeout-s", type=float, default=240, help="per drafter of part (b)")
+    ap.add_argument("--forwards", type=lambda s: [d for d in s.split(",") if d],
+                    default=[k for k in FORWARDS if k != "tiny"], help="comma-separated shapes of part (c)")
+    ap.add_argument("--skip-forwards", action="store_true", help="leave out part (c)")
+    ap.add_argument("--forward-reps", type=int, default=10, help="timed runs per forward in part (c)")
     args = ap.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
@@ -196,12 +253,15 @@ def main(argv: Optional[list] = None) -> int:
     bad = [d for d in args.drafters_8b if d not in DRAFTERS]
     if bad:
         ap.error(f"--drafters-8b: got {bad}; allowed: {list(DRAFTERS)}")
+    bad = [d for d in args.forwards if d not in FORWARDS]
+    if bad:
+        ap.error(f"--forwards: got {bad}; allowed: {list(FORWARDS)}")
     for name, value, lo in (("--tokens", args.tokens, 8), ("--vocab-size", args.vocab_size, 8),
                             ("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
         if value < lo:
             ap.error(f"{name}: got {value}; allowed: >= {lo}")
 
-    report: dict = {"environment": environment(args.device), "tiny": [], "8b": [], "shapes": None}
+    report: dict = {"environment": environment(args.device), "tiny": [], "forwards": [], "8b": [], "shapes": None}
 
     def save() -> None:  # after each part and each measured drafter: a run cut short keeps what it did
         report["environment"]["imported_vllm_or_ray"] = imported_serving_stack()
@@ -212,13 +272,18 @@ def main(argv: Optional[list] = None) -> int:
     if not args.skip_tiny:
         report["tiny"] = run_tiny(args.device)
         save()
+    if not args.skip_forwards:
+        out_dir = Path(args.out).parent if args.out else Path.cwd()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report["forwards"] = run_forwards(args.forwards, args.device, out_dir, args.forward_reps)
+        save()
     if not args.skip_8b:
         report["shapes"] = shapes_8b(args)
         run_8b(args, args.device, report["shapes"], on_row=lambda row: (report["8b"].append(row), save()))
     save()
     env = report["environment"]
     print(f"device check: {env.get('gpu', args.device)}, torch {env['torch']}, transformers {env['transformers']}")
-    print(format_table(report["tiny"] + report["8b"]))
+    print(format_table(report["tiny"] + report["forwards"] + report["8b"]))
     return 0
 
 

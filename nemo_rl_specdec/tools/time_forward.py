@@ -42,6 +42,25 @@ SHAPES = {
     "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
                      max_position_embeddings=40960, tie_word_embeddings=False),
+    # the draft side, each a Qwen3 stack of the shape one draft forward reads and computes:
+    # a draft model of Qwen3-0.6B's shape (tied embeddings, 28 layers of width 1024);
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                       max_position_embeddings=40960, tie_word_embeddings=True),
+    # an Eagle3 head for Qwen3-8B: one Qwen3-8B decoder layer and a 32,000-token draft lm_head (its
+    # fc from three hidden states, 0.05e9 parameters, is left out: 7% of the bytes a forward reads);
+    "eagle3-qwen3-8b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=12288, num_hidden_layers=1,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                            max_position_embeddings=40960, tie_word_embeddings=False),
+    # an MTP layer of an 8B policy: one decoder layer over the policy's full-vocabulary lm_head;
+    "mtp-qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=1,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                         max_position_embeddings=40960, tie_word_embeddings=False),
+    # a DFlash draft for Qwen3-8B: five decoder layers of the policy's width over its lm_head, one
+    # forward per step over a block of positions per request (time it with --per-request 8,16).
+    "dflash-qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=5,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                            max_position_embeddings=40960, tie_word_embeddings=False),
     # a CPU-sized shape with the same structure, for checking the tool itself
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=1e6,
@@ -122,9 +141,10 @@ def model_shape(model, cfg, dtype_bytes: int) -> dict:
     params = sum(p.numel() for p in model.parameters())
     layers, kvh, hd, heads = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
                               cfg.num_attention_heads)
+    read = params if cfg.tie_word_embeddings else params - embed  # a tied table is read as the lm_head
     return {
-        "weight_bytes": (params - embed) * dtype_bytes,       # the embedding table is gathered, not read
-        "flops_per_token": 2 * (params - embed),
+        "weight_bytes": read * dtype_bytes,       # the embedding table is gathered, not read
+        "flops_per_token": 2 * read,
         "kv_bytes_per_token": layers * kvh * hd * 2 * dtype_bytes,
         "attn_flops_per_ctx": 4 * layers * heads * hd,      # QK^T and PV per (query, context token)
         "num_layers": layers,
@@ -150,6 +170,16 @@ def grid(contexts: list, max_tokens: int, kv_tokens: int, requests: list, per_re
                 out.add((b, n, c))
             n *= 2
     return sorted(out, key=lambda t: (t[2], t[0] * t[1], t[0]))
+
+
+def interleaved(points: list) -> list:
+    """`grid`'s points, the contexts taken in turn, so a run cut at its time budget has timed every
+    context (each from its smallest steps up) rather than the small contexts alone."""
+    by_ctx: dict = {}
+    for p in points:
+        by_ctx.setdefault(p[2], []).append(p)
+    lanes = [by_ctx[c] for c in sorted(by_ctx)]
+    return [lane[i] for i in range(max((len(x) for x in lanes), default=0)) for lane in lanes if i < len(lane)]
 
 
 def _time(fn, reps: int, device: str) -> float:
@@ -255,7 +285,7 @@ def main(argv=None) -> int:
         "samples": [],
     }
     log(f"{args.shape} on {out['device']}: {shape['params'] / 1e9:.2f}B params, {len(points)} steps to time")
-    for b, n, c in points:
+    for b, n, c in interleaved(points):
         if time.time() - t_start > args.budget_s:
             out["truncated"] = f"stopped at the {args.budget_s:.0f} s budget"
             log(out["truncated"])

@@ -43,7 +43,7 @@ def _run(args, timeout=120):
 
 def test_tiny_part_on_cpu_imports_no_serving_stack_and_reports_every_cell(tmp_path):
     out = tmp_path / "check.json"
-    stdout = _run(["--device", "cpu", "--skip-8b", "--out", str(out)])
+    stdout = _run(["--device", "cpu", "--skip-8b", "--skip-forwards", "--out", str(out)])
     report = json.loads(out.read_text())
     assert report["environment"]["imported_vllm_or_ray"] == []
     assert report["environment"]["device"] == "cpu" and report["8b"] == []
@@ -70,7 +70,7 @@ def test_measurement_part_at_small_shapes_writes_the_bench_rows(tmp_path):
     out = tmp_path / "check.json"
     stdout = _run(["--device", "cpu", "--skip-tiny", "--shape", "small", "--vocab-size", "256", "--tokens", "64",
                    "--teacher-dtype", "float32", "--drafters-8b", "draft_model", "--steps", "1", "--warmup", "0",
-                   "--out", str(out)])
+                   "--skip-forwards", "--out", str(out)])
     report = json.loads(out.read_text())
     assert report["tiny"] == [] and report["shapes"]["teacher"]["vocab_size"] == 256
     (row,) = report["8b"]
@@ -78,6 +78,18 @@ def test_measurement_part_at_small_shapes_writes_the_bench_rows(tmp_path):
     assert row["transient_bytes"] == row["peak_bytes"] - row["teacher_bytes"] - row["state_bytes"]
     assert row["state_bytes"] == row["distiller_params"] * 4 * 4
     assert any(line.startswith("small") and "draft_model" in line and " ok " in line for line in stdout.splitlines())
+
+
+def test_forward_part_writes_a_samples_file_per_shape_beside_the_report(tmp_path):
+    out = tmp_path / "check.json"
+    stdout = _run(["--device", "cpu", "--skip-tiny", "--skip-8b", "--forwards", "tiny", "--forward-reps", "1",
+                   "--out", str(out)])
+    (row,) = json.loads(out.read_text())["forwards"]
+    assert row["status"] == "ok", row["error"]
+    samples = json.loads((tmp_path / "forward_tiny.json").read_text())
+    assert row["samples"] == len(samples["samples"]) > 0 and samples["model"]["kv_bytes_per_token"] > 0
+    assert {s["ctx"] for s in samples["samples"]} == {64, 256}
+    assert any(line.startswith("forwards") and " tiny " in line and " ok " in line for line in stdout.splitlines())
 
 
 def test_table_prints_dashes_for_missing_values_and_errors_below():

@@ -64,3 +64,27 @@ def test_packed_gqa_is_full_gqa_attention():
     q, k, v = (torch.randn(s, generator=g) for s in [(2, 8, 5, 16), (2, 2, 37, 16), (2, 2, 37, 16)])
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(tf.packed_gqa_attention(q, k, v, None), ref)
+
+
+def test_a_budget_cut_keeps_every_context():
+    pts = tf.grid([1024, 4096, 16384], 4096, 300_000, [1, 4, 16, 64, 256], [1, 2, 4, 8])
+    order = tf.interleaved(pts)
+    assert sorted(order) == sorted(pts)
+    assert {c for _, _, c in order[:3]} == {1024, 4096, 16384}
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "eagle3-qwen3-8b", "mtp-qwen3-8b", "dflash-qwen3-8b"])
+def test_draft_shapes_read_their_lm_head(name):
+    """A draft forward reads every weight but the embedding table it gathers from; a tied table is
+    read as the lm_head, so it counts (Qwen3-0.6B: 0.6e9 parameters, 1.2 GB in bf16)."""
+    cfg = tf.SHAPES[name]
+    with torch.device("meta"):
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**cfg))
+    m = tf.model_shape(model, model.config, 2)
+    lm_head = cfg["vocab_size"] * cfg["hidden_size"]
+    assert m["weight_bytes"] >= 2 * lm_head
+    assert m["flops_per_token"] == m["weight_bytes"]
+    if name == "qwen3-0.6b":
+        assert 0.55e9 < m["params"] < 0.65e9 and m["weight_bytes"] == 2 * m["params"]
