@@ -18,7 +18,7 @@ from nemo_rl_specdec.schema import ConfigError
 
 # (option, is a directory) of every output a command writes; checked before the command runs
 OUTPUTS = {"generate": (("out", False),), "demo": (("out", True),), "bench": (("json", False),),
-           "simulate": (("json", False), ("plots", True))}
+           "simulate": (("json", False), ("plots", True)), "price": (("json", False),)}
 
 
 def check_output(option: str, path: str, is_dir: bool) -> None:
@@ -261,6 +261,78 @@ def _simulate_crosscheck(args) -> int:
     return 0
 
 
+def _price(args) -> int:
+    """Price traces on a hardware profile (sim/price.py): every trace file, or every replay trace of a
+    bench result JSON, with its speedup over its baseline; or `--fit-proposer`: a history proposer's
+    host-time constants fitted on the traces' measured times."""
+    from nemo_rl_specdec.sim.hardware import load_profile
+    from nemo_rl_specdec.sim.price import fit_proposer, speedup
+    from nemo_rl_specdec.trace import Trace, TraceError
+
+    profile = load_profile(args.hardware)
+    try:
+        named = [t for path in args.traces for t in _traces_in(path, args.rows)]
+        if args.fit_proposer:
+            fit = fit_proposer([t for _, t in named])
+            print(f"proposer fit on {fit['kept']} of {fit['steps']} decode steps: step_overhead_s {fit['step_overhead_s']:.3g}, "
+                  f"per_request_s {fit['per_request_s']:.3g} (R^2 {fit['r2']:.2f})")
+            out = {"fit_proposer": fit}
+        else:
+            base = Trace.load(args.baseline) if args.baseline else None
+            rows = [{"trace": name, **speedup(t, profile, base, args.drafter)} for name, t in named]
+            print(f"priced on {profile.name} ({profile.hardware.name})")
+            print(f"{'trace':<40}{'tok/fwd':>9}{'baseline s':>12}{'spec s':>10}{'draft s':>9}{'proposer s':>11}"
+                  f"{'speedup':>9}")
+            for r in rows:
+                sp = r["spec"]
+                print(f"{r['trace'][:39]:<40}{sp['tokens_per_forward']:>9.3f}{r['baseline']['rollout_s']:>12.3f}"
+                      f"{sp['rollout_s']:>10.3f}{sp['draft_s']:>9.3f}{sp['proposer_s']:>11.3f}{r['speedup']:>8.3f}x")
+            out = {"hardware": profile.name, "rows": rows}
+    except TraceError as e:
+        raise ConfigError(str(e)) from None
+    if args.json:
+        _write_json(args.json, out)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _traces_in(path: str, rows: Optional[str] = None) -> list:
+    """(name, Trace) of a trace file, or of every replay trace in a bench result JSON (of the results
+    named in `rows`, comma-separated, when given)."""
+    from nemo_rl_specdec.trace import FORMAT, Trace, TraceError
+
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TraceError(f"{path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if isinstance(d, dict) and d.get("format") == FORMAT:
+        return [(Path(path).stem, Trace.load(path))]
+    if isinstance(d, dict) and isinstance(d.get("results"), list):
+        out = []
+        keep = None if rows is None else set(rows.split(","))
+        for r in d["results"]:
+            if keep is not None and isinstance(r, dict) and r.get("name") not in keep:
+                continue
+            if not isinstance(r, dict):
+                continue
+            held = [(f"{r.get('name')}/{i}", f"replay_per_step[{i}].trace", x.get("trace") if isinstance(x, dict)
+                     else x) for i, x in enumerate(r.get("replay_per_step") or [])]
+            if isinstance(r.get("trace"), dict):
+                held.append((str(r.get("name")), "trace", r["trace"]))
+            for name, where, raw in held:
+                try:
+                    out.append((name, Trace.from_dict(raw)))
+                except TraceError as e:
+                    raise TraceError(f"{path}: results[{r.get('name')!r}].{where}: {e}") from None
+        if out:
+            return out
+        raise TraceError(f"{path}: a bench result without replay traces (bench --suite das, adaptive)"
+                         + ("" if keep is None else f" in the results {sorted(keep)}"))
+    raise TraceError(f"{path}: neither a trace (format {FORMAT!r}) nor a bench result JSON")
+
+
 # --------------------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -307,6 +379,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--crosscheck", default=None, metavar="BENCH_JSON",
                    help="predict the measured results of a `bench --suite drafters` JSON with this scenario")
     p.set_defaults(func=_simulate)
+
+    p = sub.add_parser("price", help="price rollout traces on a GPU's measured cost model")
+    p.add_argument("traces", nargs="+", help="trace JSON files, or bench result JSONs with replay traces")
+    p.add_argument("--hardware", default="h100_qwen3_8b", help="a profile in configs/hardware/ or a profile path")
+    p.add_argument("--baseline", default=None, help="a no-speculation trace of the same requests (default: a "
+                   "replay trace's own run without drafts)")
+    p.add_argument("--drafter", default=None, help="the profile's drafter entry (default: the trace's)")
+    p.add_argument("--rows", default=None, help="of a bench result JSON, only these results (comma-separated names)")
+    p.add_argument("--fit-proposer", action="store_true", help="fit a history proposer's host-time constants")
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=_price)
     return ap
 
 

@@ -73,6 +73,24 @@ def option(b: dict, suite: str, key: str, default, lo, hi, kind: type = int):
     return int_setting(v, path, lo, hi) if kind is int else float_setting(v, path, lo, hi)
 
 
+DEFAULT_HARDWARE = "h100_qwen3_8b"
+
+
+def hardware_option(b: dict, suite: str):
+    """`bench.<suite>.hardware`: the hardware profile the suite prices its traces on (`sim/hardware.py`;
+    default h100_qwen3_8b), loaded before any engine starts."""
+    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.sim.hardware import load_profile, profile_names
+
+    name = b.get("hardware", DEFAULT_HARDWARE)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"bench.{suite}.hardware: got {name!r}; allowed: {profile_names()} or a profile's path")
+    try:
+        return load_profile(name)
+    except ConfigError as e:
+        raise ConfigError(f"bench.{suite}.hardware: {e}") from None
+
+
 def print_table(results: list[dict], columns: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table

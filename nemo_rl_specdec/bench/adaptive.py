@@ -37,7 +37,7 @@ import logging
 import statistics
 import time
 
-from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_REPEATS, MAX_SAMPLES, say, suite_options
+from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_REPEATS, MAX_SAMPLES, hardware_option, say, suite_options
 from nemo_rl_specdec.config import ConfigError, load_run_config
 from nemo_rl_specdec.schema import int_setting
 from nemo_rl_specdec.update import PolicyUpdate
@@ -51,11 +51,22 @@ DRAFTERS = {  # name -> (overrides of every configuration, overrides of a fixed 
 }
 REGIMES = {"seqs8": (1, 8, "contiguous"), "all": (1, None, "contiguous"), "2eng_length_aware": (2, None, "length_aware")}
 TARGET = 0.97
+# the priced replays: fixed k against auto, per history drafter and concurrency regime
+PRICED_KS = (1, 2, 3, 4, 6, 8)
+LARGE_BATCH = 256   # requests decoded at once in the large-batch regime (compute-bound on a GPU)
+# drafter -> (the profile's entry of a fixed k, of auto; overrides of every configuration, of a fixed k, of auto)
+PRICED = {
+    "das": ("das", "das", ["drafter=suffix", "suffix.backend=das", "refresh.mode=rebuild"],
+            ["auto_disable=false", "scheduling.budget=uniform"], ["scheduling.budget=adaptive"]),
+    "ngram": ("ngram", "ngram_specdec", ["drafter=ngram", "refresh.mode=frozen"], ["ngram.backend=vllm"],
+              ["ngram.backend=specdec", "scheduling.budget=adaptive"]),
+}
 
 
 def _options(cfg) -> dict:
     b = suite_options(cfg, "adaptive", known=("drafters", "regimes", "ks", "repeats", "problems", "samples",
-                                               "max_new_tokens", "problem_seed"))
+                                               "max_new_tokens", "problem_seed", "hardware", "engines",
+                                               "priced_ks", "large_batch"))
     opts = {
         "drafters": list(b.get("drafters", list(DRAFTERS))),
         "regimes": list(b.get("regimes", list(REGIMES))),
@@ -66,6 +77,18 @@ def _options(cfg) -> dict:
         "max_new_tokens": b.get("max_new_tokens", cfg.generation.max_new_tokens),
         "problem_seed": b.get("problem_seed", 40_000 + cfg.setting("grpo.seed", 0, 0, 2**32 - 1)),
     }
+    opts["profile"] = hardware_option(b, "adaptive")
+    opts["engines"] = b.get("engines", True)
+    if not isinstance(opts["engines"], bool):
+        raise ConfigError(f"bench.adaptive.engines: got {opts['engines']!r}; allowed: true (the engine regimes after "
+                          "the priced replays) or false (the priced replays only)")
+    opts["priced_ks"] = list(b.get("priced_ks", list(PRICED_KS)))
+    if not opts["priced_ks"] or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64
+                                    for k in opts["priced_ks"]):
+        raise ConfigError(f"bench.adaptive.priced_ks: got {opts['priced_ks']!r}; allowed: a non-empty list of ints "
+                          "in 1..64")
+    opts["large_batch"] = int_setting(b.get("large_batch", LARGE_BATCH), "bench.adaptive.large_batch", 1,
+                                      MAX_PROMPTS * MAX_SAMPLES)
     for key, allowed in (("drafters", DRAFTERS), ("regimes", REGIMES)):
         if not opts[key] or any(x not in allowed for x in opts[key]):
             raise ConfigError(f"bench.adaptive.{key}: got {opts[key]!r}; allowed: a non-empty subset of {list(allowed)}")
@@ -118,6 +141,73 @@ def _chosen(states: list) -> list:
     return out
 
 
+def priced(cfg, opts: dict) -> list:
+    """Fixed k against auto on one recorded text per regime, every step priced on the hardware profile.
+
+    A no-spec engine rolls out a warm batch and the measured batch of the workload (and, for the
+    large-batch regime, `large_batch` requests of the same problems, more samples each); each
+    configuration replays them (`bench/replay.py`: the warm batch fills DAS's store) with at most
+    the regime's requests decoding at once. Fixed k verifies every draft; auto is the block's
+    `scheduling.budget: adaptive` rule deciding on the profile's step cost (`PricedStepCost`). The
+    measured batch's trace is priced against the same text without drafts."""
+    from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.rollouts import Request
+    from nemo_rl_specdec.sim.price import PricedStepCost, speedup
+
+    profile, T, max_new = opts["profile"], cfg.generation.temperature, opts["max_new_tokens"]
+    problems = task.run_problems(cfg, opts["problems"], seed=opts["problem_seed"])
+    large_samples = max(1, -(-opts["large_batch"] // len(problems)))
+    base = Engine(cfg, spec_enabled=False, name="priced_nospec")
+    try:
+        tok = base.tokenizer()
+        reqs = task.run_requests(cfg, tok, problems, opts["samples"])
+        big = task.run_requests(cfg, tok, problems, large_samples)[:opts["large_batch"]]
+        texts = {}
+        for name, rs in (("batch", reqs), ("large", big)):
+            warm = base.generate(rs, max_new_tokens=max_new, temperature=T).rollouts
+            texts[name] = [warm, base.generate(rs, max_new_tokens=max_new, temperature=T).rollouts]
+    finally:
+        base.close()
+    regimes = {"seqs8": ("batch", 8), "all": ("batch", None), f"seqs{opts['large_batch']}": ("large", None)}
+    _say(f"priced replays on {profile.name}: {len(reqs)} requests ({len(big)} in the large-batch regime), "
+         f"k in {opts['priced_ks']} and auto, drafters {[d for d in opts['drafters'] if d in PRICED]}")
+    rows = []
+    for regime, (which, seqs) in regimes.items():
+        for drafter in [d for d in opts["drafters"] if d in PRICED]:
+            fixed_key, auto_key, common, fixed, auto = PRICED[drafter]
+            confs = [(f"k{k}", fixed_key, fixed + [f"num_speculative_tokens={k}"]) for k in sorted(opts["priced_ks"])]
+            confs.append(("auto", auto_key, auto + [f"num_speculative_tokens={max(opts['priced_ks'])}"]))
+            for label, key, ov in confs:
+                spec = load_run_config(cfg.source, [f"{BLOCK}.enabled=true"]
+                                       + [f"{BLOCK}.{o}" for o in common + ov]).spec
+                cost = PricedStepCost(profile, key, spec.num_speculative_tokens) if label == "auto" else None
+                rep = replay(spec, texts[which], cfg.generation.vllm_cfg.max_model_len, T, max_num_seqs=seqs,
+                             step_cost=cost, label=key)
+                trace = rep[1]["trace"]
+                sp = speedup(trace, profile)
+                rows.append({"name": f"{drafter}/{label}@{regime}", "drafter": drafter, "config": label,
+                             "regime": regime, "requests": len(texts[which][1]), "max_num_seqs": seqs,
+                             "k": spec.num_speculative_tokens, "hardware": profile.name,
+                             "priced_speedup": sp["speedup"], "tokens_per_target_forward": sp["spec"]["tokens_per_forward"],
+                             "acceptance_rate": (rep[1]["accepted_draft_tokens"] / rep[1]["draft_tokens"]
+                                                 if rep[1]["draft_tokens"] else 0.0),
+                             "draft_tokens": rep[1]["draft_tokens"], "trace": trace.to_dict()})
+                _say(f"priced {regime} {drafter} {label}: {sp['speedup']:.3f}x")
+    for r in rows:
+        r.setdefault("vs_best_fixed", None)
+        if r["config"] != "auto":
+            continue
+        fixed_rows = [x for x in rows if x["drafter"] == r["drafter"] and x["regime"] == r["regime"]
+                      and x["config"] != "auto"]
+        best = max(fixed_rows, key=lambda x: x["priced_speedup"])
+        r["best"] = best["config"] if best["priced_speedup"] > 1.0 else "no-spec"
+        r["vs_best_fixed"] = r["priced_speedup"] / max(1.0, best["priced_speedup"])
+        r["meets_target"] = r["vs_best_fixed"] >= TARGET
+    return rows
+
+
 def run(cfg, args) -> list:
     import ray
     from transformers import AutoTokenizer
@@ -129,6 +219,10 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
     opts = _options(cfg)
+    priced_rows = priced(cfg, opts)
+    _print_priced(priced_rows, opts["profile"])
+    if not opts["engines"]:
+        return [_as_result(r) for r in priced_rows]
     confs = configurations(opts)
     T, max_new = cfg.generation.temperature, opts["max_new_tokens"]
     engines_max = max(REGIMES[r][0] for r in opts["regimes"])
@@ -190,14 +284,34 @@ def run(cfg, args) -> list:
         finally:
             base.close()
     _judge(results)
-    print_table(results, ["name", "wall_clock_ratio", "vs_best_fixed", "tokens_per_target_forward",
+    results += [_as_result(r) for r in priced_rows]
+    print_table([r for r in results if r["wall_clock_ratio"] is not None], ["name", "wall_clock_ratio", "vs_best_fixed", "tokens_per_target_forward",
                           "acceptance_rate"])
     for r in results:
-        if r["config"] == "auto":
+        if r["config"] == "auto" and r["wall_clock_ratio"] is not None:
             print(f"{r['name']}: {r['wall_clock_ratio']:.3f}x no-spec (target >= {TARGET}), "
                   f"{r['vs_best_fixed']:.3f}x the best fixed k ({r['best_fixed']}, target >= {TARGET}); chosen: "
                   f"{r['chosen']}")
     return results
+
+
+def _as_result(r: dict) -> dict:
+    """A priced row as a suite result (the engines' keys, with no wall clock measured)."""
+    return {**r, "wall_clock_ratio": None, "per_step": []}
+
+
+def _print_priced(rows: list, profile) -> None:
+    from nemo_rl_specdec.bench import print_table
+
+    print(f"Priced on {profile.name} ({profile.hardware.name}): fixed k and auto replayed on one recorded text per "
+          "regime, each against the same text without drafts; auto's target: >= "
+          f"{TARGET} x the best of no-spec and every fixed k")
+    print_table(rows, ["name", "requests", "max_num_seqs", "priced_speedup", "vs_best_fixed", "best",
+                       "tokens_per_target_forward", "acceptance_rate"])
+    for r in rows:
+        if r["config"] == "auto":
+            print(f"{r['name']}: {r['priced_speedup']:.3f}x no-spec, {r['vs_best_fixed']:.3f}x the best of no-spec "
+                  f"and fixed k ({r['best']}): {'met' if r['meets_target'] else 'MISSED'}")
 
 
 def _judge(results: list) -> None:
@@ -206,7 +320,7 @@ def _judge(results: list) -> None:
         r.setdefault("vs_best_fixed", None)
         if r["config"] != "auto":
             continue
-        fixed = [x for x in results if x["drafter"] == r["drafter"] and x["regime"] == r["regime"]
+        fixed = [x for x in results if x.get("wall_clock_ratio") is not None and x["drafter"] == r["drafter"] and x["regime"] == r["regime"]
                  and x["config"] != "auto"]
         best = max(fixed, key=lambda x: x["wall_clock_ratio"])
         r["best_fixed"] = best["config"]

@@ -53,10 +53,11 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, Optional
 
 from nemo_rl_specdec.bench import (
     MAX_PROMPTS,
+    hardware_option,
     MAX_SAMPLES,
     MAX_STEPS,
     option,
@@ -76,7 +77,8 @@ AFTER_STEP = 3  # "after 3 steps": the store holds rollouts of 3 policy versions
 _say = functools.partial(say, "das")
 
 def _options(cfg: RunConfig) -> dict:
-    b = suite_options(cfg, "das", known=("steps", "windows", "scopes", "baselines", "core", "problem_seed"))
+    b = suite_options(cfg, "das", known=("steps", "windows", "scopes", "baselines", "core", "problem_seed",
+                                         "hardware", "engines"))
     suffix = cfg.spec.suffix
     # acceptance must be followed while the policy changes: at least MIN_STEPS steps
     steps = option(b, "das", "steps", cfg.get("grpo.max_num_steps") or MIN_STEPS, MIN_STEPS, MAX_STEPS)
@@ -94,7 +96,12 @@ def _options(cfg: RunConfig) -> dict:
     bad = [x for x in baselines if x not in BASELINES] if isinstance(baselines, list) else [baselines]
     if bad:
         raise ConfigError(f"bench.das.baselines: got {baselines!r}; allowed: a subset of {', '.join(BASELINES)}")
+    engines = b.get("engines", True)
+    if not isinstance(engines, bool):
+        raise ConfigError(f"bench.das.engines: got {engines!r}; allowed: true (phase 2, every configuration in its "
+                          "own engine) or false (the trajectory and the priced replays only)")
     return {"steps": steps, "windows": list(windows), "scopes": list(scopes), "baselines": list(baselines),
+            "profile": hardware_option(b, "das"), "engines": engines,
             "core": option(b, "das", "core", 0, 0, 4095), "seed": cfg.setting("grpo.seed", 0, 0, 2**32 - 1),
             "problem_seed": option(b, "das", "problem_seed", 20_000 + cfg.setting("grpo.seed", 0, 0, 2**32 - 1),
                                    0, 2**32 - 1),
@@ -189,6 +196,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     g = cfg.generation
     core = opts["core"]
     confs = configurations(cfg, opts)
+    for c in confs:  # a profile that cannot price a configuration fails before any engine starts
+        opts["profile"].drafter(profile_key(c))
     G = opts["generations"]
     _say(f"{len(confs)} speculative configurations vs no-spec, {opts['steps']} steps, "
          f"{opts['prompts']} problems x {G} samples, k={cfg.spec.num_speculative_tokens}, "
@@ -224,13 +233,14 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
         # the sampling noise between engines; seconds, and before any speculative engine starts
         for c in confs:
-            c["replay"] = replay(c["cfg"].spec, recorded, g.vllm_cfg.max_model_len, g.temperature)
+            c["replay"] = replay(c["cfg"].spec, recorded, g.vllm_cfg.max_model_len, g.temperature,
+                                 label=profile_key(c))
 
         # phase 2: one speculative engine at a time; at every step the baseline rolls out the same
         # batch on the same weights right before it (same machine load), then both get version t+1
-        per_step: dict = {}
+        per_step: dict = {c["name"]: [] for c in confs}
         version = len(weights)  # the baseline's versions only need to increase
-        for c in confs:
+        for c in confs if opts["engines"] else []:
             e = Engine(c["cfg"], core=core, seed=opts["seed"], name=c["name"])
             try:
                 if c["backend"] != "das":
@@ -253,11 +263,19 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     finally:
         baseline.close()
         release_memory()
-    results = [_summarize(c, per_step[c["name"]]) for c in confs]
+    results = [_summarize(c, per_step[c["name"]], opts["profile"]) for c in confs]
     for r in results:
         r["train"] = train_log
     _print(results, train_log)
+    _print_priced(results, cfg, opts["profile"])
     return results
+
+
+def profile_key(c: dict) -> str:
+    """The hardware profile's entry that prices a configuration's proposer."""
+    if c["backend"] == "das":
+        return "das"
+    return "vllm_suffix" if c["drafter"] == "suffix" else "ngram"
 
 
 def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: int, next_weights,
@@ -315,7 +333,7 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
     return row
 
 
-def _summarize(c: dict, rows: list) -> dict:
+def _summarize(c: dict, rows: list, profile) -> dict:
     def agg(rs: list) -> dict:
         gen = sum(r["generated_tokens"] for r in rs)
         acc = sum(r["accepted_tokens"] for r in rs)
@@ -346,7 +364,8 @@ def _summarize(c: dict, rows: list) -> dict:
 
         out["replay_tokens_per_target_forward"] = per_forward(c["replay"])
         out["replay_tokens_per_target_forward_after_3"] = per_forward(c["replay"][AFTER_STEP:])
-        out["replay_per_step"] = c["replay"]
+        out.update(_priced(c, profile))
+        out["replay_per_step"] = [{**r, "trace": r["trace"].to_dict()} for r in c["replay"]]
     if c["backend"] == "das":
         costs = [r["update_cost_pct"] for r in rows if r.get("update_cost_pct") is not None]
         spec_s = sum(r["spec_s"] for r in rows)
@@ -357,6 +376,56 @@ def _summarize(c: dict, rows: list) -> dict:
     out["propose_pct"] = 100.0 * sum(r["propose_s"] for r in rows) / spec_s if spec_s else None
     out["propose_cpu_pct"] = 100.0 * sum(r["propose_cpu_s"] for r in rows) / spec_c if spec_c else None
     return out
+
+
+def _priced(c: dict, profile) -> dict:
+    """The configuration's replays priced on `profile` (`sim/price.py`): rollout time against the same
+    text without drafts, in all and after `AFTER_STEP` steps, and the proposer's measured time per
+    batch-size bin."""
+    from nemo_rl_specdec.sim.price import proposer_share, speedup
+
+    traces = [r["trace"] for r in c["replay"]]
+    sp = [speedup(t, profile) for t in traces]
+
+    def ratio(xs: list) -> Optional[float]:
+        spec = sum(x["spec"]["rollout_s"] for x in xs)
+        return sum(x["baseline"]["rollout_s"] for x in xs) / spec if spec else None
+
+    return {"hardware": profile.name, "priced_speedup": ratio(sp), "priced_speedup_after_3": ratio(sp[AFTER_STEP:]),
+            "priced_rollout_s": sum(x["spec"]["rollout_s"] for x in sp),
+            "priced_baseline_s": sum(x["baseline"]["rollout_s"] for x in sp),
+            "priced_proposer_s": sum(x["spec"]["proposer_s"] for x in sp),
+            "priced_per_step": [x["speedup"] for x in sp],
+            "proposer_by_batch": proposer_share(traces, profile)}
+
+
+def _print_priced(results: list, cfg: RunConfig, profile) -> None:
+    """The priced table, the DAS-over-vLLM-suffix ratio and the proposer's share by batch size."""
+    from nemo_rl_specdec.bench import print_table
+
+    rows = [r for r in results if r.get("priced_speedup") is not None]
+    if not rows:
+        return
+    print(f"Priced on {profile.name} ({profile.hardware.name}): each configuration's replay (one text, every "
+          "step of it priced by the profile's cost model: target and proposer), against the same text without "
+          "drafts; deterministic for a given text")
+    print_table([{"config": r["name"], "replay tok/fwd": r.get("replay_tokens_per_target_forward"),
+                  "priced x": r["priced_speedup"], f"priced x s>={AFTER_STEP}": r["priced_speedup_after_3"],
+                  "rollout s": r["priced_rollout_s"], "proposer s": r["priced_proposer_s"],
+                  "wall x": r.get("wall_clock_ratio")} for r in rows],
+                ["config", "replay tok/fwd", "priced x", f"priced x s>={AFTER_STEP}", "rollout s", "proposer s",
+                 "wall x"])
+    main = f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"
+    by = {r["name"]: r for r in rows}
+    if main in by and "vllm_suffix" in by:
+        x = by["vllm_suffix"]["priced_rollout_s"] / by[main]["priced_rollout_s"]
+        print(f"default DAS ({main}) vs vLLM suffix, priced rollout time: {x:.3f}x (target >= 1.10: "
+              f"{'met' if x >= 1.10 else 'MISSED'})")
+    if main in by:
+        bins = by[main]["proposer_by_batch"]
+        print(f"{main} proposer (measured thread time) per batch-size bin: " + "; ".join(
+            f"{b['batch']}: {b['proposer_us_per_row']:.0f} us/row, {100 * b['share_of_step']:.1f}% of the priced step"
+            for b in bins) + f" (target <= 5%: {'met' if all(b['share_of_step'] <= 0.05 for b in bins) else 'MISSED'})")
 
 
 def _print(results: list, train_log: list) -> None:

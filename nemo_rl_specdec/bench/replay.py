@@ -16,12 +16,14 @@ each batch's rollouts after the batch (``specdec_rebuild``, version = batch inde
 """
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from nemo_rl_specdec.config import SpecDecConfig, to_vllm_speculative_config, validate_spec_block
+from nemo_rl_specdec.trace import Trace, TraceStep
 
 
 class _Batch:
@@ -63,8 +65,13 @@ def _ngram(vc, k: int):
 _VLLM_PROPOSERS = {"suffix": _suffix, "ngram": _ngram}
 
 
-def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1024, temperature: float = 1.0):
-    """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block."""
+def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1024, temperature: float = 1.0,
+                  step_cost=None):
+    """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block.
+
+    Without `step_cost` every draft is verified (there is no step time to judge by: `auto_disable`
+    off, `scheduling.budget: uniform`). With one (`sim/price.py` `PricedStepCost`), our proposers keep
+    the block's per-step rules and decide on its costs."""
     vc = _vllm_config(spec, max_model_len, max_num_seqs, temperature)
     method, k = vc.speculative_config.method, spec.num_speculative_tokens
     if method == "custom_class":
@@ -74,9 +81,12 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
         p = getattr(importlib.import_module(mod), cls)(vc)
         runner = SimpleNamespace(input_batch=None, requests={})
         block = spec.model_dump(mode="json")
-        block["auto_disable"] = False  # every draft verified: no step time to judge by
-        block["scheduling"] = {**block["scheduling"], "budget": "uniform"}
+        if step_cost is None:
+            block["auto_disable"] = False
+            block["scheduling"] = {**block["scheduling"], "budget": "uniform"}
         p.specdec_attach(runner, validate_spec_block(block))
+        if step_cost is not None:
+            p.judge.fit = step_cost
 
         def propose(batch: _Batch, sampled: list, requests: dict) -> list:
             runner.input_batch, runner.requests = batch, requests
@@ -89,6 +99,10 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
                 p.specdec_rebuild(rollouts, version)
 
         return propose, after_batch
+    if step_cost is not None:
+        raise ValueError(f"replay: drafter {spec.drafter!r} runs as vLLM's own {method!r} proposer, which has no "
+                         "per-step rule to price; allowed with a step cost: our proposers (suffix.backend: das, "
+                         "ngram.backend: specdec)")
     build = _VLLM_PROPOSERS.get(method)
     if build is None:
         raise ValueError(f"replay: drafter {spec.drafter!r} ({method}) is not a list drafter; allowed: those vLLM "
@@ -107,11 +121,16 @@ def _field(r: Any, name: str):
 
 
 def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len: int,
-           temperature: float = 1.0) -> list[dict]:
+           temperature: float = 1.0, *, max_num_seqs: Optional[int] = None, step_cost=None,
+           label: Optional[str] = None) -> list[dict]:
     """Per batch: generated tokens, target forwards (the prefill's included, as in ``metrics.py``),
     drafts, draft tokens and accepted tokens of ``spec``'s drafter on the recorded rollouts
-    (objects or dicts with ``problem_id``, ``prompt_token_ids``, ``token_ids``)."""
-    propose, after_batch = make_proposer(spec, max_model_len, max(len(b) for b in batches), temperature)
+    (objects or dicts with ``problem_id``, ``prompt_token_ids``, ``token_ids``), and ``trace``: the
+    batch's steps as a `Trace` (`trace.py`, drafter named `label`), with the proposer's thread time
+    per step. At most ``max_num_seqs`` requests decode at once (the rest wait, in order, as vLLM's
+    scheduler admits them); their prefill is one step of its own as they enter."""
+    cap = max(len(b) for b in batches)
+    propose, after_batch = make_proposer(spec, max_model_len, max_num_seqs or cap, temperature, step_cost)
     k = spec.num_speculative_tokens
     out = []
     for v, rollouts in enumerate(batches):
@@ -126,15 +145,29 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
         sampled = {rid: [int(text[rid][n[rid] - 1])] for rid in text}
         row = {"generated_tokens": sum(len(t) for *_, t in recs), "target_forwards": len(recs), "drafts": 0,
                "draft_tokens": 0, "accepted_tokens": 0, "accepted_draft_tokens": 0}
-        active = [rid for rid in text if n[rid] < end[rid]]
+        waiting = [rid for rid in text]
+        active: list = []
+        steps: list = []
         width = max(end.values()) + k + 1
-        while active:
+        limit = max_num_seqs or len(waiting)
+        while active or waiting:
+            entering = []
+            while waiting and len(active) + len(entering) < limit:
+                entering.append(waiting.pop(0))
+            if entering:   # their prefill samples each one's first token
+                steps.append(TraceStep([], [], [], [], sum(plen[r] for r in entering), None, len(entering)))
+                active += [r for r in entering if n[r] < end[r]]
+                if not active:
+                    continue
             batch = _Batch(active, [n[r] for r in active], [plen[r] for r in active], width)
             for i, rid in enumerate(active):
                 batch.token_ids_cpu[i, :n[rid]] = text[rid][:n[rid]]
+            cpu0 = time.thread_time()
             drafts = propose(batch, [sampled[r] for r in active], requests)
+            proposer_s = time.thread_time() - cpu0
+            step = TraceStep(list(active), [n[r] for r in active], [], [], 0, proposer_s)
             still = []
-            for rid, d in zip(active, drafts):
+            for rid, d in zip(active, drafts, strict=True):
                 d = list(d)[:k]
                 t, m = text[rid], n[rid]
                 a = 0
@@ -143,6 +176,8 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
                 made = min(a + 1, end[rid] - m)  # the tokens past the response's end are never sampled
                 sampled[rid] = [int(x) for x in t[m:m + made]]
                 n[rid] = m + made
+                step.drafts.append(len(d))
+                step.accepted.append(made - 1)
                 row["target_forwards"] += 1
                 row["drafts"] += bool(d)
                 row["draft_tokens"] += len(d)
@@ -150,9 +185,12 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
                 row["accepted_draft_tokens"] += a
                 if n[rid] < end[rid]:
                     still.append(rid)
+            steps.append(step)
             active = still
         after_batch([{"problem_id": pid, "prompt_token_ids": p, "token_ids": t, "policy_version": v}
                      for _, pid, p, t in recs], v + 1)
         row["tokens_per_target_forward"] = row["generated_tokens"] / row["target_forwards"]
+        row["trace"] = Trace("list", k, steps, label or spec.drafter, "replay",
+                             {"version": v, "requests": len(recs), "max_num_seqs": max_num_seqs})
         out.append(row)
     return out

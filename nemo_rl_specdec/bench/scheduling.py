@@ -59,6 +59,7 @@ from nemo_rl_specdec.bench import (
     MAX_PROMPTS,
     MAX_REPEATS,
     MAX_SAMPLES,
+    hardware_option,
     option,
     say,
     suite_options,
@@ -73,7 +74,7 @@ _say = functools.partial(say, "scheduling")
 def _options(cfg: RunConfig) -> dict:
     b = suite_options(cfg, "scheduling", known=("problems", "samples", "engines", "repeats", "draws", "placements",
                                                  "budgets", "max_num_seqs", "problem_seed", "temperature",
-                                                 "max_new_tokens"))
+                                                 "max_new_tokens", "hardware", "priced_draws", "engines_run"))
     cluster = cfg.setting("cluster.num_engines", 1, 1, MAX_ENGINES)
     seqs = b.get("max_num_seqs", [None, 8])
     seqs = seqs if isinstance(seqs, list) else [seqs]
@@ -95,7 +96,13 @@ def _options(cfg: RunConfig) -> dict:
         "max_new_tokens": option(b, "scheduling", "max_new_tokens", cfg.generation.max_new_tokens, 1,
                                  cfg.generation.vllm_cfg.max_model_len),
         "seed": seed,
+        "profile": hardware_option(b, "scheduling"),
+        "priced_draws": option(b, "scheduling", "priced_draws", PRICED_DRAWS, 1, MAX_REPEATS),
+        "engines_run": b.get("engines_run", True),
     }
+    if not isinstance(opts["engines_run"], bool):
+        raise ConfigError(f"bench.scheduling.engines_run: got {opts['engines_run']!r}; allowed: true (the engine "
+                          "groups after the priced placements) or false (the priced placements only)")
     bad = [p for p in opts["placements"] if p not in PLACEMENTS]
     if bad or "contiguous" not in opts["placements"]:
         raise ConfigError(f"bench.scheduling.placements: got {opts['placements']!r}; allowed: a subset of "
@@ -139,12 +146,118 @@ def with_max_num_seqs(cfg: RunConfig, max_num_seqs: Optional[int]) -> RunConfig:
     return validate_run_dict(raw, cfg.source)
 
 
+PRICED_DRAWS = 5  # problem draws of the priced placements
+PRICED_TARGET = 0.90  # length_aware's share of the clairvoyant cut in priced makespan
+
+
+def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
+    """Placement judged on the hardware profile: per problem draw, a no-spec engine rolls out a warm
+    batch (it trains the length predictor, frozen afterwards, and is the drafter's history) and the
+    measured batch; the measured batch is placed on the engines by each placement, and by
+    `clairvoyant` (length_aware on the lengths the batch really had); each engine's share is
+    replayed with the run file's drafter (`bench/replay.py`, the warm batch first, as the update
+    after the previous step gives it) and priced on the profile. The makespan is the slowest
+    engine's priced rollout, with speculation and without (the same text without drafts). Per
+    regime of `max_num_seqs` and draw: each placement's cut against contiguous, and length_aware's
+    share of the clairvoyant cut (draws with at least MIN_CEILING_PCT of headroom)."""
+    from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.demo import task
+    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.scheduling.placement import Request as Placed
+    from nemo_rl_specdec.scheduling.placement import place
+    from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+    from nemo_rl_specdec.sim.price import price
+
+    profile, E, T, max_new = opts["profile"], opts["engines"], opts["temperature"], opts["max_new_tokens"]
+    spec = cfg.spec
+    key = "das" if spec.drafter == "suffix" and spec.suffix.backend == "das" else (
+        "vllm_suffix" if spec.drafter == "suffix" else ("ngram" if spec.ngram.backend == "vllm" else "ngram_specdec"))
+    profile.drafter(key)
+    base = Engine(cfg, spec_enabled=False, name="priced_nospec", seed=opts["seed"])
+    texts = []
+    try:
+        tok = base.tokenizer()
+        for draw in range(opts["priced_draws"]):
+            problems = task.run_problems(cfg, opts["problems"], seed=opts["problem_seed"] + 1000 * draw)
+            reqs = task.run_requests(cfg, tok, problems, opts["samples"])
+            warm = base.generate(reqs, max_new_tokens=max_new, temperature=T).rollouts
+            texts.append((warm, base.generate(reqs, max_new_tokens=max_new, temperature=T).rollouts))
+    finally:
+        base.close()
+    rows = []
+    for seqs in opts["max_num_seqs"]:
+        for draw, (warm, batch) in enumerate(texts):
+            predictor = LengthPredictor(cold_start="mean", max_len=max_new)
+            predictor.observe_many((r.problem_id, len(r.token_ids)) for r in warm)
+            predicted = [Placed(i, r.problem_id, predictor.predict(r.problem_id)) for i, r in enumerate(batch)]
+            actual = [Placed(i, r.problem_id, float(len(r.token_ids))) for i, r in enumerate(batch)]
+            plans = {p: place(predicted, E, p) for p in opts["placements"]}
+            plans["clairvoyant"] = place(actual, E, "length_aware")
+            spans = {}
+            for name, plan in plans.items():
+                spec_s, base_s = [], []
+                for share in plan:
+                    if not share:
+                        continue
+                    trace = replay(spec, [warm, [batch[i] for i in share]], cfg.generation.vllm_cfg.max_model_len, T,
+                                   max_num_seqs=seqs, label=key)[1]["trace"]
+                    spec_s.append(price(trace, profile).rollout_s)
+                    base_s.append(price(trace.without_drafts(), profile).rollout_s)
+                spans[name] = (max(spec_s), max(base_s))
+            ref = spans["contiguous"]
+            cut = {n: 100.0 * (1 - v[0] / ref[0]) for n, v in spans.items()}
+            rows.append({"max_num_seqs": seqs, "draw": draw, "makespan_s": {n: v[0] for n, v in spans.items()},
+                         "nospec_makespan_s": {n: v[1] for n, v in spans.items()}, "cut_pct": cut,
+                         "priced_speedup": {n: v[1] / v[0] for n, v in spans.items()}})
+            _say(f"priced placement seqs={seqs} draw {draw}: cut vs contiguous " + ", ".join(
+                f"{n} {c:.1f}%" for n, c in cut.items() if n != "contiguous"))
+    return rows
+
+
+def _priced_summary(rows: list, opts: dict) -> list[dict]:
+    """Per regime: length_aware's (and round_robin's) mean share of the clairvoyant cut over the draws
+    with headroom, as suite results."""
+    out = []
+    for seqs in opts["max_num_seqs"]:
+        rs = [r for r in rows if r["max_num_seqs"] == seqs]
+        judged = [r for r in rs if r["cut_pct"]["clairvoyant"] >= MIN_CEILING_PCT]
+        for placement in [p for p in opts["placements"] if p != "contiguous"] + ["clairvoyant"]:
+            shares = [r["cut_pct"][placement] / r["cut_pct"]["clairvoyant"] for r in judged]
+            out.append({"name": f"priced/{placement}@seqs{seqs if seqs is not None else '_all'}", "drafter": None,
+                        "placement": placement, "max_num_seqs": seqs, "hardware": opts["profile"].name,
+                        "share_of_clairvoyant_cut": float(statistics.fmean(shares)) if shares else None,
+                        "share_per_draw": shares, "draws": len(rs), "draws_judged": len(judged),
+                        "cut_pct_per_draw": [r["cut_pct"][placement] for r in rs],
+                        "priced_speedup_per_draw": [r["priced_speedup"][placement] for r in rs],
+                        "tokens_per_target_forward": None, "acceptance_rate": None, "wall_clock_ratio": None,
+                        "per_step": rs if placement == "clairvoyant" else []})
+    return out
+
+
+def _print_priced(summary: list, opts: dict) -> None:
+    print(f"Priced placement on {opts['profile'].name} ({opts['profile'].hardware.name}), {opts['priced_draws']} "
+          f"problem draws, {opts['engines']} engines: makespan = the slowest engine's priced rollout with the run "
+          "file's drafter; cut vs contiguous; share of the clairvoyant cut (draws with >= "
+          f"{MIN_CEILING_PCT:.0f}% headroom)")
+    for r in summary:
+        share = r["share_of_clairvoyant_cut"]
+        verdict = "" if r["placement"] != "length_aware" else (
+            f" (target >= {PRICED_TARGET:.0%}: {'met' if share is not None and share >= PRICED_TARGET else 'MISSED'})")
+        print(f"  {r['name']}: cut per draw " + ", ".join(f"{c:.1f}%" for c in r["cut_pct_per_draw"])
+              + (f"; {100 * share:.0f}% of the clairvoyant cut over {r['draws_judged']} draws" if share is not None
+                 else "; no draw with headroom") + verdict)
+
+
 def run(cfg: RunConfig, args: Any) -> list[dict]:
     import ray
 
     from nemo_rl_specdec.engine.group import budget_route
 
     opts = _options(cfg)
+    priced_summary = _priced_summary(priced_placement(cfg, opts), opts)
+    _print_priced(priced_summary, opts)
+    if not opts["engines_run"]:
+        return priced_summary
     E = opts["engines"]
     spec = cfg.spec
     _say(f"{opts['problems']} problems x {opts['samples']} samples on {E} engines, drafter={spec.drafter} "
@@ -165,6 +278,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                      **ceiling_share(runs, draws, _key(r), bound["clairvoyant_cut_pct_by_draw"])}
                     for r in _summarize(runs, opts, spec, E, warm_n, seqs)]
     _print(results, opts)
+    _print_priced(priced_summary, opts)
+    results += priced_summary
     for seqs, b in bounds:
         tag = seqs if seqs is not None else "default"
         print(f"Simulated placement bound @max_num_seqs={tag}: the "

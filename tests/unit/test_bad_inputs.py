@@ -13,6 +13,9 @@ from nemo_rl_specdec.resources import config_path
 TINY = str(config_path("tiny_cpu.yaml"))
 B = "policy.generation.speculative_decoding"
 
+TRACE = {"format": "nemo-rl-specdec/trace", "version": 1, "drafter": "das", "kind": "list", "k": 3,
+         "source": "replay", "steps": [{"rids": ["a"], "ctx": [10], "drafts": [3], "accepted": [1],
+                                        "proposer_s": 1e-4}]}
 DEEP = "a: ${k0}\n" + "".join(f"k{i}: ${{k{i + 1}}}\n" for i in range(3000)) + "k3000: 1\n"
 FILES = {  # name -> bytes, written into the case's working directory
     "binary.yaml": b"\x00\x01\xff\xfe policy:",
@@ -36,6 +39,11 @@ FILES = {  # name -> bytes, written into the case's working directory
     "prompts_both.jsonl": b'{"prompt": "x", "prompt_token_ids": [3]}\n',
     "prompts_pid.jsonl": b'{"prompt": "x", "problem_id": {"a": 1}}\n',
     "prompts_ok.jsonl": b'{"prompt": "1+1="}\n',
+    "trace_v0.json": json.dumps({**TRACE, "version": 0}).encode(),
+    "trace_ok.json": json.dumps(TRACE).encode(),
+    "trace_noproposer.json": json.dumps({**TRACE, "steps": [{**TRACE["steps"][0], "proposer_s": None}]}).encode(),
+    "trace_model.json": json.dumps({**TRACE, "kind": "model", "drafter": "medusa"}).encode(),
+    "bench_noreplay.json": json.dumps({"suite": "drafters", "results": [{"name": "x"}]}).encode(),
 }
 (DIR,) = ("adir",)
 
@@ -125,8 +133,22 @@ CASES = [
     (["bench", TINY, "--suite", "lockstep", "bench.lockstep.steps=3"], "bench.lockstep.steps"),
     (["bench", TINY, "--suite", "costmodel", "bench.costmodel.batch_sizes=[1]"], "bench.costmodel.batch_sizes"),
     (["bench", TINY, "--suite", "parametric", "bench.parametric.steps=true"], "bench.parametric.steps"),
+    (["bench", TINY, "--suite", "das", "bench.das.hardware=a100"], "bench.das.hardware"),
+    (["bench", TINY, "--suite", "das", "bench.das.engines=maybe"], "bench.das.engines"),
+    (["bench", TINY, "--suite", "adaptive", "bench.adaptive.priced_ks=[0]"], "bench.adaptive.priced_ks"),
+    (["bench", TINY, "--suite", "scheduling", "bench.scheduling.priced_draws=0"], "bench.scheduling.priced_draws"),
     (["bench", TINY, "--json", DIR], "--json"),
     (["bench", TINY, "--json", "afile/r.json"], "--json"),
+    # price
+    (["price", "trace_v0.json"], "version"),
+    (["price", "missing.json"], "missing.json"),
+    (["price", "afile"], "afile: not JSON"),
+    (["price", "trace_noproposer.json"], "steps[0].proposer_s"),
+    (["price", "trace_model.json"], "drafters.medusa"),
+    (["price", "bench_noreplay.json"], "without replay traces"),
+    (["price", "trace_ok.json", "--hardware", "a100"], "--hardware"),
+    (["price", "trace_ok.json", "--baseline", "trace_v0.json"], "version"),
+    (["price", "trace_ok.json", "--json", DIR], "--json"),
 ]
 
 

@@ -16,6 +16,7 @@ FLAGS = {
     "demo": {"--out"},
     "bench": {"--json", "--suite"},
     "simulate": {"--json", "--plots", "--all", "--crosscheck"},
+    "price": {"--hardware", "--baseline", "--drafter", "--rows", "--fit-proposer", "--json"},
 }
 
 

@@ -46,7 +46,7 @@ def test_throughput_ratio_leaves_out_the_sampled_length():
     c = {"name": "x", "drafter": "suffix", "backend": "vllm", "window_steps": None, "scope": None, "k": 4}
     # step 0: the spec engine sampled twice the tokens in twice the time (same speed); step 3: 1.5x faster
     rows = [_step(0, 200, 100, 2.0, 1.0), _step(3, 150, 100, 1.0, 1.0)]
-    out = das._summarize(c, rows)
+    out = das._summarize(c, rows, None)  # no replay: nothing to price
     assert out["wall_clock_ratio"] == 2.0 / 3.0  # the wall clock counts the longer samples against speculation
     assert out["throughput_ratio"] == (350 / 3.0) / (200 / 2.0)
     assert out["throughput_ratio_after_3"] == 1.5 and out["wall_clock_ratio_after_3"] == 1.0

@@ -63,7 +63,34 @@ def test_every_draft_is_verified_in_a_replay_whatever_the_run_files_rule():
     rows = _rows()
     a = replay(rows["das_adaptive"], _batches(), max_model_len=256)
     b = replay(rows["das_auto_disable_off"], _batches(), max_model_len=256)
-    assert a == b and a[1]["draft_tokens"] > 0
+    assert _figures(a) == _figures(b) and a[1]["draft_tokens"] > 0
+
+
+def _figures(rows):
+    """A replay's rows without the proposer's measured time (the one figure that is not replayed)."""
+    return [({k: v for k, v in r.items() if k != "trace"},
+             [(s.rids, s.ctx, s.drafts, s.accepted, s.prefill_tokens) for s in r["trace"].steps]) for r in rows]
+
+
+def test_the_trace_is_the_replay_step_by_step():
+    rows = _rows()
+    for row in replay(rows["das_auto_disable_off"], _batches(), max_model_len=256):
+        t = row["trace"]
+        assert t.kind == "list" and t.source == "replay" and t.k == rows["das_auto_disable_off"].num_speculative_tokens
+        assert t.generated_tokens == row["generated_tokens"]
+        assert sum(len(s.rids) for s in t.steps) + t.meta["requests"] == row["target_forwards"]
+        assert sum(s.prefill_requests for s in t.steps) == t.meta["requests"]
+        assert sum(sum(s.drafts) for s in t.steps) == row["draft_tokens"]
+        assert all(s.proposer_s is not None and s.proposer_s >= 0 for s in t.steps if s.rids)
+
+
+def test_at_most_max_num_seqs_requests_decode_at_once():
+    rows = _rows()
+    (free,) = replay(rows["das_auto_disable_off"], _batches(1, samples=5), max_model_len=256)
+    (capped,) = replay(rows["das_auto_disable_off"], _batches(1, samples=5), max_model_len=256, max_num_seqs=2)
+    assert max(len(s.rids) for s in capped["trace"].steps) == 2 < max(len(s.rids) for s in free["trace"].steps)
+    assert capped["generated_tokens"] == free["generated_tokens"]
+    assert sum(s.prefill_tokens for s in capped["trace"].steps) == sum(s.prefill_tokens for s in free["trace"].steps)
 
 
 def test_a_model_drafter_is_refused_with_its_name():

@@ -1,0 +1,102 @@
+"""Hardware profiles: the one cost model a rollout is priced with, for one GPU and one target model.
+
+A profile (``configs/hardware/<name>.yaml``, named by ``--hardware NAME``) holds:
+
+- ``model``: the target's shape (bytes a forward reads, FLOPs per token, KV bytes per token,
+  attention FLOPs per context token; ``sim/costmodel.py`` ``ModelShape``);
+- ``hardware``: the scenario ``hardware`` block of the same GPU, normally ``roofline.measured``:
+  the roofline fitted on timed target forwards (``tools/time_forward.py``, the device check);
+- ``drafters``: one scenario ``drafter`` block per drafter the profile prices, under the label a
+  trace names it by (``das``, ``vllm_suffix``, ``ngram``, ``eagle3``, ...; ``name`` is the drafter). A model or block
+  drafter gives its ``model`` shape; its fixed time per draft forward, ``fwd_base_s``, is the
+  target's fitted fixed time per layer times the draft's layers unless the entry sets it (the
+  device check timed the drafts' forwards beside the target's: the fixed time of a forward grows
+  with its layers, about 0.16 ms a layer on the H100 and the H200). A history drafter (``suffix``,
+  ``ngram``) gives its proposer's host CPU time: ``step_overhead_s`` per decode step and
+  ``per_request_s`` per request in it, fitted on traces' measured proposer times
+  (``nemo-rl-specdec price TRACE --fit-proposer``) on the host named by ``host``.
+
+`HardwareProfile.cost_model(drafter)` is the simulator's `CostModel` for that drafter on this GPU;
+`sim/price.py` prices traces with it and the benches replay the per-step rules under it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pydantic import Field, ValidationError, model_validator
+
+from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.resources import config_lookups, config_path
+from nemo_rl_specdec.sim.costmodel import CostModel
+from nemo_rl_specdec.sim.scenario import Drafter, Hardware, ModelSpec, ScenarioError, _format, _Strict
+
+HARDWARE_CONFIGS = config_path("hardware")
+
+
+class HardwareProfile(_Strict):
+    name: str
+    description: str = ""
+    host: str = Field("", description="the CPU the history proposers' constants were measured on")
+    model: ModelSpec
+    hardware: Hardware
+    drafters: dict[str, Drafter] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _priced(self):
+        if self.hardware.roofline is None:
+            raise ValueError("hardware.roofline: a profile prices forwards on a roofline (measured, or data-sheet "
+                             "constants); the linear form has no draft side")
+        for name, d in self.drafters.items():
+            if d.kind in ("model", "block") and d.model is None:
+                raise ValueError(f"drafters.{name}.model: a {d.kind} drafter's forward is priced from its shape")
+            if d.kind in ("model", "block") and "fwd_base_s" not in d.model_fields_set:
+                if not (d.model.num_layers and self.model.num_layers):
+                    raise ValueError(f"drafters.{name}.model.num_layers: needed (with model.num_layers) to price its "
+                                     "fixed time per forward by layers, or give drafters.{name}.fwd_base_s")
+                d.fwd_base_s = self.layer_overhead_s * d.model.num_layers
+        return self
+
+    @property
+    def layer_overhead_s(self) -> float:
+        """The target forward's fitted fixed time per layer."""
+        return float(self.hardware.roofline.overhead_s) / max(1, self.model.num_layers)
+
+    def drafter(self, name: str) -> Drafter:
+        if name not in self.drafters:
+            raise ScenarioError(f"{self.name}: drafters.{name}: not in this hardware profile; it prices "
+                                f"{sorted(self.drafters)}")
+        return self.drafters[name]
+
+    def cost_model(self, drafter: Optional[str] = None) -> CostModel:
+        """The step cost of `drafter` (None: no speculation) on this GPU."""
+        roof = self.hardware.roofline_model()
+        target = self.model.shape()
+        if drafter is None:
+            return CostModel(roofline=roof, target=target)
+        d = self.drafter(drafter)
+        return CostModel(draft_fwd_base=d.fwd_base_s, draft_tok=d.tok_s, draft_ctx=d.ctx_s,
+                         draft_per_request=d.per_request_s, spec_step_overhead=d.step_overhead_s, draft_kind=d.kind,
+                         roofline=roof, target=target, draft_shape=d.model.shape() if d.model else None)
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in HARDWARE_CONFIGS.glob("*.yaml")) if HARDWARE_CONFIGS.is_dir() else []
+
+
+def load_profile(name: str) -> HardwareProfile:
+    """A profile by name (``configs/hardware/<name>.yaml``) or path; errors name the key."""
+    path = next((p for p in [Path(name), *config_lookups(f"{name}.yaml", "hardware"),
+                             *config_lookups(name, "hardware")] if p.is_file()), None)
+    if path is None:
+        raise ScenarioError(f"--hardware: {name!r}; allowed: {profile_names()} or a profile file's path")
+    raw = yaml_loader.load(path, error=ScenarioError, what="hardware profile")
+    try:
+        return HardwareProfile.model_validate(raw)
+    except ValidationError as e:
+        raise ScenarioError(f"{path}: " + "; ".join(_format(e))) from None
+    except ValueError as e:
+        raise ScenarioError(f"{path}: {e}") from None
+
+
+__all__ = ["HARDWARE_CONFIGS", "HardwareProfile", "load_profile", "profile_names"]

@@ -1,0 +1,214 @@
+"""A rollout's time on a GPU, from its trace and a hardware profile.
+
+    nemo-rl-specdec price TRACE.json --hardware h100_qwen3_8b [--baseline NOSPEC.json] [--json OUT]
+
+Every step of the trace (`trace.py`) is priced by the profile's cost model (`sim/hardware.py`,
+the simulator's `CostModel`): the target forward over the step's verified and prefilled tokens
+and its requests' contexts on the measured roofline; the drafter's forwards (k sequential ones for
+a model drafter, one over every draft position for a block drafter) on the same roofline from the
+draft's shape; and for a history drafter its proposer's host time, ``step_overhead_s +
+per_request_s * requests`` for every decode step (vLLM runs the proposer for every running request
+of every step, on the step's critical path), from the profile's constants. The rollout time is the
+sum over steps, so the same trace and profile always give the same figure.
+
+The baseline is ``--baseline`` (a no-speculation trace of the same requests), or for a replay
+trace its own run without drafts (`Trace.without_drafts`). The trace's measured proposer time is
+printed beside the profile's (the profile's constants are fitted on such traces:
+``--fit-proposer`` prints the fit).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from nemo_rl_specdec.sim.hardware import HardwareProfile
+from nemo_rl_specdec.trace import Trace, TraceError
+
+OUTLIER_MADS = 3.0
+# batch-size bins of the proposer-share report: [lo, hi)
+BINS = ((1, 2), (2, 5), (5, 17), (17, 65), (65, 257), (257, 10 ** 9))
+
+
+@dataclass
+class Priced:
+    hardware: str
+    drafter: Optional[str]
+    rollout_s: float
+    target_s: float                 # what the same steps' target forwards cost
+    draft_s: float                  # draft forwards (model and block drafters)
+    proposer_s: float               # history proposers' host time (profile constants)
+    measured_proposer_s: Optional[float]
+    steps: int                      # target forwards (engine steps)
+    generated_tokens: int
+    tokens_per_forward: float       # per request per forward, as metrics.py counts them
+    step_s: list = field(default_factory=list, repr=False)
+    rows: list = field(default_factory=list, repr=False)
+
+    def as_dict(self, steps: bool = False) -> dict:
+        d = asdict(self)
+        if not steps:
+            d.pop("step_s")
+            d.pop("rows")
+        return d
+
+
+def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: Optional[str]) -> Optional[str]:
+    if trace.kind == "none":
+        return None
+    key = drafter or trace.drafter
+    if key is None:
+        raise TraceError("drafter: the trace names no drafter; name the profile's entry (price --drafter NAME)")
+    d = profile.drafter(key)
+    if d.kind != trace.kind:
+        raise TraceError(f"kind: the trace's drafter is a {trace.kind} drafter; {profile.name}'s {key!r} is a "
+                         f"{d.kind} drafter")
+    if d.kind == "list" and not (d.per_request_s or d.step_overhead_s):
+        raise TraceError(f"{profile.name}: drafters.{key}: a history drafter's entry needs its proposer's host time "
+                         "(per_request_s, step_overhead_s; fit them with price --fit-proposer)")
+    return key
+
+
+def price(trace: Trace, profile: HardwareProfile, drafter: Optional[str] = None) -> Priced:
+    """The trace's rollout time on `profile` (module doc)."""
+    key = _drafter_key(trace, profile, drafter)
+    target = profile.cost_model(None)
+    cm = profile.cost_model(key) if key is not None else target
+    d = profile.drafter(key) if key is not None else None
+    per_step = d.step_overhead_s if d is not None and d.kind == "list" else 0.0
+    per_row = d.per_request_s if d is not None and d.kind == "list" else 0.0
+    if d is not None and d.kind == "list":   # the proposer is priced below, for every decode step
+        from dataclasses import replace
+
+        cm = replace(cm, draft_per_request=0.0, spec_step_overhead=0.0)
+    total = t_target = t_draft = t_prop = 0.0
+    step_s, rows = [], []
+    for s in trace.steps:
+        n = len(s.rids)
+        ctx = np.asarray(s.ctx, dtype=float)
+        drafts = np.asarray(s.drafts, dtype=float)
+        zero = np.zeros(n)
+        tt = target.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
+        t_all = cm.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
+        tp = (per_step + per_row * n) if n else 0.0
+        t_target += tt
+        t_draft += t_all - tt
+        t_prop += tp
+        step_s.append(t_all + tp)
+        rows.append(n)
+        total += t_all + tp
+    return Priced(profile.name, key, total, t_target, t_draft, t_prop, trace.proposer_s, trace.target_forwards,
+                  trace.generated_tokens, trace.tokens_per_forward(), step_s, rows)
+
+
+def speedup(spec: Trace, profile: HardwareProfile, baseline: Optional[Trace] = None,
+            drafter: Optional[str] = None) -> dict:
+    """Priced rollout time of `spec` and of its baseline, and the ratio baseline / spec."""
+    base = baseline if baseline is not None else spec.without_drafts()
+    if base.kind != "none":
+        raise TraceError(f"baseline kind: {base.kind!r}; allowed: 'none' (a trace without speculation)")
+    if base.generated_tokens != spec.generated_tokens:
+        raise TraceError(f"baseline: {base.generated_tokens} generated tokens against the trace's "
+                         f"{spec.generated_tokens}; allowed: a rollout of the same requests to the same lengths")
+    p_spec, p_base = price(spec, profile, drafter), price(base, profile)
+    return {"hardware": profile.name, "drafter": p_spec.drafter, "baseline": p_base.as_dict(),
+            "spec": p_spec.as_dict(), "speedup": p_base.rollout_s / p_spec.rollout_s}
+
+
+def proposer_share(traces: list, profile: HardwareProfile, drafter: Optional[str] = None) -> list[dict]:
+    """Per batch-size bin over the history drafter's `traces`: the measured proposer time per
+    request-step (µs) and its share of the priced step, the target's and drafts' forwards on
+    `profile` plus the measured proposer time."""
+    acc: dict = {}
+    for t in traces:
+        if t.kind != "list":
+            raise TraceError(f"kind: {t.kind!r}; a proposer share is a history drafter's (kind 'list')")
+        p = price(t, profile, drafter)
+        for i, s in enumerate(t.steps):
+            n = len(s.rids)
+            if not n:
+                continue
+            b = next(j for j, (lo, hi) in enumerate(BINS) if lo <= n < hi)
+            a = acc.setdefault(b, [0, 0, 0.0, 0.0])
+            a[0] += 1
+            a[1] += n
+            a[2] += s.proposer_s or 0.0
+            a[3] += p.step_s[i] - profile_proposer(profile, p.drafter, n)
+    out = []
+    for b in sorted(acc):
+        lo, hi = BINS[b]
+        steps, rows, meas, device = acc[b]
+        out.append({"batch": f"{lo}-{hi - 1}" if hi < 10 ** 9 else f">={lo}", "steps": steps, "rows": rows,
+                    "proposer_us_per_row": 1e6 * meas / rows,
+                    "share_of_step": meas / (device + meas) if device + meas > 0 else 0.0})
+    return out
+
+
+def profile_proposer(profile: HardwareProfile, key: Optional[str], rows: int) -> float:
+    d = profile.drafter(key) if key is not None else None
+    if d is None or d.kind != "list" or rows == 0:
+        return 0.0
+    return d.step_overhead_s + d.per_request_s * rows
+
+
+def fit_proposer(traces: list) -> dict:
+    """(step_overhead_s, per_request_s) of a history proposer: non-negative least squares of its
+    measured time per decode step on the step's requests, over the traces' steps, refitted once
+    without the steps further than `OUTLIER_MADS` robust deviations out."""
+    from scipy.optimize import nnls
+
+    x, y = [], []
+    for t in traces:
+        if t.kind != "list":
+            raise TraceError(f"kind: {t.kind!r}; the proposer fit reads history drafters' traces")
+        for s in t.steps:
+            if s.rids:
+                x.append([1.0, float(len(s.rids))])
+                y.append(float(s.proposer_s))
+    if len(y) < 2 or len({r[1] for r in x}) < 2:
+        raise TraceError("steps: need decode steps of at least two batch sizes to fit the proposer")
+    X, Y = np.asarray(x), np.asarray(y)
+    coef, _ = nnls(X, Y)
+    res = Y - X @ coef
+    dev = np.abs(res - np.median(res))
+    keep = dev <= OUTLIER_MADS * 1.4826 * np.median(dev)   # a first call's JIT compile, a descheduled thread
+    if np.median(dev) > 0 and keep.sum() >= 2 and len({r[0] for r in X[keep][:, 1:]}) >= 2 and not keep.all():
+        X, Y = X[keep], Y[keep]
+        coef, _ = nnls(X, Y)
+    pred = X @ coef
+    ss = float(((Y - Y.mean()) ** 2).sum())
+    return {"step_overhead_s": float(coef[0]), "per_request_s": float(coef[1]), "steps": len(y), "kept": len(Y),
+            "r2": 1.0 - float(((Y - pred) ** 2).sum()) / ss if ss > 0 else 1.0}
+
+
+class PricedStepCost:
+    """The per-step rules' step cost (`drafters/adaptive.py` reads ``split``) from a hardware profile
+    instead of the engine's online fit, so a replayed rule decides on the costs of that GPU: ``t0``
+    is the step's target forward without drafts plus the proposer's host time, ``c_tok`` the cost
+    of one more verified draft token, the secant from no drafts to `k` drafts per request (the
+    roofline turns compute-bound as drafts grow, so the first draft token alone would understate
+    long drafts)."""
+
+    def __init__(self, profile: HardwareProfile, drafter: str, k: int):
+        self.profile, self.drafter, self.k = profile, drafter, max(1, int(k))
+        self.target = profile.cost_model(None)
+        self.samples = 0
+        self.coef = True   # always ready: nothing to fit
+        self.r2 = None
+
+    def split(self, requests: int, ctx_sum: int) -> tuple[float, float]:
+        b = max(1, int(requests))
+        ctx = ctx_sum / b
+        t0 = self.target.mean_step_time(b, 0.0, ctx)
+        tk = self.target.mean_step_time(b, float(self.k), ctx)
+        return t0 + profile_proposer(self.profile, self.drafter, b), (tk - t0) / (self.k * b)
+
+    def add(self, *args, **kwargs) -> None:
+        self.samples += 1   # a step the rule saw; the profile's costs do not change with it
+
+    def metrics(self) -> dict:
+        return {"samples": self.samples, "priced_on": self.profile.name}
+
+
+__all__ = ["BINS", "Priced", "PricedStepCost", "fit_proposer", "price", "proposer_share", "speedup"]

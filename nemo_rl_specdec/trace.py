@@ -1,0 +1,218 @@
+"""What an engine did, step by step: the record a rollout is priced from (`sim/price.py`).
+
+One `TraceStep` per target forward: the decode requests in it (their ids, their contexts before
+the step, the draft tokens each verified and how many of them the target accepted), the prompt
+tokens prefilled in it (and the requests whose prefill ended there, each sampling its first token), and the CPU time (thread time) the proposer spent drafting for it. A
+`Trace` is the steps of one rollout with the drafter that made them:
+
+- ``kind``: ``none`` (no speculation), ``list`` (history drafters: DAS, vLLM suffix, n-gram; drafts
+  looked up on the host, so every step must carry its proposer time), ``model`` (k sequential draft
+  forwards: eagle3, mtp, draft_model) or ``block`` (one forward over all draft positions: dflash);
+- ``source``: ``replay`` (`bench/replay.py`: a drafter proposing on recorded rollouts, every running
+  request once per target forward) or ``engine`` (a live engine's steps).
+
+A replay trace determines its no-speculation twin (`without_drafts`): the same requests from the
+same contexts, one token per forward. JSON on disk (`save`, `load`); a trace of another format
+version, or a field of the wrong shape, is refused naming the field.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+FORMAT = "nemo-rl-specdec/trace"
+VERSION = 1
+KINDS = ("none", "list", "model", "block")
+SOURCES = ("replay", "engine")
+
+
+class TraceError(ValueError):
+    """A malformed trace; the message names the field (``steps[i].drafts``) and what is allowed."""
+
+
+@dataclass
+class TraceStep:
+    rids: list = field(default_factory=list)      # decode requests in the step
+    ctx: list = field(default_factory=list)       # their tokens before the step (prompt + generated)
+    drafts: list = field(default_factory=list)    # draft tokens each verified
+    accepted: list = field(default_factory=list)  # of those, accepted (so 1 + accepted tokens committed)
+    prefill_tokens: int = 0                       # prompt tokens prefilled in the same forward
+    proposer_s: Optional[float] = None            # proposer thread time spent on this step's drafts
+    prefill_requests: int = 0                     # requests whose prefill ended here (each samples a token)
+
+    @property
+    def committed(self) -> int:
+        return len(self.rids) + sum(self.accepted) + self.prefill_requests
+
+
+@dataclass
+class Trace:
+    kind: str
+    k: int
+    steps: list
+    drafter: Optional[str] = None
+    source: str = "replay"
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.check()
+
+    # ---------------------------------------------------------------- figures
+    @property
+    def generated_tokens(self) -> int:
+        return sum(s.committed for s in self.steps)
+
+    @property
+    def target_forwards(self) -> int:
+        return len(self.steps)
+
+    @property
+    def proposer_s(self) -> Optional[float]:
+        times = [s.proposer_s for s in self.steps if s.proposer_s is not None]
+        return sum(times) if times else None
+
+    def tokens_per_forward(self) -> float:
+        """Generated tokens per request per target forward, a request's prefill counted as one (as
+        `metrics.py` counts them)."""
+        rows = sum(len(s.rids) + s.prefill_requests for s in self.steps)
+        return self.generated_tokens / rows if rows else 0.0
+
+    def without_drafts(self) -> "Trace":
+        """The same requests rolled out without speculation (replay traces): each request enters at the
+        step it first decoded in, from the context it had then, and commits one token per forward
+        until it has committed what it did here; the prefill steps stay as they are."""
+        if self.source != "replay":
+            raise TraceError(f"source: {self.source!r}; only a replay trace determines its run without drafts "
+                             "(an engine's is the no-spec engine's own trace)")
+        first: dict = {}   # rid -> (step index, context then)
+        total: dict = {}
+        prefill_at = {}
+        for i, s in enumerate(self.steps):
+            if s.prefill_tokens or s.prefill_requests:
+                prefill_at[i] = (s.prefill_tokens, s.prefill_requests)
+            for rid, c, a in zip(s.rids, s.ctx, s.accepted, strict=True):
+                first.setdefault(rid, (i, c))
+                total[rid] = total.get(rid, 0) + 1 + a
+        steps, live, j = [], {}, 0   # live: rid -> [context, tokens left]
+        entering = sorted(first.items(), key=lambda kv: kv[1][0])
+        i = 0
+        while i < len(self.steps) or live or j < len(entering):
+            while j < len(entering) and entering[j][1][0] <= i:
+                rid, (_, c) = entering[j]
+                live[rid] = [c, total[rid]]
+                j += 1
+            rids = list(live)
+            pt, pr = prefill_at.get(i, (0, 0))
+            steps.append(TraceStep(rids, [live[r][0] for r in rids], [0] * len(rids), [0] * len(rids), pt, None, pr))
+            for r in rids:
+                live[r][0] += 1
+                live[r][1] -= 1
+                if live[r][1] == 0:
+                    del live[r]
+            i += 1
+        return Trace("none", 0, steps, None, "replay", {**self.meta, "without_drafts_of": self.drafter})
+
+    # ---------------------------------------------------------------- validation
+    def check(self) -> None:
+        if self.kind not in KINDS:
+            raise TraceError(f"kind: {self.kind!r}; allowed: {list(KINDS)}")
+        if self.source not in SOURCES:
+            raise TraceError(f"source: {self.source!r}; allowed: {list(SOURCES)}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0 or (self.kind == "none") != (self.k == 0):
+            raise TraceError(f"k: {self.k!r}; allowed: 0 with kind 'none', else an integer >= 1")
+        if not isinstance(self.steps, list):
+            raise TraceError(f"steps: {type(self.steps).__name__}; allowed: a list of steps")
+        for i, s in enumerate(self.steps):
+            where = f"steps[{i}]"
+            n = len(s.rids)
+            for name in ("ctx", "drafts", "accepted"):
+                v = getattr(s, name)
+                if not isinstance(v, list) or len(v) != n:
+                    raise TraceError(f"{where}.{name}: {_short(v)}; allowed: one integer per request in rids ({n})")
+                if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
+                    raise TraceError(f"{where}.{name}: {_short(v)}; allowed: integers >= 0")
+            if len(set(s.rids)) != n:
+                raise TraceError(f"{where}.rids: a request appears twice in one step")
+            bad = [j for j in range(n) if s.accepted[j] > s.drafts[j] or s.drafts[j] > self.k]
+            if bad:
+                j = bad[0]
+                raise TraceError(f"{where}: request {s.rids[j]!r} verified {s.drafts[j]} drafts and accepted "
+                                 f"{s.accepted[j]}; allowed: accepted <= drafts <= k ({self.k})")
+            for name in ("prefill_tokens", "prefill_requests"):
+                v = getattr(s, name)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise TraceError(f"{where}.{name}: {v!r}; allowed: an integer >= 0")
+            if not n and not s.prefill_tokens:
+                raise TraceError(f"{where}: neither a decode request nor a prefill token (an empty step)")
+            if s.proposer_s is not None and not (isinstance(s.proposer_s, (int, float)) and 0 <= s.proposer_s < 1e4):
+                raise TraceError(f"{where}.proposer_s: {s.proposer_s!r}; allowed: seconds >= 0, or null")
+            if self.kind == "list" and n and s.proposer_s is None:
+                raise TraceError(f"{where}.proposer_s: missing; a history drafter's trace ({self.drafter}) needs the "
+                                 "proposer's CPU time of every decode step (it is on the step's critical path)")
+
+    # ---------------------------------------------------------------- files
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "drafter": self.drafter, "kind": self.kind, "k": self.k,
+                "source": self.source, "meta": self.meta,
+                "steps": [{"rids": s.rids, "ctx": s.ctx, "drafts": s.drafts, "accepted": s.accepted,
+                           "prefill_tokens": s.prefill_tokens, "prefill_requests": s.prefill_requests,
+                           "proposer_s": s.proposer_s} for s in self.steps]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Trace":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise TraceError(f"format: {_short(d.get('format') if isinstance(d, dict) else d)}; allowed: {FORMAT!r} "
+                             "(a file written by a bench or `Trace.save`)")
+        if d.get("version") != VERSION:
+            raise TraceError(f"version: {d.get('version')!r}; this package reads trace version {VERSION} (re-record "
+                             "the trace with this version's bench)")
+        unknown = sorted(set(d) - {"format", "version", "drafter", "kind", "k", "source", "meta", "steps"})
+        if unknown:
+            raise TraceError(f"{unknown[0]}: not a trace field; allowed: drafter, kind, k, source, meta, steps")
+        raw = d.get("steps")
+        if not isinstance(raw, list):
+            raise TraceError(f"steps: {_short(raw)}; allowed: a list of steps")
+        keys = {"rids", "ctx", "drafts", "accepted", "prefill_tokens", "prefill_requests", "proposer_s"}
+        steps = []
+        for i, s in enumerate(raw):
+            if not isinstance(s, dict) or set(s) - keys:
+                extra = sorted(set(s) - keys) if isinstance(s, dict) else s
+                raise TraceError(f"steps[{i}]: {_short(extra)}; allowed keys: {sorted(keys)}")
+            rids = s.get("rids", [])
+            if not isinstance(rids, list):
+                raise TraceError(f"steps[{i}].rids: {_short(rids)}; allowed: a list of request ids")
+            steps.append(TraceStep(list(rids), s.get("ctx", []), s.get("drafts", []), s.get("accepted", []),
+                                   s.get("prefill_tokens", 0), s.get("proposer_s"), s.get("prefill_requests", 0)))
+        meta = d.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise TraceError(f"meta: {_short(meta)}; allowed: a mapping")
+        return cls(d.get("kind"), d.get("k"), steps, d.get("drafter"), d.get("source", "replay"), meta)
+
+    def save(self, path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), separators=(",", ":")), encoding="utf-8")
+        return p
+
+    @classmethod
+    def load(cls, path) -> "Trace":
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise TraceError(f"{path}: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+        try:
+            return cls.from_dict(d)
+        except TraceError as e:
+            raise TraceError(f"{path}: {e}") from None
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+__all__ = ["FORMAT", "KINDS", "SOURCES", "VERSION", "Trace", "TraceError", "TraceStep"]

@@ -1,0 +1,149 @@
+"""sim/price.py and sim/hardware.py: traces priced by a GPU's measured cost model, deterministically,
+with the draft side measured on a GPU and the history proposers' host time in the step."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_specdec.schema import ConfigError
+from nemo_rl_specdec.sim.costmodel import ModelShape
+from nemo_rl_specdec.sim.hardware import HardwareProfile, load_profile
+from nemo_rl_specdec.sim.price import PricedStepCost, fit_proposer, price, speedup
+from nemo_rl_specdec.trace import Trace, TraceError, TraceStep
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _trace(requests: int, k: int, accepted: int, ctx: int = 1000, length: int = 60, kind: str = "list",
+           proposer_s: float = 2e-4) -> Trace:
+    """`requests` requests of `length` tokens each, drafting k and accepting `accepted` at every step."""
+    steps = [TraceStep([], [], [], [], requests * ctx, None, requests)]
+    left = {f"r{i}": length - 1 for i in range(requests)}
+    c = {r: ctx for r in left}
+    while left:
+        rids = list(left)
+        acc = [min(accepted, left[r] - 1) for r in rids]
+        steps.append(TraceStep(rids, [c[r] for r in rids], [k] * len(rids), acc, 0,
+                               proposer_s if kind == "list" else None))
+        for r, a in zip(rids, acc, strict=True):
+            c[r] += 1 + a
+            left[r] -= 1 + a
+            if left[r] == 0:
+                del left[r]
+    return Trace(kind, k, steps, {"list": "das", "model": "eagle3", "block": "dflash"}[kind], "replay")
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_profile("h100_qwen3_8b")
+
+
+def test_the_same_trace_is_priced_the_same_every_time(h100):
+    t = _trace(16, 4, 3)
+    a, b = speedup(t, h100), speedup(Trace.from_dict(json.loads(json.dumps(t.to_dict()))), h100)
+    assert a == b
+
+
+def test_small_batches_gain_near_their_tokens_per_forward_and_large_ones_lose_long_drafts(h100):
+    small = speedup(_trace(4, 4, 3), h100)
+    assert 2.5 < small["speedup"] < small["spec"]["tokens_per_forward"]
+    # 256 requests verifying 8 drafts each: compute-bound, so drafts that are mostly rejected cost more than they save
+    large = speedup(_trace(256, 8, 1), h100)
+    assert large["speedup"] < 1.0
+    assert speedup(_trace(256, 2, 1), h100)["speedup"] > large["speedup"]
+
+
+def test_a_model_drafters_forwards_are_priced_and_a_history_proposers_host_time(h100):
+    eagle = price(_trace(64, 3, 2, kind="model"), h100)
+    assert eagle.draft_s > 0 and eagle.proposer_s == 0
+    das = price(_trace(64, 3, 2), h100)
+    d = h100.drafter("das")
+    decode = sum(1 for s in _trace(64, 3, 2).steps if s.rids)
+    assert das.draft_s == 0
+    assert das.proposer_s == pytest.approx(sum(d.step_overhead_s + d.per_request_s * len(s.rids)
+                                               for s in _trace(64, 3, 2).steps if s.rids))
+    assert decode > 0 and das.measured_proposer_s == pytest.approx(2e-4 * decode)
+
+
+def test_draft_forwards_cost_the_target_layers_fixed_time_per_layer(h100):
+    per_layer = h100.hardware.roofline.overhead_s / h100.model.num_layers
+    assert h100.drafter("eagle3").fwd_base_s == pytest.approx(per_layer)
+    assert h100.drafter("draft_model").fwd_base_s == pytest.approx(28 * per_layer)
+
+
+@pytest.mark.parametrize("key, samples", [("eagle3", "eagle3-qwen3-8b"), ("mtp", "mtp-qwen3-8b"),
+                                          ("dflash", "dflash-qwen3-8b"), ("draft_model", "qwen3-0.6b")])
+def test_the_profiles_draft_forwards_match_the_ones_timed_on_a_gpu(key, samples):
+    """The H200 device check timed each draft shape's forward beside the target's; the H200 profile
+    (roofline fitted on that target alone, drafts priced by shape and layers) predicts them."""
+    prof = load_profile("h200_qwen3_8b")
+    roof, d = prof.hardware.roofline_model(), prof.drafter(key)
+    data = json.loads((REPO / "benchmarks/device_check/h200" / f"forward_{samples}.json").read_text())
+    m = data["model"]
+    shape = ModelShape(m["weight_bytes"], m["flops_per_token"], m["kv_bytes_per_token"], m["attn_flops_per_ctx"],
+                       m["num_layers"], m["hidden_size"])
+    rel = []
+    for s in data["samples"]:
+        const, (m0, _, f0, _) = roof.forward(shape, s["tokens"], s["ctx_sum"], 0.0, s["attn_ctx"], 0.0, overhead=False)
+        rel.append(abs((const + max(m0, f0) + d.fwd_base_s) / s["seconds"] - 1))
+    assert statistics.median(rel) < 0.2
+
+
+def test_the_priced_step_cost_makes_draft_tokens_dear_at_large_batches(h100):
+    sc = PricedStepCost(h100, "das", k=8)
+    t1, c1 = sc.split(1, 1000)
+    t256, c256 = sc.split(256, 256 * 1000)
+    assert t256 > t1 > 0 and c256 > 20 * c1
+
+
+def test_the_proposer_fit_recovers_planted_constants():
+    traces = [Trace("list", 4, [TraceStep([f"r{i}" for i in range(n)], [5] * n, [1] * n, [0] * n, 0,
+                                          3e-5 + 7e-6 * n) for n in (1, 4, 16, 64)], "das")]
+    fit = fit_proposer(traces)
+    assert fit["step_overhead_s"] == pytest.approx(3e-5) and fit["per_request_s"] == pytest.approx(7e-6)
+
+
+def test_a_profile_that_cannot_price_a_drafter_says_which(h100, tmp_path):
+    with pytest.raises(ConfigError, match=r"drafters\.medusa: not in this hardware profile"):
+        h100.drafter("medusa")
+    from nemo_rl_specdec import yaml_loader
+    from nemo_rl_specdec.sim.hardware import HARDWARE_CONFIGS
+
+    raw = yaml_loader.load(HARDWARE_CONFIGS / "h100_qwen3_8b.yaml")
+    raw["drafters"]["das"] = {"name": "suffix"}
+    prof = HardwareProfile.model_validate(raw)
+    with pytest.raises(TraceError, match="per_request_s"):
+        price(_trace(4, 3, 1), prof)
+    raw["drafters"]["eagle3"] = {"name": "eagle3"}
+    with pytest.raises(ValueError, match=r"drafters\.eagle3\.model"):
+        HardwareProfile.model_validate(raw)
+    with pytest.raises(ConfigError, match="--hardware: 'a100'"):
+        load_profile("a100")
+
+
+def test_the_baseline_must_be_the_same_rollout(h100):
+    t = _trace(4, 3, 2)
+    other = _trace(4, 3, 2, length=80).without_drafts()
+    with pytest.raises(TraceError, match="generated tokens"):
+        speedup(t, h100, other)
+    with pytest.raises(TraceError, match="kind"):
+        price(_trace(4, 3, 2, kind="model"), h100, drafter="das")
+
+
+def test_the_price_command_prices_a_trace_and_fits_a_proposer(tmp_path, capsys):
+    from nemo_rl_specdec import cli
+
+    path = _trace(8, 3, 2).save(tmp_path / "t.json")
+    out = tmp_path / "priced.json"
+    assert cli.main(["price", str(path), "--hardware", "h200_qwen3_8b", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["hardware"] == "h200_qwen3_8b" and row["speedup"] == speedup(_trace(8, 3, 2),
+                                                                             load_profile("h200_qwen3_8b"))["speedup"]
+    assert "priced on h200_qwen3_8b" in capsys.readouterr().out
+    many = Trace("list", 3, [TraceStep([f"r{i}" for i in range(n)], [9] * n, [1] * n, [0] * n, 0, 1e-5 * n)
+                             for n in (1, 2, 8, 32)], "das")
+    assert cli.main(["price", str(many.save(tmp_path / "m.json")), "--fit-proposer"]) == 0
+    assert "per_request_s 1e-05" in capsys.readouterr().out
