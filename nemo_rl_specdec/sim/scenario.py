@@ -388,6 +388,9 @@ class Acceptance(_Strict):
         None, ge=1, le=MAX_K, description="the k at which mean_accepted_length was measured (default: speculation.k)"
     )
     decay: float = Field(1.0, gt=0, le=1, description="conditional acceptance falls by this factor per position")
+    trained_depth: Optional[int] = Field(
+        None, ge=1, le=MAX_K, description="the deepest draft position the drafter was trained for (and its "
+        "acceptance measured at): positions past it are credited no acceptance (none is extrapolated)")
     spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha; keeps the mean accepted length")
     by_response_position: Optional[list[list[float]]] = Field(
         None, description="[[from_position, factor], ...]: from that many response tokens on, a request's accepted "
@@ -698,6 +701,12 @@ class Scenario(_Strict):
                 acc.solve_alpha(a.mean_accepted_length, at_k, a.decay)
             except ValueError as e:
                 raise _PathError("acceptance.mean_accepted_length", a.mean_accepted_length, str(e)) from None
+        if a.trained_depth is not None and a.spread > 0:
+            raise _PathError("acceptance.trained_depth", a.trained_depth, "null with acceptance.spread (per-request "
+                             "alphas are drawn as geometric curves)")
+        if a.trained_depth is not None and a.trained_depth < at_k and a.mean_accepted_length is not None:
+            raise _PathError("acceptance.trained_depth", a.trained_depth,
+                             f">= the k the acceptance was measured at ({at_k})")
         if 0 < a.spread < MIN_SPREAD:
             raise _PathError("acceptance.spread", a.spread, f"0 (every request alike) or from {MIN_SPREAD:g} to 0.5")
         if a.spread > 0:
@@ -855,8 +864,14 @@ class Scenario(_Strict):
         per-position curve."""
         a = self.acceptance
         if self.alpha is not None:
-            return self.alpha if a.decay == 1.0 else [float(x) for x in acc.decayed_curve(self.alpha, a.decay)]
-        return list(a.per_position or [])
+            if a.decay == 1.0 and a.trained_depth is None:
+                return self.alpha
+            curve = [float(x) for x in acc.decayed_curve(self.alpha, a.decay)]
+        else:
+            curve = list(a.per_position or [])
+        if a.trained_depth is not None:   # no acceptance credited past the trained depth
+            curve = [x if j < a.trained_depth else 0.0 for j, x in enumerate(curve)]
+        return curve
 
 
 def solve_alpha(mean_accepted_length: float, k: int, decay: float = 1.0) -> float:

@@ -417,3 +417,15 @@ def test_calibration_metric_undefined_in_async_is_not_applicable():
                                                             "workload.num_prompts=16", "cluster.num_engines=4"]))
     assert res["gen_fraction_baseline"] is None
     assert res["calibration"]["gen_fraction_baseline"]["ok"] is None
+
+
+def test_no_acceptance_is_credited_past_the_trained_depth():
+    """acceptance.trained_depth: positions past it accept nothing, so deeper drafts only add cost."""
+    sc = load_scenario("nvidia_qwen3_8b_rlzero", ["acceptance.trained_depth=3", "speculation.k=7"])
+    curve = sc.acceptance_model
+    assert all(x > 0 for x in curve[:3]) and not any(curve[3:])
+    at = {k: simulate(load_scenario("nvidia_qwen3_8b_rlzero", ["acceptance.trained_depth=3", f"speculation.k={k}"]))
+          for k in (3, 7)}
+    free = simulate(load_scenario("nvidia_qwen3_8b_rlzero", ["speculation.k=7"]))
+    assert at[3]["rollout_speedup"] == pytest.approx(simulate(load_scenario("nvidia_qwen3_8b_rlzero"))["rollout_speedup"])
+    assert at[7]["rollout_speedup"] < min(at[3]["rollout_speedup"], free["rollout_speedup"])
