@@ -432,6 +432,24 @@ def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | lis
 
 # --------------------------------------------------------------------------- vLLM mapping
 
+# how a drafter's drafting is priced (trace.py kinds): host lookups, k sequential forwards, one block forward
+TRACE_KIND = {"host": "list", "sequential": "model", "parallel": "block"}
+
+
+def cost_entry(spec: SpecDecConfig) -> tuple[str, Optional[str]]:
+    """(trace kind, hardware-profile entry) of the block's drafter: ``("none", None)`` without
+    speculation; a history drafter's entry names its proposer (``das``, ``vllm_suffix``, ``ngram``,
+    ``ngram_specdec``), a model drafter's its name."""
+    if not spec.enabled:
+        return "none", None
+    kind = TRACE_KIND[DRAFTERS[spec.drafter].draft_cost]
+    if spec.drafter == "suffix":
+        return kind, "das" if spec.suffix.backend == "das" else "vllm_suffix"
+    if spec.drafter == "ngram":
+        return kind, "ngram_specdec" if spec.ngram.backend == "specdec" else "ngram"
+    return kind, spec.drafter
+
+
 def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:
     return drafter_of(spec).draft_sample_method(spec, temperature)
 

@@ -34,8 +34,8 @@ class TraceError(ValueError):
 
 @dataclass
 class TraceStep:
-    rids: list = field(default_factory=list)      # decode requests in the step
-    ctx: list = field(default_factory=list)       # their tokens before the step (prompt + generated)
+    rids: list = field(default_factory=list)      # decode requests in the step (ids: ints or strings)
+    ctx: list = field(default_factory=list)       # their tokens in the KV cache before the step
     drafts: list = field(default_factory=list)    # draft tokens each verified
     accepted: list = field(default_factory=list)  # of those, accepted (so 1 + accepted tokens committed)
     prefill_tokens: int = 0                       # prompt tokens prefilled in the same forward
@@ -133,6 +133,8 @@ class Trace:
                     raise TraceError(f"{where}.{name}: {_short(v)}; allowed: one integer per request in rids ({n})")
                 if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
                     raise TraceError(f"{where}.{name}: {_short(v)}; allowed: integers >= 0")
+            if any(isinstance(r, bool) or not isinstance(r, (int, str)) for r in s.rids):
+                raise TraceError(f"{where}.rids: {_short(s.rids)}; allowed: request ids (integers or strings)")
             if len(set(s.rids)) != n:
                 raise TraceError(f"{where}.rids: a request appears twice in one step")
             bad = [j for j in range(n) if s.accepted[j] > s.drafts[j] or s.drafts[j] > self.k]

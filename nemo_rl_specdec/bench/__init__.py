@@ -127,5 +127,7 @@ def run(args) -> int:
             raise RuntimeError(f"bench suite {suite!r} produced a result without {missing}: {r.get('name')}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"suite": suite, "source": cfg.source, "results": results}, indent=2))
+        # compact: rows carry traces, a number per request per engine step
+        Path(args.json).write_text(json.dumps({"suite": suite, "source": cfg.source, "results": results},
+                                              separators=(",", ":")))
     return 0

@@ -311,7 +311,7 @@ def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: in
            "baseline_generated_tokens": base.metrics.generated_tokens, "drafts": m.drafts,
            "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
            "accepted_per_position": m.accepted_per_position, "update_s": update_s,
-           "update_rpc_s": rep.refresh_s}
+           "update_rpc_s": rep.refresh_s, "trace": res.trace.to_dict(), "baseline_trace": base.trace.to_dict()}
     after = _drafter_stats(e)
     cb, ca = before["counters"], after["counters"]
     propose_s = ca["propose_s"] - cb["propose_s"]
@@ -350,8 +350,16 @@ def _summarize(c: dict, rows: list, profile) -> dict:
                 "cpu_time_ratio": sum(r["baseline_cpu_s"] for r in rs) / spec_c if spec_c else None}
 
     allr, late = agg(rows), agg([r for r in rows if r["step"] >= AFTER_STEP])
+    if rows and profile is not None:   # the engines' own steps, priced: each engine sampled its own text
+        from nemo_rl_specdec.bench.drafters import priced_ratio
+        from nemo_rl_specdec.trace import Trace
+
+        allr["engine_priced_throughput_ratio"] = priced_ratio(profile, [Trace.from_dict(r["trace"]) for r in rows],
+                                                              [Trace.from_dict(r["baseline_trace"]) for r in rows])
+    ratios = [r["wall_clock_ratio"] for r in rows if r.get("wall_clock_ratio")]
     out = {"name": c["name"], "drafter": c["drafter"], "backend": c["backend"], "window_steps": c["window_steps"],
            "scope": c["scope"], "k": c["k"], **allr,
+           "wall_clock_spread": f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else None,
            "tokens_per_target_forward_after_3": late["tokens_per_target_forward"],
            "acceptance_rate_after_3": late["acceptance_rate"], "wall_clock_ratio_after_3": late["wall_clock_ratio"],
            "throughput_ratio_after_3": late["throughput_ratio"],
@@ -412,9 +420,13 @@ def _print_priced(results: list, cfg: RunConfig, profile) -> None:
     print_table([{"config": r["name"], "replay tok/fwd": r.get("replay_tokens_per_target_forward"),
                   "priced x": r["priced_speedup"], f"priced x s>={AFTER_STEP}": r["priced_speedup_after_3"],
                   "rollout s": r["priced_rollout_s"], "proposer s": r["priced_proposer_s"],
-                  "wall x": r.get("wall_clock_ratio")} for r in rows],
+                  "engine priced x": r.get("engine_priced_throughput_ratio"),
+                  "wall x": r.get("wall_clock_ratio"), "wall spread": r.get("wall_clock_spread")} for r in rows],
                 ["config", "replay tok/fwd", "priced x", f"priced x s>={AFTER_STEP}", "rollout s", "proposer s",
-                 "wall x"])
+                 "engine priced x", "wall x", "wall spread"])
+    print("engine priced x: each engine's own steps priced (tokens per priced second against the no-spec engine's, "
+          "their texts differ at T > 0); wall x: no-spec wall seconds / spec wall seconds over the steps, spread: "
+          "the per-step ratios' range (printed, not judged)")
     main = f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"
     by = {r["name"]: r for r in rows}
     if main in by and "vllm_suffix" in by:

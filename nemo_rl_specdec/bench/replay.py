@@ -141,6 +141,7 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
         end = {rid: len(p) + len(t) for rid, _, p, t in recs}
         requests = {rid: SimpleNamespace(prompt_token_ids=p, sampling_params=SimpleNamespace(
             extra_args={} if pid is None else {"problem_id": pid})) for rid, pid, p, _ in recs}
+        number = {rid: i for i, (rid, *_) in enumerate(recs)}   # a request's id in the trace
         n = {rid: plen[rid] + 1 for rid in text}  # the prefill forward sampled the first token
         sampled = {rid: [int(text[rid][n[rid] - 1])] for rid in text}
         row = {"generated_tokens": sum(len(t) for *_, t in recs), "target_forwards": len(recs), "drafts": 0,
@@ -165,7 +166,8 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
             cpu0 = time.thread_time()
             drafts = propose(batch, [sampled[r] for r in active], requests)
             proposer_s = time.thread_time() - cpu0
-            step = TraceStep(list(active), [n[r] for r in active], [], [], 0, proposer_s)
+            # a request's context is what its KV cache holds: every token but the one it just sampled
+            step = TraceStep([number[r] for r in active], [n[r] - 1 for r in active], [], [], 0, proposer_s)
             still = []
             for rid, d in zip(active, drafts, strict=True):
                 d = list(d)[:k]

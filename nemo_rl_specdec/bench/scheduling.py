@@ -223,10 +223,14 @@ def _priced_summary(rows: list, opts: dict) -> list[dict]:
         judged = [r for r in rs if r["cut_pct"]["clairvoyant"] >= MIN_CEILING_PCT]
         for placement in [p for p in opts["placements"] if p != "contiguous"] + ["clairvoyant"]:
             shares = [r["cut_pct"][placement] / r["cut_pct"]["clairvoyant"] for r in judged]
+            total = sum(r["cut_pct"]["clairvoyant"] for r in rs)
             out.append({"name": f"priced/{placement}@seqs{seqs if seqs is not None else '_all'}", "drafter": None,
                         "placement": placement, "max_num_seqs": seqs, "hardware": opts["profile"].name,
                         "share_of_clairvoyant_cut": float(statistics.fmean(shares)) if shares else None,
                         "share_per_draw": shares, "draws": len(rs), "draws_judged": len(judged),
+                        # every draw: the summed cut over the summed clairvoyant cut
+                        "share_of_clairvoyant_cut_all_draws": (sum(r["cut_pct"][placement] for r in rs) / total
+                                                               if total > 0 else None),
                         "cut_pct_per_draw": [r["cut_pct"][placement] for r in rs],
                         "priced_speedup_per_draw": [r["priced_speedup"][placement] for r in rs],
                         "tokens_per_target_forward": None, "acceptance_rate": None, "wall_clock_ratio": None,
@@ -245,7 +249,9 @@ def _print_priced(summary: list, opts: dict) -> None:
             f" (target >= {PRICED_TARGET:.0%}: {'met' if share is not None and share >= PRICED_TARGET else 'MISSED'})")
         print(f"  {r['name']}: cut per draw " + ", ".join(f"{c:.1f}%" for c in r["cut_pct_per_draw"])
               + (f"; {100 * share:.0f}% of the clairvoyant cut over {r['draws_judged']} draws" if share is not None
-                 else "; no draw with headroom") + verdict)
+                 else "; no draw with headroom")
+              + (f" ({100 * r['share_of_clairvoyant_cut_all_draws']:.0f}% of the summed cut over all "
+                 f"{r['draws']} draws)" if r["share_of_clairvoyant_cut_all_draws"] is not None else "") + verdict)
 
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:

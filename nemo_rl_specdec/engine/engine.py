@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, to_vllm_speculative_config
+from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, cost_entry, to_vllm_speculative_config
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine import vllm_compat
+from nemo_rl_specdec.engine.tracing import StepTracer
 from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 from nemo_rl_specdec.rollouts import Request, Rollout
 from nemo_rl_specdec.scheduling.k_auto import attach_to_llm
+from nemo_rl_specdec.trace import Trace
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -43,6 +45,7 @@ class GenerateResult:
     rollouts: list
     metrics: SpecMetrics
     state: dict = field(default_factory=dict)
+    trace: Optional[Trace] = None   # the engine's steps (engine/tracing.py), priced by `nemo-rl-specdec price`
 
 
 def _prepare_env(cfg: RunConfig, core: Optional[int]) -> None:
@@ -138,6 +141,7 @@ class Engine:
         self.torch_threads = torch.get_num_threads()
         vllm_compat.quiet_benign_vllm_warnings()
         vllm_compat.LIVE_ENGINES.add(self)
+        self.tracer = StepTracer(self.llm)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
         self.spec = spec
         self.k_auto = attach_to_llm(self.llm, spec, self.name)  # scheduling.k: auto, else None
@@ -204,6 +208,7 @@ class Engine:
         self._match_threads()
         with self._lock:
             self.check_lockstep()
+            self.tracer.take("none", 0, None)   # steps taken outside a generate call are not this call's
             before = self._counters()
             t0 = time.perf_counter()
             live = []
@@ -238,7 +243,10 @@ class Engine:
         metrics = SpecMetrics.delta(before, after, generated, dt)
         self._guard(metrics)
         state = dict(st) if self.k_auto is None else {**st, "k_auto": self.k_auto.stats()}
-        return GenerateResult(rollouts, metrics, state)
+        kind, entry = cost_entry(self.spec) if self.spec_active else ("none", None)
+        trace = self.tracer.take(kind, self.spec.num_speculative_tokens, entry,
+                                 {"engine": self.name, "requests": len(live), "policy_version": st["policy_version"]})
+        return GenerateResult(rollouts, metrics, state, trace)
 
     def _match_threads(self) -> None:
         """Give the calling thread the intra-op thread count the engine was started with.
