@@ -326,12 +326,18 @@ def run_loop(tmp_path, block: dict | None) -> dict:
         checkpointer = CheckpointManager(cfg["checkpointing"])
         try:
             grpo.grpo_train(policy, generation, loader, val_loader, tokenizer, loss_fn, {"count": env},
-                            {"count": env}, logger, checkpointer, grpo._initial_grpo_save_state(), master)
+                            {"count": env}, logger, checkpointer, _initial_save_state(grpo), master)
         finally:
             grpo.refit_policy_generation = refit
         return {"logged": logged, "reports": reports, "policy": policy}
     finally:
         run_grpo.uninstall(undo)
+
+
+def _initial_save_state(grpo):
+    """The save state grpo.setup hands grpo_train at a fresh start (v0.7.0 and main name it differently)."""
+    make = getattr(grpo, "_initial_grpo_save_state", None) or grpo._default_grpo_save_state
+    return make()
 
 
 def _to_master(cfg):
