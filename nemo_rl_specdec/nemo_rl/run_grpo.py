@@ -4,6 +4,10 @@
    — before NeMo-RL is imported. Bad block: message naming the key, exit 2.
 2. NeMo-RL missing: message saying how to install it, exit 1. A `${specdec_model:NAME}` policy
    checkpoint is made (converted and cached) here, or the message says why it could not be, exit 1.
+   NeMo-RL's entry script is imported and the launch checked (`launch_errors.py`: its import-time
+   assertions, missing packages, the local Ray cluster's dashboard packages and GPUs, the policy
+   weights reachable): a failure is one line naming it and what to do, exit 1, nothing written in
+   the working directory.
 3. Block enabled: check that this NeMo-RL has every hook the run needs (`api.check_support`;
    a missing one is an error naming it, and nothing is patched), then apply the substitutions
    (`install`): PYTHONPATH for the Ray workers, actor registry entries for our worker FQNs,
@@ -29,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from nemo_rl_specdec import models
 from nemo_rl_specdec.config import ConfigError
-from nemo_rl_specdec.nemo_rl import api, config_loader, translate
+from nemo_rl_specdec.nemo_rl import api, config_loader, launch_errors, translate
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
 
@@ -210,7 +214,7 @@ def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
     trains_mtp = bool(((policy.get("megatron_cfg") or {}).get("mtp_num_layers")) or 0)
     exports_draft = bool((policy.get("draft") or {}).get("enabled"))
     return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base,
-                "generation": policy.get("generation"), "trains_mtp": trains_mtp, "exports_draft": exports_draft}
+                "resolved": full.resolved(), "generation": policy.get("generation"), "trains_mtp": trains_mtp, "exports_draft": exports_draft}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -218,12 +222,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     code, plan = prepare(argv)
     if code >= 0:
         return code
+    try:  # nothing is written in the working directory before these pass (launch_errors.py)
+        try:
+            script = api.load_run_grpo_module()
+        except api.NeMoRLMissing:
+            raise
+        except (ImportError, AssertionError) as e:
+            raise launch_errors.import_failure(e, "NeMo-RL's examples/run_grpo.py") from None
+        launch_errors.check_before_launch(plan["resolved"])
+    except (api.NeMoRLMissing, launch_errors.LaunchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_RUNTIME
     config_path = Path(plan["config"])
     if plan["base"].uses_nemo_rl_parent:
         config_path = write_composed(plan["base"])
         print(f"[specdec] composed run file (NeMo-RL base merged): {config_path}")
     try:
-        script = api.load_run_grpo_module()
         if plan["spec"] is not None:
             install(gen_cfg=plan["generation"], trains_mtp=plan["trains_mtp"], exports_draft=plan["exports_draft"])
             spec = plan["spec"]

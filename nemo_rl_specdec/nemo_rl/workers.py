@@ -559,6 +559,12 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     cls = builder()
     if name.endswith("Impl"):
+        # Importable names, so Ray's cloudpickle exports the actor class by reference: a method pickled
+        # by value drags its globals along (a ContextVar cannot be pickled) and NeMo-RL's RayWorkerGroup
+        # then fails to create the actor.
         cls.__module__, cls.__name__, cls.__qualname__ = __name__, name, name
+        for attr, fn in vars(cls).items():
+            if callable(fn) and getattr(fn, "__module__", None) == __name__:
+                fn.__qualname__ = f"{name}.{attr}"
     globals()[name] = cls
     return cls

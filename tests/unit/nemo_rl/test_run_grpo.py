@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from nemo_rl_specdec.nemo_rl import api, run_grpo, translate
+from nemo_rl_specdec.resources import asset_path
 
 from fakes import (  # noqa: E402
     NEMO_RL_INSTALLED,
@@ -22,9 +23,10 @@ from fakes import (  # noqa: E402
     write_file,
 )
 
-GOOD_RUN = """defaults: nemo_rl:examples/configs/grpo_math_1B.yaml
+POLICY = str(asset_path("tiny", "policy"))
+GOOD_RUN = f"""defaults: nemo_rl:examples/configs/grpo_math_1B.yaml
 policy:
-  model_name: Qwen/Qwen3-8B
+  model_name: {POLICY}
   generation:
     max_new_tokens: 128
     speculative_decoding:
@@ -120,10 +122,16 @@ def test_run_grpo_with_the_block_disabled_runs_nemo_rl_unchanged(fake_nemo_rl, t
 def test_run_grpo_makes_a_named_model_before_nemo_rl_starts(fake_nemo_rl, tmp_path, monkeypatch, capsys):
     from nemo_rl_specdec.models import smollm2
 
-    run = write_file(tmp_path / "run.yaml", GOOD_RUN.replace("Qwen/Qwen3-8B", "${specdec_model:smollm2}"))
+    run = write_file(tmp_path / "run.yaml", GOOD_RUN.replace(POLICY, "${specdec_model:smollm2}"))
     monkeypatch.delenv("PYTHONPATH", raising=False)  # install() sets it for NeMo-RL's workers: restored after
     made = []
-    monkeypatch.setattr(smollm2, "ensure", lambda *a, **k: made.append(1) or smollm2.checkpoint_path())
+
+    def make(*a, **k):
+        made.append(1)
+        smollm2.checkpoint_path().mkdir(parents=True, exist_ok=True)
+        return smollm2.checkpoint_path()
+
+    monkeypatch.setattr(smollm2, "ensure", make)
     argv_before = list(sys.argv)
     try:
         assert run_grpo.main(["--config", str(run)]) == 0

@@ -288,3 +288,22 @@ def test_ray_actor_classes_build_by_fqn(fake_nemo_rl):
     assert isinstance(actor, ray.actor.ActorClass)
     assert getattr(importlib.import_module(mod), name) is actor  # built once
     assert isinstance(workers.SpecDecVllmAsyncGenerationWorker, ray.actor.ActorClass)
+
+
+def test_worker_actor_classes_export_their_methods_by_reference(fake_nemo_rl):
+    """Ray exports an actor class with cloudpickle, each method wrapped; a method pickled by value drags its
+    globals along, and `_REQUEST_EXTRAS` (a ContextVar) cannot be pickled, so NeMo-RL's RayWorkerGroup could
+    not create our actor. Every method we define must be found by its module and qualified name."""
+    import pickle
+
+    from ray import cloudpickle
+
+    from nemo_rl_specdec.nemo_rl import workers
+
+    for name in ("SpecDecVllmGenerationWorkerImpl", "SpecDecVllmAsyncGenerationWorkerImpl"):
+        impl = getattr(workers, name)
+        ours = {a: f for a, f in vars(impl).items() if callable(f) and f.__module__ == workers.__name__}
+        assert "generate" in ours or "generate_async" in ours
+        for attr, fn in ours.items():
+            blob = cloudpickle.dumps(fn)
+            assert pickle.loads(blob) is fn, f"{name}.{attr} is pickled by value"
