@@ -1038,11 +1038,13 @@ def validate_scenario(raw: Any, source: Optional[Union[str, Path]] = None) -> Sc
         raise ScenarioError(f"{where}a run file (it has a policy: block), not a simulator scenario; allowed: a "
                             "scenario with hardware: and acceptance: (configs/sim/); run files are for validate, "
                             "generate, demo and bench")
-    unknown = [k for k in keys if k not in Scenario.model_fields]
+    unknown = [k for k in keys if k not in Scenario.model_fields and k != "hardware_profile"]
     if unknown and not {"hardware", "acceptance"} & set(keys):
         raise ScenarioError(f"{where}not a simulator scenario: no hardware: or acceptance:, and keys a scenario does "
                             f"not have ({_short(unknown)}); allowed: a mapping with hardware: and acceptance: "
                             "(docs/simulator.md)")
+    if "hardware_profile" in raw:
+        raw = with_profile(raw, where)
     try:
         sc = Scenario.model_validate(raw)
     except ValidationError as e:
@@ -1052,6 +1054,57 @@ def validate_scenario(raw: Any, source: Optional[Union[str, Path]] = None) -> Sc
     if source is not None:
         sc._source = str(source)
     return sc
+
+
+# what `hardware_profile` gives a scenario, and so what the scenario may not give itself
+PROFILE_GIVES = {"model": None, "hardware": ("roofline", "c_base_s", "c_tok_s", "c_ctx_s", "c_seq_s", "fit_samples"),
+                 "drafter": ("kind", "model", "fwd_base_s", "tok_s", "ctx_s", "per_request_s", "step_overhead_s")}
+
+
+def with_profile(raw: dict, where: str = "") -> dict:
+    """`raw` with `hardware_profile: NAME` (configs/hardware/) replaced by what the profile prices:
+    the target's shape (`model`), the roofline (`hardware.roofline`, and `memory_bytes` unless
+    given), and the costs of the drafter named by `drafter.name` (`drafter.profile_entry` names
+    another entry, e.g. `das` or `vllm_suffix` for the suffix drafter): the one cost model the
+    priced benches use (sim/hardware.py)."""
+    from nemo_rl_specdec.sim.hardware import load_profile
+
+    raw = dict(raw)
+    name = raw.pop("hardware_profile")
+    if not isinstance(name, str):
+        raise ScenarioError(f"{where}hardware_profile: got {name!r}; allowed: a profile name in configs/hardware/")
+    for key, fields in PROFILE_GIVES.items():
+        given = raw.get(key) or {}
+        clash = ([key] if fields is None and key in raw and raw[key] is not None else
+                 [f"{key}.{f}" for f in (fields or ()) if isinstance(given, dict) and given.get(f) is not None])
+        if clash:
+            raise ScenarioError(f"{where}{clash[0]}: got {_short(given if fields is None else given[clash[0].split('.')[1]])}"
+                                f"; allowed: null with hardware_profile ({name} gives it)")
+    try:
+        prof = load_profile(name)
+    except ConfigError as e:
+        raise ScenarioError(f"{where}hardware_profile: {e}") from None
+    raw["model"] = prof.model.model_dump(mode="json")
+    hw = {k: v for k, v in dict(raw.get("hardware") or {}).items() if v is not None}
+    hw["roofline"] = prof.hardware.roofline.model_dump(mode="json", include={"measured", "capture_sizes",
+                                                                             "max_capture_size"}
+                                                       if prof.hardware.roofline.measured else None)
+    hw.setdefault("memory_bytes", prof.hardware.memory_bytes)
+    hw.setdefault("name", prof.hardware.name)
+    raw["hardware"] = hw
+    dr = {k: v for k, v in dict(raw.get("drafter") or {}).items() if v is not None}
+    entry = dr.pop("profile_entry", dr.get("name", Drafter().name))
+    try:
+        d = prof.drafter(entry)
+    except ConfigError as e:
+        raise ScenarioError(f"{where}drafter.profile_entry: {e}") from None
+    dr.setdefault("name", d.name)
+    if dr["name"] != d.name:
+        raise ScenarioError(f"{where}drafter.name: got {dr['name']!r}; {name}'s entry {entry!r} prices {d.name!r}")
+    dr.update(d.model_dump(mode="json", include={"kind", "model", "fwd_base_s", "tok_s", "ctx_s", "per_request_s",
+                                                 "step_overhead_s"}))
+    raw["drafter"] = dr
+    return raw
 
 
 def resolve_scenario_path(path: str, relative_to: Optional[Path] = None) -> Path:
