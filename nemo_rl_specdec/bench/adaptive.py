@@ -26,8 +26,15 @@ and regime, in hindsight), what it chose (``chosen``: the k-by-batch-size schedu
 the per-step rule cut), and the engines' step-cost fit (``cost_fit``). The closing lines check
 the issue's targets: auto >= 0.97 x no-spec and >= 0.97 x the best fixed k, per regime.
 
+Priced first (`priced`): fixed k in ``priced_ks`` (default 1, 2, 3, 4, 6, 8) against auto for the
+history drafters, replayed on one recorded text per regime (8 requests at once, the whole batch,
+and ``large_batch`` requests, default 256) and priced on ``hardware`` (default h100_qwen3_8b;
+docs/pricing.md); auto is the per-step rule deciding on that profile's costs. These are the
+judged figures; ``engines: false`` stops after them. Engine rows also carry
+``engine_priced_throughput_ratio`` (their own steps priced) and ``traces``.
+
 Run-file knobs (optional, under ``bench.adaptive``): ``drafters``, ``regimes``, ``ks``,
-``repeats`` (default 1), ``problems`` / ``samples`` (default the run file's GRPO batch),
+``repeats`` (default 3), ``problems`` / ``samples`` (default the run file's GRPO batch),
 ``max_new_tokens`` (default the run file's), ``problem_seed``.
 """
 from __future__ import annotations
@@ -71,7 +78,7 @@ def _options(cfg) -> dict:
         "drafters": list(b.get("drafters", list(DRAFTERS))),
         "regimes": list(b.get("regimes", list(REGIMES))),
         "ks": list(b.get("ks", [2, 4, 8])),
-        "repeats": b.get("repeats", 1),
+        "repeats": b.get("repeats", 3),
         "problems": b.get("problems", cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS)),
         "samples": b.get("samples", cfg.setting("grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES)),
         "max_new_tokens": b.get("max_new_tokens", cfg.generation.max_new_tokens),
@@ -213,6 +220,7 @@ def run(cfg, args) -> list:
     from transformers import AutoTokenizer
 
     from nemo_rl_specdec.bench import print_table
+    from nemo_rl_specdec.bench.drafters import priced_ratio
     from nemo_rl_specdec.bench.scheduling import with_max_num_seqs
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.group import EngineGroup
@@ -257,11 +265,12 @@ def run(cfg, args) -> list:
                     gen(g)  # off the clock: first-call costs, k: auto's exploration warm-up
                     if drafter == "das":
                         g.update(PolicyUpdate(1, rollouts=warm))
-                    ratios, spec_runs = [], []
+                    ratios, spec_runs, base_runs = [], [], []
                     for _ in range(opts["repeats"]):  # ABBA
                         b1, s1, s2, b2 = gen(base), gen(g), gen(g), gen(base)
                         ratios.append((b1.makespan_s + b2.makespan_s) / (s1.makespan_s + s2.makespan_s))
                         spec_runs += [s1, s2]
+                        base_runs += [b1, b2]
                     states = spec_runs[-1].state.get("engines") or []
                 finally:
                     g.close()
@@ -273,6 +282,12 @@ def run(cfg, args) -> list:
                     "engines": E, "max_num_seqs": seqs, "placement": placement,
                     "k": int(label[1:]) if label != "auto" else max(opts["ks"]),
                     "wall_clock_ratio": float(statistics.median(ratios)), "wall_clock_ratios": ratios,
+                    "wall_clock_spread": f"{min(ratios):.2f}-{max(ratios):.2f}",
+                    # the engines' own steps priced: tokens per priced second against the no-spec group's
+                    "engine_priced_throughput_ratio": priced_ratio(
+                        opts["profile"], [t for r in spec_runs for t in r.traces if t is not None],
+                        [t for r in base_runs for t in r.traces if t is not None]),
+                    "traces": [t.to_dict() for t in spec_runs[0].traces if t is not None],
                     "tokens_per_target_forward": gen_t / (gen_t - acc) if gen_t > acc else 1.0,
                     "acceptance_rate": acc / drafted if drafted else 0.0,
                     "chosen": _chosen(states) if label == "auto" else None,
@@ -285,8 +300,11 @@ def run(cfg, args) -> list:
             base.close()
     _judge(results)
     results += [_as_result(r) for r in priced_rows]
-    print_table([r for r in results if r["wall_clock_ratio"] is not None], ["name", "wall_clock_ratio", "vs_best_fixed", "tokens_per_target_forward",
-                          "acceptance_rate"])
+    print_table([r for r in results if r["wall_clock_ratio"] is not None],
+                ["name", "engine_priced_throughput_ratio", "wall_clock_ratio", "wall_clock_spread", "vs_best_fixed",
+                 "tokens_per_target_forward", "acceptance_rate"])
+    print(f"engine_priced_throughput_ratio: the engines' own steps priced on {opts['profile'].name}; wall_clock_ratio: "
+          f"median of {opts['repeats']} ABBA rounds on this machine, with its spread (printed, not judged)")
     for r in results:
         if r["config"] == "auto" and r["wall_clock_ratio"] is not None:
             print(f"{r['name']}: {r['wall_clock_ratio']:.3f}x no-spec (target >= {TARGET}), "

@@ -396,6 +396,8 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
 
 
 def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Optional[int]) -> list[dict]:
+    from nemo_rl_specdec.sim.price import price
+
     med = {key: _median([r.makespan_s for r in rs]) for key, rs in runs.items()}
     tag = f"seqs{seqs}" if seqs is not None else "seqs_all"
     out = []
@@ -448,6 +450,10 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
             "repeats": len(rs), "problems": opts["problems"], "samples": opts["samples"],
             "temperature": opts["temperature"], "max_new_tokens": opts["max_new_tokens"],
             "warm_rollouts": warm_n, "k": spec.num_speculative_tokens,
+            # the engines' own steps, priced: the slowest engine's priced rollout, median over repeats
+            "priced_makespan_s": _median([max(price(t, opts["profile"]).rollout_s for t in r.traces if t is not None)
+                                          for r in rs]),
+            "traces": [None if t is None else t.to_dict() for t in mid.traces],
             "per_step": [],
         })
     order = {p: i for i, p in enumerate(PLACEMENTS)}

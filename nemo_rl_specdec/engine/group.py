@@ -93,6 +93,7 @@ class GroupGenerateResult(GenerateResult):
     engine_seconds: list = field(default_factory=list)   # each engine's own generate time
     engine_finish_s: list = field(default_factory=list)  # dispatch -> that engine's last request done
     makespan_s: float = 0.0                              # dispatch -> the batch's last request done
+    traces: list = field(default_factory=list)           # each engine's Trace (None where it got no request)
 
 
 def budget_route(spec) -> str:
@@ -422,8 +423,9 @@ class EngineGroup:
         states: list = [{} for _ in range(self.num_engines)]
         finish = [0.0] * self.num_engines
         own_s = [0.0] * self.num_engines
+        traces: list = [None] * self.num_engines
         for j, (res, _t0, t1) in zip(active, got):
-            rolls[j], engine_metrics[j], states[j] = res.rollouts, res.metrics, res.state
+            rolls[j], engine_metrics[j], states[j], traces[j] = res.rollouts, res.metrics, res.state, res.trace
             finish[j], own_s[j] = t1 - t_dispatch, res.metrics.seconds
 
         # every request back exactly once, from the engine it was sent to
@@ -457,7 +459,8 @@ class EngineGroup:
             rollouts, metrics, state, placement=placement, budget=budget, budget_via=self.budget_via,
             assignment=assignment, engine_of=plan.engine_of, predicted_len=preds,
             budgets=[(k if b is None else b) if self.spec.enabled else None for b in budgets],
-            engine_metrics=engine_metrics, engine_seconds=own_s, engine_finish_s=finish, makespan_s=makespan)
+            engine_metrics=engine_metrics, engine_seconds=own_s, engine_finish_s=finish, makespan_s=makespan,
+            traces=traces)
 
     def observe(self, rollouts: Sequence[Rollout | RolloutRecord]) -> int:
         """Record finished rollouts' lengths (per problem id) in the predictor; returns how many."""
