@@ -11,10 +11,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 from nemo_rl_specdec.schema import ConfigError
-
 
 # (option, is a directory) of every output a command writes; checked before the command runs
 OUTPUTS = {"generate": (("out", False),), "demo": (("out", True),), "bench": (("json", False),),
@@ -90,7 +88,7 @@ def _validate(args) -> int:
 MAX_SAMPLES = 100_000  # prompts x --n of one `generate`: more is hours of rollouts
 
 
-def read_prompts(path: str, vocab_size: Optional[int] = None) -> list[dict]:
+def read_prompts(path: str, vocab_size: int | None = None) -> list[dict]:
     """The `--prompts` JSONL of `generate`: one {"prompt": text} or {"prompt_token_ids": [...]} per
     line, optional "problem_id" (a string or an int); token ids below `vocab_size`. Errors name the line."""
     p = Path(path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
@@ -31,13 +31,13 @@ class DistillConfig(_Strict):
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the drafter")
     epochs: int = Field(2, ge=1, description="passes over the step's rollouts per refresh")
     micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per teacher/drafter forward")
-    max_tokens: Optional[int] = Field(
+    max_tokens: int | None = Field(
         8192, ge=1, description="rollout tokens distilled per step and trainer rank (the first ones, in "
                                 "order); the teacher's final hidden states of these are held per step; null: all")
 
 
 class RefreshConfig(_Strict):
-    mode: Optional[Literal["frozen", "refit", "online", "rebuild"]] = None  # None: drafter default
+    mode: Literal["frozen", "refit", "online", "rebuild"] | None = None  # None: drafter default
     every_n_steps: int = Field(1, ge=1)
     max_policy_lag: int = Field(0, ge=0, description="async: policy_version - drafter_version allowed")
     distill: DistillConfig = DistillConfig()
@@ -47,12 +47,12 @@ class SchedulingConfig(_Strict):
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
     # unset: adaptive where our proposer judges each step and auto_disable is on (DAS, n-gram with
     # ngram.backend: specdec), else uniform
-    budget: Optional[Literal["uniform", "length_aware", "das", "adaptive"]] = None
+    budget: Literal["uniform", "length_aware", "das", "adaptive"] | None = None
     # [[batch_lo, batch_hi, k], ...] -> vLLM num_speculative_tokens_per_batch_size
-    k_by_batch_size: Optional[list[tuple[int, int, int]]] = None
+    k_by_batch_size: list[tuple[int, int, int]] | None = None
     # auto: a model drafter's k by batch size, chosen and re-checked from the engine's steps
     # (scheduling/k_auto.py), up to num_speculative_tokens
-    k: Optional[Literal["auto"]] = None
+    k: Literal["auto"] | None = None
     long_fraction: float = Field(0.25, gt=0, le=1, description="share of requests counted as long")
     short_fraction: float = Field(0.25, ge=0, lt=1, description="share of requests that never speculate")
 
@@ -113,7 +113,7 @@ class _SpecDecBlock(_Strict):
     on_refresh_error: Literal["raise", "disable"] = "raise"
     # per step, draft nothing where the drafts are predicted to lose (drafters/adaptive.py); unset: on
     # for drafters that judge each step themselves (DAS), off for the others
-    auto_disable: Optional[bool] = None
+    auto_disable: bool | None = None
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -217,7 +217,7 @@ class GenerationConfig(BaseModel):
     backend: Literal["vllm"] = "vllm"
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: Optional[int] = None
+    top_k: int | None = None
     max_new_tokens: int = Field(512, ge=1, le=1 << 24)
     vllm_cfg: VllmCfg = VllmCfg()
     speculative_decoding: SpecDecConfig = SpecDecConfig()
@@ -241,7 +241,7 @@ class GenerationConfig(BaseModel):
 class RunConfig:
     """A resolved run file: the whole dict, plus the validated generation block."""
 
-    def __init__(self, raw: dict, generation: GenerationConfig, source: Optional[str] = None):
+    def __init__(self, raw: dict, generation: GenerationConfig, source: str | None = None):
         self.raw = raw
         self.generation = generation
         self.source = source
@@ -307,7 +307,7 @@ class RunConfig:
             node = node[part]
         return node
 
-    def with_spec(self, **changes) -> "RunConfig":
+    def with_spec(self, **changes) -> RunConfig:
         """A copy with fields of the speculative block replaced (validated again).
 
         Starts from the block as written, so keys it leaves unset (e.g. `refresh.mode`) take the
@@ -322,7 +322,7 @@ class RunConfig:
 
 # --------------------------------------------------------------------------- loading
 
-def _known_keys(loc: list[str]) -> Optional[list[str]]:
+def _known_keys(loc: list[str]) -> list[str] | None:
     """Field names of the (nested) model at `loc` below `policy.generation`, if it is one of ours."""
     model: Any = GenerationConfig
     for part in loc:
@@ -368,7 +368,7 @@ def _reject_misspelt(node: dict, expected: str, path: str) -> None:
             )
 
 
-def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
+def validate_run_dict(raw: dict, source: str | None = None) -> RunConfig:
     """Validate a resolved run dict; raises ConfigError naming the dotted key path."""
     if not isinstance(raw, dict) or not isinstance(raw.get("policy"), dict):
         raise ConfigError("policy: missing; a run file needs a `policy:` mapping")
@@ -390,7 +390,7 @@ def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
     return RunConfig(raw, generation, source)
 
 
-def validate_spec_block(block: Optional[dict]) -> dict:
+def validate_spec_block(block: dict | None) -> dict:
     """The speculative block as plain data, validated and with the schema's defaults applied (what the
     driver hands every engine worker); raises ConfigError naming the dotted key path."""
     if block is not None and not isinstance(block, dict):
@@ -402,7 +402,7 @@ def validate_spec_block(block: Optional[dict]) -> dict:
     return generation.speculative_decoding.model_dump(mode="json")
 
 
-def resolve_config_path(path: Optional[str]) -> Path:
+def resolve_config_path(path: str | None) -> Path:
     """A run file path; names not found from the working directory (`tiny_cpu.yaml`,
     `configs/tiny_cpu.yaml`) are looked up in the bundled configs/ (resources.py)."""
     if path is None:
@@ -416,7 +416,7 @@ def resolve_config_path(path: Optional[str]) -> Path:
     raise ConfigError(f"run file {path!r} not found (looked in ., {configs_dir()})")
 
 
-def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
+def load_run_config(path: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
     """Load a self-contained run YAML, apply `key=value` overrides, resolve (yaml_loader.py), validate,
     and check the checkpoint paths it names (`RunConfig.check_paths`)."""
     p = resolve_config_path(path)
@@ -436,7 +436,7 @@ def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:
     return drafter_of(spec).draft_sample_method(spec, temperature)
 
 
-def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) -> Optional[dict]:
+def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) -> dict | None:
     """The `speculative_config` dict handed to `vllm.LLM`, or None when speculation is off."""
     if not spec.enabled:
         return None

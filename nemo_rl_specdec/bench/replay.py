@@ -16,8 +16,9 @@ each batch's rollouts after the batch (``specdec_rebuild``, version = batch inde
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -52,7 +52,7 @@ import functools
 import logging
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.bench import (
     MAX_ENGINES,
@@ -126,7 +126,7 @@ def _spearman(a: list, b: list) -> Any:
         return None
 
 
-def with_max_num_seqs(cfg: RunConfig, max_num_seqs: Optional[int]) -> RunConfig:
+def with_max_num_seqs(cfg: RunConfig, max_num_seqs: int | None) -> RunConfig:
     """A copy of the run config with `policy.generation.vllm_cfg.max_num_seqs` set (None: removed)."""
     raw = copy.deepcopy(cfg.raw)
     gen = raw["policy"].setdefault("generation", {})
@@ -195,7 +195,7 @@ def _key(row: dict) -> tuple:
     return row["drafter"], row["placement"], row["budget"] or "uniform"
 
 
-def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int]) -> tuple[dict, dict, int]:
+def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: int | None) -> tuple[dict, dict, int]:
     """Every configuration's rollouts ({(drafter, placement, budget): [result, ...]}), the problem draw
     of each, and the number of warm-up rollouts."""
     from transformers import AutoTokenizer
@@ -274,7 +274,7 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
     return runs, draws, warm_n
 
 
-def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Optional[int]) -> list[dict]:
+def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: int | None) -> list[dict]:
     med = {key: _median([r.makespan_s for r in rs]) for key, rs in runs.items()}
     tag = f"seqs{seqs}" if seqs is not None else "seqs_all"
     out = []
@@ -335,7 +335,7 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
     return out
 
 
-def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optional[int]) -> dict:
+def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: int | None) -> dict:
     """What placement alone could give on the batches this regime actually produced.
 
     Every measured rollout batch (all configurations and repeats: fresh T > 0 samples of the
@@ -349,8 +349,7 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optiona
     import numpy as np
 
     from nemo_rl_specdec.engine.group import DEFAULT_COST_MODEL
-    from nemo_rl_specdec.scheduling.placement import Request as Placed
-    from nemo_rl_specdec.scheduling.placement import place
+    from nemo_rl_specdec.scheduling.placement import Request as Placed, place
     from nemo_rl_specdec.sim.costmodel import CostModel
     from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest
 

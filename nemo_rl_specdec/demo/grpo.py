@@ -22,8 +22,9 @@ Then :meth:`GRPOTrainer.state_dict` gives the tensors to push to the engines wit
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any
 
 from nemo_rl_specdec.rollouts import token_sequences
 from nemo_rl_specdec.train.distill import micro_batches
@@ -56,7 +57,7 @@ class GRPOTrainer:
     def __init__(self, policy_dir: str | Path, lr: float = 1e-4, seed: int = 0, *, temperature: float = 1.0,
                  max_grad_norm: float = 1.0, clip_eps: float = 0.2, weight_decay: float = 0.0,
                  kl_coef: float = 0.0, dual_clip_c: float = 3.0, micro_batch_tokens: int = 2048, use_rollout_logprobs: bool = True,
-                 num_threads: Optional[int] = None):
+                 num_threads: int | None = None):
         import torch
         from transformers import AutoModelForCausalLM
 

@@ -18,7 +18,6 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
@@ -155,7 +154,7 @@ class RLLoop:
 
         self.warm_up()
         bar = tqdm(range(self.s.steps), desc=f"GRPO ({self.s.mode})", unit="step", disable=not self.progress)
-        pending: Optional[tuple] = None  # async: (thread, box, probs, reqs) of the batch in flight
+        pending: tuple | None = None  # async: (thread, box, probs, reqs) of the batch in flight
         for step in bar:
             probs, reqs = self.batch(step)
             if self.s.mode == "async" and pending is not None:

@@ -22,7 +22,7 @@ in `drafters/registry.py`:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nemo_rl_specdec.schema import PathError, Strict
 
@@ -59,7 +59,7 @@ class Drafter:
     bench_rows: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
 
     # ------------------------------------------------------------------ configuration
-    def settings(self, spec: "SpecDecConfig") -> Strict:
+    def settings(self, spec: SpecDecConfig) -> Strict:
         """The drafter's sub-block of `spec`."""
         return getattr(spec, self.name)
 
@@ -68,45 +68,45 @@ class Drafter:
         and what they are allowed for, as an error message says it."""
         return self.refresh_modes, f"drafter '{self.name}'"
 
-    def checkpoint(self, spec: "SpecDecConfig") -> Optional[str]:
+    def checkpoint(self, spec: SpecDecConfig) -> str | None:
         """Path of the drafter's own checkpoint (None: it has none, or it lives in the policy's)."""
         return None
 
-    def check(self, spec: "SpecDecConfig") -> None:
+    def check(self, spec: SpecDecConfig) -> None:
         """Cross-field rules of an enabled block; raise PathError (relative to the block)."""
         if self.kind == MODEL and not self.weights_in_policy_checkpoint and not self.checkpoint(spec):
             raise PathError(f"{self.name}.model", None, f"a checkpoint path when drafter is '{self.name}'")
 
-    def vllm_config(self, spec: "SpecDecConfig", temperature: float) -> dict:
+    def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
         """vLLM's `speculative_config` for this drafter (the k schedule is added by config.py)."""
         raise NotImplementedError
 
-    def draft_sample_method(self, spec: "SpecDecConfig", temperature: float) -> str:
+    def draft_sample_method(self, spec: SpecDecConfig, temperature: float) -> str:
         """`auto`: probabilistic drafts for model drafters at T>0 (lossless and far better accepted)."""
         if spec.draft_sample_method != "auto":
             return spec.draft_sample_method
         return "probabilistic" if (self.kind == MODEL and temperature > 0) else "greedy"
 
     # ------------------------------------------------------------------ runtime
-    def takes_request_budgets(self, spec: "SpecDecConfig") -> bool:
+    def takes_request_budgets(self, spec: SpecDecConfig) -> bool:
         """Whether per-request draft budgets (`extra_args["specdec_budget"]`) reach this drafter."""
         return False
 
-    def judges_steps(self, spec: "SpecDecConfig") -> bool:
+    def judges_steps(self, spec: SpecDecConfig) -> bool:
         """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/adaptive.py`:
         `auto_disable`, `scheduling.budget: adaptive`)."""
         return False
 
-    def caches_own_requests(self, spec: "SpecDecConfig") -> bool:
+    def caches_own_requests(self, spec: SpecDecConfig) -> bool:
         """Whether the drafter learns from the engine's own finished requests (vLLM's suffix cache)."""
         return False
 
-    def rollout_prompt_tail(self, spec: "SpecDecConfig") -> Optional[int]:
+    def rollout_prompt_tail(self, spec: SpecDecConfig) -> int | None:
         """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
         return None
 
-    def distiller(self, spec: "SpecDecConfig", *, temperature: float, seed: int = 0,
-                  model_path: Optional[str] = None, **kw: Any) -> "Distiller":
+    def distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int = 0,
+                  model_path: str | None = None, **kw: Any) -> Distiller:
         """The online trainer of this drafter (`refresh.mode: online`) with the hyper-parameters of
         `refresh.distill` (keyword arguments override them); `model_path` is the policy checkpoint."""
         d = spec.refresh.distill
@@ -114,8 +114,8 @@ class Drafter:
               "max_tokens": d.max_tokens, **kw}
         return self.build_distiller(spec, temperature=temperature, seed=seed, model_path=model_path, **kw)
 
-    def build_distiller(self, spec: "SpecDecConfig", *, temperature: float, seed: int,
-                        model_path: Optional[str], **kw: Any) -> "Distiller":
+    def build_distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int,
+                        model_path: str | None, **kw: Any) -> Distiller:
         from nemo_rl_specdec.train.distill import DistillInputError
 
         raise DistillInputError(f"drafter {self.name!r} has no online trainer")
@@ -126,14 +126,14 @@ class Drafter:
         drafters here keep nothing derived, except the ones that say so."""
 
     # ------------------------------------------------------------------ NeMo-RL
-    def weight_source(self, spec: "SpecDecConfig", trainer_exports_draft: bool, trains_mtp: bool) -> str:
+    def weight_source(self, spec: SpecDecConfig, trainer_exports_draft: bool, trains_mtp: bool) -> str:
         """Where the drafter's weights come from in a NeMo-RL run. `trainer_exports_draft`:
         `policy.draft.enabled`; `trains_mtp`: `policy.megatron_cfg.mtp_num_layers > 0`."""
         if self.kind == LIST:
             return SOURCE_NONE
         return SOURCE_POLICY_DISTILL if spec.refresh.mode == "online" else SOURCE_CHECKPOINT
 
-    def check_nemo_rl(self, spec: "SpecDecConfig", policy: dict) -> None:
+    def check_nemo_rl(self, spec: SpecDecConfig, policy: dict) -> None:
         """Drafter-specific rules against the rest of a NeMo-RL run's `policy` (ConfigError)."""
 
 
@@ -142,18 +142,18 @@ class CheckpointDrafter(Drafter):
     """A model drafter with its own checkpoint in `<name>.model`, run by vLLM's method of the same
     name, and trained online by the `Distiller` that `distiller_class()` returns."""
 
-    def checkpoint(self, spec: "SpecDecConfig") -> Optional[str]:
+    def checkpoint(self, spec: SpecDecConfig) -> str | None:
         return self.settings(spec).model
 
-    def vllm_config(self, spec: "SpecDecConfig", temperature: float) -> dict:
+    def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
         return {"method": self.name, "model": self.checkpoint(spec), "num_speculative_tokens": spec.num_speculative_tokens,
                 "draft_sample_method": self.draft_sample_method(spec, temperature)}
 
     def distiller_class(self) -> type:
         raise NotImplementedError
 
-    def build_distiller(self, spec: "SpecDecConfig", *, temperature: float, seed: int,
-                        model_path: Optional[str], **kw: Any) -> "Distiller":
+    def build_distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int,
+                        model_path: str | None, **kw: Any) -> Distiller:
         from nemo_rl_specdec.train.distill import DistillInputError
 
         if not self.checkpoint(spec):

@@ -21,7 +21,7 @@ import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import Field
 
@@ -32,7 +32,7 @@ from nemo_rl_specdec.train.kl import linear_forward_kl
 
 
 class Eagle3Config(Strict):
-    model: Optional[str] = Field(None, description="path of an Eagle3 head checkpoint for the policy (its config "
+    model: str | None = Field(None, description="path of an Eagle3 head checkpoint for the policy (its config "
                                  "names the aux layers it reads)")
 
 

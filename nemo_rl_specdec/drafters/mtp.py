@@ -16,10 +16,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
-from nemo_rl_specdec.train.distill import DistillInputError, Distiller, check_trainable, last_layer_output
+from nemo_rl_specdec.train.distill import Distiller, DistillInputError, check_trainable, last_layer_output
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
 MTP_PREFIX = "model.mtp_layers.0."
@@ -212,7 +211,7 @@ class MTPDistiller(Distiller):
         """The MTP layer's tensors as ``model.mtp_layers.0.*`` (what vLLM's MiMo MTP drafter loads)."""
         return self.mtp.checkpoint_tensors()
 
-    def save(self, path: str | Path, policy_state_dict: Optional[dict] = None) -> None:
+    def save(self, path: str | Path, policy_state_dict: dict | None = None) -> None:
         """A full MiMo checkpoint directory: the policy (`policy_state_dict`, else the original one's
         non-MTP tensors) plus the current MTP layer, config and tokenizer files copied."""
         import shutil

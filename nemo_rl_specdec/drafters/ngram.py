@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -71,10 +71,10 @@ class NgramProposer(SpecdecProposer):
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "withheld_drafts": 0,
                          "propose_s": 0.0, "propose_cpu_s": 0.0}
         self._reqs: dict = {}  # request id -> [tokens of its last proposed draft or None, withheld drafts]
-        self.settings: Optional[dict] = None
+        self.settings: dict | None = None
         self.configure(None)
 
-    def configure(self, spec: Optional[dict]) -> None:
+    def configure(self, spec: dict | None) -> None:
         """Settings from the speculative block (`None`: schema defaults)."""
         c = NgramConfig(**{k: v for k, v in ((spec or {}).get("ngram") or {}).items()})
         old = self.settings or {}

@@ -57,14 +57,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from nemo_rl_specdec.drafters.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
+from nemo_rl_specdec.drafters.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.staging import StagedRebuild
 from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
@@ -171,13 +171,13 @@ _LOCAL = _SOURCE_INDEX["local"]
 
 @dataclass
 class _ReqState:
-    problem_id: Optional[str]
+    problem_id: str | None
     budget: int  # max drafts for this request (already clamped to k)
     prompt_len: int = 0
-    predicted: Optional[float] = None  # predicted output length; past it the budget becomes k
+    predicted: float | None = None  # predicted output length; past it the budget becomes k
     local: Any = None  # arctic SuffixTree of this request's own prompt + output, built lazily
     local_upto: int = 0  # tokens of the context already in `local`
-    live_id: Optional[int] = None  # this request's in-flight entry in the store
+    live_id: int | None = None  # this request's in-flight entry in the store
     live_upto: int = 0  # tokens of the context already in the in-flight entry
     last_src: int = -1  # source index of the draft proposed at the last step (-1: none), for calibration
     last_probs: Any = None  # its tokens' tree-estimated path probabilities
@@ -194,7 +194,7 @@ def _rollout_rows(rollouts):
     return rollouts if isinstance(rollouts, RolloutBatch) else list(rollouts)
 
 
-def _suffix_settings(spec: Optional[dict]) -> dict:
+def _suffix_settings(spec: dict | None) -> dict:
     """The `suffix` sub-block of the speculative block, validated with the config schema."""
     raw = dict((spec or {}).get("suffix") or {})
     return SuffixConfig(**raw).model_dump()
@@ -215,21 +215,21 @@ class DASProposer(SpecdecProposer):
         self.calibrated = True
         self.version = 0  # policy version installed by the last rebuild: tags in-flight entries
         self._reqs: dict = {}
-        self.trace: Optional[list] = None
+        self.trace: list | None = None
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "from_problem": 0,
                          "from_global": 0, "from_local": 0, "budget_zero": 0, "budget_promoted": 0, "propose_s": 0.0,
                          "propose_cpu_s": 0.0,
                          "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0, "no_problem_id": 0,
                          "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0}
-        self._staged: Optional[StagedRebuild] = None
+        self._staged: StagedRebuild | None = None
         # the last staged rebuild installed: its version, the install's wait (the critical path) and
         # the rebuild's own wall and CPU seconds on its thread(s)
-        self.last_install: Optional[dict] = None
+        self.last_install: dict | None = None
         self._from = [0] * len(SOURCES)  # drafts per source within one propose call
         self.configure(None)
 
     # ------------------------------------------------------------------ lifecycle
-    def configure(self, spec: Optional[dict]) -> None:
+    def configure(self, spec: dict | None) -> None:
         """(Re)build the store from the speculative block (`None`: schema defaults). Drops content."""
         s = _suffix_settings(spec)
         self._drop_staged()
@@ -297,7 +297,7 @@ class DASProposer(SpecdecProposer):
         self.counters["staged"] += 1
         return {"staged_version": version, "rollouts": len(rows), "appended": before is not None}
 
-    def specdec_wait_staged(self, timeout: Optional[float] = None) -> bool:
+    def specdec_wait_staged(self, timeout: float | None = None) -> bool:
         """Wait up to `timeout` seconds for the staged rebuild to finish (True if none is pending)."""
         job = self._staged
         return True if job is None else job.wait(timeout)

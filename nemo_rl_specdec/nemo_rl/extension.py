@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.nemo_rl import api
 from nemo_rl_specdec.update import PolicyUpdate
@@ -34,7 +34,7 @@ SPECDEC_MIXIN = "nemo_rl_specdec.engine.worker_extension.SpecDecWorkerExtension"
 REFIT_RPCS = ("update_weights_via_ipc_zmq", "update_weights_from_collective", "nccl_reshard_refit")
 
 
-def find_drafter_model(worker: Any) -> Optional[Any]:
+def find_drafter_model(worker: Any) -> Any | None:
     """The live drafter module, wherever this vLLM version keeps it.
 
     vLLM >= 0.32 has `worker.get_draft_model()`; the V1 runner keeps it at
@@ -64,10 +64,10 @@ class SpecDecHostHooks:
     `specdec_state`) further down the MRO. `refit_hooks(host)` adds the refit wrappers.
     """
 
-    _specdec_pending: Optional[PolicyUpdate] = None
-    _specdec_loaded_names: Optional[list] = None
-    _specdec_loaded_drafter: Optional[list] = None
-    _specdec_last_update: Optional[dict] = None
+    _specdec_pending: PolicyUpdate | None = None
+    _specdec_loaded_names: list | None = None
+    _specdec_loaded_drafter: list | None = None
+    _specdec_last_update: dict | None = None
     _specdec_updates: int = 0
 
     # -- RPCs

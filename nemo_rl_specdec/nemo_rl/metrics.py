@@ -60,7 +60,8 @@ Ours:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 PREFIX = "specdec/"
 NRL_DRAFTS = "vllm/spec_num_drafts"
@@ -79,7 +80,7 @@ NO_DRAFTS_HINT = (
 )
 
 
-def _num(x: Any) -> Optional[float]:
+def _num(x: Any) -> float | None:
     if isinstance(x, bool):
         return float(x)
     if isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x)):
@@ -186,8 +187,8 @@ def imbalance(loads: Iterable[float]) -> float:
     return max(loads) / (sum(loads) / len(loads))
 
 
-def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: Optional[AcceptanceByLag],
-                 placement: Optional[dict] = None, spec_enabled: bool = True) -> dict[str, float]:
+def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: AcceptanceByLag | None,
+                 placement: dict | None = None, spec_enabled: bool = True) -> dict[str, float]:
     """Our `specdec/*` keys for one step (NeMo-RL's `vllm/spec_*` keys are returned unchanged beside them)."""
     out = version_metrics(reports) if reports else {}
     drafts = _num(vllm_metrics.get(NRL_DRAFTS))
@@ -206,7 +207,7 @@ def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: Optional[Acce
     return out
 
 
-def no_drafts_warning(vllm_metrics: dict, spec_enabled: bool) -> Optional[str]:
+def no_drafts_warning(vllm_metrics: dict, spec_enabled: bool) -> str | None:
     drafts = _num(vllm_metrics.get(NRL_DRAFTS))
     if spec_enabled and drafts is not None and drafts == 0:
         return NO_DRAFTS_HINT

@@ -24,8 +24,9 @@ import importlib
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from nemo_rl_specdec import models
 from nemo_rl_specdec.config import ConfigError
@@ -99,7 +100,7 @@ def make_validate_wrapper(original: Callable) -> Callable:
     return validate
 
 
-def install(env: Optional[dict] = None, gen_cfg: Optional[dict] = None,
+def install(env: dict | None = None, gen_cfg: dict | None = None,
             trains_mtp: bool = False, exports_draft: bool = False) -> list[tuple[Any, str, Any]]:
     """Check support for `gen_cfg` (NeMo-RL's `policy.generation` with our block), then apply the
     substitutions; returns (object, attribute, previous value) for `uninstall`. Raises
@@ -161,7 +162,7 @@ def uninstall(undo: list[tuple[Any, str, Any]]) -> None:
             setattr(obj, name, old)
 
 
-def write_composed(composed: config_loader.Composed, out_dir: Optional[str] = None) -> Path:
+def write_composed(composed: config_loader.Composed, out_dir: str | None = None) -> Path:
     """The composed run file (parents merged, interpolations kept) for NeMo-RL's own loader."""
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="nemo_rl_specdec_"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +171,7 @@ def write_composed(composed: config_loader.Composed, out_dir: Optional[str] = No
     return path
 
 
-def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
+def prepare(argv: list[str]) -> tuple[int, dict | None]:
     """Steps 1-2 (no NeMo-RL import). Returns (exit code or -1 to continue, launch plan)."""
     args, overrides = parse_args(argv)
     root = api.find_nemo_rl_root()
@@ -213,7 +214,7 @@ def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
                 "generation": policy.get("generation"), "trains_mtp": trains_mtp, "exports_draft": exports_draft}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     code, plan = prepare(argv)
     if code >= 0:

@@ -40,7 +40,7 @@ import importlib
 import logging
 import sys
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.nemo_rl import api, payload, translate
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
@@ -54,7 +54,7 @@ REFIT_CHECKPOINT_METHOD = "update_weights_from_checkpoint_engine"
 _REQUEST_EXTRAS: contextvars.ContextVar = contextvars.ContextVar("specdec_request_extras", default=None)
 
 
-def request_extras(data: Any) -> Optional[list]:
+def request_extras(data: Any) -> list | None:
     """Per row: the draft budget and predicted length the driver attached (`payload.BUDGET_KEY`...)."""
     budgets, preds = data.get(payload.BUDGET_KEY), data.get(payload.PREDICTED_KEY)
     if budgets is None:
@@ -69,7 +69,7 @@ def request_extras(data: Any) -> Optional[list]:
     return out
 
 
-def with_extra_args(prompts: Any, sampling_params: Any, extras: Optional[list]) -> Any:
+def with_extra_args(prompts: Any, sampling_params: Any, extras: list | None) -> Any:
     """`sampling_params` as one clone per prompt whose `extra_args` carry the prompt's problem id
     and its row of `extras`; a single prompt (async engine) gets a single clone."""
     single = isinstance(prompts, dict) or not isinstance(prompts, (list, tuple))
@@ -128,7 +128,7 @@ class SpecDecWorkerState:
         self._specdec_k_auto = None  # scheduling/k_auto.py's KAuto, on the sync engine with scheduling.k: auto
         self._specdec_last_staged = 0  # rollouts this engine handed to the drafters for the last update
         self._specdec_pending_staged = 0  # ... and for the next one, so far
-        self._specdec_staged_for: Optional[int] = None  # the version a background rebuild is staged for
+        self._specdec_staged_for: int | None = None  # the version a background rebuild is staged for
         self._specdec_last_stage: dict = {}  # the last end-of-generation staging: version, rollouts, seconds
         self._specdec_engine = uuid.uuid4().hex[:12]
         self._specdec_exchange_name = config.get(translate.EXCHANGE_KEY)
@@ -217,7 +217,7 @@ class SpecDecWorkerState:
         return (self._specdec_stash is not None and self._specdec_spec.refresh.mode == "rebuild"
                 and self._specdec_refreshes(self._specdec_version + 1))
 
-    def _specdec_stage_target(self, refs: list) -> Optional[int]:
+    def _specdec_stage_target(self, refs: list) -> int | None:
         """After the end-of-generation swap: the version to stage `refs` (all engines' rollouts) for, or
         None. Every engine sees the same refs, so all stage or none do (a validation phase: no refs);
         an engine whose drafter was disabled after a refresh error swaps but stages nothing."""

@@ -26,8 +26,9 @@ request's position in the caller's batch; `place` returns those indices, and
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 PLACEMENTS = ("contiguous", "round_robin", "length_aware")
 

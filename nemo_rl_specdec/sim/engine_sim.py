@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -69,10 +69,10 @@ class SpecPolicy:
     budget: str = "uniform"
     long_fraction: float = 0.25
     short_fraction: float = 0.25
-    medium_k: Optional[int] = None
-    schedule: Union[None, str, Sequence[Sequence[int]]] = None   # [(lo, hi, k), ...] or "per_step"
+    medium_k: int | None = None
+    schedule: None | str | Sequence[Sequence[int]] = None   # [(lo, hi, k), ...] or "per_step"
     interval: int = 64
-    acceptance: Union[float, Sequence[float]] = 0.7   # what the budget policy believes
+    acceptance: float | Sequence[float] = 0.7   # what the budget policy believes
     auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/adaptive.drafts_pay) per event
 
 
@@ -94,9 +94,9 @@ class EngineStats:
 
 
 class EngineSim:
-    def __init__(self, engine_id: int, cost: CostModel, spec: Optional[SpecPolicy], max_num_seqs: int,
-                 remaining: Callable[[SimRequest, float], float], kv_capacity: Optional[float] = None,
-                 coverage: float = 1.0, by_response_position: Optional[Sequence[Sequence[float]]] = None):
+    def __init__(self, engine_id: int, cost: CostModel, spec: SpecPolicy | None, max_num_seqs: int,
+                 remaining: Callable[[SimRequest, float], float], kv_capacity: float | None = None,
+                 coverage: float = 1.0, by_response_position: Sequence[Sequence[float]] | None = None):
         self.engine_id = engine_id
         self.cost = cost
         self.spec = spec if (spec is not None and spec.k > 0) else None
@@ -139,7 +139,7 @@ class EngineSim:
             heapq.heappush(self._pauses, (start, duration))
 
     # ------------------------------------------------------------------ run
-    def run_until_done(self, batch: int) -> Optional[float]:
+    def run_until_done(self, batch: int) -> float | None:
         """Simulate until every request of `batch` on this engine has finished; returns the
         finish time of its last request (None if the engine got none of the batch)."""
         while self._pending.get(batch, 0) > 0:
@@ -224,7 +224,7 @@ class EngineSim:
         self.stats.budget_recomputes += 1
         return np.asarray(out, dtype=int)
 
-    def _rule_inputs(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> tuple[list, float, float]:
+    def _rule_inputs(self, cap: np.ndarray, factors: np.ndarray | None) -> tuple[list, float, float]:
         """(gains, t0, price of a draft token) of the engines' per-step rule this event (module doc);
         `factors`: each request's response-position factor, or None."""
         n = len(self._active)
@@ -241,11 +241,11 @@ class EngineSim:
         per_tok = max(0.0, self.cost.mean_step_time(n, d, ctx) - t0) / (max(1, n) * d)
         return [c * g[i, :int(cap[i])] for i in range(n)], t0, c * per_tok
 
-    def _adaptive(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> np.ndarray:
+    def _adaptive(self, cap: np.ndarray, factors: np.ndarray | None) -> np.ndarray:
         """`budget: adaptive`: each request's drafts this event, at most `cap`."""
         return np.asarray(draft_lengths(*self._rule_inputs(cap, factors)), dtype=int)
 
-    def _pays(self, d: np.ndarray, factors: Optional[np.ndarray]) -> bool:
+    def _pays(self, d: np.ndarray, factors: np.ndarray | None) -> bool:
         """`auto_disable`: whether this event's drafts are worth their verification."""
         return drafts_pay(*self._rule_inputs(d, factors))
 

@@ -11,7 +11,7 @@ number of engines. `format_table` and `format_summary` print them (the `simulate
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class SimulationError(ScenarioError):
     """A result came out NaN or infinite: the scenario describes something the model cannot time."""
 
 
-def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunResult] = None) -> dict[str, Any]:
+def compare(sc, base: RunResult, spec: RunResult, placement_only: RunResult | None = None) -> dict[str, Any]:
     gpus = spec.num_engines * sc.hardware.gpus_per_engine
     serving = sc.workload.steady_state        # no trainer: nothing waits for the rollouts
     sync = sc.rl.mode == "sync" and not serving
@@ -117,7 +117,7 @@ def calibration_variants(path: str, overrides: list[str] = ()) -> list[tuple[Any
 
 
 def check_calibration_points(path: str, overrides: list[str] = (),
-                             variants: Optional[list[tuple[Any, Any]]] = None) -> list[dict[str, Any]]:
+                             variants: list[tuple[Any, Any]] | None = None) -> list[dict[str, Any]]:
     """Each of the scenario's `calibration_points`: the variant simulated (scenario file at
     `path` with the point's overrides, then the caller's) and its targets checked; `variants`:
     `calibration_variants` already loaded."""
@@ -237,7 +237,7 @@ def _cost_summary(sc, cm: CostModel) -> dict[str, Any]:
             f"step_s_batch_{b}_k": cm.mean_step_time(b, sc.speculation.k, ctx)}
 
 
-def run_sweeps(sc, base: Optional[RunResult] = None, batches=None) -> dict[str, list[dict[str, float]]]:
+def run_sweeps(sc, base: RunResult | None = None, batches=None) -> dict[str, list[dict[str, float]]]:
     if batches is None:
         batches = make_batches(sc.workload, sc.rl.num_steps, sc.seed)
     if base is None:

@@ -16,19 +16,22 @@ file, then in configs/sim/) and overrides its keys. Reading, overrides (`key=val
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
+import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_lookups, config_path
 from nemo_rl_specdec.scheduling.budget import expected_accepted
+from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
 
@@ -158,7 +161,7 @@ class ModelSpec(_Strict):
     num_layers: int = Field(0, ge=0, le=10_000)
     hidden_size: int = Field(0, ge=0, le=1_000_000)
     activation_bytes: int = Field(2, ge=1, le=8)
-    experts: Optional[Experts] = None
+    experts: Experts | None = None
 
     def shape(self) -> ModelShape:
         e = self.experts
@@ -173,29 +176,29 @@ class RooflineSpec(_Strict):
     overhead of a forward, the CUDA-graph capture sizes and the tensor-parallel link; or
     `measured`: the first five fitted on timed forwards (`tools/time_forward.py`, sim/fit.py)."""
 
-    measured: Optional[str] = Field(
+    measured: str | None = Field(
         None, description="a time_forward samples JSON (a path, or a name below configs/sim/): mem_bw_Bps, "
                           "flops_per_s, overhead_s, eager_overhead_s and overhead_per_seq_s are fitted on it")
-    mem_bw_Bps: Optional[float] = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
+    mem_bw_Bps: float | None = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
                                         description="effective HBM bandwidth per GPU, bytes/s", **_unit("B/s"))
-    flops_per_s: Optional[float] = Field(None, ge=FLOP_RATE[0], le=FLOP_RATE[1], description="effective dense FLOP/s "
+    flops_per_s: float | None = Field(None, ge=FLOP_RATE[0], le=FLOP_RATE[1], description="effective dense FLOP/s "
                                          "per GPU at the model's precision", **_unit("FLOP/s"))
-    overhead_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="fixed time per forward: launch, "
+    overhead_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="fixed time per forward: launch, "
                                         "scheduling, sampling", **_unit("s"))
-    capture_sizes: Union[Literal["vllm", "none"], list[int]] = "none"
+    capture_sizes: Literal["vllm", "none"] | list[int] = "none"
     max_capture_size: int = Field(512, ge=1, le=MAX_CAPTURE_SIZE, description="the largest vLLM default capture size")
-    eager_overhead_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="extra time of a step past "
+    eager_overhead_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="extra time of a step past "
                                               "the largest capture size", **_unit("s"))
-    overhead_per_seq_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="time per request in a "
+    overhead_per_seq_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="time per request in a "
                                                 "step", **_unit("s"))
-    allreduce_bw_Bps: Optional[float] = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
+    allreduce_bw_Bps: float | None = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
                                               description="tensor-parallel link bandwidth per GPU", **_unit("B/s"))
     allreduce_latency_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="latency of one all-reduce",
                                        **_unit("s"))
-    _fit: Optional[dict] = PrivateAttr(None)
+    _fit: dict | None = PrivateAttr(None)
 
     @property
-    def fit(self) -> Optional[dict]:
+    def fit(self) -> dict | None:
         """The fit of `measured` (constants, residuals), None for data-sheet constants."""
         return self._fit
 
@@ -261,21 +264,21 @@ class Hardware(_Strict):
 
     name: str = "custom"
     gpus_per_engine: int = Field(1, ge=1, le=MAX_GPUS_PER_ENGINE)
-    c_base_s: Optional[float] = Field(None, ge=MIN_STEP_BASE_S, le=MAX_STEP_COST_S,
+    c_base_s: float | None = Field(None, ge=MIN_STEP_BASE_S, le=MAX_STEP_COST_S,
                                       description="fixed cost of one target forward (s)", **_unit("s"))
-    c_tok_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="cost per token processed in the "
+    c_tok_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="cost per token processed in the "
                                      "step (s)", **_unit("s"))
     c_ctx_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per context token per request per step: "
                            "KV reads (s)", **_unit("s"))
     c_seq_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per request in the step (scheduling, "
                            "sampling) (s)", **_unit("s"))
-    fit_samples: Optional[list[tuple[float, float]]] = Field(
+    fit_samples: list[tuple[float, float]] | None = Field(
         None, description="[[tokens_in_step, seconds], ...]: c_base_s and c_tok_s fitted by least squares"
     )
     max_num_seqs: int = Field(256, ge=1, le=MAX_NUM_SEQS, description="requests decoded concurrently per engine")
-    roofline: Optional[RooflineSpec] = None
-    kv_capacity_tokens: Optional[int] = Field(None, ge=1, le=MAX_KV_TOKENS, description="KV cache tokens per engine")
-    memory_bytes: Optional[float] = Field(None, ge=GPU_MEMORY_BYTES[0], le=GPU_MEMORY_BYTES[1],
+    roofline: RooflineSpec | None = None
+    kv_capacity_tokens: int | None = Field(None, ge=1, le=MAX_KV_TOKENS, description="KV cache tokens per engine")
+    memory_bytes: float | None = Field(None, ge=GPU_MEMORY_BYTES[0], le=GPU_MEMORY_BYTES[1],
                                           description="memory per GPU (derives kv_capacity_tokens)", **_unit("bytes"))
     memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization")
 
@@ -317,7 +320,7 @@ class Hardware(_Strict):
                 raise _PathError("hardware.fit_samples", self.fit_samples, str(e)) from None
         return self
 
-    def roofline_model(self) -> Optional[Roofline]:
+    def roofline_model(self) -> Roofline | None:
         r = self.roofline
         if r is None:
             return None
@@ -338,7 +341,7 @@ class Drafter(_Strict):
     given, plus `fwd_base_s`."""
 
     name: str = Field("suffix", description="a registered or published drafter (kind implied), or 'custom'")
-    kind: Optional[Literal["list", "model", "block"]] = None
+    kind: Literal["list", "model", "block"] | None = None
     fwd_base_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="fixed cost of one draft forward",
                               **_unit("s"))
     tok_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per draft token", **_unit("s"))
@@ -350,7 +353,7 @@ class Drafter(_Strict):
         0.0, ge=0, le=MAX_STEP_COST_S, description="fixed cost of a speculative step (rejection sampling; list "
         "drafters: the host sync)", **_unit("s"))
     coverage: float = Field(1.0, gt=0, le=1, description="list drafters: share of request-steps with a match")
-    model: Optional[ModelSpec] = Field(None, description="the drafter's shape, for the roofline")
+    model: ModelSpec | None = Field(None, description="the drafter's shape, for the roofline")
 
     @model_validator(mode="after")
     def _kind(self):
@@ -378,18 +381,18 @@ class Acceptance(_Strict):
     the per-position acceptance when measured_at_k is given), or bench_json (a bench result's
     accepted_per_position). See sim/acceptance.py."""
 
-    alpha: Optional[float] = Field(None, ge=0, le=1)
-    conditional: Optional[list[float]] = None
-    per_position: Optional[list[float]] = None
-    mean_accepted_length: Optional[float] = Field(None, ge=1, le=MAX_K + 1)
-    bench_json: Optional[str] = Field(None, description="a `nemo-rl-specdec bench --json` file")
-    bench_result: Optional[str] = Field(None, description="the result's name in bench_json (default: the only one)")
-    measured_at_k: Optional[int] = Field(
+    alpha: float | None = Field(None, ge=0, le=1)
+    conditional: list[float] | None = None
+    per_position: list[float] | None = None
+    mean_accepted_length: float | None = Field(None, ge=1, le=MAX_K + 1)
+    bench_json: str | None = Field(None, description="a `nemo-rl-specdec bench --json` file")
+    bench_result: str | None = Field(None, description="the result's name in bench_json (default: the only one)")
+    measured_at_k: int | None = Field(
         None, ge=1, le=MAX_K, description="the k at which mean_accepted_length was measured (default: speculation.k)"
     )
     decay: float = Field(1.0, gt=0, le=1, description="conditional acceptance falls by this factor per position")
     spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha; keeps the mean accepted length")
-    by_response_position: Optional[list[list[float]]] = Field(
+    by_response_position: list[list[float]] | None = Field(
         None, description="[[from_position, factor], ...]: from that many response tokens on, a request's accepted "
         "drafts per step are multiplied by factor (never above its drafts); first from_position 0, ascending")
 
@@ -445,8 +448,8 @@ class Speculation(_Strict):
     budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
     long_fraction: float = Field(0.25, gt=0, le=1)
     short_fraction: float = Field(0.25, ge=0, lt=1)
-    medium_k: Optional[int] = Field(None, ge=0, le=MAX_K)
-    k_by_batch_size: Union[None, Literal["auto", "per_step"], list[tuple[int, int, int]]] = None
+    medium_k: int | None = Field(None, ge=0, le=MAX_K)
+    k_by_batch_size: None | Literal["auto", "per_step"] | list[tuple[int, int, int]] = None
     budget_interval_steps: int = Field(64, ge=1, le=MAX_BUDGET_INTERVAL, description="recompute budgets at least "
                                        "this often")
     auto_disable: bool = Field(False, description="list drafters: the engines' per-step off switch "
@@ -496,8 +499,8 @@ class Lengths(_Strict):
     sigma_within: float = Field(0.5, ge=0, le=MAX_SIGMA)
     min_len: int = Field(1, ge=1, le=MAX_TOKENS, **_unit("tokens"))
     max_len: int = Field(8192, ge=1, le=MAX_TOKENS, **_unit("tokens"))
-    values: Optional[list[int]] = None
-    groups: Optional[list[list[int]]] = None
+    values: list[int] | None = None
+    groups: list[list[int]] | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -552,8 +555,8 @@ class RL(_Strict):
     refit_s: float = Field(0.0, ge=0, le=MAX_PHASE_S, description="weight update of the engines (blocks generation)",
                            **_unit("s"))
     refit_blocks_training: bool = Field(False, description="async: the trainer also waits for the refit")
-    colocated: Optional[bool] = Field(None, description="generation and training on the same GPUs (default: sync)")
-    training_gpus: Optional[int] = Field(None, ge=1, le=MAX_TRAINING_GPUS, description="GPUs of the training pool "
+    colocated: bool | None = Field(None, description="generation and training on the same GPUs (default: sync)")
+    training_gpus: int | None = Field(None, ge=1, le=MAX_TRAINING_GPUS, description="GPUs of the training pool "
                                          "(default: generation's)")
     training_flops_per_s: float = Field(0.0, ge=0, le=FLOP_RATE[1], description="effective FLOP/s per training GPU "
                                         "(0: not given)", **_unit("FLOP/s"))
@@ -586,7 +589,7 @@ class Baseline(_Strict):
 class Sweep(_Strict):
     k: list[int] = [1, 2, 3, 4, 5, 6, 8]
     alpha: list[float] = [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-    num_engines: Optional[list[int]] = Field(None, description="default: cluster size x 1/4, 1/2, 1, 2, 4")
+    num_engines: list[int] | None = Field(None, description="default: cluster size x 1/4, 1/2, 1, 2, 4")
     cluster_scaling: Literal["strong", "weak"] = Field(
         "weak", description="weak: prompts per step grow with the cluster; strong: fixed batch"
     )
@@ -606,10 +609,10 @@ class Sweep(_Strict):
 class Target(_Strict):
     """A published figure: `value` within +-`tolerance` (relative), or a [min, max] range."""
 
-    value: Optional[float] = None
+    value: float | None = None
     tolerance: float = Field(0.10, ge=0, le=10)
-    min: Optional[float] = None
-    max: Optional[float] = None
+    min: float | None = None
+    max: float | None = None
     source: str = ""
 
     @model_validator(mode="after")
@@ -640,7 +643,7 @@ class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seeds every random draw (numpy needs it >= 0)")
-    model: Optional[ModelSpec] = Field(None, description="the target model's shape (the roofline needs it)")
+    model: ModelSpec | None = Field(None, description="the target model's shape (the roofline needs it)")
     hardware: Hardware
     cluster: Cluster = Cluster()
     drafter: Drafter = Drafter()
@@ -650,11 +653,11 @@ class Scenario(_Strict):
     rl: RL = RL()
     baseline: Baseline = Baseline()
     sweep: Sweep = Sweep()
-    calibration: Optional[dict[str, Target]] = Field(None, description="published figures to reproduce; null drops an extended file's")
-    calibration_points: Optional[list[CalibrationPoint]] = Field(
+    calibration: dict[str, Target] | None = Field(None, description="published figures to reproduce; null drops an extended file's")
+    calibration_points: list[CalibrationPoint] | None = Field(
         None, max_length=MAX_SWEEP_POINTS, description="variants of this scenario (overrides) with their published "
         "figures")
-    _source: Optional[str] = PrivateAttr(None)
+    _source: str | None = PrivateAttr(None)
 
     @property
     def source(self) -> str:
@@ -714,8 +717,8 @@ class Scenario(_Strict):
         return self
 
     # ------------------------------------------------------------------ work
-    def work(self, k: Optional[int] = None, num_engines: Optional[int] = None,
-             num_prompts: Optional[int] = None) -> tuple[int, str, str]:
+    def work(self, k: int | None = None, num_engines: int | None = None,
+             num_prompts: int | None = None) -> tuple[int, str, str]:
         """(events, key, what) of one simulated run with these overrides (the sweeps'): an upper
         estimate of the simulator's work in events (docs/simulator.md, "Limits"), the key that
         contributes most, and the sum spelled out. Counted: every request and history draw, every
@@ -753,8 +756,8 @@ class Scenario(_Strict):
             key = "speculation.k_by_batch_size" if sp.k_by_batch_size == "per_step" else "speculation.budget"
         return events, key, what
 
-    def check_work(self, k: Optional[int] = None, num_engines: Optional[int] = None,
-                   num_prompts: Optional[int] = None, at: Optional[tuple[str, Any]] = None) -> None:
+    def check_work(self, k: int | None = None, num_engines: int | None = None,
+                   num_prompts: int | None = None, at: tuple[str, Any] | None = None) -> None:
         """Refuse a run whose `work` exceeds MAX_EVENTS_PER_RUN, or whose k-by-batch-size table
         (`auto`) prices more than MAX_K_AUTO_EVALS steps. The error names the key that contributes
         most, or `at` (key, value): the sweep that asked for the run."""
@@ -808,7 +811,7 @@ class Scenario(_Strict):
             raise _PathError("drafter.model", None, f"the {self.drafter.name} drafter's shape (or drafter.fwd_base_s)")
 
     @property
-    def kv_capacity_tokens(self) -> Optional[float]:
+    def kv_capacity_tokens(self) -> float | None:
         """KV cache tokens per engine: given, or what memory_bytes leaves after the weights."""
         hw = self.hardware
         if hw.kv_capacity_tokens is not None:
@@ -839,7 +842,7 @@ class Scenario(_Strict):
 
     # ------------------------------------------------------------------ derived
     @property
-    def alpha(self) -> Optional[float]:
+    def alpha(self) -> float | None:
         """alpha of the conditionals alpha * decay**(j-1) (solved when mean_accepted_length is
         given); None for a measured curve."""
         a = self.acceptance
@@ -850,7 +853,7 @@ class Scenario(_Strict):
         return None
 
     @property
-    def acceptance_model(self) -> Union[float, list[float]]:
+    def acceptance_model(self) -> float | list[float]:
         """What the scheduling code takes as `acceptance`: alpha (geometric) or the unconditional
         per-position curve."""
         a = self.acceptance
@@ -893,13 +896,13 @@ def _num(x: float) -> str:
 def _unwrap(ann: Any) -> tuple[Any, bool]:
     """(the annotation inside Optional[...], whether it was Optional)."""
     args = typing.get_args(ann)
-    if typing.get_origin(ann) is Union and type(None) in args:
+    if typing.get_origin(ann) in (Union, types.UnionType) and type(None) in args:   # Optional[X] and X | None
         rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else Union[tuple(rest)]), True
+        return (rest[0] if len(rest) == 1 else functools.reduce(operator.or_, rest)), True
     return ann, False
 
 
-def _field_at(loc: tuple) -> tuple[Optional[Any], Optional[type]]:
+def _field_at(loc: tuple) -> tuple[Any | None, type | None]:
     """(the field named by a validation error's `loc`, the model that holds it); (None, model) when
     `loc` ends inside a list or mapping or does not name a field, with the model reached last."""
     ann: Any = Scenario
@@ -922,7 +925,7 @@ def _field_at(loc: tuple) -> tuple[Optional[Any], Optional[type]]:
     return info, holder
 
 
-def _range(info: Any) -> Optional[str]:
+def _range(info: Any) -> str | None:
     """What a numeric field allows, from its bounds: "an integer from 1 to 64", "a number > 0 and
     <= 1", with its unit, "or null" when it may be null; None for other fields."""
     ann, optional = _unwrap(info.annotation)
@@ -1009,7 +1012,7 @@ def _is(path: Path, kind: str) -> bool:
         return False
 
 
-def validate_scenario(raw: Any, source: Optional[Union[str, Path]] = None) -> Scenario:
+def validate_scenario(raw: Any, source: str | Path | None = None) -> Scenario:
     """The scenario of a resolved mapping; a ScenarioError naming `source` (the file) and each key at
     fault, one per line, otherwise."""
     where = f"{source}: " if source is not None else ""
@@ -1039,7 +1042,7 @@ def validate_scenario(raw: Any, source: Optional[Union[str, Path]] = None) -> Sc
     return sc
 
 
-def resolve_scenario_path(path: str, relative_to: Optional[Path] = None) -> Path:
+def resolve_scenario_path(path: str, relative_to: Path | None = None) -> Path:
     """A scenario path; bare names (`nvidia_qwen3_8b_rlzero.yaml`, with or without .yaml,
     `predictions/s1_nvidia_rlthink_k3`, `configs/sim/cpu_tiny.yaml`) are looked up next to
     `relative_to`, then in the bundled configs/sim/ and configs/ (resources.py)."""

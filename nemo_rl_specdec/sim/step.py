@@ -35,8 +35,8 @@ preemptions.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -88,7 +88,7 @@ def _phase_time(phase, batch: Batch, flops_per_s: float) -> float:
     return t
 
 
-def _accept_tables(sc, batch: Batch, k: int, acceptance: Union[float, Sequence[float]]) -> np.ndarray:
+def _accept_tables(sc, batch: Batch, k: int, acceptance: float | Sequence[float]) -> np.ndarray:
     """Per-request A(d), d = 0..k. With acceptance.spread > 0 each request has its own alpha,
     drawn around the mean that keeps the mean accepted length (sim/acceptance.py), from a
     generator seeded by the scenario seed and step, so every run agrees."""
@@ -105,9 +105,9 @@ def _overlap(busy: list, lo: float, hi: float) -> float:
     return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in busy)
 
 
-def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Optional[int] = None,
-                acceptance: Union[None, float, Sequence[float]] = None, num_engines: Optional[int] = None,
-                num_prompts: Optional[int] = None, batches: Optional[list[Batch]] = None) -> RunResult:
+def simulate_rl(sc, *, speculative: bool, placement: str | None = None, k: int | None = None,
+                acceptance: None | float | Sequence[float] = None, num_engines: int | None = None,
+                num_prompts: int | None = None, batches: list[Batch] | None = None) -> RunResult:
     """Simulate `sc.rl.num_steps` RL steps. Keyword overrides serve the sweeps; `batches`
     lets several runs share one workload draw."""
     spec_cfg = sc.speculation

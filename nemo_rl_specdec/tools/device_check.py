@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 TINY_CELLS = {  # drafter: (its checkpoint, the policy it drafts for), bundled assets
     "draft_model": ("tiny/draft", "tiny/policy"),
@@ -219,7 +218,7 @@ def imported_serving_stack() -> list[str]:
     return sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "ray"))
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--out", default=None, help="write the JSON here")

@@ -16,7 +16,7 @@ loss is ``sum_i weight_i * KL_i`` (weights 1/N: the mean over positions).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 CHUNK_ELEMENTS = 1 << 25  # floats in one [positions, vocabulary] chunk tensor (128 MB in fp32)
 
@@ -27,7 +27,7 @@ class KL(NamedTuple):
     counted: int  # positions counted for agreement
 
 
-def chunk_rows(vocab: int, chunk_elements: Optional[int] = None) -> int:
+def chunk_rows(vocab: int, chunk_elements: int | None = None) -> int:
     """Positions per chunk: `chunk_elements` (default CHUNK_ELEMENTS) floats per vocabulary-wide tensor."""
     return max(1, int(chunk_elements or CHUNK_ELEMENTS) // max(1, int(vocab)))
 
@@ -96,7 +96,7 @@ class _LinearForwardKL:
 
 
 def linear_forward_kl(h_s, w_s, h_t, w_t, *, temperature: float = 1.0, weights=None, agree=None,
-                      chunk_elements: Optional[int] = None) -> KL:
+                      chunk_elements: int | None = None) -> KL:
     """KL(p_teacher || q_student) at `temperature` for N positions, as ``sum_i weights_i * KL_i``.
 
     h_s [N, Hs], w_s [V, Hs]: the student's hidden states and output projection (either may require

@@ -610,8 +610,7 @@ def test_generate_async_routes_by_current_generate_dp_shard_idx(nemo_rl_src, cap
 def test_the_bindings_install_patches_are_read_at_call_time(nemo_rl_src):
     from nemo_rl.algorithms import grpo
     from nemo_rl.models.generation import configure_generation_config
-    from nemo_rl.models.generation.vllm import utils as vllm_utils
-    from nemo_rl.models.generation.vllm import vllm_generation
+    from nemo_rl.models.generation.vllm import utils as vllm_utils, vllm_generation
 
     script = api.load_run_grpo_module()
     # run_grpo.py binds configure_generation_config by name and calls it through its module globals

@@ -128,7 +128,6 @@ def _train_batch(out) -> dict:
 
 def _batch(problems, tok):
     import torch
-
     from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 
     from nemo_rl_specdec.demo.task import prompt_token_ids
@@ -154,13 +153,13 @@ def _generate(w, batch) -> tuple:
 def loop(request, cpu_host, tmp_path_factory):  # noqa: F811
     import ray
     from ray import cloudpickle
+    from test_live_refit import POLICY
     from transformers import AutoTokenizer
 
     from nemo_rl_specdec.config import SpecDecConfig
     from nemo_rl_specdec.demo.task import make_problems
     from nemo_rl_specdec.nemo_rl.exchange import drafter_board
     from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, wrap_policy
-    from test_live_refit import POLICY
 
     drafter = request.param
     block = {**BLOCKS[drafter], "refresh": {"mode": "online", "distill": DISTILL}}

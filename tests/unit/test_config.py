@@ -329,7 +329,7 @@ def test_vllm_config_suffix_das_is_our_custom_proposer():
     assert to_vllm_speculative_config(spec) == {
         "method": "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", "num_speculative_tokens": 12,
     }
-    
+
 
 def test_vllm_config_suffix_vllm_backend():
     spec = spec_of({"enabled": True, "drafter": "suffix", "num_speculative_tokens": 16,

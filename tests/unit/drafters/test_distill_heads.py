@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
-from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
 from nemo_rl_specdec.drafters.mtp import MTPDistiller
+from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.train.distill import DistillInputError
 
 EAGLE3 = asset_path("tiny", "eagle3")

@@ -6,9 +6,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import api, extension
-
 from fakes import (  # noqa: E402
     FAKE_RUN_GRPO,
     NEMO_RL_INSTALLED,
@@ -19,6 +16,8 @@ from fakes import (  # noqa: E402
     stand_in_module,
     write_file,
 )
+
+from nemo_rl_specdec.nemo_rl import api, extension
 
 
 @pytest.fixture

@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import api
-
 from fakes import (  # noqa: E402
     NEMO_RL_INSTALLED,
     REPO,
 )
+
+from nemo_rl_specdec.nemo_rl import api
 
 ADAPTER = REPO / "nemo_rl_specdec" / "nemo_rl"
 

@@ -3,13 +3,12 @@ parents, overrides in NeMo-RL's spelling)."""
 from __future__ import annotations
 
 import pytest
-
-from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
-from nemo_rl_specdec.nemo_rl import config_loader
-
 from fakes import (  # noqa: E402
     write_file,
 )
+
+from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+from nemo_rl_specdec.nemo_rl import config_loader
 
 
 def test_compose_inherits_like_nemo_rl(tmp_path):

@@ -10,10 +10,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from nemo_rl_specdec.nemo_rl import extension, payload
-from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
-
 from fakes import (  # noqa: E402
     FakeHostExtension,
     FakeHostExtensionWithCheckpointEngine,
@@ -21,6 +17,9 @@ from fakes import (  # noqa: E402
     make_engine_worker,
     spec,
 )
+
+from nemo_rl_specdec.nemo_rl import extension, payload
+from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
 
 
 def test_composite_mro_puts_our_hooks_before_the_host_and_the_engine_mixin_after():

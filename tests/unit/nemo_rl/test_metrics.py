@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import metrics
-
 from fakes import (  # noqa: E402
     nrl_step,
 )
+
+from nemo_rl_specdec.nemo_rl import metrics
 
 
 def report(pv, dv, refresh=None, applied=None, disabled=False, engine_metrics=None, ranks_agree=True, staged=0, dropped=0):

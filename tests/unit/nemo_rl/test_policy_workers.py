@@ -3,16 +3,15 @@ policy workers (what a policy must be, the mixin on a stand-in worker)."""
 from __future__ import annotations
 
 import pytest
-
-from nemo_rl_specdec.config import ConfigError
-from nemo_rl_specdec.nemo_rl import metrics, translate
-
 from fakes import (  # noqa: E402
     gen_cfg,
     run_dict,
     spec,
     worker_cfg,
 )
+
+from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.nemo_rl import metrics, translate
 
 
 @pytest.mark.parametrize("policy, match", [

@@ -5,14 +5,13 @@ from __future__ import annotations
 import sys
 
 import pytest
-
-from nemo_rl_specdec.config import ConfigError
-from nemo_rl_specdec.nemo_rl import translate
-
 from fakes import (  # noqa: E402
     gen_cfg,
     spec,
 )
+
+from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.nemo_rl import translate
 
 FACTS_0_20 = {"vllm": "0.20.0", "python": "/venv/bin/python", "methods": ["draft_model", "eagle3", "ngram", "suffix"],
               "fields": ["method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",

@@ -9,9 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import api, run_grpo, translate
-
 from fakes import (  # noqa: E402
     NEMO_RL_INSTALLED,
     REPO,
@@ -21,6 +18,8 @@ from fakes import (  # noqa: E402
     gen_cfg,
     write_file,
 )
+
+from nemo_rl_specdec.nemo_rl import api, run_grpo, translate
 
 GOOD_RUN = """defaults: nemo_rl:examples/configs/grpo_math_1B.yaml
 policy:

@@ -4,16 +4,15 @@ the worker / extension classes chosen."""
 from __future__ import annotations
 
 import pytest
-
-from nemo_rl_specdec.config import ConfigError, to_vllm_speculative_config
-from nemo_rl_specdec.nemo_rl import api, translate
-
 from fakes import (  # noqa: E402
     REPO,
     gen_cfg,
     run_dict,
     spec,
 )
+
+from nemo_rl_specdec.config import ConfigError, to_vllm_speculative_config
+from nemo_rl_specdec.nemo_rl import api, translate
 
 
 def test_validate_block_names_the_key_path():

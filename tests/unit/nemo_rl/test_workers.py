@@ -8,10 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
-from nemo_rl_specdec.nemo_rl import api, payload, translate
-from nemo_rl_specdec.rollouts import problem_id
-
 from fakes import (  # noqa: E402
     FakeBatchedDataDict,
     FakeGenerationWorkerImpl,
@@ -19,6 +15,9 @@ from fakes import (  # noqa: E402
     spec,
     worker_cfg,
 )
+
+from nemo_rl_specdec.nemo_rl import api, payload, translate
+from nemo_rl_specdec.rollouts import problem_id
 
 
 def test_sync_worker_injects_extension_stages_rollouts_and_versions_refits(fake_nemo_rl, exchange):

@@ -8,12 +8,20 @@ import numpy as np
 import pytest
 
 from nemo_rl_specdec.scheduling.budget import (
-    BUDGETS, acceptance_curve, assign_budgets, classify, das_budgets, engine_budgets, expected_accepted,
-    k_by_batch_size_schedule, k_for_batch, length_aware_budgets, schedule_lookup,
+    BUDGETS,
+    acceptance_curve,
+    assign_budgets,
+    classify,
+    das_budgets,
+    engine_budgets,
+    expected_accepted,
+    k_by_batch_size_schedule,
+    k_for_batch,
+    length_aware_budgets,
+    schedule_lookup,
 )
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS, Request, engine_loads, place, restore_order
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
-
 
 # --------------------------------------------------------------------------- helpers
 

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from sim_scenarios import build
 
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.scheduling.budget import expected_accepted
@@ -16,7 +17,6 @@ from nemo_rl_specdec.sim.report import simulate
 from nemo_rl_specdec.sim.scenario import SIM_CONFIGS, ScenarioError, load_scenario, solve_alpha, validate_scenario
 from nemo_rl_specdec.sim.step import simulate_rl
 from nemo_rl_specdec.sim.workload import make_batches
-from sim_scenarios import build
 
 
 def scenario(**overrides):
@@ -231,7 +231,7 @@ def test_cpu_profile_is_the_fit_of_the_reference_measurements():
 # Calibration scenarios whose published figures the model does not reproduce within the
 # tolerance: documented in their headers and in docs/simulator.md, and checked below to stay
 # reported as misses rather than silently passing.
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def simulated(stem: str) -> dict:
     """One simulation per shipped scenario for the whole module (the DAS and NVIDIA scenarios
     are checked by two tests each; the result dicts are only read)."""

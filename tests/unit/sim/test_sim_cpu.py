@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sim_scenarios import build
 
 from nemo_rl_specdec.sim.adaptive import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
 from nemo_rl_specdec.sim.report import simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError
-from sim_scenarios import build
 
 
 def _samples(rng, n_steps, drafter_cost=None, draft_per_req=0.0):
@@ -63,8 +63,7 @@ def test_coverage_counts_decode_request_steps_only():
 
 
 def test_costmodel_suite_names_its_own_required_keys():
-    from nemo_rl_specdec.bench import REQUIRED, SUITES
-    from nemo_rl_specdec.bench import costmodel
+    from nemo_rl_specdec.bench import REQUIRED, SUITES, costmodel
 
     assert SUITES["costmodel"] == "nemo_rl_specdec.bench.costmodel"
     assert "samples" in costmodel.REQUIRED and "wall_clock_ratio" not in costmodel.REQUIRED

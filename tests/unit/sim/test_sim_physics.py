@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from sim_scenarios import build
 
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import CostModel, ModelShape, Roofline, StepTime, vllm_capture_sizes
@@ -15,7 +16,6 @@ from nemo_rl_specdec.sim.report import SimulationError, check_finite, simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError, load_scenario, validate_scenario
 from nemo_rl_specdec.sim.step import simulate_rl
 from nemo_rl_specdec.sim.workload import make_batches
-from sim_scenarios import build
 
 # an 8B dense model on one GPU: 16 GB of weights at 6 TB/s, 1.5 PFLOP/s -> knee near 250 tokens
 DENSE = ModelShape(weight_bytes=1.6e10, flops_per_token=1.6e10, kv_bytes_per_token=1.5e5)
