@@ -144,11 +144,11 @@ def run(cfg, args) -> list:
         E, seqs, placement = REGIMES[regime]
         predictor = LengthPredictor(cold_start="mean", max_len=max_new)
 
-        def group(overrides, name, spec_enabled=None):
+        def group(overrides, name, spec_enabled=None, *, E=E, seqs=seqs, predictor=predictor):  # bound per regime
             c = with_max_num_seqs(load_run_config(cfg.source, list(args.overrides) + overrides), seqs)
             return EngineGroup(c, E, spec_enabled=spec_enabled, seed=0, predictor=predictor, name=name)
 
-        def gen(g):
+        def gen(g, placement=placement):
             return g.generate(reqs, placement=placement, max_new_tokens=max_new, temperature=T, observe=False)
 
         base = group([], f"nospec_{regime}_", spec_enabled=False)

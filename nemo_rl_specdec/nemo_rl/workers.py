@@ -294,7 +294,8 @@ class SpecDecWorkerState:
         if not per_rank:
             return {}
         first = dict(per_rank[0])
-        key = lambda r: ((r.get("state") or {}).get("policy_version"), (r.get("state") or {}).get("drafter_version"))
+        def key(r):
+            return ((r.get("state") or {}).get("policy_version"), (r.get("state") or {}).get("drafter_version"))
         first["ranks_agree"] = len({key(r) for r in per_rank}) == 1
         first["rollouts_staged"] = self._specdec_last_staged
         first["rollouts_dropped"] = self._specdec_stash.dropped if self._specdec_stash is not None else 0

@@ -129,7 +129,7 @@ def test_predictor_learns_from_the_group_rollouts(group, batch):
     assert set(cold.predicted_len) == {0.0}                  # nothing seen yet
     assert [len(e) for e in cold.assignment] == [len(batch) // 2] * 2   # cold: spread by count, not piled up
     warm = group.generate(batch, placement="length_aware", temperature=0.0, max_new_tokens=MAX_NEW)
-    for i, req in enumerate(batch):                          # greedy, same prompt -> same length as last time
+    for i in range(len(batch)):                               # greedy, same prompt -> same length as last time
         assert warm.predicted_len[i] == pytest.approx(len(cold.rollouts[i].token_ids))
     assert [r.token_ids for r in warm.rollouts] == [r.token_ids for r in cold.rollouts]
 

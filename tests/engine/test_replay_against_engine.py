@@ -18,7 +18,7 @@ def test_replay_proposes_and_accepts_what_the_engine_did(start_engine, tiny_cfg_
     tok = e.tokenizer()
     reqs = task.run_requests(cfg, tok, task.run_problems(cfg, 6, seed=7), 3)
     recorded, metrics = [], []
-    for v in range(2):
+    for _v in range(2):
         res = e.generate(reqs, temperature=0.0)
         recorded.append(res.rollouts)
         metrics.append(res.metrics)

@@ -102,7 +102,7 @@ def test_window_eviction_is_exact_through_the_engine(das, problems):
         return das.generate(reqs, max_new_tokens=24, temperature=0.0)
 
     seen = []
-    for age in range(WINDOW + 2):  # the sentinel's version is `age` versions behind the newest rollouts
+    for _age in range(WINDOW + 2):  # the sentinel's version is `age` versions behind the newest rollouts
         out, trace = traced(das, gen)
         seen.append((bool(tokens_in(trace, banned_id, "sentinel")), bool(tokens_in(trace, banned_none, None))))
         assert not any(set(r.token_ids) & (banned_id | banned_none) for r in out.rollouts)  # lossless
@@ -200,7 +200,7 @@ def test_memory_cap_honoured_in_the_engine(das, problems):
     on_drafter(das, lambda d: d.configure({"suffix": {**settings, "max_memory_mb": cap_mb, "window_steps": 10}}))
     try:
         evicted = 0
-        for step in range(3):
+        for _step in range(3):
             out = das.generate(requests(tok, problems[:8], "mem-", SAMPLES),
                                max_new_tokens=128)
             push(das, out.rollouts)

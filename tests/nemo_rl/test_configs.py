@@ -269,6 +269,6 @@ def test_support_check_passes_or_names_the_missing_hook(loaded, path):
         assert err is None, f"{path.name}: refused although every hook is present: {err}"
         return
     assert err is not None, f"{path.name}: accepted although {missing} are missing"
-    for owner, attr in missing:
+    for _owner, attr in missing:
         assert attr in str(err), (attr, str(err))
     assert "Supported:" in str(err) and "Nothing was patched" in str(err)

@@ -369,7 +369,7 @@ def test_das_survives_three_refits_with_every_sibling_of_every_problem(cpu_host,
                                     "token_ids": [30 + step, 31, 32, 33], "policy_version": step}] * SAMPLES)
         ref = ray.put(other)                               # the other engine: problem 2
         ok = _refit(w, cpu_host, weights,
-                    other_engine=lambda: ray.get(ex.swap.remote("engine-b", step + 1, [ref])))
+                    other_engine=lambda step=step, ref=ref: ray.get(ex.swap.remote("engine-b", step + 1, [ref])))
         assert ok is True
         state = w.specdec_report()["state"]
         assert (state["policy_version"], state["drafter_version"]) == (step + 1, step + 1)

@@ -184,7 +184,7 @@ def loop(request, cpu_host, tmp_path_factory):  # noqa: F811
         for name in ("online", "frozen"):
             assert _refit(engines[name], feed, first)
         initial = engines["online"].specdec_report()
-        for step in range(1, STEPS + 1):
+        for _step in range(1, STEPS + 1):
             out, _ = _generate(engines["online"], _batch(train, tok))
             policy.train(_train_batch(out))
             sd = ray.get(workers[0].policy_state.remote())

@@ -31,7 +31,7 @@ def grouped_long_tail(num_groups=16, group_size=4, seed=0):
     reqs, true_len = [], []
     for g in range(num_groups):
         mu = np.log(300) + 1.0 * rng.standard_normal()
-        for s in range(group_size):
+        for _s in range(group_size):
             L = float(np.exp(mu + 0.2 * rng.standard_normal()))
             reqs.append(Request(index=len(reqs), problem_id=f"p{g}", predicted_len=math.exp(mu)))
             true_len.append(L)
@@ -276,8 +276,9 @@ def test_das_matches_brute_force_optimum():
         c_tok = float(rng.choice([0.01, 0.1, 0.5]))
         got = das_budgets(rem, 3, 0.6, 1.0, c_tok)
 
-        def T(d):
-            return max(r / A[x] for r, x in zip(rem, d)) + sum(r * c_tok * (1 + x) / A[x] for r, x in zip(rem, d))
+        def T(d, rem=rem, c_tok=c_tok):
+            return (max(r / A[x] for r, x in zip(rem, d, strict=True))
+                    + sum(r * c_tok * (1 + x) / A[x] for r, x in zip(rem, d, strict=True)))
 
         best = min(T(d) for d in np.ndindex(4, 4, 4, 4))
         assert T(got) == pytest.approx(best, rel=1e-9)
