@@ -160,7 +160,7 @@ def _generate(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
-        for (i, s), r in zip(index, result.rollouts):
+        for (i, s), r in zip(index, result.rollouts, strict=True):
             f.write(json.dumps({"prompt_index": i, "sample_index": s, "problem_id": r.problem_id,
                                 "token_ids": r.token_ids, "logprobs": r.logprobs,
                                 "finish_reason": r.finish_reason, "policy_version": r.policy_version,

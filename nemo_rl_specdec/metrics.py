@@ -35,7 +35,7 @@ def read_counters(metrics: Iterable) -> dict:
         elif m.name == PER_POS:
             vals = list(m.values)
             cur = out["per_pos"]
-            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals)]
+            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals, strict=False)]
     return out
 
 
@@ -67,7 +67,7 @@ def engine_counters(llm) -> dict | None:
         for children in sd.counter_spec_decode_num_accepted_tokens_per_pos.values():
             vals = [_child_total(c) for c in children]
             cur = out["per_pos"]
-            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals)]
+            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals, strict=False)]
         return out
     return None
 
@@ -90,7 +90,7 @@ class SpecMetrics:
                    drafts=after["drafts"] - before["drafts"],
                    draft_tokens=after["draft_tokens"] - before["draft_tokens"],
                    accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
-                   accepted_per_position_counts=[y - x for x, y in zip(b, a)],
+                   accepted_per_position_counts=[y - x for x, y in zip(b, a, strict=True)],
                    seconds=seconds)
 
     def __add__(self, other: SpecMetrics) -> SpecMetrics:
@@ -99,7 +99,7 @@ class SpecMetrics:
         pb = other.accepted_per_position_counts + [0] * (n - len(other.accepted_per_position_counts))
         return SpecMetrics(self.generated_tokens + other.generated_tokens, self.drafts + other.drafts,
                            self.draft_tokens + other.draft_tokens, self.accepted_tokens + other.accepted_tokens,
-                           [x + y for x, y in zip(pa, pb)], self.seconds + other.seconds)
+                           [x + y for x, y in zip(pa, pb, strict=True)], self.seconds + other.seconds)
 
     @property
     def acceptance_rate(self) -> float:

@@ -252,7 +252,7 @@ class RolloutBatch:
         if len(batches) == 1:
             return batches[0]
         offs = np.cumsum([0] + [len(b.tokens) for b in batches[:-1]])
-        starts = np.concatenate([[0]] + [b.starts[1:] + o for b, o in zip(batches, offs)])
+        starts = np.concatenate([[0]] + [b.starts[1:] + o for b, o in zip(batches, offs, strict=True)])
         return cls(np.concatenate([b.tokens for b in batches]), starts,
                    np.concatenate([b.prompt_lens for b in batches]), np.concatenate([b.versions for b in batches]),
                    [p for b in batches for p in b.problem_ids])

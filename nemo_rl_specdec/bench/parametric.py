@@ -190,7 +190,7 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
         for step in range(opts["steps"]):
             reqs = task.run_requests(cfg, tok, problems, G)
             base_res = baseline.generate(reqs)
-            res = {c["name"]: e.generate(reqs) for c, e in zip(confs, engines)}
+            res = {c["name"]: e.generate(reqs) for c, e in zip(confs, engines, strict=True)}
             rollouts = base_res.rollouts
             rewards = task.run_rewards(cfg, tok, problems, rollouts, G)
             t0 = time.perf_counter()
@@ -199,7 +199,7 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
             train_log.append(tstats)
             weights, version = trainer.state_dict(), step + 1
             baseline.update(PolicyUpdate(version, weights))
-            for c, e in zip(confs, engines):
+            for c, e in zip(confs, engines, strict=True):
                 m = res[c["name"]].metrics
                 row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
                        "acceptance_rate": m.acceptance_rate, "wall_clock_ratio":

@@ -135,7 +135,7 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
                 batch.token_ids_cpu[i, :n[rid]] = text[rid][:n[rid]]
             drafts = propose(batch, [sampled[r] for r in active], requests)
             still = []
-            for rid, d in zip(active, drafts):
+            for rid, d in zip(active, drafts, strict=True):
                 d = list(d)[:k]
                 t, m = text[rid], n[rid]
                 a = 0

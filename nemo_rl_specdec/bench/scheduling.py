@@ -286,7 +286,7 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: in
         ref = med.get((drafter, "contiguous", "uniform"))
         # paired: repeat r of this configuration against repeat r of contiguous (run back to back)
         paired = [100.0 * (1 - a.makespan_s / b.makespan_s)
-                  for a, b in zip(rs, runs.get((drafter, "contiguous", "uniform"), []))]
+                  for a, b in zip(rs, runs.get((drafter, "contiguous", "uniform"), []), strict=False)]
         nospec = med.get(("none", placement, "uniform"))
         same_placement_uniform = med.get((drafter, placement, "uniform"))
         # the run whose makespan is the median: its per-engine picture
@@ -369,7 +369,7 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: int | N
     cuts: dict = {"length_aware": [], "clairvoyant": []}
     by_draw: dict = {}
     for key, rs in runs.items():
-        for r, draw in zip(rs, draws[key]):
+        for r, draw in zip(rs, draws[key], strict=True):
             lengths = [len(ro.token_ids) for ro in r.rollouts]
             prompts = [len(ro.prompt_token_ids) for ro in r.rollouts]
             pids = [ro.problem_id for ro in r.rollouts]
@@ -409,7 +409,7 @@ def ceiling_share(runs: dict, draws: dict, key: tuple, clairvoyant_by_draw: dict
     if placement == "contiguous" or ref not in runs:
         return {"share_of_clairvoyant_cut": None, "share_of_clairvoyant_cut_per_draw": []}
     per_draw: dict = {}
-    for a, b, d in zip(runs[key], runs[ref], draws[key]):
+    for a, b, d in zip(runs[key], runs[ref], draws[key], strict=False):
         per_draw.setdefault(d, []).append(100.0 * (1 - a.makespan_s / b.makespan_s))
     shares = [_median(cuts) / clairvoyant_by_draw[d] for d, cuts in sorted(per_draw.items())
               if clairvoyant_by_draw.get(d, 0) >= MIN_CEILING_PCT]
@@ -442,6 +442,6 @@ def _print(results: list, opts: dict) -> None:
           "(uniform) makespan / this; paired_cut = median over repeats of 1 - this / contiguous of the same repeat; vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
           "makespan, same placement / this; @seqsN = at most N requests decoded at once per engine")
     for n, row in enumerate(table):
-        print("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+        print("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))

@@ -39,7 +39,7 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], ep
     if len(rewards) != len(group_ids):
         raise GRPOInputError(f"rewards ({len(rewards)}) and group_ids ({len(group_ids)}) differ in length")
     groups: dict = {}
-    for r, g in zip(rewards, group_ids):
+    for r, g in zip(rewards, group_ids, strict=True):
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(float(r)):
             raise GRPOInputError(f"rewards must be finite numbers, got {r!r}")
         groups.setdefault(g, []).append(float(r))
@@ -48,7 +48,7 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], ep
         mu = sum(rs) / len(rs)
         sd = math.sqrt(sum((x - mu) ** 2 for x in rs) / len(rs))
         stats[g] = (mu, sd)
-    return [(float(r) - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, group_ids)]
+    return [(float(r) - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, group_ids, strict=True)]
 
 
 class GRPOTrainer:
@@ -165,7 +165,7 @@ class GRPOTrainer:
         self.opt.step()
         self.steps += 1
         n_groups = len(set(group_ids))
-        informative = len({g for g, x in zip(group_ids, adv) if abs(x) > 0})
+        informative = len({g for g, x in zip(group_ids, adv, strict=True) if abs(x) > 0})
         return {"step": self.steps, "loss": sums["loss"], "pg_loss": sums["pg"], "grad_norm": grad_norm,
                 "mean_reward": sum(float(r) for r in rewards) / len(rewards),
                 "num_sequences": len(rollouts), "num_tokens": total_tokens, "groups": n_groups,

@@ -146,7 +146,7 @@ def resolve_withheld(calib: AcceptanceCalibration, withheld: list, sampled: list
     left = []
     for src, probs, toks, got in withheld:
         m = 0
-        for a, b in zip(toks, sampled):  # at most k tokens
+        for a, b in zip(toks, sampled, strict=False):  # at most k tokens
             if a != b:
                 break
             m += 1

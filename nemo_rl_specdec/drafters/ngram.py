@@ -147,7 +147,7 @@ class NgramProposer(SpecdecProposer):
             gains = calib.rate_matrix([0] * len(pending), [drafts[i] for i in pending], self.k)
             keep = self.judge.choose(gains, lengths, verified, ctx_sum)
             if keep is not None:
-                for i, d in zip(pending, keep):
+                for i, d in zip(pending, keep, strict=True):
                     if d == 0:  # withheld: scored against what the target produces
                         reqs[req_ids[i]][1].append((0, drafts[i], drafts[i], 0))
                         c["withheld_drafts"] += 1

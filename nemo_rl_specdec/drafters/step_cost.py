@@ -101,7 +101,7 @@ class StepCostFit:
 
     def metrics(self) -> dict:
         coef = [None] * len(self.columns) if self.coef is None else [float(v) for v in self.coef]
-        return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(self.columns, coef))}
+        return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(self.columns, coef, strict=True))}
 
 
 __all__ = ["COLUMNS", "FORWARD_COLUMNS", "StepCostFit", "step_columns"]

@@ -420,7 +420,7 @@ class RolloutStore:
             if pid is not None and not isinstance(pid, str):
                 raise StoreInputError(f"rollouts[{i}].problem_id: expected a str or None, got {type(pid).__name__}")
         first = st[:-1] + pl - np.minimum(pl, self.prompt_tail)
-        return [(pid, t[int(a):int(e)], int(v)) for pid, a, e, v in zip(b.problem_ids, first, st[1:], vs)]
+        return [(pid, t[int(a):int(e)], int(v)) for pid, a, e, v in zip(b.problem_ids, first, st[1:], vs, strict=True)]
 
     def _admit(self, items: list) -> int:
         """Insert `items` [(problem id, sequence, version)] within the memory cap; returns how many stay.
@@ -445,7 +445,7 @@ class RolloutStore:
             ids.append(self._new_seq_id(reserved))
             reserved.add(ids[-1])
         if self.max_memory_bytes is None:
-            for (pid, seq, v), sid in zip(items, ids):
+            for (pid, seq, v), sid in zip(items, ids, strict=True):
                 self._insert(seq, pid, v, live=False, seq_id=sid)
             return len(items)
         order = sorted(range(len(items)), key=lambda i: (items[i][2], ids[i]), reverse=True)
@@ -471,7 +471,7 @@ class RolloutStore:
         if not self._entries or self._measured is None or not self._measured[1]:
             return None
         newest_old = max((e.version, e.seq_id) for e in self._entries.values())
-        if newest_old >= min((v, sid) for (_, _, v), sid in zip(items, ids)):
+        if newest_old >= min((v, sid) for (_, _, v), sid in zip(items, ids, strict=True)):
             return None
         per_token = self._measured[0] / self._measured[1]
         if per_token * sum(len(seq) for _, seq, _ in items) <= self.max_memory_bytes:

@@ -439,7 +439,7 @@ class DASProposer(SpecdecProposer):
         if keep is None:
             return pending
         kept = []
-        for (i, rid, st, tokens, probs, src), d in zip(pending, keep):
+        for (i, rid, st, tokens, probs, src), d in zip(pending, keep, strict=True):
             if d:
                 kept.append((i, rid, st, tokens[:d], probs[:d], src))
             else:

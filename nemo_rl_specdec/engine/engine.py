@@ -290,7 +290,7 @@ class Engine:
                     continue
                 c = out.outputs[0]
                 lv.cur_tokens = list(c.token_ids)
-                lv.cur_logprobs = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
+                lv.cur_logprobs = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [], strict=False)]
                 if out.finished:
                     lv.finish_reason = c.finish_reason
                     if bar is not None:

@@ -346,7 +346,7 @@ class EngineGroup:
         out: list = [None] * len(refs)
         died, failed = [], []
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for m, (j, ref) in enumerate(zip(engines, refs)):
+        for m, (j, ref) in enumerate(zip(engines, refs, strict=True)):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 out[m] = ray.get(ref, timeout=left)
@@ -422,7 +422,7 @@ class EngineGroup:
         states: list = [{} for _ in range(self.num_engines)]
         finish = [0.0] * self.num_engines
         own_s = [0.0] * self.num_engines
-        for j, (res, _t0, t1) in zip(active, got):
+        for j, (res, _t0, t1) in zip(active, got, strict=True):
             rolls[j], engine_metrics[j], states[j] = res.rollouts, res.metrics, res.state
             finish[j], own_s[j] = t1 - t_dispatch, res.metrics.seconds
 
@@ -431,7 +431,7 @@ class EngineGroup:
             if len(rolls[j]) != len(assignment[j]):
                 raise RuntimeError(f"{self.names[j]}: returned {len(rolls[j])} rollouts for {len(assignment[j])} "
                                    "requests")
-            for m, (i, ro) in enumerate(zip(assignment[j], rolls[j])):
+            for m, (i, ro) in enumerate(zip(assignment[j], rolls[j], strict=True)):
                 if ro.index != m or list(ro.prompt_token_ids) != sent[i].prompt_token_ids:
                     raise RuntimeError(f"{self.names[j]}: rollout {m} does not belong to request {i} "
                                        "(index or prompt differs)")

@@ -128,8 +128,8 @@ def version_metrics(reports: list[dict]) -> dict[str, float]:
     if dv and all(v is not None for v in dv):
         out[f"{PREFIX}drafter_version"] = min(dv)
     if pv and dv and all(v is not None for v in pv + dv):
-        out[f"{PREFIX}drafter_lag"] = max(p - d for p, d in zip(pv, dv))
-        pairs = {(p, d) for p, d in zip(pv, dv)}
+        out[f"{PREFIX}drafter_lag"] = max(p - d for p, d in zip(pv, dv, strict=True))
+        pairs = {(p, d) for p, d in zip(pv, dv, strict=True)}
         ranks_ok = all(r.get("ranks_agree", True) for r in reports)
         out[f"{PREFIX}engines_in_lockstep"] = 1.0 if (len(pairs) == 1 and ranks_ok) else 0.0
     if states:

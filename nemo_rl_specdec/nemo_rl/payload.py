@@ -27,7 +27,7 @@ PREDICTED_KEY = "specdec_predicted_len"    # float: predicted output tokens (-1:
 def problem_ids(input_ids: Any, input_lengths: Any) -> list[str]:
     """The problem id of each row of a right-padded prompt batch."""
     lens = input_lengths.tolist() if hasattr(input_lengths, "tolist") else list(input_lengths)
-    return [problem_id(row[: int(n)]) for row, n in zip(input_ids, lens)]
+    return [problem_id(row[: int(n)]) for row, n in zip(input_ids, lens, strict=True)]
 
 
 class RolloutStash:

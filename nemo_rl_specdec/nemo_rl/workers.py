@@ -61,7 +61,7 @@ def request_extras(data: Any) -> list | None:
         return None
     budgets, preds = budgets.tolist(), (preds.tolist() if preds is not None else [None] * len(budgets))
     out = []
-    for b, p in zip(budgets, preds):
+    for b, p in zip(budgets, preds, strict=True):
         e = {} if b is None or b < 0 else {"specdec_budget": int(b)}
         if e and p is not None and p >= 0:
             e["specdec_predicted_len"] = float(p)
@@ -76,7 +76,7 @@ def with_extra_args(prompts: Any, sampling_params: Any, extras: list | None) -> 
     plist = [prompts] if single else list(prompts)
     sps = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(plist)
     out = []
-    for i, (p, sp) in enumerate(zip(plist, sps)):
+    for i, (p, sp) in enumerate(zip(plist, sps, strict=True)):
         extra = {}
         tokens = p.get("prompt_token_ids") if isinstance(p, dict) else None
         if tokens is not None:

@@ -126,7 +126,7 @@ class Planner:
 
     def observe(self, problem_ids: Sequence[Hashable], lengths: Sequence[float]) -> None:
         """Record finished rollouts' lengths per problem id (the next plans' predictions)."""
-        self.predictor.observe_many(zip(problem_ids, (float(x) for x in lengths)))
+        self.predictor.observe_many(zip(problem_ids, (float(x) for x in lengths), strict=True))
 
     # -- one request at a time: least outstanding predicted tokens first
 

@@ -214,7 +214,7 @@ class EngineSim:
         n = len(self._active)
         if sp.budget == "uniform":
             return np.full(n, sp.k, dtype=int)
-        rem = [self.remaining(r, float(g)) for r, g in zip(self._active, self._prog)]
+        rem = [self.remaining(r, float(g)) for r, g in zip(self._active, self._prog, strict=True)]
         c_base, c_tok, c_draft, c_ctx = self.cost.linearised(n, float(self._ctx.mean()))
         out = assign_budgets(
             rem, sp.k, sp.budget, long_fraction=sp.long_fraction, short_fraction=sp.short_fraction,
@@ -343,7 +343,7 @@ class EngineSim:
                 r.finish = self.clock
                 self._pending[r.batch] -= 1
                 self._last_finish[r.batch] = self.clock
-            self._active = [r for r, k in zip(self._active, keep) if k]
+            self._active = [r for r, k in zip(self._active, keep, strict=True) if k]
             self._prog, self._ctx, self._len = self._prog[keep], self._ctx[keep], self._len[keep]
             self._A, self._budget = self._A[keep], self._budget[keep]
             self._dirty = True

@@ -115,7 +115,7 @@ def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -
     rel = np.abs(pred / t - 1.0)
     lt, lp = np.log(t), np.log(pred)
     ss_tot = float(((lt - lt.mean()) ** 2).sum())
-    fitted = dict(zip(ROOFLINE_FITTED, (float(v) for v in np.exp(res.x))))
+    fitted = dict(zip(ROOFLINE_FITTED, (float(v) for v in np.exp(res.x)), strict=True))
     return {**fitted, "r2_log": 1.0 - float(((lt - lp) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0,
             "median_rel_residual": float(np.median(rel)), "max_rel_residual": float(rel.max()),
             "samples": len(samples)}

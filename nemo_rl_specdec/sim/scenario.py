@@ -421,7 +421,7 @@ class Acceptance(_Strict):
         if self.by_response_position is not None:
             pts = self.by_response_position
             ok = (pts and len(pts) <= MAX_CURVE and all(len(p) == 2 and 0 <= p[1] <= MAX_FACTOR for p in pts)
-                  and pts[0][0] == 0 and all(a[0] < b[0] for a, b in zip(pts, pts[1:]))
+                  and pts[0][0] == 0 and all(a[0] < b[0] for a, b in zip(pts, pts[1:], strict=False))
                   and pts[-1][0] <= MAX_TOKENS)
             if not ok:
                 raise _PathError("acceptance.by_response_position", pts,

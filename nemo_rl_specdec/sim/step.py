@@ -78,7 +78,7 @@ class RunResult:
 
     @property
     def rollout_s_per_step(self) -> list[float]:
-        return [g - r for g, r in zip(self.gen_done, self.release)]
+        return [g - r for g, r in zip(self.gen_done, self.release, strict=True)]
 
 
 def _phase_time(phase, batch: Batch, flops_per_s: float) -> float:
@@ -214,7 +214,7 @@ def simulate_rl(sc, *, speculative: bool, placement: str | None = None, k: int |
         if L > 0:
             for eng in engines:
                 eng.add_pause(Etrain[t], rl.refit_s)
-        predictor.observe_many(zip(batches[t].problem_ids, (int(x) for x in batches[t].lengths)))
+        predictor.observe_many(zip(batches[t].problem_ids, (int(x) for x in batches[t].lengths), strict=True))
 
     if L == 0:
         step_s = (U[N] - U[0]) / N

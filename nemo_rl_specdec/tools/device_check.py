@@ -207,7 +207,7 @@ def format_table(rows: list[dict]) -> str:
             line.append("-" if v is None else (f"{v / scale:.3f}" if scale else str(v)))
         cells.append(line)
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells]
     out.insert(1, "  ".join("-" * w for w in widths))
     out += [f"{r['part']} {r['drafter']} {r['teacher_dtype']}: {r['error']}" for r in rows if r.get("error")]
     return "\n".join(out)

@@ -113,7 +113,7 @@ def test_returned_logprobs_are_the_targets(case, problems, hf_policy, encode):
             n = len(r.prompt_token_ids)
             want = [lp[n - 1 + j, t].item() for j, t in enumerate(r.token_ids)]
             assert len(r.logprobs) == len(r.token_ids)
-            worst = max(worst, max(abs(a - b) for a, b in zip(r.logprobs, want)))
+            worst = max(worst, max(abs(a - b) for a, b in zip(r.logprobs, want, strict=True)))
     assert worst < 1e-4, f"{case.name}: returned logprobs differ from the target's by {worst}"
 
 

@@ -123,7 +123,7 @@ def test_speculative_rollouts_are_the_new_policys_greedy_outputs(scenario):
 
 
 def test_engine_serves_exactly_the_pushed_drafter_version(scenario):
-    for v, (rep, pushed) in enumerate(zip(scenario["reports"], scenario["pushed"]), start=1):
+    for v, (rep, pushed) in enumerate(zip(scenario["reports"], scenario["pushed"], strict=False), start=1):
         assert rep.drafter_refreshed and rep.drafter_version == v and rep.policy_version == v
         assert rep.drafter_tensors_applied == len(pushed)  # no tensor skipped as shared with the target
     assert {r.drafter_version for r in scenario["out"]["online"].rollouts} == {ROUNDS}

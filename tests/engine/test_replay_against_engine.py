@@ -24,7 +24,7 @@ def test_replay_proposes_and_accepts_what_the_engine_did(start_engine, tiny_cfg_
         metrics.append(res.metrics)
         e.update(PolicyUpdate(e.state["policy_version"] + 1, rollouts=res.rollouts))
     rows = replay(cfg.spec, recorded, cfg.generation.vllm_cfg.max_model_len, temperature=0.0)
-    for m, r in zip(metrics, rows):
+    for m, r in zip(metrics, rows, strict=True):
         assert r["generated_tokens"] == m.generated_tokens
         assert (r["drafts"], r["draft_tokens"], r["accepted_draft_tokens"]) == (m.drafts, m.draft_tokens,
                                                                                 m.accepted_tokens)

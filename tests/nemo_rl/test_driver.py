@@ -74,7 +74,7 @@ class LocalWorkerGroup:
                                      output_is_replicated, common_kwargs):
         assert in_sharded_axes == ["data_parallel"] and len(data) == self.dp_size
         self.sent.append(list(data))
-        return [(w, method, shard, common_kwargs) for w, shard in zip(self.workers, data)]
+        return [(w, method, shard, common_kwargs) for w, shard in zip(self.workers, data, strict=True)]
 
     def get_all_worker_results(self, bundle):
         return [getattr(w, method)(shard, **kw) for w, method, shard, kw in bundle]

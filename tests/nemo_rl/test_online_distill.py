@@ -107,7 +107,7 @@ class StandInPolicy:
 
         n = len(self.worker_group.workers)
         shards = [{k: v[i::n] for k, v in data.items()} for i in range(n)]
-        return ray.get([w.train.remote(s, loss_fn, eval_mode) for w, s in zip(self.worker_group.workers, shards)])
+        return ray.get([w.train.remote(s, loss_fn, eval_mode) for w, s in zip(self.worker_group.workers, shards, strict=True)])
 
 
 def _train_batch(out) -> dict:
@@ -120,7 +120,7 @@ def _train_batch(out) -> dict:
     width = int(lengths.max())
     ids = torch.zeros((len(lengths), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
-    for i, (n, g) in enumerate(zip(lengths.tolist(), gen.tolist())):
+    for i, (n, g) in enumerate(zip(lengths.tolist(), gen.tolist(), strict=True)):
         ids[i, :n] = out["output_ids"][i, :n]
         mask[i, n - g: n] = 1
     return {"input_ids": ids, "input_lengths": lengths.clone(), "token_mask": mask}

@@ -45,7 +45,7 @@ def test_generator_siblings_share_long_spans_and_problems_differ():
     assert shared_8grams(p.token_ids, q.token_ids) > 0.5  # siblings: mostly the same spans
     assert shared_8grams(p.token_ids, x.token_ids) < 0.1  # other problems: short common phrases only
     again = R.step_records(o, 1, 0, 1)  # deterministic; a new step brings new problems
-    assert all(np.array_equal(a.token_ids, b.token_ids) for a, b in zip(recs, again))
+    assert all(np.array_equal(a.token_ids, b.token_ids) for a, b in zip(recs, again, strict=True))
     assert not {r.problem_id for r in R.step_records(o, 2, 0, 1)} & set(by_pid)
     # sharding: every rollout exactly once over the engines, siblings spread
     shards = [R.step_records(o, 1, e, 2) for e in range(2)]

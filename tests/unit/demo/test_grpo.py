@@ -71,7 +71,7 @@ def test_no_signal_means_no_change_and_behaviour_logprobs_are_used(policy_dir):
     # behaviour log-probs from the rollouts set the ratio: far-off ones are clipped
     with torch.no_grad():
         lp, mask = t._response_logprobs(t.model, [(prompt, resp, None)])
-    exact = [float(x) for x, m in zip(lp[0], mask[0]) if m > 0]
+    exact = [float(x) for x, m in zip(lp[0], mask[0], strict=True) if m > 0]
     r_exact = {"prompt_token_ids": prompt, "token_ids": resp, "logprobs": exact}
     r_far = {"prompt_token_ids": prompt, "token_ids": [8, 9, 10], "logprobs": [-50.0, -50.0, -50.0]}
     s = t.step([r_exact, r_far], [1.0, 0.0], [0, 0])

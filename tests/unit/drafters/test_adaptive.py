@@ -8,7 +8,7 @@ from nemo_rl_specdec.drafters.adaptive import batch_bin, draft_lengths, drafts_p
 
 
 def _rate(gains, t0, c_tok, d):
-    committed = sum(1 + sum(np.minimum.accumulate(g)[:di]) for g, di in zip(gains, d))
+    committed = sum(1 + sum(np.minimum.accumulate(g)[:di]) for g, di in zip(gains, d, strict=True))
     return committed / (t0 + c_tok * sum(d))
 
 
@@ -25,7 +25,7 @@ def test_draft_lengths_are_the_brute_force_optimum(seed):
     d = draft_lengths(gains, t0, c_tok)
     best = max(_rate(gains, t0, c_tok, c) for c in itertools.product(*[range(len(g) + 1) for g in gains]))
     assert _rate(gains, t0, c_tok, d) == pytest.approx(best, rel=1e-12)
-    assert all(0 <= di <= len(g) for di, g in zip(d, gains))
+    assert all(0 <= di <= len(g) for di, g in zip(d, gains, strict=True))
 
 
 def test_free_drafts_are_all_taken_and_expensive_ones_none():

@@ -89,7 +89,7 @@ def test_rate_matrix_is_token_rates_of_every_draft_padded_with_nan():
     drafts = [(P, [1.0, 0.55]), (L, [0.25, 0.15, 0.05]), (G, [])]
     m = c.rate_matrix([s for s, _ in drafts], [p for _, p in drafts], 4)
     assert m.shape == (3, 4)
-    for row, (src, probs) in zip(m, drafts):
+    for row, (src, probs) in zip(m, drafts, strict=True):
         assert row[:len(probs)].tolist() == c.token_rates(src, probs)
         assert np.isnan(row[len(probs):]).all()
 

@@ -154,7 +154,7 @@ def test_aux_hidden_states_are_the_inputs_of_the_policys_layers(perturbed_policy
         for h in hooks:
             h.remove()
     L = p.config.num_hidden_layers
-    for a, j in zip(aux_hidden(out.hidden_states, [1, 2, 3], L), [1, 2, 3]):
+    for a, j in zip(aux_hidden(out.hidden_states, [1, 2, 3], L), [1, 2, 3], strict=True):
         assert torch.equal(a, seen[j])
     with pytest.raises(ValueError, match="outside"):
         aux_hidden(out.hidden_states, [4], L)  # entry L is after the final norm, not a residual state

@@ -178,7 +178,7 @@ def fake_generate_rows(data) -> dict:
     """Deterministic 'generation': each prompt yields (sum(prompt) % 5) + 1 tokens."""
     ids, lens = np.asarray(data["input_ids"]), np.asarray(data["input_lengths"])
     rows, gl = [], []
-    for row, n in zip(ids, lens):
+    for row, n in zip(ids, lens, strict=True):
         prompt = [int(t) for t in row[:n]]
         g = sum(prompt) % 5 + 1
         rows.append(prompt + [100 + t for t in range(g)])
@@ -243,7 +243,7 @@ class FakeGenerationWorkerImpl:
         import vllm
 
         prompts = [{"prompt_token_ids": [int(t) for t in row[:n]]}
-                   for row, n in zip(np.asarray(data["input_ids"]), np.asarray(data["input_lengths"]))]
+                   for row, n in zip(np.asarray(data["input_ids"]), np.asarray(data["input_lengths"]), strict=True)]
         self.llm.generate(prompts, vllm.SamplingParams(temperature=1.0, max_tokens=8), use_tqdm=False)
         return FakeBatchedDataDict(fake_generate_rows(data))
 
@@ -327,7 +327,7 @@ class FakeWorkerGroup:
                                      output_is_replicated=None, make_dummy_calls_to_free_axes=False,
                                      common_kwargs=None, **kwargs):
         self.calls.append([np.asarray(d["input_ids"]).tolist() for d in kwargs["data"]])
-        return [getattr(e, method_name)(d, **(common_kwargs or {})) for e, d in zip(self.engines, kwargs["data"])]
+        return [getattr(e, method_name)(d, **(common_kwargs or {})) for e, d in zip(self.engines, kwargs["data"], strict=True)]
 
     def get_all_worker_results(self, future_bundle, return_generators_as_proxies=False):
         return future_bundle

@@ -309,7 +309,7 @@ def test_budget_errors():
 def test_schedule_covers_all_batches_and_k_grows_as_batch_drains():
     sched = k_by_batch_size_schedule(256, 8, acceptance=0.7, c_base=1.0, c_tok=1 / 64)
     assert sched[0][0] == 1 and sched[-1][1] == 256
-    for (lo, hi, k), nxt in zip(sched, sched[1:] + [None]):
+    for (lo, hi, k), nxt in zip(sched, sched[1:] + [None], strict=False):
         assert lo <= hi and 0 <= k <= 8
         if nxt:
             assert nxt[0] == hi + 1              # contiguous, non-overlapping
@@ -429,7 +429,7 @@ def _measured_batch(lengths, problem_ids, predicted):
     from nemo_rl_specdec.rollouts import Rollout
 
     rollouts = [Rollout(i, pid, [1] * 12, [7] * int(L), [0.0] * int(L), "stop", 0, 0, 0)
-                for i, (pid, L) in enumerate(zip(problem_ids, lengths))]
+                for i, (pid, L) in enumerate(zip(problem_ids, lengths, strict=True))]
     return GroupGenerateResult(rollouts, SpecMetrics(), predicted_len=list(predicted))
 
 

@@ -194,7 +194,7 @@ def test_fit_least_squares_on_noisy_samples():
     rng = np.random.default_rng(0)
     n = rng.integers(1, 512, size=200).astype(float)
     t = 0.003 + 1e-5 * n + rng.normal(0, 1e-4, size=200)
-    c_base, c_tok = fit_cost_model(list(zip(n, t)))
+    c_base, c_tok = fit_cost_model(list(zip(n, t, strict=True)))
     X = np.stack([np.ones_like(n), n], 1)
     ref = np.linalg.lstsq(X, t, rcond=None)[0]
     assert (c_base, c_tok) == pytest.approx(tuple(ref))

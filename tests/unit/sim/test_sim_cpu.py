@@ -196,7 +196,7 @@ def test_pinned_run_makes_the_scheduling_predictions(tmp_path, capsys):
     assert "--pinned" in (tmp_path / "b" / "cpu_tiny_measured.yaml").read_text()
     fits = json.loads((tmp_path / "b" / "cpu_fit_pinned.json").read_text())["fit"]
     assert fits["c_base_s"] == pytest.approx(20e-3, rel=0.1)
-    for pa, pb in zip(a, b):
+    for pa, pb in zip(a, b, strict=True):
         assert pa["name"] == pb["name"]
         same = pa["predicted_wall_clock_ratio"] == pytest.approx(pb["predicted_wall_clock_ratio"])
         assert same if pa["suite"] == "drafters" else not same, pa["name"]
