@@ -290,9 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_yaml")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--json", default=None, help="write results JSON here")
-    p.add_argument("--suite", default=None,
-                   help="drafters (default) | das | scheduling | lockstep | parametric | refresh | costmodel | adaptive "
-                        "| distill")
+    p.add_argument(
+        "--suite",
+        default=None,
+        help="drafters (default) | das | scheduling | lockstep | parametric | refresh | costmodel | adaptive | distill",
+    )
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("simulate", help="simulate RL steps with speculative decoding")

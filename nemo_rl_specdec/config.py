@@ -94,8 +94,10 @@ class SchedulingConfig(_Strict):
     def _fractions(self):
         if self.long_fraction + self.short_fraction > 1:
             raise _PathError(
-                "short_fraction", self.short_fraction,
-                f"a value <= 1 - long_fraction ({1 - self.long_fraction:g}); long_fraction + short_fraction must be <= 1",
+                "short_fraction",
+                self.short_fraction,
+                f"a value <= 1 - long_fraction ({1 - self.long_fraction:g}); "
+                "long_fraction + short_fraction must be <= 1",
             )
         return self
 

@@ -7,9 +7,9 @@ The trainer holds the HF transformers copy of the policy and applies one GRPO st
   carries no signal (A = 0);
 - token-level clipped policy-gradient loss over the rollouts' response tokens,
   ``-sum_t min(rho_t A, clip(rho_t, 1-eps_clip, 1+eps_clip) A) / (total response tokens)``, with
-  ``rho_t = exp(logp_new - logp_behaviour)``, dual-clipped at ``c |A|`` for negative advantages; the behaviour log-probs are the rollouts' own
-  (vLLM's ``processed_logprobs``, i.e. at the sampling temperature) when present, else the
-  current policy's (rho = 1: plain on-policy policy gradient);
+  ``rho_t = exp(logp_new - logp_behaviour)``, dual-clipped at ``c |A|`` for negative advantages; the behaviour
+  log-probs are the rollouts' own (vLLM's ``processed_logprobs``, i.e. at the sampling temperature) when
+  present, else the current policy's (rho = 1: plain on-policy policy gradient);
 - AdamW, gradient-norm clipping; optional KL penalty to the initial policy (k3 estimator).
 
 Then :meth:`GRPOTrainer.state_dict` gives the tensors to push to the engines with
@@ -54,10 +54,22 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], ep
 class GRPOTrainer:
     """The HF copy of the policy plus its optimizer; one GRPO update per :meth:`step`."""
 
-    def __init__(self, policy_dir: str | Path, lr: float = 1e-4, seed: int = 0, *, temperature: float = 1.0,
-                 max_grad_norm: float = 1.0, clip_eps: float = 0.2, weight_decay: float = 0.0,
-                 kl_coef: float = 0.0, dual_clip_c: float = 3.0, micro_batch_tokens: int = 2048, use_rollout_logprobs: bool = True,
-                 num_threads: int | None = None):
+    def __init__(
+        self,
+        policy_dir: str | Path,
+        lr: float = 1e-4,
+        seed: int = 0,
+        *,
+        temperature: float = 1.0,
+        max_grad_norm: float = 1.0,
+        clip_eps: float = 0.2,
+        weight_decay: float = 0.0,
+        kl_coef: float = 0.0,
+        dual_clip_c: float = 3.0,
+        micro_batch_tokens: int = 2048,
+        use_rollout_logprobs: bool = True,
+        num_threads: int | None = None,
+    ):
         import torch
         from transformers import AutoModelForCausalLM
 

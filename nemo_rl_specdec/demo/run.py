@@ -331,12 +331,15 @@ def print_report(rows: list, summary: dict, out: Path) -> None:
     con = Console(width=max(120, Console().width))
     con.print(t)
     rc = summary.get("reward_comparison") or {}
-    con.print(f"rollout wall-clock ratio (no-spec / spec, same batches and weights): "
-              f"{summary['wall_clock_ratio']:.2f}x; acceptance length mean {summary['acceptance_length_mean']:.2f}, "
-              f"last/peak {summary['last_over_peak']:.2f} per step, "
-              f"{summary['last_pass_over_peak_pass']:.2f} per pass over the problem pool "
-              f"({summary['steps_per_pass']} steps: " + " ".join(f"{x:.2f}" for x in summary["acceptance_length_per_pass"])
-              + ")")
+    con.print(
+        f"rollout wall-clock ratio (no-spec / spec, same batches and weights): "
+        f"{summary['wall_clock_ratio']:.2f}x; acceptance length mean {summary['acceptance_length_mean']:.2f}, "
+        f"last/peak {summary['last_over_peak']:.2f} per step, "
+        f"{summary['last_pass_over_peak_pass']:.2f} per pass over the problem pool "
+        f"({summary['steps_per_pass']} steps: "
+        + " ".join(f"{x:.2f}" for x in summary["acceptance_length_per_pass"])
+        + ")"
+    )
     if "frozen_acceptance_length_per_pass" in summary:
         con.print("frozen draft model, tokens per target forward per pass: "
                   + " ".join(f"{x:.2f}" for x in summary["frozen_acceptance_length_per_pass"]))

@@ -4,9 +4,9 @@ package asks it instead of comparing drafter names.
 A drafter is a class with a few class attributes and methods, one file per drafter, listed once
 in `drafters/registry.py`:
 
-- identity and benchmark rows (`bench_rows`): `name` (the `drafter:` value), `kind` (`list`: any draft length per request, per-step
-  host work; `model`: k fixed at engine start, a module in the engine), `draft_cost` (how its
-  drafting scales: `host`, `sequential` k small forwards, or one `parallel` block forward);
+- identity and benchmark rows (`bench_rows`): `name` (the `drafter:` value), `kind` (`list`: any draft length
+  per request, per-step host work; `model`: k fixed at engine start, a module in the engine), `draft_cost`
+  (how its drafting scales: `host`, `sequential` k small forwards, or one `parallel` block forward);
 - configuration: `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes` (the
   first is the default), `check(spec)` for cross-field rules, `vllm_config(spec, temperature)`;
 - weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
@@ -17,8 +17,8 @@ in `drafters/registry.py`:
   of the same name, the distiller `distiller_class()`;
   `after_inplace_load(model)` repairs what the live module derived from its old weights;
 - NeMo-RL: `weight_source(spec, ...)` (where its weights come from there), `refit_hint` and
-  `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`, `worker_modules` (libraries the
-  vLLM workers must import).
+  `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`,
+  `worker_modules` (libraries the vLLM workers must import).
 """
 from __future__ import annotations
 
@@ -146,8 +146,12 @@ class CheckpointDrafter(Drafter):
         return self.settings(spec).model
 
     def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
-        return {"method": self.name, "model": self.checkpoint(spec), "num_speculative_tokens": spec.num_speculative_tokens,
-                "draft_sample_method": self.draft_sample_method(spec, temperature)}
+        return {
+            "method": self.name,
+            "model": self.checkpoint(spec),
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "draft_sample_method": self.draft_sample_method(spec, temperature),
+        }
 
     def distiller_class(self) -> type:
         raise NotImplementedError

@@ -70,7 +70,9 @@ def torch_modules() -> SimpleNamespace:
         def forward(self, hidden, embeds, position_ids, rotary):
             embeds = torch.where((position_ids == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
             x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(embeds)], -1))
-            out = self.block(x, attention_mask=None, position_ids=position_ids, position_embeddings=rotary(x, position_ids))
+            out = self.block(
+                x, attention_mask=None, position_ids=position_ids, position_embeddings=rotary(x, position_ids)
+            )
             out = out[0] if isinstance(out, tuple) else out
             return self.final_layernorm(out)
 

@@ -606,15 +606,25 @@ class RolloutStore:
         by_version: dict = {}
         for e in self._entries.values():
             by_version[e.version] = by_version.get(e.version, 0) + 1
-        return {"entries": len(self._entries), "tokens": sum(e.num_tokens for e in self._entries.values()),
-                "versions": sorted(by_version), "entries_by_version": {str(k): v for k, v in sorted(by_version.items())},
-                "problems": len(self._problem_trees), "global_entries": self._global_entries,
-                "bytes": self.bytes(), "max_memory_bytes": self.max_memory_bytes,
-                "window_steps": self.window_steps, "newest_version": self.newest_version, "scope": self.scope,
-                "max_tree_depth": self.max_tree_depth, "evicted_window": self.evicted_window,
-                "evicted_memory": self.evicted_memory, "rejected_old": self.rejected_old,
-                "live_entries": sum(1 for e in self._entries.values() if e.live is not None),
-                "live_settled": self.live_settled}
+        return {
+            "entries": len(self._entries),
+            "tokens": sum(e.num_tokens for e in self._entries.values()),
+            "versions": sorted(by_version),
+            "entries_by_version": {str(k): v for k, v in sorted(by_version.items())},
+            "problems": len(self._problem_trees),
+            "global_entries": self._global_entries,
+            "bytes": self.bytes(),
+            "max_memory_bytes": self.max_memory_bytes,
+            "window_steps": self.window_steps,
+            "newest_version": self.newest_version,
+            "scope": self.scope,
+            "max_tree_depth": self.max_tree_depth,
+            "evicted_window": self.evicted_window,
+            "evicted_memory": self.evicted_memory,
+            "rejected_old": self.rejected_old,
+            "live_entries": sum(1 for e in self._entries.values() if e.live is not None),
+            "live_settled": self.live_settled,
+        }
 
 
 def _check_version(v, what: str) -> int:

@@ -142,7 +142,8 @@ def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
             "allowed here: 'frozen'")
     if mode == "frozen" and source == SOURCE_REFIT_STREAM:
         raise ConfigError(
-            f"{path}: got 'frozen', but {drafter_of(spec).trainer_stream} makes the trainer stream new drafter weights every step; "
+            f"{path}: got 'frozen', but {drafter_of(spec).trainer_stream} makes the trainer stream new drafter "
+            "weights every step; "
             f"use 'online' or 'refit', or turn the trainer-side drafter off"
         )
 

@@ -267,7 +267,9 @@ def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Se
     for idxs in assignment:
         free = [i for i in idxs if out[i] is None]
         if free:
-            for i, b in zip(free, assign_budgets([predicted_remaining[i] for i in free], k, policy, **kwargs), strict=True):
+            for i, b in zip(
+                free, assign_budgets([predicted_remaining[i] for i in free], k, policy, **kwargs), strict=True
+            ):
                 out[i] = int(b)
     return out
 

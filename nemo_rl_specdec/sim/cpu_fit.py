@@ -66,7 +66,8 @@ HEADER = """\
 # and per-request time, and its measured coverage; acceptance: its measured per-position curve.
 # The other drafters' constants are in cpu_fit.json (sim/cpu_fit.py passes them as overrides).
 # workload: the bench batch shape (16 x 4), the costmodel run's no-spec lengths grouped per
-# problem, its mean prompt length; the length predictor sees 4 earlier rollouts per problem (the benches warm up on one previous batch).
+# problem, its mean prompt length; the length predictor sees 4 earlier rollouts per problem (the benches warm
+# up on one previous batch).
 """
 
 
@@ -217,7 +218,9 @@ def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS
                         "prediction": "history", "history_rollouts": samples},
            "rl": {"mode": "sync", "num_steps": PREDICTION_STEPS},
            "calibration": None}
-    path.write_text(HEADER.format(command=command) + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
+    path.write_text(
+        HEADER.format(command=command) + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110)
+    )
 
 
 def predict_drafters(fit: dict, inp: dict, problems: int = 16, samples: int = 4, scenario: str = SCENARIO) -> list:

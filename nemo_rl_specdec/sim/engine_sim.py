@@ -9,8 +9,9 @@ goes back to the head of the queue keeping what it has generated, and pays promp
 generated tokens as prefill when it is admitted again. Each step every active request verifies 1 + d_i
 tokens and commits A_i(d_i) of them in expectation (its accepted drafts plus the bonus
 token); a list drafter finds a match for a share `coverage` of request-steps, so a request
-drafting d_i commits 1 + coverage * (A_i(d_i) - 1) and verifies 1 + coverage * d_i tokens; a request leaves the batch when it has committed its response length, and the batch
-drains — the long tail, where few requests are left and each step costs nearly c_base.
+drafting d_i commits 1 + coverage * (A_i(d_i) - 1) and verifies 1 + coverage * d_i tokens; a request leaves
+the batch when it has committed its response length, and the batch drains — the long tail, where few requests
+are left and each step costs nearly c_base.
 
 The simulation is a fluid (expected-value) model, advanced in jumps rather than step by step:
 between two events — a request finishing, a request released, a pause (weight update), a
@@ -189,7 +190,9 @@ class EngineSim:
         self._prog = np.concatenate([self._prog, [float(r.done) for r in new]])
         self._ctx = np.concatenate([self._ctx, [float(r.prompt_len + r.done) for r in new]])
         self._len = np.concatenate([self._len, [float(r.length) for r in new]])
-        self._A = np.concatenate([self._A, np.stack([r.A for r in new])]) if len(self._A) else np.stack([r.A for r in new])
+        self._A = (
+            np.concatenate([self._A, np.stack([r.A for r in new])]) if len(self._A) else np.stack([r.A for r in new])
+        )
         self._budget = np.concatenate([self._budget, np.zeros(len(new), dtype=int)])
         self._prefill += need
         self._dirty = True

@@ -84,8 +84,8 @@ def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -
     """The roofline constants (`ROOFLINE_FITTED`) that best explain measured forward times, in
     relative error: samples are `tools/time_forward.py`'s (tokens, ctx_sum, attn_ctx, seconds; a
     step past the largest capture size ran eagerly), `shape` the timed model's `ModelShape`. The
-    model is `costmodel.Roofline.forward` plus `overhead_per_seq_s` per request, as `CostModel` prices a step. Returns the constants, R^2 of log time, and the
-    median and largest relative residuals."""
+    model is `costmodel.Roofline.forward` plus `overhead_per_seq_s` per request, as `CostModel` prices a step.
+    Returns the constants, R^2 of log time, and the median and largest relative residuals."""
     from scipy.optimize import least_squares
 
     from nemo_rl_specdec.sim.costmodel import Roofline

@@ -317,11 +317,13 @@ def format_table(res: dict[str, Any]) -> str:
              f"alpha={_fmt(res['alpha'])}, mean accepted length {_fmt(res['mean_accepted_length'])}"]
     fit = res.get("cost_model", {}).get("fit")
     if fit:
-        lines.append(f"roofline fitted on {fit['samples']} measured forwards ({res['cost_model']['measured']}, "
-                     f"{fit['device']}): {fit['mem_bw_Bps'] / 1e12:.2f} TB/s, {fit['flops_per_s'] / 1e12:.0f} TFLOP/s, "
-                     f"{fit['overhead_s'] * 1e3:.2f} ms per step, {fit['overhead_per_seq_s'] * 1e6:.1f} us per request, "
-                     f"+{fit['eager_overhead_s'] * 1e3:.2f} ms eager; relative residual median "
-                     f"{fit['median_rel_residual']:.1%}, max {fit['max_rel_residual']:.1%}")
+        lines.append(
+            f"roofline fitted on {fit['samples']} measured forwards ({res['cost_model']['measured']}, "
+            f"{fit['device']}): {fit['mem_bw_Bps'] / 1e12:.2f} TB/s, {fit['flops_per_s'] / 1e12:.0f} TFLOP/s, "
+            f"{fit['overhead_s'] * 1e3:.2f} ms per step, {fit['overhead_per_seq_s'] * 1e6:.1f} us per request, "
+            f"+{fit['eager_overhead_s'] * 1e3:.2f} ms eager; relative residual median "
+            f"{fit['median_rel_residual']:.1%}, max {fit['max_rel_residual']:.1%}"
+        )
     for r in cells:
         lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
     cal = res.get("calibration")
@@ -329,7 +331,9 @@ def format_table(res: dict[str, Any]) -> str:
         lines.append("")
         lines.append("calibration (published figure -> simulated):")
         if res.get("overrides"):
-            lines.append(f"  (with overrides {' '.join(res['overrides'])}: the figures describe the scenario as shipped)")
+            lines.append(
+                f"  (with overrides {' '.join(res['overrides'])}: the figures describe the scenario as shipped)"
+            )
         lines += _calibration_lines(cal)
     for pt in res.get("calibration_points") or []:
         lines.append(f"calibration point {pt['name']!r} ({' '.join(pt['overrides'])}):")

@@ -653,7 +653,9 @@ class Scenario(_Strict):
     rl: RL = RL()
     baseline: Baseline = Baseline()
     sweep: Sweep = Sweep()
-    calibration: dict[str, Target] | None = Field(None, description="published figures to reproduce; null drops an extended file's")
+    calibration: dict[str, Target] | None = Field(
+        None, description="published figures to reproduce; null drops an extended file's"
+    )
     calibration_points: list[CalibrationPoint] | None = Field(
         None, max_length=MAX_SWEEP_POINTS, description="variants of this scenario (overrides) with their published "
         "figures")

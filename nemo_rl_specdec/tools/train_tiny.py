@@ -217,7 +217,10 @@ def well_formed(text: str, family: str = "sum") -> bool:
 
 def _by_family(families: list, scores: list) -> dict:
     """Mean score per task family (`families[i]` is the family of `scores[i]`)."""
-    return {f: sum(s for g, s in zip(families, scores, strict=True) if g == f) / families.count(f) for f in sorted(set(families))}
+    return {
+        f: sum(s for g, s in zip(families, scores, strict=True) if g == f) / families.count(f)
+        for f in sorted(set(families))
+    }
 
 
 def families_arg(text: str) -> tuple:
@@ -471,7 +474,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--policy-max-steps", type=int, default=2500)
     ap.add_argument("--min-steps", type=int, default=400, help="no dev eval / early stop before this step")
     ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--target-acc", type=float, default=0.5, help="early stop once the dev greedy exact-match rate reaches this")
+    ap.add_argument(
+        "--target-acc", type=float, default=0.5, help="early stop once the dev greedy exact-match rate reaches this"
+    )
     ap.add_argument("--dev-size", type=int, default=200)
     ap.add_argument("--draft-lr", type=float, default=1e-3)
     ap.add_argument("--distill-steps", type=int, default=300)

@@ -109,7 +109,12 @@ def linear_forward_kl(h_s, w_s, h_t, w_t, *, temperature: float = 1.0, weights=N
     for name, t in (("w_s", w_s), ("h_t", h_t), ("w_t", w_t)):
         if t.device != h_s.device:
             raise ValueError(f"linear_forward_kl: {name} is on {t.device}, the student's hidden states on {h_s.device}")
-    if h_t.shape[0] != n or w_t.shape[0] != w_s.shape[0] or w_s.shape[1] != h_s.shape[1] or w_t.shape[1] != h_t.shape[1]:
+    if (
+        h_t.shape[0] != n
+        or w_t.shape[0] != w_s.shape[0]
+        or w_s.shape[1] != h_s.shape[1]
+        or w_t.shape[1] != h_t.shape[1]
+    ):
         raise ValueError(f"linear_forward_kl: shapes do not fit: h_s {tuple(h_s.shape)}, w_s {tuple(w_s.shape)}, "
                          f"h_t {tuple(h_t.shape)}, w_t {tuple(w_t.shape)}")
     if weights is None:

@@ -73,7 +73,10 @@ def rule_cases() -> dict:
     from nemo_rl_specdec.drafters.registry import DRAFTERS
 
     out = {}
-    for drafter, label, case in (("suffix", "suffix_das", "suffix_das_auto"), ("ngram", "ngram_judged", "ngram_judged_auto")):
+    for drafter, label, case in (
+        ("suffix", "suffix_das", "suffix_das_auto"),
+        ("ngram", "ngram_judged", "ngram_judged_auto"),
+    ):
         for row, over in DRAFTERS[drafter].bench_rows:
             if _slug(row) == label:
                 out[case] = (drafter, RUN_FILE, [f"{BLOCK}.drafter={drafter}"] + [f"{BLOCK}.{o}" for o in over])

@@ -6,8 +6,8 @@ the no-spec engine of the same run file; at temperature 1.0 the joint distributi
 generated tokens is not distinguishable from the no-spec engine's (chi-square, >= 2,000 samples);
 returned logprobs are the target's (transformers forward pass, fp32, within 1e-4).
 
-One drafter engine is alive at a time (the module-scoped `case` fixture, tests/engine/conftest.py); the no-spec samples of
-the chi-square test are drawn once per run file and compared with every drafter's.
+One drafter engine is alive at a time (the module-scoped `case` fixture, tests/engine/conftest.py); the
+no-spec samples of the chi-square test are drawn once per run file and compared with every drafter's.
 """
 from __future__ import annotations
 

@@ -99,7 +99,10 @@ def test_gradient_clipping_bounds_the_update(policy_dir):
     lr = 1e-3
     t = GRPOTrainer(policy_dir, lr=lr, seed=0, max_grad_norm=1e-4)
     before = t.state_dict()
-    rollouts = [{"prompt_token_ids": [1, 2], "token_ids": [3] * 20}, {"prompt_token_ids": [1, 2], "token_ids": [4] * 20}]
+    rollouts = [
+        {"prompt_token_ids": [1, 2], "token_ids": [3] * 20},
+        {"prompt_token_ids": [1, 2], "token_ids": [4] * 20},
+    ]
     s = t.step(rollouts, [1.0, 0.0], [0, 0])
     assert s["grad_norm"] > 1e-4  # reported before clipping
     # AdamW's first step moves each parameter by ~lr regardless of scale; clipping must still leave finite weights

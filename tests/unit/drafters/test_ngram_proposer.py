@@ -15,8 +15,11 @@ ROW = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]  # the tail 1 2 3 was seen before: the look
 def _proposer(budget="uniform", auto_disable=True, k=4):
     from nemo_rl_specdec.drafters.ngram import NgramProposer
 
-    vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                         model_config=SimpleNamespace(max_model_len=64), scheduler_config=SimpleNamespace(max_num_seqs=8))
+    vc = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=64),
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+    )
     p = NgramProposer(vc)
     p.specdec_attach(SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a"])),
                      {"ngram": {"backend": "specdec", "prompt_lookup_min": 2, "prompt_lookup_max": 3},

@@ -409,8 +409,13 @@ def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters()
     assert new.spec.scheduling.placement == "length_aware"             # the rest of the block is kept
     assert to_vllm_speculative_config(dm.spec).get("num_speculative_tokens_per_batch_size") is None
     # an explicit schedule is used as written; uniform budget or no-spec baseline: nothing derived
-    explicit = _cfg(drafter="draft_model", draft_model={"model": "/d"}, num_speculative_tokens=4,
-                    refresh={"mode": "frozen"}, scheduling={"budget": "das", "k_by_batch_size": [[1, 8, 4], [9, 64, 0]]})
+    explicit = _cfg(
+        drafter="draft_model",
+        draft_model={"model": "/d"},
+        num_speculative_tokens=4,
+        refresh={"mode": "frozen"},
+        scheduling={"budget": "das", "k_by_batch_size": [[1, 8, 4], [9, 64, 0]]},
+    )
     assert scheduled_config(explicit) == (explicit, None)
     uni = _cfg(drafter="draft_model", draft_model={"model": "/d"}, refresh={"mode": "frozen"})
     assert scheduled_config(uni)[1] is None

@@ -309,7 +309,9 @@ def test_validation_errors_name_the_key_path():
     assert sc.alpha == pytest.approx(solve_alpha(2.0, 8))        # default: measured at speculation.k
     with pytest.raises(ScenarioError, match=r"scenario\.speculation: .*first range must start at 1"):
         scenario(**{"speculation.k_by_batch_size": [[2, 8, 4]]})
-    with pytest.raises(ScenarioError, match=r"scenario\.calibration\.speedup: got 'speedup'; allowed: a reported metric"):
+    with pytest.raises(
+        ScenarioError, match=r"scenario\.calibration\.speedup: got 'speedup'; allowed: a reported metric"
+    ):
         scenario(**{"calibration": {"speedup": {"value": 2.0}}})
     with pytest.raises(ScenarioError, match=r"scenario\.calibration\.rollout_speedup: .*value"):
         scenario(**{"calibration": {"rollout_speedup": {"tolerance": 0.1}}})
@@ -356,7 +358,8 @@ def test_cli_writes_json_table_and_plots(tmp_path, capsys):
     scen = tmp_path / "small.yaml"
     scen.write_text(
         "name: small\nhardware: {c_base_s: 0.01, c_tok_s: 1.0e-4}\nacceptance: {alpha: 0.6}\n"
-        "cluster: {num_engines: 2}\nworkload: {num_prompts: 4, generations_per_prompt: 2, lengths: {median: 200, max_len: 1024}}\n"
+        "cluster: {num_engines: 2}\n"
+        "workload: {num_prompts: 4, generations_per_prompt: 2, lengths: {median: 200, max_len: 1024}}\n"
         "rl: {num_steps: 2}\nsweep: {k: [1, 3], alpha: [0.2, 0.8], num_engines: [1, 2]}\n"
         "calibration: {rollout_speedup: {min: 0.5, max: 10, source: test}}\n"
     )

@@ -49,7 +49,9 @@ def test_fit_steps_recovers_target_and_drafter_constants():
     inp = inputs(results)
     decode = results[1]["samples"][1:]
     assert inp["prompt_len"] == 32
-    assert inp["drafters"]["ngram"]["coverage"] == sum(s["drafting"] for s in decode) / sum(s["requests"] for s in decode)
+    assert inp["drafters"]["ngram"]["coverage"] == sum(s["drafting"] for s in decode) / sum(
+        s["requests"] for s in decode
+    )
 
 
 def test_coverage_counts_decode_request_steps_only():
