@@ -12,12 +12,12 @@ from __future__ import annotations
 import copy
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.drafters.base import LIST, MODEL
+from nemo_rl_specdec.drafters.base import LIST, MODEL, RefreshMode
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
 from nemo_rl_specdec.resources import config_lookups, configs_dir
 from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict, float_setting, int_setting
@@ -37,7 +37,7 @@ class DistillConfig(_Strict):
 
 
 class RefreshConfig(_Strict):
-    mode: Literal["frozen", "refit", "online", "rebuild"] | None = None  # None: drafter default
+    mode: RefreshMode | None = None  # None: drafter default
     every_n_steps: int = Field(1, ge=1)
     max_policy_lag: int = Field(0, ge=0, description="async: policy_version - drafter_version allowed")
     distill: DistillConfig = DistillConfig()
@@ -136,7 +136,8 @@ class _SpecDecBlock(_Strict):
                 f">= {lag_needed}: refresh.every_n_steps={self.refresh.every_n_steps} lets the drafter fall "
                 f"{lag_needed} version(s) behind between refreshes",
             )
-        per_step = drafter_of(self.drafter).judges_steps(self)  # our proposer cuts each step's drafts
+        spec = cast("SpecDecConfig", self)  # the block is only ever built as a SpecDecConfig
+        per_step = drafter_of(self.drafter).judges_steps(spec)  # our proposer cuts each step's drafts
         k_auto = self.scheduling.k == "auto"
         if self.auto_disable is None:
             self.auto_disable = per_step or k_auto
@@ -145,7 +146,7 @@ class _SpecDecBlock(_Strict):
         if k_auto:
             self._check_k_auto()
         if self.enabled:
-            drafter_of(self.drafter).check(self)
+            drafter_of(self.drafter).check(spec)
             if self.scheduling.budget == "adaptive" and not per_step:
                 raise _PathError(
                     "scheduling.budget", "adaptive",
@@ -195,10 +196,17 @@ class _SpecDecBlock(_Strict):
         return drafter_of(self.drafter).kind == LIST
 
 
-SpecDecConfig = create_model(
-    "SpecDecConfig", __base__=_SpecDecBlock, __module__=__name__,
-    __doc__="The whole `policy.generation.speculative_decoding` block: common settings and one sub-block per drafter.",
-    **{name: (d.config, d.config()) for name, d in DRAFTERS.items()})
+if TYPE_CHECKING:
+    class SpecDecConfig(_SpecDecBlock):
+        """What a type checker sees: the common settings, and each drafter's sub-block as an attribute."""
+
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    SpecDecConfig = create_model(
+        "SpecDecConfig", __base__=_SpecDecBlock, __module__=__name__,
+        __doc__="The whole `policy.generation.speculative_decoding` block: common settings and one sub-block per "
+                "drafter.",
+        **{name: (d.config, d.config()) for name, d in DRAFTERS.items()})
 
 
 class VllmCfg(BaseModel):
@@ -288,7 +296,8 @@ class RunConfig:
     def setting(self, dotted: str, default: Any, lo: Any, hi: Any, kind: type = int, lo_open: bool = False) -> Any:
         """The number at `dotted` (or `default` where the run file does not set it), checked: an integer
         (kind int) or a finite number in [lo, hi]; a key above it that holds no mapping is an error."""
-        node, parts = self.raw, dotted.split(".")
+        node: Any = self.raw
+        parts = dotted.split(".")
         for i, part in enumerate(parts[:-1]):
             node = node.get(part)
             if node is None:

@@ -22,7 +22,7 @@ in `drafters/registry.py`:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from nemo_rl_specdec.schema import PathError, Strict
 
@@ -41,6 +41,10 @@ SOURCE_CHECKPOINT = "checkpoint"      # read from the drafter's own checkpoint a
 SOURCE_POLICY_DISTILL = "policy_distill"  # ... and distilled online in the policy workers
 
 
+# How a drafter keeps up with the policy (`refresh.mode`): see docs/configuration.md.
+RefreshMode = Literal["frozen", "refit", "online", "rebuild"]
+
+
 class NoConfig(Strict):
     """A drafter without settings of its own."""
 
@@ -50,7 +54,7 @@ class Drafter:
     kind: ClassVar[str] = MODEL
     draft_cost: ClassVar[str] = SEQUENTIAL
     config: ClassVar[type[Strict]] = NoConfig
-    refresh_modes: ClassVar[tuple[str, ...]] = ("frozen",)
+    refresh_modes: ClassVar[tuple[RefreshMode, ...]] = ("frozen",)
     weights_in_policy_checkpoint: ClassVar[bool] = False
     refit_hint: ClassVar[str] = "no NeMo-RL trainer streams this drafter's weights"  # why `refit` is refused
     trainer_stream: ClassVar[str] = ""  # the NeMo-RL policy setting that makes the trainer stream its weights
@@ -59,11 +63,11 @@ class Drafter:
     bench_rows: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
 
     # ------------------------------------------------------------------ configuration
-    def settings(self, spec: SpecDecConfig) -> Strict:
-        """The drafter's sub-block of `spec`."""
+    def settings(self, spec: SpecDecConfig) -> Any:
+        """The drafter's sub-block of `spec` (an instance of its `config`)."""
         return getattr(spec, self.name)
 
-    def refresh_modes_for(self, block: Strict) -> tuple[tuple[str, ...], str]:
+    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]:
         """The refresh modes this drafter takes with its sub-block `block` (the first is the default),
         and what they are allowed for, as an error message says it."""
         return self.refresh_modes, f"drafter '{self.name}'"
