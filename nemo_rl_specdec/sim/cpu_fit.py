@@ -194,7 +194,7 @@ def base_overrides(fit: dict, inp: dict, problems: int, samples: int) -> list:
 
 
 def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS)", samples: int = 4,
-                   command: str = "configs/sim/measured/cpu_tiny_costmodel.json configs/sim/measured") -> None:
+                   command: str = "benchmarks/cpu_crosscheck/cpu_tiny_costmodel.json benchmarks/cpu_crosscheck") -> None:
     import yaml
 
     from nemo_rl_specdec.sim.acceptance import monotone_curve
