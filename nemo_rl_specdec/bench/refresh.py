@@ -3,7 +3,7 @@
     nemo-rl-specdec bench configs/tiny_cpu.yaml --suite refresh --json OUT.json [bench.refresh.KEY=VALUE ...]
 
 No model and no vLLM: ``engines`` Ray actors stand in for NeMo-RL's vLLM engines, each holding a real
-:class:`~nemo_rl_specdec.drafters.store.RolloutStore` built from the run's ``suffix`` settings
+:class:`~nemo_rl_specdec.drafters.machinery.store.RolloutStore` built from the run's ``suffix`` settings
 (``window_steps``, ``scope``, ``max_tree_depth``, ``max_memory_mb``). Each step (one refit):
 
 1. every engine "generates" its share of the step's synthetic rollouts (sample s of problem p on
@@ -212,7 +212,7 @@ class EngineActor:
     """One engine process: produces its share of a step, receives the whole step, rebuilds its store."""
 
     def __init__(self, index: int, o: dict):
-        from nemo_rl_specdec.drafters.store import RolloutStore
+        from nemo_rl_specdec.drafters.machinery.store import RolloutStore
 
         s = o["suffix"]
         self.index, self.o = index, o

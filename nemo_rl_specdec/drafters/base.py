@@ -97,7 +97,7 @@ class Drafter:
         return False
 
     def judges_steps(self, spec: SpecDecConfig) -> bool:
-        """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/adaptive.py`:
+        """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/machinery/adaptive.py`:
         `auto_disable`, `scheduling.budget: adaptive`)."""
         return False
 

@@ -144,7 +144,7 @@ def torch_modules() -> SimpleNamespace:
     declaring the drafter (config validation, the CLI) imports no torch."""
     import torch
 
-    from nemo_rl_specdec.drafters.eagle3 import RMSNorm, SwiGLU, rope
+    from nemo_rl_specdec.drafters.machinery.layers import RMSNorm, SwiGLU, rope
 
     class DFlashLayer(torch.nn.Module):
         """A Qwen3 decoder layer (q/k RMS norms, no biases) whose attention also reads context keys."""

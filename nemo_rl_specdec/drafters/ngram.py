@@ -2,7 +2,7 @@
 
 `ngram.backend: vllm` is vLLM's own `ngram` method. `ngram.backend: specdec` runs the same
 matcher (vLLM's numba kernel, through its `NgramProposer`) as our custom_class proposer
-`NgramProposer`, which adds the per-step rule of `drafters/adaptive.py`: `auto_disable` keeps a
+`NgramProposer`, which adds the per-step rule of `drafters/machinery/adaptive.py`: `auto_disable` keeps a
 step's drafts only where they are predicted to pay, `scheduling.budget: adaptive` cuts each draft
 to its best length. Its acceptance estimates come from an `AcceptanceCalibration` by draft
 position (prompt lookup carries no probability), fed from what the target accepted, and from
@@ -17,8 +17,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
-from nemo_rl_specdec.drafters.calibration import AcceptanceCalibration, resolve_withheld
-from nemo_rl_specdec.drafters.proposer import SpecdecProposer
+from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration, resolve_withheld
+from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
 from nemo_rl_specdec.schema import PathError, Strict
 
 

@@ -4,12 +4,12 @@ rollouts (`suffix.backend: das`, the default), or vLLM's built-in suffix decodin
 `Suffix` declares the drafter (its `suffix:` sub-block, refresh modes, vLLM mapping).
 `DASProposer` is a vLLM ``custom_class`` proposer (``speculative_config={"method":
 "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", ...}``).
-Its state is a :class:`~nemo_rl_specdec.drafters.store.RolloutStore` of recent rollouts
+Its state is a :class:`~nemo_rl_specdec.drafters.machinery.store.RolloutStore` of recent rollouts
 (per-problem and global arctic-inference suffix trees, windowed by policy version), refreshed
 through the lockstep update (``refresh.mode: rebuild``): the worker extension calls
 :meth:`DASProposer.specdec_rebuild` with the step's rollouts and the new policy version, or, when
 the rollouts were handed over as the rollout ended (``Engine.stage_rollouts``), installs the
-rebuild staged for exactly that version (:mod:`~nemo_rl_specdec.drafters.staging`).
+rebuild staged for exactly that version (:mod:`~nemo_rl_specdec.drafters.machinery.staging`).
 
 Per request and per engine step, :meth:`DASProposer.propose`:
 
@@ -18,7 +18,7 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   predicted length (``specdec_predicted_len``, output tokens) is promoted to the full k: the
   prediction that withheld its drafts was wrong, and it is now the tail that sets the makespan;
 - feeds back how many tokens of its previous draft vLLM accepted (``len(sampled_token_ids[row])
-  - 1``) into an :class:`~nemo_rl_specdec.drafters.calibration.AcceptanceCalibration`;
+  - 1``) into an :class:`~nemo_rl_specdec.drafters.machinery.calibration.AcceptanceCalibration`;
 - matches the request's own context (prompt + verified output so far, last ``max_match_len``
   tokens: arctic re-walks the tree from the root for every match length, so the cost grows with
   the square of the matched tail, and trees are built only ``max_match_len - 1 + k`` deep, as
@@ -40,9 +40,9 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
   would kill the engine, so the clamp is unconditional;
 - with ``scheduling.budget: adaptive``, then cuts every request's draft to the length that
-  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.adaptive`),
+  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.machinery.adaptive`),
   from the calibrated acceptance of each draft token and the engine's step cost fitted online
-  from the time between calls (:mod:`~nemo_rl_specdec.drafters.step_cost`;
+  from the time between calls (:mod:`~nemo_rl_specdec.drafters.machinery.step_cost`;
   drafts are not cut during its warm-up). A step where no draft token pays for itself drafts
   nothing; each switch between drafting and not is logged with the numbers behind it. Under the
   other budgets, ``auto_disable`` (on by default) applies the all-or-nothing form: a step keeps
@@ -63,10 +63,10 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
-from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
-from nemo_rl_specdec.drafters.proposer import SpecdecProposer
-from nemo_rl_specdec.drafters.staging import StagedRebuild
-from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
+from nemo_rl_specdec.drafters.machinery.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
+from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
+from nemo_rl_specdec.drafters.machinery.staging import StagedRebuild
+from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
 from nemo_rl_specdec.schema import PathError, Strict
 
@@ -275,7 +275,7 @@ class DASProposer(SpecdecProposer):
 
     def specdec_stage(self, rollouts, version: int) -> dict:
         """Start rebuilding the store for policy `version` from a step's final rollouts on a background
-        thread (see :mod:`~nemo_rl_specdec.drafters.staging`); :meth:`specdec_install_staged` at the
+        thread (see :mod:`~nemo_rl_specdec.drafters.machinery.staging`); :meth:`specdec_install_staged` at the
         update installs it. From now until then the store is fenced: no draft reads it. More rollouts
         for the version already staged are appended (rebuilt after the staged ones, installed with them)."""
         from nemo_rl_specdec.lockstep import DrafterRefreshError
@@ -468,7 +468,7 @@ class DASProposer(SpecdecProposer):
         verified = drafted = drafted_tokens = ctx_sum = 0
         new_rows = False  # a request seen for the first time: the step that just ran prefilled it
         judged = self.judge.active and not fenced
-        skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (drafters/adaptive.py)
+        skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (machinery/adaptive.py)
         pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
         for i in range(rows):
             rid = req_ids[i]

@@ -4,7 +4,7 @@ predictions made from it.
 The fit uses decode steps only; a step that prefills a prompt is left out. It is one
 non-negative least-squares problem over every configuration's steps. Its columns are the
 simulator's linear cost form (`CostModel`, `hardware.c_*_s`, `drafter.*`), the engine's online
-fit's (`drafters/step_cost.py`) plus a step and a per-request term per drafter:
+fit's (`drafters/machinery/step_cost.py`) plus a step and a per-request term per drafter:
 
     t = c_base + c_seq * requests + c_tok * (requests + draft_tokens) + c_ctx * sum(context)
         + [drafter X's steps] * (step_overhead_X + per_request_X * requests)
@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from nemo_rl_specdec.drafters.base import LIST
+from nemo_rl_specdec.drafters.machinery.step_cost import step_columns
 from nemo_rl_specdec.drafters.registry import DRAFTERS
-from nemo_rl_specdec.drafters.step_cost import step_columns
 from nemo_rl_specdec.resources import config_path
 
 MEASURED = config_path("sim", "measured")
@@ -194,7 +194,8 @@ def base_overrides(fit: dict, inp: dict, problems: int, samples: int) -> list:
 
 
 def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS)", samples: int = 4,
-                   command: str = "benchmarks/cpu_crosscheck/cpu_tiny_costmodel.json benchmarks/cpu_crosscheck") -> None:
+                   command: str = "benchmarks/cpu_crosscheck/cpu_tiny_costmodel.json benchmarks/cpu_crosscheck",
+                   ) -> None:
     import yaml
 
     from nemo_rl_specdec.sim.acceptance import monotone_curve

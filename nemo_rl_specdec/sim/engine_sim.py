@@ -25,11 +25,11 @@ from `scheduling.budget.assign_budgets` over the predicted remaining lengths of 
 in flight (recomputed whenever the batch changes, and every `interval` steps), k(batch size)
 from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.best_drafts`
 for the requests in flight (re-chosen at every event). Budget `adaptive` then cuts each d_i at
-every event with the engine's own rule (`drafters.adaptive.draft_lengths`): gains from the
+every event with the engine's own rule (`drafters.machinery.adaptive.draft_lengths`): gains from the
 request's acceptance curve (and response-position factor, times the coverage), t0 from the cost
 model, and the cost of a draft token as the secant of the step time between no drafts and the
 drafts the caps allow (a linear rule priced at the point it decides about). With `auto_disable`
-(other budgets) the same inputs go to `drafters.adaptive.drafts_pay`: the event keeps its drafts
+(other budgets) the same inputs go to `drafters.machinery.adaptive.drafts_pay`: the event keeps its drafts
 or drafts nothing; the steps judged and turned off are counted by batch-size bin
 (`EngineStats.judged_by_batch`, `off_by_batch`).
 """
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nemo_rl_specdec.drafters.adaptive import batch_bin, draft_lengths, drafts_pay
+from nemo_rl_specdec.drafters.machinery.adaptive import batch_bin, draft_lengths, drafts_pay
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
 from nemo_rl_specdec.sim.adaptive import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
@@ -74,7 +74,7 @@ class SpecPolicy:
     schedule: None | str | Sequence[Sequence[int]] = None   # [(lo, hi, k), ...] or "per_step"
     interval: int = 64
     acceptance: float | Sequence[float] = 0.7   # what the budget policy believes
-    auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/adaptive.drafts_pay) per event
+    auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/machinery/adaptive.drafts_pay) per event
 
 
 @dataclass

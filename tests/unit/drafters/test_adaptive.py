@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from nemo_rl_specdec.drafters.adaptive import batch_bin, draft_lengths, drafts_pay
+from nemo_rl_specdec.drafters.machinery.adaptive import batch_bin, draft_lengths, drafts_pay
 
 
 def _rate(gains, t0, c_tok, d):
@@ -106,7 +106,7 @@ def test_off_steps_are_binned_by_batch_size():
 
 
 def _judge():
-    from nemo_rl_specdec.drafters.adaptive import StepJudge
+    from nemo_rl_specdec.drafters.machinery.adaptive import StepJudge
 
     j = StepJudge("test", {}, adaptive=False, auto_disable=True)
     for i in range(64):  # a planted linear step cost: 1 ms per step, 1 ms per draft token
@@ -116,7 +116,7 @@ def _judge():
 
 
 def test_a_bin_that_keeps_losing_is_skipped_but_probed_and_comes_back():
-    from nemo_rl_specdec.drafters import adaptive
+    from nemo_rl_specdec.drafters.machinery import adaptive
 
     j = _judge()
     losing, paying = [[0.01, 0.01]], [[1.0, 1.0]]

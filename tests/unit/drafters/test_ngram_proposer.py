@@ -107,7 +107,7 @@ def test_cheap_drafts_are_all_kept():
 
 
 def test_a_batch_size_that_keeps_losing_skips_the_lookup(monkeypatch):
-    from nemo_rl_specdec.drafters import adaptive
+    from nemo_rl_specdec.drafters.machinery import adaptive
 
     p = _proposer()
     _plant(p, c_base=1e-3, c_tok=1e-3)

@@ -11,7 +11,7 @@ pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from test_suffix_store import _continuations as continuations  # noqa: E402  (pytest puts this folder on the path)
 
-from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError  # noqa: E402
+from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError  # noqa: E402
 from nemo_rl_specdec.rollouts import RolloutBatch  # noqa: E402
 
 DEPTH = 12

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from nemo_rl_specdec.drafters.adaptive import StepJudge
+from nemo_rl_specdec.drafters.machinery.adaptive import StepJudge
 
 
 class SpecdecProposer:

@@ -538,7 +538,7 @@ class RolloutStore:
 
         Without `calibration`, drafts are ranked by arctic's score (the sum of the path's estimated
         probabilities) and the global tree is skipped once the problem tree gave a full-length draft.
-        With an :class:`~nemo_rl_specdec.drafters.calibration.AcceptanceCalibration`, drafts are
+        With an :class:`~nemo_rl_specdec.drafters.machinery.calibration.AcceptanceCalibration`, drafts are
         ranked by calibrated expected accepted tokens (returned as ``score``), the losing tree's draft
         is returned too (``other``: the proposer measures what it would have got, so each source is
         calibrated on the same contexts, not only where it won), and the global tree is skipped only
