@@ -33,7 +33,7 @@ def cpu_drafters(spec=None) -> dict:
     for name, d in DRAFTERS.items():
         if spec is not None and d.kind == MODEL and not d.checkpoint(spec):
             continue
-        for label, over in d.bench_rows:
+        for label, over in d.variants:
             out[label] = [f"{BLOCK}.drafter={name}"] + [f"{BLOCK}.{o}" for o in over]
     return out
 

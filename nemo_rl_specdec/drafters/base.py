@@ -4,9 +4,10 @@ package asks it instead of comparing drafter names.
 A drafter is a class with a few class attributes and methods, one file per drafter, listed once
 in `drafters/registry.py`:
 
-- identity and benchmark rows (`bench_rows`): `name` (the `drafter:` value), `kind` (`list`: any draft length
-  per request, per-step host work; `model`: k fixed at engine start, a module in the engine), `draft_cost`
-  (how its drafting scales: `host`, `sequential` k small forwards, or one `parallel` block forward);
+- identity: `name` (the `drafter:` value), `kind` (`list`: any draft length per request, per-step
+  host work; `model`: k fixed at engine start, a module in the engine), `draft_cost` (how its
+  drafting scales: `host`, `sequential` k small forwards, or one `parallel` block forward), and
+  `variants` (its configurations worth running side by side: lossless suite cases, bench rows);
 - configuration: `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes` (the
   first is the default), `check(spec)` for cross-field rules, `vllm_config(spec, temperature)`;
 - weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
@@ -16,12 +17,14 @@ in `drafters/registry.py`:
   `CheckpointDrafter` is the common case: a checkpoint of its own in `<name>.model`, vLLM's method
   of the same name, the distiller `distiller_class()`;
   `after_inplace_load(model)` repairs what the live module derived from its old weights;
-- NeMo-RL: `weight_source(spec, ...)` (where its weights come from there), `refit_hint` and
+- NeMo-RL: `weight_source(spec, streams)` (where its weights come from there, given the
+  `TrainerStreams`), `refit_hint` and
   `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`,
   `worker_modules` (libraries the vLLM workers must import).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from nemo_rl_specdec.schema import PathError, Strict
@@ -45,6 +48,15 @@ SOURCE_POLICY_DISTILL = "policy_distill"  # ... and distilled online in the poli
 RefreshMode = Literal["frozen", "refit", "online", "rebuild"]
 
 
+@dataclass(frozen=True)
+class TrainerStreams:
+    """What a NeMo-RL trainer streams to the engines at every refit besides the policy: an Eagle head
+    (`draft`: `policy.draft.enabled`) and MTP layers (`mtp`: `policy.megatron_cfg.mtp_num_layers > 0`)."""
+
+    draft: bool = False
+    mtp: bool = False
+
+
 class NoConfig(Strict):
     """A drafter without settings of its own."""
 
@@ -59,8 +71,9 @@ class Drafter:
     refit_hint: ClassVar[str] = "no NeMo-RL trainer streams this drafter's weights"  # why `refit` is refused
     trainer_stream: ClassVar[str] = ""  # the NeMo-RL policy setting that makes the trainer stream its weights
     worker_modules: ClassVar[tuple[str, ...]] = ()
-    # rows of `bench --suite drafters`: (label, block overrides `key=value` relative to the block)
-    bench_rows: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
+    # the drafter's configurations worth running side by side, (label, block overrides `key=value`
+    # relative to the block): the lossless engine suite runs each, `bench --suite drafters` compares them
+    variants: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
 
     # ------------------------------------------------------------------ configuration
     def settings(self, spec: SpecDecConfig) -> Any:
@@ -130,9 +143,8 @@ class Drafter:
         drafters here keep nothing derived, except the ones that say so."""
 
     # ------------------------------------------------------------------ NeMo-RL
-    def weight_source(self, spec: SpecDecConfig, trainer_exports_draft: bool, trains_mtp: bool) -> str:
-        """Where the drafter's weights come from in a NeMo-RL run. `trainer_exports_draft`:
-        `policy.draft.enabled`; `trains_mtp`: `policy.megatron_cfg.mtp_num_layers > 0`."""
+    def weight_source(self, spec: SpecDecConfig, streams: TrainerStreams) -> str:
+        """Where the drafter's weights come from in a NeMo-RL run whose trainer streams `streams`."""
         if self.kind == LIST:
             return SOURCE_NONE
         return SOURCE_POLICY_DISTILL if spec.refresh.mode == "online" else SOURCE_CHECKPOINT

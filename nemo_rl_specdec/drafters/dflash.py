@@ -64,7 +64,7 @@ class DFlash(CheckpointDrafter):
     refresh_modes = ("online", "frozen")
     refit_hint = ("no NeMo-RL trainer streams a DFlash draft; use 'online' (distilled in the policy workers) "
                   "or 'frozen'")
-    bench_rows = (("dflash", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
+    variants = (("dflash", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
 
     def check(self, spec):
         super().check(spec)

@@ -25,7 +25,7 @@ class DraftModel(CheckpointDrafter):
     name = "draft_model"
     config = DraftModelConfig
     refresh_modes = ("online", "refit", "frozen")
-    bench_rows = (("draft_model", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
+    variants = (("draft_model", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
     refit_hint = "NeMo-RL trains no external draft model; use 'online' (distilled in the policy workers) or 'frozen'"
 
     def distiller_class(self):

@@ -47,8 +47,8 @@ class Eagle3(CheckpointDrafter):
     def distiller_class(self):
         return Eagle3Distiller
 
-    def weight_source(self, spec, trainer_exports_draft, trains_mtp):
-        return SOURCE_REFIT_STREAM if trainer_exports_draft else super().weight_source(spec, False, trains_mtp)
+    def weight_source(self, spec, streams):
+        return SOURCE_REFIT_STREAM if streams.draft else super().weight_source(spec, streams)
 
     def check_nemo_rl(self, spec, policy):
         draft = policy.get("draft") or {}

@@ -41,8 +41,8 @@ class MTP(Drafter):
             raise DistillInputError("drafter 'mtp' trains the MTP layers of the policy checkpoint: pass model_path")
         return MTPDistiller(model_path, temperature=temperature, seed=seed, **kw)
 
-    def weight_source(self, spec, trainer_exports_draft, trains_mtp):
-        return SOURCE_REFIT_STREAM if trains_mtp else SOURCE_CHECKPOINT_ONCE
+    def weight_source(self, spec, streams):
+        return SOURCE_REFIT_STREAM if streams.mtp else SOURCE_CHECKPOINT_ONCE
 
 
 # --------------------------------------------------------------------------- the MTP layer in torch

@@ -43,7 +43,7 @@ class Ngram(Drafter):
     draft_cost = HOST
     config = NgramConfig
     refresh_modes = ("frozen",)
-    bench_rows = (("ngram", ("ngram.backend=vllm",)), ("ngram (judged)", ("ngram.backend=specdec",)))
+    variants = (("ngram", ("ngram.backend=vllm",)), ("ngram (judged)", ("ngram.backend=specdec",)))
 
     def vllm_config(self, spec, temperature):
         c = spec.ngram

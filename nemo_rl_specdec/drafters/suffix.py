@@ -133,7 +133,7 @@ class Suffix(Drafter):
     config = SuffixConfig
     refresh_modes = ("rebuild", "frozen")
     worker_modules = ("arctic_inference.suffix_decoding",)  # both backends build arctic's suffix trees
-    bench_rows = (("suffix (DAS)", _backend_overrides("das")),
+    variants = (("suffix (DAS)", _backend_overrides("das")),
                   ("suffix (vLLM)", (*_backend_overrides("vllm"), "refresh.mode=frozen")))
 
     def refresh_modes_for(self, block):

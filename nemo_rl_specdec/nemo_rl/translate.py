@@ -25,6 +25,7 @@ from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, 
     SOURCE_NONE,
     SOURCE_POLICY_DISTILL,
     SOURCE_REFIT_STREAM,
+    TrainerStreams,
 )
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.nemo_rl import api
@@ -126,7 +127,7 @@ def drafter_weight_source(spec: SpecDecConfig, trainer_exports_draft: bool, trai
     `trainer_exports_draft` is `policy.draft.enabled` (Megatron trains an Eagle head and streams
     it as `draft.*` tensors); `trains_mtp` is `policy.megatron_cfg.mtp_num_layers > 0`.
     """
-    return drafter_of(spec).weight_source(spec, trainer_exports_draft, trains_mtp)
+    return drafter_of(spec).weight_source(spec, TrainerStreams(draft=trainer_exports_draft, mtp=trains_mtp))
 
 
 def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
