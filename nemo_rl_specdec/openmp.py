@@ -1,7 +1,7 @@
 """Intel OpenMP under vLLM's CPU backend: find libiomp5 and preload it into the process.
 
 vLLM's CPU worker warns that speculative decoding without Intel OpenMP in ``LD_PRELOAD``
-"will cause significant performance loss", and on this 2-core machine it does: the same
+"will cause significant performance loss", and on a 2-core Xeon machine it does: the same
 draft-model A/B took 14-16 s (no-spec) and 5 s (spec) with libiomp5 preloaded against 22-56 s
 and 15 s with the GNU OpenMP that torch ships (three runs; GNU OpenMP's spinning threads
 suffer most when the cores are shared). ``LD_PRELOAD`` only acts when a process starts, so

@@ -24,7 +24,7 @@ decoded at once here), and runs against the no-spec group in ABBA order (no-spec
 An auto row also reports ``vs_best_fixed`` (its ratio over the best fixed k's of the same drafter
 and regime, in hindsight), what it chose (``chosen``: the k-by-batch-size schedule, or the steps
 the per-step rule cut), and the engines' step-cost fit (``cost_fit``). The closing lines check
-the issue's targets: auto >= 0.97 x no-spec and >= 0.97 x the best fixed k, per regime.
+the targets: auto >= 0.97 x no-spec and >= 0.97 x the best fixed k, per regime.
 
 Run-file knobs (optional, under ``bench.adaptive``): ``drafters``, ``regimes``, ``ks``,
 ``repeats`` (default 1), ``problems`` / ``samples`` (default the run file's GRPO batch),

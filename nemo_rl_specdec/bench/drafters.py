@@ -8,7 +8,7 @@ its lockstep rebuild update, vLLM's suffix via its own cache.
 
 Run-file knob (optional): `bench.drafters.repeats` (default 1), the ABBA rounds per drafter.
 A row's `wall_clock_ratio` is the median of its rounds' ratios (`wall_clock_ratios` lists them):
-on this 2-core machine one round's ratio moves by up to 17% between two quiet runs
+on a 2-core machine one round's ratio moves by up to 17% between two quiet runs
 (docs/simulator.md), so a row that is compared with a prediction needs several. vLLM's suffix
 caches its own finished requests, so its later rounds draft with more history than its first.
 """

@@ -4,7 +4,7 @@ NeMo-RL logs whatever `VllmGeneration.get_step_metrics()` returns under `train/`
 speculative counters arrive as `vllm/spec_*` (-> `train/vllm/spec_*`); ours are added as
 `specdec/*` (-> `train/specdec/*`).
 
-Per-step metrics for every drafter (issue 14, item 4), and the key that carries each. NeMo-RL
+Per-step metrics for every drafter, and the key that carries each. NeMo-RL
 already computes the acceptance figures from vLLM's counters (the same code on v0.7.0 and main:
 `aggregate_spec_decode_counters` / `compute_spec_decode_metrics`, counter deltas over the step
 summed over the engines, for any proposer, since vLLM's scheduler counts them), so they are not

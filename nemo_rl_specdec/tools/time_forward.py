@@ -1,5 +1,5 @@
 """Time target forwards of a randomly initialised model of a given shape, on a GPU, across tokens
-per step and context lengths: the samples the simulator's roofline is fitted on (issue #16, item 8).
+per step and context lengths: the samples the simulator's roofline is fitted on.
 
     python -m nemo_rl_specdec.tools.time_forward --shape qwen3-8b --out samples.json
 

@@ -77,7 +77,7 @@ def test_unwrap_sees_through_nemo_rl_s_nvtx_wrapper(nemo_rl_src):
 
 # --------------------------------------------------------------------------- capabilities
 
-MAIN_ONLY = {  # per issue #13: absent on v0.7.0; verified here against whichever checkout is under test
+MAIN_ONLY = {  # absent on v0.7.0; verified here against whichever checkout is under test
     "VllmInternalWorkerExtension._weight_update_lifecycle": (api.HOST_EXTENSION, "_weight_update_lifecycle"),
     "VllmInternalWorkerExtension._get_drafter_model": (api.HOST_EXTENSION, "_get_drafter_model"),
     "VllmInternalWorkerExtension.nccl_reshard_refit": (api.HOST_EXTENSION, "nccl_reshard_refit"),
@@ -664,7 +664,7 @@ def test_install_and_uninstall_on_real_nemo_rl(nemo_rl_src):
 # --------------------------------------------------------------------------- step metrics
 
 def test_step_metrics_carry_acceptance_per_position_and_drafts_from_nemo_rl(nemo_rl_src, monkeypatch):
-    """Issue 14, item 4 takes acceptance length and rate, drafts made and acceptance per draft
+    """The step metrics take acceptance length and rate, drafts made and acceptance per draft
     position from NeMo-RL's own `vllm/spec_*` keys (metrics.py does not repeat them): vLLM's
     counters, read by NeMo-RL's worker (which our worker actors inherit), summed over engines and
     differenced over the step by NeMo-RL's code, come out of our SpecDecVllmGeneration's

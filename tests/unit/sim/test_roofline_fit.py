@@ -1,4 +1,4 @@
-"""The roofline fitted on measured forwards (issue #16, item 8): the fit recovers planted
+"""The roofline fitted on measured forwards: the fit recovers planted
 constants, refuses samples that cannot separate them, and a scenario takes its constants from a
 samples file (`hardware.roofline.measured`) with errors that name the key."""
 from __future__ import annotations
