@@ -1,6 +1,6 @@
 """bench/replay.py against the real engine: a greedy DAS engine's drafts on its own text are the
 replay's, draft for draft. In-flight sharing is off here: with it, which sibling tokens a draft
-sees depends on the engine's step timing (docs/das.md gives the difference measured)."""
+sees depends on the engine's step timing (docs/measurements/das.md gives the difference measured)."""
 import pytest
 
 from nemo_rl_specdec.bench.replay import replay
