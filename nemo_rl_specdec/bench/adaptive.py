@@ -17,10 +17,11 @@ configuration gets the same placement).
   draft_model under `scheduling.k: auto`, each with k up to max(ks).
 
 Each regime keeps one no-spec group alive; each speculative configuration starts its own group on
-the same cores, rolls the batch out once off the clock (first-call costs, and k: auto's 64-step exploration
-warm-up, which a run pays once in its first minutes but which is half the steps of one batch of 64 requests
-decoded at once here), and runs against the no-spec group in ABBA order (no-spec, spec, spec, no-spec),
-``repeats`` rounds. ``wall_clock_ratio`` is the median over rounds of no-spec makespan / spec makespan.
+the same cores, rolls the batch out once off the clock (first-call costs, and k: auto's 64-step
+exploration warm-up, which a run pays once in its first minutes but which is half the steps of one
+batch of 64 requests decoded at once here), and runs against the no-spec group in ABBA order
+(no-spec, spec, spec, no-spec), ``repeats`` rounds. ``wall_clock_ratio`` is the median over rounds
+of no-spec makespan / spec makespan.
 An auto row also reports ``vs_best_fixed`` (its ratio over the best fixed k's of the same drafter
 and regime, in hindsight), what it chose (``chosen``: the k-by-batch-size schedule, or the steps
 the per-step rule cut), and the engines' step-cost fit (``cost_fit``). The closing lines check
@@ -49,11 +50,8 @@ DRAFTERS = {  # name -> (overrides of every configuration, overrides of a fixed 
     "ngram": (["drafter=ngram"], ["ngram.backend=vllm"], ["ngram.backend=specdec", "scheduling.budget=adaptive"]),
     "draft_model": (["drafter=draft_model", "refresh.mode=frozen"], [], ["scheduling.k=auto"]),
 }
-REGIMES = {
-    "seqs8": (1, 8, "contiguous"),
-    "all": (1, None, "contiguous"),
-    "2eng_length_aware": (2, None, "length_aware"),
-}
+REGIMES = {"seqs8": (1, 8, "contiguous"), "all": (1, None, "contiguous"),
+           "2eng_length_aware": (2, None, "length_aware")}
 TARGET = 0.97
 
 
@@ -72,9 +70,8 @@ def _options(cfg) -> dict:
     }
     for key, allowed in (("drafters", DRAFTERS), ("regimes", REGIMES)):
         if not opts[key] or any(x not in allowed for x in opts[key]):
-            raise ConfigError(
-                f"bench.adaptive.{key}: got {opts[key]!r}; allowed: a non-empty subset of {list(allowed)}"
-            )
+            raise ConfigError(f"bench.adaptive.{key}: got {opts[key]!r}; allowed: a non-empty subset of "
+                              f"{list(allowed)}")
     if not opts["ks"] or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64 for k in opts["ks"]):
         raise ConfigError(f"bench.adaptive.ks: got {opts['ks']!r}; allowed: a non-empty list of ints in 1..64")
     for key, lo, hi in (("repeats", 1, MAX_REPEATS), ("problems", 1, MAX_PROMPTS), ("samples", 1, MAX_SAMPLES),

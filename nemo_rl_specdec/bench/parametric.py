@@ -248,27 +248,18 @@ def _summarize(c: dict, rows: list) -> dict:
     gen = sum(r["generated_tokens"] for r in rows)
     spec_s, base_s = sum(r["spec_s"] for r in rows), sum(r["baseline_s"] for r in rows)
     half = len(rows) // 2
-    out = {
-        "name": c["name"],
-        "drafter": c["drafter"],
-        "mode": c["mode"],
-        "steps": len(rows),
-        "acceptance_rate": acc / dt if dt else 0.0,
-        "tokens_per_target_forward": gen / (gen - acc) if gen > acc else None,
-        "acceptance_rate_first_half": mean("acceptance_rate", rows[:half]),
-        "acceptance_rate_second_half": mean("acceptance_rate", rows[half:]),
-        "acceptance_rate_first_step": rows[0]["acceptance_rate"],
-        "acceptance_rate_last_step": rows[-1]["acceptance_rate"],
-        "wall_clock_ratio": base_s / spec_s if spec_s else None,
-        "drafts": drafts,
-        "per_step": rows,
-    }
+    out = {"name": c["name"], "drafter": c["drafter"], "mode": c["mode"], "steps": len(rows),
+           "acceptance_rate": acc / dt if dt else 0.0,
+           "tokens_per_target_forward": gen / (gen - acc) if gen > acc else None,
+           "acceptance_rate_first_half": mean("acceptance_rate", rows[:half]),
+           "acceptance_rate_second_half": mean("acceptance_rate", rows[half:]),
+           "acceptance_rate_first_step": rows[0]["acceptance_rate"],
+           "acceptance_rate_last_step": rows[-1]["acceptance_rate"],
+           "wall_clock_ratio": base_s / spec_s if spec_s else None, "drafts": drafts, "per_step": rows}
     if c["mode"] == "online":
-        out.update(
-            distill_s_mean=mean("distill_s", rows),
-            distill_pct_of_grpo_step_mean=mean("distill_pct_of_grpo_step", rows),
-            distill_pct_of_rollout_mean=mean("distill_pct_of_rollout", rows),
-        )
+        out.update(distill_s_mean=mean("distill_s", rows),
+                   distill_pct_of_grpo_step_mean=mean("distill_pct_of_grpo_step", rows),
+                   distill_pct_of_rollout_mean=mean("distill_pct_of_rollout", rows))
     return out
 
 

@@ -79,33 +79,23 @@ def _options(cfg: RunConfig) -> dict:
     seqs = seqs if isinstance(seqs, list) else [seqs]
     seed = cfg.setting("grpo.seed", 0, 0, 2**32 - 1)
     opts = {
-        "problems": option(
-            b, "scheduling", "problems", cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS), 1, MAX_PROMPTS
-        ),
-        "samples": option(
-            b,
-            "scheduling",
-            "samples",
-            cfg.setting("grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES),
-            1,
-            MAX_SAMPLES,
-        ),
+        "problems": option(b, "scheduling", "problems", cfg.setting("grpo.num_prompts_per_step", 16, 1,
+                                                                    MAX_PROMPTS), 1, MAX_PROMPTS),
+        "samples": option(b, "scheduling", "samples", cfg.setting("grpo.num_generations_per_prompt", 4, 1,
+                                                                  MAX_SAMPLES), 1, MAX_SAMPLES),
         # placement needs at least two engines
         "engines": option(b, "scheduling", "engines", cluster if cluster > 1 else 2, 2, MAX_ENGINES),
         "repeats": option(b, "scheduling", "repeats", 5, 1, MAX_REPEATS),
         "draws": option(b, "scheduling", "draws", 1, 1, MAX_REPEATS),
-        "placements": list(b.get("placements", PLACEMENTS))
-        if isinstance(b.get("placements", []), list)
-        else [b["placements"]],
-        "budgets": list(b.get("budgets", ["uniform", "length_aware", "das"]))
-        if isinstance(b.get("budgets", []), list)
-        else [b["budgets"]],
+        "placements": (list(b.get("placements", PLACEMENTS)) if isinstance(b.get("placements", []), list)
+                       else [b["placements"]]),
+        "budgets": (list(b.get("budgets", ["uniform", "length_aware", "das"])) if isinstance(b.get("budgets", []), list)
+                    else [b["budgets"]]),
         "max_num_seqs": seqs,
         "problem_seed": option(b, "scheduling", "problem_seed", 30_000 + seed, 0, 2**32 - 1),
         "temperature": option(b, "scheduling", "temperature", cfg.generation.temperature, 0.0, 100.0, float),
-        "max_new_tokens": option(
-            b, "scheduling", "max_new_tokens", cfg.generation.max_new_tokens, 1, cfg.generation.vllm_cfg.max_model_len
-        ),
+        "max_new_tokens": option(b, "scheduling", "max_new_tokens", cfg.generation.max_new_tokens, 1,
+                                 cfg.generation.vllm_cfg.max_model_len),
         "seed": seed,
     }
     bad = [p for p in opts["placements"] if p not in PLACEMENTS]
@@ -189,11 +179,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                   f"no draw has {MIN_CEILING_PCT:.0f}% of placement headroom to judge against")
               + f" (problem draws: {len(b['clairvoyant_cut_pct_by_draw'])})")
         for r in results:
-            if (
-                r["max_num_seqs"] == seqs
-                and r["placement"] != "contiguous"
-                and r.get("share_of_clairvoyant_cut") is not None
-            ):
+            if (r["max_num_seqs"] == seqs and r["placement"] != "contiguous"
+                    and r.get("share_of_clairvoyant_cut") is not None):
                 print(f"  measured {r['name']}: {100 * r['share_of_clairvoyant_cut']:.0f}% of the clairvoyant cut "
                       f"(per draw: {', '.join(f'{100 * x:.0f}%' for x in r['share_of_clairvoyant_cut_per_draw'])})")
     return results
@@ -241,9 +228,8 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: int | None) ->
         for b in opts["budgets"]:
             g = _spec_group(b, per_request)
             if g not in by_group:
-                c = cfg.with_spec(
-                    scheduling={**spec.scheduling.model_dump(), "budget": "uniform" if g == "static" else b}
-                )
+                c = cfg.with_spec(scheduling={**spec.scheduling.model_dump(),
+                                              "budget": "uniform" if g == "static" else b})
                 by_group[g] = EngineGroup(c, E, seed=opts["seed"], predictor=predictor,
                                           name="spec" if g == "static" else f"spec_{b}_")
                 groups.append(by_group[g])
@@ -455,13 +441,11 @@ def _print(results: list, opts: dict) -> None:
             ("engine_tokens", "engine_tokens"), ("engine_longest", "engine_longest")]
     table = [[h for h, _ in cols]] + [[_fmt(r.get(k)) for _, k in cols] for r in results]
     widths = [max(len(row[c]) for row in table) for c in range(len(cols))]
-    print(
-        f"Scheduling suite: {opts['problems']} problems x {opts['samples']} samples, {results[0]['engines']} "
-        f"engines, T={opts['temperature']}, median of {opts['repeats']} runs. vs_contig = this group's contiguous "
-        "(uniform) makespan / this; paired_cut = median over repeats of 1 - this / contiguous of the same repeat; "
-        "vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
-        "makespan, same placement / this; @seqsN = at most N requests decoded at once per engine"
-    )
+    print(f"Scheduling suite: {opts['problems']} problems x {opts['samples']} samples, {results[0]['engines']} "
+          f"engines, T={opts['temperature']}, median of {opts['repeats']} runs. vs_contig = this group's contiguous "
+          "(uniform) makespan / this; paired_cut = median over repeats of 1 - this / contiguous of the same repeat; "
+          "vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
+          "makespan, same placement / this; @seqsN = at most N requests decoded at once per engine")
     for n, row in enumerate(table):
         print("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:

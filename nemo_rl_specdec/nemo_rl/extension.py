@@ -12,9 +12,9 @@ composite class is created at runtime, when first looked up by its FQN
 point the NeMo-RL found has (`update_weights_via_ipc_zmq`, `update_weights_from_collective`, and
 `nccl_reshard_refit` where it exists): when NeMo-RL's refit returns True, the same RPC then
 refreshes the drafter (the staged rollouts for the suffix store, or the store rebuilt in the
-background since generation ended; online-trained weights) and records the versions. So target and drafter
-change together, between two engine steps, on v0.7.0 (which has no weight-update lifecycle hook) and on main
-alike. A failed refresh raises out of the
+background since generation ended; online-trained weights) and records the versions. So target
+and drafter change together, between two engine steps, on v0.7.0 (which has no weight-update
+lifecycle hook) and on main alike. A failed refresh raises out of the
 RPC on whichever tensor-parallel rank it happens; NeMo-RL's worker turns that into a failed
 refit and the run stops.
 

@@ -231,9 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[specdec] speculative decoding on: drafter={spec.drafter} k={spec.num_speculative_tokens} "
                   f"refresh={spec.refresh.mode} placement={spec.scheduling.placement}")
         else:
-            print(
-                "[specdec] policy.generation.speculative_decoding absent or disabled: running NeMo-RL's GRPO unchanged"
-            )
+            print("[specdec] policy.generation.speculative_decoding absent or disabled: "
+                  "running NeMo-RL's GRPO unchanged")
     except (api.NeMoRLMissing, api.UnsupportedNeMoRL) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_RUNTIME

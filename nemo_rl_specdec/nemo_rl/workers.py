@@ -232,12 +232,10 @@ class SpecDecWorkerState:
 
         self._specdec_staged_for = version
         reps = [r for r in per_rank or [] if r]
-        self._specdec_last_stage = {
-            "version": version,
-            "rollouts": max((r.get("rollouts", 0) for r in reps), default=0),
-            "stage_s": time.perf_counter() - t0,
-            "errors": sum(1 for r in reps if r.get("error")),
-        }
+        self._specdec_last_stage = {"version": version,
+                                    "rollouts": max((r.get("rollouts", 0) for r in reps), default=0),
+                                    "stage_s": time.perf_counter() - t0,
+                                    "errors": sum(1 for r in reps if r.get("error"))}
         return dict(self._specdec_last_stage)
 
     def _specdec_refit_rollouts(self, version: int, refs: Any) -> tuple[Any, Any]:
@@ -395,9 +393,8 @@ def _build_sync_impl() -> type:
             version = self._specdec_stage_target(refs)
             if version is None:
                 return {}
-            return self._specdec_staged(
-                version, self.llm.collective_rpc("specdec_stage_refs", args=(refs, version)), t0
-            )
+            per_rank = self.llm.collective_rpc("specdec_stage_refs", args=(refs, version))
+            return self._specdec_staged(version, per_rank, t0)
 
         def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:

@@ -171,9 +171,8 @@ def run_forwards(shapes: list, device: str, out_dir: Path, reps: int) -> list[di
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 180)
             if res.returncode != 0:
-                row["error"] = (
-                    res.stderr.strip().splitlines()[-1][:300] if res.stderr.strip() else f"rc {res.returncode}"
-                )
+                err = res.stderr.strip()
+                row["error"] = err.splitlines()[-1][:300] if err else f"rc {res.returncode}"
         except subprocess.TimeoutExpired:
             row["error"] = f"no end within {budget + 180} s"
         if path.is_file():

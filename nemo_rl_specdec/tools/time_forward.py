@@ -14,9 +14,10 @@ attend to the whole context and step, without a mask: a mask sends PyTorch's SDP
 kernel, which copies the KV per query head, and unpacked GQA reads each KV head once per query
 head; both cost several times the step. The attention FLOPs recorded per sample are the ones
 computed.
-`--attention causal` (exact, any device) is what the tests compare with transformers' forward. Steps of at
-most `--graph-max` tokens (vLLM's largest default CUDA-graph capture size) are replayed from a captured CUDA
-graph, larger ones run eagerly; every sample also records its eager time.
+`--attention causal` (exact, any device) is what the tests compare with transformers' forward.
+Steps of at most `--graph-max` tokens (vLLM's largest default CUDA-graph capture size) are replayed
+from a captured CUDA graph, larger ones run eagerly; every sample also records its eager time.
+
 The output records the device, library versions, the attention path taken, the model's shape in
 the simulator's terms (`ModelShape`: bytes a forward reads, FLOPs per token, KV bytes per token,
 attention FLOPs per (query, context) pair) and per sample the median of `--reps` timed runs.
@@ -275,15 +276,11 @@ def main(argv=None) -> int:
         "model": shape,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
         "dtype": str(dtype).replace("torch.", ""),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda},
-        "attention": (
-            "sdpa over static KV buffers, GQA-native, KV read once per request per step, "
-            + (
-                "causal lower-right mask"
-                if causal
-                else "no mask (flash on a GPU): each token attends to context + step"
-            )
-        ),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "cuda": torch.version.cuda},
+        "attention": ("sdpa over static KV buffers, GQA-native, KV read once per request per step, "
+                      + ("causal lower-right mask" if causal
+                         else "no mask (flash on a GPU): each token attends to context + step")),
         "graph_max": args.graph_max,
         "reps": args.reps,
         "samples": [],

@@ -84,9 +84,8 @@ def nemo_rl_load(path: Path) -> tuple[dict, object]:
 @pytest.fixture(scope="module")
 def loaded(nemo_rl_src, tmp_path_factory):
     """run file name -> (our entry point's plan, NeMo-RL's resolved dict, NeMo-RL's MasterConfig)."""
-    assert len(RUN_FILES) >= 7 and all(p.is_file() for p in RUN_FILES), (
+    assert len(RUN_FILES) >= 7 and all(p.is_file() for p in RUN_FILES), \
         f"the NeMo-RL example runs are missing from {configs_dir()}"
-    )
     out = {}
     for path in RUN_FILES:
         code, plan = run_grpo.prepare(["--config", str(path)])

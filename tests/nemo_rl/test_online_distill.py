@@ -37,16 +37,10 @@ DRIFT = 0.8 / math.sqrt(STEPS)  # per step; seeded noise adds up to the drift te
 MAX_NEW = 96
 TRAIN, HELD = 24, 16
 BLOCKS = {
-    "draft_model": {
-        "drafter": "draft_model",
-        "num_speculative_tokens": 4,
-        "draft_model": {"model": str(asset_path("tiny", "draft"))},
-    },
-    "eagle3": {
-        "drafter": "eagle3",
-        "num_speculative_tokens": 3,
-        "eagle3": {"model": str(asset_path("tiny", "eagle3"))},
-    },
+    "draft_model": {"drafter": "draft_model", "num_speculative_tokens": 4,
+                    "draft_model": {"model": str(asset_path("tiny", "draft"))}},
+    "eagle3": {"drafter": "eagle3", "num_speculative_tokens": 3,
+               "eagle3": {"model": str(asset_path("tiny", "eagle3"))}},
 }
 DISTILL = {"lr": 1e-3, "epochs": 3}
 
@@ -114,9 +108,8 @@ class StandInPolicy:
 
         n = len(self.worker_group.workers)
         shards = [{k: v[i::n] for k, v in data.items()} for i in range(n)]
-        return ray.get(
-            [w.train.remote(s, loss_fn, eval_mode) for w, s in zip(self.worker_group.workers, shards, strict=True)]
-        )
+        return ray.get([w.train.remote(s, loss_fn, eval_mode)
+                        for w, s in zip(self.worker_group.workers, shards, strict=True)])
 
 
 def _train_batch(out) -> dict:

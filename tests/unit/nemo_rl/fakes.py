@@ -203,9 +203,8 @@ class FakeBatchedDataDict(dict):
             vals = [np.asarray(b[k]) for b in batches]
             if vals[0].ndim == 2:
                 width = max(v.shape[1] for v in vals)
-                vals = [
-                    np.pad(v, ((0, 0), (0, width - v.shape[1])), constant_values=pad_value_dict.get(k, 0)) for v in vals
-                ]
+                vals = [np.pad(v, ((0, 0), (0, width - v.shape[1])), constant_values=pad_value_dict.get(k, 0))
+                        for v in vals]
             out[k] = np.concatenate(vals)
         return out
 
@@ -329,10 +328,8 @@ class FakeWorkerGroup:
                                      output_is_replicated=None, make_dummy_calls_to_free_axes=False,
                                      common_kwargs=None, **kwargs):
         self.calls.append([np.asarray(d["input_ids"]).tolist() for d in kwargs["data"]])
-        return [
-            getattr(e, method_name)(d, **(common_kwargs or {}))
-            for e, d in zip(self.engines, kwargs["data"], strict=True)
-        ]
+        return [getattr(e, method_name)(d, **(common_kwargs or {}))
+                for e, d in zip(self.engines, kwargs["data"], strict=True)]
 
     def get_all_worker_results(self, future_bundle, return_generators_as_proxies=False):
         return future_bundle
@@ -378,9 +375,8 @@ class FakeVllmGeneration:
             size = base + (1 if j < extra else 0)
             shards.append(data.select_indices(range(start, start + size)))
             start += size
-        results = self.worker_group.run_all_workers_sharded_data(
-            "generate", data=shards, common_kwargs={"greedy": greedy}
-        )
+        results = self.worker_group.run_all_workers_sharded_data("generate", data=shards,
+                                                                 common_kwargs={"greedy": greedy})
         return FakeBatchedDataDict.from_batches(results, pad_value_dict={"output_ids": self.cfg["_pad_token_id"]})
 
     async def generate_async(self, data, greedy=False):

@@ -38,11 +38,8 @@ def test_building_a_class_without_nemo_rl_says_how_to_install():
 
 
 def _string_constants(path: Path) -> set[str]:
-    return {
-        n.value
-        for n in ast.walk(ast.parse(path.read_text()))
-        if isinstance(n, ast.Constant) and isinstance(n.value, str)
-    }
+    return {n.value for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
 def test_no_nemo_rl_import_or_name_bypasses_api_py():
@@ -60,24 +57,16 @@ def test_no_nemo_rl_import_or_name_bypasses_api_py():
 
 
 SUBCLASSES = {
-    (
-        "workers.py",
-        "SpecDecVllmGenerationWorkerImpl",
-    ): "nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorkerImpl",
-    (
-        "workers.py",
-        "SpecDecVllmAsyncGenerationWorkerImpl",
-    ): "nemo_rl.models.generation.vllm.vllm_worker_async.VllmAsyncGenerationWorkerImpl",
+    ("workers.py", "SpecDecVllmGenerationWorkerImpl"):
+        "nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorkerImpl",
+    ("workers.py", "SpecDecVllmAsyncGenerationWorkerImpl"):
+        "nemo_rl.models.generation.vllm.vllm_worker_async.VllmAsyncGenerationWorkerImpl",
     ("generation.py", "SpecDecVllmGeneration"): "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration",
     ("extension.py", "SpecDecHostHooks"): "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension",
-    (
-        "extension.py",
-        "SpecDecCheckpointEngineHooks",
-    ): "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine",
-    (
-        "policy_workers.py",
-        "SpecDecDistillMixin",
-    ): "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2Impl",
+    ("extension.py", "SpecDecCheckpointEngineHooks"):
+        "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine",
+    ("policy_workers.py", "SpecDecDistillMixin"):
+        "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2Impl",
 }
 
 
