@@ -20,7 +20,14 @@ from nemo_rl_specdec import yaml_loader
 from nemo_rl_specdec.drafters.base import LIST, MODEL, RefreshMode
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
 from nemo_rl_specdec.resources import config_lookups, configs_dir
-from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict, float_setting, int_setting
+from nemo_rl_specdec.schema import (
+    ConfigError,
+    PathError as _PathError,
+    Strict as _Strict,
+    float_setting,
+    int_setting,
+    k_by_batch_size_table,
+)
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
 
@@ -58,37 +65,8 @@ class SchedulingConfig(_Strict):
 
     @field_validator("k_by_batch_size", mode="before")
     @classmethod
-    def _shape(cls, v):
-        if v is None:
-            return v
-        if not isinstance(v, (list, tuple)):
-            raise ValueError("a list of [batch_lo, batch_hi, k] entries")
-        out = []
-        for i, e in enumerate(v):
-            if not (isinstance(e, (list, tuple)) and len(e) == 3
-                    and all(isinstance(x, int) and not isinstance(x, bool) for x in e)):
-                raise ValueError(f"entry {i} ({e!r}): each entry is [batch_lo, batch_hi, k] of integers")
-            out.append(tuple(e))
-        return out
-
-    @field_validator("k_by_batch_size")
-    @classmethod
-    def _ranges(cls, v):
-        if v is None:
-            return v
-        prev_hi = 0
-        for i, (lo, hi, k) in enumerate(v):
-            if lo < 1 or hi < lo:
-                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): need 1 <= lo <= hi")
-            if lo <= prev_hi:
-                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): ranges must be ascending and not overlap")
-            if k < 0:
-                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): k must be >= 0 (0 turns speculation off)")
-            prev_hi = hi
-        if v and v[0][0] != 1:
-            raise ValueError(f"entry 0 {tuple(v[0])}: the first range must start at batch size 1 (vLLM rejects "
-                             "a schedule that leaves small batches without a k)")
-        return v
+    def _k_table(cls, v):
+        return k_by_batch_size_table(v)
 
     @model_validator(mode="after")
     def _fractions(self):

@@ -27,7 +27,7 @@ from scipy import optimize, stats
 
 from nemo_rl_specdec.scheduling.budget import expected_accepted
 
-MAX_DEPTH = 64          # speculation.k is at most 64: curves are built this long
+MAX_DEPTH = 64          # speculation.num_speculative_tokens is at most 64: curves are built this long
 _QUANTILES = (np.arange(256) + 0.5) / 256
 
 

@@ -174,7 +174,7 @@ def drafter_overrides(fit: dict, inp: dict, name: str) -> list:
     d, c = inp["drafters"][name], fit["drafters"][name]
     sim = d["drafter"]  # our drafters are the simulator's by the same name
     ov = [f"drafter.name={sim}", f"drafter.step_overhead_s={c['step_overhead_s']!r}",
-          f"drafter.per_request_s={c['per_request_s']!r}", f"speculation.k={int(d['k'])}",
+          f"drafter.per_request_s={c['per_request_s']!r}", f"speculation.num_speculative_tokens={int(d['k'])}",
           "acceptance.alpha=null", "acceptance.mean_accepted_length=null", "acceptance.measured_at_k=null",
           f"acceptance.per_position={monotone_curve(d['accepted_per_position'])}"]
     cov = min(1.0, max(1e-6, d["coverage"])) if DRAFTERS[sim].kind == LIST else 1.0  # a model drafter always drafts
@@ -212,7 +212,8 @@ def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS
                        "per_request_s": c["per_request_s"], "coverage": min(1.0, d["coverage"])},
            "acceptance": {"per_position": monotone_curve(d["accepted_per_position"]),
                           "by_response_position": d.get("by_response_position")},
-           "speculation": {"enabled": True, "k": int(d["k"]), "placement": "contiguous", "budget": "uniform"},
+           "speculation": {"enabled": True, "num_speculative_tokens": int(d["k"]),
+                           "scheduling": {"placement": "contiguous", "budget": "uniform"}},
            "workload": {"num_prompts": len(groups), "generations_per_prompt": samples,
                         "prompt_len": inp["prompt_len"],
                         "lengths": {"dist": "groups", "groups": groups, "max_len": 512},
@@ -232,8 +233,8 @@ def predict_drafters(fit: dict, inp: dict, problems: int = 16, samples: int = 4,
     rows = []
     for name in inp["drafters"]:
         ov = base_overrides(fit, inp, problems, samples) + drafter_overrides(fit, inp, name) + [
-            "cluster.num_engines=1", "hardware.max_num_seqs=256", "speculation.placement=contiguous",
-            "speculation.budget=uniform", "baseline.placement=contiguous"]
+            "cluster.num_engines=1", "hardware.max_num_seqs=256", "speculation.scheduling.placement=contiguous",
+            "speculation.scheduling.budget=uniform", "baseline.placement=contiguous"]
         res = simulate(load_scenario(scenario, ov))
         rows.append({"suite": "drafters", "name": name, "predicted_wall_clock_ratio": res["rollout_speedup"],
                      "predicted_mean_accepted_length": res["mean_accepted_length"]})
@@ -255,7 +256,8 @@ def predict_scheduling(fit: dict, inp: dict, drafter: str = "suffix (DAS)", prob
             for bu in budgets:
                 ov = base_overrides(fit, inp, problems, samples) + drafter_overrides(fit, inp, drafter) + [
                     f"cluster.num_engines={engines}", f"hardware.max_num_seqs={seqs or 256}",
-                    f"speculation.placement={pl}", f"speculation.budget={bu}", f"baseline.placement={pl}",
+                    f"speculation.scheduling.placement={pl}", f"speculation.scheduling.budget={bu}",
+                    f"baseline.placement={pl}",
                     "workload.prediction=history", f"workload.history_rollouts={samples}"]
                 res = simulate(load_scenario(scenario, ov))
                 rows.append({"suite": "scheduling", "name": f"suffix/{pl}/{bu} @{tag}",

@@ -154,7 +154,7 @@ def check_sweeps(sc) -> None:
     if a.per_position is None and a.spread > 0:
         for alpha in sc.sweep.alpha:
             try:
-                acc.spread_mean(alpha, a.decay, a.spread, a.measured_at_k or sc.speculation.k)
+                acc.spread_mean(alpha, a.decay, a.spread, a.measured_at_k or sc.speculation.num_speculative_tokens)
             except ValueError as e:
                 raise ScenarioError(f"{sc.source}: scenario.sweep.alpha: got {alpha!r}; allowed: alphas that "
                                     f"acceptance.spread can keep ({e})") from None
@@ -199,7 +199,7 @@ def _simulate(sc, sweeps: bool) -> dict[str, Any]:
     base = simulate_rl(sc, speculative=False, placement=sc.baseline.placement, batches=batches)
     spec = simulate_rl(sc, speculative=True, batches=batches)
     p_only = None
-    if sc.speculation.placement != sc.baseline.placement:
+    if sc.speculation.scheduling.placement != sc.baseline.placement:
         p_only = simulate_rl(sc, speculative=False, batches=batches)
     metrics = compare(sc, base, spec, p_only)
     cm = CostModel.from_scenario(sc)
@@ -207,7 +207,7 @@ def _simulate(sc, sweeps: bool) -> dict[str, Any]:
         "scenario": sc.name,
         **metrics,
         "alpha": sc.alpha,
-        "k": sc.speculation.k,
+        "k": sc.speculation.num_speculative_tokens,
         "num_engines": sc.cluster.num_engines,
         "mode": "serving" if sc.workload.steady_state else sc.rl.mode,
         "cost_model": _cost_summary(sc, cm),
@@ -234,7 +234,7 @@ def _cost_summary(sc, cm: CostModel) -> dict[str, Any]:
     measured = {"measured": sc.hardware.roofline.measured, "fit": fit} if fit else {}
     return {"form": "roofline", **measured, "kv_capacity_tokens": kv, "typical_context": ctx,
             "step_s_batch_1": cm.mean_step_time(1, 0, ctx), f"step_s_batch_{b}": cm.mean_step_time(b, 0, ctx),
-            f"step_s_batch_{b}_k": cm.mean_step_time(b, sc.speculation.k, ctx)}
+            f"step_s_batch_{b}_k": cm.mean_step_time(b, sc.speculation.num_speculative_tokens, ctx)}
 
 
 def run_sweeps(sc, base: RunResult | None = None, batches=None) -> dict[str, list[dict[str, float]]]:

@@ -31,7 +31,7 @@ from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_lookups, config_path
 from nemo_rl_specdec.scheduling.budget import expected_accepted
-from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict
+from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict, k_by_batch_size_table
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
 
@@ -89,7 +89,7 @@ MAX_GPUS_PER_ENGINE = 1024
 MAX_TRAINING_GPUS = 1_000_000
 MAX_NUM_SEQS = 4096               # hardware.max_num_seqs
 MAX_CAPTURE_SIZE = 65_536
-MAX_K = 64                        # speculation.k (vLLM's num_speculative_tokens)
+MAX_K = 64                        # speculation.num_speculative_tokens
 MAX_BUDGET_INTERVAL = 1_000_000
 MAX_LIST = 1_000_000              # measured lengths, samples
 MAX_SWEEP_POINTS = 32
@@ -103,7 +103,7 @@ MIN_SPREAD = 1e-3                 # acceptance.spread: 0, or a spread a Beta dis
 # recomputations, acceptance segments and engine-steps, each counted as one event
 # (`Scenario.work`); the largest bundled scenario needs about 0.22 M
 MAX_EVENTS_PER_RUN = 1_000_000
-# `speculation.k_by_batch_size: auto` prices every batch size 1..max_num_seqs at every d = 0..k
+# `speculation.scheduling.k: auto` prices every batch size 1..max_num_seqs at every d = 0..k
 MAX_K_AUTO_EVALS = 65_536
 
 
@@ -377,7 +377,7 @@ class Acceptance(_Strict):
     alpha * decay**(j-1); decay 1 is geometric), conditional (those conditionals given
     directly), per_position (measured unconditional acceptance of positions 1, 2, ...),
     mean_accepted_length (tokens per step, bonus included, measured at `measured_at_k` drafts,
-    default speculation.k; alpha is solved from it with the given decay, so changing k keeps
+    default speculation.num_speculative_tokens; alpha is solved from it with the given decay, so changing k keeps
     the per-position acceptance when measured_at_k is given), or bench_json (a bench result's
     accepted_per_position). See sim/acceptance.py."""
 
@@ -388,7 +388,8 @@ class Acceptance(_Strict):
     bench_json: str | None = Field(None, description="a `nemo-rl-specdec bench --json` file")
     bench_result: str | None = Field(None, description="the result's name in bench_json (default: the only one)")
     measured_at_k: int | None = Field(
-        None, ge=1, le=MAX_K, description="the k at which mean_accepted_length was measured (default: speculation.k)"
+        None, ge=1, le=MAX_K, description="the k at which mean_accepted_length was measured (default: "
+        "speculation.num_speculative_tokens)"
     )
     decay: float = Field(1.0, gt=0, le=1, description="conditional acceptance falls by this factor per position")
     spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha; keeps the mean accepted length")
@@ -441,50 +442,81 @@ class Acceptance(_Strict):
         return self
 
 
-class Speculation(_Strict):
-    enabled: bool = True
-    k: int = Field(3, ge=1, le=MAX_K, description="num_speculative_tokens")
+class SpecScheduling(_Strict):
+    """`speculation.scheduling`: the run config's `speculative_decoding.scheduling` keys, plus what
+    only the simulator prices (`k: per_step`, `medium_k`, `budget_interval_steps`)."""
+
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
     budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
+    # [[batch_lo, batch_hi, k], ...], as the run config's
+    k_by_batch_size: list[tuple[int, int, int]] | None = None
+    # auto: k by batch size, the best for each batch size under the cost model (the run config's
+    # k: auto, with the model as the oracle); per_step: every d = 0..k priced at every event
+    k: Literal["auto", "per_step"] | None = None
     long_fraction: float = Field(0.25, gt=0, le=1)
     short_fraction: float = Field(0.25, ge=0, lt=1)
     medium_k: int | None = Field(None, ge=0, le=MAX_K)
-    k_by_batch_size: None | Literal["auto", "per_step"] | list[tuple[int, int, int]] = None
     budget_interval_steps: int = Field(64, ge=1, le=MAX_BUDGET_INTERVAL, description="recompute budgets at least "
                                        "this often")
-    auto_disable: bool = Field(False, description="list drafters: the engines' per-step off switch "
-                               "(speculative_decoding.auto_disable), judged at every event")
 
     @field_validator("k_by_batch_size", mode="before")
     @classmethod
-    def _triples(cls, v):
-        return _tuples(v, 3, "[batch_lo, batch_hi, k]")
+    def _k_table(cls, v):
+        return k_by_batch_size_table(v)
+
+    @property
+    def k_schedule(self) -> None | str | list[tuple[int, int, int]]:
+        """What sets k per batch size: 'auto', 'per_step', the table, or None (k throughout)."""
+        return self.k if self.k is not None else self.k_by_batch_size
+
+
+class Speculation(_Strict):
+    """`speculation`: the run config's `speculative_decoding` names for what the simulator prices."""
+
+    enabled: bool = True
+    num_speculative_tokens: int = Field(3, ge=1, le=MAX_K)
+    auto_disable: bool = Field(False, description="list drafters: the engines' per-step off switch "
+                               "(speculative_decoding.auto_disable), judged at every event")
+    scheduling: SpecScheduling = SpecScheduling()
 
     @model_validator(mode="after")
     def _check(self):
-        if self.auto_disable and self.budget == "adaptive":
-            raise _PathError("speculation.auto_disable", True, "false with budget: adaptive, which already drafts "
-                             "nothing where no draft token pays")
-        if self.long_fraction + self.short_fraction > 1:
-            raise _PathError("speculation.short_fraction", self.short_fraction,
-                             f"<= 1 - long_fraction = {1 - self.long_fraction:g} (long_fraction + short_fraction <= 1)")
-        if self.medium_k is not None and self.medium_k > self.k:
-            raise _PathError("speculation.medium_k", self.medium_k, f"<= k = {self.k}")
-        if isinstance(self.k_by_batch_size, list):
-            table = self.k_by_batch_size
+        s, k = self.scheduling, self.num_speculative_tokens
+        if self.auto_disable and s.budget == "adaptive":
+            raise _PathError("speculation.auto_disable", True, "false with scheduling.budget: adaptive, which "
+                             "already drafts nothing where no draft token pays")
+        if s.long_fraction + s.short_fraction > 1:
+            raise _PathError("speculation.scheduling.short_fraction", s.short_fraction,
+                             f"<= 1 - long_fraction = {1 - s.long_fraction:g} (long_fraction + short_fraction <= 1)")
+        if s.medium_k is not None and s.medium_k > k:
+            raise _PathError("speculation.scheduling.medium_k", s.medium_k, f"<= num_speculative_tokens = {k}")
+        if s.k is not None and s.k_by_batch_size is not None:
+            raise _PathError("speculation.scheduling.k_by_batch_size", _short(s.k_by_batch_size),
+                             f"null with scheduling.k: {s.k}, which sets k per batch size itself")
+        table = s.k_by_batch_size
+        if table is not None:
             if not table or len(table) > MAX_NUM_SEQS:
-                raise _PathError("speculation.k_by_batch_size", _short(table),
-                                 f"'auto', 'per_step' or 1 to {MAX_NUM_SEQS} [batch_lo, batch_hi, k] ranges")
-            prev = 0
+                raise _PathError("speculation.scheduling.k_by_batch_size", _short(table),
+                                 f"1 to {MAX_NUM_SEQS} [batch_lo, batch_hi, k] ranges (or scheduling.k: auto | "
+                                 "per_step)")
             for i, (lo, hi, kk) in enumerate(table):
-                if i == 0 and lo != 1:
-                    raise ValueError("k_by_batch_size: the first range must start at 1 (vLLM requires it)")
-                if hi < lo or lo <= prev or hi > 10 ** 9 or kk < 0 or kk > self.k:
-                    raise _PathError(f"speculation.k_by_batch_size.{i}", [lo, hi, kk],
-                                     f"ascending non-overlapping ranges [batch_lo, batch_hi, k] with batch_hi <= 1e9 "
-                                     f"and 0 <= k <= speculation.k = {self.k}")
-                prev = hi
+                if hi > 10 ** 9 or kk > k:
+                    raise _PathError(f"speculation.scheduling.k_by_batch_size.{i}", [lo, hi, kk],
+                                     f"ranges with batch_hi <= 1e9 and k <= num_speculative_tokens = {k}")
         return self
+
+
+# Keys of the speculation block renamed to the run config's names: the old key -> the new one.
+RENAMED_SPECULATION_KEYS = {
+    "k": "num_speculative_tokens",
+    "placement": "scheduling.placement",
+    "budget": "scheduling.budget",
+    "long_fraction": "scheduling.long_fraction",
+    "short_fraction": "scheduling.short_fraction",
+    "medium_k": "scheduling.medium_k",
+    "budget_interval_steps": "scheduling.budget_interval_steps",
+    "k_by_batch_size": "scheduling.k_by_batch_size (a table) or scheduling.k (auto | per_step)",
+}
 
 
 class Lengths(_Strict):
@@ -672,13 +704,13 @@ class Scenario(_Strict):
             raise _PathError(
                 "speculation.auto_disable", True,
                 f"false for model drafter {self.drafter.name!r}: vLLM fixes its k per batch size at engine start; "
-                "use speculation.k_by_batch_size",
+                "use speculation.scheduling.k_by_batch_size or scheduling.k",
             )
-        if self.drafter.kind == "model" and self.speculation.budget != "uniform":
+        if self.drafter.kind == "model" and self.speculation.scheduling.budget != "uniform":
             raise _PathError(
-                "speculation.budget", self.speculation.budget,
+                "speculation.scheduling.budget", self.speculation.scheduling.budget,
                 f"'uniform' for model drafter {self.drafter.name!r}: per-request budgets need a list drafter "
-                "(suffix, ngram); use speculation.k_by_batch_size for model drafters",
+                "(suffix, ngram); use speculation.scheduling.k_by_batch_size or scheduling.k for model drafters",
             )
         self._check_costs()
         for key in self.calibration or {}:
@@ -692,7 +724,7 @@ class Scenario(_Strict):
         a = self.acceptance
         if a.measured_at_k is not None and a.mean_accepted_length is None:
             raise _PathError("acceptance.measured_at_k", a.measured_at_k, "null unless mean_accepted_length is given")
-        at_k = a.measured_at_k or self.speculation.k
+        at_k = a.measured_at_k or self.speculation.num_speculative_tokens
         if a.mean_accepted_length is not None and a.mean_accepted_length > at_k + 1:
             raise _PathError(
                 "acceptance.mean_accepted_length", a.mean_accepted_length,
@@ -711,9 +743,9 @@ class Scenario(_Strict):
             except ValueError as e:
                 raise _PathError("acceptance.spread", a.spread, str(e)) from None
         self._check_kv()
-        sp = self.speculation
+        sp = self.speculation.scheduling
         if sp.medium_k is not None and sp.budget == "length_aware" and min(self.sweep.k) < sp.medium_k:
-            raise _PathError("sweep.k", self.sweep.k, f"values >= speculation.medium_k = {sp.medium_k} "
+            raise _PathError("sweep.k", self.sweep.k, f"values >= speculation.scheduling.medium_k = {sp.medium_k} "
                              "(a length_aware budget gives medium requests medium_k <= k drafts)")
         self.check_work()
         return self
@@ -730,24 +762,26 @@ class Scenario(_Strict):
         priced at every event) and times 4 with `budget: adaptive` or `auto_disable` (every
         request's draft is judged at every event)."""
         wl, sp, hw = self.workload, self.speculation, self.hardware
-        k = sp.k if k is None else k
+        sched = sp.scheduling
+        k = sp.num_speculative_tokens if k is None else k
         E = self.cluster.num_engines if num_engines is None else num_engines
         P = wl.num_prompts if num_prompts is None else num_prompts
         G, H, N = wl.generations_per_prompt, wl.history_rollouts, self.rl.num_steps
         per_step = P * G
         requests, history = per_step * N, P * H * N
         budgets = 0
-        if sp.enabled and sp.budget != "uniform":
+        if sp.enabled and sched.budget != "uniform":
             busy = min(E, per_step)
             active = min(hw.max_num_seqs, -(-per_step // busy))
             waves = -(-per_step // (busy * hw.max_num_seqs))
-            budgets = busy * N * waves * -(-wl.lengths.max_len // sp.budget_interval_steps) * max(1, active // 8)
+            budgets = busy * N * waves * -(-wl.lengths.max_len // sched.budget_interval_steps) * max(1, active // 8)
         segments = requests * (len(self.acceptance.by_response_position or [[0, 1]]) - 1)
         parts = {"workload.num_prompts": requests, "workload.history_rollouts": history,
-                 "speculation.budget_interval_steps": budgets, "acceptance.by_response_position": segments,
+                 "speculation.scheduling.budget_interval_steps": budgets,
+                 "acceptance.by_response_position": segments,
                  "cluster.num_engines": E * N}
-        factor = ((k + 1) if sp.enabled and sp.k_by_batch_size == "per_step" else 1) \
-            * (4 if sp.enabled and (sp.budget == "adaptive" or sp.auto_disable) else 1)
+        factor = ((k + 1) if sp.enabled and sched.k == "per_step" else 1) \
+            * (4 if sp.enabled and (sched.budget == "adaptive" or sp.auto_disable) else 1)
         events = sum(parts.values()) * factor
         what = " + ".join(f"{v:,} {name}" for v, name in (
             (requests, f"requests ({P:,} prompts x {G} x {N} steps)"), (history, "history draws"),
@@ -755,7 +789,7 @@ class Scenario(_Strict):
             (E * N, "engine-steps")) if v) + (f", x {factor} (drafts judged at every event)" if factor > 1 else "")
         key = max(parts, key=parts.get)
         if factor > 1 and parts[key] * factor > MAX_EVENTS_PER_RUN >= sum(parts.values()):
-            key = "speculation.k_by_batch_size" if sp.k_by_batch_size == "per_step" else "speculation.budget"
+            key = "speculation.scheduling.k" if sched.k == "per_step" else "speculation.scheduling.budget"
         return events, key, what
 
     def check_work(self, k: int | None = None, num_engines: int | None = None,
@@ -766,12 +800,14 @@ class Scenario(_Strict):
         events, key, what = self.work(k, num_engines, num_prompts)
         if events > MAX_EVENTS_PER_RUN:
             name, value = at or (key, _short(self._get(key)))
-            hint = {"speculation.budget_interval_steps": "make speculation.budget_interval_steps larger (or "
-                                                         "workload.lengths.max_len smaller)",
+            hint = {"speculation.scheduling.budget_interval_steps": "make speculation.scheduling.budget_interval_steps "
+                                                                    "larger (or workload.lengths.max_len smaller)",
                     "acceptance.by_response_position": "give fewer acceptance.by_response_position segments",
                     "cluster.num_engines": "make cluster.num_engines or rl.num_steps smaller",
-                    "speculation.k_by_batch_size": "make speculation.k smaller or give k_by_batch_size as a list",
-                    "speculation.budget": "make the workload smaller or use another speculation.budget",
+                    "speculation.scheduling.k": "make speculation.num_speculative_tokens smaller or give "
+                                                "scheduling.k_by_batch_size as a list",
+                    "speculation.scheduling.budget": "make the workload smaller or use another "
+                                                     "speculation.scheduling.budget",
                     }.get(key, "make workload.num_prompts, generations_per_prompt, history_rollouts or rl.num_steps "
                                "smaller")
             if at is not None:
@@ -780,10 +816,10 @@ class Scenario(_Strict):
             raise _PathError(name, value, f"a run of at most {MAX_EVENTS_PER_RUN:,} simulated events; this one needs "
                              f"about {events:,} ({what}): {hint}")
         sp = self.speculation
-        k = sp.k if k is None else k
+        k = sp.num_speculative_tokens if k is None else k
         evals = self.hardware.max_num_seqs * (k + 1)
-        if sp.enabled and sp.k_by_batch_size == "auto" and evals > MAX_K_AUTO_EVALS:
-            name, value = at or ("speculation.k_by_batch_size", "auto")
+        if sp.enabled and sp.scheduling.k == "auto" and evals > MAX_K_AUTO_EVALS:
+            name, value = at or ("speculation.scheduling.k", "auto")
             raise _PathError(name, value, f"at most {MAX_K_AUTO_EVALS:,} step prices for the k-by-batch-size table "
                              f"(auto): hardware.max_num_seqs {self.hardware.max_num_seqs:,} x (k + 1 = {k + 1}) = "
                              f"{evals:,}; give the table as a list, or lower max_num_seqs or k")
@@ -835,7 +871,7 @@ class Scenario(_Strict):
         cap = self.kv_capacity_tokens
         if cap is None:
             return
-        need = self.workload.prompt_len + self.workload.lengths.max_len + self.speculation.k + 1
+        need = self.workload.prompt_len + self.workload.lengths.max_len + self.speculation.num_speculative_tokens + 1
         if cap < need:
             key = "hardware.kv_capacity_tokens" if hw.kv_capacity_tokens is not None else "hardware.memory_bytes"
             raise _PathError(key, getattr(hw, key.split(".")[1]),
@@ -851,7 +887,8 @@ class Scenario(_Strict):
         if a.alpha is not None:
             return a.alpha
         if a.mean_accepted_length is not None:
-            return acc.solve_alpha(a.mean_accepted_length, a.measured_at_k or self.speculation.k, a.decay)
+            at_k = a.measured_at_k or self.speculation.num_speculative_tokens
+            return acc.solve_alpha(a.mean_accepted_length, at_k, a.decay)
         return None
 
     @property
@@ -1033,6 +1070,13 @@ def validate_scenario(raw: Any, source: str | Path | None = None) -> Scenario:
         raise ScenarioError(f"{where}not a simulator scenario: no hardware: or acceptance:, and keys a scenario does "
                             f"not have ({_short(unknown)}); allowed: a mapping with hardware: and acceptance: "
                             "(docs/simulator.md)")
+    spec = raw.get("speculation")
+    renamed = [k for k in spec if k in RENAMED_SPECULATION_KEYS] if isinstance(spec, dict) else []
+    if renamed:
+        lines = [f"scenario.speculation.{k}: renamed to speculation.{RENAMED_SPECULATION_KEYS[k]} (the run "
+                 "config's name)" for k in renamed]
+        more = f" (and {len(lines) - 1} more below)" if len(lines) > 1 else ""
+        raise ScenarioError(where + lines[0] + more + "".join(f"\n  {line}" for line in lines[1:]))
     try:
         sc = Scenario.model_validate(raw)
     except ValidationError as e:
@@ -1114,7 +1158,8 @@ def load_scenario(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Sce
     Every error is a ScenarioError naming the file."""
     p = resolve_scenario_path(path)
     try:
-        cfg = yaml_loader.apply_overrides(_load_tree(p), overrides, p, ScenarioError, example="speculation.k=4")
+        cfg = yaml_loader.apply_overrides(_load_tree(p), overrides, p, ScenarioError,
+                                          example="speculation.num_speculative_tokens=4")
         raw = yaml_loader.resolve(cfg, p, ScenarioError)
     except RecursionError:
         raise ScenarioError(f"{p}: nested too deeply to read (mappings, lists or `extends` hundreds of levels "

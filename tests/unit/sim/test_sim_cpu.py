@@ -76,7 +76,7 @@ LINEAR = {
     "hardware": {"c_base_s": 5e-3, "c_tok_s": 5e-5, "c_seq_s": 2e-4, "max_num_seqs": 64},
     "drafter": {"name": "suffix", "per_request_s": 1e-4},
     "acceptance": {"alpha": 0.7},
-    "speculation": {"k": 4},
+    "speculation": {"num_speculative_tokens": 4},
     "workload": {"num_prompts": 8, "generations_per_prompt": 4, "prompt_len": 32,
                  "lengths": {"dist": "values", "values": [100], "max_len": 100}, "prediction": "none"},
     "rl": {"num_steps": 2},
@@ -107,7 +107,7 @@ def test_adaptive_drafts_full_k_when_verification_is_cheap_and_none_when_it_is_d
 def test_per_step_adaptive_is_never_slower_than_fixed_k_when_verification_is_dear():
     dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
     fixed = simulate(build(LINEAR, dear))
-    adaptive = simulate(build(LINEAR, {**dear, "speculation.k_by_batch_size": "per_step"}))
+    adaptive = simulate(build(LINEAR, {**dear, "speculation.scheduling.k": "per_step"}))
     assert fixed["rollout_speedup"] < 1.0            # k = 4 on every step loses here
     assert adaptive["rollout_speedup"] >= 0.999      # per step it turns drafting off where it loses
     assert adaptive["rollout_speedup"] > fixed["rollout_speedup"]
@@ -117,18 +117,18 @@ def test_adaptive_budget_never_slower_where_fixed_k_loses_and_keeps_drafts_where
     """budget: adaptive is the engine's per-request rule (drafters/machinery/adaptive.py) run in the simulator."""
     dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
     fixed = simulate(build(LINEAR, dear))
-    adaptive = simulate(build(LINEAR, {**dear, "speculation.budget": "adaptive"}))
+    adaptive = simulate(build(LINEAR, {**dear, "speculation.scheduling.budget": "adaptive"}))
     assert fixed["rollout_speedup"] < 1.0
     assert adaptive["rollout_speedup"] >= 0.999 and adaptive["rollout_speedup"] > fixed["rollout_speedup"]
     cheap_fixed = simulate(build(LINEAR, {}))
-    cheap = simulate(build(LINEAR, {"speculation.budget": "adaptive"}))
+    cheap = simulate(build(LINEAR, {"speculation.scheduling.budget": "adaptive"}))
     assert cheap_fixed["rollout_speedup"] > 1.2
     assert cheap["rollout_speedup"] >= 0.98 * cheap_fixed["rollout_speedup"]
 
 
 def test_adaptive_budget_refuses_a_model_drafter():
-    with pytest.raises(ScenarioError, match="speculation.budget"):
-        build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.budget": "adaptive"})
+    with pytest.raises(ScenarioError, match="speculation.scheduling.budget"):
+        build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.scheduling.budget": "adaptive"})
 
 
 def test_auto_disable_turns_losing_batches_off_and_leaves_paying_ones_alone():
@@ -153,7 +153,7 @@ def test_auto_disable_is_refused_for_model_drafters_and_under_the_adaptive_budge
     with pytest.raises(ScenarioError, match="speculation.auto_disable"):
         build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.auto_disable": True})
     with pytest.raises(ScenarioError, match="auto_disable"):
-        build(LINEAR, {"speculation.budget": "adaptive", "speculation.auto_disable": True})
+        build(LINEAR, {"speculation.scheduling.budget": "adaptive", "speculation.auto_disable": True})
 
 
 def test_measured_cpu_profile_loads_and_simulates():
@@ -254,11 +254,12 @@ def test_rule_prices_a_draft_token_at_its_own_cost_not_a_new_requests_on_a_roofl
 
     def run(*over):
         return simulate(load_scenario(str(config_path("sim/das_math_r1_distill_7b.yaml")),
-                                      ["rl.num_steps=2", "workload.num_prompts=32", "speculation.k=8", *over]))
+                                      ["rl.num_steps=2", "workload.num_prompts=32",
+                                       "speculation.num_speculative_tokens=8", *over]))
 
-    uniform = run("speculation.budget=uniform")
-    guarded = run("speculation.budget=uniform", "speculation.auto_disable=true")
-    adaptive = run("speculation.budget=adaptive")
+    uniform = run("speculation.scheduling.budget=uniform")
+    guarded = run("speculation.scheduling.budget=uniform", "speculation.auto_disable=true")
+    adaptive = run("speculation.scheduling.budget=adaptive")
     assert uniform["rollout_speedup"] > 2.0
     assert set(guarded["auto_disable_off_share_by_batch"].values()) == {0.0}
     assert guarded["rollout_speedup"] == pytest.approx(uniform["rollout_speedup"])
