@@ -16,7 +16,7 @@ No NeMo-RL, no vLLM, no Ray import.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional
+from typing import Any
 
 
 class UpdateError(ValueError):
@@ -39,7 +39,7 @@ class PolicyUpdate:
     policy: Any = None
     drafter_weights: Any = None
     rollouts: Any = None
-    drafter_version: Optional[int] = None
+    drafter_version: int | None = None
     refresh_drafter: bool = True
     drafter_checkpoint: bool = False
 
@@ -56,7 +56,7 @@ class PolicyUpdate:
         object.__setattr__(self, "refresh_drafter", bool(self.refresh_drafter))
         object.__setattr__(self, "drafter_checkpoint", bool(self.drafter_checkpoint))
 
-    def with_(self, **changes: Any) -> "PolicyUpdate":
+    def with_(self, **changes: Any) -> PolicyUpdate:
         """A copy with `changes` (e.g. staged Ray refs replaced by what they hold)."""
         return replace(self, **changes)
 
@@ -76,15 +76,15 @@ class UpdateReport:
     policy_tensors_applied: int = 0
     refresh_s: float = 0.0
     staged: bool = False              # the rollout store staged earlier was installed
-    staged_wait_s: Optional[float] = None    # how long installing it waited for its rebuild (critical path)
-    staged_rebuild_s: Optional[float] = None  # the rebuild's own time on its background thread
+    staged_wait_s: float | None = None    # how long installing it waited for its rebuild (critical path)
+    staged_rebuild_s: float | None = None  # the rebuild's own time on its background thread
     state: dict = field(default_factory=dict)
     prefix_cache_reset: bool = False  # set by the engine after the RPC
-    in_flight_requests: Optional[int] = None  # requests paused and resumed around an in-flight update
+    in_flight_requests: int | None = None  # requests paused and resumed around an in-flight update
     # NeMo-RL refits (nemo_rl/extension.py): the refit RPC that carried it, rollouts fetched, fetch time
-    transport: Optional[str] = None
-    rollouts: Optional[int] = None
-    rollouts_fetch_s: Optional[float] = None
+    transport: str | None = None
+    rollouts: int | None = None
+    rollouts_fetch_s: float | None = None
 
     @property
     def drafter_version(self) -> int:

@@ -61,13 +61,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.bench import (
     MAX_PROMPTS,
-    hardware_option,
     MAX_SAMPLES,
     MAX_STEPS,
+    hardware_option,
     option,
     release_memory,
     say,
@@ -409,7 +409,7 @@ def _priced(c: dict, profile) -> dict:
     traces = [r["trace"] for r in c["replay"]]
     sp = [speedup(t, profile) for t in traces]
 
-    def ratio(xs: list) -> Optional[float]:
+    def ratio(xs: list) -> float | None:
         spec = sum(x["spec"]["rollout_s"] for x in xs)
         return sum(x["baseline"]["rollout_s"] for x in xs) / spec if spec else None
 

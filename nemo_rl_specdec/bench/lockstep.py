@@ -151,7 +151,7 @@ def _train_data(rollouts, rewards, groups) -> dict:
     rows = [list(r.prompt_token_ids) + list(r.token_ids) for r in rollouts]
     ids = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
     mask = torch.zeros_like(ids)
-    for i, (r, row) in enumerate(zip(rollouts, rows)):
+    for i, (r, row) in enumerate(zip(rollouts, rows, strict=True)):
         ids[i, :len(row)] = torch.tensor(row)
         mask[i, len(r.prompt_token_ids):len(row)] = 1
     return {"input_ids": ids, "input_lengths": torch.tensor([len(x) for x in rows]), "token_mask": mask,

@@ -52,7 +52,7 @@ import functools
 import logging
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.bench import (
     MAX_ENGINES,
@@ -88,8 +88,10 @@ def _options(cfg: RunConfig) -> dict:
         "engines": option(b, "scheduling", "engines", cluster if cluster > 1 else 2, 2, MAX_ENGINES),
         "repeats": option(b, "scheduling", "repeats", 5, 1, MAX_REPEATS),
         "draws": option(b, "scheduling", "draws", 1, 1, MAX_REPEATS),
-        "placements": list(b.get("placements", PLACEMENTS)) if isinstance(b.get("placements", []), list) else [b["placements"]],
-        "budgets": list(b.get("budgets", ["uniform", "length_aware", "das"])) if isinstance(b.get("budgets", []), list) else [b["budgets"]],
+        "placements": (list(b.get("placements", PLACEMENTS)) if isinstance(b.get("placements", []), list)
+                       else [b["placements"]]),
+        "budgets": (list(b.get("budgets", ["uniform", "length_aware", "das"])) if isinstance(b.get("budgets", []), list)
+                    else [b["budgets"]]),
         "max_num_seqs": seqs,
         "problem_seed": option(b, "scheduling", "problem_seed", 30_000 + seed, 0, 2**32 - 1),
         "temperature": option(b, "scheduling", "temperature", cfg.generation.temperature, 0.0, 100.0, float),
@@ -133,7 +135,7 @@ def _spearman(a: list, b: list) -> Any:
         return None
 
 
-def with_max_num_seqs(cfg: RunConfig, max_num_seqs: Optional[int]) -> RunConfig:
+def with_max_num_seqs(cfg: RunConfig, max_num_seqs: int | None) -> RunConfig:
     """A copy of the run config with `policy.generation.vllm_cfg.max_num_seqs` set (None: removed)."""
     raw = copy.deepcopy(cfg.raw)
     gen = raw["policy"].setdefault("generation", {})
@@ -163,8 +165,7 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
     from nemo_rl_specdec.bench.replay import replay
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.engine import Engine
-    from nemo_rl_specdec.scheduling.placement import Request as Placed
-    from nemo_rl_specdec.scheduling.placement import place
+    from nemo_rl_specdec.scheduling.placement import Request as Placed, place
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
     from nemo_rl_specdec.sim.price import price
 
@@ -298,7 +299,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                   f"no draw has {MIN_CEILING_PCT:.0f}% of placement headroom to judge against")
               + f" (problem draws: {len(b['clairvoyant_cut_pct_by_draw'])})")
         for r in results:
-            if r["max_num_seqs"] == seqs and r["placement"] != "contiguous" and r.get("share_of_clairvoyant_cut") is not None:
+            if (r["max_num_seqs"] == seqs and r["placement"] != "contiguous"
+                    and r.get("share_of_clairvoyant_cut") is not None):
                 print(f"  measured {r['name']}: {100 * r['share_of_clairvoyant_cut']:.0f}% of the clairvoyant cut "
                       f"(per draw: {', '.join(f'{100 * x:.0f}%' for x in r['share_of_clairvoyant_cut_per_draw'])})")
     return results
@@ -316,7 +318,7 @@ def _key(row: dict) -> tuple:
     return row["drafter"], row["placement"], row["budget"] or "uniform"
 
 
-def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int]) -> tuple[dict, dict, int]:
+def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: int | None) -> tuple[dict, dict, int]:
     """Every configuration's rollouts ({(drafter, placement, budget): [result, ...]}), the problem draw
     of each, and the number of warm-up rollouts."""
     from transformers import AutoTokenizer
@@ -346,7 +348,8 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
         for b in opts["budgets"]:
             g = _spec_group(b, per_request)
             if g not in by_group:
-                c = cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": "uniform" if g == "static" else b})
+                c = cfg.with_spec(scheduling={**spec.scheduling.model_dump(),
+                                              "budget": "uniform" if g == "static" else b})
                 by_group[g] = EngineGroup(c, E, seed=opts["seed"], predictor=predictor,
                                           name="spec" if g == "static" else f"spec_{b}_")
                 groups.append(by_group[g])
@@ -395,7 +398,7 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
     return runs, draws, warm_n
 
 
-def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Optional[int]) -> list[dict]:
+def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: int | None) -> list[dict]:
     from nemo_rl_specdec.sim.price import price
 
     med = {key: _median([r.makespan_s for r in rs]) for key, rs in runs.items()}
@@ -409,7 +412,7 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
         ref = med.get((drafter, "contiguous", "uniform"))
         # paired: repeat r of this configuration against repeat r of contiguous (run back to back)
         paired = [100.0 * (1 - a.makespan_s / b.makespan_s)
-                  for a, b in zip(rs, runs.get((drafter, "contiguous", "uniform"), []))]
+                  for a, b in zip(rs, runs.get((drafter, "contiguous", "uniform"), []), strict=False)]
         nospec = med.get(("none", placement, "uniform"))
         same_placement_uniform = med.get((drafter, placement, "uniform"))
         # the run whose makespan is the median: its per-engine picture
@@ -462,7 +465,7 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
     return out
 
 
-def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optional[int]) -> dict:
+def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: int | None) -> dict:
     """What placement alone could give on the batches this regime actually produced.
 
     Every measured rollout batch (all configurations and repeats: fresh T > 0 samples of the
@@ -476,8 +479,7 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optiona
     import numpy as np
 
     from nemo_rl_specdec.engine.group import DEFAULT_COST_MODEL
-    from nemo_rl_specdec.scheduling.placement import Request as Placed
-    from nemo_rl_specdec.scheduling.placement import place
+    from nemo_rl_specdec.scheduling.placement import Request as Placed, place
     from nemo_rl_specdec.sim.costmodel import CostModel
     from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest
 
@@ -497,7 +499,7 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optiona
     cuts: dict = {"length_aware": [], "clairvoyant": []}
     by_draw: dict = {}
     for key, rs in runs.items():
-        for r, draw in zip(rs, draws[key]):
+        for r, draw in zip(rs, draws[key], strict=True):
             lengths = [len(ro.token_ids) for ro in r.rollouts]
             prompts = [len(ro.prompt_token_ids) for ro in r.rollouts]
             pids = [ro.problem_id for ro in r.rollouts]
@@ -537,7 +539,7 @@ def ceiling_share(runs: dict, draws: dict, key: tuple, clairvoyant_by_draw: dict
     if placement == "contiguous" or ref not in runs:
         return {"share_of_clairvoyant_cut": None, "share_of_clairvoyant_cut_per_draw": []}
     per_draw: dict = {}
-    for a, b, d in zip(runs[key], runs[ref], draws[key]):
+    for a, b, d in zip(runs[key], runs[ref], draws[key], strict=False):
         per_draw.setdefault(d, []).append(100.0 * (1 - a.makespan_s / b.makespan_s))
     shares = [_median(cuts) / clairvoyant_by_draw[d] for d, cuts in sorted(per_draw.items())
               if clairvoyant_by_draw.get(d, 0) >= MIN_CEILING_PCT]
@@ -567,9 +569,10 @@ def _print(results: list, opts: dict) -> None:
     widths = [max(len(row[c]) for row in table) for c in range(len(cols))]
     print(f"Scheduling suite: {opts['problems']} problems x {opts['samples']} samples, {results[0]['engines']} "
           f"engines, T={opts['temperature']}, median of {opts['repeats']} runs. vs_contig = this group's contiguous "
-          "(uniform) makespan / this; paired_cut = median over repeats of 1 - this / contiguous of the same repeat; vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
+          "(uniform) makespan / this; paired_cut = median over repeats of 1 - this / contiguous of the same repeat; "
+          "vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
           "makespan, same placement / this; @seqsN = at most N requests decoded at once per engine")
     for n, row in enumerate(table):
-        print("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+        print("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))

@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 
@@ -126,7 +126,7 @@ def split_fqn(fqn: str) -> tuple[str, str]:
     return module, name
 
 
-def find_nemo_rl_root(env: Optional[dict] = None) -> Optional[Path]:
+def find_nemo_rl_root(env: dict | None = None) -> Path | None:
     """The NeMo-RL checkout (the directory holding `nemo_rl/` and `examples/`), without importing it."""
     env = os.environ if env is None else env
     if env.get("NEMO_RL_ROOT"):
@@ -256,7 +256,7 @@ ALL_HOOKS = {**REQUIRED_HOOKS, **ASYNC_HOOKS, ASYNC_PLACEMENT_HOOK: "async place
              **NCCL_RESHARD_HOOKS, **CHECKPOINT_ENGINE_HOOKS, **DISTILL_HOOKS}
 
 
-def probe(hooks: Optional[dict] = None) -> dict:
+def probe(hooks: dict | None = None) -> dict:
     """(owner, attribute) -> present, for the given hooks (default: every hook the adapter knows)."""
     return {h: _has(*h) for h in (hooks or ALL_HOOKS)}
 

@@ -12,7 +12,7 @@ interpolation are yaml_loader.py's. NeMo-RL re-parses the same overrides with Hy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from nemo_rl_specdec import yaml_loader
 from nemo_rl_specdec.config import ConfigError, resolve_config_path
@@ -41,7 +41,7 @@ class Composed:
         return OmegaConf.to_yaml(self.cfg)
 
 
-def _parent_path(entry: str, base_dir: Path, nemo_rl_root: Optional[Path]) -> Optional[Path]:
+def _parent_path(entry: str, base_dir: Path, nemo_rl_root: Path | None) -> Path | None:
     if entry.startswith(NEMO_RL_PREFIX):
         if nemo_rl_root is None:
             return None
@@ -64,7 +64,7 @@ def _merge(base: Any, child: Any) -> Any:
     return OmegaConf.merge(base, child)
 
 
-def _load(path: Path, nemo_rl_root: Optional[Path], missing: list[str], flags: dict) -> Any:
+def _load(path: Path, nemo_rl_root: Path | None, missing: list[str], flags: dict) -> Any:
     from omegaconf import ListConfig, OmegaConf
 
     cfg = yaml_loader.read(path, what="run file")
@@ -87,7 +87,7 @@ def _load(path: Path, nemo_rl_root: Optional[Path], missing: list[str], flags: d
     return _merge(base, cfg)
 
 
-def compose(path: Union[str, Path], overrides: list[str] = (), nemo_rl_root: Optional[Path] = None) -> Composed:
+def compose(path: str | Path, overrides: list[str] = (), nemo_rl_root: Path | None = None) -> Composed:
     """Load `path` with inheritance, apply overrides; parents that cannot be found are reported, not fatal.
     A path not found from the working directory is looked up in the bundled configs/ (`qwen3_8b_suffix.yaml`)."""
     from omegaconf.errors import OmegaConfBaseException

@@ -12,8 +12,9 @@ composite class is created at runtime, when first looked up by its FQN
 point the NeMo-RL found has (`update_weights_via_ipc_zmq`, `update_weights_from_collective`, and
 `nccl_reshard_refit` where it exists): when NeMo-RL's refit returns True, the same RPC then
 refreshes the drafter (the staged rollouts for the suffix store, or the store rebuilt in the
-background since generation ended; online-trained weights) and records the versions. So target and drafter change together, between two engine steps, on v0.7.0
-(which has no weight-update lifecycle hook) and on main alike. A failed refresh raises out of the
+background since generation ended; online-trained weights) and records the versions. So target
+and drafter change together, between two engine steps, on v0.7.0 (which has no weight-update
+lifecycle hook) and on main alike. A failed refresh raises out of the
 RPC on whichever tensor-parallel rank it happens; NeMo-RL's worker turns that into a failed
 refit and the run stops.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.nemo_rl import api
 from nemo_rl_specdec.update import PolicyUpdate
@@ -34,7 +35,7 @@ SPECDEC_MIXIN = "nemo_rl_specdec.engine.worker_extension.SpecDecWorkerExtension"
 REFIT_RPCS = ("update_weights_via_ipc_zmq", "update_weights_from_collective", "nccl_reshard_refit")
 
 
-def find_drafter_model(worker: Any) -> Optional[Any]:
+def find_drafter_model(worker: Any) -> Any | None:
     """The live drafter module, wherever this vLLM version keeps it.
 
     vLLM >= 0.32 has `worker.get_draft_model()`; the V1 runner keeps it at
@@ -64,10 +65,10 @@ class SpecDecHostHooks:
     `specdec_state`) further down the MRO. `refit_hooks(host)` adds the refit wrappers.
     """
 
-    _specdec_pending: Optional[PolicyUpdate] = None
-    _specdec_loaded_names: Optional[list] = None
-    _specdec_loaded_drafter: Optional[list] = None
-    _specdec_last_update: Optional[dict] = None
+    _specdec_pending: PolicyUpdate | None = None
+    _specdec_loaded_names: list | None = None
+    _specdec_loaded_drafter: list | None = None
+    _specdec_last_update: dict | None = None
     _specdec_updates: int = 0
 
     # -- RPCs

@@ -20,7 +20,6 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
 
 IN_NEMO_RL_ENV = ("run the entry point inside NeMo-RL's own environment (`uv run python -m nemo_rl_specdec.run_grpo "
                   "...` from the NeMo-RL checkout, or the NGC container nvcr.io/nvidia/nemo-rl), where its pinned "
@@ -60,7 +59,7 @@ def import_failure(exc: BaseException, what: str) -> LaunchError:
         f"importing {what} failed at {where}: {type(exc).__name__}: {_flat(exc)}: {IN_NEMO_RL_ENV}")
 
 
-def running_ray_cluster() -> Optional[str]:
+def running_ray_cluster() -> str | None:
     """The address of the Ray cluster NeMo-RL's `init_ray` would join (RAY_ADDRESS, `ray start`), or None
     when it would start a local one."""
     from ray._private import services
@@ -99,7 +98,7 @@ def check_local_cluster(cluster: dict) -> None:
             f"cluster.gpus_per_node={have}")
 
 
-def check_model(name: Optional[str], key: str) -> None:
+def check_model(name: str | None, key: str) -> None:
     """`name` (a model or tokenizer NeMo-RL will load) is a local directory, in the Hugging Face cache, or
     on a Hub reachable from here. One request, no retries."""
     if not name or Path(str(name)).expanduser().is_dir():

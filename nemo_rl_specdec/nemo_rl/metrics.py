@@ -4,7 +4,7 @@ NeMo-RL logs whatever `VllmGeneration.get_step_metrics()` returns under `train/`
 speculative counters arrive as `vllm/spec_*` (-> `train/vllm/spec_*`); ours are added as
 `specdec/*` (-> `train/specdec/*`).
 
-Per-step metrics for every drafter (issue 14, item 4), and the key that carries each. NeMo-RL
+Per-step metrics for every drafter, and the key that carries each. NeMo-RL
 already computes the acceptance figures from vLLM's counters (the same code on v0.7.0 and main:
 `aggregate_spec_decode_counters` / `compute_spec_decode_metrics`, counter deltas over the step
 summed over the engines, for any proposer, since vLLM's scheduler counts them), so they are not
@@ -60,7 +60,8 @@ Ours:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 PREFIX = "specdec/"
 NRL_DRAFTS = "vllm/spec_num_drafts"
@@ -79,7 +80,7 @@ NO_DRAFTS_HINT = (
 )
 
 
-def _num(x: Any) -> Optional[float]:
+def _num(x: Any) -> float | None:
     if isinstance(x, bool):
         return float(x)
     if isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x)):
@@ -127,8 +128,8 @@ def version_metrics(reports: list[dict]) -> dict[str, float]:
     if dv and all(v is not None for v in dv):
         out[f"{PREFIX}drafter_version"] = min(dv)
     if pv and dv and all(v is not None for v in pv + dv):
-        out[f"{PREFIX}drafter_lag"] = max(p - d for p, d in zip(pv, dv))
-        pairs = {(p, d) for p, d in zip(pv, dv)}
+        out[f"{PREFIX}drafter_lag"] = max(p - d for p, d in zip(pv, dv, strict=True))
+        pairs = {(p, d) for p, d in zip(pv, dv, strict=True)}
         ranks_ok = all(r.get("ranks_agree", True) for r in reports)
         out[f"{PREFIX}engines_in_lockstep"] = 1.0 if (len(pairs) == 1 and ranks_ok) else 0.0
     if states:
@@ -186,8 +187,8 @@ def imbalance(loads: Iterable[float]) -> float:
     return max(loads) / (sum(loads) / len(loads))
 
 
-def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: Optional[AcceptanceByLag],
-                 placement: Optional[dict] = None, spec_enabled: bool = True) -> dict[str, float]:
+def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: AcceptanceByLag | None,
+                 placement: dict | None = None, spec_enabled: bool = True) -> dict[str, float]:
     """Our `specdec/*` keys for one step (NeMo-RL's `vllm/spec_*` keys are returned unchanged beside them)."""
     out = version_metrics(reports) if reports else {}
     drafts = _num(vllm_metrics.get(NRL_DRAFTS))
@@ -206,7 +207,7 @@ def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: Optional[Acce
     return out
 
 
-def no_drafts_warning(vllm_metrics: dict, spec_enabled: bool) -> Optional[str]:
+def no_drafts_warning(vllm_metrics: dict, spec_enabled: bool) -> str | None:
     drafts = _num(vllm_metrics.get(NRL_DRAFTS))
     if spec_enabled and drafts is not None and drafts == 0:
         return NO_DRAFTS_HINT

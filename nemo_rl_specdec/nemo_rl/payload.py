@@ -11,7 +11,8 @@ update then says `STAGED_ROLLOUTS`. No NeMo-RL, no vLLM.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
@@ -26,7 +27,7 @@ PREDICTED_KEY = "specdec_predicted_len"    # float: predicted output tokens (-1:
 def problem_ids(input_ids: Any, input_lengths: Any) -> list[str]:
     """The problem id of each row of a right-padded prompt batch."""
     lens = input_lengths.tolist() if hasattr(input_lengths, "tolist") else list(input_lengths)
-    return [problem_id(row[: int(n)]) for row, n in zip(input_ids, lens)]
+    return [problem_id(row[: int(n)]) for row, n in zip(input_ids, lens, strict=True)]
 
 
 class RolloutStash:
@@ -100,7 +101,7 @@ def resolve_staged(staged: PolicyUpdate) -> PolicyUpdate:
     return staged.with_(drafter_weights=weights, rollouts=rollouts)
 
 
-def resolve_rollouts(refs: Optional[Sequence[Any]]) -> Optional[RolloutBatch]:
+def resolve_rollouts(refs: Sequence[Any] | None) -> RolloutBatch | None:
     """Ray object refs of `RolloutBatch`es as one batch (None stays None; no refs: an empty batch)."""
     if refs is None:
         return None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.nemo_rl import api
 
@@ -105,7 +105,7 @@ class SpecDecDistillMixin:
         self._specdec_seq += 1
         self._specdec_stats = {**stats, "wall_s": time.perf_counter() - t0, "policy_step": self._specdec_steps}
 
-    def specdec_take_drafter(self) -> Optional[dict]:
+    def specdec_take_drafter(self) -> dict | None:
         """The replica made since the last take, or None: every rank returns its fingerprint and
         stats; rank 0 also puts the tensors in Ray's object store (`refs`: [ref]; [] for drafter 0,
         the checkpoint, which each engine verifies against the drafter it loaded)."""
@@ -126,7 +126,7 @@ class SpecDecDistillMixin:
         return out
 
 
-def combine_takes(takes: list) -> Optional[dict]:
+def combine_takes(takes: list) -> dict | None:
     """One publication from every rank's `specdec_take_drafter` result; raises when the replicas differ."""
     from nemo_rl_specdec.lockstep import DrafterRefreshError
 
@@ -155,7 +155,7 @@ def wrap_policy(policy_cls: type, spec: Any, temperature: float, seed: int = 0) 
     orig_init, orig_train = policy_cls.__init__, policy_cls.train
     spec_json = spec.model_dump(mode="json")
 
-    def _publish(self, period: Optional[float] = None) -> Optional[dict]:
+    def _publish(self, period: float | None = None) -> dict | None:
         """Collect the replica the workers made since the last call and put it on the board."""
         import ray
 

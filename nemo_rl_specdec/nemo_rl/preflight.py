@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
@@ -114,7 +115,7 @@ def adapt_speculative_config(sc: dict, facts: dict, spec: Any, log: Callable[[st
 
 
 def check(spec: Any, gen_cfg: dict, worker_fqn: str, run: Callable = subprocess.run,
-          facts: Optional[dict] = None) -> dict:
+          facts: dict | None = None) -> dict:
     """Everything above for one generation config (its speculative_config is rewritten in place).
     Returns the facts. Raises ImportError (arctic, with the build recipe) or ConfigError."""
     if spec is None:

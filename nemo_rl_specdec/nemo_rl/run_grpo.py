@@ -28,8 +28,9 @@ import importlib
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from nemo_rl_specdec import models
 from nemo_rl_specdec.config import ConfigError
@@ -103,7 +104,7 @@ def make_validate_wrapper(original: Callable) -> Callable:
     return validate
 
 
-def install(env: Optional[dict] = None, gen_cfg: Optional[dict] = None,
+def install(env: dict | None = None, gen_cfg: dict | None = None,
             trains_mtp: bool = False, exports_draft: bool = False) -> list[tuple[Any, str, Any]]:
     """Check support for `gen_cfg` (NeMo-RL's `policy.generation` with our block), then apply the
     substitutions; returns (object, attribute, previous value) for `uninstall`. Raises
@@ -165,7 +166,7 @@ def uninstall(undo: list[tuple[Any, str, Any]]) -> None:
             setattr(obj, name, old)
 
 
-def write_composed(composed: config_loader.Composed, out_dir: Optional[str] = None) -> Path:
+def write_composed(composed: config_loader.Composed, out_dir: str | None = None) -> Path:
     """The composed run file (parents merged, interpolations kept) for NeMo-RL's own loader."""
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="nemo_rl_specdec_"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +175,7 @@ def write_composed(composed: config_loader.Composed, out_dir: Optional[str] = No
     return path
 
 
-def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
+def prepare(argv: list[str]) -> tuple[int, dict | None]:
     """Steps 1-2 (no NeMo-RL import). Returns (exit code or -1 to continue, launch plan)."""
     args, overrides = parse_args(argv)
     root = api.find_nemo_rl_root()
@@ -214,10 +215,11 @@ def prepare(argv: list[str]) -> tuple[int, Optional[dict]]:
     trains_mtp = bool(((policy.get("megatron_cfg") or {}).get("mtp_num_layers")) or 0)
     exports_draft = bool((policy.get("draft") or {}).get("enabled"))
     return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base,
-                "resolved": full.resolved(), "generation": policy.get("generation"), "trains_mtp": trains_mtp, "exports_draft": exports_draft}
+                "resolved": full.resolved(), "generation": policy.get("generation"), "trains_mtp": trains_mtp,
+                "exports_draft": exports_draft}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     code, plan = prepare(argv)
     if code >= 0:
@@ -244,7 +246,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"[specdec] speculative decoding on: drafter={spec.drafter} k={spec.num_speculative_tokens} "
                   f"refresh={spec.refresh.mode} placement={spec.scheduling.placement}")
         else:
-            print("[specdec] policy.generation.speculative_decoding absent or disabled: running NeMo-RL's GRPO unchanged")
+            print("[specdec] policy.generation.speculative_decoding absent or disabled: "
+                  "running NeMo-RL's GRPO unchanged")
     except (api.NeMoRLMissing, api.UnsupportedNeMoRL) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_RUNTIME

@@ -9,7 +9,8 @@ placement statistics logged each step (`placement_stats`). Pure; no NeMo-RL.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from nemo_rl_specdec.nemo_rl.metrics import imbalance
 from nemo_rl_specdec.scheduling.budget import set_at_submission
@@ -18,7 +19,7 @@ from nemo_rl_specdec.scheduling.planner import Plan, Planner, check_policies
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
 
-def planner_for(spec: Optional[Any], max_new_tokens: Optional[int] = None, **policies: str) -> Planner:
+def planner_for(spec: Any | None, max_new_tokens: int | None = None, **policies: str) -> Planner:
     """The planner for a run's speculative block (None: speculation off, contiguous and uniform);
     `policies` (placement=, budget=) override the block's `scheduling` keys."""
     # A positive prior: with nothing observed yet every request predicts the same length, so
@@ -39,7 +40,7 @@ def reshards(planner: Planner) -> bool:
     return planner.placement != "contiguous"
 
 
-def shard(planner: Planner, problem_ids: Sequence[str], num_engines: int) -> Optional[Plan]:
+def shard(planner: Planner, problem_ids: Sequence[str], num_engines: int) -> Plan | None:
     """The plan for one batch, or None to keep NeMo-RL's contiguous sharding (contiguous placement
     with uniform budgets, fewer requests than engines, or a placement that leaves an engine idle)."""
     n = len(problem_ids)
@@ -49,7 +50,7 @@ def shard(planner: Planner, problem_ids: Sequence[str], num_engines: int) -> Opt
     return None if any(not eng for eng in plan.assignment) else plan
 
 
-def budgets_to_send(planner: Planner, plan: Plan) -> tuple[Optional[list], Optional[list]]:
+def budgets_to_send(planner: Planner, plan: Plan) -> tuple[list | None, list | None]:
     """(budget, predicted length) per row for the workers, or (None, None) where budgets are not set
     at submission (uniform, adaptive)."""
     return (plan.budgets, plan.hints) if set_at_submission(planner.budget) else (None, None)

@@ -5,8 +5,9 @@ and choosing the worker / worker-extension classes. No NeMo-RL import; unit-test
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from nemo_rl_specdec import resources
 from nemo_rl_specdec.config import (
@@ -24,6 +25,7 @@ from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, 
     SOURCE_NONE,
     SOURCE_POLICY_DISTILL,
     SOURCE_REFIT_STREAM,
+    TrainerStreams,
 )
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.nemo_rl import api
@@ -90,7 +92,7 @@ def _get(d: Any, dotted: str, default: Any = None) -> Any:
 
 # --------------------------------------------------------------------------- validation
 
-def validate_block(gen_cfg: dict) -> Optional[SpecDecConfig]:
+def validate_block(gen_cfg: dict) -> SpecDecConfig | None:
     """The validated block from a NeMo-RL generation config, or None when it is absent.
 
     Only the block (and the sampling temperature it depends on) is validated here: the rest of
@@ -111,7 +113,7 @@ def validate_block(gen_cfg: dict) -> Optional[SpecDecConfig]:
     return run.spec
 
 
-def enabled_spec(gen_cfg: Any) -> Optional[SpecDecConfig]:
+def enabled_spec(gen_cfg: Any) -> SpecDecConfig | None:
     """The block if present and enabled (after validation), else None."""
     if not isinstance(gen_cfg, dict):
         return None
@@ -125,7 +127,7 @@ def drafter_weight_source(spec: SpecDecConfig, trainer_exports_draft: bool, trai
     `trainer_exports_draft` is `policy.draft.enabled` (Megatron trains an Eagle head and streams
     it as `draft.*` tensors); `trains_mtp` is `policy.megatron_cfg.mtp_num_layers > 0`.
     """
-    return drafter_of(spec).weight_source(spec, trainer_exports_draft, trains_mtp)
+    return drafter_of(spec).weight_source(spec, TrainerStreams(draft=trainer_exports_draft, mtp=trains_mtp))
 
 
 def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
@@ -141,7 +143,8 @@ def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
             "allowed here: 'frozen'")
     if mode == "frozen" and source == SOURCE_REFIT_STREAM:
         raise ConfigError(
-            f"{path}: got 'frozen', but {drafter_of(spec).trainer_stream} makes the trainer stream new drafter weights every step; "
+            f"{path}: got 'frozen', but {drafter_of(spec).trainer_stream} makes the trainer stream new drafter "
+            "weights every step; "
             f"use 'online' or 'refit', or turn the trainer-side drafter off"
         )
 
@@ -153,7 +156,7 @@ def rollouts_wanted(spec: SpecDecConfig) -> bool:
     return rollout_prompt_tail(spec) is not None
 
 
-def rollout_prompt_tail(spec: SpecDecConfig) -> Optional[int]:
+def rollout_prompt_tail(spec: SpecDecConfig) -> int | None:
     """Prompt tokens (the tail) each rollout carries to the engines' drafters; None: they take none."""
     return drafter_of(spec).rollout_prompt_tail(spec)
 
@@ -178,7 +181,7 @@ def check_distill_policy(policy: dict) -> None:
                 "(or refresh.mode 'frozen')")
 
 
-def distills_in_policy(gen_cfg: dict, spec: Optional[SpecDecConfig], trainer_exports_draft: bool = False) -> bool:
+def distills_in_policy(gen_cfg: dict, spec: SpecDecConfig | None, trainer_exports_draft: bool = False) -> bool:
     """Whether the policy workers distil the drafter online (the policy side of the adapter)."""
     if spec is None:
         return False
@@ -186,7 +189,7 @@ def distills_in_policy(gen_cfg: dict, spec: Optional[SpecDecConfig], trainer_exp
     return source == SOURCE_POLICY_DISTILL
 
 
-def check_run(raw: dict) -> Optional[SpecDecConfig]:
+def check_run(raw: dict) -> SpecDecConfig | None:
     """Validate a composed NeMo-RL run dict for our block (before NeMo-RL is imported).
 
     Returns the enabled block, or None when the block is absent or disabled.
@@ -284,7 +287,7 @@ def apply_to_generation_config(
     return gen_cfg, has_refit_draft_weights
 
 
-def engine_init_payload(gen_cfg: dict) -> Optional[dict]:
+def engine_init_payload(gen_cfg: dict) -> dict | None:
     """What the worker hands to `specdec_init` in every vLLM worker: the validated block."""
     spec = enabled_spec(gen_cfg)
     return None if spec is None else spec.model_dump(mode="json")
@@ -306,7 +309,7 @@ def select_worker_fqn(default_cls: str, gen_cfg: dict, original: Callable[[str, 
         ) from None
 
 
-def extension_fqn_for(host_fqn: Optional[str]) -> str:
+def extension_fqn_for(host_fqn: str | None) -> str:
     """Our composite extension for the host extension NeMo-RL chose."""
     if host_fqn in EXTENSION_SUBSTITUTES:
         return EXTENSION_SUBSTITUTES[host_fqn]
@@ -325,7 +328,7 @@ def inject_extension(llm_kwargs: dict) -> str:
     return fqn
 
 
-def extra_env_var_names(existing: Optional[Any]) -> list[str]:
+def extra_env_var_names(existing: Any | None) -> list[str]:
     """Env vars forwarded into vLLM's own (TP>1) Ray workers: ours must import there too."""
     names = list(existing or [])
     for n in ("PYTHONPATH",):
@@ -334,7 +337,7 @@ def extra_env_var_names(existing: Optional[Any]) -> list[str]:
     return names
 
 
-def package_import_root(pkg_dir: Optional[Path] = None, cache_dir: Optional[Path] = None) -> Path:
+def package_import_root(pkg_dir: Path | None = None, cache_dir: Path | None = None) -> Path:
     """A directory that, on PYTHONPATH, makes `nemo_rl_specdec` importable in NeMo-RL's worker venvs.
 
     A source checkout: its root. A site-packages install: a directory holding only a symlink to
@@ -352,14 +355,14 @@ def package_import_root(pkg_dir: Optional[Path] = None, cache_dir: Optional[Path
     return cache_dir
 
 
-def pythonpath_with(entry: str, current: Optional[str]) -> str:
+def pythonpath_with(entry: str, current: str | None) -> str:
     parts = [p for p in (current or "").split(os.pathsep) if p]
     if entry in parts:
         return os.pathsep.join(parts)
     return os.pathsep.join([entry, *parts])
 
 
-def worker_python_env(base_env: str, base_fqn: str, venv_dir: Optional[str],
+def worker_python_env(base_env: str, base_fqn: str, venv_dir: str | None,
                       exists: Callable[[str], bool] = os.path.exists) -> str:
     """The python for our worker actor: reuse the venv NeMo-RL built for the base worker if present.
 
@@ -374,7 +377,7 @@ def worker_python_env(base_env: str, base_fqn: str, venv_dir: Optional[str],
     return candidate if exists(candidate) else base_env
 
 
-def registry_entries(registry: dict, venv_dir: Optional[str], policy_workers: bool = False) -> dict[str, str]:
+def registry_entries(registry: dict, venv_dir: str | None, policy_workers: bool = False) -> dict[str, str]:
     """Actor-environment registry entries for our worker FQNs (with `policy_workers`, the
     distilling DTensor policy workers too)."""
     out = {}

@@ -40,7 +40,7 @@ import importlib
 import logging
 import sys
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.nemo_rl import api, payload, translate
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
@@ -54,14 +54,14 @@ REFIT_CHECKPOINT_METHOD = "update_weights_from_checkpoint_engine"
 _REQUEST_EXTRAS: contextvars.ContextVar = contextvars.ContextVar("specdec_request_extras", default=None)
 
 
-def request_extras(data: Any) -> Optional[list]:
+def request_extras(data: Any) -> list | None:
     """Per row: the draft budget and predicted length the driver attached (`payload.BUDGET_KEY`...)."""
     budgets, preds = data.get(payload.BUDGET_KEY), data.get(payload.PREDICTED_KEY)
     if budgets is None:
         return None
     budgets, preds = budgets.tolist(), (preds.tolist() if preds is not None else [None] * len(budgets))
     out = []
-    for b, p in zip(budgets, preds):
+    for b, p in zip(budgets, preds, strict=True):
         e = {} if b is None or b < 0 else {"specdec_budget": int(b)}
         if e and p is not None and p >= 0:
             e["specdec_predicted_len"] = float(p)
@@ -69,14 +69,14 @@ def request_extras(data: Any) -> Optional[list]:
     return out
 
 
-def with_extra_args(prompts: Any, sampling_params: Any, extras: Optional[list]) -> Any:
+def with_extra_args(prompts: Any, sampling_params: Any, extras: list | None) -> Any:
     """`sampling_params` as one clone per prompt whose `extra_args` carry the prompt's problem id
     and its row of `extras`; a single prompt (async engine) gets a single clone."""
     single = isinstance(prompts, dict) or not isinstance(prompts, (list, tuple))
     plist = [prompts] if single else list(prompts)
     sps = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(plist)
     out = []
-    for i, (p, sp) in enumerate(zip(plist, sps)):
+    for i, (p, sp) in enumerate(zip(plist, sps, strict=True)):
         extra = {}
         tokens = p.get("prompt_token_ids") if isinstance(p, dict) else None
         if tokens is not None:
@@ -128,7 +128,7 @@ class SpecDecWorkerState:
         self._specdec_k_auto = None  # scheduling/k_auto.py's KAuto, on the sync engine with scheduling.k: auto
         self._specdec_last_staged = 0  # rollouts this engine handed to the drafters for the last update
         self._specdec_pending_staged = 0  # ... and for the next one, so far
-        self._specdec_staged_for: Optional[int] = None  # the version a background rebuild is staged for
+        self._specdec_staged_for: int | None = None  # the version a background rebuild is staged for
         self._specdec_last_stage: dict = {}  # the last end-of-generation staging: version, rollouts, seconds
         self._specdec_engine = uuid.uuid4().hex[:12]
         self._specdec_exchange_name = config.get(translate.EXCHANGE_KEY)
@@ -217,7 +217,7 @@ class SpecDecWorkerState:
         return (self._specdec_stash is not None and self._specdec_spec.refresh.mode == "rebuild"
                 and self._specdec_refreshes(self._specdec_version + 1))
 
-    def _specdec_stage_target(self, refs: list) -> Optional[int]:
+    def _specdec_stage_target(self, refs: list) -> int | None:
         """After the end-of-generation swap: the version to stage `refs` (all engines' rollouts) for, or
         None. Every engine sees the same refs, so all stage or none do (a validation phase: no refs);
         an engine whose drafter was disabled after a refresh error swaps but stages nothing."""
@@ -232,7 +232,8 @@ class SpecDecWorkerState:
 
         self._specdec_staged_for = version
         reps = [r for r in per_rank or [] if r]
-        self._specdec_last_stage = {"version": version, "rollouts": max((r.get("rollouts", 0) for r in reps), default=0),
+        self._specdec_last_stage = {"version": version,
+                                    "rollouts": max((r.get("rollouts", 0) for r in reps), default=0),
                                     "stage_s": time.perf_counter() - t0,
                                     "errors": sum(1 for r in reps if r.get("error"))}
         return dict(self._specdec_last_stage)
@@ -294,7 +295,8 @@ class SpecDecWorkerState:
         if not per_rank:
             return {}
         first = dict(per_rank[0])
-        key = lambda r: ((r.get("state") or {}).get("policy_version"), (r.get("state") or {}).get("drafter_version"))
+        def key(r):
+            return ((r.get("state") or {}).get("policy_version"), (r.get("state") or {}).get("drafter_version"))
         first["ranks_agree"] = len({key(r) for r in per_rank}) == 1
         first["rollouts_staged"] = self._specdec_last_staged
         first["rollouts_dropped"] = self._specdec_stash.dropped if self._specdec_stash is not None else 0
@@ -391,7 +393,8 @@ def _build_sync_impl() -> type:
             version = self._specdec_stage_target(refs)
             if version is None:
                 return {}
-            return self._specdec_staged(version, self.llm.collective_rpc("specdec_stage_refs", args=(refs, version)), t0)
+            per_rank = self.llm.collective_rpc("specdec_stage_refs", args=(refs, version))
+            return self._specdec_staged(version, per_rank, t0)
 
         def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:

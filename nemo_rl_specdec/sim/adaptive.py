@@ -2,7 +2,7 @@
 committed tokens per second of that step.
 
 `best_drafts` owns the rule; the engine simulator applies it with
-`speculation.k_by_batch_size: per_step`. At each step it evaluates d = 0..k under
+`speculation.scheduling.k: per_step`. At each step it evaluates d = 0..k under
 `CostModel.step_cost`, with the requests in flight, their current contexts and their own
 acceptance curves:
 
@@ -10,7 +10,7 @@ acceptance curves:
 
 Ties go to the smaller d, and d* = 0 turns speculation off for that step.
 
-`k_by_batch_size: auto` is vLLM's static `num_speculative_tokens_per_batch_size` table. It
+`scheduling.k: auto` is vLLM's static `num_speculative_tokens_per_batch_size` table. It
 makes the same choice once per batch size, at a typical context. `per_step` re-evaluates at
 every simulated event, at the contexts the requests have reached. Neither can verify a
 different prefix per request chosen by the drafter's confidence (DSpark's adaptive mode):

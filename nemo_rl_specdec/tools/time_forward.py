@@ -1,5 +1,5 @@
 """Time target forwards of a randomly initialised model of a given shape, on a GPU, across tokens
-per step and context lengths: the samples the simulator's roofline is fitted on (issue #16, item 8).
+per step and context lengths: the samples the simulator's roofline is fitted on.
 
     python -m nemo_rl_specdec.tools.time_forward --shape qwen3-8b --out samples.json
 
@@ -14,9 +14,9 @@ attend to the whole context and step, without a mask: a mask sends PyTorch's SDP
 kernel, which copies the KV per query head, and unpacked GQA reads each KV head once per query
 head; both cost several times the step. The attention FLOPs recorded per sample are the ones
 computed.
-`--attention causal` (exact, any device) is what the tests compare with transformers' forward. Steps of at most `--graph-max` tokens (vLLM's
-largest default CUDA-graph capture size) are replayed from a captured CUDA graph, larger ones run
-eagerly; every sample also records its eager time.
+`--attention causal` (exact, any device) is what the tests compare with transformers' forward.
+Steps of at most `--graph-max` tokens (vLLM's largest default CUDA-graph capture size) are replayed
+from a captured CUDA graph, larger ones run eagerly; every sample also records its eager time.
 
 The output records the device, library versions, the attention path taken, the model's shape in
 the simulator's terms (`ModelShape`: bytes a forward reads, FLOPs per token, KV bytes per token,
@@ -279,7 +279,8 @@ def main(argv=None) -> int:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "cuda": torch.version.cuda},
         "attention": ("sdpa over static KV buffers, GQA-native, KV read once per request per step, "
-                      + ("causal lower-right mask" if causal else "no mask (flash on a GPU): each token attends to context + step")),
+                      + ("causal lower-right mask" if causal
+                         else "no mask (flash on a GPU): each token attends to context + step")),
         "graph_max": args.graph_max,
         "reps": args.reps,
         "samples": [],

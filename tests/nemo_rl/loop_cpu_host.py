@@ -39,12 +39,10 @@ def apply() -> None:
     import os
     import sys
     import types
+    import typing
 
     import ray
     import torch
-
-    import typing
-
     import typing_extensions
 
     for name in ("TypedDict", "Required", "NotRequired"):  # conftest.py's shims, for this process

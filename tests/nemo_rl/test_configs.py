@@ -84,7 +84,8 @@ def nemo_rl_load(path: Path) -> tuple[dict, object]:
 @pytest.fixture(scope="module")
 def loaded(nemo_rl_src, tmp_path_factory):
     """run file name -> (our entry point's plan, NeMo-RL's resolved dict, NeMo-RL's MasterConfig)."""
-    assert len(RUN_FILES) >= 7 and all(p.is_file() for p in RUN_FILES), f"the NeMo-RL example runs are missing from {configs_dir()}"
+    assert len(RUN_FILES) >= 7 and all(p.is_file() for p in RUN_FILES), \
+        f"the NeMo-RL example runs are missing from {configs_dir()}"
     out = {}
     for path in RUN_FILES:
         code, plan = run_grpo.prepare(["--config", str(path)])
@@ -269,6 +270,6 @@ def test_support_check_passes_or_names_the_missing_hook(loaded, path):
         assert err is None, f"{path.name}: refused although every hook is present: {err}"
         return
     assert err is not None, f"{path.name}: accepted although {missing} are missing"
-    for owner, attr in missing:
+    for _owner, attr in missing:
         assert attr in str(err), (attr, str(err))
     assert "Supported:" in str(err) and "Nothing was patched" in str(err)

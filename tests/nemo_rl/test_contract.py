@@ -77,7 +77,7 @@ def test_unwrap_sees_through_nemo_rl_s_nvtx_wrapper(nemo_rl_src):
 
 # --------------------------------------------------------------------------- capabilities
 
-MAIN_ONLY = {  # per issue #13: absent on v0.7.0; verified here against whichever checkout is under test
+MAIN_ONLY = {  # absent on v0.7.0; verified here against whichever checkout is under test
     "VllmInternalWorkerExtension._weight_update_lifecycle": (api.HOST_EXTENSION, "_weight_update_lifecycle"),
     "VllmInternalWorkerExtension._get_drafter_model": (api.HOST_EXTENSION, "_get_drafter_model"),
     "VllmInternalWorkerExtension.nccl_reshard_refit": (api.HOST_EXTENSION, "nccl_reshard_refit"),
@@ -610,8 +610,7 @@ def test_generate_async_routes_by_current_generate_dp_shard_idx(nemo_rl_src, cap
 def test_the_bindings_install_patches_are_read_at_call_time(nemo_rl_src):
     from nemo_rl.algorithms import grpo
     from nemo_rl.models.generation import configure_generation_config
-    from nemo_rl.models.generation.vllm import utils as vllm_utils
-    from nemo_rl.models.generation.vllm import vllm_generation
+    from nemo_rl.models.generation.vllm import utils as vllm_utils, vllm_generation
 
     script = api.load_run_grpo_module()
     # run_grpo.py binds configure_generation_config by name and calls it through its module globals
@@ -665,7 +664,7 @@ def test_install_and_uninstall_on_real_nemo_rl(nemo_rl_src):
 # --------------------------------------------------------------------------- step metrics
 
 def test_step_metrics_carry_acceptance_per_position_and_drafts_from_nemo_rl(nemo_rl_src, monkeypatch):
-    """Issue 14, item 4 takes acceptance length and rate, drafts made and acceptance per draft
+    """The step metrics take acceptance length and rate, drafts made and acceptance per draft
     position from NeMo-RL's own `vllm/spec_*` keys (metrics.py does not repeat them): vLLM's
     counters, read by NeMo-RL's worker (which our worker actors inherit), summed over engines and
     differenced over the step by NeMo-RL's code, come out of our SpecDecVllmGeneration's

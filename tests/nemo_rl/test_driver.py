@@ -74,7 +74,7 @@ class LocalWorkerGroup:
                                      output_is_replicated, common_kwargs):
         assert in_sharded_axes == ["data_parallel"] and len(data) == self.dp_size
         self.sent.append(list(data))
-        return [(w, method, shard, common_kwargs) for w, shard in zip(self.workers, data)]
+        return [(w, method, shard, common_kwargs) for w, shard in zip(self.workers, data, strict=True)]
 
     def get_all_worker_results(self, bundle):
         return [getattr(w, method)(shard, **kw) for w, method, shard, kw in bundle]
@@ -140,7 +140,7 @@ def grpo_batch(prompts: int = PROMPTS, group: int = GROUP, seed: int = 0):
 
     rng = np.random.default_rng(seed)
     rows = []
-    for p in range(prompts):
+    for _p in range(prompts):
         toks = rng.integers(10, 1000, size=int(rng.integers(4, 17))).tolist()
         rows += [toks] * group
     width = max(map(len, rows))
@@ -252,7 +252,7 @@ def test_rollouts_from_the_real_batches_rebuild_the_real_das_store_over_three_re
         for r in recs:
             assert r.policy_version == step  # workers' version before this step's refit
         by_pid = {}
-        for r, row in zip(sorted(recs, key=lambda r: r.problem_id), sorted(rows, key=problem_id)):
+        for r in recs:
             by_pid.setdefault(r.problem_id, []).append(r)
         assert {pid for pid in by_pid} == {problem_id(r) for r in rows}
         for r in recs:

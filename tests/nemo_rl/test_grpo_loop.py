@@ -246,13 +246,15 @@ def _master_config(tmp_path, block: dict | None):
             "policy.generation.vllm_cfg.gpu_memory_utilization=0.5", "policy.generation.vllm_cfg.enforce_eager=true",
             "++policy.generation.vllm_cfg.enable_prefix_caching=true",  # else NeMo-RL asks CUDA's capability
             "policy.generation.vllm_cfg.async_engine=false", "policy.generation.colocated.enabled=false",
-            "policy.generation.colocated.resources.gpus_per_node=1", "policy.generation.colocated.resources.num_nodes=1",
+            "policy.generation.colocated.resources.gpus_per_node=1",
+            "policy.generation.colocated.resources.num_nodes=1",
             "policy.max_total_sequence_length=256", "policy.train_global_batch_size=12",
             "policy.train_micro_batch_size=12", "policy.sequence_packing.enabled=false",
             "policy.dynamic_batching.enabled=false",
             f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={GROUP}",
             f"grpo.max_num_steps={STEPS}", "grpo.max_num_epochs=1", "grpo.val_period=2", "grpo.val_at_start=false",
-            "grpo.val_at_end=false", "grpo.val_batch_size=2", "grpo.max_val_samples=2", "grpo.use_dynamic_sampling=false",
+            "grpo.val_at_end=false", "grpo.val_batch_size=2", "grpo.max_val_samples=2",
+            "grpo.use_dynamic_sampling=false",
             "checkpointing.enabled=false", "logger.wandb_enabled=false", "logger.tensorboard_enabled=false",
             "logger.mlflow_enabled=false", "logger.swanlab_enabled=false", "logger.monitor_gpus=false",
             f"logger.log_dir={tmp_path / 'logs'}", "cluster.gpus_per_node=1", "cluster.num_nodes=1"]
@@ -268,6 +270,7 @@ def _master_config(tmp_path, block: dict | None):
 def run_loop(tmp_path, block: dict | None) -> dict:
     """grpo_train for STEPS steps; returns what the logger, the engines and the policy saw."""
     import ray
+    from loop_cpu_host import BROADCAST
     from nemo_rl.algorithms import grpo
     from nemo_rl.algorithms.utils import get_tokenizer
     from nemo_rl.data.collate_fn import rl_collate_fn
@@ -276,8 +279,7 @@ def run_loop(tmp_path, block: dict | None) -> dict:
     from nemo_rl.utils.logger import Logger
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from nemo_rl_specdec.nemo_rl import api, run_grpo, workers
-    from loop_cpu_host import BROADCAST
+    from nemo_rl_specdec.nemo_rl import api, run_grpo
 
     cfg = _master_config(tmp_path, block)
     gen_cfg = cfg["policy"]["generation"]

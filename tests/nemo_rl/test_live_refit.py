@@ -33,6 +33,7 @@ once-only, as our own engine layer does.
 from __future__ import annotations
 
 import threading
+
 import pytest
 
 from nemo_rl_specdec.resources import asset_path
@@ -76,9 +77,8 @@ def cpu_host(nemo_rl_src, ray_local):
     """Stand-ins for the GPU-only calls (module docstring), and a CPU 'broadcast' fed by BUCKETS."""
     import os
 
-    import ray as ray_mod
-
     import nemo_rl.distributed.numa_utils as numa
+    import ray as ray_mod
     from nemo_rl.models.generation.vllm import vllm_backend
 
     from nemo_rl_specdec.nemo_rl import workers
@@ -225,7 +225,6 @@ def _refit(w, feed, weights: dict, other_engine=None) -> bool:
 
 def _batch(prompts, samples=SAMPLES):
     import torch
-
     from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 
     rows = [p for p in prompts for _ in range(samples)]
@@ -370,7 +369,7 @@ def test_das_survives_three_refits_with_every_sibling_of_every_problem(cpu_host,
                                     "token_ids": [30 + step, 31, 32, 33], "policy_version": step}] * SAMPLES)
         ref = ray.put(other)                               # the other engine: problem 2
         ok = _refit(w, cpu_host, weights,
-                    other_engine=lambda: ray.get(ex.swap.remote("engine-b", step + 1, [ref])))
+                    other_engine=lambda step=step, ref=ref: ray.get(ex.swap.remote("engine-b", step + 1, [ref])))
         assert ok is True
         state = w.specdec_report()["state"]
         assert (state["policy_version"], state["drafter_version"]) == (step + 1, step + 1)

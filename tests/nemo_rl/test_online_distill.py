@@ -39,7 +39,8 @@ TRAIN, HELD = 24, 16
 BLOCKS = {
     "draft_model": {"drafter": "draft_model", "num_speculative_tokens": 4,
                     "draft_model": {"model": str(asset_path("tiny", "draft"))}},
-    "eagle3": {"drafter": "eagle3", "num_speculative_tokens": 3, "eagle3": {"model": str(asset_path("tiny", "eagle3"))}},
+    "eagle3": {"drafter": "eagle3", "num_speculative_tokens": 3,
+               "eagle3": {"model": str(asset_path("tiny", "eagle3"))}},
 }
 DISTILL = {"lr": 1e-3, "epochs": 3}
 
@@ -107,7 +108,8 @@ class StandInPolicy:
 
         n = len(self.worker_group.workers)
         shards = [{k: v[i::n] for k, v in data.items()} for i in range(n)]
-        return ray.get([w.train.remote(s, loss_fn, eval_mode) for w, s in zip(self.worker_group.workers, shards)])
+        return ray.get([w.train.remote(s, loss_fn, eval_mode)
+                        for w, s in zip(self.worker_group.workers, shards, strict=True)])
 
 
 def _train_batch(out) -> dict:
@@ -120,7 +122,7 @@ def _train_batch(out) -> dict:
     width = int(lengths.max())
     ids = torch.zeros((len(lengths), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
-    for i, (n, g) in enumerate(zip(lengths.tolist(), gen.tolist())):
+    for i, (n, g) in enumerate(zip(lengths.tolist(), gen.tolist(), strict=True)):
         ids[i, :n] = out["output_ids"][i, :n]
         mask[i, n - g: n] = 1
     return {"input_ids": ids, "input_lengths": lengths.clone(), "token_mask": mask}
@@ -128,7 +130,6 @@ def _train_batch(out) -> dict:
 
 def _batch(problems, tok):
     import torch
-
     from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 
     from nemo_rl_specdec.demo.task import prompt_token_ids
@@ -154,13 +155,13 @@ def _generate(w, batch) -> tuple:
 def loop(request, cpu_host, tmp_path_factory):  # noqa: F811
     import ray
     from ray import cloudpickle
+    from test_live_refit import POLICY
     from transformers import AutoTokenizer
 
     from nemo_rl_specdec.config import SpecDecConfig
     from nemo_rl_specdec.demo.task import make_problems
     from nemo_rl_specdec.nemo_rl.exchange import drafter_board
     from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, wrap_policy
-    from test_live_refit import POLICY
 
     drafter = request.param
     block = {**BLOCKS[drafter], "refresh": {"mode": "online", "distill": DISTILL}}
@@ -185,7 +186,7 @@ def loop(request, cpu_host, tmp_path_factory):  # noqa: F811
         for name in ("online", "frozen"):
             assert _refit(engines[name], feed, first)
         initial = engines["online"].specdec_report()
-        for step in range(1, STEPS + 1):
+        for _step in range(1, STEPS + 1):
             out, _ = _generate(engines["online"], _batch(train, tok))
             policy.train(_train_batch(out))
             sd = ray.get(workers[0].policy_state.remote())

@@ -16,7 +16,13 @@ ALL = sorted(configs_dir().glob("*.yaml"))
 NEMO_RL_RUNS = [p for p in ALL if any(line.startswith("defaults: " + config_loader.NEMO_RL_PREFIX)
                                       for line in p.read_text().splitlines())]
 
-EXPECTED_METHOD = {"suffix": "custom_class", "ngram": "ngram", "eagle3": "eagle3", "draft_model": "draft_model", "mtp": "mtp"}
+EXPECTED_METHOD = {
+    "suffix": "custom_class",
+    "ngram": "ngram",
+    "eagle3": "eagle3",
+    "draft_model": "draft_model",
+    "mtp": "mtp",
+}
 
 
 def test_the_bundled_run_files_are_found():

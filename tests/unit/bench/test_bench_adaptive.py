@@ -9,7 +9,7 @@ RUN = "configs/tiny_cpu.yaml"
 BLOCK = "policy.generation.speculative_decoding"
 
 
-def test_defaults_cover_the_issue_matrix():
+def test_defaults_cover_the_drafter_and_regime_matrix():
     opts = _options(load_run_config(RUN, []))
     assert opts["drafters"] == ["das", "ngram", "draft_model"]
     assert opts["regimes"] == ["seqs8", "all", "2eng_length_aware"]

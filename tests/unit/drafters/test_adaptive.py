@@ -4,11 +4,11 @@ import itertools
 import numpy as np
 import pytest
 
-from nemo_rl_specdec.drafters.adaptive import batch_bin, draft_lengths, drafts_pay
+from nemo_rl_specdec.drafters.machinery.adaptive import batch_bin, draft_lengths, drafts_pay
 
 
 def _rate(gains, t0, c_tok, d):
-    committed = sum(1 + sum(np.minimum.accumulate(g)[:di]) for g, di in zip(gains, d))
+    committed = sum(1 + sum(np.minimum.accumulate(g)[:di]) for g, di in zip(gains, d, strict=True))
     return committed / (t0 + c_tok * sum(d))
 
 
@@ -25,7 +25,7 @@ def test_draft_lengths_are_the_brute_force_optimum(seed):
     d = draft_lengths(gains, t0, c_tok)
     best = max(_rate(gains, t0, c_tok, c) for c in itertools.product(*[range(len(g) + 1) for g in gains]))
     assert _rate(gains, t0, c_tok, d) == pytest.approx(best, rel=1e-12)
-    assert all(0 <= di <= len(g) for di, g in zip(d, gains))
+    assert all(0 <= di <= len(g) for di, g in zip(d, gains, strict=True))
 
 
 def test_free_drafts_are_all_taken_and_expensive_ones_none():
@@ -106,7 +106,7 @@ def test_off_steps_are_binned_by_batch_size():
 
 
 def _judge():
-    from nemo_rl_specdec.drafters.adaptive import StepJudge
+    from nemo_rl_specdec.drafters.machinery.adaptive import StepJudge
 
     j = StepJudge("test", {}, adaptive=False, auto_disable=True)
     for i in range(64):  # a planted linear step cost: 1 ms per step, 1 ms per draft token
@@ -116,7 +116,7 @@ def _judge():
 
 
 def test_a_bin_that_keeps_losing_is_skipped_but_probed_and_comes_back():
-    from nemo_rl_specdec.drafters import adaptive
+    from nemo_rl_specdec.drafters.machinery import adaptive
 
     j = _judge()
     losing, paying = [[0.01, 0.01]], [[1.0, 1.0]]

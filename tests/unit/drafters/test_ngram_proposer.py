@@ -15,8 +15,11 @@ ROW = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]  # the tail 1 2 3 was seen before: the look
 def _proposer(budget="uniform", auto_disable=True, k=4):
     from nemo_rl_specdec.drafters.ngram import NgramProposer
 
-    vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                         model_config=SimpleNamespace(max_model_len=64), scheduler_config=SimpleNamespace(max_num_seqs=8))
+    vc = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=64),
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+    )
     p = NgramProposer(vc)
     p.specdec_attach(SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a"])),
                      {"ngram": {"backend": "specdec", "prompt_lookup_min": 2, "prompt_lookup_max": 3},
@@ -104,7 +107,7 @@ def test_cheap_drafts_are_all_kept():
 
 
 def test_a_batch_size_that_keeps_losing_skips_the_lookup(monkeypatch):
-    from nemo_rl_specdec.drafters import adaptive
+    from nemo_rl_specdec.drafters.machinery import adaptive
 
     p = _proposer()
     _plant(p, c_base=1e-3, c_tok=1e-3)

@@ -6,9 +6,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import api, extension
-
 from fakes import (  # noqa: E402
     FAKE_RUN_GRPO,
     NEMO_RL_INSTALLED,
@@ -19,6 +16,8 @@ from fakes import (  # noqa: E402
     stand_in_module,
     write_file,
 )
+
+from nemo_rl_specdec.nemo_rl import api, extension
 
 
 @pytest.fixture
@@ -42,11 +41,13 @@ def fake_nemo_rl(monkeypatch, tmp_path):
     for fqn, cls in STAND_INS.items():
         mod, name = api.split_fqn(fqn)
         setattr(mods[mod], name, cls)
-    mods["nemo_rl.models.generation.vllm.vllm_generation"].resolve_generation_worker_cls = lambda default_cls, config: default_cls
+    mods["nemo_rl.models.generation.vllm.vllm_generation"].resolve_generation_worker_cls = \
+        lambda default_cls, config: default_cls
     mods["nemo_rl.models.generation"].configure_generation_config = fake_configure_generation_config
     mods["nemo_rl.distributed.worker_group_utils"].get_nsight_config_if_pattern_matches = lambda worker_name: {}
     mods["nemo_rl.distributed.ray_actor_environment_registry"].ACTOR_ENVIRONMENT_REGISTRY = {
-        api.SYNC_WORKER: "uv run --locked --extra vllm --directory /nrl", api.ASYNC_WORKER: "uv run --locked --extra vllm --directory /nrl"}
+        api.SYNC_WORKER: "uv run --locked --extra vllm --directory /nrl",
+        api.ASYNC_WORKER: "uv run --locked --extra vllm --directory /nrl"}
     mods["nemo_rl.utils.venvs"].DEFAULT_VENV_DIR = str(tmp_path / "venvs")
     # the worker venv NeMo-RL would start its vLLM workers with: this Python (the preflight runs in it)
     mods["nemo_rl.distributed.ray_actor_environment_registry"].get_actor_python_env = lambda fqn: sys.executable
@@ -55,7 +56,8 @@ def fake_nemo_rl(monkeypatch, tmp_path):
     root = tmp_path / "nemo-rl"
     write_file(root / "examples" / "run_grpo.py", FAKE_RUN_GRPO)
     write_file(root / "examples" / "configs" / "grpo_math_1B.yaml",
-           "policy:\n  model_name: base\n  precision: bfloat16\n  generation:\n    backend: vllm\n    temperature: 1.0\n"
+           "policy:\n  model_name: base\n  precision: bfloat16\n"
+           "  generation:\n    backend: vllm\n    temperature: 1.0\n"
            "    vllm_kwargs: {}\n    vllm_cfg: {async_engine: false}\n")
     monkeypatch.setenv("NEMO_RL_ROOT", str(root))
     monkeypatch.setenv("FAKE_RUN_GRPO_OUT", str(tmp_path / "run_out.json"))

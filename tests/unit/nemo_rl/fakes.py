@@ -178,7 +178,7 @@ def fake_generate_rows(data) -> dict:
     """Deterministic 'generation': each prompt yields (sum(prompt) % 5) + 1 tokens."""
     ids, lens = np.asarray(data["input_ids"]), np.asarray(data["input_lengths"])
     rows, gl = [], []
-    for row, n in zip(ids, lens):
+    for row, n in zip(ids, lens, strict=True):
         prompt = [int(t) for t in row[:n]]
         g = sum(prompt) % 5 + 1
         rows.append(prompt + [100 + t for t in range(g)])
@@ -203,7 +203,8 @@ class FakeBatchedDataDict(dict):
             vals = [np.asarray(b[k]) for b in batches]
             if vals[0].ndim == 2:
                 width = max(v.shape[1] for v in vals)
-                vals = [np.pad(v, ((0, 0), (0, width - v.shape[1])), constant_values=pad_value_dict.get(k, 0)) for v in vals]
+                vals = [np.pad(v, ((0, 0), (0, width - v.shape[1])), constant_values=pad_value_dict.get(k, 0))
+                        for v in vals]
             out[k] = np.concatenate(vals)
         return out
 
@@ -243,7 +244,7 @@ class FakeGenerationWorkerImpl:
         import vllm
 
         prompts = [{"prompt_token_ids": [int(t) for t in row[:n]]}
-                   for row, n in zip(np.asarray(data["input_ids"]), np.asarray(data["input_lengths"]))]
+                   for row, n in zip(np.asarray(data["input_ids"]), np.asarray(data["input_lengths"]), strict=True)]
         self.llm.generate(prompts, vllm.SamplingParams(temperature=1.0, max_tokens=8), use_tqdm=False)
         return FakeBatchedDataDict(fake_generate_rows(data))
 
@@ -327,7 +328,8 @@ class FakeWorkerGroup:
                                      output_is_replicated=None, make_dummy_calls_to_free_axes=False,
                                      common_kwargs=None, **kwargs):
         self.calls.append([np.asarray(d["input_ids"]).tolist() for d in kwargs["data"]])
-        return [getattr(e, method_name)(d, **(common_kwargs or {})) for e, d in zip(self.engines, kwargs["data"])]
+        return [getattr(e, method_name)(d, **(common_kwargs or {}))
+                for e, d in zip(self.engines, kwargs["data"], strict=True)]
 
     def get_all_worker_results(self, future_bundle, return_generators_as_proxies=False):
         return future_bundle
@@ -373,7 +375,8 @@ class FakeVllmGeneration:
             size = base + (1 if j < extra else 0)
             shards.append(data.select_indices(range(start, start + size)))
             start += size
-        results = self.worker_group.run_all_workers_sharded_data("generate", data=shards, common_kwargs={"greedy": greedy})
+        results = self.worker_group.run_all_workers_sharded_data("generate", data=shards,
+                                                                 common_kwargs={"greedy": greedy})
         return FakeBatchedDataDict.from_batches(results, pad_value_dict={"output_ids": self.cfg["_pad_token_id"]})
 
     async def generate_async(self, data, greedy=False):
@@ -460,7 +463,8 @@ STAND_INS = {
     "nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorkerImpl": FakeGenerationWorkerImpl,
     "nemo_rl.models.generation.vllm.vllm_worker_async.VllmAsyncGenerationWorkerImpl": FakeAsyncGenerationWorkerImpl,
     "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension": FakeHostExtension,
-    "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine": FakeHostExtensionWithCheckpointEngine,
+    "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine":
+        FakeHostExtensionWithCheckpointEngine,
 }
 
 

@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import api
-
 from fakes import (  # noqa: E402
     NEMO_RL_INSTALLED,
     REPO,
 )
+
+from nemo_rl_specdec.nemo_rl import api
 
 ADAPTER = REPO / "nemo_rl_specdec" / "nemo_rl"
 
@@ -39,7 +38,8 @@ def test_building_a_class_without_nemo_rl_says_how_to_install():
 
 
 def _string_constants(path: Path) -> set[str]:
-    return {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return {n.value for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
 def test_no_nemo_rl_import_or_name_bypasses_api_py():
@@ -57,12 +57,16 @@ def test_no_nemo_rl_import_or_name_bypasses_api_py():
 
 
 SUBCLASSES = {
-    ("workers.py", "SpecDecVllmGenerationWorkerImpl"): "nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorkerImpl",
-    ("workers.py", "SpecDecVllmAsyncGenerationWorkerImpl"): "nemo_rl.models.generation.vllm.vllm_worker_async.VllmAsyncGenerationWorkerImpl",
+    ("workers.py", "SpecDecVllmGenerationWorkerImpl"):
+        "nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorkerImpl",
+    ("workers.py", "SpecDecVllmAsyncGenerationWorkerImpl"):
+        "nemo_rl.models.generation.vllm.vllm_worker_async.VllmAsyncGenerationWorkerImpl",
     ("generation.py", "SpecDecVllmGeneration"): "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration",
     ("extension.py", "SpecDecHostHooks"): "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtension",
-    ("extension.py", "SpecDecCheckpointEngineHooks"): "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine",
-    ("policy_workers.py", "SpecDecDistillMixin"): "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2Impl",
+    ("extension.py", "SpecDecCheckpointEngineHooks"):
+        "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorkerExtensionWithCheckpointEngine",
+    ("policy_workers.py", "SpecDecDistillMixin"):
+        "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2Impl",
 }
 
 
@@ -79,5 +83,5 @@ def test_every_class_the_adapter_defines_is_accounted_for():
     nemo_rl_free = {("api.py", "NeMoRLMissing"), ("api.py", "UnsupportedNeMoRL"), ("exchange.py", "RolloutExchange"),
                     ("exchange.py", "DrafterBoard"),
                     ("config_loader.py", "Composed"), ("payload.py", "RolloutStash"),
-                    ("metrics.py", "AcceptanceByLag")}
+                    ("metrics.py", "AcceptanceByLag"), ("launch_errors.py", "LaunchError")}
     assert found == set(SUBCLASSES) | OWN_MIXINS | nemo_rl_free

@@ -10,10 +10,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from nemo_rl_specdec.nemo_rl import extension, payload
-from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
-
 from fakes import (  # noqa: E402
     FakeHostExtension,
     FakeHostExtensionWithCheckpointEngine,
@@ -21,6 +17,9 @@ from fakes import (  # noqa: E402
     make_engine_worker,
     spec,
 )
+
+from nemo_rl_specdec.nemo_rl import extension, payload
+from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
 
 
 def test_composite_mro_puts_our_hooks_before_the_host_and_the_engine_mixin_after():
@@ -41,7 +40,8 @@ def test_refit_applies_the_staged_update_in_the_same_rpc_after_the_host_loaded(r
     assert w.update_weights_from_collective() is True
     assert w.log == ["host_load", "host_load", "specdec_after_policy_weights"]
     (tag, names, version, weights, got), = w.calls
-    assert (tag, names, version, weights) == ("after", ["model.layers.0.w", "lm_head.weight", "draft.fc.weight"], 1, None)
+    assert (tag, names, version, weights) == ("after", ["model.layers.0.w", "lm_head.weight", "draft.fc.weight"],
+                                              1, None)
     assert [(r.problem_id, r.token_ids.tolist()) for r in got] == [("p", [2])]
     rep = w.specdec_report()
     assert rep["state"]["policy_version"] == 1 and rep["updates"] == 1
@@ -274,7 +274,8 @@ def test_drafter_lookup_falls_back_to_the_model_runner_v2_speculator():
     v1 = _Model()
     w.model_runner = SimpleNamespace(drafter=SimpleNamespace(model=v1), speculator=SimpleNamespace(model=eagle))
     assert w._get_drafter_model() is v1
-    assert extension.find_drafter_model(SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace()))) is None
+    runner = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace()))
+    assert extension.find_drafter_model(runner) is None
 
     class WorkerWithGetter:
         def get_draft_model(self):

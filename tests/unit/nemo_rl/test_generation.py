@@ -5,9 +5,6 @@ import asyncio
 
 import numpy as np
 import pytest
-
-from nemo_rl_specdec.nemo_rl import payload
-
 from fakes import (  # noqa: E402
     FakeEngine,
     FakeVllmGeneration,
@@ -15,6 +12,8 @@ from fakes import (  # noqa: E402
     nrl_step,
     worker_cfg,
 )
+
+from nemo_rl_specdec.nemo_rl import payload
 
 
 def generation_cfg(placement="length_aware"):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import sys
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import launch_errors, run_grpo
-
 from fakes import write_file  # noqa: E402
 from test_run_grpo import GOOD_RUN, POLICY  # noqa: E402
+
+from nemo_rl_specdec.nemo_rl import launch_errors, run_grpo
 
 
 def _launch(fake_nemo_rl, tmp_path, monkeypatch, capsys, run_text=GOOD_RUN, *overrides):
@@ -29,7 +28,8 @@ def _launch(fake_nemo_rl, tmp_path, monkeypatch, capsys, run_text=GOOD_RUN, *ove
 @pytest.mark.parametrize("raise_line, expected", [
     ("assert False, 'transformers 5.19.0 detected. The patch was written for <5.12.'",
      "NeMo-RL's import-time check at"),
-    ("import some_optional_package_nemo_rl_needs", "the package `some_optional_package_nemo_rl_needs` is not installed"),
+    ("import some_optional_package_nemo_rl_needs",
+     "the package `some_optional_package_nemo_rl_needs` is not installed"),
 ])
 def test_an_import_failure_inside_nemo_rl_is_one_line_exit_1_nothing_written(
         fake_nemo_rl, tmp_path, monkeypatch, capsys, raise_line, expected):
@@ -47,9 +47,11 @@ def test_unreachable_weights_are_one_line_exit_1_nothing_written(fake_nemo_rl, t
     import huggingface_hub.constants as hub_constants
 
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
-    code, err, written = _launch(fake_nemo_rl, tmp_path, monkeypatch, capsys, GOOD_RUN.replace(POLICY, "Org/NoSuchModel"))
+    code, err, written = _launch(fake_nemo_rl, tmp_path, monkeypatch, capsys,
+                                 GOOD_RUN.replace(POLICY, "Org/NoSuchModel"))
     assert code == 1 and written == [] and not fake_nemo_rl.out.exists()
-    assert len(err) == 1 and err[0].startswith("error: policy.model_name=Org/NoSuchModel: its weights are not reachable")
+    assert len(err) == 1
+    assert err[0].startswith("error: policy.model_name=Org/NoSuchModel: its weights are not reachable")
     assert "huggingface-cli download Org/NoSuchModel" in err[0]
     code, err, _ = _launch(fake_nemo_rl, tmp_path / "b", monkeypatch, capsys, GOOD_RUN.replace(POLICY, "/no/such/dir"))
     assert code == 1 and err == ["error: policy.model_name=/no/such/dir: no such directory: point it at a model "

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import metrics
-
 from fakes import (  # noqa: E402
     nrl_step,
 )
 
+from nemo_rl_specdec.nemo_rl import metrics
 
-def report(pv, dv, refresh=None, applied=None, disabled=False, engine_metrics=None, ranks_agree=True, staged=0, dropped=0):
+
+def report(pv, dv, refresh=None, applied=None, disabled=False, engine_metrics=None, ranks_agree=True, staged=0,
+           dropped=0):
     last = None if refresh is None else {"refresh_s": refresh, "drafter_tensors_applied": applied}
     state = {"policy_version": pv, "drafter_version": dv, "disabled": disabled}
     if engine_metrics:
@@ -35,7 +35,8 @@ def test_version_metrics():
     assert metrics.version_metrics([legacy])["specdec/tensors_applied"] == 7.0
     same = metrics.version_metrics([report(3, 3), report(3, 3)])
     assert same["specdec/engines_in_lockstep"] == 1.0 and "specdec/refresh_s" not in same
-    assert metrics.version_metrics([report(3, 3), report(3, 3, ranks_agree=False)])["specdec/engines_in_lockstep"] == 0.0
+    out = metrics.version_metrics([report(3, 3), report(3, 3, ranks_agree=False)])
+    assert out["specdec/engines_in_lockstep"] == 0.0
     assert metrics.version_metrics([report(3, 3, disabled=True)])["specdec/disabled_engines"] == 1.0
 
 

@@ -3,10 +3,6 @@ policy workers (what a policy must be, the mixin on a stand-in worker)."""
 from __future__ import annotations
 
 import pytest
-
-from nemo_rl_specdec.config import ConfigError
-from nemo_rl_specdec.nemo_rl import metrics, translate
-
 from fakes import (  # noqa: E402
     gen_cfg,
     run_dict,
@@ -14,12 +10,17 @@ from fakes import (  # noqa: E402
     worker_cfg,
 )
 
+from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.nemo_rl import metrics, translate
+
 
 @pytest.mark.parametrize("policy, match", [
     ({"megatron_cfg": {"enabled": True}}, r"refresh\.mode: got 'online' with policy\.megatron_cfg\.enabled=true"),
     ({"dtensor_cfg": {"enabled": False}}, r"policy\.dtensor_cfg\.enabled: got false"),
-    ({"dtensor_cfg": {"enabled": True, "tensor_parallel_size": 2}}, r"policy\.dtensor_cfg\.tensor_parallel_size: got 2"),
-    ({"dtensor_cfg": {"enabled": True, "context_parallel_size": 4}}, r"policy\.dtensor_cfg\.context_parallel_size: got 4"),
+    ({"dtensor_cfg": {"enabled": True, "tensor_parallel_size": 2}},
+     r"policy\.dtensor_cfg\.tensor_parallel_size: got 2"),
+    ({"dtensor_cfg": {"enabled": True, "context_parallel_size": 4}},
+     r"policy\.dtensor_cfg\.context_parallel_size: got 4"),
 ])
 def test_online_distillation_needs_a_data_parallel_dtensor_policy(policy, match):
     g = gen_cfg(drafter="eagle3", eagle3={"model": "/ckpt/head"})
@@ -29,8 +30,10 @@ def test_online_distillation_needs_a_data_parallel_dtensor_policy(policy, match)
     assert translate.distills_in_policy(g, ok)
     # frozen drafters and a trainer-streamed Eagle head distil nothing, whatever the backend
     frozen = gen_cfg(drafter="eagle3", eagle3={"model": "/ckpt/head"}, refresh={"mode": "frozen"})
-    assert not translate.distills_in_policy(frozen, translate.check_run(run_dict(frozen, megatron_cfg={"enabled": True})))
-    assert not translate.distills_in_policy(g, spec(drafter="eagle3", eagle3={"model": "/h"}), trainer_exports_draft=True)
+    assert not translate.distills_in_policy(frozen,
+                                            translate.check_run(run_dict(frozen, megatron_cfg={"enabled": True})))
+    assert not translate.distills_in_policy(g, spec(drafter="eagle3", eagle3={"model": "/h"}),
+                                            trainer_exports_draft=True)
 
 
 def test_rollouts_from_nemo_rl_s_training_batch():

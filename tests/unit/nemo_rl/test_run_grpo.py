@@ -9,10 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from nemo_rl_specdec.nemo_rl import api, run_grpo, translate
-from nemo_rl_specdec.resources import asset_path
-
 from fakes import (  # noqa: E402
     NEMO_RL_INSTALLED,
     REPO,
@@ -22,6 +18,9 @@ from fakes import (  # noqa: E402
     gen_cfg,
     write_file,
 )
+
+from nemo_rl_specdec.nemo_rl import api, run_grpo, translate
+from nemo_rl_specdec.resources import asset_path
 
 POLICY = str(asset_path("tiny", "policy"))
 GOOD_RUN = f"""defaults: nemo_rl:examples/configs/grpo_math_1B.yaml
@@ -49,7 +48,8 @@ def test_run_grpo_installs_the_substitutions_and_calls_nemo_rls_main(fake_nemo_r
     assert out["overrides"] == ["grpo.max_num_steps=2"]
     assert Path(out["argv"][1]).name == "composed_run.yaml"          # NeMo-RL base merged in
     gen = out["generation"]
-    assert gen["vllm_kwargs"]["speculative_config"] == {"method": "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer",
+    assert gen["vllm_kwargs"]["speculative_config"] == {"method": "custom_class",
+                                                        "model": "nemo_rl_specdec.drafters.suffix.DASProposer",
                                                         "num_speculative_tokens": 6}
     assert gen["vllm_cfg"]["load_format"] == "dummy"                 # no full load from disk for the suffix drafter
     assert out["worker"] == translate.OUR_SYNC_WORKER
@@ -76,7 +76,8 @@ def test_install_and_uninstall(fake_nemo_rl):
     run_grpo.uninstall(undo)
     assert mods["nemo_rl.algorithms.grpo"].VllmGeneration is FakeVllmGeneration
     assert script.configure_generation_config is fake_configure_generation_config
-    assert translate.OUR_SYNC_WORKER not in mods["nemo_rl.distributed.ray_actor_environment_registry"].ACTOR_ENVIRONMENT_REGISTRY
+    registry = mods["nemo_rl.distributed.ray_actor_environment_registry"].ACTOR_ENVIRONMENT_REGISTRY
+    assert translate.OUR_SYNC_WORKER not in registry
 
 
 def test_install_refuses_a_nemo_rl_without_a_needed_hook_and_patches_nothing(fake_nemo_rl, monkeypatch):
@@ -85,11 +86,13 @@ def test_install_refuses_a_nemo_rl_without_a_needed_hook_and_patches_nothing(fak
     monkeypatch.delattr(grpo, "validate")
     resolver = mods["nemo_rl.models.generation.vllm.vllm_generation"].resolve_generation_worker_cls
     env = {}
-    with pytest.raises(api.UnsupportedNeMoRL, match=r"(?s)grpo\.validate.*validation rollouts.*Supported: NeMo-RL v0\.7\.0"):
+    with pytest.raises(api.UnsupportedNeMoRL,
+                       match=r"(?s)grpo\.validate.*validation rollouts.*Supported: NeMo-RL v0\.7\.0"):
         run_grpo.install(env, gen_cfg(drafter="suffix"))
     assert env == {} and grpo.VllmGeneration is FakeVllmGeneration
     assert mods["nemo_rl.models.generation.vllm.vllm_generation"].resolve_generation_worker_cls is resolver
-    assert translate.OUR_SYNC_WORKER not in mods["nemo_rl.distributed.ray_actor_environment_registry"].ACTOR_ENVIRONMENT_REGISTRY
+    registry = mods["nemo_rl.distributed.ray_actor_environment_registry"].ACTOR_ENVIRONMENT_REGISTRY
+    assert translate.OUR_SYNC_WORKER not in registry
 
 
 def test_support_needs_only_the_routes_a_run_uses(fake_nemo_rl, monkeypatch):
@@ -160,7 +163,8 @@ def test_run_grpo_rejects_a_bad_block_with_exit_2_before_nemo_rl(tmp_path, capsy
 
 def test_run_grpo_reports_refresh_conflicts_with_exit_2(tmp_path, capsys):
     standalone = GOOD_RUN.split("\n", 1)[1]  # no NeMo-RL parent: the whole run is checked
-    run = write_file(tmp_path / "run.yaml", standalone.replace("drafter: suffix", "drafter: mtp\n      refresh: {mode: refit}"))
+    run = write_file(tmp_path / "run.yaml",
+                     standalone.replace("drafter: suffix", "drafter: mtp\n      refresh: {mode: refit}"))
     assert run_grpo.main(["--config", str(run)]) == 2
     err = capsys.readouterr().err
     assert "speculative_decoding.refresh.mode: got 'refit'" in err and "mtp_num_layers > 0" in err

@@ -4,16 +4,15 @@ the worker / extension classes chosen."""
 from __future__ import annotations
 
 import pytest
-
-from nemo_rl_specdec.config import ConfigError, to_vllm_speculative_config
-from nemo_rl_specdec.nemo_rl import api, translate
-
 from fakes import (  # noqa: E402
     REPO,
     gen_cfg,
     run_dict,
     spec,
 )
+
+from nemo_rl_specdec.config import ConfigError, to_vllm_speculative_config
+from nemo_rl_specdec.nemo_rl import api, translate
 
 
 def test_validate_block_names_the_key_path():
@@ -37,7 +36,8 @@ def test_validate_block_ignores_nemo_rl_values_outside_the_block_but_catches_a_m
 def test_nemo_rl_refuses_settings_it_cannot_honour():
     """A model drafter cannot be dropped from NeMo-RL's running engine (no silent 'disable');
     vLLM needs the k-by-batch-size schedule to start at batch size 1."""
-    with pytest.raises(ConfigError, match=r"on_refresh_error: got 'disable' with drafter='eagle3'.*allowed here: 'raise'"):
+    with pytest.raises(ConfigError,
+                       match=r"on_refresh_error: got 'disable' with drafter='eagle3'.*allowed here: 'raise'"):
         translate.check_run(run_dict(gen_cfg(drafter="eagle3", eagle3={"model": "e"}, refresh={"mode": "frozen"},
                                              on_refresh_error="disable")))
     assert translate.check_run(run_dict(gen_cfg(drafter="suffix", on_refresh_error="disable"))) is not None
@@ -91,9 +91,12 @@ def test_drafter_weight_source(block, exports, trains_mtp, source):
 
 @pytest.mark.parametrize("block, exports, trains_mtp, match", [
     ({"drafter": "mtp", "refresh": {"mode": "refit"}}, False, False, "mtp_num_layers > 0"),
-    ({"drafter": "eagle3", "eagle3": {"model": "e"}, "refresh": {"mode": "refit"}}, False, False, "policy.draft.enabled=true"),
-    ({"drafter": "draft_model", "draft_model": {"model": "d"}, "refresh": {"mode": "refit"}}, False, False, "trains no external draft model"),
-    ({"drafter": "eagle3", "eagle3": {"model": "e"}, "refresh": {"mode": "frozen"}}, True, False, "stream new drafter weights"),
+    ({"drafter": "eagle3", "eagle3": {"model": "e"}, "refresh": {"mode": "refit"}}, False, False,
+     "policy.draft.enabled=true"),
+    ({"drafter": "draft_model", "draft_model": {"model": "d"}, "refresh": {"mode": "refit"}}, False, False,
+     "trains no external draft model"),
+    ({"drafter": "eagle3", "eagle3": {"model": "e"}, "refresh": {"mode": "frozen"}}, True, False,
+     "stream new drafter weights"),
     ({"drafter": "mtp", "refresh": {"mode": "frozen"}}, False, True, "stream new drafter weights"),
     ({"drafter": "mtp", "refresh": {"mode": "online"}}, False, False, "allowed here: 'frozen'"),
 ])
@@ -142,7 +145,8 @@ def test_check_run_rejects_incompatible_generation_settings():
 
 def test_check_run_accepts_a_hand_written_copy_identical_to_the_translation():
     g = gen_cfg(drafter="ngram", num_speculative_tokens=4)
-    g["vllm_kwargs"] = {"speculative_config": to_vllm_speculative_config(spec(drafter="ngram", num_speculative_tokens=4), 1.0)}
+    sc = to_vllm_speculative_config(spec(drafter="ngram", num_speculative_tokens=4), 1.0)
+    g["vllm_kwargs"] = {"speculative_config": sc}
     assert translate.check_run(run_dict(g)).drafter == "ngram"
     assert translate.check_run(run_dict({"speculative_decoding": {"enabled": False}})) is None
 
@@ -156,7 +160,8 @@ def test_check_run_accepts_a_hand_written_copy_identical_to_the_translation():
     ({"drafter": "mtp", "refresh": {"mode": "frozen"}}, False, False, "mtp", False),
     ({"drafter": "mtp"}, False, True, "mtp", True),
 ])
-def test_apply_to_generation_config_writes_speculative_config_and_the_load_decision(block, exports, trains_mtp, method, has_refit):
+def test_apply_to_generation_config_writes_speculative_config_and_the_load_decision(block, exports, trains_mtp, method,
+                                                                                    has_refit):
     g = gen_cfg(**block)
     g["vllm_kwargs"] = {"enable_chunked_prefill": True}
     out, refit = translate.apply_to_generation_config(g, exports, trains_mtp)
@@ -182,8 +187,10 @@ def test_apply_to_generation_config_leaves_a_run_without_the_block_alone():
 def test_select_worker_fqn_substitutes_only_when_enabled():
     original = lambda default_cls, config: "ORIGINAL:" + default_cls  # noqa: E731
     assert translate.select_worker_fqn(api.SYNC_WORKER, gen_cfg(drafter="ngram"), original) == translate.OUR_SYNC_WORKER
-    assert translate.select_worker_fqn(api.ASYNC_WORKER, gen_cfg(drafter="ngram"), original) == translate.OUR_ASYNC_WORKER
-    assert translate.select_worker_fqn(api.SYNC_WORKER, {"speculative_decoding": {"enabled": False}}, original) == "ORIGINAL:" + api.SYNC_WORKER
+    assert (translate.select_worker_fqn(api.ASYNC_WORKER, gen_cfg(drafter="ngram"), original)
+            == translate.OUR_ASYNC_WORKER)
+    assert (translate.select_worker_fqn(api.SYNC_WORKER, {"speculative_decoding": {"enabled": False}}, original)
+            == "ORIGINAL:" + api.SYNC_WORKER)
     with pytest.raises(RuntimeError, match="does not know"):
         translate.select_worker_fqn("nemo_rl.x.Other", gen_cfg(drafter="ngram"), original)
     g = gen_cfg(drafter="ngram")
@@ -225,13 +232,16 @@ def test_worker_python_env_reuses_nemo_rl_venv(monkeypatch):
     monkeypatch.delenv("NEMO_RL_SPECDEC_WORKER_PYTHON", raising=False)
     uv = "uv run --locked --extra vllm --directory /nrl"
     have = {"/venvs/" + api.SYNC_WORKER + "/bin/python"}
-    assert translate.worker_python_env(uv, api.SYNC_WORKER, "/venvs", have.__contains__) == "/venvs/" + api.SYNC_WORKER + "/bin/python"
+    assert (translate.worker_python_env(uv, api.SYNC_WORKER, "/venvs", have.__contains__)
+            == "/venvs/" + api.SYNC_WORKER + "/bin/python")
     assert translate.worker_python_env(uv, api.ASYNC_WORKER, "/venvs", have.__contains__) == uv
-    assert translate.worker_python_env("/usr/bin/python3", api.SYNC_WORKER, "/venvs", have.__contains__) == "/usr/bin/python3"
+    assert (translate.worker_python_env("/usr/bin/python3", api.SYNC_WORKER, "/venvs", have.__contains__)
+            == "/usr/bin/python3")
     monkeypatch.setenv("NEMO_RL_SPECDEC_WORKER_PYTHON", "/opt/py")
     assert translate.worker_python_env(uv, api.SYNC_WORKER, "/venvs") == "/opt/py"
     monkeypatch.delenv("NEMO_RL_SPECDEC_WORKER_PYTHON")
     reg = {api.SYNC_WORKER: "/py", api.ASYNC_WORKER: "/py2"}
-    assert translate.registry_entries(reg, None) == {translate.OUR_SYNC_WORKER: "/py", translate.OUR_ASYNC_WORKER: "/py2"}
+    want = {translate.OUR_SYNC_WORKER: "/py", translate.OUR_ASYNC_WORKER: "/py2"}
+    assert translate.registry_entries(reg, None) == want
     with pytest.raises(RuntimeError, match="no entry"):
         translate.registry_entries({api.SYNC_WORKER: "/py"}, None)

@@ -8,10 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
-from nemo_rl_specdec.nemo_rl import api, payload, translate
-from nemo_rl_specdec.rollouts import problem_id
-
 from fakes import (  # noqa: E402
     FakeBatchedDataDict,
     FakeGenerationWorkerImpl,
@@ -19,6 +15,9 @@ from fakes import (  # noqa: E402
     spec,
     worker_cfg,
 )
+
+from nemo_rl_specdec.nemo_rl import api, payload, translate
+from nemo_rl_specdec.rollouts import problem_id
 
 
 def test_sync_worker_injects_extension_stages_rollouts_and_versions_refits(fake_nemo_rl, exchange):
@@ -32,7 +31,8 @@ def test_sync_worker_injects_extension_stages_rollouts_and_versions_refits(fake_
     assert w.extra_env_vars == ["VLLM_QUANT_CFG", "PYTHONPATH"]
     w.post_init()
     other.post_init()
-    assert w.post_init_done and all(r.calls[0] == ("init", spec(drafter="suffix").model_dump(mode="json")) for r in w.llm.ranks)
+    assert w.post_init_done
+    assert all(r.calls[0] == ("init", spec(drafter="suffix").model_dump(mode="json")) for r in w.llm.ranks)
 
     data = batch([[1, 2, 3], [4, 5]])
     data[payload.BUDGET_KEY] = np.array([3, -1])
@@ -50,7 +50,8 @@ def test_sync_worker_injects_extension_stages_rollouts_and_versions_refits(fake_
 
     # both engines refit (collectively, as NeMo-RL does): each gets the whole step
     results = {}
-    t = __import__("threading").Thread(target=lambda: results.setdefault("other", other.update_weights_from_collective()))
+    t = __import__("threading").Thread(
+        target=lambda: results.setdefault("other", other.update_weights_from_collective()))
     t.start()
     assert w.update_weights_from_collective() is True
     t.join(30)
@@ -119,7 +120,8 @@ def test_worker_refreshes_every_n_steps_and_refuses_a_drafter_past_max_policy_la
         worker_cfg(exchange, drafter="suffix", refresh={"mode": "rebuild", "max_policy_lag": 0}), bundle_indices=[0])
     strict.post_init()
     strict._specdec_engine_state = {"policy_version": 3, "drafter_version": 1}
-    with pytest.raises(StaleDrafterError, match=r"policy_version=3 drafter_version=1 \(lag 2 > refresh.max_policy_lag=0"):
+    with pytest.raises(StaleDrafterError,
+                       match=r"policy_version=3 drafter_version=1 \(lag 2 > refresh.max_policy_lag=0"):
         strict.generate(batch([[1, 2]]))
 
 
@@ -211,7 +213,8 @@ def test_a_batch_the_worker_cannot_record_fails_the_next_refit_by_name(fake_nemo
     out = w.generate(bad)
     assert out["generation_lengths"].tolist()  # the generation itself is returned
     w._specdec_observe(FakeBatchedDataDict({"input_ids": bad["input_ids"]}), out)  # no input_lengths
-    with pytest.raises(RolloutError, match=r"1 generation batch\(es\) .* could not be recorded .*KeyError: 'input_lengths'"):
+    with pytest.raises(RolloutError,
+                       match=r"1 generation batch\(es\) .* could not be recorded .*KeyError: 'input_lengths'"):
         w.update_weights_from_collective()
 
 

@@ -156,7 +156,8 @@ def test_a_scenario_on_a_hardware_profile_prices_steps_as_the_benches_do(h100):
     from nemo_rl_specdec.sim.scenario import ScenarioError, validate_scenario
 
     base = {"hardware_profile": "h100_qwen3_8b", "hardware": {"max_num_seqs": 64},
-            "acceptance": {"mean_accepted_length": 2.3, "measured_at_k": 3}, "speculation": {"k": 3}}
+            "acceptance": {"mean_accepted_length": 2.3, "measured_at_k": 3},
+            "speculation": {"num_speculative_tokens": 3}}
     for entry, name in (("eagle3", "eagle3"), ("das", "suffix"), ("dflash", "dflash")):
         sc = validate_scenario({**base, "drafter": {"name": name, "profile_entry": entry}})
         sim, priced = CostModel.from_scenario(sc), h100.cost_model(entry)

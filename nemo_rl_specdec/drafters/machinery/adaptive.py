@@ -9,7 +9,7 @@ drafts, and costs
     t = t0 + c_tok * (draft tokens verified)
 
 with t0 the step's time without drafts and c_tok the cost of one more verified token, both from
-the engine's online step-cost fit (`drafters/step_cost.py`). `draft_lengths` chooses the d_i
+the engine's online step-cost fit (`drafters/machinery/step_cost.py`). `draft_lengths` chooses the d_i
 that maximise committed tokens per second of the step:
 
     max  sum_i (1 + sum_{j <= d_i} g_ij)  /  (t0 + c_tok * sum_i d_i)
@@ -43,11 +43,10 @@ steps costs its per-request time and delays the requests queued behind it.
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import numpy as np
 
-from nemo_rl_specdec.drafters.step_cost import StepCostFit
+from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -73,7 +72,7 @@ def gain_matrix(gains) -> tuple[np.ndarray, int]:
     return np.minimum.accumulate(a, axis=1) if a.size else a, int(real.sum())
 
 
-def _check(gains, t0: float, c_tok: float, requests: Optional[int]) -> int:
+def _check(gains, t0: float, c_tok: float, requests: int | None) -> int:
     if not t0 > 0 or not c_tok >= 0:
         raise ValueError(f"step cost: need t0 > 0 and c_tok >= 0, got t0={t0!r}, c_tok={c_tok!r}")
     if requests is None:
@@ -83,7 +82,7 @@ def _check(gains, t0: float, c_tok: float, requests: Optional[int]) -> int:
     return int(requests)
 
 
-def draft_lengths(gains, t0: float, c_tok: float, requests: Optional[int] = None) -> list[int]:
+def draft_lengths(gains, t0: float, c_tok: float, requests: int | None = None) -> list[int]:
     """Draft tokens to verify per request (a prefix of each request's draft; see module doc).
     gains[i][j]: probability that request i's draft token j + 1 is accepted (rows of any length,
     or a NaN-padded 2-D array); t0 > 0 seconds: the step without drafts; c_tok >= 0 seconds per
@@ -105,7 +104,7 @@ def draft_lengths(gains, t0: float, c_tok: float, requests: Optional[int] = None
     return np.bincount(row[order[:m]], minlength=rows_n).tolist()
 
 
-def drafts_pay(gains, t0: float, c_tok: float, requests: Optional[int] = None) -> bool:
+def drafts_pay(gains, t0: float, c_tok: float, requests: int | None = None) -> bool:
     """Whether verifying every draft of the step commits more tokens per second than verifying
     none (arguments as for `draft_lengths`)."""
     n = _check(gains, t0, c_tok, requests)
@@ -136,7 +135,7 @@ class StepJudge:
                 counters.setdefault(f"{rule}_{what}", 0)
         self.fit = StepCostFit()
         self.off_by_batch: dict = {}  # steps the rule turned speculation off, by batch-size bin
-        self._last: Optional[tuple] = None  # (start time, requests, verified tokens, context) of the last call
+        self._last: tuple | None = None  # (start time, requests, verified tokens, context) of the last call
         self._drafting = True  # whether the last judged step drafted (switches are logged)
         self._unfit_warned = False
         self._streak: dict = {}  # batch-size bin -> judged steps in a row that kept no draft
@@ -147,7 +146,7 @@ class StepJudge:
     def active(self) -> bool:
         return self.adaptive or self.auto_disable
 
-    def choose(self, gains, lengths: list, requests: int, ctx_sum: int) -> Optional[list]:
+    def choose(self, gains, lengths: list, requests: int, ctx_sum: int) -> list | None:
         """Draft tokens to keep of each pending draft (`lengths` tokens each; `gains` their calibrated
         acceptance, a NaN-padded matrix or ragged rows), or None: keep every draft (the rule is off,
         or the step-cost fit is still in its warm-up). `requests`: the step's requests, with or

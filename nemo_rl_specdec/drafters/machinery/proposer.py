@@ -5,9 +5,8 @@ the per-step rule built from it (`adaptive.StepJudge`), and the flat metrics the
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
-from nemo_rl_specdec.drafters.adaptive import StepJudge
+from nemo_rl_specdec.drafters.machinery.adaptive import StepJudge
 
 
 class SpecdecProposer:
@@ -17,14 +16,14 @@ class SpecdecProposer:
     metrics_prefix = ""
     runner = None
 
-    def configure(self, spec: Optional[dict]) -> None:
+    def configure(self, spec: dict | None) -> None:
         raise NotImplementedError
 
     def acceptance_metrics(self) -> dict:
         """The calibrated acceptance, as {name: rate}."""
         raise NotImplementedError
 
-    def make_judge(self, name: str, spec: Optional[dict]) -> StepJudge:
+    def make_judge(self, name: str, spec: dict | None) -> StepJudge:
         """The per-step rule the block asks for; `auto_disable` unset means on (the schema's default for
         our proposers)."""
         return StepJudge(name, self.counters, auto_disable=(spec or {}).get("auto_disable") is not False,

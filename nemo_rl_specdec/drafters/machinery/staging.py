@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
 class StagedRebuild:
     """One background rebuild of the store for `version` (see module docstring)."""
 
-    def __init__(self, version: int, work: Callable[[], int], after: Optional["StagedRebuild"] = None):
+    def __init__(self, version: int, work: Callable[[], int], after: StagedRebuild | None = None):
         self.version = int(version)
         if after is not None and after.version != self.version:
             raise ValueError(f"a rebuild for version {self.version} cannot follow one for version {after.version}")
-        self.added: Optional[int] = None
-        self.error: Optional[BaseException] = None
+        self.added: int | None = None
+        self.error: BaseException | None = None
         self.busy_s = 0.0  # wall seconds the rebuild (and the ones it follows) took on their threads
         self.thread_cpu_s = 0.0  # CPU seconds of the rebuild threads
         self._work = work
@@ -64,7 +64,7 @@ class StagedRebuild:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         """Block until the rebuild finished (or `timeout` seconds passed); returns whether it finished."""
         self._thread.join(timeout)
         return self.done

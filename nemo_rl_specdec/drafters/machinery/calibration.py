@@ -31,7 +31,6 @@ folded in by batches (``flush_every`` drafts) with numpy; counts halve once a so
 from __future__ import annotations
 
 from itertools import chain
-from typing import Optional
 
 import numpy as np
 
@@ -44,7 +43,7 @@ class AcceptanceCalibration:
     """Per-source acceptance rates by probability bin, or by draft position (see module docstring)."""
 
     def __init__(self, prior: float = 20.0, flush_every: int = 256, memory: float = 50_000.0,
-                 sources: tuple = SOURCES, positions: Optional[int] = None):
+                 sources: tuple = SOURCES, positions: int | None = None):
         if prior <= 0 or flush_every < 1 or memory <= 0 or (positions is not None and positions < 1):
             raise ValueError(f"prior={prior}, flush_every={flush_every}, memory={memory}, positions={positions}: "
                              "all must be > 0")
@@ -147,7 +146,7 @@ def resolve_withheld(calib: AcceptanceCalibration, withheld: list, sampled: list
     left = []
     for src, probs, toks, got in withheld:
         m = 0
-        for a, b in zip(toks, sampled):  # at most k tokens
+        for a, b in zip(toks, sampled, strict=False):  # at most k tokens
             if a != b:
                 break
             m += 1

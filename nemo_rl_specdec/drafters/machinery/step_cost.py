@@ -21,7 +21,6 @@ with f = max(k, 1) the step's draft forwards (`scheduling/k_auto.py`).
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
 
 import numpy as np
 
@@ -49,8 +48,8 @@ class StepCostFit:
         self._x: deque = deque(maxlen=int(window))
         self._y: deque = deque(maxlen=int(window))
         self._since = 0
-        self.coef: Optional[np.ndarray] = None
-        self.r2: Optional[float] = None
+        self.coef: np.ndarray | None = None
+        self.r2: float | None = None
         self.samples = 0
         self.kept = 0  # samples of the last fit left after dropping outliers
 
@@ -91,7 +90,7 @@ class StepCostFit:
         self.kept = int(len(y))
         self.r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else 1.0
 
-    def split(self, requests: int, ctx_sum: int) -> Optional[tuple[float, float]]:
+    def split(self, requests: int, ctx_sum: int) -> tuple[float, float] | None:
         """(t0, c_tok): a step of these requests without drafts, and the cost of one more verified
         token; None during the warm-up."""
         if self.coef is None:
@@ -102,7 +101,7 @@ class StepCostFit:
 
     def metrics(self) -> dict:
         coef = [None] * len(self.columns) if self.coef is None else [float(v) for v in self.coef]
-        return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(self.columns, coef))}
+        return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(self.columns, coef, strict=True))}
 
 
 __all__ = ["COLUMNS", "FORWARD_COLUMNS", "StepCostFit", "step_columns"]

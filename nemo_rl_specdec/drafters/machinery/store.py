@@ -40,8 +40,8 @@ the evicted sequences unless most of the tree goes. Memory is ~110-340 bytes per
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 import numpy as np
 
@@ -60,12 +60,12 @@ class StoreInputError(ValueError):
 @dataclass
 class Entry:
     seq_id: int
-    problem_id: Optional[str]
+    problem_id: str | None
     version: int
     num_tokens: int
     in_problem_tree: bool
     in_global_tree: bool
-    live: Optional[list] = None  # in-flight entry: its token chunks, until the next rebuild settles it
+    live: list | None = None  # in-flight entry: its token chunks, until the next rebuild settles it
 
 
 @dataclass
@@ -75,7 +75,7 @@ class StoreDraft:
     score: float  # what drafts were ranked by: arctic's score, or calibrated expected accepted tokens
     match_len: int
     source: str  # "problem" | "global" | "" (no draft)
-    other: Optional["StoreDraft"] = None  # with a calibration: the other tree's draft, when it lost
+    other: StoreDraft | None = None  # with a calibration: the other tree's draft, when it lost
 
 
 _EMPTY = StoreDraft([], [], 0.0, 0, "")
@@ -106,7 +106,7 @@ class RolloutStore:
     """Per-problem and global suffix trees over a sliding window of policy versions."""
 
     def __init__(self, *, window_steps: int = 4, scope: str = "both", max_tree_depth: int = 64,
-                 max_memory_bytes: Optional[float] = 512 * 2**20):
+                 max_memory_bytes: float | None = 512 * 2**20):
         from arctic_inference.suffix_decoding._C import SuffixTree  # C++ tree (nanobind)
 
         if scope not in SCOPES:
@@ -125,18 +125,18 @@ class RolloutStore:
         self.prompt_tail = self.max_tree_depth - 1
         self._problem_trees: dict = {}
         self._global_tree = None
-        self._entries: "OrderedDict[int, Entry]" = OrderedDict()  # insertion order
+        self._entries: OrderedDict[int, Entry] = OrderedDict()  # insertion order
         self._problem_entries: dict = {}  # problem id -> entries in its problem tree
         self._global_entries = 0
         self._next_seq_id = 0
-        self.newest_version: Optional[int] = None
+        self.newest_version: int | None = None
         self.evicted_window = 0
         self.evicted_memory = 0
         self.rejected_old = 0
-        self._bytes: Optional[int] = None  # cached estimate, None = stale
+        self._bytes: int | None = None  # cached estimate, None = stale
         self._tree_bytes: dict = {}  # tree key (problem id or _GLOBAL) -> its last estimate_memory()
         self._dirty: set = set()  # tree keys written since their last estimate
-        self._measured: Optional[tuple] = None  # (bytes, tokens) at the last measurement
+        self._measured: tuple | None = None  # (bytes, tokens) at the last measurement
         self._live_tokens = 0  # in-flight tokens added since the last rebuild
         self.live_settled = 0  # in-flight entries kept as stored rollouts by a rebuild (no re-insertion)
         self._history: dict = {}  # problem id (None included) -> stored (settled) entries
@@ -149,13 +149,13 @@ class RolloutStore:
         return problem_id is None or self.scope in ("global", "both")
 
     @property
-    def min_version(self) -> Optional[int]:
+    def min_version(self) -> int | None:
         """Oldest version the window admits (None before any version was seen)."""
         return None if self.newest_version is None else self.newest_version - self.window_steps + 1
 
     # ------------------------------------------------------------------ writes
-    def add(self, token_ids, *, version: int, problem_id: Optional[str] = None,
-            prompt_token_ids=()) -> Optional[int]:
+    def add(self, token_ids, *, version: int, problem_id: str | None = None,
+            prompt_token_ids=()) -> int | None:
         """Add one rollout; returns its sequence id, or None when its version is already outside
         the window (it would be evicted at once). Does not slide the window or enforce the cap."""
         version = _check_version(version, "version")
@@ -177,7 +177,7 @@ class RolloutStore:
             return resp if resp.flags.writeable else resp.copy()
         return np.concatenate([prompt[len(prompt) - min(len(prompt), self.prompt_tail):], resp])
 
-    def _insert(self, seq: np.ndarray, problem_id, version: int, live: bool, seq_id: Optional[int] = None) -> int:
+    def _insert(self, seq: np.ndarray, problem_id, version: int, live: bool, seq_id: int | None = None) -> int:
         seq_id = self._new_seq_id() if seq_id is None else seq_id
         in_p, in_g = self._in_problem(problem_id), self._in_global(problem_id)
         if in_p:
@@ -201,7 +201,7 @@ class RolloutStore:
         return seq_id
 
     # ------------------------------------------------------------------ in-flight (live) entries
-    def start_live(self, context: np.ndarray, *, problem_id: Optional[str], version: int) -> Optional[int]:
+    def start_live(self, context: np.ndarray, *, problem_id: str | None, version: int) -> int | None:
         """Open an in-flight entry for a running request: `context` is its prompt tail plus the tokens
         generated so far (int32). Siblings (same problem) can draft from it while it grows. Live
         entries are settled by the next :meth:`rebuild`: kept if the update carries the identical
@@ -212,7 +212,7 @@ class RolloutStore:
         self._live_tokens += len(context)
         return sid
 
-    def has_history(self, problem_id: Optional[str]) -> bool:
+    def has_history(self, problem_id: str | None) -> bool:
         """Whether the store holds settled rollouts of this problem (in any tree)."""
         return problem_id in self._history
 
@@ -420,7 +420,7 @@ class RolloutStore:
             if pid is not None and not isinstance(pid, str):
                 raise StoreInputError(f"rollouts[{i}].problem_id: expected a str or None, got {type(pid).__name__}")
         first = st[:-1] + pl - np.minimum(pl, self.prompt_tail)
-        return [(pid, t[int(a):int(e)], int(v)) for pid, a, e, v in zip(b.problem_ids, first, st[1:], vs)]
+        return [(pid, t[int(a):int(e)], int(v)) for pid, a, e, v in zip(b.problem_ids, first, st[1:], vs, strict=True)]
 
     def _admit(self, items: list) -> int:
         """Insert `items` [(problem id, sequence, version)] within the memory cap; returns how many stay.
@@ -445,7 +445,7 @@ class RolloutStore:
             ids.append(self._new_seq_id(reserved))
             reserved.add(ids[-1])
         if self.max_memory_bytes is None:
-            for (pid, seq, v), sid in zip(items, ids):
+            for (pid, seq, v), sid in zip(items, ids, strict=True):
                 self._insert(seq, pid, v, live=False, seq_id=sid)
             return len(items)
         order = sorted(range(len(items)), key=lambda i: (items[i][2], ids[i]), reverse=True)
@@ -465,13 +465,13 @@ class RolloutStore:
         self.enforce_memory()
         return sum(1 for sid in seqs if sid in self._entries)
 
-    def _stash_if_superseded(self, items: list, ids: list) -> Optional[dict]:
+    def _stash_if_superseded(self, items: list, ids: list) -> dict | None:
         """If every stored entry is older than every item and the items are predicted to exceed the
         cap on their own, move the stored state aside (empty trees from here on) and return it."""
         if not self._entries or self._measured is None or not self._measured[1]:
             return None
         newest_old = max((e.version, e.seq_id) for e in self._entries.values())
-        if newest_old >= min((v, sid) for (_, _, v), sid in zip(items, ids)):
+        if newest_old >= min((v, sid) for (_, _, v), sid in zip(items, ids, strict=True)):
             return None
         per_token = self._measured[0] / self._measured[1]
         if per_token * sum(len(seq) for _, seq, _ in items) <= self.max_memory_bytes:
@@ -531,14 +531,14 @@ class RolloutStore:
             self.remove(sid)
 
     # ------------------------------------------------------------------ reads
-    def speculate(self, context: np.ndarray, problem_id: Optional[str], max_spec_tokens: int,
+    def speculate(self, context: np.ndarray, problem_id: str | None, max_spec_tokens: int,
                   max_spec_factor: float = 1.0, min_token_prob: float = 0.1, calibration=None) -> StoreDraft:
         """Best draft for `context` (int32, its last max_tree_depth tokens are used) from the trees
         the request may see: its problem tree (scope problem|both) and/or the global tree.
 
         Without `calibration`, drafts are ranked by arctic's score (the sum of the path's estimated
         probabilities) and the global tree is skipped once the problem tree gave a full-length draft.
-        With an :class:`~nemo_rl_specdec.drafters.calibration.AcceptanceCalibration`, drafts are
+        With an :class:`~nemo_rl_specdec.drafters.machinery.calibration.AcceptanceCalibration`, drafts are
         ranked by calibrated expected accepted tokens (returned as ``score``), the losing tree's draft
         is returned too (``other``: the proposer measures what it would have got, so each source is
         calibrated on the same contexts, not only where it won), and the global tree is skipped only
@@ -591,7 +591,7 @@ class RolloutStore:
     def versions(self) -> list:
         return sorted({e.version for e in self._entries.values()})
 
-    def entries(self, problem_id: Optional[str] = ..., version: Optional[int] = None) -> list:
+    def entries(self, problem_id: str | None = ..., version: int | None = None) -> list:
         """Live entries, optionally filtered by problem id (None = no id) and/or version."""
         return [e for e in self._entries.values()
                 if (problem_id is ... or e.problem_id == problem_id) and (version is None or e.version == version)]
@@ -606,15 +606,25 @@ class RolloutStore:
         by_version: dict = {}
         for e in self._entries.values():
             by_version[e.version] = by_version.get(e.version, 0) + 1
-        return {"entries": len(self._entries), "tokens": sum(e.num_tokens for e in self._entries.values()),
-                "versions": sorted(by_version), "entries_by_version": {str(k): v for k, v in sorted(by_version.items())},
-                "problems": len(self._problem_trees), "global_entries": self._global_entries,
-                "bytes": self.bytes(), "max_memory_bytes": self.max_memory_bytes,
-                "window_steps": self.window_steps, "newest_version": self.newest_version, "scope": self.scope,
-                "max_tree_depth": self.max_tree_depth, "evicted_window": self.evicted_window,
-                "evicted_memory": self.evicted_memory, "rejected_old": self.rejected_old,
-                "live_entries": sum(1 for e in self._entries.values() if e.live is not None),
-                "live_settled": self.live_settled}
+        return {
+            "entries": len(self._entries),
+            "tokens": sum(e.num_tokens for e in self._entries.values()),
+            "versions": sorted(by_version),
+            "entries_by_version": {str(k): v for k, v in sorted(by_version.items())},
+            "problems": len(self._problem_trees),
+            "global_entries": self._global_entries,
+            "bytes": self.bytes(),
+            "max_memory_bytes": self.max_memory_bytes,
+            "window_steps": self.window_steps,
+            "newest_version": self.newest_version,
+            "scope": self.scope,
+            "max_tree_depth": self.max_tree_depth,
+            "evicted_window": self.evicted_window,
+            "evicted_memory": self.evicted_memory,
+            "rejected_old": self.rejected_old,
+            "live_entries": sum(1 for e in self._entries.values() if e.live is not None),
+            "live_settled": self.live_settled,
+        }
 
 
 def _check_version(v, what: str) -> int:
