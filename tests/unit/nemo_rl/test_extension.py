@@ -83,6 +83,18 @@ def test_stage_rejects_anything_but_a_policy_update():
         make_engine_worker().specdec_stage_update({"version": 1})
 
 
+def test_stage_takes_the_update_as_vllms_msgpack_delivers_it_to_a_multiprocess_engine_core():
+    """NeMo-RL's async engine runs vLLM's engine core in its own process: a `collective_rpc`
+    argument crosses vLLM's msgpack, which turns the dataclass into the map of its fields."""
+    serial = pytest.importorskip("vllm.v1.serial_utils")
+    staged = payload.stage_payload(4, drafter_weights=None, refresh_drafter=False)
+    (wire,) = serial.MsgpackDecoder().decode(serial.MsgpackEncoder().encode((staged,)))
+    assert isinstance(wire, dict)
+    w = make_engine_worker()
+    assert w.specdec_stage_update(wire)
+    assert w._specdec_pending == staged
+
+
 def _real_engine_mixin(monkeypatch):
     try:
         mixin = importlib.import_module("nemo_rl_specdec.engine.worker_extension").SpecDecWorkerExtension
