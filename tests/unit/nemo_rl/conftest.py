@@ -62,8 +62,11 @@ def fake_nemo_rl(monkeypatch, tmp_path):
     monkeypatch.setenv("NEMO_RL_ROOT", str(root))
     monkeypatch.setenv("FAKE_RUN_GRPO_OUT", str(tmp_path / "run_out.json"))
     monkeypatch.setenv("NEMO_RL_SPECDEC_CACHE", str(tmp_path / "cache"))
-    # a Ray cluster to join: the checks of a local one (launch_errors.py) are tested in test_launch_errors.py
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    # a Ray cluster to join: the checks of a local one (launch_errors.py) are tested in test_launch_errors.py.
+    # Not through RAY_ADDRESS: a test that starts Ray would then wait for a cluster that is not there.
+    from nemo_rl_specdec.nemo_rl import launch_errors
+
+    monkeypatch.setattr(launch_errors, "running_ray_cluster", lambda: "127.0.0.1:6379")
     monkeypatch.setattr(api, "_RUN_GRPO_MODULE", None)
     monkeypatch.delitem(sys.modules, api.RUN_GRPO_MODULE_NAME, raising=False)
     from nemo_rl_specdec.nemo_rl import generation, workers

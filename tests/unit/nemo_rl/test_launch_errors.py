@@ -61,7 +61,6 @@ def test_unreachable_weights_are_one_line_exit_1_nothing_written(fake_nemo_rl, t
 def test_a_local_cluster_without_the_gpus_the_run_asks_for_is_one_line(fake_nemo_rl, tmp_path, monkeypatch, capsys):
     """No Ray cluster to join: NeMo-RL would start one here, with its dashboard, on this machine's GPUs.
     This machine's GPU count is the one stand-in (the test must not depend on the hardware it runs on)."""
-    monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(launch_errors, "running_ray_cluster", lambda: None)
     from ray._private import utils as ray_utils
 
