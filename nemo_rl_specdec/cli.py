@@ -297,14 +297,9 @@ def _price(args) -> int:
 def _traces_in(path: str, rows: str | None = None) -> list:
     """(name, Trace) of a trace file, or of every replay trace in a bench result JSON (of the results
     named in `rows`, comma-separated, when given)."""
-    from nemo_rl_specdec.trace import FORMAT, Trace, TraceError
+    from nemo_rl_specdec.trace import FORMAT, Trace, TraceError, read_json
 
-    try:
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise TraceError(f"{path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    d = read_json(path)
     if isinstance(d, dict) and d.get("format") == FORMAT:
         return [(Path(path).stem, Trace.load(path))]
     if isinstance(d, dict) and isinstance(d.get("results"), list):

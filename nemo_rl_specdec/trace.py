@@ -202,16 +202,21 @@ class Trace:
 
     @classmethod
     def load(cls, path) -> Trace:
-        try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
-        except OSError as e:
-            raise TraceError(f"{path}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+        d = read_json(path)
         try:
             return cls.from_dict(d)
         except TraceError as e:
             raise TraceError(f"{path}: {e}") from None
+
+
+def read_json(path) -> Any:
+    """A JSON file's content, or a TraceError naming the file and what is wrong with it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TraceError(f"{path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
 
 
 def _short(v: Any, limit: int = 60) -> str:
@@ -219,4 +224,4 @@ def _short(v: Any, limit: int = 60) -> str:
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
-__all__ = ["FORMAT", "KINDS", "SOURCES", "VERSION", "Trace", "TraceError", "TraceStep"]
+__all__ = ["FORMAT", "KINDS", "SOURCES", "VERSION", "Trace", "TraceError", "TraceStep", "read_json"]
