@@ -431,12 +431,8 @@ def cost_entry(spec: SpecDecConfig) -> tuple[str, str | None]:
     ``ngram_specdec``), a model drafter's its name."""
     if not spec.enabled:
         return "none", None
-    kind = TRACE_KIND[DRAFTERS[spec.drafter].draft_cost]
-    if spec.drafter == "suffix":
-        return kind, "das" if spec.suffix.backend == "das" else "vllm_suffix"
-    if spec.drafter == "ngram":
-        return kind, "ngram_specdec" if spec.ngram.backend == "specdec" else "ngram"
-    return kind, spec.drafter
+    d = DRAFTERS[spec.drafter]
+    return TRACE_KIND[d.draft_cost], d.cost_entry(spec)
 
 
 def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:

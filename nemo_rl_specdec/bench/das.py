@@ -287,9 +287,9 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
 
 def profile_key(c: dict) -> str:
     """The hardware profile's entry that prices a configuration's proposer."""
-    if c["backend"] == "das":
-        return "das"
-    return "vllm_suffix" if c["drafter"] == "suffix" else "ngram"
+    from nemo_rl_specdec.config import cost_entry
+
+    return cost_entry(c["cfg"].spec)[1]
 
 
 def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: int, next_weights,

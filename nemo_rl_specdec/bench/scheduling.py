@@ -170,9 +170,14 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
     from nemo_rl_specdec.sim.price import price
 
     profile, E, T, max_new = opts["profile"], opts["engines"], opts["temperature"], opts["max_new_tokens"]
+    from nemo_rl_specdec.config import cost_entry
+
     spec = cfg.spec
-    key = "das" if spec.drafter == "suffix" and spec.suffix.backend == "das" else (
-        "vllm_suffix" if spec.drafter == "suffix" else ("ngram" if spec.ngram.backend == "vllm" else "ngram_specdec"))
+    kind, key = cost_entry(spec)
+    if kind != "list":   # a model drafter's drafts need its model: it cannot be replayed on recorded text
+        _say(f"priced placement: {spec.drafter} is a {kind} drafter; only a history drafter's rollouts replay, so "
+             "this run prices none (the engine rows still record and price their traces)")
+        return []
     profile.drafter(key)
     base = Engine(cfg, spec_enabled=False, name="priced_nospec", seed=opts["seed"])
     texts = []
@@ -218,6 +223,8 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
 def _priced_summary(rows: list, opts: dict) -> list[dict]:
     """Per regime: length_aware's (and round_robin's) mean share of the clairvoyant cut over the draws
     with headroom, as suite results."""
+    if not rows:
+        return []
     out = []
     for seqs in opts["max_num_seqs"]:
         rs = [r for r in rows if r["max_num_seqs"] == seqs]
@@ -240,6 +247,8 @@ def _priced_summary(rows: list, opts: dict) -> list[dict]:
 
 
 def _print_priced(summary: list, opts: dict) -> None:
+    if not summary:
+        return
     print(f"Priced placement on {opts['profile'].name} ({opts['profile'].hardware.name}), {opts['priced_draws']} "
           f"problem draws, {opts['engines']} engines: makespan = the slowest engine's priced rollout with the run "
           "file's drafter; cut vs contiguous; share of the clairvoyant cut (draws with >= "

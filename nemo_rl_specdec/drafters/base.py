@@ -118,6 +118,11 @@ class Drafter:
         """Whether the drafter learns from the engine's own finished requests (vLLM's suffix cache)."""
         return False
 
+    def cost_entry(self, spec: SpecDecConfig) -> str:
+        """The hardware profile's entry that prices this drafter as the block configures it
+        (configs/hardware/: a history drafter's entry names its proposer)."""
+        return self.name
+
     def rollout_prompt_tail(self, spec: SpecDecConfig) -> int | None:
         """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
         return None

@@ -56,6 +56,9 @@ class Ngram(Drafter):
     def judges_steps(self, spec):
         return spec.ngram.backend == "specdec"
 
+    def cost_entry(self, spec):
+        return "ngram_specdec" if spec.ngram.backend == "specdec" else "ngram"
+
 
 class NgramProposer(SpecdecProposer):
     """vLLM custom_class proposer: vLLM's n-gram prompt lookup under the per-step rule (module doc)."""

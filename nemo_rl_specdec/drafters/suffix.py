@@ -160,6 +160,9 @@ class Suffix(Drafter):
     def caches_own_requests(self, spec):
         return spec.suffix.backend == "vllm"
 
+    def cost_entry(self, spec):
+        return "das" if spec.suffix.backend == "das" else "vllm_suffix"
+
     def rollout_prompt_tail(self, spec):
         # the store keeps a prompt's last max_tree_depth - 1 tokens: a match never reaches further back
         return spec.suffix.max_tree_depth - 1 if spec.suffix.backend == "das" else None

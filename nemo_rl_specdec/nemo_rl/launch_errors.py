@@ -16,7 +16,6 @@ prints it and exits 1.
 """
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -106,7 +105,7 @@ def check_model(name: str | None, key: str) -> None:
     name = str(name)
     if name.startswith((".", "/", "~")):
         raise LaunchError(f"{key}={name}: no such directory: point it at a model checkpoint directory")
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return
@@ -115,7 +114,7 @@ def check_model(name: str | None, key: str) -> None:
     except Exception as e:  # offline mode, no network, unknown repo, gated repo: all end the same way
         raise LaunchError(
             f"{key}={name}: its weights are not reachable (not a local directory, not in the Hugging Face cache "
-            f"at {os.environ.get('HF_HOME') or '~/.cache/huggingface'}, and the Hub request failed: "
+            f"at {constants.HF_HUB_CACHE}, and the Hub request failed: "
             f"{type(e).__name__}: {_flat(e, 160)}): download it where the Hub is reachable "
             f"(`huggingface-cli download {name}`) and share HF_HOME, or set {key} to a local checkpoint "
             f"directory") from None
