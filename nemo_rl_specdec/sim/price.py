@@ -74,10 +74,7 @@ def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None) ->
     key = _drafter_key(trace, profile, drafter)
     target = profile.cost_model(None)
     cm = profile.cost_model(key) if key is not None else target
-    d = profile.drafter(key) if key is not None else None
-    per_step = d.step_overhead_s if d is not None and d.kind == "list" else 0.0
-    per_row = d.per_request_s if d is not None and d.kind == "list" else 0.0
-    if d is not None and d.kind == "list":   # the proposer is priced below, for every decode step
+    if trace.kind == "list":   # the proposer is priced below (profile_proposer), for every decode step
         from dataclasses import replace
 
         cm = replace(cm, draft_per_request=0.0, spec_step_overhead=0.0)
@@ -90,7 +87,7 @@ def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None) ->
         zero = np.zeros(n)
         tt = target.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
         t_all = cm.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
-        tp = (per_step + per_row * n) if n else 0.0
+        tp = profile_proposer(profile, key, n)
         t_target += tt
         t_draft += t_all - tt
         t_prop += tp
@@ -145,6 +142,8 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None =
 
 
 def profile_proposer(profile: HardwareProfile, key: str | None, rows: int) -> float:
+    """A history proposer's host time for a decode step of `rows` requests, from the profile's entry
+    `key` (0 for other drafters and for a step without decode requests)."""
     d = profile.drafter(key) if key is not None else None
     if d is None or d.kind != "list" or rows == 0:
         return 0.0
