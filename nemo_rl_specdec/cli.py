@@ -57,8 +57,8 @@ def _validate(args) -> int:
     the NeMo-RL launcher composes it), the block, NeMo-RL's rules for a NeMo-RL run, and the
     checkpoint paths; what cannot be checked here (NeMo-RL parents without a checkout, Hugging Face
     ids) is listed under `not_checked`."""
+    from nemo_rl_specdec.adapter import api, config_loader, translate
     from nemo_rl_specdec.config import to_vllm_speculative_config, validate_run_dict
-    from nemo_rl_specdec.nemo_rl import api, config_loader, translate
 
     composed = config_loader.compose(args.run_yaml, args.overrides, api.find_nemo_rl_root())
     unreachable = [m for m in composed.missing_parents if m.startswith(config_loader.NEMO_RL_PREFIX)]

@@ -91,7 +91,7 @@ class _SpecDecBlock(_Strict):
     refresh: RefreshConfig = RefreshConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     on_refresh_error: Literal["raise", "disable"] = "raise"
-    # per step, draft nothing where the drafts are predicted to lose (drafters/machinery/adaptive.py); unset: on
+    # per step, draft nothing where the drafts are predicted to lose (drafters/machinery/step_judge.py); unset: on
     # for drafters that judge each step themselves (DAS), off for the others
     auto_disable: bool | None = None
 

@@ -96,7 +96,7 @@ class UpdateReport:
     state: dict = field(default_factory=dict)
     prefix_cache_reset: bool = False  # set by the engine after the RPC
     in_flight_requests: int | None = None  # requests paused and resumed around an in-flight update
-    # NeMo-RL refits (nemo_rl/extension.py): the refit RPC that carried it, rollouts fetched, fetch time
+    # NeMo-RL refits (adapter/extension.py): the refit RPC that carried it, rollouts fetched, fetch time
     transport: str | None = None
     rollouts: int | None = None
     rollouts_fetch_s: float | None = None

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 LIST, MODEL = "list", "model"
 HOST, SEQUENTIAL, PARALLEL = "host", "sequential", "parallel"
 
-# Where a drafter's weights come from inside NeMo-RL (nemo_rl/translate.py routes on them)
+# Where a drafter's weights come from inside NeMo-RL (adapter/translate.py routes on them)
 SOURCE_NONE = "none"                  # list drafters: no weights
 SOURCE_REFIT_STREAM = "refit_stream"  # the trainer exports them with the policy (draft.* or MTP layers)
 SOURCE_CHECKPOINT_ONCE = "checkpoint_once"  # MTP layers read once from the policy checkpoint
@@ -110,7 +110,7 @@ class Drafter:
         return False
 
     def judges_steps(self, spec: SpecDecConfig) -> bool:
-        """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/machinery/adaptive.py`:
+        """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/machinery/step_judge.py`:
         `auto_disable`, `scheduling.budget: adaptive`)."""
         return False
 

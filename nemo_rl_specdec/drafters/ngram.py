@@ -2,7 +2,7 @@
 
 `ngram.backend: vllm` is vLLM's own `ngram` method. `ngram.backend: specdec` runs the same
 matcher (vLLM's numba kernel, through its `NgramProposer`) as our custom_class proposer
-`NgramProposer`, which adds the per-step rule of `drafters/machinery/adaptive.py`: `auto_disable` keeps a
+`NgramProposer`, which adds the per-step rule of `drafters/machinery/step_judge.py`: `auto_disable` keeps a
 step's drafts only where they are predicted to pay, `scheduling.budget: adaptive` cuts each draft
 to its best length. Its acceptance estimates come from an `AcceptanceCalibration` by draft
 position (prompt lookup carries no probability), fed from what the target accepted, and from
@@ -115,7 +115,7 @@ class NgramProposer(SpecdecProposer):
         if self.runner is None or self.k <= 0:
             return [[] for _ in range(rows)]
         req_ids = self.runner.input_batch.req_ids
-        skipped = self.judge.skip(rows)  # this batch size is off: no lookup (module doc of adaptive.py)
+        skipped = self.judge.skip(rows)  # this batch size is off: no lookup (module doc of machinery/step_judge.py)
         drafts = [[] for _ in range(rows)] if skipped else \
             self.matcher.propose(self.k, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         calib, reqs = self.calibration, self._reqs

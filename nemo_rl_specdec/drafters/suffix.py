@@ -40,7 +40,7 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
   would kill the engine, so the clamp is unconditional;
 - with ``scheduling.budget: adaptive``, then cuts every request's draft to the length that
-  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.machinery.adaptive`),
+  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.machinery.step_judge`),
   from the calibrated acceptance of each draft token and the engine's step cost fitted online
   from the time between calls (:mod:`~nemo_rl_specdec.drafters.machinery.step_cost`;
   drafts are not cut during its warm-up). A step where no draft token pays for itself drafts
@@ -471,7 +471,7 @@ class DASProposer(SpecdecProposer):
         verified = drafted = drafted_tokens = ctx_sum = 0
         new_rows = False  # a request seen for the first time: the step that just ran prefilled it
         judged = self.judge.active and not fenced
-        skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (machinery/adaptive.py)
+        skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (machinery/step_judge.py)
         pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
         for i in range(rows):
             rid = req_ids[i]

@@ -26,7 +26,7 @@ Policies (`assign_budgets`):
 - `das`: the closed form derived in `das_budgets` (after DAS, "Beat the long tail:
   Distribution-Aware Speculative Decoding for RL Training").
 - `adaptive`: nothing is set at submission (every request may draft up to k); the drafter cuts
-  each draft at every engine step (`drafters/machinery/adaptive.py`). Only a drafter that returns
+  each draft at every engine step (`drafters/machinery/step_judge.py`). Only a drafter that returns
   per-request draft lengths (DAS) can do that; validation refuses it for the others.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Request planning for data-parallel engines: predict → place → budget, in one place.
 
 `Planner` is what both the CPU engine group (`engine/group.py`) and the NeMo-RL adapter's
-sharding (`nemo_rl/sharding.py`, `nemo_rl/generation.py`) plan a batch with:
+sharding (`adapter/sharding.py`, `adapter/generation.py`) plan a batch with:
 
 1. predict each request's output length from its problem id (`LengthPredictor`: per problem id,
    an EMA of the lengths of its earlier rollouts; a request without a problem id, or an unseen

@@ -23,13 +23,13 @@ tokens finishes at the end of its 8th step.
 Budgets: with speculation on, each request gets d_i = min(budget_i, k(batch size)): budget_i
 from `scheduling.budget.assign_budgets` over the predicted remaining lengths of the requests
 in flight (recomputed whenever the batch changes, and every `interval` steps), k(batch size)
-from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.best_drafts`
+from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.best_drafts.best_drafts`
 for the requests in flight (re-chosen at every event). Budget `adaptive` then cuts each d_i at
-every event with the engine's own rule (`drafters.machinery.adaptive.draft_lengths`): gains from the
+every event with the engine's own rule (`drafters.machinery.step_judge.draft_lengths`): gains from the
 request's acceptance curve (and response-position factor, times the coverage), t0 from the cost
 model, and the cost of a draft token as the secant of the step time between no drafts and the
 drafts the caps allow (a linear rule priced at the point it decides about). With `auto_disable`
-(other budgets) the same inputs go to `drafters.machinery.adaptive.drafts_pay`: the event keeps its drafts
+(other budgets) the same inputs go to `drafters.machinery.step_judge.drafts_pay`: the event keeps its drafts
 or drafts nothing; the steps judged and turned off are counted by batch-size bin
 (`EngineStats.judged_by_batch`, `off_by_batch`).
 """
@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nemo_rl_specdec.drafters.machinery.adaptive import batch_bin, draft_lengths, drafts_pay
+from nemo_rl_specdec.drafters.machinery.step_judge import batch_bin, draft_lengths, drafts_pay
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
-from nemo_rl_specdec.sim.adaptive import best_drafts
+from nemo_rl_specdec.sim.best_drafts import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
 
 
@@ -74,7 +74,7 @@ class SpecPolicy:
     schedule: None | str | Sequence[Sequence[int]] = None   # [(lo, hi, k), ...] or "per_step"
     interval: int = 64
     acceptance: float | Sequence[float] = 0.7   # what the budget policy believes
-    auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/machinery/adaptive.drafts_pay) per event
+    auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/machinery/step_judge.drafts_pay) per event
 
 
 @dataclass
@@ -268,7 +268,7 @@ class EngineSim:
             if self._dirty or self._since >= sp.interval:
                 self._budget = self._budgets()
                 self._dirty, self._since = False, 0
-            if sp.schedule == "per_step":    # adaptive verification (sim/adaptive.py)
+            if sp.schedule == "per_step":    # adaptive verification (sim/best_drafts.py)
                 cap = best_drafts(self.cost, self._ctx, self._A, sp.k, self.coverage)   # decode economics
                 self.stats.adaptive_steps.append((n_act, cap))
             else:

@@ -181,7 +181,7 @@ def fit_proposer(traces: list) -> dict:
 
 
 class PricedStepCost:
-    """The per-step rules' step cost (`drafters/adaptive.py` reads ``split``) from a hardware profile
+    """The per-step rules' step cost (`drafters/machinery/step_judge.py` reads ``split``) from a hardware profile
     instead of the engine's online fit, so a replayed rule decides on the costs of that GPU: ``t0``
     is the step's target forward without drafts plus the proposer's host time, ``c_tok`` the cost
     of one more verified draft token, the secant from no drafts to `k` drafts per request (the

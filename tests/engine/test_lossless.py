@@ -139,7 +139,7 @@ def test_per_step_rule_judges_steps_from_the_measured_step_cost(case, rule, name
     other = "auto_disable" if rule == "adaptive" else "adaptive"
     assert st["counters"][other + "_steps"] == 0
     # the same numbers reach the trainer's step metrics (NeMo-RL: train/specdec/engine/<name>/*)
-    from nemo_rl_specdec.nemo_rl import metrics
+    from nemo_rl_specdec.adapter import metrics
 
     state = spec.llm.collective_rpc("specdec_state")[0]
     m = metrics.version_metrics([{"state": state, "last_update": None}])

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from nemo_rl_specdec import cli
+from nemo_rl_specdec.adapter import config_loader, translate
 from nemo_rl_specdec.config import to_vllm_speculative_config
-from nemo_rl_specdec.nemo_rl import config_loader, translate
 from nemo_rl_specdec.resources import configs_dir
 
 ALL = sorted(configs_dir().glob("*.yaml"))

@@ -25,7 +25,7 @@ LAYERS = [
     {"engine"},
     {"sim"},
     {"demo"},
-    {"nemo_rl"},
+    {"adapter"},      # the NeMo-RL adapter
     {"bench"},
     {"tools", "cli", "run_grpo", "__init__"},
 ]

@@ -1,12 +1,12 @@
 """What our vLLM custom_class proposers (DAS in `suffix.py`, n-gram in `ngram.py`) share: the
 handle on the model runner that calls them, the speculative block the worker extension attaches,
-the per-step rule built from it (`adaptive.StepJudge`), and the flat metrics the trainer logs.
+the per-step rule built from it (`step_judge.StepJudge`), and the flat metrics the trainer logs.
 """
 from __future__ import annotations
 
 import sys
 
-from nemo_rl_specdec.drafters.machinery.adaptive import StepJudge
+from nemo_rl_specdec.drafters.machinery.step_judge import StepJudge
 
 
 class SpecdecProposer:

@@ -390,9 +390,8 @@ def test_auto_disable_false_never_judges_a_step():
 
 
 def test_a_fit_that_never_becomes_ready_is_reported_once(caplog, monkeypatch):
-    from nemo_rl_specdec.drafters.machinery import adaptive
-
-    monkeypatch.setattr(adaptive, "UNFIT_WARN_STEPS", 40)
+    from nemo_rl_specdec.drafters.machinery import step_judge
+    monkeypatch.setattr(step_judge, "UNFIT_WARN_STEPS", 40)
     r = _Runner(_adaptive_rows(gen=4))
     p = _adaptive_proposer(r, budget="uniform")
     p.use_local = True

@@ -1,13 +1,13 @@
 """The CPU cross-check pieces: the costmodel bench suite's contract, the step fit of
 sim/cpu_fit.py, the per-request term of the linear cost form, and adaptive verification per
-step (sim/adaptive.py). No engine is started and no wall-clock time is asserted."""
+step (sim/best_drafts.py). No engine is started and no wall-clock time is asserted."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from sim_scenarios import build
 
-from nemo_rl_specdec.sim.adaptive import best_drafts
+from nemo_rl_specdec.sim.best_drafts import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
 from nemo_rl_specdec.sim.report import simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError
@@ -114,7 +114,7 @@ def test_per_step_adaptive_is_never_slower_than_fixed_k_when_verification_is_dea
 
 
 def test_adaptive_budget_never_slower_where_fixed_k_loses_and_keeps_drafts_where_they_pay():
-    """budget: adaptive is the engine's per-request rule (drafters/machinery/adaptive.py) run in the simulator."""
+    """budget: adaptive is the engine's per-request rule (drafters/machinery/step_judge.py) run in the simulator."""
     dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
     fixed = simulate(build(LINEAR, dear))
     adaptive = simulate(build(LINEAR, {**dear, "speculation.scheduling.budget": "adaptive"}))
@@ -132,7 +132,7 @@ def test_adaptive_budget_refuses_a_model_drafter():
 
 
 def test_auto_disable_turns_losing_batches_off_and_leaves_paying_ones_alone():
-    """speculation.auto_disable is the engines' all-or-nothing rule (drafters/machinery/adaptive.drafts_pay)
+    """speculation.auto_disable is the engines' all-or-nothing rule (drafters/machinery/step_judge.drafts_pay)
     per event: where fixed k loses it stays near no speculation, with every large batch off;
     where drafts pay it changes nothing."""
     dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
