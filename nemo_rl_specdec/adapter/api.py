@@ -128,7 +128,7 @@ def find_nemo_rl_root(env: dict | None = None) -> Path | None:
     if env.get("NEMO_RL_ROOT"):
         return Path(env["NEMO_RL_ROOT"]).expanduser().resolve()
     spec = _nemo_rl_spec()
-    if spec is None:
+    if spec is None or spec.origin is None:  # absent, or a directory without NeMo-RL's __init__.py
         return None
     return Path(spec.origin).resolve().parent.parent
 
