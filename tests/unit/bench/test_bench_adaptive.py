@@ -1,5 +1,5 @@
 """bench --suite adaptive: its knobs are checked before any engine starts, and each configuration
-starts the engines it names (the suite itself runs in docs/scheduling.md's measurement)."""
+starts the engines it names (the suite itself runs in docs/measurements/scheduling.md)."""
 import pytest
 
 from nemo_rl_specdec.bench.adaptive import _judge, _options, configurations
