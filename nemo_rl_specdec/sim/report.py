@@ -142,14 +142,15 @@ def check_sweeps(sc) -> None:
             raise ScenarioError(f"{sc.source}: scenario.{e.rel_path}: got {e.value!r}; allowed: {e.allowed}") from None
 
     E0 = sc.cluster.num_engines
-    for k in sc.sweep.k:
-        work(k=k, at=("sweep.k", sc.sweep.k))
+    ks = sc.sweep.num_speculative_tokens
+    for k in ks:
+        work(k=k, at=("sweep.num_speculative_tokens", ks))
     cap, wl = sc.kv_capacity_tokens, sc.workload
-    need = wl.prompt_len + wl.lengths.max_len + max(sc.sweep.k) + 1
+    need = wl.prompt_len + wl.lengths.max_len + max(ks) + 1
     if cap is not None and cap < need:
-        raise ScenarioError(f"{sc.source}: scenario.sweep.k: got {sc.sweep.k}; allowed: k values whose requests fit "
-                            f"the KV cache ({cap:.0f} tokens per engine): prompt_len + max_len + k + 1 = {need} for "
-                            f"k = {max(sc.sweep.k)}")
+        raise ScenarioError(f"{sc.source}: scenario.sweep.num_speculative_tokens: got {ks}; allowed: k values whose "
+                            f"requests fit the KV cache ({cap:.0f} tokens per engine): prompt_len + max_len + k + 1 = "
+                            f"{need} for k = {max(ks)}")
     a = sc.acceptance
     if a.per_position is None and a.spread > 0:
         for alpha in sc.sweep.alpha:
@@ -243,7 +244,7 @@ def run_sweeps(sc, base: RunResult | None = None, batches=None) -> dict[str, lis
     if base is None:
         base = simulate_rl(sc, speculative=False, placement=sc.baseline.placement, batches=batches)
     out: dict[str, list[dict[str, float]]] = {"k": [], "alpha": [], "num_engines": []}
-    for k in sc.sweep.k:
+    for k in sc.sweep.num_speculative_tokens:
         r = simulate_rl(sc, speculative=True, k=k, batches=batches)
         out["k"].append(_point("k", k, base, r))
     if sc.acceptance.per_position is None:

@@ -478,6 +478,8 @@ class Speculation(_Strict):
 
     enabled: bool = True
     num_speculative_tokens: int = Field(3, ge=1, le=MAX_K)
+    # default false, where the run config's unset auto_disable is on for DAS: a scenario's `suffix` names
+    # no proposer, and vLLM's own suffix and n-gram proposers have no off switch
     auto_disable: bool = Field(False, description="list drafters: the engines' per-step off switch "
                                "(speculative_decoding.auto_disable), judged at every event")
     scheduling: SpecScheduling = SpecScheduling()
@@ -509,7 +511,8 @@ class Speculation(_Strict):
         return self
 
 
-# Keys of the speculation block renamed to the run config's names: the old key -> the new one.
+# Keys of the speculation and sweep blocks renamed to the run config's names: the old key -> the new one.
+RENAMED_SWEEP_KEYS = {"k": "num_speculative_tokens"}
 RENAMED_SPECULATION_KEYS = {
     "k": "num_speculative_tokens",
     "placement": "scheduling.placement",
@@ -622,7 +625,7 @@ class Baseline(_Strict):
 
 
 class Sweep(_Strict):
-    k: list[int] = [1, 2, 3, 4, 5, 6, 8]
+    num_speculative_tokens: list[int] = [1, 2, 3, 4, 5, 6, 8]
     alpha: list[float] = [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
     num_engines: list[int] | None = Field(None, description="default: cluster size x 1/4, 1/2, 1, 2, 4")
     cluster_scaling: Literal["strong", "weak"] = Field(
@@ -631,7 +634,7 @@ class Sweep(_Strict):
 
     @model_validator(mode="after")
     def _points(self):
-        for key, lo, hi in (("k", 1, MAX_K), ("alpha", 0, 1), ("num_engines", 1, MAX_ENGINES)):
+        for key, lo, hi in (("num_speculative_tokens", 1, MAX_K), ("alpha", 0, 1), ("num_engines", 1, MAX_ENGINES)):
             v = getattr(self, key)
             if v is None:
                 continue
@@ -753,9 +756,10 @@ class Scenario(_Strict):
                 raise _PathError("acceptance.spread", a.spread, str(e)) from None
         self._check_kv()
         sp = self.speculation.scheduling
-        if sp.medium_k is not None and sp.budget == "length_aware" and min(self.sweep.k) < sp.medium_k:
-            raise _PathError("sweep.k", self.sweep.k, f"values >= speculation.scheduling.medium_k = {sp.medium_k} "
-                             "(a length_aware budget gives medium requests medium_k <= k drafts)")
+        ks = self.sweep.num_speculative_tokens
+        if sp.medium_k is not None and sp.budget == "length_aware" and min(ks) < sp.medium_k:
+            raise _PathError("sweep.num_speculative_tokens", ks, f"values >= speculation.scheduling.medium_k = "
+                             f"{sp.medium_k} (a length_aware budget gives medium requests medium_k <= k drafts)")
         self.check_work()
         return self
 
@@ -1085,11 +1089,10 @@ def validate_scenario(raw: Any, source: str | Path | None = None) -> Scenario:
         raise ScenarioError(f"{where}not a simulator scenario: no hardware: or acceptance:, and keys a scenario does "
                             f"not have ({_short(unknown)}); allowed: a mapping with hardware: and acceptance: "
                             "(docs/simulator.md)")
-    spec = raw.get("speculation")
-    renamed = [k for k in spec if k in RENAMED_SPECULATION_KEYS] if isinstance(spec, dict) else []
-    if renamed:
-        lines = [f"scenario.speculation.{k}: renamed to speculation.{RENAMED_SPECULATION_KEYS[k]} (the run "
-                 "config's name)" for k in renamed]
+    lines = [f"scenario.{block}.{k}: renamed to {block}.{renames[k]} (the run config's name)"
+             for block, renames in (("speculation", RENAMED_SPECULATION_KEYS), ("sweep", RENAMED_SWEEP_KEYS))
+             if isinstance(raw.get(block), dict) for k in raw[block] if k in renames]
+    if lines:
         more = f" (and {len(lines) - 1} more below)" if len(lines) > 1 else ""
         raise ScenarioError(where + lines[0] + more + "".join(f"\n  {line}" for line in lines[1:]))
     if "hardware_profile" in raw:

@@ -95,9 +95,9 @@ CASES = [
                                     "speculation.num_speculative_tokens=64"], ["speculation.scheduling.k"]),
     ("sweep_engines_too_many", {}, [TINY, "cluster.num_engines=16384", "sweep.num_engines=null", "--plots", "plots"],
      ["sweep.num_engines", "16,384"]),
-    ("sweep_k_huge", {}, [TINY, "sweep.k=[1,1000]"], ["sweep.k"]),
+    ("sweep_k_huge", {}, [TINY, "sweep.num_speculative_tokens=[1,1000]"], ["sweep.num_speculative_tokens"]),
     # empty or malformed lists, unknown keys, wrong types, missing sections
-    ("sweep_k_empty", {}, [TINY, "sweep.k=[]"], ["sweep.k"]),
+    ("sweep_k_empty", {}, [TINY, "sweep.num_speculative_tokens=[]"], ["sweep.num_speculative_tokens"]),
     ("sweep_engines_zero", {}, [TINY, "sweep.num_engines=[0]"], ["sweep.num_engines"]),
     ("lengths_values_empty", {}, [TINY, "workload.lengths.values=[]"], ["workload.lengths.values"]),
     ("lengths_values_zero", {}, [TINY, "workload.lengths.values=[0]"], ["workload.lengths.values"]),

@@ -330,6 +330,8 @@ def test_old_speculation_keys_are_refused_naming_the_run_config_key():
         load_scenario("nvidia_qwen3_8b_rlzero", ["speculation.budget=das"])
     with pytest.raises(ScenarioError, match=r"speculation\.k_by_batch_size: renamed to .*scheduling\.k \(auto"):
         load_scenario("nvidia_qwen3_8b_rlzero", ["speculation.k_by_batch_size=auto"])
+    with pytest.raises(ScenarioError, match=r"scenario\.sweep\.k: renamed to sweep\.num_speculative_tokens"):
+        load_scenario("nvidia_qwen3_8b_rlzero", ["sweep.k=[1,2]"])
 
 
 def test_overrides_and_their_errors():
@@ -372,7 +374,7 @@ def test_cli_writes_json_table_and_plots(tmp_path, capsys):
         "name: small\nhardware: {c_base_s: 0.01, c_tok_s: 1.0e-4}\nacceptance: {alpha: 0.6}\n"
         "cluster: {num_engines: 2}\n"
         "workload: {num_prompts: 4, generations_per_prompt: 2, lengths: {median: 200, max_len: 1024}}\n"
-        "rl: {num_steps: 2}\nsweep: {k: [1, 3], alpha: [0.2, 0.8], num_engines: [1, 2]}\n"
+        "rl: {num_steps: 2}\nsweep: {num_speculative_tokens: [1, 3], alpha: [0.2, 0.8], num_engines: [1, 2]}\n"
         "calibration: {rollout_speedup: {min: 0.5, max: 10, source: test}}\n"
     )
     out = tmp_path / "out.json"
