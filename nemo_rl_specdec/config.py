@@ -258,6 +258,7 @@ class RunConfig:
         if ckpt:
             paths.append((f"{BLOCK_PATH}.{self.spec.drafter}.model", str(ckpt)))
         not_checked = []
+        self._check_policy(paths[0][1])
         for key, value in paths:
             p = Path(value).expanduser()
             if is_named(value):
@@ -270,6 +271,16 @@ class RunConfig:
             else:
                 not_checked.append(f"{key}: {value!r} is not a local path (a Hugging Face id?): not downloaded here")
         return not_checked
+
+    def _check_policy(self, policy: str) -> None:
+        """The drafter's rules against a local policy checkpoint (`Drafter.check_policy`)."""
+        p = Path(policy).expanduser()
+        if not self.spec.enabled or not (p / "config.json").is_file():
+            return
+        try:
+            drafter_of(self.spec).check_policy(self.spec, p)
+        except _PathError as e:
+            raise ConfigError(f"{BLOCK_PATH}.{e.rel_path}: got {e.value!r}; allowed: {e.allowed}") from None
 
     def setting(self, dotted: str, default: Any, lo: Any, hi: Any, kind: type = int, lo_open: bool = False) -> Any:
         """The number at `dotted` (or `default` where the run file does not set it), checked: an integer

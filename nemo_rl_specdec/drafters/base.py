@@ -9,7 +9,8 @@ in `drafters/registry.py`:
   drafting scales: `host`, `sequential` k small forwards, or one `parallel` block forward), and
   `variants` (its configurations worth running side by side: lossless suite cases, bench rows);
 - configuration: `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes` (the
-  first is the default), `check(spec)` for cross-field rules, `vllm_config(spec, temperature)`;
+  first is the default), `check(spec)` for cross-field rules, `check_policy(spec, policy_dir)`
+  against a local policy checkpoint, `vllm_config(spec, temperature)`;
 - weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
   layers ride in the policy's), `takes_request_budgets(spec)`, `judges_steps(spec)` (our proposer
   cuts each step's drafts), `rollout_prompt_tail(spec)` (it builds from rollouts),
@@ -97,6 +98,10 @@ class Drafter:
         """Cross-field rules of an enabled block; raise PathError (relative to the block)."""
         if self.kind == MODEL and not self.weights_in_policy_checkpoint and not self.checkpoint(spec):
             raise PathError(f"{self.name}.model", None, f"a checkpoint path when drafter is '{self.name}'")
+
+    def check_policy(self, spec: SpecDecConfig, policy_dir: Any) -> None:
+        """Rules against the policy checkpoint, a local directory with its config.json (PathError
+        relative to the block); run before any engine starts."""
 
     def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
         """vLLM's `speculative_config` for this drafter (the k schedule is added by config.py)."""

@@ -123,6 +123,15 @@ class Hybrid(Drafter):
             raise PathError("draft_sample_method", "probabilistic", "auto or greedy with drafter 'hybrid': vLLM's "
                             "rejection sampler takes one draft distribution per step, and history drafts have none")
 
+    def check_policy(self, spec, policy_dir) -> None:
+        try:
+            self.model_part(spec).check_policy(spec, policy_dir)
+        except PathError as e:
+            if e.rel_path != "drafter":
+                raise
+            raise PathError("hybrid.model", spec.hybrid.model, e.allowed.replace("a drafter other than",
+                                                                                   "a model part other than")) from None
+
     def checkpoint(self, spec) -> str | None:
         return self.model_part(spec).checkpoint(spec)
 
