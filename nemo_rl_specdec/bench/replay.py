@@ -12,12 +12,15 @@ without the sampling noise between engines, and without any step time: what the 
 Drafters: our custom_class proposers (DAS; n-gram with ``ngram.backend: specdec``) and vLLM's own
 ``suffix`` and ``ngram`` proposers, each built from the speculative block its engine gets. DAS gets
 each batch's rollouts after the batch (``specdec_rebuild``, version = batch index + 1), as
-``refresh.mode: rebuild`` does; the others keep their own state, as in an engine.
+``refresh.mode: rebuild`` does; the others keep their own state, as in an engine. A
+`ReplayDrafter` takes the place of the block's proposer where the drafts come from elsewhere
+(`bench/hybrid.py`: a model drafter's drafts replayed from the recorded text, the hybrid).
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -117,13 +120,28 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
     return propose, after_batch
 
 
+@dataclass
+class ReplayDrafter:
+    """A drafter the replay drives in place of the block's proposer: `propose(batch, sampled,
+    requests) -> drafts` and `after_batch(rollouts, version)` as `make_proposer`'s, the trace's
+    `kind` (and `parts`, for a hybrid), and for a hybrid `model_forwards()`: the model part's draft
+    forwards in the step just proposed. The proposer's thread time is recorded for list and hybrid
+    traces (a model drafter's is its forwards, priced from the profile)."""
+
+    propose: Callable
+    after_batch: Callable
+    kind: str = "list"
+    parts: dict | None = None
+    model_forwards: Callable[[], int] | None = None
+
+
 def _field(r: Any, name: str):
     return r[name] if isinstance(r, dict) else getattr(r, name)
 
 
 def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len: int,
            temperature: float = 1.0, *, max_num_seqs: int | None = None, step_cost=None,
-           label: str | None = None) -> list[dict]:
+           label: str | None = None, drafter: ReplayDrafter | None = None) -> list[dict]:
     """Per batch: generated tokens, target forwards (the prefill's included, as in ``metrics.py``),
     drafts, draft tokens and accepted tokens of ``spec``'s drafter on the recorded rollouts
     (objects or dicts with ``problem_id``, ``prompt_token_ids``, ``token_ids``), and ``trace``: the
@@ -131,7 +149,10 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
     per step. At most ``max_num_seqs`` requests decode at once (the rest wait, in order, as vLLM's
     scheduler admits them); their prefill is one step of its own as they enter."""
     cap = max(len(b) for b in batches)
-    propose, after_batch = make_proposer(spec, max_model_len, max_num_seqs or cap, temperature, step_cost)
+    if drafter is None:
+        propose, after_batch = make_proposer(spec, max_model_len, max_num_seqs or cap, temperature, step_cost)
+        drafter = ReplayDrafter(propose, after_batch)
+    propose, after_batch, kind = drafter.propose, drafter.after_batch, drafter.kind
     k = spec.num_speculative_tokens
     out = []
     for v, rollouts in enumerate(batches):
@@ -168,7 +189,9 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
             drafts = propose(batch, [sampled[r] for r in active], requests)
             proposer_s = time.thread_time() - cpu0
             # a request's context is what its KV cache holds: every token but the one it just sampled
-            step = TraceStep([number[r] for r in active], [n[r] - 1 for r in active], [], [], 0, proposer_s)
+            step = TraceStep([number[r] for r in active], [n[r] - 1 for r in active], [], [], 0,
+                             proposer_s if kind in ("list", "hybrid") else None, 0,
+                             drafter.model_forwards() if drafter.model_forwards is not None else 0)
             still = []
             for rid, d in zip(active, drafts, strict=True):
                 d = list(d)[:k]
@@ -193,7 +216,7 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
         after_batch([{"problem_id": pid, "prompt_token_ids": p, "token_ids": t, "policy_version": v}
                      for _, pid, p, t in recs], v + 1)
         row["tokens_per_target_forward"] = row["generated_tokens"] / row["target_forwards"]
-        row["trace"] = Trace("list", k, steps, label or spec.drafter, "replay",
-                             {"version": v, "requests": len(recs), "max_num_seqs": max_num_seqs})
+        row["trace"] = Trace(kind, k, steps, label or spec.drafter, "replay",
+                             {"version": v, "requests": len(recs), "max_num_seqs": max_num_seqs}, drafter.parts)
         out.append(row)
     return out
