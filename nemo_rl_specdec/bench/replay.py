@@ -70,19 +70,23 @@ _VLLM_PROPOSERS = {"suffix": _suffix, "ngram": _ngram}
 
 
 def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1024, temperature: float = 1.0,
-                  step_cost=None):
+                  step_cost=None, proposer_class=None):
     """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block.
 
     Without `step_cost` every draft is verified (there is no step time to judge by: `auto_disable`
     off, `scheduling.budget: uniform`). With one (`sim/price.py` `PricedStepCost`), our proposers keep
-    the block's per-step rules and decide on its costs."""
+    the block's per-step rules and decide on its costs. `proposer_class`: a subclass of the block's
+    custom_class proposer to build in its place (`bench/hybrid.py` decides DAS's cuts)."""
     vc = _vllm_config(spec, max_model_len, max_num_seqs, temperature)
     method, k = vc.speculative_config.method, spec.num_speculative_tokens
     if method == "custom_class":
         import importlib
 
-        mod, _, cls = vc.speculative_config.model.rpartition(".")
-        p = getattr(importlib.import_module(mod), cls)(vc)
+        mod, _, name = vc.speculative_config.model.rpartition(".")
+        cls = getattr(importlib.import_module(mod), name)
+        if proposer_class is not None and not issubclass(proposer_class, cls):
+            raise ValueError(f"replay: proposer_class {proposer_class.__name__} is not a {name}")
+        p = (proposer_class or cls)(vc)
         runner = SimpleNamespace(input_batch=None, requests={})
         block = spec.model_dump(mode="json")
         if step_cost is None:
@@ -103,10 +107,10 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
                 p.specdec_rebuild(rollouts, version)
 
         return propose, after_batch
-    if step_cost is not None:
+    if step_cost is not None or proposer_class is not None:
         raise ValueError(f"replay: drafter {spec.drafter!r} runs as vLLM's own {method!r} proposer, which has no "
-                         "per-step rule to price; allowed with a step cost: our proposers (suffix.backend: das, "
-                         "ngram.backend: specdec)")
+                         "per-step rule to price and no subclass to build; allowed with a step cost or a "
+                         "proposer_class: our proposers (suffix.backend: das, ngram.backend: specdec)")
     build = _VLLM_PROPOSERS.get(method)
     if build is None:
         raise ValueError(f"replay: drafter {spec.drafter!r} ({method}) is not a list drafter; allowed: those vLLM "
