@@ -54,6 +54,7 @@ from pydantic import Field
 from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter
 from nemo_rl_specdec.schema import PathError, Strict
 
+_HISTORY, _MODEL = "history", "model"  # the sources of `hybrid_choice.HybridChoice`
 PROBE_EVERY = 4  # warm-up: one step in this many skips the model's draft forwards (the fit needs both kinds)
 
 
@@ -240,7 +241,7 @@ class HybridProposer:
     def propose(self, call_model, scheduler_output, sampled_token_ids) -> list:
         """One step's drafts (a list per request). `call_model()` runs vLLM's proposer of the model part
         as the model runner would (it reads `scheduler_output.num_spec_tokens_to_schedule`)."""
-        from nemo_rl_specdec.drafters.machinery.hybrid_choice import HISTORY, MODEL as FROM_MODEL, choose
+        from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
 
         t_start = time.perf_counter()
         c = self.counters
@@ -291,10 +292,10 @@ class HybridProposer:
             sources, lengths = [], []
             for h, m in zip(history_rows, model_rows, strict=True):
                 if run_model and float(m.sum()) >= float(h.sum()):
-                    sources.append(FROM_MODEL)
+                    sources.append(_MODEL)
                     lengths.append(k_model)
                 elif h.size:
-                    sources.append(HISTORY)
+                    sources.append(_HISTORY)
                     lengths.append(int(h.size))
                 else:
                     sources.append("none")
@@ -316,7 +317,7 @@ class HybridProposer:
         kept = []
         for i, src, d in zip(decode, sources, lengths, strict=True):
             h = hist_by_row.get(i)
-            if src == HISTORY and h is not None and d:
+            if src == _HISTORY and h is not None and d:
                 _, rid, st, tokens, probs, hs = h
                 kept.append((i, rid, st, tokens[:d], probs[:d], hs))
                 self._history_rows[rid] = d
@@ -325,7 +326,7 @@ class HybridProposer:
                 continue
             if h is not None:
                 self.das.withhold(h)
-            if src == FROM_MODEL and d and run_model:
+            if src == _MODEL and d and run_model:
                 out[i] = [int(t) for t in model_drafts[i][:d]]
                 self._model_rows[req_ids[i]] = len(out[i])
                 c["from_model"] += 1
