@@ -23,8 +23,9 @@ in `drafters/registry.py`:
 - NeMo-RL: `weight_source(spec, streams)` (where its weights come from there, given the
   `TrainerStreams`), `refit_hint` and
   `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`,
-  `worker_modules` (libraries the vLLM workers must import), `needs_vllm_methods` (vLLM methods it
-  needs besides the one its `vllm_config` names: a vLLM without them is refused at preflight).
+  `worker_modules` (libraries the vLLM workers must import), `needs_vllm_methods` (vLLM methods
+  whose absence marks a vLLM too old for it, besides the one its `vllm_config` names: refused at
+  the adapter's preflight).
 """
 from __future__ import annotations
 

@@ -17,8 +17,9 @@ Per engine step, :meth:`HybridProposer.propose`:
   verified (`ModelAcceptance`);
 - takes the step's costs from the engine's step-cost fit (`StepCostFit(draft_forwards=True)`,
   fitted online on the time between calls, with the model's draft forwards as columns of their
-  own; or a `sim/price.py` `PricedStepCost` set as `cost` for priced replays): t0, c_tok, and the
-  cost of the model half's draft forwards for this batch;
+  own): t0, c_tok, and the cost of the model half's skippable draft forwards for this batch. A
+  cost object set as `cost` in their place (`split`, and `forward_s(requests, k)`) prices them
+  instead;
 - decides with `drafters/machinery/hybrid_choice.py` `choose`: history drafts only, or run the
   model half and let each request take the better of its two drafts, drafts cut to what pays;
 - runs the model half's draft forwards only when that pays. Where it does not, vLLM's proposer
@@ -72,7 +73,10 @@ class Hybrid(Drafter):
     draft_cost = SEQUENTIAL
     config = HybridConfig
     worker_modules = ("arctic_inference.suffix_decoding",)  # the history part's suffix trees
+    # the model-runner path the hybrid drafts through (lists of any length from our proposer beside a
+    # model method, the k = 0 KV-only forward) came with vLLM's custom_class; NeMo-RL v0.7.0's vLLM has neither
     needs_vllm_methods = ("custom_class",)
+    trainer_stream = "the model part's (hybrid.model) trainer stream"
     variants = (("hybrid (DAS + eagle3)", ("hybrid.model=eagle3", "num_speculative_tokens=4", "refresh.mode=frozen",
                                            "suffix.max_match_len=8")),)
 
@@ -212,6 +216,8 @@ class HybridProposer:
         self._history_rows: dict = {}  # request id -> length of the history draft proposed for it last step
         self.steps = 0
         self.trace: list | None = None  # per step (sources, lengths, run_model) when tracing
+        self._window: dict = {}  # the counters at the last policy update
+        self.last_window: dict = {}  # their change over the generation between the last two updates
         self.counters = {"steps": 0, "rows": 0, "from_history": 0, "from_model": 0, "from_none": 0,
                          "history_draft_tokens": 0, "history_accepted": 0, "model_draft_tokens": 0,
                          "model_accepted": 0, "model_runs": 0, "model_skipped": 0, "skipped_draft_forwards": 0,
@@ -374,26 +380,41 @@ class HybridProposer:
         self.k = 0
 
     # ------------------------------------------------------------------ metrics
+    def specdec_new_policy(self, version: int) -> None:
+        """A policy update arrived (the worker extension calls this first in every update): what the
+        counters did since the previous one is the last training step's generation (`step/*` metrics)."""
+        now = {k: v for k, v in self.counters.items()}
+        self.last_window = {k: v - self._window.get(k, 0) for k, v in now.items()}
+        self._window = now
+
+    @staticmethod
+    def _shares(c: dict) -> dict:
+        rows, out = max(1, c.get("rows", 0)), {}
+        for half in ("history", "model", "none"):
+            out[f"share_{half}"] = c.get(f"from_{half}", 0) / rows
+        for half in ("history", "model"):
+            if c.get(f"{half}_draft_tokens"):
+                out[f"{half}_acceptance"] = c[f"{half}_accepted"] / c[f"{half}_draft_tokens"]
+        out["model_skipped"] = c.get("model_skipped", 0)
+        out["skipped_draft_forwards"] = c.get("skipped_draft_forwards", 0)
+        return out
+
     def specdec_stats(self) -> dict:
         return {"counters": dict(self.counters), "history": self.das.specdec_stats(),
                 "model_acceptance": self.model.rates().tolist(), "step_cost": self.cost.metrics()}
 
     def specdec_metrics(self) -> dict:
-        """Flat numbers for the trainer's metrics (`hybrid/*`: the counters, the share of drafted
-        requests by half, each half's acceptance, the model's acceptance by position, the step-cost
-        fit) beside the history half's own (`das/*`)."""
+        """Flat numbers for the trainer's metrics: `hybrid/*` since engine start (the counters, the
+        share of decode rows drafted by each half or by neither, each half's acceptance, the skipped
+        model draft steps and forwards, the model's acceptance by position, the step-cost fit),
+        `hybrid/step/*` the same shares, acceptance and skips over the last training step's
+        generation (between the last two policy updates), and the history half's own (`das/*`)."""
         c, p = self.counters, self.metrics_prefix
         out = {f"{p}/{k}": float(v) for k, v in c.items()}
-        rows = max(1, c["rows"])
-        out[f"{p}/share_history"] = c["from_history"] / rows
-        out[f"{p}/share_model"] = c["from_model"] / rows
-        out[f"{p}/share_none"] = c["from_none"] / rows
-        out[f"{p}/model_skip_rate"] = c["model_skipped"] / max(1, c["steps"])
+        out.update({f"{p}/{k}": float(v) for k, v in self._shares(c).items()})
+        if self.last_window.get("steps"):
+            out.update({f"{p}/step/{k}": float(v) for k, v in self._shares(self.last_window).items()})
         das = self.das.counters
-        if c["history_draft_tokens"]:
-            out[f"{p}/history_acceptance"] = c["history_accepted"] / c["history_draft_tokens"]
-        if c["model_draft_tokens"]:
-            out[f"{p}/model_acceptance"] = c["model_accepted"] / c["model_draft_tokens"]
         for j, r in enumerate(self.model.rates()):
             out[f"{p}/model_acceptance_by_pos/{j + 1}"] = float(r)
         out.update({f"{p}/step_cost/{k}": float(v) for k, v in self.cost.metrics().items()

@@ -187,6 +187,7 @@ class SpecDecWorkerExtension:
     def _specdec_refresh_drafter(self, update: PolicyUpdate, drafter_items, host_loaded: int = 0,
                                  host_items=None) -> UpdateReport:
         st = self._specdec()
+        self._specdec_new_policy(update.version)
         version, rollouts = update.version, update.rollouts
         st.policy_version = version
         st.updates += 1
@@ -272,6 +273,7 @@ class SpecDecWorkerExtension:
 
     def _specdec_skip_refresh(self, version: int, had_drafter_items: bool) -> UpdateReport:
         st = self._specdec()
+        self._specdec_new_policy(version)
         if had_drafter_items and st.mode == "frozen":
             raise DrafterRefreshError("refresh.mode=frozen but the update carries drafter tensors")
         st.policy_version = version
@@ -359,6 +361,12 @@ class SpecDecWorkerExtension:
         (ours where it is a custom_class proposer)."""
         runner = getattr(self, "model_runner", None)
         return getattr(runner, "specdec_hybrid", None) or getattr(runner, "drafter", None)
+
+    def _specdec_new_policy(self, version: int) -> None:
+        """Tell our proposer that an update arrived (it closes its per-training-step metrics window)."""
+        proposer = self._specdec_our_proposer()
+        if hasattr(proposer, "specdec_new_policy"):
+            proposer.specdec_new_policy(version)
 
     def _specdec_proposer(self, what: str, version: int):
         proposer = self._specdec_our_proposer()
