@@ -439,11 +439,17 @@ TRACE_KIND = {"host": "list", "sequential": "model", "parallel": "block"}
 def cost_entry(spec: SpecDecConfig) -> tuple[str, str | None]:
     """(trace kind, hardware-profile entry) of the block's drafter: ``("none", None)`` without
     speculation; a history drafter's entry names its proposer (``das``, ``vllm_suffix``, ``ngram``,
-    ``ngram_specdec``), a model drafter's its name."""
+    ``ngram_specdec``), a model drafter's its name; a drafter made of parts is of kind ``hybrid``
+    (its entries: `cost_parts`)."""
     if not spec.enabled:
         return "none", None
     d = DRAFTERS[spec.drafter]
-    return TRACE_KIND[d.draft_cost], d.cost_entry(spec)
+    return ("hybrid" if d.cost_parts(spec) else TRACE_KIND[d.draft_cost]), d.cost_entry(spec)
+
+
+def cost_parts(spec: SpecDecConfig) -> dict | None:
+    """The profile entries of the block's drafter's parts (a hybrid trace's `parts`), or None."""
+    return DRAFTERS[spec.drafter].cost_parts(spec) if spec.enabled else None
 
 
 def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:

@@ -13,7 +13,8 @@ in `drafters/registry.py`:
   against a local policy checkpoint, `vllm_config(spec, temperature)`;
 - weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
   layers ride in the policy's), `takes_request_budgets(spec)`, `judges_steps(spec)` (our proposer
-  cuts each step's drafts), `rollout_prompt_tail(spec)` (it builds from rollouts),
+  cuts each step's drafts), `rollout_prompt_tail(spec)` (it builds from rollouts), `cost_parts(spec)`
+  (the profile entries of a drafter made of parts),
   `engine_proposer(runner, spec)` (a proposer of ours beside the engine's model drafter);
 - online refresh: `distiller(spec, ...)` returns its `train.distill.Distiller`;
   `CheckpointDrafter` is the common case: a checkpoint of its own in `<name>.model`, vLLM's method
@@ -136,6 +137,11 @@ class Drafter:
     def engine_proposer(self, runner: Any, spec: dict) -> Any:
         """A proposer of ours that drafts beside the engine's model drafter, built in the vLLM worker
         for its model runner `runner` from the validated block `spec`; None: vLLM's proposer alone."""
+        return None
+
+    def cost_parts(self, spec: SpecDecConfig) -> dict | None:
+        """A drafter made of a history and a model part: their hardware-profile entries
+        ({"history": ..., "model": ...}; its traces are of kind `hybrid`); None for the others."""
         return None
 
     def rollout_prompt_tail(self, spec: SpecDecConfig) -> int | None:

@@ -152,6 +152,9 @@ class Hybrid(Drafter):
     def cost_entry(self, spec):
         return self.model_part(spec).cost_entry(spec)
 
+    def cost_parts(self, spec):
+        return {"history": self.history_part(spec).cost_entry(spec), "model": self.model_part(spec).cost_entry(spec)}
+
     def rollout_prompt_tail(self, spec):
         return self.history_part(spec).rollout_prompt_tail(spec)
 
@@ -215,6 +218,10 @@ class HybridProposer:
         self._model_rows: dict = {}  # request id -> length of the model draft proposed for it last step
         self._history_rows: dict = {}  # request id -> length of the history draft proposed for it last step
         self.steps = 0
+        # the last call: its host thread time (the lookups and the choice, not the model half's
+        # forwards) and the model half's forwards it ran (k, or 1: the KV forward), for engine traces
+        self.last_host_s = 0.0
+        self.last_forwards = 0
         self.trace: list | None = None  # per step (sources, lengths, run_model) when tracing
         self._window: dict = {}  # the counters at the last policy update
         self.last_window: dict = {}  # their change over the generation between the last two updates
@@ -249,7 +256,7 @@ class HybridProposer:
         as the model runner would (it reads `scheduler_output.num_spec_tokens_to_schedule`)."""
         from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
 
-        t_start = time.perf_counter()
+        t_start, cpu_start = time.perf_counter(), time.thread_time()
         c = self.counters
         batch = self.runner.input_batch
         step = self.das.lookup(sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu)
@@ -277,10 +284,12 @@ class HybridProposer:
         if step is None or k_model <= 0 or self.k <= 0:  # nothing to draft: the model still writes its KV
             saved = scheduler_output.num_spec_tokens_to_schedule
             scheduler_output.num_spec_tokens_to_schedule = 0
+            cpu_model = time.thread_time()
             try:
                 call_model()
             finally:
                 scheduler_output.num_spec_tokens_to_schedule = saved
+            self.last_host_s, self.last_forwards = cpu_model - cpu_start, 1
             return [[] for _ in range(rows)]
         hist_by_row = {p[0]: p for p in step.pending}
         hist_gains = self.das.gains(step.pending)
@@ -310,7 +319,7 @@ class HybridProposer:
             t0, c_tok, fwd_s = cost
             ch = choose(history_rows, model_rows, t0, c_tok, fwd_s, requests=len(decode))
             run_model, sources, lengths = ch.run_model, list(ch.source), list(ch.lengths)
-        t_model = time.perf_counter()
+        t_model, cpu_model = time.perf_counter(), time.thread_time()
         saved = scheduler_output.num_spec_tokens_to_schedule
         scheduler_output.num_spec_tokens_to_schedule = k_model if run_model else 0
         try:
@@ -318,6 +327,7 @@ class HybridProposer:
         finally:
             scheduler_output.num_spec_tokens_to_schedule = saved
         c["model_s"] += time.perf_counter() - t_model
+        cpu_after_model = time.thread_time()
         model_drafts = drafts.tolist() if hasattr(drafts, "tolist") else list(drafts or [])
         out: list = [[] for _ in range(rows)]
         kept = []
@@ -355,6 +365,8 @@ class HybridProposer:
         if self.trace is not None:
             self.trace.append((tuple(sources), tuple(lengths), bool(run_model)))
         c["propose_s"] += time.perf_counter() - t_start
+        self.last_host_s = (cpu_model - cpu_start) + (time.thread_time() - cpu_after_model)
+        self.last_forwards = k_model if run_model else 1
         return out
 
     # ------------------------------------------------------------------ the history half's refresh

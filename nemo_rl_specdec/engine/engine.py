@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, cost_entry, to_vllm_speculative_config
+from nemo_rl_specdec.config import (
+    ConfigError,
+    RunConfig,
+    SpecDecConfig,
+    cost_entry,
+    cost_parts,
+    to_vllm_speculative_config,
+)
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.engine.tracing import StepTracer
@@ -142,8 +149,8 @@ class Engine:
         self.torch_threads = torch.get_num_threads()
         vllm_compat.quiet_benign_vllm_warnings()
         vllm_compat.LIVE_ENGINES.add(self)
-        self.tracer = StepTracer(self.llm)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
+        self.tracer = StepTracer(self.llm)  # after specdec_init: it wraps the proposer that init attaches (hybrid)
         self.spec = spec
         self.k_auto = attach_to_llm(self.llm, spec, self.name)  # scheduling.k: auto, else None
         fix = self.state.get("cpu_fix", {})
@@ -246,7 +253,8 @@ class Engine:
         state = dict(st) if self.k_auto is None else {**st, "k_auto": self.k_auto.stats()}
         kind, entry = cost_entry(self.spec) if self.spec_active else ("none", None)
         trace = self.tracer.take(kind, self.spec.num_speculative_tokens, entry,
-                                 {"engine": self.name, "requests": len(live), "policy_version": st["policy_version"]})
+                                 {"engine": self.name, "requests": len(live), "policy_version": st["policy_version"]},
+                                 parts=cost_parts(self.spec) if self.spec_active else None)
         return GenerateResult(rollouts, metrics, state, trace)
 
     def _match_threads(self) -> None:

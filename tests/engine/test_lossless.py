@@ -180,8 +180,8 @@ def test_cpu_sampling_fix_was_applied_or_not_needed(case):
 @pytest.mark.parametrize("case", ["hybrid_das_eagle3"], indirect=True)
 def test_the_hybrid_verifies_drafts_of_both_halves_in_one_run(case, problems, encode):
     """One greedy run of the hybrid accepts drafts of its history half (DAS) and of its model half
-    (Eagle3), skips some of the model's draft forwards, and stays the policy's own output (the
-    greedy test above compares every token)."""
+    (Eagle3), stays the policy's own output, and its trace says on which steps the model's draft
+    forwards ran (the engine skipped some of them at least in its warm-up)."""
     spec = case.spec
     tok = spec.tokenizer()
     reqs = [Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:12]]
@@ -199,3 +199,9 @@ def test_the_hybrid_verifies_drafts_of_both_halves_in_one_run(case, problems, en
     assert c["from_model"] > 0 and c["model_accepted"] > 0, c
     assert after["model_skipped"] > 0 and after["skipped_draft_forwards"] > 0, after  # warm-up probes at least
     assert c["history_accepted"] + c["model_accepted"] == got.metrics.accepted_tokens, c
+    # the engine's trace is a hybrid one: the model part's forwards on each step (k, or the KV forward alone)
+    t = got.trace
+    assert t.kind == "hybrid" and t.parts == {"history": "das", "model": "eagle3"}
+    decode = [s for s in t.steps if s.rids]
+    assert {s.model_forwards for s in decode} <= {1, t.k} and all(s.proposer_s is not None for s in decode)
+    assert sum(s.model_forwards == 1 for s in decode) == c["model_skipped"]
