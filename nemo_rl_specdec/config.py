@@ -441,10 +441,12 @@ def cost_entry(spec: SpecDecConfig) -> tuple[str, str | None]:
     speculation; a history drafter's entry names its proposer (``das``, ``vllm_suffix``, ``ngram``,
     ``ngram_specdec``), a model drafter's its name; a drafter made of parts is of kind ``hybrid``
     (its entries: `cost_parts`)."""
+    from nemo_rl_specdec.trace import HYBRID
+
     if not spec.enabled:
         return "none", None
     d = DRAFTERS[spec.drafter]
-    return ("hybrid" if d.cost_parts(spec) else TRACE_KIND[d.draft_cost]), d.cost_entry(spec)
+    return (HYBRID if d.cost_parts(spec) else TRACE_KIND[d.draft_cost]), d.cost_entry(spec)
 
 
 def cost_parts(spec: SpecDecConfig) -> dict | None:

@@ -30,7 +30,8 @@ from typing import Any
 FORMAT = "nemo-rl-specdec/trace"
 VERSION = 2
 READS = (1, 2)  # trace versions this package reads
-KINDS = ("none", "list", "model", "block", "hybrid")
+HYBRID = "hybrid"  # the kind of a trace of a drafter made of parts (not a drafter's name: compared as this constant)
+KINDS = ("none", "list", "model", "block", HYBRID)
 PARTS = ("history", "model")
 SOURCES = ("replay", "engine")
 
@@ -134,7 +135,7 @@ class Trace:
             raise TraceError(f"k: {self.k!r}; allowed: 0 with kind 'none', else an integer >= 1")
         if not isinstance(self.steps, list):
             raise TraceError(f"steps: {type(self.steps).__name__}; allowed: a list of steps")
-        hybrid = self.kind == "hybrid"
+        hybrid = self.kind == HYBRID
         if hybrid != (self.parts is not None) or hybrid and (
                 not isinstance(self.parts, dict) or sorted(self.parts) != sorted(PARTS)
                 or not all(isinstance(v, str) and v for v in self.parts.values())):
@@ -166,7 +167,7 @@ class Trace:
                 raise TraceError(f"{where}: neither a decode request nor a prefill token (an empty step)")
             if s.proposer_s is not None and not (isinstance(s.proposer_s, (int, float)) and 0 <= s.proposer_s < 1e4):
                 raise TraceError(f"{where}.proposer_s: {s.proposer_s!r}; allowed: seconds >= 0, or null")
-            if self.kind in ("list", "hybrid") and n and s.proposer_s is None:
+            if self.kind in ("list", HYBRID) and n and s.proposer_s is None:
                 raise TraceError(f"{where}.proposer_s: missing; a history drafter's trace ({self.drafter}) needs the "
                                  "proposer's CPU time of every decode step (it is on the step's critical path)")
             f = s.model_forwards
@@ -176,7 +177,7 @@ class Trace:
 
     # ---------------------------------------------------------------- files
     def to_dict(self) -> dict:
-        hybrid = self.kind == "hybrid"
+        hybrid = self.kind == HYBRID
         return {"format": FORMAT, "version": VERSION, "drafter": self.drafter, "kind": self.kind, "k": self.k,
                 "source": self.source, "meta": self.meta, **({"parts": self.parts} if hybrid else {}),
                 "steps": [{"rids": s.rids, "ctx": s.ctx, "drafts": s.drafts, "accepted": s.accepted,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 
-from nemo_rl_specdec.trace import Trace, TraceStep
+from nemo_rl_specdec.trace import HYBRID, Trace, TraceStep
 
 
 class StepTracer:
@@ -130,14 +130,14 @@ class StepTracer:
         keep their proposer time; other kinds record none; a hybrid trace names its `parts`)."""
         steps, self._steps, self._ids = self._steps, [], {}
         for s in steps:
-            if kind not in ("list", "hybrid") or not s.rids:
+            if kind not in ("list", HYBRID) or not s.rids:
                 s.proposer_s = None
-            if kind != "hybrid":
+            if kind != HYBRID:
                 s.model_forwards = 0
             else:
                 s.model_forwards = min(s.model_forwards, k)
         return Trace(kind, k if kind != "none" else 0, steps, drafter, "engine", meta or {},
-                     parts if kind == "hybrid" else None)
+                     parts if kind == HYBRID else None)
 
 
 __all__ = ["StepTracer"]

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from nemo_rl_specdec.sim.hardware import HardwareProfile
-from nemo_rl_specdec.trace import Trace, TraceError
+from nemo_rl_specdec.trace import HYBRID, Trace, TraceError
 
 OUTLIER_MADS = 3.0
 # batch-size bins of the proposer-share report: [lo, hi)
@@ -85,7 +85,7 @@ def model_forward_s(profile: HardwareProfile, key: str, forwards: int, ctx) -> f
 
 
 def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: str | None) -> str | None:
-    if trace.kind in ("none", "hybrid"):
+    if trace.kind in ("none", HYBRID):
         return None
     key = drafter or trace.drafter
     if key is None:
@@ -104,7 +104,7 @@ def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None) ->
     """The trace's rollout time on `profile` (module doc)."""
     key = _drafter_key(trace, profile, drafter)
     hist = model = None
-    if trace.kind == "hybrid":
+    if trace.kind == HYBRID:
         hist, model = _hybrid_parts(trace, profile, drafter)
     target = profile.cost_model(None)
     cm = profile.cost_model(key) if key is not None else target
@@ -155,7 +155,7 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None =
     `profile` plus the measured proposer time."""
     acc: dict = {}
     for t in traces:
-        if t.kind not in ("list", "hybrid"):
+        if t.kind not in ("list", HYBRID):
             raise TraceError(f"kind: {t.kind!r}; a proposer share is a history drafter's (kind 'list' or 'hybrid')")
         p = price(t, profile, drafter)
         key = p.drafter if t.kind == "list" else (t.parts or {})["history"]
