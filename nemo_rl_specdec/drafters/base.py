@@ -10,7 +10,8 @@ in `drafters/registry.py`:
   `variants` (its configurations worth running side by side: lossless suite cases, bench rows);
 - configuration: `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes` (the
   first is the default), `check(spec)` for cross-field rules, `check_policy(spec, policy_dir)`
-  against a local policy checkpoint, `vllm_config(spec, temperature)`;
+  against a local policy checkpoint, `vllm_config(spec, temperature)`, `engine_args(spec)` (vLLM
+  engine arguments it needs besides its speculative_config);
 - weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
   layers ride in the policy's), `takes_request_budgets(spec)`, `judges_steps(spec)` (our proposer
   cuts each step's drafts), `rollout_prompt_tail(spec)` (it builds from rollouts), `cost_parts(spec)`
@@ -108,6 +109,10 @@ class Drafter:
     def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
         """vLLM's `speculative_config` for this drafter (the k schedule is added by config.py)."""
         raise NotImplementedError
+
+    def engine_args(self, spec: SpecDecConfig) -> dict:
+        """vLLM engine arguments (beside `speculative_config`) the drafter needs; none for most."""
+        return {}
 
     def draft_sample_method(self, spec: SpecDecConfig, temperature: float) -> str:
         """`auto`: probabilistic drafts for model drafters at T>0 (lossless and far better accepted)."""

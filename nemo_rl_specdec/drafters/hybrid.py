@@ -4,10 +4,10 @@ chosen per request and per engine step.
 `Hybrid` declares the drafter: its `hybrid:` sub-block names the two parts
 (``hybrid: {history: suffix, model: eagle3}``); each part keeps its own sub-block (``suffix:``
 with ``backend: das``, ``eagle3: {model: ...}``). vLLM runs the model part as its own method
-(the model part's ``speculative_config``, with ``disable_padded_drafter_batch`` so that drafting
-runs after the step's bookkeeping, on the step's verified tokens, and with greedy drafts);
-`HybridProposer`, attached to the model runner by the worker extension, routes every step's
-drafting through itself (`engine/vllm_compat.py` `route_drafts_through_hybrid`).
+(the model part's ``speculative_config``, with greedy drafts, and vLLM's synchronous scheduling:
+`engine_args`); `HybridProposer`, attached to the model runner by the worker extension, routes
+every step's drafting through itself (`engine/vllm_compat.py` `route_drafts_through_hybrid`,
+which also hands it the step's verified tokens from vLLM's padded batch).
 
 Per engine step, :meth:`HybridProposer.propose`:
 
@@ -143,8 +143,11 @@ class Hybrid(Drafter):
     def vllm_config(self, spec, temperature):
         out = self.model_part(spec).vllm_config(spec, temperature)
         out["draft_sample_method"] = "greedy"
-        out["disable_padded_drafter_batch"] = True  # draft after bookkeeping: the history lookup reads the step
         return out
+
+    def engine_args(self, spec):
+        # per-request drafts of any length take vLLM's list path, which needs synchronous scheduling
+        return {"async_scheduling": False}
 
     def draft_sample_method(self, spec, temperature):
         return "greedy"
@@ -251,15 +254,18 @@ class HybridProposer:
             self.cost.add(last[1], last[2], last[3], start - last[0], forwards=last[4])
 
     # ------------------------------------------------------------------ a step
-    def propose(self, call_model, scheduler_output, sampled_token_ids) -> list:
-        """One step's drafts (a list per request). `call_model()` runs vLLM's proposer of the model part
-        as the model runner would (it reads `scheduler_output.num_spec_tokens_to_schedule`)."""
+    def propose(self, call_model, scheduler_output, sampled_token_ids, num_tokens=None) -> list:
+        """One step's drafts (a list per request). `sampled_token_ids`: the tokens each request's last
+        step verified; `num_tokens`: each request's tokens with them (default: the input batch's
+        `num_tokens_no_spec`); `call_model()` runs vLLM's proposer of the model part as the model
+        runner would (it reads `scheduler_output.num_spec_tokens_to_schedule`)."""
         from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
 
         t_start, cpu_start = time.perf_counter(), time.thread_time()
         c = self.counters
         batch = self.runner.input_batch
-        step = self.das.lookup(sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu)
+        counts = batch.num_tokens_no_spec if num_tokens is None else num_tokens
+        step = self.das.lookup(sampled_token_ids, counts, batch.token_ids_cpu)
         rows = len(sampled_token_ids)
         req_ids = batch.req_ids
         k_model = int(getattr(scheduler_output, "num_spec_tokens_to_schedule", self.k) or 0)

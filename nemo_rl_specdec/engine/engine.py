@@ -134,6 +134,8 @@ class Engine:
         # optional vllm_cfg.max_num_seqs: vLLM's cap on requests decoded at once (the rest queue)
         max_seqs = (vc.model_extra or {}).get("max_num_seqs")
         limits = {} if max_seqs is None else {"max_num_seqs": int(max_seqs)}
+        if spec.enabled:  # what the drafter needs of the engine besides its speculative_config
+            limits.update(drafter_of(spec).engine_args(spec))
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path, tokenizer=self.model_path, dtype=vc.precision, enforce_eager=vc.enforce_eager,

@@ -1,6 +1,6 @@
 """The hybrid drafter's block: parts that cannot be combined are refused at validation with the key
-path and the reason; a valid block maps to the model part's vLLM method, greedy, drafting after
-bookkeeping; the model part's refresh modes govern both halves."""
+path and the reason; a valid block maps to the model part's vLLM method, greedy, with vLLM's
+synchronous scheduling; the model part's refresh modes govern both halves."""
 from __future__ import annotations
 
 import json
@@ -49,12 +49,17 @@ def test_mtp_as_the_model_part_needs_a_policy_with_mtp_layers(tmp_path):
                                  f"{B}.hybrid.model=mtp"]).spec.hybrid.model == "mtp"
 
 
+def d_args(spec) -> dict:
+    return drafter(spec).engine_args(spec)
+
+
 @pytest.mark.parametrize("model", ["eagle3", "dflash", "draft_model"])
-def test_the_block_maps_to_the_model_parts_method_greedy_after_bookkeeping(model):
+def test_the_block_maps_to_the_model_parts_method_greedy_and_synchronous(model):
     spec = _cfg(f"hybrid.model={model}").spec
     sc = to_vllm_speculative_config(spec, temperature=1.0)
     assert sc["method"] == model and sc["model"] == getattr(spec, model).model
-    assert sc["draft_sample_method"] == "greedy" and sc["disable_padded_drafter_batch"] is True
+    assert sc["draft_sample_method"] == "greedy" and "disable_padded_drafter_batch" not in sc  # vLLM's padded path
+    assert d_args(spec) == {"async_scheduling": False}  # list drafts need synchronous scheduling
     d = drafter(spec)
     assert d.checkpoint(spec) == getattr(spec, model).model and d.weights_owner(spec) is drafter(model)
     assert d.rollout_prompt_tail(spec) == drafter("suffix").rollout_prompt_tail(spec)  # the store takes rollouts
