@@ -19,23 +19,28 @@ that takes, per request and step, the draft with more expected committed tokens 
 3. Replays (`bench/replay.py`), every draft verified against the recorded tokens, each request
    advancing by what its verified draft commits:
    - ``das``: history only, DAS with its per-step rule (`scheduling.budget: adaptive`) deciding on
-     the profile's step cost and refreshed with each step's rollouts;
+     the profile's step cost and refreshed with each step's rollouts; ``das_all``: the same DAS
+     with every draft verified (its coverage and acceptance by position are what the simulator's
+     hybrid reads for the history half);
    - ``eagle3``: model only, k drafts verified at every step (vLLM's eagle3);
    - ``eagle3_rule``: model only with the per-step rule (`hybrid_choice.choose` without history
      drafts: the forwards skipped on steps where no draft pays, drafts cut to what pays);
    - ``hybrid``: at every step, DAS's drafts with their calibrated acceptance (DAS's
      `AcceptanceCalibration`), the model half's acceptance by position measured online (its drafts
      scored against what the target then produced, verified or not, as DAS scores its withheld
-     drafts), and `hybrid_choice.choose` on the profile's costs: t0 and c_tok (`PricedStepCost`,
-     DAS's proposer included), and the model half's k forwards over the step's requests
-     (`price.model_forward_s`). The trace charges those forwards on the steps that ran them and DAS's
-     proposer on every step;
+     drafts; apart for requests with a history draft and without one, since the rule takes model
+     drafts mostly where history finds nothing), and `hybrid_choice.choose` on the profile's
+     costs: t0 and c_tok (`PricedStepCost`, DAS's proposer included), and the model half's k
+     forwards over the step's requests (`price.model_forward_s`). The trace charges those forwards
+     on the steps that ran them and DAS's proposer on every step;
    - ``oracle``: the same choice made with hindsight (each draft token's gain 1 if the target
      accepts it, else 0): the ceiling of any rule choosing between the same two drafts.
 4. Pricing (`sim/price.py`, `bench.hybrid.hardware`, default h100_qwen3_8b): each replay's trace
    against the same text without drafts. Targets: the hybrid's priced rollout time >= 1.15x the
-   better half's (of das, eagle3, eagle3_rule), and its tokens per target forward >= the better
-   half's.
+   better half's (of das, das_all, eagle3, eagle3_rule), and its tokens per target forward >= the
+   better half's. Every row carries ``coverage`` (the share of request-steps that verified a
+   draft) and ``accepted_per_position`` (the share of those drafts whose j-th token was accepted),
+   the simulator's acceptance input (`acceptance.bench_json`).
 
 The replays are deterministic for a given text; the wall clock printed beside them is each
 replay's own run on this host (proposer lookups, no target forward), the median of
@@ -44,7 +49,7 @@ replay's own run on this host (proposer lookups, no target forward), the median 
 Run-file knobs (under ``bench.hybrid``, all optional): ``steps`` (default ``grpo.max_num_steps``),
 ``hardware``, ``repeats`` (default 3), ``core``, ``problem_seed``, ``head`` (an Eagle3 head to
 start from, default the run file's ``eagle3.model``), ``distill`` (default true: the head refreshes
-every step), ``head_problems`` (problems a head is built on where none is given, default 96).
+every step), ``head_problems`` (problems a head is built on where none is given, default 48).
 """
 from __future__ import annotations
 
@@ -60,8 +65,10 @@ from nemo_rl_specdec.config import ConfigError, RunConfig
 
 MIN_STEPS = 2
 TARGET_SPEEDUP = 1.15   # the hybrid's priced rollout time against the better half's
-HALVES = ("das", "eagle3", "eagle3_rule")
+HALVES = ("das", "das_all", "eagle3", "eagle3_rule")
 HISTORY_KEY, MODEL_KEY = "das", "eagle3"   # the hardware profile's entries of the two halves
+MODEL_CONTEXTS = ("beside_history", "alone")  # the model half's acceptance is calibrated apart in each
+BESIDE_HISTORY, ALONE = 0, 1
 
 _say = functools.partial(say, "hybrid")
 
@@ -82,19 +89,21 @@ def _options(cfg: RunConfig) -> dict:
             "core": option(b, "hybrid", "core", 0, 0, 4095), "seed": seed,
             "problem_seed": option(b, "hybrid", "problem_seed", 20_000 + seed, 0, 2**32 - 1),
             "head": head, "distill": distill,
-            "head_problems": option(b, "hybrid", "head_problems", 96, 1, MAX_PROMPTS),
+            "head_problems": option(b, "hybrid", "head_problems", 48, 1, MAX_PROMPTS),
             "prompts": cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
             "generations": cfg.setting("grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
             "lr": cfg.setting("grpo.learning_rate", 1e-4, 1e-12, 1.0, float)}
 
 
-def das_spec(cfg: RunConfig):
-    """The run file's DAS (`suffix.backend: das`) with the per-step rule on: the history half."""
+def das_spec(cfg: RunConfig, rule: bool = True):
+    """The run file's DAS (`suffix.backend: das`) with the per-step rule on (the history half), or
+    with every draft verified (`rule=False`)."""
     from nemo_rl_specdec.drafters.suffix import for_backend
 
-    sched = {**(cfg.get("policy.generation.speculative_decoding.scheduling") or {}), "budget": "adaptive"}
+    sched = {**(cfg.get("policy.generation.speculative_decoding.scheduling") or {}),
+             "budget": "adaptive" if rule else "uniform"}
     return cfg.with_spec(enabled=True, drafter="suffix", suffix=for_backend(cfg.spec.suffix.model_dump(), "das"),
-                         refresh={"mode": "rebuild"}, auto_disable=True, scheduling=sched).spec
+                         refresh={"mode": "rebuild"}, auto_disable=rule, scheduling=sched).spec
 
 
 # --------------------------------------------------------------------------- the model half's drafts
@@ -105,7 +114,7 @@ def head_command(cfg: RunConfig, out, problems: int) -> list[str]:
 
     return ["python", "-m", "nemo_rl_specdec.tools.train_eagle3", "--policy", str(cfg.model_path), "--out", str(out),
             "--problems", str(problems), "--max-new-tokens", str(cfg.generation.max_new_tokens), "--epochs", "4",
-            "--families", ",".join(run_task_families(cfg))]
+            "--threads", "2", "--families", ",".join(run_task_families(cfg))]
 
 
 def starting_head(cfg: RunConfig, opts: dict) -> str:
@@ -241,10 +250,12 @@ class HybridReplay:
             raise ValueError(f"mode {mode!r}: " + ("needs the history half's speculative block" if both
                                                    else "takes no history half"))
         self.mode, self.tables, self.texts, self.k, self.profile = mode, tables, texts, int(k), profile
-        self.calibration = AcceptanceCalibration(positions=self.k, sources=("model",))
+        # the model half's acceptance by position, apart where a history draft exists and where none does:
+        # the rule takes model drafts mostly where history finds nothing, which is not the average text
+        self.calibration = AcceptanceCalibration(positions=self.k, sources=MODEL_CONTEXTS)
         self.cost = PricedStepCost(profile, HISTORY_KEY if both else MODEL_KEY, self.k)
         self.counts = {"history": 0, "model": 0, "none": 0, "steps": 0, "model_forward_steps": 0}
-        self._pending: dict = {}   # request -> [(text index of its first token, model draft tokens)]
+        self._pending: dict = {}   # request -> [(text index of its first token, model draft tokens, context)]
         self._step: dict = {}
         self._forwards = 0
         self._das = None
@@ -258,22 +269,23 @@ class HybridReplay:
     def _resolve(self, rid: str, row: np.ndarray, n: int) -> None:
         """Score the request's earlier model drafts against the tokens verified since (0..n-1)."""
         left = []
-        for start, toks in self._pending.get(rid, []):
+        for start, toks, src in self._pending.get(rid, []):
             known = row[start:n]
             a = 0
             while a < len(toks) and a < len(known) and toks[a] == known[a]:
                 a += 1
             if a < len(known) or a == len(toks):   # a token differs where known, or the whole draft matched
-                self.calibration.record(0, toks, a)
+                self.calibration.record(src, toks, a)
             else:
-                left.append((start, toks))
+                left.append((start, toks, src))
         self._pending[rid] = left
 
-    def _gains(self, drafts: list, truth: list | None) -> list:
-        """Per row: the draft tokens' gains: calibrated by position, or (oracle) 1 while they match."""
+    def _gains(self, drafts: list, truth: list | None, contexts: list | None = None) -> list:
+        """Per row: the draft tokens' gains: calibrated by position in the row's context (index into
+        MODEL_CONTEXTS), or (oracle, `truth` given) 1 while they match."""
         if truth is None:
-            rates = self.calibration.token_rates(0, range(self.k))
-            return [rates[:len(d)] for d in drafts]
+            rates = [self.calibration.token_rates(c, range(self.k)) for c in range(len(MODEL_CONTEXTS))]
+            return [rates[c][:len(d)] for d, c in zip(drafts, contexts, strict=True)]
         out = []
         for d, t in zip(drafts, truth, strict=True):
             a = 0
@@ -300,8 +312,8 @@ class HybridReplay:
         ctx = [n - 1 for n in ns]
         t0, c_tok = self.cost.split(len(rids), sum(ns))
         forward = model_forward_s(self.profile, MODEL_KEY, self.k, ctx)
-        self._step = {"model": model, "model_gains": self._gains(model, truth if self.mode == "oracle" else None),
-                      "truth": truth, "cost": (t0, c_tok, forward), "rows": len(rids), "choice": None}
+        self._step = {"model": model, "truth": truth, "cost": (t0, c_tok, forward), "rows": len(rids),
+                      "choice": None, "contexts": [ALONE] * len(rids)}
         if self.mode == "eagle3":
             drafts, run = model, True
             self.counts["model"] += len(rids)
@@ -317,15 +329,18 @@ class HybridReplay:
         self.counts["model_forward_steps"] += bool(run)
         self._forwards = self.k if run else 0
         if run:   # the forward drafted every request: each draft is scored once the target has moved past it
-            for rid, n, d in zip(rids, ns, model, strict=True):
-                self._pending.setdefault(rid, []).append((n, d))
+            for rid, n, d, c in zip(rids, ns, model, self._step["contexts"], strict=True):
+                self._pending.setdefault(rid, []).append((n, d, c))
         return drafts
 
     def _decide_full(self, history_gains: list):
         from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
 
         t0, c_tok, forward = self._step["cost"]
-        self._step["choice"] = choose(history_gains, self._step["model_gains"], t0, c_tok, forward)
+        contexts = [BESIDE_HISTORY if len(h) else ALONE for h in history_gains]
+        model = self._gains(self._step["model"], self._step["truth"] if self.mode == "oracle" else None, contexts)
+        self._step["contexts"] = contexts
+        self._step["choice"] = choose(history_gains, model, t0, c_tok, forward)
         return self._step["choice"]
 
     def decide(self, pending_rows: list, gains) -> list:
@@ -376,6 +391,9 @@ def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
                   "model_forward_steps": 0}
     total = counts["history"] + counts["model"] + counts["none"]
     decode_steps = sum(1 for t in traces for s in t.steps if s.rids)
+    accepted = [a for t in traces for s in t.steps for d, a in zip(s.drafts, s.accepted, strict=True) if d]
+    k = max((t.k for t in traces), default=0)
+    per_position = [sum(1 for a in accepted if a > j) / len(accepted) for j in range(k)] if accepted else []
     return {"name": name, "drafter": name, "tokens_per_target_forward": gen / fwd if fwd else None,
             "acceptance_rate": sum(r["accepted_draft_tokens"] for r in rows) / dt if dt else 0.0,
             "wall_clock_ratio": None,   # no engine runs these drafters side by side: see the priced figures
@@ -383,6 +401,8 @@ def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
             "share_model": counts["model"] / total if total else 0.0,
             "share_none": counts["none"] / total if total else 0.0,
             "model_forward_steps": counts["model_forward_steps"], "decode_steps": decode_steps,
+            "coverage": len(accepted) / request_steps if request_steps else 0.0,
+            "accepted_per_position": per_position,
             "hardware": profile.name, "priced_speedup": base_s / spec_s if spec_s else None,
             "priced_rollout_s": spec_s, "priced_baseline_s": base_s,
             "priced_draft_s": sum(x["spec"]["draft_s"] for x in sp),
@@ -423,13 +443,16 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list
     full = with_prompt_lengths(tables, recorded)
     mml = g.vllm_cfg.max_model_len
     results = []
-    for name in ("das",) + HybridReplay.MODES:
+    for name in ("das", "das_all") + HybridReplay.MODES:
         walls, first = [], None
         for _ in range(opts["repeats"]):
             t0 = time.perf_counter()
             if name == "das":
                 rows = replay(history, recorded, mml, g.temperature, step_cost=PricedStepCost(profile, HISTORY_KEY, k),
                               label=HISTORY_KEY)
+                counts = None
+            elif name == "das_all":
+                rows = replay(das_spec(cfg, rule=False), recorded, mml, g.temperature, label=HISTORY_KEY)
                 counts = None
             else:
                 h = HybridReplay(name, full, texts, k, profile, mml, history if name in ("hybrid", "oracle") else None,

@@ -51,15 +51,19 @@ def results():
 
 
 def test_every_configuration_is_replayed_shared_and_priced(results):
-    assert set(results) == {"das", "eagle3", "eagle3_rule", "hybrid", "oracle"}
+    assert set(results) == {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "oracle"}
     for r in results.values():
         assert r["share_history"] + r["share_model"] + r["share_none"] == pytest.approx(1.0)
         for key in ("priced_speedup", "priced_rollout_s", "priced_baseline_s", "tokens_per_target_forward"):
             assert math.isfinite(r[key]) and r[key] > 0, (r["name"], key)
         assert r["repeats"] == 2 and len(r["per_step"]) == 3
+        # the simulator's input: the share of request-steps with a draft, acceptance by position of those
+        assert 0 < r["coverage"] <= 1 and len(r["accepted_per_position"]) == K
+        assert r["accepted_per_position"] == sorted(r["accepted_per_position"], reverse=True)
     assert results["das"]["share_model"] == 0 and results["eagle3"]["share_history"] == 0
     assert results["eagle3"]["share_model"] == 1.0 and results["das"]["priced_draft_s"] == 0
     assert results["eagle3"]["priced_proposer_s"] == 0 and results["das"]["priced_proposer_s"] > 0
+    assert results["eagle3"]["coverage"] == 1.0 and results["das_all"]["coverage"] >= results["das"]["coverage"]
 
 
 def test_the_hybrid_takes_each_half_where_it_drafts_and_beats_both(results):
@@ -89,7 +93,7 @@ def test_the_rule_skips_the_model_forward_where_no_model_draft_pays():
 
     replay(hybrid.das_spec(cfg), recorded, 256, drafter=h.drafter, label="eagle3")
     assert h.counts["model_forward_steps"] < h.counts["steps"]
-    assert h.calibration.token_rates(0, range(K))[0] < 0.5   # learnt from the drafts scored so far
+    assert h.calibration.token_rates(hybrid.ALONE, range(K))[0] < 0.5   # learnt from the drafts scored so far
 
 
 def test_a_mode_without_its_history_half_is_refused():
