@@ -62,3 +62,12 @@ def test_a_run_that_asks_vllm_for_async_scheduling_is_refused_with_the_hybrid():
     g["vllm_kwargs"] = {"async_scheduling": True}
     with pytest.raises(ConfigError, match=r"vllm_kwargs\.async_scheduling: got True; allowed: False .*'hybrid'"):
         translate.apply_to_generation_config(g)
+
+
+def test_the_hybrids_metrics_reach_nemo_rls_logger_as_engine_metrics():
+    from nemo_rl_specdec.adapter.metrics import engine_reported_metrics
+
+    states = [{"metrics": {"hybrid/step/share_model": 0.25, "hybrid/step/model_skipped": 3.0}},
+              {"metrics": {"hybrid/step/share_model": 0.75, "hybrid/step/model_skipped": 5.0}}]
+    assert engine_reported_metrics(states) == {"specdec/engine/hybrid/step/model_skipped": 4.0,
+                                               "specdec/engine/hybrid/step/share_model": 0.5}
