@@ -77,7 +77,8 @@ class Hybrid(Drafter):
     # model method, the k = 0 KV-only forward) came with vLLM's custom_class; NeMo-RL v0.7.0's vLLM has neither
     needs_vllm_methods = ("custom_class",)
     trainer_stream = "the model part's (hybrid.model) trainer stream"
-    variants = (("hybrid (DAS + eagle3)", ("hybrid.model=eagle3", "num_speculative_tokens=4", "refresh.mode=frozen",
+    # `online` with no trainer: the model part stays its checkpoint (an update says so), the store rebuilds
+    variants = (("hybrid (DAS + eagle3)", ("hybrid.model=eagle3", "num_speculative_tokens=4", "refresh.mode=online",
                                            "suffix.max_match_len=8")),)
 
     def __init__(self, parts: tuple[Drafter, ...]):

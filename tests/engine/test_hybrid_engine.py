@@ -108,3 +108,38 @@ def test_every_model_part_is_lossless_beside_das(model, start_engine, engines, p
     c = eng.llm.collective_rpc(lambda w: w.model_runner.specdec_hybrid.counters)[0]
     assert c["history_accepted"] > 0 and c["model_accepted"] > 0, c
     eng.close()
+
+
+def test_one_update_refreshes_both_halves_of_a_live_engine(start_engine, problems, encode):
+    """In a live engine, one versioned update loads the new Eagle3 head and rebuilds the DAS store
+    from the step's rollouts; an update whose history half fails (rollouts the store rejects) fails
+    as a whole, and the engine then refuses to generate with the stale drafter."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from nemo_rl_specdec.lockstep import DrafterRefreshError, StaleDrafterError
+    from nemo_rl_specdec.update import PolicyUpdate
+
+    eng = start_engine(name="hybrid-lockstep", greedy=True, drafter="hybrid", num_speculative_tokens=4,
+                       hybrid={"model": "eagle3"}, refresh={"mode": "online"})
+    tok = eng.tokenizer()
+    reqs = [Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:8]]
+    rollouts = eng.generate(reqs, max_new_tokens=64).rollouts
+    head = load_file(os.path.join(eng.cfg.spec.eagle3.model, "model.safetensors"))
+
+    def stats(worker):
+        return worker.model_runner.specdec_hybrid.das.store.stats()
+
+    before = eng.llm.collective_rpc(stats)[0]
+    rep = eng.update(PolicyUpdate(1, drafter_weights={k: v * 1.01 for k, v in head.items()}, rollouts=rollouts))
+    assert rep.drafter_tensors_applied > 0 and rep.rollouts_added == len(rollouts) and rep.drafter_refreshed
+    assert rep.drafter_version == rep.policy_version == 1
+    assert eng.llm.collective_rpc(stats)[0] != before
+    assert eng.generate(reqs[:2], max_new_tokens=16).metrics.drafts > 0  # in lockstep: generation runs
+
+    with pytest.raises(DrafterRefreshError, match="rejected its input"):
+        eng.update(PolicyUpdate(2, drafter_weights={k: v * 1.02 for k, v in head.items()},
+                                rollouts=[{"problem_id": "p"}]))
+    with pytest.raises(StaleDrafterError, match="stale"):
+        eng.generate(reqs[:1], max_new_tokens=8)
