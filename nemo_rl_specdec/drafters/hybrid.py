@@ -125,6 +125,10 @@ class Hybrid(Drafter):
             raise PathError(f"{m}.model", None, f"a checkpoint path: hybrid.model is {m!r}, whose weights are a "
                             "checkpoint of its own")
         mp.check(spec)
+        if spec.scheduling.k == "auto":
+            raise PathError("scheduling.k", "auto", "null with drafter 'hybrid': it decides at every step whether the "
+                            "model drafts and how much of each draft is verified (k: auto would re-choose the "
+                            "model's k from steps the hybrid shaped)")
         if spec.draft_sample_method == "probabilistic":
             raise PathError("draft_sample_method", "probabilistic", "auto or greedy with drafter 'hybrid': vLLM's "
                             "rejection sampler takes one draft distribution per step, and history drafts have none")
