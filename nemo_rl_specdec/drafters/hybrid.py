@@ -293,6 +293,11 @@ class HybridProposer:
             if d:
                 c["history_accepted"] += min(len(sampled) - 1, d)
         if step is None or k_model <= 0 or self.k <= 0:  # nothing to draft: the model still writes its KV
+            if step is not None:  # the history drafts are scored against what the target produces
+                for entry in step.pending:
+                    self.das.withhold(entry)
+                step.pending = []
+                self.das.emit(step)
             saved = scheduler_output.num_spec_tokens_to_schedule
             scheduler_output.num_spec_tokens_to_schedule = 0
             cpu_model = time.thread_time()
@@ -306,7 +311,7 @@ class HybridProposer:
         hist_gains = self.das.gains(step.pending)
         at = {p[0]: j for j, p in enumerate(step.pending)}
         history_rows = [hist_gains[at[i]] if i in at else np.zeros(0) for i in decode]
-        history_rows = [r[~np.isnan(r)] for r in history_rows]
+        history_rows = [r[~np.isnan(r)][:k_model] for r in history_rows]  # k_model: this batch size's k
         mrates = self.model.rates()[:k_model]
         model_rows = [mrates] * len(decode)
         ctx_sum = step.ctx_sum

@@ -127,3 +127,12 @@ def test_metrics_per_training_step_close_at_each_policy_update():
     m = h.specdec_metrics()
     assert m["hybrid/step/share_history"] == 0.5 and m["hybrid/step/share_model"] == 0.5
     assert m["hybrid/share_history"] == 0.5 and "das/calls" in m
+
+
+def test_a_step_whose_k_is_zero_drafts_nothing_but_runs_the_models_kv_forward():
+    h, _ = _hybrid(fwd_s=1e-6)
+    model = _Model(2)
+    sched = SimpleNamespace(num_spec_tokens_to_schedule=0)  # k by batch size: 0 at this batch size
+    out = h.propose(lambda: model(sched), sched, [[4], [16]])
+    assert out == [[], []] and model.calls == [0] and sched.num_spec_tokens_to_schedule == 0
+    assert h.das.counters["rows"] == 2 and h.last_forwards == 1  # the history half accounted for the step
