@@ -49,7 +49,8 @@ replay's own run on this host (proposer lookups, no target forward), the median 
 Run-file knobs (under ``bench.hybrid``, all optional): ``steps`` (default ``grpo.max_num_steps``),
 ``hardware``, ``repeats`` (default 3), ``core``, ``problem_seed``, ``head`` (an Eagle3 head to
 start from, default the run file's ``eagle3.model``), ``distill`` (default true: the head refreshes
-every step), ``head_problems`` (problems a head is built on where none is given, default 48).
+every step), ``head_problems``, ``head_epochs`` (the problems and epochs a head is built with where none is
+given, default 48 and 4).
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ _say = functools.partial(say, "hybrid")
 
 def _options(cfg: RunConfig) -> dict:
     b = suite_options(cfg, "hybrid", known=("steps", "hardware", "repeats", "core", "problem_seed", "head",
-                                            "distill", "head_problems"))
+                                            "distill", "head_problems", "head_epochs"))
     seed = cfg.setting("grpo.seed", 0, 0, 2**32 - 1)
     distill = b.get("distill", True)
     if not isinstance(distill, bool):
@@ -90,6 +91,7 @@ def _options(cfg: RunConfig) -> dict:
             "problem_seed": option(b, "hybrid", "problem_seed", 20_000 + seed, 0, 2**32 - 1),
             "head": head, "distill": distill,
             "head_problems": option(b, "hybrid", "head_problems", 48, 1, MAX_PROMPTS),
+            "head_epochs": option(b, "hybrid", "head_epochs", 4, 1, 100),
             "prompts": cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
             "generations": cfg.setting("grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
             "lr": cfg.setting("grpo.learning_rate", 1e-4, 1e-12, 1.0, float)}
@@ -108,13 +110,13 @@ def das_spec(cfg: RunConfig, rule: bool = True):
 
 # --------------------------------------------------------------------------- the model half's drafts
 
-def head_command(cfg: RunConfig, out, problems: int) -> list[str]:
+def head_command(cfg: RunConfig, out, problems: int, epochs: int) -> list[str]:
     """The `tools/train_eagle3.py` command that builds a head for the run file's policy."""
     from nemo_rl_specdec.demo.task import run_task_families
 
     return ["python", "-m", "nemo_rl_specdec.tools.train_eagle3", "--policy", str(cfg.model_path), "--out", str(out),
-            "--problems", str(problems), "--max-new-tokens", str(cfg.generation.max_new_tokens), "--epochs", "4",
-            "--threads", "2", "--families", ",".join(run_task_families(cfg))]
+            "--problems", str(problems), "--max-new-tokens", str(cfg.generation.max_new_tokens),
+            "--epochs", str(epochs), "--threads", "2", "--families", ",".join(run_task_families(cfg))]
 
 
 def starting_head(cfg: RunConfig, opts: dict) -> str:
@@ -127,10 +129,10 @@ def starting_head(cfg: RunConfig, opts: dict) -> str:
 
     if opts["head"]:
         return str(opts["head"])
-    cmd = head_command(cfg, "OUT", opts["head_problems"])
+    cmd = head_command(cfg, "OUT", opts["head_problems"], opts["head_epochs"])
     tag = hashlib.sha256(" ".join(cmd).encode()).hexdigest()[:12]
     out = cache_dir() / "eagle3_heads" / f"{Path(str(cfg.model_path)).name}-{tag}"
-    cmd = head_command(cfg, out, opts["head_problems"])
+    cmd = head_command(cfg, out, opts["head_problems"], opts["head_epochs"])
     if (out / "model.safetensors").is_file():
         _say(f"Eagle3 head for {cfg.model_path}: cached {out} (built by: {' '.join(cmd)})")
         return str(out)
