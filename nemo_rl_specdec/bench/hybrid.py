@@ -22,7 +22,9 @@ that takes, per request and step, the draft with more expected committed tokens 
      the profile's step cost and refreshed with each step's rollouts; ``das_all``: the same DAS
      with every draft verified (its coverage and acceptance by position are what the simulator's
      hybrid reads for the history half);
-   - ``eagle3``: model only, k drafts verified at every step (vLLM's eagle3);
+   - ``eagle3``: model only, its `model_k` drafts verified at every step (vLLM's eagle3 at
+     k = model_k; default 3, the depth Eagle3 heads are trained for and run at in NeMo-RL's
+     published setups, and at most the run file's k);
    - ``eagle3_rule``: model only with the per-step rule (`hybrid_choice.choose` without history
      drafts: the forwards skipped on steps where no draft pays, drafts cut to what pays);
    - ``hybrid``: at every step, DAS's drafts with their calibrated acceptance (DAS's
@@ -30,8 +32,8 @@ that takes, per request and step, the draft with more expected committed tokens 
      scored against what the target then produced, verified or not, as DAS scores its withheld
      drafts; apart for requests with a history draft and without one, since the rule takes model
      drafts mostly where history finds nothing), and `hybrid_choice.choose` on the profile's
-     costs: t0 and c_tok (`PricedStepCost`, DAS's proposer included), and the model half's k
-     forwards over the step's requests (`price.model_forward_s`). The trace charges those forwards
+     costs: t0 and c_tok (`PricedStepCost`, DAS's proposer included), and the model half's
+     `model_k` forwards over the step's requests (`price.model_forward_s`). The trace charges those forwards
      on the steps that ran them and DAS's proposer on every step;
    - ``oracle``: the same choice made with hindsight (each draft token's gain 1 if the target
      accepts it, else 0): the ceiling of any rule choosing between the same two drafts.
@@ -49,7 +51,8 @@ replay's own run on this host (proposer lookups, no target forward), the median 
 Run-file knobs (under ``bench.hybrid``, all optional): ``steps`` (default ``grpo.max_num_steps``),
 ``hardware``, ``repeats`` (default 3), ``core``, ``problem_seed``, ``head`` (an Eagle3 head to
 start from, default the run file's ``eagle3.model``), ``distill`` (default true: the head refreshes
-every step), ``head_problems`` (problems a head is built on where none is given, default 48).
+every step), ``model_k`` (the model half's depth, default 3), ``head_problems``, ``head_epochs``
+(the problems and epochs a head is built with where none is given, default 48 and 4).
 """
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ MIN_STEPS = 2
 TARGET_SPEEDUP = 1.15   # the hybrid's priced rollout time against the better half's
 HALVES = ("das", "das_all", "eagle3", "eagle3_rule")
 HISTORY_KEY, MODEL_KEY = "das", "eagle3"   # the hardware profile's entries of the two halves
+MODEL_K = 3   # the model half's default depth: an Eagle3 head is trained for a few positions (TTT), run at k=3
 MODEL_CONTEXTS = ("beside_history", "alone")  # the model half's acceptance is calibrated apart in each
 BESIDE_HISTORY, ALONE = 0, 1
 
@@ -75,7 +79,7 @@ _say = functools.partial(say, "hybrid")
 
 def _options(cfg: RunConfig) -> dict:
     b = suite_options(cfg, "hybrid", known=("steps", "hardware", "repeats", "core", "problem_seed", "head",
-                                            "distill", "head_problems"))
+                                            "distill", "head_problems", "head_epochs", "model_k"))
     seed = cfg.setting("grpo.seed", 0, 0, 2**32 - 1)
     distill = b.get("distill", True)
     if not isinstance(distill, bool):
@@ -90,6 +94,9 @@ def _options(cfg: RunConfig) -> dict:
             "problem_seed": option(b, "hybrid", "problem_seed", 20_000 + seed, 0, 2**32 - 1),
             "head": head, "distill": distill,
             "head_problems": option(b, "hybrid", "head_problems", 48, 1, MAX_PROMPTS),
+            "head_epochs": option(b, "hybrid", "head_epochs", 4, 1, 100),
+            "model_k": option(b, "hybrid", "model_k", min(MODEL_K, cfg.spec.num_speculative_tokens), 1,
+                              cfg.spec.num_speculative_tokens),
             "prompts": cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
             "generations": cfg.setting("grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
             "lr": cfg.setting("grpo.learning_rate", 1e-4, 1e-12, 1.0, float)}
@@ -108,13 +115,13 @@ def das_spec(cfg: RunConfig, rule: bool = True):
 
 # --------------------------------------------------------------------------- the model half's drafts
 
-def head_command(cfg: RunConfig, out, problems: int) -> list[str]:
+def head_command(cfg: RunConfig, out, problems: int, epochs: int) -> list[str]:
     """The `tools/train_eagle3.py` command that builds a head for the run file's policy."""
     from nemo_rl_specdec.demo.task import run_task_families
 
     return ["python", "-m", "nemo_rl_specdec.tools.train_eagle3", "--policy", str(cfg.model_path), "--out", str(out),
-            "--problems", str(problems), "--max-new-tokens", str(cfg.generation.max_new_tokens), "--epochs", "4",
-            "--threads", "2", "--families", ",".join(run_task_families(cfg))]
+            "--problems", str(problems), "--max-new-tokens", str(cfg.generation.max_new_tokens),
+            "--epochs", str(epochs), "--threads", "2", "--families", ",".join(run_task_families(cfg))]
 
 
 def starting_head(cfg: RunConfig, opts: dict) -> str:
@@ -127,10 +134,10 @@ def starting_head(cfg: RunConfig, opts: dict) -> str:
 
     if opts["head"]:
         return str(opts["head"])
-    cmd = head_command(cfg, "OUT", opts["head_problems"])
+    cmd = head_command(cfg, "OUT", opts["head_problems"], opts["head_epochs"])
     tag = hashlib.sha256(" ".join(cmd).encode()).hexdigest()[:12]
     out = cache_dir() / "eagle3_heads" / f"{Path(str(cfg.model_path)).name}-{tag}"
-    cmd = head_command(cfg, out, opts["head_problems"])
+    cmd = head_command(cfg, out, opts["head_problems"], opts["head_epochs"])
     if (out / "model.safetensors").is_file():
         _say(f"Eagle3 head for {cfg.model_path}: cached {out} (built by: {' '.join(cmd)})")
         return str(out)
@@ -151,7 +158,7 @@ def model_drafts(cfg: RunConfig, opts: dict, head_dir: str, weights: list, recor
     from nemo_rl_specdec.drafters.eagle3 import aux_hidden, greedy_drafts
     from nemo_rl_specdec.drafters.registry import DRAFTERS
 
-    k = cfg.spec.num_speculative_tokens
+    k = opts["model_k"]
     spec = cfg.with_spec(enabled=True, drafter="eagle3", eagle3={"model": head_dir}, refresh={"mode": "online"}).spec
     distiller = DRAFTERS["eagle3"].distiller(spec, temperature=max(cfg.generation.temperature, 1e-3),
                                              seed=opts["seed"], model_path=str(cfg.model_path))
@@ -238,7 +245,7 @@ class HybridReplay:
     MODES = ("eagle3", "eagle3_rule", "hybrid", "oracle")
 
     def __init__(self, mode: str, tables: dict, texts: dict, k: int, profile, max_model_len: int,
-                 history=None, max_num_seqs: int = 1024, temperature: float = 1.0):
+                 history=None, max_num_seqs: int = 1024, temperature: float = 1.0, model_k: int | None = None):
         from nemo_rl_specdec.bench.replay import ReplayDrafter, make_proposer
         from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
         from nemo_rl_specdec.sim.price import PricedStepCost
@@ -250,10 +257,11 @@ class HybridReplay:
             raise ValueError(f"mode {mode!r}: " + ("needs the history half's speculative block" if both
                                                    else "takes no history half"))
         self.mode, self.tables, self.texts, self.k, self.profile = mode, tables, texts, int(k), profile
+        self.model_k = min(self.k, int(model_k or k))   # the model half's depth: its forwards when it runs
         # the model half's acceptance by position, apart where a history draft exists and where none does:
         # the rule takes model drafts mostly where history finds nothing, which is not the average text
-        self.calibration = AcceptanceCalibration(positions=self.k, sources=MODEL_CONTEXTS)
-        self.cost = PricedStepCost(profile, HISTORY_KEY if both else MODEL_KEY, self.k)
+        self.calibration = AcceptanceCalibration(positions=self.model_k, sources=MODEL_CONTEXTS)
+        self.cost = PricedStepCost(profile, HISTORY_KEY if both else MODEL_KEY, self.k if both else self.model_k)
         self.counts = {"history": 0, "model": 0, "none": 0, "steps": 0, "model_forward_steps": 0}
         self._pending: dict = {}   # request -> [(text index of its first token, model draft tokens, context)]
         self._step: dict = {}
@@ -284,7 +292,7 @@ class HybridReplay:
         """Per row: the draft tokens' gains: calibrated by position in the row's context (index into
         MODEL_CONTEXTS), or (oracle, `truth` given) 1 while they match."""
         if truth is None:
-            rates = [self.calibration.token_rates(c, range(self.k)) for c in range(len(MODEL_CONTEXTS))]
+            rates = [self.calibration.token_rates(c, range(self.model_k)) for c in range(len(MODEL_CONTEXTS))]
             return [rates[c][:len(d)] for d, c in zip(drafts, contexts, strict=True)]
         out = []
         for d, t in zip(drafts, truth, strict=True):
@@ -306,12 +314,12 @@ class HybridReplay:
             _, v, j = rid.rsplit("-", 2)
             key = (int(v), int(j))
             table, plen = self.tables[key]
-            model.append([int(x) for x in table[ns[i] - plen - 1]])
+            model.append([int(x) for x in table[ns[i] - plen - 1][:self.model_k]])
             if self.mode == "oracle":
                 truth.append(self.texts[key][ns[i]:ns[i] + self.k])
         ctx = [n - 1 for n in ns]
         t0, c_tok = self.cost.split(len(rids), sum(ns))
-        forward = model_forward_s(self.profile, MODEL_KEY, self.k, ctx)
+        forward = model_forward_s(self.profile, MODEL_KEY, self.model_k, ctx)
         self._step = {"model": model, "truth": truth, "cost": (t0, c_tok, forward), "rows": len(rids),
                       "choice": None, "contexts": [ALONE] * len(rids)}
         if self.mode == "eagle3":
@@ -327,7 +335,7 @@ class HybridReplay:
                 self.counts[s] += 1
         self.counts["steps"] += 1
         self.counts["model_forward_steps"] += bool(run)
-        self._forwards = self.k if run else 0
+        self._forwards = self.model_k if run else 0
         if run:   # the forward drafted every request: each draft is scored once the target has moved past it
             for rid, n, d, c in zip(rids, ns, model, self._step["contexts"], strict=True):
                 self._pending.setdefault(rid, []).append((n, d, c))
@@ -456,7 +464,7 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list
                 counts = None
             else:
                 h = HybridReplay(name, full, texts, k, profile, mml, history if name in ("hybrid", "oracle") else None,
-                                 temperature=g.temperature)
+                                 temperature=g.temperature, model_k=opts.get("model_k"))
                 rows = replay(history, recorded, mml, g.temperature, drafter=h.drafter,
                               label=name if name in ("hybrid", "oracle") else MODEL_KEY)
                 counts = h.counts

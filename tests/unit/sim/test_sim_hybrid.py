@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sim_scenarios import build
+from sim_scenarios import SMALL, build
 
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.sim.report import simulate
@@ -19,17 +19,10 @@ def _bench(tmp_path, coverage, curve, name="das_all"):
 
 
 def scenario(**overrides):
-    raw = {
-        "hardware": {"c_base_s": 0.01, "c_tok_s": 1e-4, "c_ctx_s": 1e-7, "max_num_seqs": 64},
-        "cluster": {"num_engines": 2},
-        "drafter": {"name": "eagle3", "fwd_base_s": 1e-3},
-        "acceptance": {"alpha": 0.6},
-        "speculation": {"num_speculative_tokens": 4},
-        "workload": {"num_prompts": 8, "generations_per_prompt": 4, "prompt_len": 32,
-                     "lengths": {"median": 400, "sigma_between": 0.7, "sigma_within": 0.3, "max_len": 2048}},
-        "rl": {"num_steps": 2, "logprob": {"fixed_s": 1.0}, "train": {"fixed_s": 2.0}, "refit_s": 0.5},
-    }
-    return build(raw, overrides)
+    """The small scenario with an Eagle3 model half (the hybrid's, when `hybrid` is given)."""
+    model_half = {"drafter": {"name": "eagle3", "fwd_base_s": 1e-3}, "acceptance": {"alpha": 0.6},
+                  "rl.num_steps": 2}
+    return build(SMALL, {**model_half, **overrides})
 
 
 def test_a_history_half_that_always_drafts_right_skips_the_model_forwards(tmp_path):
