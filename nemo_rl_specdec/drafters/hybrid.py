@@ -65,6 +65,8 @@ class HybridConfig(Strict):
     history: str = Field("suffix", description="the history part: 'suffix' (DAS, suffix.backend: das)")
     model: str = Field("eagle3", description="the model part: eagle3 | dflash | draft_model | mtp (its checkpoint "
                        "and settings come from its own sub-block)")
+    model_k: int | None = Field(None, ge=1, description="the model part's draft depth (at most "
+                                "num_speculative_tokens, the history part's); null: num_speculative_tokens")
 
 
 class Hybrid(Drafter):
@@ -125,6 +127,9 @@ class Hybrid(Drafter):
             raise PathError(f"{m}.model", None, f"a checkpoint path: hybrid.model is {m!r}, whose weights are a "
                             "checkpoint of its own")
         mp.check(spec)
+        if spec.hybrid.model_k is not None and spec.hybrid.model_k > spec.num_speculative_tokens:
+            raise PathError("hybrid.model_k", spec.hybrid.model_k, f"at most num_speculative_tokens "
+                            f"({spec.num_speculative_tokens}), the engine's k, or null")
         if spec.scheduling.k == "auto":
             raise PathError("scheduling.k", "auto", "null with drafter 'hybrid': it decides at every step whether the "
                             "model drafts and how much of each draft is verified (k: auto would re-choose the "
@@ -215,6 +220,7 @@ class HybridProposer:
 
         self.runner = runner
         self.k = int(runner.vllm_config.speculative_config.num_speculative_tokens)
+        self.model_k = int((spec.get("hybrid") or {}).get("model_k") or self.k)  # the model half's depth
         self.das = DASProposer(runner.vllm_config)
         # the hybrid cuts the history drafts itself: DAS's own per-step rule stays off
         scheduling = {**(spec.get("scheduling") or {}), "budget": "uniform"}
@@ -273,7 +279,8 @@ class HybridProposer:
         step = self.das.lookup(sampled_token_ids, counts, batch.token_ids_cpu)
         rows = len(sampled_token_ids)
         req_ids = batch.req_ids
-        k_model = int(getattr(scheduler_output, "num_spec_tokens_to_schedule", self.k) or 0)
+        k_step = int(getattr(scheduler_output, "num_spec_tokens_to_schedule", self.k) or 0)  # this batch's k
+        k_model = min(k_step, self.model_k)
         # feedback: the model drafts the step just verified
         last_model, self._model_rows = self._model_rows, {}
         last_history, self._history_rows = self._history_rows, {}
@@ -311,7 +318,7 @@ class HybridProposer:
         hist_gains = self.das.gains(step.pending)
         at = {p[0]: j for j, p in enumerate(step.pending)}
         history_rows = [hist_gains[at[i]] if i in at else np.zeros(0) for i in decode]
-        history_rows = [r[~np.isnan(r)][:k_model] for r in history_rows]  # k_model: this batch size's k
+        history_rows = [r[~np.isnan(r)][:k_step] for r in history_rows]
         mrates = self.model.rates()[:k_model]
         model_rows = [mrates] * len(decode)
         ctx_sum = step.ctx_sum

@@ -62,10 +62,10 @@ class _Cost:
         return {}
 
 
-def _hybrid(fwd_s: float | None = None):
+def _hybrid(fwd_s: float | None = None, **hybrid):
     runner = _Runner([("a", PROMPT + REPEAT), ("b", PROMPT + NOVEL)])
-    h = HybridProposer(runner, validate_spec_block({"enabled": True, "drafter": "hybrid",
-                                                    "eagle3": {"model": "/ckpt"}}))
+    h = HybridProposer(runner, validate_spec_block({"enabled": True, "drafter": "hybrid", "num_speculative_tokens": K,
+                                                    "eagle3": {"model": "/ckpt"}, "hybrid": hybrid}))
     if fwd_s is not None:
         h.cost = _Cost(fwd_s)
     return h, runner
@@ -136,3 +136,11 @@ def test_a_step_whose_k_is_zero_drafts_nothing_but_runs_the_models_kv_forward():
     out = h.propose(lambda: model(sched), sched, [[4], [16]])
     assert out == [[], []] and model.calls == [0] and sched.num_spec_tokens_to_schedule == 0
     assert h.das.counters["rows"] == 2 and h.last_forwards == 1  # the history half accounted for the step
+
+
+def test_the_model_half_drafts_at_its_own_depth_and_history_at_the_engines_k():
+    h, _ = _hybrid(fwd_s=1e-6, model_k=2)
+    model = _Model(2)
+    out = _step(h, model, [[4], [16]])
+    assert model.calls == [2]  # vLLM's proposer asked for model_k tokens
+    assert out[0] == [1, 2, 3, 4] and out[1] == [99, 99][:len(out[1])] and 0 < len(out[1]) <= 2
