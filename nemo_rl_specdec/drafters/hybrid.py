@@ -226,7 +226,7 @@ class HybridProposer:
         scheduling = {**(spec.get("scheduling") or {}), "budget": "uniform"}
         das_spec = {**spec, "auto_disable": False, "scheduling": scheduling}
         self.das.specdec_attach(runner, das_spec)
-        self.model = ModelAcceptance(self.k)
+        self.model = ModelAcceptance(self.model_k)
         self.cost: Any = StepCostFit(draft_forwards=True)
         self._last: tuple | None = None  # (start, requests, verified tokens, ctx_sum, forwards, prefilled)
         self._model_rows: dict = {}  # request id -> length of the model draft proposed for it last step
