@@ -258,6 +258,7 @@ class RunConfig:
         if ckpt:
             paths.append((f"{BLOCK_PATH}.{self.spec.drafter}.model", str(ckpt)))
         not_checked = []
+        self._check_policy(paths[0][1])
         for key, value in paths:
             p = Path(value).expanduser()
             if is_named(value):
@@ -270,6 +271,16 @@ class RunConfig:
             else:
                 not_checked.append(f"{key}: {value!r} is not a local path (a Hugging Face id?): not downloaded here")
         return not_checked
+
+    def _check_policy(self, policy: str) -> None:
+        """The drafter's rules against a local policy checkpoint (`Drafter.check_policy`)."""
+        p = Path(policy).expanduser()
+        if not self.spec.enabled or not (p / "config.json").is_file():
+            return
+        try:
+            drafter_of(self.spec).check_policy(self.spec, p)
+        except _PathError as e:
+            raise ConfigError(f"{BLOCK_PATH}.{e.rel_path}: got {e.value!r}; allowed: {e.allowed}") from None
 
     def setting(self, dotted: str, default: Any, lo: Any, hi: Any, kind: type = int, lo_open: bool = False) -> Any:
         """The number at `dotted` (or `default` where the run file does not set it), checked: an integer
@@ -428,11 +439,19 @@ TRACE_KIND = {"host": "list", "sequential": "model", "parallel": "block"}
 def cost_entry(spec: SpecDecConfig) -> tuple[str, str | None]:
     """(trace kind, hardware-profile entry) of the block's drafter: ``("none", None)`` without
     speculation; a history drafter's entry names its proposer (``das``, ``vllm_suffix``, ``ngram``,
-    ``ngram_specdec``), a model drafter's its name."""
+    ``ngram_specdec``), a model drafter's its name; a drafter made of parts is of kind ``hybrid``
+    (its entries: `cost_parts`)."""
+    from nemo_rl_specdec.trace import HYBRID
+
     if not spec.enabled:
         return "none", None
     d = DRAFTERS[spec.drafter]
-    return TRACE_KIND[d.draft_cost], d.cost_entry(spec)
+    return (HYBRID if d.cost_parts(spec) else TRACE_KIND[d.draft_cost]), d.cost_entry(spec)
+
+
+def cost_parts(spec: SpecDecConfig) -> dict | None:
+    """The profile entries of the block's drafter's parts (a hybrid trace's `parts`), or None."""
+    return DRAFTERS[spec.drafter].cost_parts(spec) if spec.enabled else None
 
 
 def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:

@@ -8,13 +8,17 @@ steps of one rollout with the drafter that made them:
 
 - ``kind``: ``none`` (no speculation), ``list`` (history drafters: DAS, vLLM suffix, n-gram; drafts
   looked up on the host, so every step must carry its proposer time), ``model`` (k sequential draft
-  forwards: eagle3, mtp, draft_model) or ``block`` (one forward over all draft positions: dflash);
+  forwards: eagle3, mtp, draft_model), ``block`` (one forward over all draft positions: dflash) or
+  ``hybrid`` (a history drafter on every step and a model drafter's forwards on the steps that ran
+  them: each step says how many, ``model_forwards``, and the trace names the two profile entries
+  that price them, ``parts: {history: ..., model: ...}``);
 - ``source``: ``replay`` (`bench/replay.py`: a drafter proposing on recorded rollouts, every running
   request once per target forward) or ``engine`` (a live engine's steps).
 
 A replay trace determines its no-speculation twin (`without_drafts`): the same requests from the
 same contexts, one token per forward. JSON on disk (`save`, `load`); a trace of another format
-version, or a field of the wrong shape, is refused naming the field.
+version, or a field of the wrong shape, is refused naming the field. Version 2 added the hybrid
+kind (``parts``, ``model_forwards``); version 1 files read as before.
 """
 from __future__ import annotations
 
@@ -24,8 +28,11 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = "nemo-rl-specdec/trace"
-VERSION = 1
-KINDS = ("none", "list", "model", "block")
+VERSION = 2
+READS = (1, 2)  # trace versions this package reads
+HYBRID = "hybrid"  # the kind of a trace of a drafter made of parts (not a drafter's name: compared as this constant)
+KINDS = ("none", "list", "model", "block", HYBRID)
+PARTS = ("history", "model")
 SOURCES = ("replay", "engine")
 
 
@@ -42,6 +49,7 @@ class TraceStep:
     prefill_tokens: int = 0                       # prompt tokens prefilled in the same forward
     proposer_s: float | None = None            # proposer thread time spent on this step's drafts
     prefill_requests: int = 0                     # requests whose prefill ended here (each samples a token)
+    model_forwards: int = 0                       # hybrid: the model part's draft forwards run in this step
 
     @property
     def committed(self) -> int:
@@ -56,6 +64,7 @@ class Trace:
     drafter: str | None = None
     source: str = "replay"
     meta: dict = field(default_factory=dict)
+    parts: dict | None = None   # hybrid: {"history": profile entry, "model": profile entry}
 
     def __post_init__(self):
         self.check()
@@ -126,6 +135,12 @@ class Trace:
             raise TraceError(f"k: {self.k!r}; allowed: 0 with kind 'none', else an integer >= 1")
         if not isinstance(self.steps, list):
             raise TraceError(f"steps: {type(self.steps).__name__}; allowed: a list of steps")
+        hybrid = self.kind == HYBRID
+        if hybrid != (self.parts is not None) or hybrid and (
+                not isinstance(self.parts, dict) or sorted(self.parts) != sorted(PARTS)
+                or not all(isinstance(v, str) and v for v in self.parts.values())):
+            raise TraceError(f"parts: {_short(self.parts)}; allowed: with kind 'hybrid' (only), a mapping of "
+                             f"{list(PARTS)} to the hardware profile's entries that price them")
         for i, s in enumerate(self.steps):
             where = f"steps[{i}]"
             n = len(s.rids)
@@ -152,33 +167,43 @@ class Trace:
                 raise TraceError(f"{where}: neither a decode request nor a prefill token (an empty step)")
             if s.proposer_s is not None and not (isinstance(s.proposer_s, (int, float)) and 0 <= s.proposer_s < 1e4):
                 raise TraceError(f"{where}.proposer_s: {s.proposer_s!r}; allowed: seconds >= 0, or null")
-            if self.kind == "list" and n and s.proposer_s is None:
+            if self.kind in ("list", HYBRID) and n and s.proposer_s is None:
                 raise TraceError(f"{where}.proposer_s: missing; a history drafter's trace ({self.drafter}) needs the "
                                  "proposer's CPU time of every decode step (it is on the step's critical path)")
+            f = s.model_forwards
+            if isinstance(f, bool) or not isinstance(f, int) or not 0 <= f <= (self.k if hybrid else 0):
+                raise TraceError(f"{where}.model_forwards: {f!r}; allowed: " + (
+                    f"an integer from 0 to k ({self.k})" if hybrid else "0 (only a hybrid trace runs them per step)"))
 
     # ---------------------------------------------------------------- files
     def to_dict(self) -> dict:
+        hybrid = self.kind == HYBRID
         return {"format": FORMAT, "version": VERSION, "drafter": self.drafter, "kind": self.kind, "k": self.k,
-                "source": self.source, "meta": self.meta,
+                "source": self.source, "meta": self.meta, **({"parts": self.parts} if hybrid else {}),
                 "steps": [{"rids": s.rids, "ctx": s.ctx, "drafts": s.drafts, "accepted": s.accepted,
                            "prefill_tokens": s.prefill_tokens, "prefill_requests": s.prefill_requests,
-                           "proposer_s": s.proposer_s} for s in self.steps]}
+                           "proposer_s": s.proposer_s, **({"model_forwards": s.model_forwards} if hybrid else {})}
+                          for s in self.steps]}
 
     @classmethod
     def from_dict(cls, d: Any) -> Trace:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TraceError(f"format: {_short(d.get('format') if isinstance(d, dict) else d)}; allowed: {FORMAT!r} "
                              "(a file written by a bench or `Trace.save`)")
-        if d.get("version") != VERSION:
-            raise TraceError(f"version: {d.get('version')!r}; this package reads trace version {VERSION} (re-record "
-                             "the trace with this version's bench)")
-        unknown = sorted(set(d) - {"format", "version", "drafter", "kind", "k", "source", "meta", "steps"})
+        if d.get("version") not in READS:
+            raise TraceError(f"version: {d.get('version')!r}; this package reads trace versions {list(READS)} "
+                             "(re-record the trace with this version's bench)")
+        top = {"format", "version", "drafter", "kind", "k", "source", "meta", "steps"} | (
+            {"parts"} if d["version"] >= 2 else set())
+        unknown = sorted(set(d) - top)
         if unknown:
-            raise TraceError(f"{unknown[0]}: not a trace field; allowed: drafter, kind, k, source, meta, steps")
+            raise TraceError(f"{unknown[0]}: not a trace field of version {d['version']}; allowed: "
+                             f"{', '.join(sorted(top - {'format', 'version'}))}")
         raw = d.get("steps")
         if not isinstance(raw, list):
             raise TraceError(f"steps: {_short(raw)}; allowed: a list of steps")
-        keys = {"rids", "ctx", "drafts", "accepted", "prefill_tokens", "prefill_requests", "proposer_s"}
+        keys = {"rids", "ctx", "drafts", "accepted", "prefill_tokens", "prefill_requests", "proposer_s"} | (
+            {"model_forwards"} if d["version"] >= 2 else set())
         steps = []
         for i, s in enumerate(raw):
             if not isinstance(s, dict) or set(s) - keys:
@@ -188,11 +213,12 @@ class Trace:
             if not isinstance(rids, list):
                 raise TraceError(f"steps[{i}].rids: {_short(rids)}; allowed: a list of request ids")
             steps.append(TraceStep(list(rids), s.get("ctx", []), s.get("drafts", []), s.get("accepted", []),
-                                   s.get("prefill_tokens", 0), s.get("proposer_s"), s.get("prefill_requests", 0)))
+                                   s.get("prefill_tokens", 0), s.get("proposer_s"), s.get("prefill_requests", 0),
+                                   s.get("model_forwards", 0)))
         meta = d.get("meta") or {}
         if not isinstance(meta, dict):
             raise TraceError(f"meta: {_short(meta)}; allowed: a mapping")
-        return cls(d.get("kind"), d.get("k"), steps, d.get("drafter"), d.get("source", "replay"), meta)
+        return cls(d.get("kind"), d.get("k"), steps, d.get("drafter"), d.get("source", "replay"), meta, d.get("parts"))
 
     def save(self, path) -> Path:
         p = Path(path)
@@ -224,4 +250,4 @@ def _short(v: Any, limit: int = 60) -> str:
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
-__all__ = ["FORMAT", "KINDS", "SOURCES", "VERSION", "Trace", "TraceError", "TraceStep", "read_json"]
+__all__ = ["FORMAT", "KINDS", "PARTS", "READS", "SOURCES", "VERSION", "Trace", "TraceError", "TraceStep", "read_json"]

@@ -55,7 +55,12 @@ Ours:
                                 `das/acceptance/<source>/bin<b>`; `DASProposer.specdec_metrics`), and
                                 with `scheduling.k: auto` the sync worker's `k_auto/*` (the schedule's
                                 switches, predicted regret and gain, mean k, acceptance by position,
-                                step-cost fit; `KAuto.metrics`)
+                                step-cost fit; `KAuto.metrics`), and the hybrid drafter's `hybrid/*`
+                                (since engine start) and `hybrid/step/*` (the last training step's
+                                generation): the share of decode rows drafted by each half
+                                (`share_history`, `share_model`, `share_none`), each half's
+                                acceptance, the skipped model steps and draft forwards
+                                (`HybridProposer.specdec_metrics`)
 """
 from __future__ import annotations
 

@@ -78,7 +78,8 @@ def adapt_speculative_config(sc: dict, facts: dict, spec: Any, log: Callable[[st
     - `draft_sample_method` (probabilistic drafts at T > 0) is dropped where vLLM has no such field:
       its drafts are then greedy, outputs stay exactly the policy's, acceptance at T > 0 may be
       lower; this is printed.
-    - a method vLLM lacks (`custom_class` for DAS and our n-gram) or `num_speculative_tokens_per_batch_size`
+    - a method vLLM lacks (`custom_class` for DAS and our n-gram, and for the hybrid drafter, whose
+      history part runs in vLLM's model runner) or `num_speculative_tokens_per_batch_size`
       (`scheduling.k_by_batch_size`, `scheduling.k: auto`) where vLLM has no such field: the run is refused.
     """
     version, fields, methods = facts.get("vllm", "?"), set(facts.get("fields") or ()), facts.get("methods")
@@ -95,6 +96,12 @@ def adapt_speculative_config(sc: dict, facts: dict, spec: Any, log: Callable[[st
                 "NeMo-RL whose vLLM has custom_class (main pins 0.25.1)")
         raise ConfigError(f"{BLOCK_PATH}.drafter: {translate.SPEC_KWARGS_PATH}.method={method!r} is not a method of "
                           f"{where}; it has {sorted(methods)}")
+    for need in drafter_of(spec).needs_vllm_methods:
+        if methods is not None and need not in methods:
+            raise ConfigError(
+                f"{BLOCK_PATH}.drafter: got {spec.drafter!r}, whose history part runs our proposer inside vLLM's model "
+                f"runner beside the model part; {where} predates that runner (it has no {need} method); allowed with "
+                "this vLLM: a drafter of one part, or use a NeMo-RL whose vLLM has it (main)")
     if not fields:
         return out
     if "num_speculative_tokens_per_batch_size" in out and "num_speculative_tokens_per_batch_size" not in fields:

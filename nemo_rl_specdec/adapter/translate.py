@@ -280,6 +280,11 @@ def apply_to_generation_config(
     kwargs = gen_cfg.get("vllm_kwargs") or {}
     kwargs = dict(kwargs)
     kwargs["speculative_config"] = to_vllm_speculative_config(spec, temperature)
+    for key, value in drafter_of(spec).engine_args(spec).items():  # what the drafter needs of vLLM's engine
+        if key in kwargs and kwargs[key] != value:
+            raise ConfigError(f"policy.generation.vllm_kwargs.{key}: got {kwargs[key]!r}; allowed: {value!r} (or "
+                              f"unset) with drafter {spec.drafter!r}")
+        kwargs[key] = value
     gen_cfg["vllm_kwargs"] = kwargs
     gen_cfg[WEIGHT_SOURCE_KEY] = source
     if source in (SOURCE_NONE, SOURCE_REFIT_STREAM):

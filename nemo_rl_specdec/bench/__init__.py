@@ -22,6 +22,7 @@ SUITES = {
     "costmodel": "nemo_rl_specdec.bench.costmodel",    # engine step times for the simulator's CPU cost model
     "adaptive": "nemo_rl_specdec.bench.adaptive",      # fixed k vs auto per drafter and load regime, vs no-spec
     "distill": "nemo_rl_specdec.bench.distill",        # online distillers' step time and peak memory, full vocabulary
+    "hybrid": "nemo_rl_specdec.bench.hybrid",          # history (DAS) vs model (Eagle3) vs the hybrid's choice, priced
 }
 # bounds of the suites' sizes: beyond them a suite runs for many hours on a few CPU cores
 MAX_STEPS, MAX_PROMPTS, MAX_SAMPLES, MAX_ENGINES, MAX_REPEATS = 100, 1024, 64, 16, 100

@@ -193,12 +193,44 @@ def _time_vllm_proposer(engine) -> None:
     engine.llm.collective_rpc(wrap)
 
 
-def run(cfg: RunConfig, args: Any) -> list[dict]:
-    from nemo_rl_specdec.bench.replay import replay
+def record_trajectory(cfg: RunConfig, opts: dict, baseline, report) -> tuple:
+    """Phase 1 (module doc) on the no-spec engine `baseline`: `opts["steps"]` GRPO steps on a fixed pool
+    of problems. Returns (requests, warm-up request, weights (weights[t] = policy version t),
+    training log, recorded rollouts per step); `report` prints a line per step."""
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
-    from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.rollouts import Request
+
+    g, G = cfg.generation, opts["generations"]
+    tok = baseline.tokenizer()
+    problems = task.run_problems(cfg, opts["prompts"], seed=opts["problem_seed"])
+    reqs = task.run_requests(cfg, tok, problems, G)
+    warm = task.run_requests(cfg, tok, task.run_problems(cfg, 1, seed=opts["problem_seed"] + 1), 1)
+    warm_req = [Request(warm[0].prompt_token_ids, problem_id=None)]
+    baseline.generate(warm_req, max_new_tokens=8, temperature=g.temperature)
+    trainer = GRPOTrainer(cfg.model_path, lr=opts["lr"], seed=opts["seed"], temperature=max(g.temperature, 1e-3))
+    weights, train_log, recorded = [trainer.state_dict()], [], []
+    for step in range(opts["steps"]):
+        res = baseline.generate(reqs, temperature=g.temperature)
+        recorded.append(res.rollouts)
+        rewards = task.run_rewards(cfg, tok, problems, res.rollouts, G)
+        t0 = time.perf_counter()
+        tstats = trainer.step(res.rollouts, rewards, [i // G for i in range(len(res.rollouts))])
+        tstats.update(train_s=time.perf_counter() - t0, rollout_s=res.metrics.seconds,
+                      generated_tokens=res.metrics.generated_tokens)
+        train_log.append(tstats)
+        weights.append(trainer.state_dict())
+        baseline.update(PolicyUpdate(step + 1, weights[-1], rollouts=[]))
+        report(f"trajectory step {step}: reward {tstats['mean_reward']:.3f}, {res.metrics.generated_tokens} tokens "
+               f"in {res.metrics.seconds:.1f}s, GRPO loss {tstats['loss']:+.4f} grad norm {tstats['grad_norm']:.3f}")
+    del trainer
+    release_memory()
+    return reqs, warm_req, weights, train_log, recorded
+
+
+def run(cfg: RunConfig, args: Any) -> list[dict]:
+    from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.engine.engine import Engine
 
     opts = _options(cfg)
     g = cfg.generation
@@ -213,31 +245,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
 
     baseline = Engine(cfg, spec_enabled=False, core=core, seed=opts["seed"], name="no_spec")
     try:
-        tok = baseline.tokenizer()
-        problems = task.run_problems(cfg, opts["prompts"], seed=opts["problem_seed"])
-        reqs = task.run_requests(cfg, tok, problems, G)
-        warm = task.run_requests(cfg, tok, task.run_problems(cfg, 1, seed=opts["problem_seed"] + 1), 1)
-        warm_req = [Request(warm[0].prompt_token_ids, problem_id=None)]
-        baseline.generate(warm_req, max_new_tokens=8, temperature=g.temperature)
-
-        # phase 1: the policy trajectory (GRPO on the no-spec engine's rollouts); weights[t] = version t
-        trainer = GRPOTrainer(cfg.model_path, lr=opts["lr"], seed=opts["seed"], temperature=max(g.temperature, 1e-3))
-        weights, train_log, recorded = [trainer.state_dict()], [], []
-        for step in range(opts["steps"]):
-            res = baseline.generate(reqs, temperature=g.temperature)
-            recorded.append(res.rollouts)
-            rewards = task.run_rewards(cfg, tok, problems, res.rollouts, G)
-            t0 = time.perf_counter()
-            tstats = trainer.step(res.rollouts, rewards, [i // G for i in range(len(res.rollouts))])
-            tstats.update(train_s=time.perf_counter() - t0, rollout_s=res.metrics.seconds,
-                          generated_tokens=res.metrics.generated_tokens)
-            train_log.append(tstats)
-            weights.append(trainer.state_dict())
-            baseline.update(PolicyUpdate(step + 1, weights[-1], rollouts=[]))
-            _say(f"trajectory step {step}: reward {tstats['mean_reward']:.3f}, {res.metrics.generated_tokens} tokens "
-                 f"in {res.metrics.seconds:.1f}s, GRPO loss {tstats['loss']:+.4f} grad norm {tstats['grad_norm']:.3f}")
-        del trainer
-        release_memory()
+        reqs, warm_req, weights, train_log, recorded = record_trajectory(cfg, opts, baseline, _say)
         # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
         # the sampling noise between engines; seconds, and before any speculative engine starts
         # our proposers keep their per-step rules (auto_disable, budget: adaptive), deciding on the profile's costs

@@ -53,12 +53,14 @@ def workload(cfg, tok, num_problems: int, samples: int, seed: int):
 
 def prepare(eng, dcfg, reqs, history) -> None:
     """Give a drafter engine what it has before an RL step: the suffix drafters one previous
-    step of rollouts of the same problems (DAS via its lockstep rebuild update, vLLM's suffix
-    via its own cache); the others a short warm-up (ngram JIT etc.)."""
+    step of rollouts of the same problems (DAS, and the hybrid's DAS half, via their lockstep
+    update, which says a model part is still its checkpoint; vLLM's suffix via its own cache);
+    the others a short warm-up (ngram JIT etc.)."""
     d = DRAFTERS[dcfg.spec.drafter]
     if d.rollout_prompt_tail(dcfg.spec) is not None:
         eng.update(PolicyUpdate(1, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
-                                       "token_ids": r.token_ids, "policy_version": 0} for r in history]))
+                                       "token_ids": r.token_ids, "policy_version": 0} for r in history],
+                                drafter_checkpoint=d.kind == MODEL))
     elif d.caches_own_requests(dcfg.spec):
         eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
     else:

@@ -75,10 +75,11 @@ def _mtp_model(cfg: RunConfig, b: dict):
 
 def _available(cfg: RunConfig, b: dict) -> list:
     """Model drafters with weights for this policy: their own checkpoint directory, or (drafters whose
-    layers ride in the policy checkpoint) an MTP policy (`_mtp_model`)."""
+    layers ride in the policy checkpoint) an MTP policy (`_mtp_model`). A drafter made of parts (the
+    hybrid) is not one: its model part is benched here on its own."""
     out = []
     for name, d in DRAFTERS.items():
-        if d.kind != MODEL:
+        if d.kind != MODEL or d.cost_parts(cfg.spec) is not None:
             continue
         if d.weights_in_policy_checkpoint:
             m = _mtp_model(cfg, b)

@@ -12,12 +12,15 @@ without the sampling noise between engines, and without any step time: what the 
 Drafters: our custom_class proposers (DAS; n-gram with ``ngram.backend: specdec``) and vLLM's own
 ``suffix`` and ``ngram`` proposers, each built from the speculative block its engine gets. DAS gets
 each batch's rollouts after the batch (``specdec_rebuild``, version = batch index + 1), as
-``refresh.mode: rebuild`` does; the others keep their own state, as in an engine.
+``refresh.mode: rebuild`` does; the others keep their own state, as in an engine. A
+`ReplayDrafter` takes the place of the block's proposer where the drafts come from elsewhere
+(`bench/hybrid.py`: a model drafter's drafts replayed from the recorded text, the hybrid).
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -67,19 +70,23 @@ _VLLM_PROPOSERS = {"suffix": _suffix, "ngram": _ngram}
 
 
 def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1024, temperature: float = 1.0,
-                  step_cost=None):
+                  step_cost=None, proposer_class=None):
     """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block.
 
     Without `step_cost` every draft is verified (there is no step time to judge by: `auto_disable`
     off, `scheduling.budget: uniform`). With one (`sim/price.py` `PricedStepCost`), our proposers keep
-    the block's per-step rules and decide on its costs."""
+    the block's per-step rules and decide on its costs. `proposer_class`: a subclass of the block's
+    custom_class proposer to build in its place (`bench/hybrid.py` decides DAS's cuts)."""
     vc = _vllm_config(spec, max_model_len, max_num_seqs, temperature)
     method, k = vc.speculative_config.method, spec.num_speculative_tokens
     if method == "custom_class":
         import importlib
 
-        mod, _, cls = vc.speculative_config.model.rpartition(".")
-        p = getattr(importlib.import_module(mod), cls)(vc)
+        mod, _, name = vc.speculative_config.model.rpartition(".")
+        cls = getattr(importlib.import_module(mod), name)
+        if proposer_class is not None and not issubclass(proposer_class, cls):
+            raise ValueError(f"replay: proposer_class {proposer_class.__name__} is not a {name}")
+        p = (proposer_class or cls)(vc)
         runner = SimpleNamespace(input_batch=None, requests={})
         block = spec.model_dump(mode="json")
         if step_cost is None:
@@ -100,10 +107,10 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
                 p.specdec_rebuild(rollouts, version)
 
         return propose, after_batch
-    if step_cost is not None:
+    if step_cost is not None or proposer_class is not None:
         raise ValueError(f"replay: drafter {spec.drafter!r} runs as vLLM's own {method!r} proposer, which has no "
-                         "per-step rule to price; allowed with a step cost: our proposers (suffix.backend: das, "
-                         "ngram.backend: specdec)")
+                         "per-step rule to price and no subclass to build; allowed with a step cost or a "
+                         "proposer_class: our proposers (suffix.backend: das, ngram.backend: specdec)")
     build = _VLLM_PROPOSERS.get(method)
     if build is None:
         raise ValueError(f"replay: drafter {spec.drafter!r} ({method}) is not a list drafter; allowed: those vLLM "
@@ -117,13 +124,28 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
     return propose, after_batch
 
 
+@dataclass
+class ReplayDrafter:
+    """A drafter the replay drives in place of the block's proposer: `propose(batch, sampled,
+    requests) -> drafts` and `after_batch(rollouts, version)` as `make_proposer`'s, the trace's
+    `kind` (and `parts`, for a hybrid), and for a hybrid `model_forwards()`: the model part's draft
+    forwards in the step just proposed. The proposer's thread time is recorded for list and hybrid
+    traces (a model drafter's is its forwards, priced from the profile)."""
+
+    propose: Callable
+    after_batch: Callable
+    kind: str = "list"
+    parts: dict | None = None
+    model_forwards: Callable[[], int] | None = None
+
+
 def _field(r: Any, name: str):
     return r[name] if isinstance(r, dict) else getattr(r, name)
 
 
 def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len: int,
            temperature: float = 1.0, *, max_num_seqs: int | None = None, step_cost=None,
-           label: str | None = None) -> list[dict]:
+           label: str | None = None, drafter: ReplayDrafter | None = None) -> list[dict]:
     """Per batch: generated tokens, target forwards (the prefill's included, as in ``metrics.py``),
     drafts, draft tokens and accepted tokens of ``spec``'s drafter on the recorded rollouts
     (objects or dicts with ``problem_id``, ``prompt_token_ids``, ``token_ids``), and ``trace``: the
@@ -131,7 +153,10 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
     per step. At most ``max_num_seqs`` requests decode at once (the rest wait, in order, as vLLM's
     scheduler admits them); their prefill is one step of its own as they enter."""
     cap = max(len(b) for b in batches)
-    propose, after_batch = make_proposer(spec, max_model_len, max_num_seqs or cap, temperature, step_cost)
+    if drafter is None:
+        propose, after_batch = make_proposer(spec, max_model_len, max_num_seqs or cap, temperature, step_cost)
+        drafter = ReplayDrafter(propose, after_batch)
+    propose, after_batch, kind = drafter.propose, drafter.after_batch, drafter.kind
     k = spec.num_speculative_tokens
     out = []
     for v, rollouts in enumerate(batches):
@@ -168,7 +193,9 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
             drafts = propose(batch, [sampled[r] for r in active], requests)
             proposer_s = time.thread_time() - cpu0
             # a request's context is what its KV cache holds: every token but the one it just sampled
-            step = TraceStep([number[r] for r in active], [n[r] - 1 for r in active], [], [], 0, proposer_s)
+            step = TraceStep([number[r] for r in active], [n[r] - 1 for r in active], [], [], 0,
+                             proposer_s if kind in ("list", "hybrid") else None, 0,
+                             drafter.model_forwards() if drafter.model_forwards is not None else 0)
             still = []
             for rid, d in zip(active, drafts, strict=True):
                 d = list(d)[:k]
@@ -193,7 +220,7 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
         after_batch([{"problem_id": pid, "prompt_token_ids": p, "token_ids": t, "policy_version": v}
                      for _, pid, p, t in recs], v + 1)
         row["tokens_per_target_forward"] = row["generated_tokens"] / row["target_forwards"]
-        row["trace"] = Trace("list", k, steps, label or spec.drafter, "replay",
-                             {"version": v, "requests": len(recs), "max_num_seqs": max_num_seqs})
+        row["trace"] = Trace(kind, k, steps, label or spec.drafter, "replay",
+                             {"version": v, "requests": len(recs), "max_num_seqs": max_num_seqs}, drafter.parts)
         out.append(row)
     return out

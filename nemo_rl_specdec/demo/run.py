@@ -128,8 +128,12 @@ class RLLoop:
     def push(self, version: int, rollouts) -> UpdateReport:
         """One lockstep update: new policy weights everywhere, the drafter refreshed by its mode."""
         sd = self.trainer.state_dict()
-        mode = self.spec.spec.refresh.mode
-        payload = rollouts if mode == "rebuild" else None
+        from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+
+        spec = self.spec.spec
+        mode = spec.refresh.mode
+        # a rollout store (DAS; the hybrid's history half) rebuilds from them at every refresh that is not frozen
+        payload = rollouts if mode != "frozen" and drafter_of(spec).rollout_prompt_tail(spec) is not None else None
         self.distill_stats = None
         if self.distiller is not None:
             from nemo_rl_specdec.train.distill import refresh_due
@@ -138,9 +142,9 @@ class RLLoop:
                 # distil on this step's rollouts against the NEW policy; same update, same version
                 self.distill_stats = self.distiller.step(self.trainer.model, rollouts)
                 rep = self.spec.update(PolicyUpdate(version, sd, drafter_weights=self.distiller.state_dict(),
-                                       drafter_version=version))
-            else:
-                rep = self.spec.update(PolicyUpdate(version, sd))  # off-cadence: the drafter ages within max_policy_lag
+                                       drafter_version=version, rollouts=payload))
+            else:  # off-cadence: the model drafter ages within max_policy_lag
+                rep = self.spec.update(PolicyUpdate(version, sd, rollouts=payload))
         else:
             rep = self.spec.update(PolicyUpdate(version, sd, rollouts=payload))
         self.base.update(PolicyUpdate(version, sd))
@@ -229,6 +233,8 @@ class RLLoop:
             "new_policy_version": rep.policy_version, "new_drafter_version": rep.drafter_version,
             "loss": stats.get("loss"), "rewards": r_spec, "rewards_baseline": r_base,
         }
+        engine = (rep.state or {}).get("metrics") or {}
+        row.update({f"engine/{k}": v for k, v in engine.items() if k.startswith("hybrid/step/")})
         if self.distill_stats is not None:
             row.update(distill_s=self.distill_stats["seconds"], distill_kl_first=self.distill_stats["kl_first"],
                        distill_kl_last=self.distill_stats["kl_last"],

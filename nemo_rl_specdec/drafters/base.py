@@ -9,18 +9,25 @@ in `drafters/registry.py`:
   drafting scales: `host`, `sequential` k small forwards, or one `parallel` block forward), and
   `variants` (its configurations worth running side by side: lossless suite cases, bench rows);
 - configuration: `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes` (the
-  first is the default), `check(spec)` for cross-field rules, `vllm_config(spec, temperature)`;
+  first is the default), `check(spec)` for cross-field rules, `check_policy(spec, policy_dir)`
+  against a local policy checkpoint, `vllm_config(spec, temperature)`, `engine_args(spec)` (vLLM
+  engine arguments it needs besides its speculative_config);
 - weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
   layers ride in the policy's), `takes_request_budgets(spec)`, `judges_steps(spec)` (our proposer
-  cuts each step's drafts), `rollout_prompt_tail(spec)` (it builds from rollouts);
+  cuts each step's drafts), `rollout_prompt_tail(spec)` (it builds from rollouts), `cost_parts(spec)`
+  (the profile entries of a drafter made of parts),
+  `engine_proposer(runner, spec)` (a proposer of ours beside the engine's model drafter);
 - online refresh: `distiller(spec, ...)` returns its `train.distill.Distiller`;
   `CheckpointDrafter` is the common case: a checkpoint of its own in `<name>.model`, vLLM's method
   of the same name, the distiller `distiller_class()`;
-  `after_inplace_load(model)` repairs what the live module derived from its old weights;
+  `after_inplace_load(model)` repairs what the live module derived from its old weights, and
+  `weights_owner(spec)` is the drafter whose module that is (itself, or a hybrid's model part);
 - NeMo-RL: `weight_source(spec, streams)` (where its weights come from there, given the
   `TrainerStreams`), `refit_hint` and
   `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`,
-  `worker_modules` (libraries the vLLM workers must import).
+  `worker_modules` (libraries the vLLM workers must import), `needs_vllm_methods` (vLLM methods
+  whose absence marks a vLLM too old for it, besides the one its `vllm_config` names: refused at
+  the adapter's preflight).
 """
 from __future__ import annotations
 
@@ -71,6 +78,7 @@ class Drafter:
     refit_hint: ClassVar[str] = "no NeMo-RL trainer streams this drafter's weights"  # why `refit` is refused
     trainer_stream: ClassVar[str] = ""  # the NeMo-RL policy setting that makes the trainer stream its weights
     worker_modules: ClassVar[tuple[str, ...]] = ()
+    needs_vllm_methods: ClassVar[tuple[str, ...]] = ()
     # the drafter's configurations worth running side by side, (label, block overrides `key=value`
     # relative to the block): the lossless engine suite runs each, `bench --suite drafters` compares them
     variants: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
@@ -94,9 +102,17 @@ class Drafter:
         if self.kind == MODEL and not self.weights_in_policy_checkpoint and not self.checkpoint(spec):
             raise PathError(f"{self.name}.model", None, f"a checkpoint path when drafter is '{self.name}'")
 
+    def check_policy(self, spec: SpecDecConfig, policy_dir: Any) -> None:
+        """Rules against the policy checkpoint, a local directory with its config.json (PathError
+        relative to the block); run before any engine starts."""
+
     def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
         """vLLM's `speculative_config` for this drafter (the k schedule is added by config.py)."""
         raise NotImplementedError
+
+    def engine_args(self, spec: SpecDecConfig) -> dict:
+        """vLLM engine arguments (beside `speculative_config`) the drafter needs; none for most."""
+        return {}
 
     def draft_sample_method(self, spec: SpecDecConfig, temperature: float) -> str:
         """`auto`: probabilistic drafts for model drafters at T>0 (lossless and far better accepted)."""
@@ -123,6 +139,16 @@ class Drafter:
         (configs/hardware/: a history drafter's entry names its proposer)."""
         return self.name
 
+    def engine_proposer(self, runner: Any, spec: dict) -> Any:
+        """A proposer of ours that drafts beside the engine's model drafter, built in the vLLM worker
+        for its model runner `runner` from the validated block `spec`; None: vLLM's proposer alone."""
+        return None
+
+    def cost_parts(self, spec: SpecDecConfig) -> dict | None:
+        """A drafter made of a history and a model part: their hardware-profile entries
+        ({"history": ..., "model": ...}; its traces are of kind `hybrid`); None for the others."""
+        return None
+
     def rollout_prompt_tail(self, spec: SpecDecConfig) -> int | None:
         """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
         return None
@@ -141,6 +167,11 @@ class Drafter:
         from nemo_rl_specdec.train.distill import DistillInputError
 
         raise DistillInputError(f"drafter {self.name!r} has no online trainer")
+
+    def weights_owner(self, spec: Any) -> Drafter:
+        """The drafter whose module the engine's drafter weights are (`spec`: the block, or the block as
+        plain data): this one, or the model part of a drafter made of parts."""
+        return self
 
     def after_inplace_load(self, model: Any) -> None:
         """Called after new tensors were loaded in place into the live drafter module `model` (a refresh

@@ -174,6 +174,69 @@ def load_head(head_dir) -> tuple:
     return head, cfg
 
 
+def greedy_drafts(head, aux, emb, embed, k: int, first: int):
+    """The head's greedy k-token drafts at every decode position of one recorded sequence, as vLLM's
+    eagle3 proposer makes them (teacher-forced: the policy's hidden states of the recorded tokens).
+
+    aux: the policy's aux hidden states over the sequence, concatenated [T, n*H]; emb: its
+    embeddings of the sequence [T, H]; embed: the token embedding (a draft token's input);
+    first: the first text index to draft for. Row r of the returned [T - first, k] tensor is
+    the draft for text indices first + r, ..., first + r + k - 1, made when tokens 0 .. first + r - 1
+    are verified (2 <= first < T): head position t = first + r - 2 reads x_{t+1} and the policy's g_t and attends to
+    the head's teacher-forced positions 0..t; its draft step j (>= 1) reads its previous draft token
+    and its own pre-norm output at rope position t + j and attends to positions 0..t plus its own
+    chain so far (the head's KV cache in vLLM: the verified positions, then the draft's)."""
+    import torch
+    import torch.nn.functional as F
+
+    T = emb.shape[0]
+    if not 2 <= first < T or k < 1:  # text index 1 would need head position -1: the prefill drafts nothing
+        raise ValueError(f"greedy_drafts: first={first}, k={k} for a sequence of {T} tokens; allowed: "
+                         "2 <= first < T and k >= 1")
+    L, a = head.midlayer, head.midlayer.self_attn
+    nh, nkv, hd = L.nh, L.nkv, L.hd
+    rep = nh // nkv
+
+    def project(embeds, hidden, pos):
+        x = torch.cat([L.input_layernorm(embeds), L.hidden_norm(hidden)], -1)
+        q = rope(a.q_proj(x).view(-1, nh, hd).transpose(0, 1).unsqueeze(0), pos.unsqueeze(0), head.theta)[0]
+        kk = rope(a.k_proj(x).view(-1, nkv, hd).transpose(0, 1).unsqueeze(0), pos.unsqueeze(0), head.theta)[0]
+        v = a.v_proj(x).view(-1, nkv, hd).transpose(0, 1)
+        return q, kk.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)  # [heads, rows, hd]
+
+    def finish(o, residual):
+        h = a.o_proj(o.transpose(0, 1).reshape(o.shape[1], -1)) + residual
+        h = L.mlp(L.post_attention_layernorm(h)) + h
+        return head.lm_head(head.norm(h)).argmax(-1), h
+
+    with torch.no_grad():
+        # step 0 over every position: the teacher-forced keys, and each position's first draft token
+        pos = torch.arange(T - 1)
+        hidden = head.fc(aux[:T - 1])
+        q, keys, vals = project(emb[1:T], hidden, pos)
+        o = F.scaled_dot_product_attention(q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0), is_causal=True)[0]
+        tok, pre = finish(o, hidden)
+        base = torch.arange(first - 2, T - 2)  # the head positions that draft, one per text index first..T-1
+        out = [tok[base]]
+        pre, tok = pre[base], tok[base]
+        scale = hd ** -0.5
+        prefix = (torch.arange(T - 1).unsqueeze(0) <= base.unsqueeze(1))  # [rows, T-1]: keys 0..t
+        chain_k, chain_v = [], []
+        for j in range(1, k):
+            q, kk, vv = project(embed(tok), pre, base + j)
+            chain_k.append(kk)
+            chain_v.append(vv)
+            s_prefix = torch.einsum("hrd,hcd->hrc", q, keys) * scale
+            s_prefix = s_prefix.masked_fill(~prefix.unsqueeze(0), float("-inf"))
+            s_chain = torch.stack([(q * c).sum(-1) for c in chain_k], -1) * scale  # [heads, rows, j]
+            w = torch.softmax(torch.cat([s_prefix, s_chain], -1), -1)
+            o = torch.einsum("hrc,hcd->hrd", w[..., :T - 1], vals) + \
+                torch.einsum("hrj,jhrd->hrd", w[..., T - 1:], torch.stack(chain_v))
+            tok, pre = finish(o, pre)
+            out.append(tok)
+        return torch.stack(out, -1)
+
+
 def eagle3_loss(head, item, t_out, *, ttt: bool = True, temperature: float = 1.0):
     """Eagle3 training loss on one padded batch, as vLLM runs the head (a `KL`, train/kl.py).
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
+from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import Distiller, DistillInputError, check_trainable, last_layer_output
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
@@ -35,6 +36,14 @@ class MTP(Drafter):
         # the drafter is read from the target checkpoint
         return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens,
                 "draft_sample_method": self.draft_sample_method(spec, temperature)}
+
+    def check_policy(self, spec, policy_dir):
+        import json
+
+        cfg = json.loads((Path(policy_dir) / "config.json").read_text())
+        if not int(cfg.get("num_nextn_predict_layers") or 0):
+            raise PathError("drafter", self.name, f"a drafter other than 'mtp': the policy {policy_dir} has no MTP "
+                            "layers (its config.json has no num_nextn_predict_layers)")
 
     def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
         if not model_path:

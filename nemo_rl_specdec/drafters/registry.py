@@ -7,11 +7,13 @@ from nemo_rl_specdec.drafters.base import Drafter
 from nemo_rl_specdec.drafters.dflash import DFlash
 from nemo_rl_specdec.drafters.draft_model import DraftModel
 from nemo_rl_specdec.drafters.eagle3 import Eagle3
+from nemo_rl_specdec.drafters.hybrid import Hybrid
 from nemo_rl_specdec.drafters.mtp import MTP
 from nemo_rl_specdec.drafters.ngram import Ngram
 from nemo_rl_specdec.drafters.suffix import Suffix
 
-DRAFTERS: dict[str, Drafter] = {d.name: d for d in (Ngram(), Suffix(), DraftModel(), Eagle3(), DFlash(), MTP())}
+_SINGLE = (Ngram(), Suffix(), DraftModel(), Eagle3(), DFlash(), MTP())
+DRAFTERS: dict[str, Drafter] = {d.name: d for d in (*_SINGLE, Hybrid(_SINGLE))}
 
 
 def drafter(name_or_spec: Any) -> Drafter:

@@ -189,6 +189,23 @@ class _ReqState:
     others: list = field(default_factory=list)
 
 
+@dataclass
+class _Step:
+    """One step's lookups (`DASProposer.lookup`), before the per-step rule cuts them and `emit` proposes them."""
+
+    rows: int
+    pending: list  # (row, request id, state, tokens, probs, source index) of every draft
+    verified: int  # requests whose last step verified something (decode rows)
+    ctx_sum: int
+    new_rows: bool  # a request seen for the first time: the step that just ran prefilled it
+    judged: bool  # the proposer's own per-step rule applies
+    skipped: bool  # its batch-size bin is off: no lookups were made
+    grew: bool  # the store's in-flight entries grew
+    seen: set
+    t0: float
+    cpu0: float
+
+
 def _rollout_rows(rollouts):
     """The rollouts as the store reads them: a RolloutBatch in place, else a list of records, engine
     rollouts or dicts (`rollouts.as_record`); the store validates them."""
@@ -437,27 +454,36 @@ class DASProposer(SpecdecProposer):
     def _cut(self, pending: list, requests: int, ctx_sum: int) -> list:
         """Cut the pending drafts by the per-step rule (`StepJudge`). A draft cut to nothing is scored
         against the tokens the target produces, like a losing draft."""
-        gains = self.calibration.rate_matrix([p[5] for p in pending], [p[4] for p in pending], self.k)
-        keep = self.judge.choose(gains, [len(p[3]) for p in pending], requests, ctx_sum)
+        keep = self.judge.choose(self.gains(pending), [len(p[3]) for p in pending], requests, ctx_sum)
         if keep is None:
             return pending
         kept = []
-        for (i, rid, st, tokens, probs, src), d in zip(pending, keep, strict=True):
+        for entry, d in zip(pending, keep, strict=True):
             if d:
+                i, rid, st, tokens, probs, src = entry
                 kept.append((i, rid, st, tokens[:d], probs[:d], src))
             else:
-                st.others.append((src, probs, tokens, 0))
+                self.withhold(entry)
         return kept
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list:
+        step = self.lookup(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        if step is None:
+            return [[] for _ in range(len(sampled_token_ids))]
+        if step.judged and step.pending:
+            step.pending = self._cut(step.pending, step.verified, step.ctx_sum)
+        return self.emit(step)
+
+    def lookup(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> _Step | None:
+        """The first half of a step (`propose` = lookup, the per-step rule, `emit`): feed back what the
+        last drafts got, and look up every request's draft. None: nothing to draft (no runner, k = 0)."""
         t0, cpu0 = time.perf_counter(), time.thread_time()
         rows = len(sampled_token_ids)
-        out: list = [[] for _ in range(rows)]
         c = self.counters
         c["calls"] += 1
         runner = self.runner
         if runner is None or self.k <= 0:
-            return out
+            return None
         req_ids = runner.input_batch.req_ids
         reqs = self._reqs
         seen = set()
@@ -468,7 +494,7 @@ class DASProposer(SpecdecProposer):
         local_bound = calib.max_rate[_LOCAL] if ranker is not None else 1.0
         grew = False
         ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch
-        verified = drafted = drafted_tokens = ctx_sum = 0
+        verified = ctx_sum = 0
         new_rows = False  # a request seen for the first time: the step that just ran prefilled it
         judged = self.judge.active and not fenced
         skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (machinery/step_judge.py)
@@ -529,9 +555,24 @@ class DASProposer(SpecdecProposer):
             if len(tokens) > k:  # never more than k: more kills the engine
                 tokens, probs = tokens[:k], probs[:k]
             pending.append((i, rid, st, tokens, probs, _SOURCE_INDEX[source]))
-        if judged and pending:
-            pending = self._cut(pending, verified, ctx_sum)
-        for i, rid, st, tokens, probs, src in pending:
+        return _Step(rows, pending, verified, ctx_sum, new_rows, judged, skipped, grew, seen, t0, cpu0)
+
+    def gains(self, pending: list) -> np.ndarray:
+        """Calibrated acceptance of every token of the pending drafts (a NaN-padded matrix, k wide)."""
+        return self.calibration.rate_matrix([p[5] for p in pending], [p[4] for p in pending], self.k)
+
+    def withhold(self, entry: tuple) -> None:
+        """A pending draft not proposed this step: scored against the tokens the target produces."""
+        _, _, st, tokens, probs, src = entry
+        st.others.append((src, probs, tokens, 0))
+
+    def emit(self, step: _Step, extra_tokens: int = 0) -> list:
+        """The second half of a step: propose `step.pending` (as cut), and account for the step.
+        `extra_tokens`: draft tokens from elsewhere the step verifies too (a hybrid's model drafts)."""
+        out: list = [[] for _ in range(step.rows)]
+        c = self.counters
+        drafted = drafted_tokens = 0
+        for i, rid, st, tokens, probs, src in step.pending:
             out[i] = tokens
             st.last_src, st.last_probs = src, probs
             drafted += 1
@@ -539,18 +580,20 @@ class DASProposer(SpecdecProposer):
             self._from[src] += 1
             if self.trace is not None and len(self.trace) < TRACE_LIMIT:
                 self.trace.append((rid, st.problem_id, tuple(tokens)))
-        self.judge.called(t0, verified, verified + drafted_tokens, ctx_sum, prefilled=new_rows, skipped=skipped)
-        c["rows"] += verified
+        self.judge.called(step.t0, step.verified, step.verified + drafted_tokens + extra_tokens, step.ctx_sum,
+                          prefilled=step.new_rows, skipped=step.skipped)
+        c["rows"] += step.verified
         c["drafts"] += drafted
         c["draft_tokens"] += drafted_tokens
         for name, j in _SOURCE_INDEX.items():
             c["from_" + name] += self._from[j]
             self._from[j] = 0
-        if len(reqs) > len(seen):  # finished or preempted requests: drop their state
-            for rid in [r for r in reqs if r not in seen]:  # (their in-flight entries wait for the rebuild)
+        reqs = self._reqs
+        if len(reqs) > len(step.seen):  # finished or preempted requests: drop their state
+            for rid in [r for r in reqs if r not in step.seen]:  # (their in-flight entries wait for the rebuild)
                 del reqs[rid]
-        if grew and store.live_over_cap():
-            store.enforce_memory()
-        c["propose_s"] += time.perf_counter() - t0
-        c["propose_cpu_s"] += time.thread_time() - cpu0  # this thread's CPU: wall minus waiting for a core
+        if step.grew and self.store.live_over_cap():
+            self.store.enforce_memory()
+        c["propose_s"] += time.perf_counter() - step.t0
+        c["propose_cpu_s"] += time.thread_time() - step.cpu0  # this thread's CPU: wall minus waiting for a core
         return out

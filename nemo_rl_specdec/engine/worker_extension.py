@@ -104,6 +104,12 @@ class SpecDecWorkerExtension:
         model = find_drafter_model(self)
         if model is not None:
             st.drafter_kind = "model"
+            beside = drafter_of(spec).engine_proposer(self.model_runner, spec) if spec.get("enabled") else None
+            if beside is not None:  # a proposer of ours drafts beside the model's (the hybrid drafter)
+                from nemo_rl_specdec.engine.vllm_compat import route_drafts_through_hybrid
+
+                route_drafts_through_hybrid()
+                self.model_runner.specdec_hybrid = beside
         elif proposer is not None:
             st.drafter_kind = "list"
             if hasattr(proposer, "specdec_attach"):
@@ -120,7 +126,7 @@ class SpecDecWorkerExtension:
         out = asdict(st)
         out.pop("spec")
         out.pop("last_drafter_payload")
-        proposer = getattr(getattr(self, "model_runner", None), "drafter", None)
+        proposer = self._specdec_our_proposer()
         if hasattr(proposer, "specdec_metrics"):  # the trainer's per-step metrics (NeMo-RL: specdec/engine/*)
             out["metrics"] = proposer.specdec_metrics()
         return out
@@ -181,8 +187,8 @@ class SpecDecWorkerExtension:
     def _specdec_refresh_drafter(self, update: PolicyUpdate, drafter_items, host_loaded: int = 0,
                                  host_items=None) -> UpdateReport:
         st = self._specdec()
+        self._specdec_new_policy(update.version)
         version, rollouts = update.version, update.rollouts
-        pushed_version = version if update.drafter_version is None else update.drafter_version
         st.policy_version = version
         st.updates += 1
         report = UpdateReport(policy_version=version, mode=st.mode)
@@ -193,58 +199,81 @@ class SpecDecWorkerExtension:
             if st.mode == "frozen":
                 self._specdec_check_frozen(drafter_items, rollouts)
             elif st.mode in ("refit", "online"):
-                if drafter_items:
-                    report.drafter_tensors_applied = self._specdec_load_drafter(drafter_items, version)
-                    st.drafter_version = st.drafter_built_from = pushed_version
-                    report.drafter_refreshed = True
-                elif host_loaded:
-                    before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
-                    if before == st.drafter_fingerprint:
-                        raise DrafterRefreshError(
-                            f"the host loaded {host_loaded} drafter tensor(s) for version {version} "
-                            "but the drafter's content is unchanged (they went to the target, not the drafter?)")
-                    report.drafter_tensors_applied = host_loaded
-                    if host_items:
-                        self._specdec_keep_pushed(host_items, copy=False)
-                    st.drafter_version = st.drafter_built_from = pushed_version
-                    report.drafter_refreshed = True
-                elif st.mode == "refit":
-                    raise DrafterRefreshError(
-                        f"refresh.mode=refit but the update to version {version} carries no drafter tensors "
-                        "(expected draft.*, mtp.* or model.layers.>=L.* names, or drafter_weights)")
-                elif update.drafter_checkpoint:  # the trainer's drafter is still the checkpoint this engine loaded
-                    if self._specdec_drafter_fp() != st.checkpoint_fingerprint:
-                        raise DrafterRefreshError(
-                            f"the update to version {version} says the drafter is still its checkpoint, but this "
-                            "engine's drafter no longer holds the checkpoint's weights")
-                    st.drafter_version = pushed_version
-                    report.drafter_refreshed = True
-                # online without weights: the trainer did not publish this step; the drafter ages
+                before = st.drafter_version, st.drafter_built_from
+                self._specdec_refresh_model(report, update, drafter_items, host_loaded, host_items)
+                if getattr(self.model_runner, "specdec_hybrid", None) is not None:  # and the history half
+                    try:
+                        self._specdec_refresh_history(report, rollouts, version)
+                    except (DrafterRefreshError, WeightLoadError):
+                        st.drafter_version, st.drafter_built_from = before  # the update did not land
+                        raise
             elif st.mode == "rebuild":
-                if st.stage_error and st.stage_error_version < version:  # that update came and went
-                    st.stage_error = ""
-                if isinstance(rollouts, str) and rollouts == STAGED_ROLLOUTS:
-                    self._specdec_install_staged(report, version)
-                else:
-                    if rollouts is None:
-                        raise DrafterRefreshError(
-                            f"refresh.mode=rebuild but the update to version {version} carries no rollouts")
-                    report.rollouts_added = self._specdec_rebuild(rollouts, version)
+                self._specdec_refresh_history(report, rollouts, version)
                 st.drafter_version = st.drafter_built_from = version
                 report.drafter_refreshed = True
         except (DrafterRefreshError, WeightLoadError) as e:
             if st.on_error != "disable":
                 raise DrafterRefreshError(str(e)) from None
             st.disabled, st.disabled_reason = True, str(e)
-            proposer = getattr(self.model_runner, "drafter", None)
+            proposer = self._specdec_our_proposer()
             if hasattr(proposer, "specdec_disable"):  # a list drafter stops drafting in this engine
                 proposer.specdec_disable(str(e))
             log.error("nemo_rl_specdec: drafter refresh failed, speculation DISABLED for this engine: %s", e)
         report.state = self.specdec_state()
         return report
 
+    def _specdec_refresh_model(self, report: UpdateReport, update: PolicyUpdate, drafter_items, host_loaded: int,
+                               host_items) -> None:
+        """refresh.mode refit | online: load the drafter's new weights (pushed, or loaded by the host)."""
+        st = self._specdec()
+        version = update.version
+        pushed_version = version if update.drafter_version is None else update.drafter_version
+        if drafter_items:
+            report.drafter_tensors_applied = self._specdec_load_drafter(drafter_items, version)
+            st.drafter_version = st.drafter_built_from = pushed_version
+            report.drafter_refreshed = True
+        elif host_loaded:
+            before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
+            if before == st.drafter_fingerprint:
+                raise DrafterRefreshError(
+                    f"the host loaded {host_loaded} drafter tensor(s) for version {version} "
+                    "but the drafter's content is unchanged (they went to the target, not the drafter?)")
+            report.drafter_tensors_applied = host_loaded
+            if host_items:
+                self._specdec_keep_pushed(host_items, copy=False)
+            st.drafter_version = st.drafter_built_from = pushed_version
+            report.drafter_refreshed = True
+        elif st.mode == "refit":
+            raise DrafterRefreshError(
+                f"refresh.mode=refit but the update to version {version} carries no drafter tensors "
+                "(expected draft.*, mtp.* or model.layers.>=L.* names, or drafter_weights)")
+        elif update.drafter_checkpoint:  # the trainer's drafter is still the checkpoint this engine loaded
+            if self._specdec_drafter_fp() != st.checkpoint_fingerprint:
+                raise DrafterRefreshError(
+                    f"the update to version {version} says the drafter is still its checkpoint, but this "
+                    "engine's drafter no longer holds the checkpoint's weights")
+            st.drafter_version = pushed_version
+            report.drafter_refreshed = True
+        # online without weights: the trainer did not publish this step; the drafter ages
+
+    def _specdec_refresh_history(self, report: UpdateReport, rollouts, version: int) -> None:
+        """Rebuild the rollout store (refresh.mode rebuild; the hybrid's history half at every refresh):
+        from the update's rollouts, or install the rebuild staged for `version`."""
+        st = self._specdec()
+        if st.stage_error and st.stage_error_version < version:  # that update came and went
+            st.stage_error = ""
+        if isinstance(rollouts, str) and rollouts == STAGED_ROLLOUTS:
+            self._specdec_install_staged(report, version)
+        else:
+            if rollouts is None:
+                raise DrafterRefreshError(
+                    f"refresh.mode={st.mode} rebuilds the rollout store, but the update to version {version} "
+                    "carries no rollouts")
+            report.rollouts_added = self._specdec_rebuild(rollouts, version)
+
     def _specdec_skip_refresh(self, version: int, had_drafter_items: bool) -> UpdateReport:
         st = self._specdec()
+        self._specdec_new_policy(version)
         if had_drafter_items and st.mode == "frozen":
             raise DrafterRefreshError("refresh.mode=frozen but the update carries drafter tensors")
         st.policy_version = version
@@ -271,7 +300,7 @@ class SpecDecWorkerExtension:
         digest = _payload_digest(items)
         cfg = self.vllm_config.speculative_config.draft_model_config
         res = load_inplace(drafter, cfg, items, skip_shared=shared, what="drafter")
-        drafter_of(st.spec).after_inplace_load(drafter)
+        drafter_of(st.spec).weights_owner(st.spec).after_inplace_load(drafter)
         before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
         if digest != st.last_drafter_payload and before == st.drafter_fingerprint:
             raise DrafterRefreshError(f"drafter weights for version {version} did not land: "
@@ -293,7 +322,7 @@ class SpecDecWorkerExtension:
         if pushed:
             return pushed
         st = self._specdec()
-        if drafter_of(st.spec).weights_in_policy_checkpoint:
+        if drafter_of(st.spec).weights_owner(st.spec).weights_in_policy_checkpoint:
             items = decode_weights(self.model_config.model)
             return split_policy_and_drafter(items, self._specdec_num_layers())[1]
         return decode_weights(self.vllm_config.speculative_config.model)
@@ -319,7 +348,7 @@ class SpecDecWorkerExtension:
         shared = shared_parameter_names(drafter, self._specdec_target())
         cfg = self.vllm_config.speculative_config.draft_model_config
         load_inplace(drafter, cfg, items, skip_shared=shared, require_complete=False, what="drafter restore")
-        drafter_of(st.spec).after_inplace_load(drafter)
+        drafter_of(st.spec).weights_owner(st.spec).after_inplace_load(drafter)
         if self._specdec_drafter_fp() != st.drafter_fingerprint:
             raise DrafterRefreshError(f"{what}; reloading the last pushed state did not reproduce it")
         st.restores += 1
@@ -327,8 +356,20 @@ class SpecDecWorkerExtension:
         log.warning("nemo_rl_specdec: %s; restored it from the last pushed state", what)
         return report
 
+    def _specdec_our_proposer(self):
+        """The proposer of ours in this engine: the hybrid's beside the model's, else vLLM's drafter
+        (ours where it is a custom_class proposer)."""
+        runner = getattr(self, "model_runner", None)
+        return getattr(runner, "specdec_hybrid", None) or getattr(runner, "drafter", None)
+
+    def _specdec_new_policy(self, version: int) -> None:
+        """Tell our proposer that an update arrived (it closes its per-training-step metrics window)."""
+        proposer = self._specdec_our_proposer()
+        if hasattr(proposer, "specdec_new_policy"):
+            proposer.specdec_new_policy(version)
+
     def _specdec_proposer(self, what: str, version: int):
-        proposer = getattr(self.model_runner, "drafter", None)
+        proposer = self._specdec_our_proposer()
         if proposer is None or not hasattr(proposer, "specdec_rebuild"):
             raise DrafterRefreshError(
                 f"refresh.mode=rebuild needs a rollout-store drafter to {what} version {version}; the engine's "
@@ -346,9 +387,12 @@ class SpecDecWorkerExtension:
         with it (or disables the drafter, with on_refresh_error=disable)."""
         st = self._specdec()
         try:
-            if st.mode != "rebuild" or st.disabled or not st.spec.get("enabled"):
+            hybrid = getattr(self.model_runner, "specdec_hybrid", None) is not None
+            if (st.mode != "rebuild" and not (hybrid and st.mode != "frozen")) or st.disabled \
+                    or not st.spec.get("enabled"):
                 raise DrafterRefreshError(f"staging rollouts for version {version} needs an enabled drafter with "
-                                          f"refresh.mode=rebuild (mode={st.mode}, disabled={st.disabled})")
+                                          f"refresh.mode=rebuild, or the hybrid drafter not frozen "
+                                          f"(mode={st.mode}, disabled={st.disabled})")
             return self._specdec_proposer("stage rollouts for", int(version)).specdec_stage(rollouts, int(version))
         except Exception as e:
             self.specdec_stage_failed(version, f"{type(e).__name__}: {e}")

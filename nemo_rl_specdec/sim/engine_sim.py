@@ -32,6 +32,15 @@ drafts the caps allow (a linear rule priced at the point it decides about). With
 (other budgets) the same inputs go to `drafters.machinery.step_judge.drafts_pay`: the event keeps its drafts
 or drafts nothing; the steps judged and turned off are counted by batch-size bin
 (`EngineStats.judged_by_batch`, `off_by_batch`).
+
+A hybrid drafter (`HybridHalves`: a history half with its coverage and acceptance by position, and
+the model half whose acceptance is each request's A) decides at every event with the engine's own
+rule, `drafters.machinery.hybrid_choice.choose`: history drafts only, or the model half's forwards
+too, each request taking the better of its two drafts. A request stands for `replicas` requests,
+round(coverage * replicas) of them with a history draft, so the choice sees the expected mix; the
+request then commits and verifies the mean of its replicas. The step pays the target's
+verification, the model half's forwards over every request when they run, and the history
+proposer's host time on every step.
 """
 from __future__ import annotations
 
@@ -42,10 +51,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
 from nemo_rl_specdec.drafters.machinery.step_judge import batch_bin, draft_lengths, drafts_pay
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
 from nemo_rl_specdec.sim.best_drafts import best_drafts
-from nemo_rl_specdec.sim.costmodel import CostModel
+from nemo_rl_specdec.sim.costmodel import CostModel, StepTime
 
 
 @dataclass(eq=False)
@@ -77,6 +87,21 @@ class SpecPolicy:
     auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/machinery/step_judge.drafts_pay) per event
 
 
+@dataclass(frozen=True)
+class HybridHalves:
+    """The hybrid drafter's halves (module doc): the history half's acceptance of positions 1.. given a
+    draft and its coverage, its proposer's host time, and the model half's draft depth and cost
+    model (whose drafting part prices its forwards)."""
+
+    history: tuple
+    coverage: float
+    model_k: int
+    model_cost: CostModel
+    host_step_s: float = 0.0
+    host_request_s: float = 0.0
+    replicas: int = 20
+
+
 @dataclass
 class EngineStats:
     steps: int = 0
@@ -92,13 +117,18 @@ class EngineStats:
     adaptive_steps: list = field(default_factory=list)  # (requests, drafts chosen) per per_step / adaptive decision
     judged_by_batch: dict = field(default_factory=dict)  # auto_disable: steps judged, by batch-size bin
     off_by_batch: dict = field(default_factory=dict)     # auto_disable: steps it turned off, by batch-size bin
+    hybrid_model_steps: int = 0                          # hybrid: steps that ran the model half's forwards
+    hybrid_request_steps: dict = field(default_factory=dict)  # hybrid: request-steps by source (history, model, none)
 
 
 class EngineSim:
     def __init__(self, engine_id: int, cost: CostModel, spec: SpecPolicy | None, max_num_seqs: int,
                  remaining: Callable[[SimRequest, float], float], kv_capacity: float | None = None,
-                 coverage: float = 1.0, by_response_position: Sequence[Sequence[float]] | None = None):
+                 coverage: float = 1.0, by_response_position: Sequence[Sequence[float]] | None = None,
+                 hybrid: HybridHalves | None = None):
         self.engine_id = engine_id
+        self.hybrid = hybrid if self.spec_on(spec) else None
+        self._sources: dict = {}
         self.cost = cost
         self.spec = spec if (spec is not None and spec.k > 0) else None
         self.max_num_seqs = max_num_seqs
@@ -252,6 +282,48 @@ class EngineSim:
         """`auto_disable`: whether this event's drafts are worth their verification."""
         return drafts_pay(*self._rule_inputs(d, factors))
 
+    @staticmethod
+    def spec_on(spec: SpecPolicy | None) -> bool:
+        return spec is not None and spec.k > 0
+
+    def _hybrid_step(self) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(tokens committed per step, draft tokens verified per step, whether the model half runs) of
+        every request this event, by `hybrid_choice.choose` (module doc)."""
+        h, k = self.hybrid, self.spec.k
+        n = len(self._active)
+        M = h.replicas
+        with_history = int(round(h.coverage * M))
+        ctx = float(self._ctx.mean())
+        target = self.cost.mean_step_time(n, 0.0, ctx)
+        t0 = target + h.host_step_s + h.host_request_s * n
+        c_tok = max(0.0, self.cost.mean_step_time(n, float(k), ctx) - target) / (n * k)   # the secant to k drafts
+        model_st = StepTime(0.0)
+        h.model_cost._add_drafting(model_st, np.full(n, float(h.model_k)), self._ctx, np.zeros(n))
+        forward = model_st.at(0)
+        g_model = np.diff(self._A, axis=1)[:, :h.model_k]
+        g_hist = list(h.history[:k])
+        same = bool(np.all(g_model == g_model[:1]))
+        people = 1 if same else n   # identical requests: one stands for all (the ratio scales by n)
+        hist_rows = [g_hist] * with_history + [[]] * (M - with_history)
+        rows_h = hist_rows * people
+        rows_m = [list(g_model[i]) for i in range(people) for _ in range(M)]
+        scale = M / n if same else M
+        c = choose(rows_h, rows_m, t0 * scale, c_tok, forward * scale, requests=people * M)
+        gains = {"history": np.asarray(g_hist), "none": np.zeros(0)}
+        committed, drafts = np.zeros(people), np.zeros(people)
+        for r, (src, d) in enumerate(zip(c.source, c.lengths, strict=True)):
+            i = r // M
+            g = g_model[i] if src == "model" else gains[src]
+            committed[i] += 1.0 + float(g[:d].sum())
+            drafts[i] += d
+        self._sources = {}   # this event's request-steps per step, by source
+        for src in c.source:
+            self._sources[src] = self._sources.get(src, 0.0) + (n / people) / M
+        rate, d_eff = committed / M, drafts / M
+        if same:
+            rate, d_eff = np.full(n, rate[0]), np.full(n, d_eff[0])
+        return rate, d_eff, c.run_model
+
     def _advance(self) -> None:
         self._preempt()
         n_act = len(self._active)
@@ -282,12 +354,22 @@ class EngineSim:
                 if not self._pays(d, factors):
                     d = np.zeros_like(d)
         idx = np.arange(n_act)
-        a_draft = self._A[idx, d]                                 # committed per step when drafting
-        if by_position:
-            a_draft = 1.0 + np.minimum(d, factors * (a_draft - 1.0))
-        rate = 1.0 + self.coverage * (a_draft - 1.0)
-        d_eff = self.coverage * d
+        run_model = False
+        if self.hybrid is not None:   # the hybrid's rule sets every request's drafts and the model forward
+            rate, d_eff, run_model = self._hybrid_step()
+            a_draft, d = rate, (d_eff > 0).astype(int)
+        else:
+            a_draft = self._A[idx, d]                                 # committed per step when drafting
+            if by_position:
+                a_draft = 1.0 + np.minimum(d, factors * (a_draft - 1.0))
+            rate = 1.0 + self.coverage * (a_draft - 1.0)
+            d_eff = self.coverage * d
         cost = self.cost.step_cost(d_eff, self._ctx, rate, self._prefill)
+        if self.hybrid is not None:
+            h = self.hybrid
+            cost.t0 += h.host_step_s + h.host_request_s * n_act
+            if run_model:
+                h.model_cost._add_drafting(cost, np.full(n_act, float(h.model_k)), self._ctx, rate)
 
         left = self._len - self._prog
         n = int(np.min(np.ceil(left / rate - 1e-9)))
@@ -313,6 +395,10 @@ class EngineSim:
 
         st = self.stats
         st.steps += n
+        if self.hybrid is not None:
+            st.hybrid_model_steps += n if run_model else 0
+            for src, per_step in self._sources.items():
+                st.hybrid_request_steps[src] = st.hybrid_request_steps.get(src, 0.0) + n * per_step
         if judged is not None:
             st.judged_by_batch[judged] = st.judged_by_batch.get(judged, 0) + n
             if not d.any():

@@ -8,8 +8,12 @@ and its requests' contexts on the measured roofline; the drafter's forwards (k s
 a model drafter, one over every draft position for a block drafter) on the same roofline from the
 draft's shape; and for a history drafter its proposer's host time, ``step_overhead_s +
 per_request_s * requests`` for every decode step (vLLM runs the proposer for every running request
-of every step, on the step's critical path), from the profile's constants. The rollout time is the
-sum over steps, so the same trace and profile always give the same figure.
+of every step, on the step's critical path), from the profile's constants. A hybrid trace (a
+history drafter on every step, a model drafter's forwards on the steps that ran them) is priced
+from its two parts' entries: the history proposer's host time on every decode step, and on a step
+that ran them, the model part's draft forwards over every request of the step
+(`model_forward_s`). The rollout time is the sum over steps, so the same trace and profile always
+give the same figure.
 
 The baseline is ``--baseline`` (a no-speculation trace of the same requests), or for a replay
 trace its own run without drafts (`Trace.without_drafts`). The trace's measured proposer time is
@@ -23,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from nemo_rl_specdec.sim.hardware import HardwareProfile
-from nemo_rl_specdec.trace import Trace, TraceError
+from nemo_rl_specdec.trace import HYBRID, Trace, TraceError
 
 OUTLIER_MADS = 3.0
 # batch-size bins of the proposer-share report: [lo, hi)
@@ -53,8 +57,35 @@ class Priced:
         return d
 
 
+def _hybrid_parts(trace: Trace, profile: HardwareProfile, drafter: str | None) -> tuple[str, str]:
+    """(history entry, model entry) of a hybrid trace, checked against the profile."""
+    if drafter is not None:
+        raise TraceError(f"drafter: {drafter!r}; a hybrid trace is priced from its parts {trace.parts} "
+                         "(name no drafter)")
+    parts = trace.parts or {}
+    hist, model = profile.drafter(parts["history"]), profile.drafter(parts["model"])
+    if hist.kind != "list" or not (hist.per_request_s or hist.step_overhead_s):
+        raise TraceError(f"parts.history: {profile.name}'s {parts['history']!r} is not a history drafter's entry with "
+                         "its proposer's host time (per_request_s, step_overhead_s)")
+    if model.kind not in ("model", "block"):
+        raise TraceError(f"parts.model: {profile.name}'s {parts['model']!r} is a {model.kind} drafter; allowed: a "
+                         "model or block drafter's entry")
+    return parts["history"], parts["model"]
+
+
+def model_forward_s(profile: HardwareProfile, key: str, forwards: int, ctx) -> float:
+    """The model (or block) drafter `key`'s draft forwards for a step whose requests are at contexts
+    `ctx`: `forwards` sequential forwards over every request (a block drafter: one over `forwards`
+    positions of each), on `profile`'s roofline; 0 when none runs."""
+    c = np.asarray(ctx, dtype=float)
+    if not forwards or not c.size:
+        return 0.0
+    d, zero = np.full(c.size, float(forwards)), np.zeros(c.size)
+    return profile.cost_model(key).step_cost(d, c, zero).at(0) - profile.cost_model(None).step_cost(d, c, zero).at(0)
+
+
 def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: str | None) -> str | None:
-    if trace.kind == "none":
+    if trace.kind in ("none", HYBRID):
         return None
     key = drafter or trace.drafter
     if key is None:
@@ -72,6 +103,9 @@ def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: str | None) ->
 def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None) -> Priced:
     """The trace's rollout time on `profile` (module doc)."""
     key = _drafter_key(trace, profile, drafter)
+    hist = model = None
+    if trace.kind == HYBRID:
+        hist, model = _hybrid_parts(trace, profile, drafter)
     target = profile.cost_model(None)
     cm = profile.cost_model(key) if key is not None else target
     if trace.kind == "list":   # the proposer is priced below (profile_proposer), for every decode step
@@ -87,15 +121,18 @@ def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None) ->
         zero = np.zeros(n)
         tt = target.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
         t_all = cm.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
-        tp = profile_proposer(profile, key, n)
+        if hist is not None:   # the target verifies every draft; the model part ran its forwards or not
+            t_all = tt + model_forward_s(profile, model, s.model_forwards, ctx)
+        tp = profile_proposer(profile, hist or key, n)
         t_target += tt
         t_draft += t_all - tt
         t_prop += tp
         step_s.append(t_all + tp)
         rows.append(n)
         total += t_all + tp
-    return Priced(profile.name, key, total, t_target, t_draft, t_prop, trace.proposer_s, trace.target_forwards,
-                  trace.generated_tokens, trace.tokens_per_forward(), step_s, rows)
+    return Priced(profile.name, key if hist is None else trace.drafter, total, t_target, t_draft, t_prop,
+                  trace.proposer_s, trace.target_forwards, trace.generated_tokens, trace.tokens_per_forward(),
+                  step_s, rows)
 
 
 def speedup(spec: Trace, profile: HardwareProfile, baseline: Trace | None = None,
@@ -118,9 +155,10 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None =
     `profile` plus the measured proposer time."""
     acc: dict = {}
     for t in traces:
-        if t.kind != "list":
-            raise TraceError(f"kind: {t.kind!r}; a proposer share is a history drafter's (kind 'list')")
+        if t.kind not in ("list", HYBRID):
+            raise TraceError(f"kind: {t.kind!r}; a proposer share is a history drafter's (kind 'list' or 'hybrid')")
         p = price(t, profile, drafter)
+        key = p.drafter if t.kind == "list" else (t.parts or {})["history"]
         for i, s in enumerate(t.steps):
             n = len(s.rids)
             if not n:
@@ -130,7 +168,7 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None =
             a[0] += 1
             a[1] += n
             a[2] += s.proposer_s or 0.0
-            a[3] += p.step_s[i] - profile_proposer(profile, p.drafter, n)
+            a[3] += p.step_s[i] - profile_proposer(profile, key, n)
     out = []
     for b in sorted(acc):
         lo, hi = BINS[b]
@@ -209,4 +247,4 @@ class PricedStepCost:
         return {"samples": self.samples, "priced_on": self.profile.name}
 
 
-__all__ = ["BINS", "Priced", "PricedStepCost", "fit_proposer", "price", "proposer_share", "speedup"]
+__all__ = ["BINS", "Priced", "PricedStepCost", "fit_proposer", "model_forward_s", "price", "proposer_share", "speedup"]

@@ -74,6 +74,10 @@ def compare(sc, base: RunResult, spec: RunResult, placement_only: RunResult | No
     }
     if spec.judged_by_batch:  # speculation.auto_disable: where the engines' rule turns speculation off
         out["auto_disable_off_share_by_batch"] = spec.off_share_by_batch
+    if spec.hybrid_request_steps:  # a hybrid drafter: where its drafts came from, and its model forwards
+        total = sum(spec.hybrid_request_steps.values())
+        out["hybrid_share_by_source"] = {src: v / total for src, v in sorted(spec.hybrid_request_steps.items())}
+        out["hybrid_model_forward_share"] = spec.hybrid_model_steps / max(1, spec.target_steps)
     if placement_only is not None:
         out["rollout_s_placement_only"] = placement_only.rollout_s
         out["rollout_speedup_placement_only"] = _ratio(base.rollout_s, placement_only.rollout_s)
@@ -308,6 +312,12 @@ def format_table(res: dict[str, Any]) -> str:
         order = sorted(off, key=lambda b: int(b.split("-")[0]))
         rows.append(("auto_disable: steps off, by batch size", None, "  ".join(f"{b}: {off[b]:.0%}" for b in order),
                      None))
+    if "hybrid_share_by_source" in res:
+        share = res["hybrid_share_by_source"]
+        rows.append(("hybrid: request-steps by draft source", None,
+                     "  ".join(f"{src}: {v:.0%}" for src, v in share.items()), None))
+        rows.append(("hybrid: steps running the model forwards", None,
+                     f"{res['hybrid_model_forward_share']:.0%}", None))
     if "rollout_s_placement_only" in res:
         rows.append(("rollout, placement only (s)", res["rollout_s_baseline"], res["rollout_s_placement_only"],
                      res["rollout_speedup_placement_only"]))

@@ -677,6 +677,57 @@ class CalibrationPoint(_Strict):
     targets: dict[str, Target] = Field(min_length=1)
 
 
+class Hybrid(_Strict):
+    """`hybrid`: the scenario's drafter is a hybrid (`drafters/machinery/hybrid_choice.py`): the
+    `drafter` and `acceptance` blocks are its model half, and this block its history half, read from
+    a `bench --suite hybrid --json` result (`bench_result`, default ``das_all``: DAS with every draft
+    verified): its `coverage` (share of request-steps with a history draft) and
+    `accepted_per_position` (acceptance of those drafts by position). At every event the engine
+    applies `hybrid_choice.choose`: history drafts only, or the model half's `model_k` forwards too,
+    each request taking the better of its two drafts; the history proposer's host time is paid on
+    every step."""
+
+    bench_json: str = Field(description="a `nemo-rl-specdec bench --suite hybrid --json` file (a path, or relative "
+                            "to configs/sim/)")
+    bench_result: str = Field("das_all", description="the history half's result in bench_json")
+    profile_entry: str = Field("das", description="with hardware_profile: the entry pricing the history proposer")
+    per_request_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="history proposer host time per request "
+                                 "per step", **_unit("s"))
+    step_overhead_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="history proposer host time per step",
+                                   **_unit("s"))
+    model_k: int | None = Field(None, ge=1, le=MAX_K, description="the model half's draft depth (forwards when it "
+                                "runs; default speculation.num_speculative_tokens)")
+    replicas: int = Field(20, ge=1, le=1000, description="a request stands for this many, round(coverage * replicas) "
+                          "of them with a history draft (the coverage's resolution)")
+    coverage: float | None = Field(None, description="read from bench_json (not given)")
+    per_position: list[float] | None = Field(None, description="read from bench_json (not given)")
+
+    @model_validator(mode="after")
+    def _read(self):
+        import json
+
+        if self.coverage is not None or self.per_position is not None:
+            raise _PathError("hybrid.coverage", self.coverage, "not given: both are read from hybrid.bench_json")
+        path = next((p for p in [Path(self.bench_json), *config_lookups(self.bench_json, "sim")] if _is(p, "file")),
+                    None)
+        if path is None:
+            raise _PathError("hybrid.bench_json", self.bench_json, "a bench JSON file (a path, or relative to "
+                             "configs/sim/)")
+        try:
+            rows = {r.get("name"): r for r in json.loads(path.read_text()).get("results", [])}
+            row = rows[self.bench_result]
+            cov, curve = float(row["coverage"]), acc.monotone_curve(row["accepted_per_position"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise _PathError("hybrid.bench_json", self.bench_json, f"a bench --suite hybrid JSON with a result "
+                             f"{self.bench_result!r} carrying coverage and accepted_per_position "
+                             f"({_short(_one_line(e), 200)})") from None
+        if not 0 < cov <= 1 or not curve:
+            raise _PathError("hybrid.bench_json", self.bench_json, f"result {self.bench_result!r} with coverage in "
+                             f"(0, 1] and a non-empty accepted_per_position (got {cov}, {curve})")
+        self.coverage, self.per_position = cov, curve
+        return self
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
@@ -686,6 +737,8 @@ class Scenario(_Strict):
     cluster: Cluster = Cluster()
     drafter: Drafter = Drafter()
     acceptance: Acceptance
+    hybrid: Hybrid | None = Field(None, description="a hybrid drafter: drafter/acceptance are its model half, "
+                                  "this its history half")
     speculation: Speculation = Speculation()
     workload: Workload = Workload()
     rl: RL = RL()
@@ -706,6 +759,16 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self):
+        if self.hybrid is not None:
+            if self.drafter.kind not in ("model", "block"):
+                raise _PathError("drafter.name", self.drafter.name, "a model or block drafter with hybrid: (the "
+                                 "scenario's drafter is the hybrid's model half)")
+            if self.hybrid.model_k is not None and self.hybrid.model_k > self.speculation.num_speculative_tokens:
+                raise _PathError("hybrid.model_k", self.hybrid.model_k,
+                                 f"<= speculation.num_speculative_tokens = {self.speculation.num_speculative_tokens}")
+            if self.speculation.scheduling.k_schedule is not None:
+                raise _PathError("speculation.scheduling", "k by batch size", "none with hybrid: (its rule cuts "
+                                 "every request's drafts at every event)")
         if self.drafter.kind == "model" and self.speculation.auto_disable:
             raise _PathError(
                 "speculation.auto_disable", True,
@@ -1181,6 +1244,20 @@ def with_profile(raw: dict, where: str = "") -> dict:
     dr.update(d.model_dump(mode="json", include={"kind", "model", "fwd_base_s", "tok_s", "ctx_s", "per_request_s",
                                                  "step_overhead_s"}))
     raw["drafter"] = dr
+    hy = raw.get("hybrid")
+    if isinstance(hy, dict):
+        hy = {key: v for key, v in hy.items() if v is not None}
+        h_entry = hy.get("profile_entry", "das")
+        h = entries.get(h_entry)
+        if not isinstance(h, dict) or not (h.get("per_request_s") or h.get("step_overhead_s")):
+            raise ScenarioError(f"{where}hybrid.profile_entry: {path}: drafters.{h_entry}: not a history proposer's "
+                                f"entry with its host time; it prices {sorted(entries)}")
+        clash = [f for f in ("per_request_s", "step_overhead_s") if f in hy]
+        if clash:
+            raise ScenarioError(f"{where}hybrid.{clash[0]}: got {hy[clash[0]]!r}; allowed: null with hardware_profile "
+                                f"({name} gives it)")
+        raw["hybrid"] = {**hy, "per_request_s": float(h.get("per_request_s") or 0.0),
+                         "step_overhead_s": float(h.get("step_overhead_s") or 0.0)}
     return raw
 
 

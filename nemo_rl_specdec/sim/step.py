@@ -45,7 +45,7 @@ from nemo_rl_specdec.scheduling.placement import Request, place
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import CostModel
-from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest, SpecPolicy
+from nemo_rl_specdec.sim.engine_sim import EngineSim, HybridHalves, SimRequest, SpecPolicy
 from nemo_rl_specdec.sim.workload import Batch, make_batches
 
 
@@ -70,6 +70,8 @@ class RunResult:
     engine_busy_s: list[float] = field(default_factory=list)
     judged_by_batch: dict = field(default_factory=dict)   # auto_disable: target steps judged per batch-size bin
     off_by_batch: dict = field(default_factory=dict)      # ... and turned off
+    hybrid_model_steps: int = 0                           # hybrid: target steps that ran the model half's forwards
+    hybrid_request_steps: dict = field(default_factory=dict)  # hybrid: request-steps by source (history, model, none)
 
     @property
     def off_share_by_batch(self) -> dict:
@@ -151,8 +153,17 @@ def simulate_rl(sc, *, speculative: bool, placement: str | None = None, k: int |
             return 1.0
         return predictor.predict_remaining(r.problem_id, generated)
 
+    hybrid = None
+    if sc.hybrid is not None and policy is not None:   # the engine's cost is the target's; the halves price the rest
+        from dataclasses import replace
+
+        hy = sc.hybrid
+        hybrid = HybridHalves(tuple(hy.per_position), hy.coverage, min(k, hy.model_k or k), cost,
+                              hy.step_overhead_s, hy.per_request_s, hy.replicas)
+        cost = replace(cost, draft_kind="list", draft_fwd_base=0.0, draft_tok=0.0, draft_ctx=0.0,
+                       draft_per_request=0.0, spec_step_overhead=0.0, draft_shape=None)
     engines = [EngineSim(e, cost, policy, sc.hardware.max_num_seqs, remaining, sc.kv_capacity_tokens,
-                         sc.drafter.coverage, sc.acceptance.by_response_position) for e in range(E)]
+                         sc.drafter.coverage, sc.acceptance.by_response_position, hybrid) for e in range(E)]
     serving = sc.workload.steady_state
     train_gpus = rl.training_gpus or E * sc.hardware.gpus_per_engine
     train_flops = rl.training_flops_per_s * train_gpus
@@ -257,6 +268,8 @@ def _result(policy, placement, E, release, G, Etrain, rollout_s, step_s, exposed
         engine_busy_s=[s.busy_s for s in st],
         judged_by_batch=dict(sum((Counter(s.judged_by_batch) for s in st), Counter())),
         off_by_batch=dict(sum((Counter(s.off_by_batch) for s in st), Counter())),
+        hybrid_model_steps=sum(s.hybrid_model_steps for s in st),
+        hybrid_request_steps=dict(sum((Counter(s.hybrid_request_steps) for s in st), Counter())),
     )
 
 

@@ -175,3 +175,41 @@ def test_cpu_sampling_fix_was_applied_or_not_needed(case):
     assert fix["platform"] in ("cpu", "not-cpu")
     # the first engine in a process patches the kernel; later ones find it already correct
     assert fix["expand_kernel_ok"] or fix["patched"]
+
+
+@pytest.mark.parametrize("case", ["hybrid_das_eagle3"], indirect=True)
+def test_the_hybrid_verifies_drafts_of_both_halves_in_one_run(case, problems, encode):
+    """One greedy run of the hybrid accepts drafts of its history half (DAS) and of its model half
+    (Eagle3), stays the policy's own output, and its trace says on which steps the model's draft
+    forwards ran (k, or the KV forward alone)."""
+    spec = case.spec
+    tok = spec.tokenizer()
+    reqs = [Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:12]]
+    want = [r.token_ids for r in case.base.generate(reqs, temperature=0.0).rollouts]
+
+    def counters(worker):
+        return worker.model_runner.specdec_hybrid.specdec_stats()["counters"]
+
+    def warm_up_again(worker):
+        # after warm-up the choice follows this machine's measured costs (on a busy CPU it may run
+        # the model at no step); a fresh fit makes this run mix both halves by expected tokens
+        from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
+
+        worker.model_runner.specdec_hybrid.cost = StepCostFit(draft_forwards=True)
+
+    spec.llm.collective_rpc(warm_up_again)
+    before = spec.llm.collective_rpc(counters)[0]
+    got = spec.generate(reqs, temperature=0.0)
+    assert [r.token_ids for r in got.rollouts] == want
+    after = spec.llm.collective_rpc(counters)[0]
+    c = {k: after[k] - before[k] for k in after}  # this run's (the engine served the tests above too)
+    assert c["from_history"] > 0 and c["history_accepted"] > 0, c
+    assert c["from_model"] > 0 and c["model_accepted"] > 0, c
+    assert after["model_skipped"] > 0 and after["skipped_draft_forwards"] > 0, after  # warm-up probes at least
+    assert c["history_accepted"] + c["model_accepted"] == got.metrics.accepted_tokens, c
+    # the engine's trace is a hybrid one: the model part's forwards on each step (k, or the KV forward alone)
+    t = got.trace
+    assert t.kind == "hybrid" and t.parts == {"history": "das", "model": "eagle3"}
+    decode = [s for s in t.steps if s.rids]
+    assert {s.model_forwards for s in decode} <= {1, t.k} and all(s.proposer_s is not None for s in decode)
+    assert sum(s.model_forwards == 1 for s in decode) == c["model_skipped"]

@@ -50,8 +50,8 @@ def test_without_drafts_commits_one_token_per_forward_from_the_same_contexts():
     (lambda d: d.update(k=0), "k"),
     (lambda d: d["steps"].append({"rids": []}), "steps[4]"),
 ])
-def test_a_bad_trace_is_refused_naming_the_field(tmp_path, change, field):
-    d = _trace().to_dict()
+def test_a_bad_trace_is_refused_naming_the_field(tmp_path, change, field, make=_trace):
+    d = make().to_dict()
     change(d)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(d))
@@ -74,3 +74,48 @@ def test_a_file_that_is_not_a_trace_says_what_it_wants(tmp_path):
     p.write_text(json.dumps({"format": FORMAT}))
     with pytest.raises(TraceError, match="version"):
         Trace.load(p)
+
+
+def _hybrid():
+    steps = [TraceStep([], [], [], [], 20, None, 2),
+             TraceStep(["a", "b"], [10, 10], [3, 2], [3, 0], 0, 1e-4, 0, 3),   # the model forwards ran
+             TraceStep(["a", "b"], [14, 11], [3, 0], [1, 0], 0, 2e-4, 0, 0)]   # history drafts only
+    return Trace("hybrid", 3, steps, "hybrid", "replay", {}, {"history": "das", "model": "eagle3"})
+
+
+def test_a_hybrid_trace_round_trips_with_its_parts_and_model_forwards(tmp_path):
+    t = _hybrid()
+    d = t.to_dict()
+    assert d["version"] == VERSION == 2 and d["parts"] == {"history": "das", "model": "eagle3"}
+    assert [s["model_forwards"] for s in d["steps"]] == [0, 3, 0]
+    back = Trace.load(t.save(tmp_path / "h.json"))
+    assert back.to_dict() == d and back.steps[1].model_forwards == 3
+    assert "parts" not in _trace().to_dict() and "model_forwards" not in _trace().to_dict()["steps"][1]
+
+
+def test_a_version_1_trace_still_reads(tmp_path):
+    d = _trace().to_dict()
+    d["version"] = 1
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(d))
+    assert Trace.load(path).to_dict() == _trace().to_dict()
+    d["steps"][1]["model_forwards"] = 0   # a field version 1 did not have
+    path.write_text(json.dumps(d))
+    with pytest.raises(TraceError, match=r"steps\[1\]"):
+        Trace.load(path)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda d: d.update(parts={"history": "das"}), "parts"),
+    (lambda d: d.pop("parts"), "parts"),
+    (lambda d: d["steps"][1].update(model_forwards=4), "steps[1].model_forwards"),
+    (lambda d: d["steps"][2].update(proposer_s=None), "steps[2].proposer_s"),
+    (lambda d: d.update(kind="list"), "parts"),
+])
+def test_a_bad_hybrid_trace_is_refused_naming_the_field(tmp_path, change, field):
+    test_a_bad_trace_is_refused_naming_the_field(tmp_path, change, field, _hybrid)
+
+
+def test_only_a_hybrid_trace_runs_model_forwards_per_step():
+    with pytest.raises(TraceError, match=r"steps\[0\].model_forwards"):
+        Trace("list", 3, [TraceStep(["a"], [5], [1], [1], 0, 1e-4, 0, 1)], "das")

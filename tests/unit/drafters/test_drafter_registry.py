@@ -32,18 +32,20 @@ def test_each_drafter_keeps_the_contract(name):
 def test_each_drafter_maps_to_a_vllm_speculative_config(name, tmp_path):
     d = DRAFTERS[name]
     block = {"enabled": True, "drafter": name, "num_speculative_tokens": 3}
+    # the hybrid's checkpoint is its model part's (hybrid.model: eagle3 by default)
+    owner = "eagle3" if name == "hybrid" else name
     if d.kind == MODEL and not d.weights_in_policy_checkpoint:
-        block[name] = {"model": str(tmp_path)}
+        block[owner] = {"model": str(tmp_path)}
     spec = SpecDecConfig.model_validate(block)
     out = to_vllm_speculative_config(spec, temperature=1.0)
     assert out["num_speculative_tokens"] == 3 and isinstance(out["method"], str)
-    if d.kind == MODEL:  # lossless at T>0 and better accepted
-        assert out["draft_sample_method"] == "probabilistic"
-    assert d.checkpoint(spec) == (str(tmp_path) if name in block else None)
+    if d.kind == MODEL:  # lossless at T>0 and better accepted; the hybrid's mixed batches verify greedy drafts
+        assert out["draft_sample_method"] == ("greedy" if name == "hybrid" else "probabilistic")
+    assert d.checkpoint(spec) == (str(tmp_path) if owner in block else None)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, d in DRAFTERS.items()
-                                        if d.kind == MODEL and not d.weights_in_policy_checkpoint))
+                                        if d.kind == MODEL and not d.weights_in_policy_checkpoint and n != "hybrid"))
 def test_a_model_drafter_without_its_checkpoint_is_refused_with_the_key_path(name):
     from nemo_rl_specdec.config import ConfigError
 

@@ -1,6 +1,8 @@
 """The vLLM process patches that need no engine: the benign-warning filter on vLLM's loggers."""
 import logging
 
+import pytest
+
 from nemo_rl_specdec.engine import vllm_compat
 
 
@@ -63,3 +65,74 @@ def test_kernel_registration_survives_a_process_where_numba_has_compiled():
         print("this vLLM's registration no longer trips over llvmlite: the guard is not needed")
     else:
         assert "_lib_fn_wrapper" in bare.stderr, bare.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- the hybrid drafter's runner patch
+
+class _Batch:
+    def __init__(self, rows: int, width: int = 16):
+        import numpy as np
+
+        self.req_ids = [f"r{i}" for i in range(rows)]
+        self.vocab_size = 100
+        self.token_ids_cpu = np.zeros((rows, width), dtype=np.int32)
+        self.num_tokens_no_spec = np.array([3] * rows, dtype=np.int32)
+
+
+class _Hybrid:
+    def __init__(self):
+        self.calls = []
+
+    def propose(self, call_model, sched, sampled, counts):
+        self.calls.append((sampled, list(counts), call_model()))
+        return [[7]] * len(sampled)
+
+
+def test_the_runner_patch_routes_only_runners_with_a_hybrid_and_is_idempotent():
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    vllm_compat.route_drafts_through_hybrid()
+    patched = GPUModelRunner.propose_draft_token_ids
+    vllm_compat.route_drafts_through_hybrid()
+    assert GPUModelRunner.propose_draft_token_ids is patched and patched._specdec_hybrid
+
+    from types import SimpleNamespace
+
+    plain = SimpleNamespace(use_async_scheduling=False)
+    seen = []
+    try:
+        # a stand-in for vLLM's method, wrapped: a runner without a hybrid calls it as it was
+        GPUModelRunner.propose_draft_token_ids = lambda self, *a, **kw: seen.append(a) or "vllm's"
+        vllm_compat.route_drafts_through_hybrid()
+        assert GPUModelRunner.propose_draft_token_ids(plain, "sched", [[1]], "more") == "vllm's"
+        assert seen == [("sched", [[1]], "more")]
+        # a runner with one, after bookkeeping (lists): the hybrid decides, vLLM's method is its model half
+        batch = _Batch(2)
+        runner = SimpleNamespace(use_async_scheduling=False, specdec_hybrid=_Hybrid(), input_batch=batch)
+        out = GPUModelRunner.propose_draft_token_ids(runner, "sched", [[5], [6]], "more")
+        assert out == [[7], [7]] and runner.specdec_hybrid.calls == [([[5], [6]], [3, 3], "vllm's")]
+        runner.use_async_scheduling = True
+        with pytest.raises(RuntimeError, match="synchronous scheduling"):
+            GPUModelRunner.propose_draft_token_ids(runner, "sched", [[5], [6]])
+    finally:
+        GPUModelRunner.propose_draft_token_ids = patched
+
+
+def test_verified_tokens_are_parsed_as_the_bookkeeping_parses_them_and_written_ahead():
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+    from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
+
+    batch = _Batch(3)
+    discard = SimpleNamespace(np=np.array([False, False, True]))  # row 2: a partial prefill
+    runner = SimpleNamespace(input_batch=batch, discard_request_mask=discard)
+    p = PLACEHOLDER_TOKEN_ID
+    sampled = torch.tensor([[11, 12, 13], [21, p, p], [31, 32, p]])
+    lists, counts = vllm_compat.verified_tokens(runner, sampled)
+    assert lists == [[11, 12, 13], [21], []]
+    assert counts.tolist() == [6, 4, 3] and batch.num_tokens_no_spec.tolist() == [3, 3, 3]  # left to vLLM
+    assert batch.token_ids_cpu[0, 3:6].tolist() == [11, 12, 13] and batch.token_ids_cpu[1, 3:5].tolist() == [21, 0]
+    one, _ = vllm_compat.verified_tokens(runner, torch.tensor([[4], [5], [6]]))  # a step without drafts
+    assert one == [[4], [5], []]

@@ -169,3 +169,31 @@ def test_a_scenario_on_a_hardware_profile_prices_steps_as_the_benches_do(h100):
         validate_scenario({**base, "drafter": {"name": "eagle3", "profile_entry": "medusa"}})
     with pytest.raises(ScenarioError, match=r"drafter\.name: got 'ngram'"):
         validate_scenario({**base, "drafter": {"name": "ngram", "profile_entry": "das"}})
+
+
+def test_a_hybrid_trace_pays_the_model_forwards_only_where_they_ran_and_the_proposer_everywhere(h100):
+    from nemo_rl_specdec.sim.price import model_forward_s
+
+    lst = _trace(64, 3, 2)
+    parts = {"history": "das", "model": "eagle3"}
+    hybrid = [Trace("hybrid", 3, [TraceStep(s.rids, s.ctx, s.drafts, s.accepted, s.prefill_tokens, s.proposer_s,
+                                            s.prefill_requests, forwards if s.rids and i % 2 else 0)
+                                  for i, s in enumerate(lst.steps)], "hybrid", "replay", {}, parts)
+              for forwards in (0, 3)]
+    none, some = price(hybrid[0], h100), price(hybrid[1], h100)
+    das = price(lst, h100)
+    # no model forward: exactly the history drafter's price; with them: their roofline cost added
+    assert none.rollout_s == pytest.approx(das.rollout_s) and none.draft_s == 0
+    ran = [s for i, s in enumerate(lst.steps) if s.rids and i % 2]
+    assert some.draft_s == pytest.approx(sum(model_forward_s(h100, "eagle3", 3, s.ctx) for s in ran))
+    assert some.proposer_s == pytest.approx(das.proposer_s) and some.drafter == "hybrid"
+    # three eagle3 forwards over a step's requests cost what the model drafter's trace charges its k=3 drafts
+    eagle = _trace(64, 3, 2, kind="model")
+    step = eagle.steps[1]
+    one = price(Trace("model", 3, [step], "eagle3"), h100).draft_s
+    assert model_forward_s(h100, "eagle3", 3, step.ctx) == pytest.approx(one)
+    assert speedup(hybrid[1], h100)["speedup"] < speedup(hybrid[0], h100)["speedup"]
+    with pytest.raises(TraceError, match="parts.model"):
+        price(Trace("hybrid", 3, hybrid[1].steps, "hybrid", "replay", {}, {"history": "das", "model": "ngram"}), h100)
+    with pytest.raises(TraceError, match="name no drafter"):
+        price(hybrid[1], h100, "das")

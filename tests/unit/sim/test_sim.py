@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from sim_scenarios import build
+from sim_scenarios import SMALL, build
 
 from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.scheduling.budget import expected_accepted
@@ -21,18 +21,7 @@ from nemo_rl_specdec.sim.workload import make_batches
 
 def scenario(**overrides):
     """A small scenario; overrides are dotted keys -> values."""
-    raw = {
-        "hardware": {"c_base_s": 0.01, "c_tok_s": 1e-4, "c_ctx_s": 1e-7, "max_num_seqs": 64},
-        "cluster": {"num_engines": 2},
-        "drafter": {"name": "suffix", "per_request_s": 1e-5},
-        "acceptance": {"alpha": 0.7},
-        "speculation": {"num_speculative_tokens": 4},
-        "workload": {"num_prompts": 8, "generations_per_prompt": 4, "prompt_len": 32,
-                     "lengths": {"median": 400, "sigma_between": 0.7, "sigma_within": 0.3, "max_len": 2048}},
-        "rl": {"num_steps": 3, "logprob": {"fixed_s": 1.0}, "train": {"fixed_s": 2.0, "per_ktoken_s": 0.01},
-               "refit_s": 0.5},
-    }
-    return build(raw, overrides)
+    return build(SMALL, overrides)
 
 
 SINGLE = {  # one request, no prompt: the batch-1 decode loop

@@ -1,0 +1,538 @@
+"""Bench suite `hybrid`: history drafts (DAS), a co-trained model drafter (Eagle3), and the hybrid
+that takes, per request and step, the draft with more expected committed tokens per priced second
+(`drafters/machinery/hybrid_choice.py`), replayed on one recorded text and priced on a GPU.
+
+    nemo-rl-specdec bench configs/tiny_cpu.yaml --suite hybrid --json runs/bench/hybrid_tiny.json
+    nemo-rl-specdec bench configs/smollm2_cpu.yaml --suite hybrid --json runs/bench/hybrid_smollm2.json
+
+1. The text: `bench.hybrid.steps` GRPO steps of the run file's policy and task on a no-spec engine
+   (`bench/das.py`'s phase 1): a fixed pool of problems revisited every step, the policy updated
+   after each.
+2. Model drafts, teacher-forced: one forward of the policy version that generated each rollout
+   gives the hidden states vLLM's eagle3 proposer would read at every position, and the head's
+   greedy k-token draft at every position (`eagle3.greedy_drafts`) is what it would propose there.
+   The head refreshes in lockstep with the policy (`refresh.mode: online`): step t drafts with the
+   head distilled (the drafter's `refresh.distill` settings) on the rollouts of steps < t towards
+   the policy that followed each. Its start: the run file's `eagle3.model` (the bundled tiny head),
+   else a head built for the policy by `tools/train_eagle3.py` on rollouts of other problems,
+   cached under the cache directory (the command is printed).
+3. Replays (`bench/replay.py`), every draft verified against the recorded tokens, each request
+   advancing by what its verified draft commits:
+   - ``das``: history only, DAS with its per-step rule (`scheduling.budget: adaptive`) deciding on
+     the profile's step cost and refreshed with each step's rollouts; ``das_all``: the same DAS
+     with every draft verified (its coverage and acceptance by position are what the simulator's
+     hybrid reads for the history half);
+   - ``eagle3``: model only, its `model_k` drafts verified at every step (vLLM's eagle3 at
+     k = model_k; default 3, the depth Eagle3 heads are trained for and run at in NeMo-RL's
+     published setups, and at most the run file's k);
+   - ``eagle3_rule``: model only with the per-step rule (`hybrid_choice.choose` without history
+     drafts: the forwards skipped on steps where no draft pays, drafts cut to what pays);
+   - ``hybrid``: at every step, DAS's drafts with their calibrated acceptance (DAS's
+     `AcceptanceCalibration`), the model half's acceptance by position measured online (its drafts
+     scored against what the target then produced, verified or not, as DAS scores its withheld
+     drafts; apart for requests with a history draft and without one, since the rule takes model
+     drafts mostly where history finds nothing), and `hybrid_choice.choose` on the profile's
+     costs: t0 and c_tok (`PricedStepCost`, DAS's proposer included), and the model half's
+     `model_k` forwards over the step's requests (`price.model_forward_s`). The trace charges those forwards
+     on the steps that ran them and DAS's proposer on every step;
+   - ``oracle``: the same choice made with hindsight (each draft token's gain 1 if the target
+     accepts it, else 0): the ceiling of any rule choosing between the same two drafts.
+4. Pricing (`sim/price.py`, `bench.hybrid.hardware`, default h100_qwen3_8b): each replay's trace
+   against the same text without drafts. Targets: the hybrid's priced rollout time >= 1.15x the
+   better half's (of das, das_all, eagle3, eagle3_rule), and its tokens per target forward >= the
+   better half's. Every row carries ``coverage`` (the share of request-steps that verified a
+   draft) and ``accepted_per_position`` (the share of those drafts whose j-th token was accepted),
+   the simulator's acceptance input (`acceptance.bench_json`).
+
+The replays are deterministic for a given text; the wall clock printed beside them is each
+replay's own run on this host (proposer lookups, no target forward), the median of
+`bench.hybrid.repeats` runs and its range, not what is judged.
+
+Run-file knobs (under ``bench.hybrid``, all optional): ``steps`` (default ``grpo.max_num_steps``),
+``hardware``, ``repeats`` (default 3), ``core``, ``problem_seed``, ``head`` (an Eagle3 head to
+start from, default the run file's ``eagle3.model``), ``distill`` (default true: the head refreshes
+every step), ``model_k`` (the model half's depth, default 3), ``head_problems``, ``head_epochs``
+(the problems and epochs a head is built with where none is given, default 48 and 4).
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, hardware_option, option, say, suite_options
+from nemo_rl_specdec.config import ConfigError, RunConfig
+
+MIN_STEPS = 2
+TARGET_SPEEDUP = 1.15   # the hybrid's priced rollout time against the better half's
+HALVES = ("das", "das_all", "eagle3", "eagle3_rule")
+HISTORY_KEY, MODEL_KEY = "das", "eagle3"   # the hardware profile's entries of the two halves
+MODEL_K = 3   # the model half's default depth: an Eagle3 head is trained for a few positions (TTT), run at k=3
+MODEL_CONTEXTS = ("beside_history", "alone")  # the model half's acceptance is calibrated apart in each
+BESIDE_HISTORY, ALONE = 0, 1
+
+_say = functools.partial(say, "hybrid")
+
+
+def _options(cfg: RunConfig) -> dict:
+    b = suite_options(cfg, "hybrid", known=("steps", "hardware", "repeats", "core", "problem_seed", "head",
+                                            "distill", "head_problems", "head_epochs", "model_k"))
+    seed = cfg.setting("grpo.seed", 0, 0, 2**32 - 1)
+    distill = b.get("distill", True)
+    if not isinstance(distill, bool):
+        raise ConfigError(f"bench.hybrid.distill: got {distill!r}; allowed: true (the head refreshes every step) "
+                          "or false (the starting head throughout)")
+    head = b.get("head", cfg.get("policy.generation.speculative_decoding.eagle3.model"))
+    if head is not None and not isinstance(head, str):
+        raise ConfigError(f"bench.hybrid.head: got {head!r}; allowed: an Eagle3 head's directory")
+    return {"steps": option(b, "hybrid", "steps", cfg.get("grpo.max_num_steps") or MIN_STEPS, MIN_STEPS, MAX_STEPS),
+            "profile": hardware_option(b, "hybrid"), "repeats": option(b, "hybrid", "repeats", 3, 1, 100),
+            "core": option(b, "hybrid", "core", 0, 0, 4095), "seed": seed,
+            "problem_seed": option(b, "hybrid", "problem_seed", 20_000 + seed, 0, 2**32 - 1),
+            "head": head, "distill": distill,
+            "head_problems": option(b, "hybrid", "head_problems", 48, 1, MAX_PROMPTS),
+            "head_epochs": option(b, "hybrid", "head_epochs", 4, 1, 100),
+            "model_k": option(b, "hybrid", "model_k", min(MODEL_K, cfg.spec.num_speculative_tokens), 1,
+                              cfg.spec.num_speculative_tokens),
+            "prompts": cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
+            "generations": cfg.setting("grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
+            "lr": cfg.setting("grpo.learning_rate", 1e-4, 1e-12, 1.0, float)}
+
+
+def das_spec(cfg: RunConfig, rule: bool = True):
+    """The run file's DAS (`suffix.backend: das`) with the per-step rule on (the history half), or
+    with every draft verified (`rule=False`)."""
+    from nemo_rl_specdec.drafters.suffix import for_backend
+
+    sched = {**(cfg.get("policy.generation.speculative_decoding.scheduling") or {}),
+             "budget": "adaptive" if rule else "uniform"}
+    return cfg.with_spec(enabled=True, drafter="suffix", suffix=for_backend(cfg.spec.suffix.model_dump(), "das"),
+                         refresh={"mode": "rebuild"}, auto_disable=rule, scheduling=sched).spec
+
+
+# --------------------------------------------------------------------------- the model half's drafts
+
+def head_command(cfg: RunConfig, out, problems: int, epochs: int) -> list[str]:
+    """The `tools/train_eagle3.py` command that builds a head for the run file's policy."""
+    from nemo_rl_specdec.demo.task import run_task_families
+
+    return ["python", "-m", "nemo_rl_specdec.tools.train_eagle3", "--policy", str(cfg.model_path), "--out", str(out),
+            "--problems", str(problems), "--max-new-tokens", str(cfg.generation.max_new_tokens),
+            "--epochs", str(epochs), "--threads", "2", "--families", ",".join(run_task_families(cfg))]
+
+
+def starting_head(cfg: RunConfig, opts: dict) -> str:
+    """The head the model half starts from: `bench.hybrid.head` (default the run file's
+    `eagle3.model`), else one built for the policy and cached (module doc)."""
+    import hashlib
+    from pathlib import Path
+
+    from nemo_rl_specdec.resources import cache_dir
+
+    if opts["head"]:
+        return str(opts["head"])
+    cmd = head_command(cfg, "OUT", opts["head_problems"], opts["head_epochs"])
+    tag = hashlib.sha256(" ".join(cmd).encode()).hexdigest()[:12]
+    out = cache_dir() / "eagle3_heads" / f"{Path(str(cfg.model_path)).name}-{tag}"
+    cmd = head_command(cfg, out, opts["head_problems"], opts["head_epochs"])
+    if (out / "model.safetensors").is_file():
+        _say(f"Eagle3 head for {cfg.model_path}: cached {out} (built by: {' '.join(cmd)})")
+        return str(out)
+    _say(f"no Eagle3 head for {cfg.model_path}: building one: {' '.join(cmd)}")
+    from nemo_rl_specdec.tools import train_eagle3
+
+    train_eagle3.main(cmd[3:])
+    return str(out)
+
+
+def model_drafts(cfg: RunConfig, opts: dict, head_dir: str, weights: list, recorded: list) -> tuple[dict, list]:
+    """({(step, rollout): [response tokens - 1, k] drafts for text indices prompt + 1 ...}, the head's
+    distillation log): the head's greedy drafts at every decode position of every recorded rollout,
+    teacher-forced on the policy version that generated it, the head refreshed after every step."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nemo_rl_specdec.drafters.eagle3 import aux_hidden, greedy_drafts
+    from nemo_rl_specdec.drafters.registry import DRAFTERS
+
+    k = opts["model_k"]
+    spec = cfg.with_spec(enabled=True, drafter="eagle3", eagle3={"model": head_dir}, refresh={"mode": "online"}).spec
+    distiller = DRAFTERS["eagle3"].distiller(spec, temperature=max(cfg.generation.temperature, 1e-3),
+                                             seed=opts["seed"], model_path=str(cfg.model_path))
+    head, layer_ids = distiller.module, distiller.layer_ids
+    policy = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32).eval()
+    embed = policy.get_input_embeddings()
+    L = policy.config.num_hidden_layers
+    tables: dict = {}
+    log: list = []
+    for v, rollouts in enumerate(recorded):
+        policy.load_state_dict(weights[v])
+        head.eval()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for i, r in enumerate(rollouts):
+                prompt, tokens = list(r.prompt_token_ids), list(r.token_ids)
+                if len(tokens) < 2:   # no decode step: nothing to draft
+                    tables[(v, i)] = np.zeros((0, k), dtype=np.int64)
+                    continue
+                out = policy(input_ids=torch.tensor([prompt + tokens]), output_hidden_states=True, logits_to_keep=1)
+                aux = torch.cat(aux_hidden(out.hidden_states, layer_ids, L), -1)[0]
+                tables[(v, i)] = greedy_drafts(head, aux, out.hidden_states[0][0], embed, k,
+                                               len(prompt) + 1).numpy()
+        entry = {"step": v, "draft_s": time.perf_counter() - t0}
+        if opts["distill"] and v + 1 < len(recorded):   # the next step's head: distilled towards policy v + 1
+            policy.load_state_dict(weights[v + 1])
+            st = distiller.step(policy, rollouts)
+            entry.update({k_: st[k_] for k_ in ("kl_first", "kl_last", "top1_agreement_before",
+                                                "top1_agreement_after", "seconds")})
+        log.append(entry)
+        _say(f"model drafts of step {v}: {len(rollouts)} rollouts in {entry['draft_s']:.1f}s"
+             + (f"; head distilled: top-1 agreement {entry['top1_agreement_before']:.3f} -> "
+                f"{entry['top1_agreement_after']:.3f}" if "kl_first" in entry else ""))
+    return tables, log
+
+
+# --------------------------------------------------------------------------- the replayed drafters
+
+def _das_class(hybrid: HybridReplay) -> type:
+    """DASProposer whose per-step cut is the hybrid's choice: it proposes and calibrates as in an
+    engine, and the draft rows it found (row, tokens) with their calibrated gains go to
+    `hybrid.decide`, which returns the history lengths to keep (0 where the model draft or nothing
+    is taken; DAS scores those drafts against what the target produces, as any withheld draft)."""
+    from nemo_rl_specdec.drafters.suffix import DASProposer
+
+    class HybridJudge:
+        """What DAS asks of its judge: the hybrid decides every step on the profile's costs (no fit)."""
+
+        active, adaptive, auto_disable = True, True, False
+
+        def __init__(self, proposer):
+            self.proposer = proposer
+
+        def choose(self, gains, lengths, requests, ctx_sum):
+            return hybrid.decide(self.proposer.pending_rows, gains)
+
+        def skip(self, requests):
+            return False   # the hybrid decides on every step
+
+        def called(self, *args, **kwargs):
+            return None    # the costs are the profile's: no step-time samples to take
+
+        def stats(self):
+            return {"hybrid": True}
+
+    class HybridDAS(DASProposer):
+        pending_rows: list = []
+
+        def make_judge(self, name, spec):
+            return HybridJudge(self)
+
+        def _cut(self, pending, requests, ctx_sum):
+            self.pending_rows = [(p[0], p[3]) for p in pending]
+            return super()._cut(pending, requests, ctx_sum)
+
+    return HybridDAS
+
+
+class HybridReplay:
+    """The model half, alone or in the hybrid, as `replay` drives it (module doc). `mode`: ``eagle3``
+    (k drafts every step), ``eagle3_rule``, ``hybrid`` or ``oracle``; `tables`: the model drafts
+    (`model_drafts`); `texts`: the recorded token ids per (step, rollout), for the oracle's hindsight."""
+
+    MODES = ("eagle3", "eagle3_rule", "hybrid", "oracle")
+
+    def __init__(self, mode: str, tables: dict, texts: dict, k: int, profile, max_model_len: int,
+                 history=None, max_num_seqs: int = 1024, temperature: float = 1.0, model_k: int | None = None):
+        from nemo_rl_specdec.bench.replay import ReplayDrafter, make_proposer
+        from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
+        from nemo_rl_specdec.sim.price import PricedStepCost
+
+        if mode not in self.MODES:
+            raise ValueError(f"mode: {mode!r}; allowed: {list(self.MODES)}")
+        both = mode in ("hybrid", "oracle")
+        if both != (history is not None):
+            raise ValueError(f"mode {mode!r}: " + ("needs the history half's speculative block" if both
+                                                   else "takes no history half"))
+        self.mode, self.tables, self.texts, self.k, self.profile = mode, tables, texts, int(k), profile
+        self.model_k = min(self.k, int(model_k or k))   # the model half's depth: its forwards when it runs
+        # the model half's acceptance by position, apart where a history draft exists and where none does:
+        # the rule takes model drafts mostly where history finds nothing, which is not the average text
+        self.calibration = AcceptanceCalibration(positions=self.model_k, sources=MODEL_CONTEXTS)
+        self.cost = PricedStepCost(profile, HISTORY_KEY if both else MODEL_KEY, self.k if both else self.model_k)
+        self.counts = {"history": 0, "model": 0, "none": 0, "steps": 0, "model_forward_steps": 0}
+        self._pending: dict = {}   # request -> [(text index of its first token, model draft tokens, context)]
+        self._step: dict = {}
+        self._forwards = 0
+        self._das = None
+        if both:
+            self._das = make_proposer(history, max_model_len, max_num_seqs, temperature, None, _das_class(self))
+        self.drafter = ReplayDrafter(self.propose, self.after_batch, "hybrid" if both else "model",
+                                     {"history": HISTORY_KEY, "model": MODEL_KEY} if both else None,
+                                     (lambda: self._forwards) if both else None)
+
+    # ---------------------------------------------------------------- the model half's acceptance
+    def _resolve(self, rid: str, row: np.ndarray, n: int) -> None:
+        """Score the request's earlier model drafts against the tokens verified since (0..n-1)."""
+        left = []
+        for start, toks, src in self._pending.get(rid, []):
+            known = row[start:n]
+            a = 0
+            while a < len(toks) and a < len(known) and toks[a] == known[a]:
+                a += 1
+            if a < len(known) or a == len(toks):   # a token differs where known, or the whole draft matched
+                self.calibration.record(src, toks, a)
+            else:
+                left.append((start, toks, src))
+        self._pending[rid] = left
+
+    def _gains(self, drafts: list, truth: list | None, contexts: list | None = None) -> list:
+        """Per row: the draft tokens' gains: calibrated by position in the row's context (index into
+        MODEL_CONTEXTS), or (oracle, `truth` given) 1 while they match."""
+        if truth is None:
+            rates = [self.calibration.token_rates(c, range(self.model_k)) for c in range(len(MODEL_CONTEXTS))]
+            return [rates[c][:len(d)] for d, c in zip(drafts, contexts, strict=True)]
+        out = []
+        for d, t in zip(drafts, truth, strict=True):
+            a = 0
+            while a < len(d) and a < len(t) and d[a] == t[a]:
+                a += 1
+            out.append([1.0] * a + [0.0] * (len(d) - a))
+        return out
+
+    # ---------------------------------------------------------------- a step
+    def propose(self, batch, sampled: list, requests: dict) -> list:
+        from nemo_rl_specdec.sim.price import model_forward_s
+
+        rids = list(batch.req_ids)
+        ns = [int(x) for x in batch.num_tokens_no_spec[:len(rids)]]
+        model, truth = [], []
+        for i, rid in enumerate(rids):
+            self._resolve(rid, batch.token_ids_cpu[i], ns[i])
+            _, v, j = rid.rsplit("-", 2)
+            key = (int(v), int(j))
+            table, plen = self.tables[key]
+            model.append([int(x) for x in table[ns[i] - plen - 1][:self.model_k]])
+            if self.mode == "oracle":
+                truth.append(self.texts[key][ns[i]:ns[i] + self.k])
+        ctx = [n - 1 for n in ns]
+        t0, c_tok = self.cost.split(len(rids), sum(ns))
+        forward = model_forward_s(self.profile, MODEL_KEY, self.model_k, ctx)
+        self._step = {"model": model, "truth": truth, "cost": (t0, c_tok, forward), "rows": len(rids),
+                      "choice": None, "contexts": [ALONE] * len(rids)}
+        if self.mode == "eagle3":
+            drafts, run = model, True
+            self.counts["model"] += len(rids)
+        else:
+            history = self._das[0](batch, sampled, requests) if self._das is not None else [[] for _ in rids]
+            choice = self._step["choice"] or self._decide_full([[] for _ in rids])
+            drafts = [list(h) if s == "history" else model[i][:d] if s == "model" else []
+                      for i, (s, d, h) in enumerate(zip(choice.source, choice.lengths, history, strict=True))]
+            run = choice.run_model
+            for s in choice.source:
+                self.counts[s] += 1
+        self.counts["steps"] += 1
+        self.counts["model_forward_steps"] += bool(run)
+        self._forwards = self.model_k if run else 0
+        if run:   # the forward drafted every request: each draft is scored once the target has moved past it
+            for rid, n, d, c in zip(rids, ns, model, self._step["contexts"], strict=True):
+                self._pending.setdefault(rid, []).append((n, d, c))
+        return drafts
+
+    def _decide_full(self, history_gains: list):
+        from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
+
+        t0, c_tok, forward = self._step["cost"]
+        contexts = [BESIDE_HISTORY if len(h) else ALONE for h in history_gains]
+        model = self._gains(self._step["model"], self._step["truth"] if self.mode == "oracle" else None, contexts)
+        self._step["contexts"] = contexts
+        self._step["choice"] = choose(history_gains, model, t0, c_tok, forward)
+        return self._step["choice"]
+
+    def decide(self, pending_rows: list, gains) -> list:
+        """DAS's cut (`_das_class`): the rows it drafted for, their tokens and calibrated gains; the
+        history lengths to keep."""
+        rows = self._step["rows"]
+        hist: list = [[] for _ in range(rows)]
+        g = np.asarray(gains, dtype=float)
+        for (i, toks), gi in zip(pending_rows, g, strict=True):
+            hist[i] = list(gi[:len(toks)])
+            if self.mode == "oracle":
+                hist[i] = self._gains([list(toks)], [self._step["truth"][i]])[0]
+        choice = self._decide_full(hist)
+        return [d if choice.source[i] == "history" else 0 for (i, _), d in
+                zip(pending_rows, [choice.lengths[i] for i, _ in pending_rows], strict=True)]
+
+    def after_batch(self, rollouts: list, version: int) -> None:
+        self._pending.clear()
+        if self._das is not None:
+            self._das[1](rollouts, version)
+
+
+def with_prompt_lengths(tables: dict, recorded: list) -> dict:
+    """(drafts, prompt length) per (step, rollout), as `HybridReplay` reads them."""
+    from nemo_rl_specdec.bench.replay import _field
+
+    return {(v, i): (tables[(v, i)], len(_field(r, "prompt_token_ids")))
+            for v, rs in enumerate(recorded) for i, r in enumerate(rs)}
+
+
+# --------------------------------------------------------------------------- figures
+
+def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
+    """One configuration's replay (`replay` rows) priced on `profile`, with its shares of drafts."""
+    from nemo_rl_specdec.sim.price import speedup
+
+    traces = [r["trace"] for r in rows]
+    sp = [speedup(t, profile) for t in traces]
+    gen = sum(r["generated_tokens"] for r in rows)
+    fwd = sum(r["target_forwards"] for r in rows)
+    dt = sum(r["draft_tokens"] for r in rows)
+    spec_s = sum(x["spec"]["rollout_s"] for x in sp)
+    base_s = sum(x["baseline"]["rollout_s"] for x in sp)
+    request_steps = sum(len(s.rids) for t in traces for s in t.steps)
+    if counts is None:   # a list drafter: every drafted request-step is history
+        drafted = sum(1 for t in traces for s in t.steps for d in s.drafts if d)
+        counts = {"history": drafted, "model": 0, "none": request_steps - drafted, "steps": 0,
+                  "model_forward_steps": 0}
+    total = counts["history"] + counts["model"] + counts["none"]
+    decode_steps = sum(1 for t in traces for s in t.steps if s.rids)
+    accepted = [a for t in traces for s in t.steps for d, a in zip(s.drafts, s.accepted, strict=True) if d]
+    k = max((t.k for t in traces), default=0)
+    per_position = [sum(1 for a in accepted if a > j) / len(accepted) for j in range(k)] if accepted else []
+    return {"name": name, "drafter": name, "tokens_per_target_forward": gen / fwd if fwd else None,
+            "acceptance_rate": sum(r["accepted_draft_tokens"] for r in rows) / dt if dt else 0.0,
+            "wall_clock_ratio": None,   # no engine runs these drafters side by side: see the priced figures
+            "share_history": counts["history"] / total if total else 0.0,
+            "share_model": counts["model"] / total if total else 0.0,
+            "share_none": counts["none"] / total if total else 0.0,
+            "model_forward_steps": counts["model_forward_steps"], "decode_steps": decode_steps,
+            "coverage": len(accepted) / request_steps if request_steps else 0.0,
+            "accepted_per_position": per_position,
+            "hardware": profile.name, "priced_speedup": base_s / spec_s if spec_s else None,
+            "priced_rollout_s": spec_s, "priced_baseline_s": base_s,
+            "priced_draft_s": sum(x["spec"]["draft_s"] for x in sp),
+            "priced_proposer_s": sum(x["spec"]["proposer_s"] for x in sp),
+            "per_step": [{"step": v, "tokens_per_target_forward": r["tokens_per_target_forward"],
+                          "priced_speedup": x["speedup"], "trace": r["trace"].to_dict()}
+                         for v, (r, x) in enumerate(zip(rows, sp, strict=True))]}
+
+
+def judge(results: list) -> dict:
+    """The targets (module doc) on the priced and replayed figures, and the oracle's ceiling."""
+    by = {r["name"]: r for r in results}
+    halves = [by[h] for h in HALVES if h in by]
+    best_time = min(halves, key=lambda r: r["priced_rollout_s"])
+    best_tpf = max(halves, key=lambda r: r["tokens_per_target_forward"])
+    out = {"better_half_priced": best_time["name"], "better_half_tokens_per_forward": best_tpf["name"]}
+    for name in ("hybrid", "oracle"):
+        if name in by:
+            out[f"{name}_vs_better_half_priced"] = best_time["priced_rollout_s"] / by[name]["priced_rollout_s"]
+            out[f"{name}_vs_better_half_tokens_per_forward"] = (by[name]["tokens_per_target_forward"]
+                                                                / best_tpf["tokens_per_target_forward"])
+    if "hybrid" in by:
+        out["target_priced_met"] = out["hybrid_vs_better_half_priced"] >= TARGET_SPEEDUP
+        out["target_tokens_per_forward_met"] = out["hybrid_vs_better_half_tokens_per_forward"] >= 1.0
+    return out
+
+
+def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list[dict]:
+    """Every configuration's replay, `opts["repeats"]` times (the figures must repeat exactly; the
+    wall clock is the median), summarized and priced."""
+    from nemo_rl_specdec.bench.replay import _field, replay
+    from nemo_rl_specdec.sim.price import PricedStepCost
+
+    g, k, profile = cfg.generation, cfg.spec.num_speculative_tokens, opts["profile"]
+    history = das_spec(cfg)
+    texts = {(v, i): list(_field(r, "prompt_token_ids")) + list(_field(r, "token_ids")) for v, rs in enumerate(recorded)
+             for i, r in enumerate(rs)}
+    full = with_prompt_lengths(tables, recorded)
+    mml = g.vllm_cfg.max_model_len
+    results = []
+    for name in ("das", "das_all") + HybridReplay.MODES:
+        walls, first = [], None
+        for _ in range(opts["repeats"]):
+            t0 = time.perf_counter()
+            if name == "das":
+                rows = replay(history, recorded, mml, g.temperature, step_cost=PricedStepCost(profile, HISTORY_KEY, k),
+                              label=HISTORY_KEY)
+                counts = None
+            elif name == "das_all":
+                rows = replay(das_spec(cfg, rule=False), recorded, mml, g.temperature, label=HISTORY_KEY)
+                counts = None
+            else:
+                h = HybridReplay(name, full, texts, k, profile, mml, history if name in ("hybrid", "oracle") else None,
+                                 temperature=g.temperature, model_k=opts.get("model_k"))
+                rows = replay(history, recorded, mml, g.temperature, drafter=h.drafter,
+                              label=name if name in ("hybrid", "oracle") else MODEL_KEY)
+                counts = h.counts
+            walls.append(time.perf_counter() - t0)
+            figures = [(r["generated_tokens"], r["target_forwards"], r["draft_tokens"]) for r in rows]
+            if first is not None and figures != first:
+                raise RuntimeError(f"bench hybrid: the {name} replay gave different figures on a repeat: it must be "
+                                   "deterministic")
+            first = figures
+        r = summarize(name, rows, profile, counts)
+        r.update(replay_wall_s=statistics.median(walls), replay_wall_spread=f"{min(walls):.2f}-{max(walls):.2f}",
+                 repeats=len(walls))
+        results.append(r)
+        _say(f"{name}: {r['tokens_per_target_forward']:.3f} tok/fwd, priced x{r['priced_speedup']:.3f}, "
+             f"shares history {r['share_history']:.2f} model {r['share_model']:.2f}")
+    return results
+
+
+def run(cfg: RunConfig, args: Any) -> list[dict]:
+    from nemo_rl_specdec.bench import release_memory
+    from nemo_rl_specdec.bench.das import record_trajectory
+    from nemo_rl_specdec.engine.engine import Engine
+
+    opts = _options(cfg)
+    for key in (HISTORY_KEY, MODEL_KEY):   # a profile that cannot price a half fails before any engine starts
+        opts["profile"].drafter(key)
+    g = cfg.generation
+    head = starting_head(cfg, opts)
+    _say(f"{opts['steps']} steps, {opts['prompts']} problems x {opts['generations']} samples, "
+         f"k={cfg.spec.num_speculative_tokens}, T={g.temperature}, model={cfg.model_path}, head={head}, "
+         f"priced on {opts['profile'].name}")
+    baseline = Engine(cfg, spec_enabled=False, core=opts["core"], seed=opts["seed"], name="no_spec")
+    try:
+        _, _, weights, train_log, recorded = record_trajectory(cfg, opts, baseline, _say)
+    finally:
+        baseline.close()
+        release_memory()
+    tables, distill_log = model_drafts(cfg, opts, head, weights, recorded)
+    del weights
+    release_memory()
+    results = replay_all(cfg, opts, recorded, tables)
+    verdict = judge(results)
+    for r in results:
+        r.update(train=train_log, distill=distill_log, head=head, verdict=verdict)
+    _print(results, verdict, cfg, opts)
+    return results
+
+
+def _print(results: list, verdict: dict, cfg: RunConfig, opts: dict) -> None:
+    from nemo_rl_specdec.bench import print_table
+
+    p = opts["profile"]
+    print(f"Hybrid suite on {cfg.source} ({cfg.model_path}, k={cfg.spec.num_speculative_tokens}): every configuration "
+          f"replayed on the same recorded text, priced on {p.name} ({p.hardware.name}) against the same text without "
+          "drafts (deterministic); wall s: the replay's own run on this host, median of "
+          f"{opts['repeats']} (range), printed, not judged")
+    rows = [{"config": r["name"], "tok/fwd": r["tokens_per_target_forward"], "accept": r["acceptance_rate"],
+             "history %": 100 * r["share_history"], "model %": 100 * r["share_model"], "none %": 100 * r["share_none"],
+             "model fwd steps": f"{r['model_forward_steps']}/{r['decode_steps']}", "priced x": r["priced_speedup"],
+             "rollout s": r["priced_rollout_s"], "draft s": r["priced_draft_s"], "proposer s": r["priced_proposer_s"],
+             "wall s": r["replay_wall_s"], "wall range": r["replay_wall_spread"]} for r in results]
+    print_table(rows, list(rows[0]))
+    v = verdict
+    met = {True: "met", False: "MISSED"}
+    print(f"hybrid vs the better half ({v['better_half_priced']}), priced rollout time: "
+          f"{v['hybrid_vs_better_half_priced']:.3f}x (target >= {TARGET_SPEEDUP}: {met[v['target_priced_met']]}); "
+          f"tokens per forward vs {v['better_half_tokens_per_forward']}: "
+          f"{v['hybrid_vs_better_half_tokens_per_forward']:.3f}x (target >= 1: "
+          f"{met[v['target_tokens_per_forward_met']]}); hindsight ceiling (oracle): "
+          f"{v['oracle_vs_better_half_priced']:.3f}x priced, "
+          f"{v['oracle_vs_better_half_tokens_per_forward']:.3f}x tok/fwd")

@@ -1,0 +1,103 @@
+"""`bench --suite hybrid` on planted rollouts and model drafts: the replays, their shares and prices."""
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("arctic_inference.suffix_decoding._C")
+
+from nemo_rl_specdec.bench import hybrid  # noqa: E402
+from nemo_rl_specdec.config import load_run_config  # noqa: E402
+from nemo_rl_specdec.resources import config_path  # noqa: E402
+from nemo_rl_specdec.sim.hardware import load_profile  # noqa: E402
+
+K = 4
+PROMPT_A, PROMPT_B = [5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]
+WRONG = 127   # a token no response contains
+
+
+def _recorded(steps=3):
+    """Problem A answers the same every step (history drafts it in full from step 1); problem B
+    answers something new every step (no history), which the planted model drafts know."""
+    a = list(range(40, 64))
+    return [[{"problem_id": "A", "prompt_token_ids": PROMPT_A, "token_ids": a},
+             {"problem_id": "B", "prompt_token_ids": PROMPT_B,
+              "token_ids": [70 + (7 * v + 3 * j) % 50 for j in range(24)]}]
+            for v in range(steps)]
+
+
+def _tables(recorded):
+    """Model drafts for text index prompt+1 ...: wrong everywhere for A, the true continuation for B."""
+    out = {}
+    for v, rs in enumerate(recorded):
+        for i, r in enumerate(rs):
+            text = r["prompt_token_ids"] + r["token_ids"]
+            first = len(r["prompt_token_ids"]) + 1
+            rows = []
+            for n in range(first, len(text)):
+                true = (text[n:n + K] + [WRONG] * K)[:K]
+                rows.append(true if r["problem_id"] == "B" else [WRONG] * K)
+            out[(v, i)] = np.asarray(rows)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results():
+    cfg = load_run_config(config_path("tiny_cpu.yaml"), [
+        f"policy.generation.speculative_decoding.num_speculative_tokens={K}", "bench.hybrid.repeats=2"])
+    opts = {"profile": load_profile("h100_qwen3_8b"), "repeats": 2}
+    recorded = _recorded()
+    return {r["name"]: r for r in hybrid.replay_all(cfg, opts, recorded, _tables(recorded))}
+
+
+def test_every_configuration_is_replayed_shared_and_priced(results):
+    assert set(results) == {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "oracle"}
+    for r in results.values():
+        assert r["share_history"] + r["share_model"] + r["share_none"] == pytest.approx(1.0)
+        for key in ("priced_speedup", "priced_rollout_s", "priced_baseline_s", "tokens_per_target_forward"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["name"], key)
+        assert r["repeats"] == 2 and len(r["per_step"]) == 3
+        # the simulator's input: the share of request-steps with a draft, acceptance by position of those
+        assert 0 < r["coverage"] <= 1 and len(r["accepted_per_position"]) == K
+        assert r["accepted_per_position"] == sorted(r["accepted_per_position"], reverse=True)
+    assert results["das"]["share_model"] == 0 and results["eagle3"]["share_history"] == 0
+    assert results["eagle3"]["share_model"] == 1.0 and results["das"]["priced_draft_s"] == 0
+    assert results["eagle3"]["priced_proposer_s"] == 0 and results["das"]["priced_proposer_s"] > 0
+    assert results["eagle3"]["coverage"] == 1.0 and results["das_all"]["coverage"] >= results["das"]["coverage"]
+
+
+def test_the_hybrid_takes_each_half_where_it_drafts_and_beats_both(results):
+    h = results["hybrid"]
+    # A from its history, B from the model: more tokens per forward than either half alone
+    assert h["share_history"] > 0 and h["share_model"] > 0
+    for half in hybrid.HALVES:
+        assert h["tokens_per_target_forward"] > results[half]["tokens_per_target_forward"], half
+    # the model's forwards are charged on the steps that ran them, DAS's proposer on every step
+    assert 0 < h["model_forward_steps"] <= h["decode_steps"] and h["priced_draft_s"] > 0
+    assert h["priced_proposer_s"] > 0
+    verdict = hybrid.judge(list(results.values()))
+    assert verdict["hybrid_vs_better_half_tokens_per_forward"] > 1.0
+    assert verdict["oracle_vs_better_half_priced"] >= verdict["hybrid_vs_better_half_priced"] * 0.999
+
+
+def test_the_rule_skips_the_model_forward_where_no_model_draft_pays():
+    """Every planted model draft is wrong: once the model half's acceptance has been measured, its
+    forwards stop, and the hybrid is DAS plus the steps it took to learn that."""
+    cfg = load_run_config(config_path("tiny_cpu.yaml"),
+                          [f"policy.generation.speculative_decoding.num_speculative_tokens={K}"])
+    recorded = _recorded(steps=10)   # enough drafts for the calibration to fold its feedback in (flush_every)
+    tables = {key: np.full_like(t, WRONG) for key, t in _tables(recorded).items()}
+    h = hybrid.HybridReplay("eagle3_rule", hybrid.with_prompt_lengths(tables, recorded), {}, K,
+                            load_profile("h100_qwen3_8b"), 256)
+    from nemo_rl_specdec.bench.replay import replay
+
+    replay(hybrid.das_spec(cfg), recorded, 256, drafter=h.drafter, label="eagle3")
+    assert h.counts["model_forward_steps"] < h.counts["steps"]
+    assert h.calibration.token_rates(hybrid.ALONE, range(K))[0] < 0.5   # learnt from the drafts scored so far
+
+
+def test_a_mode_without_its_history_half_is_refused():
+    with pytest.raises(ValueError, match="needs the history half"):
+        hybrid.HybridReplay("hybrid", {}, {}, K, load_profile("h100_qwen3_8b"), 256)
+    with pytest.raises(ValueError, match="mode"):
+        hybrid.HybridReplay("both", {}, {}, K, load_profile("h100_qwen3_8b"), 256)
