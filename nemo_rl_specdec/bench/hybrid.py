@@ -242,7 +242,7 @@ def _das_class(hybrid: HybridReplay) -> type:
 
 class HybridReplay:
     """The model half, alone or in the hybrid, as `replay` drives it (module doc). `mode`: ``eagle3``
-    (k drafts every step), ``eagle3_rule``, ``hybrid`` or ``oracle``; `tables`: the model drafts
+    (`model_k` drafts every step), ``eagle3_rule``, ``hybrid`` or ``oracle``; `tables`: the model drafts
     (`model_drafts`); `texts`: the recorded token ids per (step, rollout), for the oracle's hindsight."""
 
     MODES = ("eagle3", "eagle3_rule", "hybrid", "oracle")
