@@ -142,9 +142,12 @@ def starting_head(cfg: RunConfig, opts: dict) -> str:
         _say(f"Eagle3 head for {cfg.model_path}: cached {out} (built by: {' '.join(cmd)})")
         return str(out)
     _say(f"no Eagle3 head for {cfg.model_path}: building one: {' '.join(cmd)}")
-    from nemo_rl_specdec.tools import train_eagle3
+    import subprocess
+    import sys
 
-    train_eagle3.main(cmd[3:])
+    done = subprocess.run([sys.executable, *cmd[1:]], check=False)   # the tool in its own process (a vLLM engine)
+    if done.returncode or not (out / "model.safetensors").is_file():
+        raise RuntimeError(f"bench hybrid: building the Eagle3 head failed (exit {done.returncode}): {' '.join(cmd)}")
     return str(out)
 
 
@@ -239,7 +242,7 @@ def _das_class(hybrid: HybridReplay) -> type:
 
 class HybridReplay:
     """The model half, alone or in the hybrid, as `replay` drives it (module doc). `mode`: ``eagle3``
-    (k drafts every step), ``eagle3_rule``, ``hybrid`` or ``oracle``; `tables`: the model drafts
+    (`model_k` drafts every step), ``eagle3_rule``, ``hybrid`` or ``oracle``; `tables`: the model drafts
     (`model_drafts`); `texts`: the recorded token ids per (step, rollout), for the oracle's hindsight."""
 
     MODES = ("eagle3", "eagle3_rule", "hybrid", "oracle")

@@ -93,15 +93,17 @@ def test_the_wheel_carries_every_module_config_and_asset(wheel):
 
 
 def _read_by_scenarios() -> set:
-    """The data files bundled scenarios and hardware profiles read (`hardware.roofline.measured`),
-    relative to configs/."""
+    """The data files bundled scenarios and hardware profiles read (`hardware.roofline.measured`,
+    `hybrid.bench_json`), relative to configs/."""
     import yaml
 
     read = set()
     for path in [*configs_dir().joinpath("sim").rglob("*.yaml"), *configs_dir().joinpath("hardware").glob("*.yaml")]:
-        roofline = ((yaml.safe_load(path.read_text()) or {}).get("hardware") or {}).get("roofline") or {}
-        if isinstance(roofline.get("measured"), str):
-            read.add(f"sim/{roofline['measured']}")
+        raw = yaml.safe_load(path.read_text()) or {}
+        roofline = (raw.get("hardware") or {}).get("roofline") or {}
+        for data in (roofline.get("measured"), (raw.get("hybrid") or {}).get("bench_json")):
+            if isinstance(data, str):
+                read.add(f"sim/{data}")
     return read
 
 
