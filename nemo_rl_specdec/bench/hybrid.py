@@ -70,6 +70,10 @@ MIN_STEPS = 2
 TARGET_SPEEDUP = 1.15   # the hybrid's priced rollout time against the better half's
 HALVES = ("das", "das_all", "eagle3", "eagle3_rule")
 HISTORY_KEY, MODEL_KEY = "das", "eagle3"   # the hardware profile's entries of the two halves
+# the replayed rows that draft with a model half: alone, alone under the per-step rule, and with the history half
+# chosen per request by the hybrid's rule or with hindsight
+MODEL_ALONE, MODEL_RULE, HYBRID_ROW, ORACLE_ROW = "eagle3", "eagle3_rule", "hybrid", "oracle"
+BOTH_HALVES = (HYBRID_ROW, ORACLE_ROW)
 MODEL_K = 3   # the model half's default depth: an Eagle3 head is trained for a few positions (TTT), run at k=3
 MODEL_CONTEXTS = ("beside_history", "alone")  # the model half's acceptance is calibrated apart in each
 BESIDE_HISTORY, ALONE = 0, 1
@@ -245,7 +249,7 @@ class HybridReplay:
     (`model_k` drafts every step), ``eagle3_rule``, ``hybrid`` or ``oracle``; `tables`: the model drafts
     (`model_drafts`); `texts`: the recorded token ids per (step, rollout), for the oracle's hindsight."""
 
-    MODES = ("eagle3", "eagle3_rule", "hybrid", "oracle")
+    MODES = (MODEL_ALONE, MODEL_RULE, HYBRID_ROW, ORACLE_ROW)
 
     def __init__(self, mode: str, tables: dict, texts: dict, k: int, profile, max_model_len: int,
                  history=None, max_num_seqs: int = 1024, temperature: float = 1.0, model_k: int | None = None):
@@ -255,7 +259,7 @@ class HybridReplay:
 
         if mode not in self.MODES:
             raise ValueError(f"mode: {mode!r}; allowed: {list(self.MODES)}")
-        both = mode in ("hybrid", "oracle")
+        both = mode in BOTH_HALVES
         if both != (history is not None):
             raise ValueError(f"mode {mode!r}: " + ("needs the history half's speculative block" if both
                                                    else "takes no history half"))
@@ -325,7 +329,7 @@ class HybridReplay:
         forward = model_forward_s(self.profile, MODEL_KEY, self.model_k, ctx)
         self._step = {"model": model, "truth": truth, "cost": (t0, c_tok, forward), "rows": len(rids),
                       "choice": None, "contexts": [ALONE] * len(rids)}
-        if self.mode == "eagle3":
+        if self.mode == MODEL_ALONE:
             drafts, run = model, True
             self.counts["model"] += len(rids)
         else:
@@ -430,12 +434,12 @@ def judge(results: list) -> dict:
     best_time = min(halves, key=lambda r: r["priced_rollout_s"])
     best_tpf = max(halves, key=lambda r: r["tokens_per_target_forward"])
     out = {"better_half_priced": best_time["name"], "better_half_tokens_per_forward": best_tpf["name"]}
-    for name in ("hybrid", "oracle"):
+    for name in BOTH_HALVES:
         if name in by:
             out[f"{name}_vs_better_half_priced"] = best_time["priced_rollout_s"] / by[name]["priced_rollout_s"]
             out[f"{name}_vs_better_half_tokens_per_forward"] = (by[name]["tokens_per_target_forward"]
                                                                 / best_tpf["tokens_per_target_forward"])
-    if "hybrid" in by:
+    if HYBRID_ROW in by:
         out["target_priced_met"] = out["hybrid_vs_better_half_priced"] >= TARGET_SPEEDUP
         out["target_tokens_per_forward_met"] = out["hybrid_vs_better_half_tokens_per_forward"] >= 1.0
     return out
@@ -466,10 +470,10 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list
                 rows = replay(das_spec(cfg, rule=False), recorded, mml, g.temperature, label=HISTORY_KEY)
                 counts = None
             else:
-                h = HybridReplay(name, full, texts, k, profile, mml, history if name in ("hybrid", "oracle") else None,
+                h = HybridReplay(name, full, texts, k, profile, mml, history if name in BOTH_HALVES else None,
                                  temperature=g.temperature, model_k=opts.get("model_k"))
                 rows = replay(history, recorded, mml, g.temperature, drafter=h.drafter,
-                              label=name if name in ("hybrid", "oracle") else MODEL_KEY)
+                              label=name if name in BOTH_HALVES else MODEL_KEY)
                 counts = h.counts
             walls.append(time.perf_counter() - t0)
             figures = [(r["generated_tokens"], r["target_forwards"], r["draft_tokens"]) for r in rows]

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from nemo_rl_specdec.config import SpecDecConfig, to_vllm_speculative_config, validate_spec_block
-from nemo_rl_specdec.trace import Trace, TraceStep
+from nemo_rl_specdec.trace import HYBRID, Trace, TraceStep
 
 
 class _Batch:
@@ -194,7 +194,7 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
             proposer_s = time.thread_time() - cpu0
             # a request's context is what its KV cache holds: every token but the one it just sampled
             step = TraceStep([number[r] for r in active], [n[r] - 1 for r in active], [], [], 0,
-                             proposer_s if kind in ("list", "hybrid") else None, 0,
+                             proposer_s if kind in ("list", HYBRID) else None, 0,
                              drafter.model_forwards() if drafter.model_forwards is not None else 0)
             still = []
             for rid, d in zip(active, drafts, strict=True):
