@@ -15,9 +15,11 @@ Stand-ins, each only where the real thing cannot run on CPU:
   driver side is our `wrap_policy`, as `install()` sets them on NeMo-RL's DTensor workers and
   `Policy`: the distillation code that runs is ours, only the policy step under it is the stand-in;
 - NCCL (`loop_cpu_host.py`): the policy's weights reach NeMo-RL's extension `_load_weights`
-  through a named Ray actor instead of a broadcast; there is no process group;
+  through a file the policy's rank writes before the engines' refit starts, instead of a
+  broadcast; there is no process group;
 - the GPU-only calls inside the worker actors (`loop_cpu_host.py` lists them): applied in every
-  Ray worker process by Ray's `worker_process_setup_hook`;
+  Ray worker process by Ray's `worker_process_setup_hook`, and in the engine-core process vLLM
+  spawns for the async engine by `loop_site/sitecustomize.py`;
 - the task environment (`CountEnv`, a Ray actor like NeMo-RL's): the tiny policy cannot do math,
   so NeMo-RL's math environment would reward nothing and the policy would not move. The reward is
   the share of response tokens below 32;
@@ -80,33 +82,23 @@ def _ray_env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def loop_ray(nemo_rl_src):
+def loop_ray(nemo_rl_src, tmp_path_factory):
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    from loop_cpu_host import BROADCAST_DIR, GATE
+
     env = _ray_env()
+    env[BROADCAST_DIR] = str(tmp_path_factory.mktemp("broadcast"))
+    # NeMo-RL's actors take PYTHONPATH from this process's environment: loop_site is on it, and
+    # its sitecustomize acts where GATE is set, in Ray's workers and what they spawn only
+    env["PYTHONPATH"] = f"{HERE / 'loop_site'}:{env['PYTHONPATH']}"
     os.environ.update({k: v for k, v in env.items() if k != "LD_PRELOAD"})
+    env[GATE] = "1"
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True, configure_logging=False,
              runtime_env={"env_vars": env, "worker_process_setup_hook": "loop_cpu_host.apply"})
 
-    @ray.remote(num_cpus=0)
-    class Broadcast:
-        """Holds the policy's latest (name -> tensor) for the engines' refit (loop_cpu_host)."""
-
-        def __init__(self):
-            self.state = None
-
-        def put(self, state):
-            self.state = state
-            return len(state)
-
-        def take(self):
-            return self.state
-
-    from loop_cpu_host import BROADCAST
-
-    actor = Broadcast.options(name=BROADCAST).remote()
     # grpo_train's MemoryTracker asks Ray for a memory summary by address: this cluster, not another
     # one running on the same machine
     saved = os.environ.get("RAY_ADDRESS")
@@ -117,7 +109,6 @@ def loop_ray(nemo_rl_src):
         mp.setattr(torch.cuda.nvtx, "range_push", lambda *a, **k: 0)
         mp.setattr(torch.cuda.nvtx, "range_pop", lambda *a, **k: 0)
         yield ray
-    ray.kill(actor)
     ray.shutdown()
     if saved is None:
         os.environ.pop("RAY_ADDRESS", None)
@@ -144,8 +135,16 @@ class CpuPolicyWorker:
         self.lr = lr
         self.steps = 0
 
-    def state(self) -> dict:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+    def publish(self) -> int:
+        """The weights for the engines' refit (loop_cpu_host's NCCL stand-in), written whole before returning."""
+        import torch
+
+        from loop_cpu_host import weights_path
+
+        path = weights_path()
+        torch.save({k: v.detach().clone() for k, v in self.model.state_dict().items()}, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+        return len(self.model.state_dict())
 
     def refit_info(self) -> dict:
         return {k: (tuple(v.shape), v.dtype) for k, v in self.model.state_dict().items()}
@@ -202,12 +201,11 @@ class _WorkerGroup:
 class CpuPolicy:
     """Stand-in for NeMo-RL's driver-side `Policy` (module docstring) over one `CpuPolicyWorker` rank."""
 
-    def __init__(self, broadcast_name: str, worker_cls=CpuPolicyWorker):
+    def __init__(self, worker_cls=CpuPolicyWorker):
         import ray
 
         actor = ray.remote(num_cpus=0)(worker_cls)
         self.worker_group = _WorkerGroup([actor.remote()])
-        self.broadcast_name = broadcast_name
 
     @property
     def _rank0(self):
@@ -228,8 +226,8 @@ class CpuPolicy:
         import ray
 
         # held until the weights are in place: refit_policy_generation starts the engines' side
-        # (which takes them) only after this returns
-        done = ray.get_actor(self.broadcast_name).put.remote(self._rank0.state.remote())
+        # (which reads them) only after this returns
+        done = self._rank0.publish.remote()
         ray.wait([done], num_returns=1)
         return [done]
 
@@ -274,7 +272,7 @@ def _distilling_policy(spec_block: dict, temperature: float):
     spec = SpecDecConfig.model_validate({"enabled": True, **spec_block})
     for name, fn in wrap_policy(policy_cls, spec, temperature).items():
         setattr(policy_cls, name, fn)
-    return lambda broadcast_name: policy_cls(broadcast_name, worker_cls)
+    return lambda: policy_cls(worker_cls)
 
 
 def _datasets(tokenizer):
@@ -403,8 +401,6 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from nemo_rl_specdec.nemo_rl import api, run_grpo, translate
-    from loop_cpu_host import BROADCAST
-
     cfg = _master_config(tmp_path, block, extra)
     gen_cfg = cfg["policy"]["generation"]
     registry = actor_registry.ACTOR_ENVIRONMENT_REGISTRY
@@ -429,7 +425,7 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
         generation.finish_generation()
         temperature = float(cfg["policy"]["generation"]["temperature"])
         make_policy = _distilling_policy(block, temperature) if online else CpuPolicy
-        policy = make_policy(BROADCAST)
+        policy = make_policy()
         stop.extend(lambda w=w: ray.kill(w) for w in policy.worker_group.workers)
         if online:
             from nemo_rl_specdec.nemo_rl.exchange import drafter_board
