@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.specdec-installed
 
-.PHONY: venv demo demo-smollm2 test test-unit bench clean-venv
+.PHONY: venv demo demo-smollm2 lint test test-unit bench clean-venv
 
 venv: $(STAMP)
 
@@ -44,7 +44,13 @@ bench: venv
 # the CLI preloads it itself, pytest needs it from the start).
 IOMP = LD_PRELOAD="$$($(PY) -m nemo_rl_specdec.openmp)"
 
-test: venv
+# The lint and type gate (settings in pyproject.toml): ruff over the package, tests and examples;
+# mypy over the typed core.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(IOMP) $(PY) -m pytest -q tests
 
 test-unit: venv

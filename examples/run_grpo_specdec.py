@@ -12,7 +12,7 @@ or `uv pip install -e /path/to/checkout`):
 bundled example runs (`qwen3_8b_*.yaml`, `nemotron3_super_mtp.yaml`) are found by name. Overrides use
 NeMo-RL's (Hydra) spelling and reach NeMo-RL unchanged.
 
-What `main` does (nemo_rl_specdec/nemo_rl/run_grpo.py; docs/nemo_rl.md, "Launch"):
+What `main` does (nemo_rl_specdec/run_grpo.py; docs/nemo_rl.md, "Launch"):
 1. compose the run file and validate the block before NeMo-RL is imported (bad block: exit 2);
 2. check that NeMo-RL is importable and has every hook the run needs (else: exit 1);
 3. with the block enabled, install the speculative-decoding generation workers into NeMo-RL;
@@ -23,7 +23,7 @@ Same as `python -m nemo_rl_specdec.run_grpo`.
 """
 import sys
 
-from nemo_rl_specdec.nemo_rl.run_grpo import main
+from nemo_rl_specdec.run_grpo import main
 
 if __name__ == "__main__":
     sys.exit(main())

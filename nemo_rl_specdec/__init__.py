@@ -1,8 +1,9 @@
 """nemo-rl-specdec: lossless speculative decoding for NeMo-RL rollouts.
 
 Layers, top to bottom (imports point down only; tests/unit/test_import_graph.py checks it):
-cli, tools -> bench -> nemo_rl (thin adapter, imports NeMo-RL lazily) -> demo -> sim -> engine (vLLM,
-no NeMo-RL) -> scheduling -> config -> drafters (one file per drafter, one registry) -> train (the
-distillation loop) -> schema, rollouts, lockstep, metrics, openmp, models -> resources.
+cli, tools -> bench -> adapter (the thin NeMo-RL adapter, imports NeMo-RL lazily) -> demo -> sim -> engine (vLLM,
+no NeMo-RL) -> scheduling -> config -> drafters (one file per drafter, one registry; drafters/machinery/:
+what they are built from) -> train (the distillation loop) -> schema, rollouts, lockstep, metrics,
+openmp, models -> resources.
 """
 __version__ = "0.1.0"

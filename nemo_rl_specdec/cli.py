@@ -11,10 +11,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 from nemo_rl_specdec.schema import ConfigError
-
 
 # (option, is a directory) of every output a command writes; checked before the command runs
 OUTPUTS = {"generate": (("out", False),), "demo": (("out", True),), "bench": (("json", False),),
@@ -59,8 +57,8 @@ def _validate(args) -> int:
     the NeMo-RL launcher composes it), the block, NeMo-RL's rules for a NeMo-RL run, and the
     checkpoint paths; what cannot be checked here (NeMo-RL parents without a checkout, Hugging Face
     ids) is listed under `not_checked`."""
+    from nemo_rl_specdec.adapter import api, config_loader, translate
     from nemo_rl_specdec.config import to_vllm_speculative_config, validate_run_dict
-    from nemo_rl_specdec.nemo_rl import api, config_loader, translate
 
     composed = config_loader.compose(args.run_yaml, args.overrides, api.find_nemo_rl_root())
     unreachable = [m for m in composed.missing_parents if m.startswith(config_loader.NEMO_RL_PREFIX)]
@@ -90,7 +88,7 @@ def _validate(args) -> int:
 MAX_SAMPLES = 100_000  # prompts x --n of one `generate`: more is hours of rollouts
 
 
-def read_prompts(path: str, vocab_size: Optional[int] = None) -> list[dict]:
+def read_prompts(path: str, vocab_size: int | None = None) -> list[dict]:
     """The `--prompts` JSONL of `generate`: one {"prompt": text} or {"prompt_token_ids": [...]} per
     line, optional "problem_id" (a string or an int); token ids below `vocab_size`. Errors name the line."""
     p = Path(path)
@@ -162,7 +160,7 @@ def _generate(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as f:
-        for (i, s), r in zip(index, result.rollouts):
+        for (i, s), r in zip(index, result.rollouts, strict=True):
             f.write(json.dumps({"prompt_index": i, "sample_index": s, "problem_id": r.problem_id,
                                 "token_ids": r.token_ids, "logprobs": r.logprobs,
                                 "finish_reason": r.finish_reason, "policy_version": r.policy_version,
@@ -274,8 +272,8 @@ def _price(args) -> int:
         named = [t for path in args.traces for t in _traces_in(path, args.rows)]
         if args.fit_proposer:
             fit = fit_proposer([t for _, t in named])
-            print(f"proposer fit on {fit['kept']} of {fit['steps']} decode steps: step_overhead_s {fit['step_overhead_s']:.3g}, "
-                  f"per_request_s {fit['per_request_s']:.3g} (R^2 {fit['r2']:.2f})")
+            print(f"proposer fit on {fit['kept']} of {fit['steps']} decode steps: step_overhead_s "
+                  f"{fit['step_overhead_s']:.3g}, per_request_s {fit['per_request_s']:.3g} (R^2 {fit['r2']:.2f})")
             out = {"fit_proposer": fit}
         else:
             base = Trace.load(args.baseline) if args.baseline else None
@@ -296,17 +294,12 @@ def _price(args) -> int:
     return 0
 
 
-def _traces_in(path: str, rows: Optional[str] = None) -> list:
+def _traces_in(path: str, rows: str | None = None) -> list:
     """(name, Trace) of a trace file, or of every replay trace in a bench result JSON (of the results
     named in `rows`, comma-separated, when given)."""
-    from nemo_rl_specdec.trace import FORMAT, Trace, TraceError
+    from nemo_rl_specdec.trace import FORMAT, Trace, TraceError, read_json
 
-    try:
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise TraceError(f"{path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    d = read_json(path)
     if isinstance(d, dict) and d.get("format") == FORMAT:
         return [(Path(path).stem, Trace.load(path))]
     if isinstance(d, dict) and isinstance(d.get("results"), list):
@@ -364,9 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_yaml")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--json", default=None, help="write results JSON here")
-    p.add_argument("--suite", default=None,
-                   help="drafters (default) | das | scheduling | lockstep | parametric | refresh | costmodel | adaptive "
-                        "| distill")
+    p.add_argument(
+        "--suite",
+        default=None,
+        help="drafters (default) | das | scheduling | lockstep | parametric | refresh | costmodel | adaptive | distill",
+    )
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("simulate", help="simulate RL steps with speculative decoding")

@@ -12,15 +12,22 @@ from __future__ import annotations
 import copy
 import difflib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.drafters.base import LIST, MODEL
+from nemo_rl_specdec.drafters.base import LIST, MODEL, RefreshMode
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
 from nemo_rl_specdec.resources import config_lookups, configs_dir
-from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict as _Strict, float_setting, int_setting
+from nemo_rl_specdec.schema import (
+    ConfigError,
+    PathError as _PathError,
+    Strict as _Strict,
+    float_setting,
+    int_setting,
+    k_by_batch_size_table,
+)
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
 
@@ -31,13 +38,13 @@ class DistillConfig(_Strict):
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the drafter")
     epochs: int = Field(2, ge=1, description="passes over the step's rollouts per refresh")
     micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per teacher/drafter forward")
-    max_tokens: Optional[int] = Field(
+    max_tokens: int | None = Field(
         8192, ge=1, description="rollout tokens distilled per step and trainer rank (the first ones, in "
                                 "order); the teacher's final hidden states of these are held per step; null: all")
 
 
 class RefreshConfig(_Strict):
-    mode: Optional[Literal["frozen", "refit", "online", "rebuild"]] = None  # None: drafter default
+    mode: RefreshMode | None = None  # None: drafter default
     every_n_steps: int = Field(1, ge=1)
     max_policy_lag: int = Field(0, ge=0, description="async: policy_version - drafter_version allowed")
     distill: DistillConfig = DistillConfig()
@@ -47,55 +54,28 @@ class SchedulingConfig(_Strict):
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
     # unset: adaptive where our proposer judges each step and auto_disable is on (DAS, n-gram with
     # ngram.backend: specdec), else uniform
-    budget: Optional[Literal["uniform", "length_aware", "das", "adaptive"]] = None
+    budget: Literal["uniform", "length_aware", "das", "adaptive"] | None = None
     # [[batch_lo, batch_hi, k], ...] -> vLLM num_speculative_tokens_per_batch_size
-    k_by_batch_size: Optional[list[tuple[int, int, int]]] = None
+    k_by_batch_size: list[tuple[int, int, int]] | None = None
     # auto: a model drafter's k by batch size, chosen and re-checked from the engine's steps
     # (scheduling/k_auto.py), up to num_speculative_tokens
-    k: Optional[Literal["auto"]] = None
+    k: Literal["auto"] | None = None
     long_fraction: float = Field(0.25, gt=0, le=1, description="share of requests counted as long")
     short_fraction: float = Field(0.25, ge=0, lt=1, description="share of requests that never speculate")
 
     @field_validator("k_by_batch_size", mode="before")
     @classmethod
-    def _shape(cls, v):
-        if v is None:
-            return v
-        if not isinstance(v, (list, tuple)):
-            raise ValueError("a list of [batch_lo, batch_hi, k] entries")
-        out = []
-        for i, e in enumerate(v):
-            if not (isinstance(e, (list, tuple)) and len(e) == 3
-                    and all(isinstance(x, int) and not isinstance(x, bool) for x in e)):
-                raise ValueError(f"entry {i} ({e!r}): each entry is [batch_lo, batch_hi, k] of integers")
-            out.append(tuple(e))
-        return out
-
-    @field_validator("k_by_batch_size")
-    @classmethod
-    def _ranges(cls, v):
-        if v is None:
-            return v
-        prev_hi = 0
-        for i, (lo, hi, k) in enumerate(v):
-            if lo < 1 or hi < lo:
-                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): need 1 <= lo <= hi")
-            if lo <= prev_hi:
-                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): ranges must be ascending and not overlap")
-            if k < 0:
-                raise ValueError(f"entry {i} ({lo}, {hi}, {k}): k must be >= 0 (0 turns speculation off)")
-            prev_hi = hi
-        if v and v[0][0] != 1:
-            raise ValueError(f"entry 0 {tuple(v[0])}: the first range must start at batch size 1 (vLLM rejects "
-                             "a schedule that leaves small batches without a k)")
-        return v
+    def _k_table(cls, v):
+        return k_by_batch_size_table(v)
 
     @model_validator(mode="after")
     def _fractions(self):
         if self.long_fraction + self.short_fraction > 1:
             raise _PathError(
-                "short_fraction", self.short_fraction,
-                f"a value <= 1 - long_fraction ({1 - self.long_fraction:g}); long_fraction + short_fraction must be <= 1",
+                "short_fraction",
+                self.short_fraction,
+                f"a value <= 1 - long_fraction ({1 - self.long_fraction:g}); "
+                "long_fraction + short_fraction must be <= 1",
             )
         return self
 
@@ -111,9 +91,9 @@ class _SpecDecBlock(_Strict):
     refresh: RefreshConfig = RefreshConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     on_refresh_error: Literal["raise", "disable"] = "raise"
-    # per step, draft nothing where the drafts are predicted to lose (drafters/adaptive.py); unset: on
+    # per step, draft nothing where the drafts are predicted to lose (drafters/machinery/step_judge.py); unset: on
     # for drafters that judge each step themselves (DAS), off for the others
-    auto_disable: Optional[bool] = None
+    auto_disable: bool | None = None
 
     @model_validator(mode="after")
     def _coherent(self):
@@ -134,7 +114,8 @@ class _SpecDecBlock(_Strict):
                 f">= {lag_needed}: refresh.every_n_steps={self.refresh.every_n_steps} lets the drafter fall "
                 f"{lag_needed} version(s) behind between refreshes",
             )
-        per_step = drafter_of(self.drafter).judges_steps(self)  # our proposer cuts each step's drafts
+        spec = cast("SpecDecConfig", self)  # the block is only ever built as a SpecDecConfig
+        per_step = drafter_of(self.drafter).judges_steps(spec)  # our proposer cuts each step's drafts
         k_auto = self.scheduling.k == "auto"
         if self.auto_disable is None:
             self.auto_disable = per_step or k_auto
@@ -143,7 +124,7 @@ class _SpecDecBlock(_Strict):
         if k_auto:
             self._check_k_auto()
         if self.enabled:
-            drafter_of(self.drafter).check(self)
+            drafter_of(self.drafter).check(spec)
             if self.scheduling.budget == "adaptive" and not per_step:
                 raise _PathError(
                     "scheduling.budget", "adaptive",
@@ -193,10 +174,17 @@ class _SpecDecBlock(_Strict):
         return drafter_of(self.drafter).kind == LIST
 
 
-SpecDecConfig = create_model(
-    "SpecDecConfig", __base__=_SpecDecBlock, __module__=__name__,
-    __doc__="The whole `policy.generation.speculative_decoding` block: common settings and one sub-block per drafter.",
-    **{name: (d.config, d.config()) for name, d in DRAFTERS.items()})
+if TYPE_CHECKING:
+    class SpecDecConfig(_SpecDecBlock):
+        """What a type checker sees: the common settings, and each drafter's sub-block as an attribute."""
+
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    SpecDecConfig = create_model(
+        "SpecDecConfig", __base__=_SpecDecBlock, __module__=__name__,
+        __doc__="The whole `policy.generation.speculative_decoding` block: common settings and one sub-block per "
+                "drafter.",
+        **{name: (d.config, d.config()) for name, d in DRAFTERS.items()})
 
 
 class VllmCfg(BaseModel):
@@ -217,7 +205,7 @@ class GenerationConfig(BaseModel):
     backend: Literal["vllm"] = "vllm"
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: Optional[int] = None
+    top_k: int | None = None
     max_new_tokens: int = Field(512, ge=1, le=1 << 24)
     vllm_cfg: VllmCfg = VllmCfg()
     speculative_decoding: SpecDecConfig = SpecDecConfig()
@@ -241,7 +229,7 @@ class GenerationConfig(BaseModel):
 class RunConfig:
     """A resolved run file: the whole dict, plus the validated generation block."""
 
-    def __init__(self, raw: dict, generation: GenerationConfig, source: Optional[str] = None):
+    def __init__(self, raw: dict, generation: GenerationConfig, source: str | None = None):
         self.raw = raw
         self.generation = generation
         self.source = source
@@ -286,7 +274,8 @@ class RunConfig:
     def setting(self, dotted: str, default: Any, lo: Any, hi: Any, kind: type = int, lo_open: bool = False) -> Any:
         """The number at `dotted` (or `default` where the run file does not set it), checked: an integer
         (kind int) or a finite number in [lo, hi]; a key above it that holds no mapping is an error."""
-        node, parts = self.raw, dotted.split(".")
+        node: Any = self.raw
+        parts = dotted.split(".")
         for i, part in enumerate(parts[:-1]):
             node = node.get(part)
             if node is None:
@@ -307,7 +296,7 @@ class RunConfig:
             node = node[part]
         return node
 
-    def with_spec(self, **changes) -> "RunConfig":
+    def with_spec(self, **changes) -> RunConfig:
         """A copy with fields of the speculative block replaced (validated again).
 
         Starts from the block as written, so keys it leaves unset (e.g. `refresh.mode`) take the
@@ -322,7 +311,7 @@ class RunConfig:
 
 # --------------------------------------------------------------------------- loading
 
-def _known_keys(loc: list[str]) -> Optional[list[str]]:
+def _known_keys(loc: list[str]) -> list[str] | None:
     """Field names of the (nested) model at `loc` below `policy.generation`, if it is one of ours."""
     model: Any = GenerationConfig
     for part in loc:
@@ -368,7 +357,7 @@ def _reject_misspelt(node: dict, expected: str, path: str) -> None:
             )
 
 
-def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
+def validate_run_dict(raw: dict, source: str | None = None) -> RunConfig:
     """Validate a resolved run dict; raises ConfigError naming the dotted key path."""
     if not isinstance(raw, dict) or not isinstance(raw.get("policy"), dict):
         raise ConfigError("policy: missing; a run file needs a `policy:` mapping")
@@ -390,7 +379,7 @@ def validate_run_dict(raw: dict, source: Optional[str] = None) -> RunConfig:
     return RunConfig(raw, generation, source)
 
 
-def validate_spec_block(block: Optional[dict]) -> dict:
+def validate_spec_block(block: dict | None) -> dict:
     """The speculative block as plain data, validated and with the schema's defaults applied (what the
     driver hands every engine worker); raises ConfigError naming the dotted key path."""
     if block is not None and not isinstance(block, dict):
@@ -402,7 +391,7 @@ def validate_spec_block(block: Optional[dict]) -> dict:
     return generation.speculative_decoding.model_dump(mode="json")
 
 
-def resolve_config_path(path: Optional[str]) -> Path:
+def resolve_config_path(path: str | None) -> Path:
     """A run file path; names not found from the working directory (`tiny_cpu.yaml`,
     `configs/tiny_cpu.yaml`) are looked up in the bundled configs/ (resources.py)."""
     if path is None:
@@ -416,7 +405,7 @@ def resolve_config_path(path: Optional[str]) -> Path:
     raise ConfigError(f"run file {path!r} not found (looked in ., {configs_dir()})")
 
 
-def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
+def load_run_config(path: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
     """Load a self-contained run YAML, apply `key=value` overrides, resolve (yaml_loader.py), validate,
     and check the checkpoint paths it names (`RunConfig.check_paths`)."""
     p = resolve_config_path(path)
@@ -436,25 +425,21 @@ def load_run_config(path: Optional[str] = None, overrides: tuple[str, ...] | lis
 TRACE_KIND = {"host": "list", "sequential": "model", "parallel": "block"}
 
 
-def cost_entry(spec: SpecDecConfig) -> tuple[str, Optional[str]]:
+def cost_entry(spec: SpecDecConfig) -> tuple[str, str | None]:
     """(trace kind, hardware-profile entry) of the block's drafter: ``("none", None)`` without
     speculation; a history drafter's entry names its proposer (``das``, ``vllm_suffix``, ``ngram``,
     ``ngram_specdec``), a model drafter's its name."""
     if not spec.enabled:
         return "none", None
-    kind = TRACE_KIND[DRAFTERS[spec.drafter].draft_cost]
-    if spec.drafter == "suffix":
-        return kind, "das" if spec.suffix.backend == "das" else "vllm_suffix"
-    if spec.drafter == "ngram":
-        return kind, "ngram_specdec" if spec.ngram.backend == "specdec" else "ngram"
-    return kind, spec.drafter
+    d = DRAFTERS[spec.drafter]
+    return TRACE_KIND[d.draft_cost], d.cost_entry(spec)
 
 
 def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:
     return drafter_of(spec).draft_sample_method(spec, temperature)
 
 
-def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) -> Optional[dict]:
+def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) -> dict | None:
     """The `speculative_config` dict handed to `vllm.LLM`, or None when speculation is off."""
     if not spec.enabled:
         return None

@@ -15,8 +15,8 @@ Definitions (per generate call, or summed over calls):
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Optional
 
 COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -35,7 +35,7 @@ def read_counters(metrics: Iterable) -> dict:
         elif m.name == PER_POS:
             vals = list(m.values)
             cur = out["per_pos"]
-            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals)]
+            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals, strict=False)]
     return out
 
 
@@ -47,7 +47,7 @@ def _child_total(child) -> int:
     return int(sum(s.value for m in child.collect() for s in m.samples if s.name.endswith("_total")))
 
 
-def engine_counters(llm) -> Optional[dict]:
+def engine_counters(llm) -> dict | None:
     """This engine's own spec-decode counters, read from its own Prometheus stat logger.
 
     `LLM.get_metrics()` reads the process-global registry, and every new vLLM engine's
@@ -67,7 +67,7 @@ def engine_counters(llm) -> Optional[dict]:
         for children in sd.counter_spec_decode_num_accepted_tokens_per_pos.values():
             vals = [_child_total(c) for c in children]
             cur = out["per_pos"]
-            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals)]
+            out["per_pos"] = [a + b for a, b in zip(cur + [0] * (len(vals) - len(cur)), vals, strict=False)]
         return out
     return None
 
@@ -82,7 +82,7 @@ class SpecMetrics:
     seconds: float = 0.0
 
     @classmethod
-    def delta(cls, before: dict, after: dict, generated_tokens: int, seconds: float) -> "SpecMetrics":
+    def delta(cls, before: dict, after: dict, generated_tokens: int, seconds: float) -> SpecMetrics:
         n = max(len(before["per_pos"]), len(after["per_pos"]))
         b = before["per_pos"] + [0] * (n - len(before["per_pos"]))
         a = after["per_pos"] + [0] * (n - len(after["per_pos"]))
@@ -90,16 +90,16 @@ class SpecMetrics:
                    drafts=after["drafts"] - before["drafts"],
                    draft_tokens=after["draft_tokens"] - before["draft_tokens"],
                    accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
-                   accepted_per_position_counts=[y - x for x, y in zip(b, a)],
+                   accepted_per_position_counts=[y - x for x, y in zip(b, a, strict=True)],
                    seconds=seconds)
 
-    def __add__(self, other: "SpecMetrics") -> "SpecMetrics":
+    def __add__(self, other: SpecMetrics) -> SpecMetrics:
         n = max(len(self.accepted_per_position_counts), len(other.accepted_per_position_counts))
         pa = self.accepted_per_position_counts + [0] * (n - len(self.accepted_per_position_counts))
         pb = other.accepted_per_position_counts + [0] * (n - len(other.accepted_per_position_counts))
         return SpecMetrics(self.generated_tokens + other.generated_tokens, self.drafts + other.drafts,
                            self.draft_tokens + other.draft_tokens, self.accepted_tokens + other.accepted_tokens,
-                           [x + y for x, y in zip(pa, pb)], self.seconds + other.seconds)
+                           [x + y for x, y in zip(pa, pb, strict=True)], self.seconds + other.seconds)
 
     @property
     def acceptance_rate(self) -> float:
@@ -135,6 +135,6 @@ class SpecMetrics:
         return d
 
 
-def ratio(baseline_s: float, spec_s: float) -> Optional[float]:
+def ratio(baseline_s: float, spec_s: float) -> float | None:
     """Wall-clock speedup: baseline time / speculative time on the same prompts and weights."""
     return baseline_s / spec_s if spec_s > 0 else None

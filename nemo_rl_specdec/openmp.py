@@ -1,7 +1,7 @@
 """Intel OpenMP under vLLM's CPU backend: find libiomp5 and preload it into the process.
 
 vLLM's CPU worker warns that speculative decoding without Intel OpenMP in ``LD_PRELOAD``
-"will cause significant performance loss", and on this 2-core machine it does: the same
+"will cause significant performance loss", and on a 2-core Xeon machine it does: the same
 draft-model A/B took 14-16 s (no-spec) and 5 s (spec) with libiomp5 preloaded against 22-56 s
 and 15 s with the GNU OpenMP that torch ships (three runs; GNU OpenMP's spinning threads
 suffer most when the cores are shared). ``LD_PRELOAD`` only acts when a process starts, so
@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 LIB = "libiomp5.so"
 OPT_OUT = "NEMO_RL_SPECDEC_NO_IOMP"
@@ -30,7 +30,7 @@ _DONE = "NEMO_RL_SPECDEC_IOMP_REEXEC"  # set on the re-executed process: never l
 log = logging.getLogger("nemo_rl_specdec")
 
 
-def request_torch_threads(n: Optional[int]) -> bool:
+def request_torch_threads(n: int | None) -> bool:
     """Set torch's intra-op thread count to `n` (nothing for None/0). Returns whether it was applied:
     not when a vLLM CPU engine in this process has replaced ``torch.set_num_threads`` (then a
     warning names the ignored request instead of vLLM's filtered one)."""
@@ -46,7 +46,7 @@ def request_torch_threads(n: Optional[int]) -> bool:
     return True
 
 
-def iomp_path() -> Optional[str]:
+def iomp_path() -> str | None:
     """libiomp5.so from the intel-openmp wheel of this interpreter's environment, if installed."""
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
         p = Path(prefix) / "lib" / LIB
@@ -55,7 +55,7 @@ def iomp_path() -> Optional[str]:
     return None
 
 
-def preloaded(env: Optional[dict] = None) -> bool:
+def preloaded(env: dict | None = None) -> bool:
     env = os.environ if env is None else env
     return any(Path(p).name == LIB for p in env.get("LD_PRELOAD", "").replace(":", " ").split())
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from importlib.resources import files
 from pathlib import Path
-from typing import Optional
 
 PACKAGE = "nemo_rl_specdec"
 CACHE_ENV = "NEMO_RL_SPECDEC_CACHE"
@@ -58,11 +57,11 @@ def asset_path(*parts: str) -> Path:
     return package_dir().joinpath("assets", *parts)
 
 
-def cache_dir(override: Optional[str | os.PathLike] = None) -> Path:
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
     """The cache root: `override`, else $NEMO_RL_SPECDEC_CACHE, else ~/.cache/nemo_rl_specdec.
 
     The only place the package reads the home directory: converted models (models/) and the
-    import link for NeMo-RL's worker venvs (nemo_rl/translate.py) live below it, and `make test`
+    import link for NeMo-RL's worker venvs (adapter/translate.py) live below it, and `make test`
     points it at a fresh directory (tests/conftest.py)."""
     raw = override if override is not None else (os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
     return Path(raw).expanduser().resolve()

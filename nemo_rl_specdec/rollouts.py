@@ -21,8 +21,9 @@ No NeMo-RL, no vLLM, no Ray import.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -63,10 +64,10 @@ class Request:
     """One prompt to roll out (one sample)."""
 
     prompt_token_ids: list
-    problem_id: Optional[str] = None
-    budget: Optional[int] = None  # max draft tokens for this request (list drafters); None = k
-    seed: Optional[int] = None
-    predicted_len: Optional[float] = None  # predicted output tokens; a list drafter lifts the budget past it
+    problem_id: str | None = None
+    budget: int | None = None  # max draft tokens for this request (list drafters); None = k
+    seed: int | None = None
+    predicted_len: float | None = None  # predicted output tokens; a list drafter lifts the budget past it
 
 
 @dataclass
@@ -74,11 +75,11 @@ class Rollout:
     """What an engine returns for one `Request` (in the request's position `index`)."""
 
     index: int
-    problem_id: Optional[str]
+    problem_id: str | None
     prompt_token_ids: list
     token_ids: list
     logprobs: list
-    finish_reason: Optional[str]
+    finish_reason: str | None
     policy_version: int
     drafter_version: int
     drafter_built_from: int
@@ -94,7 +95,7 @@ class Rollout:
 class RolloutRecord:
     """One finished rollout, as every drafter refresh reads it."""
 
-    problem_id: Optional[str]
+    problem_id: str | None
     prompt_token_ids: np.ndarray  # int32; may be only the prompt's tail (see RolloutBatch.pack)
     token_ids: np.ndarray  # int32, the response
     policy_version: int
@@ -137,7 +138,7 @@ class TokenSequence(NamedTuple):
 
     prompt: list
     response: list
-    logprobs: Optional[list] = None
+    logprobs: list | None = None
 
 
 def _sequence_fields(r: Any, i: int, error: type) -> tuple:
@@ -184,7 +185,7 @@ class RolloutBatch:
     __slots__ = ("tokens", "starts", "prompt_lens", "versions", "problem_ids")
 
     def __init__(self, tokens: np.ndarray, starts: np.ndarray, prompt_lens: np.ndarray,
-                 versions: np.ndarray, problem_ids: Sequence[Optional[str]]):
+                 versions: np.ndarray, problem_ids: Sequence[str | None]):
         self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         self.starts = np.ascontiguousarray(starts, dtype=np.int64)
         self.prompt_lens = np.ascontiguousarray(prompt_lens, dtype=np.int32)
@@ -200,11 +201,11 @@ class RolloutBatch:
 
     # -- building
     @classmethod
-    def empty(cls) -> "RolloutBatch":
+    def empty(cls) -> RolloutBatch:
         return cls(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64), [])
 
     @classmethod
-    def pack(cls, rollouts: Iterable[Any], prompt_tail: Optional[int] = None) -> "RolloutBatch":
+    def pack(cls, rollouts: Iterable[Any], prompt_tail: int | None = None) -> RolloutBatch:
         """Pack records (or dicts). `prompt_tail` keeps only the last N prompt tokens of each:
         the suffix store never reads further back than its tree depth."""
         recs = [as_record(r, i) for i, r in enumerate(rollouts)]
@@ -222,7 +223,7 @@ class RolloutBatch:
 
     @classmethod
     def from_generation(cls, input_ids: Any, input_lengths: Any, output_ids: Any, generation_lengths: Any,
-                        policy_version: int, prompt_tail: Optional[int] = None) -> "RolloutBatch":
+                        policy_version: int, prompt_tail: int | None = None) -> RolloutBatch:
         """From a generation batch: row i of `output_ids` is the unpadded prompt
         (`input_lengths[i]` tokens) followed by `generation_lengths[i]` generated tokens, then
         padding, as NeMo-RL's vLLM workers return it. Problem ids hash the unpadded prompts."""
@@ -244,14 +245,14 @@ class RolloutBatch:
         return cls.pack(recs, prompt_tail)
 
     @classmethod
-    def concat(cls, batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+    def concat(cls, batches: Sequence[RolloutBatch]) -> RolloutBatch:
         batches = [b for b in batches if b is not None and len(b)]
         if not batches:
             return cls.empty()
         if len(batches) == 1:
             return batches[0]
         offs = np.cumsum([0] + [len(b.tokens) for b in batches[:-1]])
-        starts = np.concatenate([[0]] + [b.starts[1:] + o for b, o in zip(batches, offs)])
+        starts = np.concatenate([[0]] + [b.starts[1:] + o for b, o in zip(batches, offs, strict=True)])
         return cls(np.concatenate([b.tokens for b in batches]), starts,
                    np.concatenate([b.prompt_lens for b in batches]), np.concatenate([b.versions for b in batches]),
                    [p for b in batches for p in b.problem_ids])

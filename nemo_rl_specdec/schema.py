@@ -26,6 +26,36 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
+def k_by_batch_size_table(v: Any) -> list[tuple[int, int, int]] | None:
+    """A `k_by_batch_size` schedule (`[[batch_lo, batch_hi, k], ...]`, vLLM's
+    `num_speculative_tokens_per_batch_size`) as a list of tuples, checked: integer triples, ranges
+    ascending and not overlapping from batch size 1, k >= 0 (0 turns speculation off). A ValueError
+    names the entry at fault. Shared by the run config and the simulator's scenarios."""
+    if v is None:
+        return v
+    if not isinstance(v, (list, tuple)):
+        raise ValueError("a list of [batch_lo, batch_hi, k] entries")
+    out = []
+    for i, e in enumerate(v):
+        if not (isinstance(e, (list, tuple)) and len(e) == 3
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in e)):
+            raise ValueError(f"entry {i} ({e!r}): each entry is [batch_lo, batch_hi, k] of integers")
+        out.append(tuple(e))
+    prev_hi = 0
+    for i, (lo, hi, k) in enumerate(out):
+        if lo < 1 or hi < lo:
+            raise ValueError(f"entry {i} ({lo}, {hi}, {k}): need 1 <= lo <= hi")
+        if lo <= prev_hi:
+            raise ValueError(f"entry {i} ({lo}, {hi}, {k}): ranges must be ascending and not overlap")
+        if k < 0:
+            raise ValueError(f"entry {i} ({lo}, {hi}, {k}): k must be >= 0 (0 turns speculation off)")
+        prev_hi = hi
+    if out and out[0][0] != 1:
+        raise ValueError(f"entry 0 {out[0]}: the first range must start at batch size 1 (vLLM rejects "
+                         "a schedule that leaves small batches without a k)")
+    return out
+
+
 def int_setting(value: Any, path: str, lo: int, hi: int) -> int:
     """A setting that must be an integer in [lo, hi] (`true`, 2.5 and "8" are not): the value, or a
     ConfigError naming `path`."""

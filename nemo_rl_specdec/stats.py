@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 
 def two_sample_chi2(a: Iterable[Hashable], b: Iterable[Hashable], min_expected: float = 5.0):

@@ -2,8 +2,9 @@
 
 One `TraceStep` per target forward: the decode requests in it (their ids, their contexts before
 the step, the draft tokens each verified and how many of them the target accepted), the prompt
-tokens prefilled in it (and the requests whose prefill ended there, each sampling its first token), and the CPU time (thread time) the proposer spent drafting for it. A
-`Trace` is the steps of one rollout with the drafter that made them:
+tokens prefilled in it (and the requests whose prefill ended there, each sampling its first
+token), and the CPU time (thread time) the proposer spent drafting for it. A `Trace` is the
+steps of one rollout with the drafter that made them:
 
 - ``kind``: ``none`` (no speculation), ``list`` (history drafters: DAS, vLLM suffix, n-gram; drafts
   looked up on the host, so every step must carry its proposer time), ``model`` (k sequential draft
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 FORMAT = "nemo-rl-specdec/trace"
 VERSION = 1
@@ -39,7 +40,7 @@ class TraceStep:
     drafts: list = field(default_factory=list)    # draft tokens each verified
     accepted: list = field(default_factory=list)  # of those, accepted (so 1 + accepted tokens committed)
     prefill_tokens: int = 0                       # prompt tokens prefilled in the same forward
-    proposer_s: Optional[float] = None            # proposer thread time spent on this step's drafts
+    proposer_s: float | None = None            # proposer thread time spent on this step's drafts
     prefill_requests: int = 0                     # requests whose prefill ended here (each samples a token)
 
     @property
@@ -52,7 +53,7 @@ class Trace:
     kind: str
     k: int
     steps: list
-    drafter: Optional[str] = None
+    drafter: str | None = None
     source: str = "replay"
     meta: dict = field(default_factory=dict)
 
@@ -69,7 +70,7 @@ class Trace:
         return len(self.steps)
 
     @property
-    def proposer_s(self) -> Optional[float]:
+    def proposer_s(self) -> float | None:
         times = [s.proposer_s for s in self.steps if s.proposer_s is not None]
         return sum(times) if times else None
 
@@ -79,7 +80,7 @@ class Trace:
         rows = sum(len(s.rids) + s.prefill_requests for s in self.steps)
         return self.generated_tokens / rows if rows else 0.0
 
-    def without_drafts(self) -> "Trace":
+    def without_drafts(self) -> Trace:
         """The same requests rolled out without speculation (replay traces): each request enters at the
         step it first decoded in, from the context it had then, and commits one token per forward
         until it has committed what it did here; the prefill steps stay as they are."""
@@ -120,7 +121,8 @@ class Trace:
             raise TraceError(f"kind: {self.kind!r}; allowed: {list(KINDS)}")
         if self.source not in SOURCES:
             raise TraceError(f"source: {self.source!r}; allowed: {list(SOURCES)}")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0 or (self.kind == "none") != (self.k == 0):
+        bad_k = isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0
+        if bad_k or (self.kind == "none") != (self.k == 0):
             raise TraceError(f"k: {self.k!r}; allowed: 0 with kind 'none', else an integer >= 1")
         if not isinstance(self.steps, list):
             raise TraceError(f"steps: {type(self.steps).__name__}; allowed: a list of steps")
@@ -163,7 +165,7 @@ class Trace:
                            "proposer_s": s.proposer_s} for s in self.steps]}
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Trace":
+    def from_dict(cls, d: Any) -> Trace:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TraceError(f"format: {_short(d.get('format') if isinstance(d, dict) else d)}; allowed: {FORMAT!r} "
                              "(a file written by a bench or `Trace.save`)")
@@ -199,17 +201,22 @@ class Trace:
         return p
 
     @classmethod
-    def load(cls, path) -> "Trace":
-        try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
-        except OSError as e:
-            raise TraceError(f"{path}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    def load(cls, path) -> Trace:
+        d = read_json(path)
         try:
             return cls.from_dict(d)
         except TraceError as e:
             raise TraceError(f"{path}: {e}") from None
+
+
+def read_json(path) -> Any:
+    """A JSON file's content, or a TraceError naming the file and what is wrong with it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TraceError(f"{path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
 
 
 def _short(v: Any, limit: int = 60) -> str:
@@ -217,4 +224,4 @@ def _short(v: Any, limit: int = 60) -> str:
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
-__all__ = ["FORMAT", "KINDS", "SOURCES", "VERSION", "Trace", "TraceError", "TraceStep"]
+__all__ = ["FORMAT", "KINDS", "SOURCES", "VERSION", "Trace", "TraceError", "TraceStep", "read_json"]

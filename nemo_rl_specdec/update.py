@@ -18,7 +18,7 @@ No NeMo-RL, no vLLM, no Ray import.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Optional
+from typing import Any
 
 
 class UpdateError(ValueError):
@@ -41,7 +41,7 @@ class PolicyUpdate:
     policy: Any = None
     drafter_weights: Any = None
     rollouts: Any = None
-    drafter_version: Optional[int] = None
+    drafter_version: int | None = None
     refresh_drafter: bool = True
     drafter_checkpoint: bool = False
 
@@ -59,7 +59,7 @@ class PolicyUpdate:
         object.__setattr__(self, "drafter_checkpoint", bool(self.drafter_checkpoint))
 
     @classmethod
-    def from_rpc(cls, obj: Any) -> "PolicyUpdate":
+    def from_rpc(cls, obj: Any) -> PolicyUpdate:
         """`obj` as a `collective_rpc` argument arrives: the update itself, or the map of every one of
         its fields that vLLM's msgpack makes of it on the way to a multiprocess engine core. Anything
         else (a partial map included) is a TypeError."""
@@ -71,7 +71,7 @@ class PolicyUpdate:
         raise TypeError(f"expected a nemo_rl_specdec.update.PolicyUpdate (or the map of all its fields "
                         f"{names}), got {type(obj).__name__}")
 
-    def with_(self, **changes: Any) -> "PolicyUpdate":
+    def with_(self, **changes: Any) -> PolicyUpdate:
         """A copy with `changes` (e.g. staged Ray refs replaced by what they hold)."""
         return replace(self, **changes)
 
@@ -91,15 +91,15 @@ class UpdateReport:
     policy_tensors_applied: int = 0
     refresh_s: float = 0.0
     staged: bool = False              # the rollout store staged earlier was installed
-    staged_wait_s: Optional[float] = None    # how long installing it waited for its rebuild (critical path)
-    staged_rebuild_s: Optional[float] = None  # the rebuild's own time on its background thread
+    staged_wait_s: float | None = None    # how long installing it waited for its rebuild (critical path)
+    staged_rebuild_s: float | None = None  # the rebuild's own time on its background thread
     state: dict = field(default_factory=dict)
     prefix_cache_reset: bool = False  # set by the engine after the RPC
-    in_flight_requests: Optional[int] = None  # requests paused and resumed around an in-flight update
-    # NeMo-RL refits (nemo_rl/extension.py): the refit RPC that carried it, rollouts fetched, fetch time
-    transport: Optional[str] = None
-    rollouts: Optional[int] = None
-    rollouts_fetch_s: Optional[float] = None
+    in_flight_requests: int | None = None  # requests paused and resumed around an in-flight update
+    # NeMo-RL refits (adapter/extension.py): the refit RPC that carried it, rollouts fetched, fetch time
+    transport: str | None = None
+    rollouts: int | None = None
+    rollouts_fetch_s: float | None = None
 
     @property
     def drafter_version(self) -> int:

@@ -1,6 +1,6 @@
 """YAML files with command-line overrides: read (OmegaConf), override, resolve. The run files
 (config.py), the simulator's scenarios (sim/scenario.py) and the NeMo-RL run files
-(nemo_rl/config_loader.py) all load through here; each adds only its own inheritance rule.
+(adapter/config_loader.py) all load through here; each adds only its own inheritance rule.
 
 Overrides use NeMo-RL's (Hydra) spelling:
 - `a.b=v` sets a key, `+a.b=v` adds one, `++a.b=v` adds or sets one. All three merge here (a
@@ -17,8 +17,9 @@ NeMo-RL's arithmetic helpers `add`, `mul`, `div`, `max`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any
 
 from nemo_rl_specdec.schema import ConfigError
 
@@ -66,7 +67,7 @@ def register_resolvers() -> None:
             register(name, fn)
 
 
-def read(path: Union[str, Path], error: type[ConfigError] = ConfigError, what: str = "YAML file") -> Any:
+def read(path: str | Path, error: type[ConfigError] = ConfigError, what: str = "YAML file") -> Any:
     """The file as an (unresolved) omegaconf DictConfig; unreadable YAML or a top level that is not
     a mapping is an `error` naming the file."""
     import yaml
@@ -92,8 +93,8 @@ def read(path: Union[str, Path], error: type[ConfigError] = ConfigError, what: s
     return cfg
 
 
-def parse_override(override: str, source: Union[str, Path], error: type[ConfigError] = ConfigError,
-                   example: str = "a.b=1") -> tuple[str, str, Union[str, None]]:
+def parse_override(override: str, source: str | Path, error: type[ConfigError] = ConfigError,
+                   example: str = "a.b=1") -> tuple[str, str, str | None]:
     """(op, key, value text) of one override: op is "set" (`=`, `+`, `++`) or "delete" (`~`)."""
     bad = error(f"override {override!r} of {source}: expected {OVERRIDE_FORMS} (e.g. {example})")
     if override.startswith("~"):
@@ -111,7 +112,7 @@ def parse_override(override: str, source: Union[str, Path], error: type[ConfigEr
     return "set", key, value
 
 
-def _scalar_above(cfg: Any, key: str) -> Union[str, None]:
+def _scalar_above(cfg: Any, key: str) -> str | None:
     """The first key above `key` that holds a value other than a mapping or list (so `key` cannot
     go below it), without resolving interpolations; None when there is none."""
     from omegaconf import OmegaConf
@@ -126,7 +127,7 @@ def _scalar_above(cfg: Any, key: str) -> Union[str, None]:
     return None
 
 
-def apply_overrides(cfg: Any, overrides: Sequence[str], source: Union[str, Path],
+def apply_overrides(cfg: Any, overrides: Sequence[str], source: str | Path,
                     error: type[ConfigError] = ConfigError, example: str = "a.b=1") -> Any:
     """Apply `overrides` in order to `cfg` (in place; also returned)."""
     import yaml
@@ -156,7 +157,7 @@ def apply_overrides(cfg: Any, overrides: Sequence[str], source: Union[str, Path]
     return cfg
 
 
-def resolve(cfg: Any, source: Union[str, Path], error: type[ConfigError] = ConfigError, hint: str = "") -> dict:
+def resolve(cfg: Any, source: str | Path, error: type[ConfigError] = ConfigError, hint: str = "") -> dict:
     """`cfg` as plain Python with every `${...}` resolved; a failing interpolation is an `error`
     naming the file (and `hint`, appended)."""
     from omegaconf import OmegaConf
@@ -175,7 +176,7 @@ def resolve(cfg: Any, source: Union[str, Path], error: type[ConfigError] = Confi
                     "hundred at most") from None
 
 
-def load(path: Union[str, Path], overrides: Sequence[str] = (), error: type[ConfigError] = ConfigError,
+def load(path: str | Path, overrides: Sequence[str] = (), error: type[ConfigError] = ConfigError,
          what: str = "YAML file", example: str = "a.b=1") -> dict:
     """read + apply_overrides + resolve: the file with its overrides as plain Python."""
     return resolve(apply_overrides(read(path, error, what), overrides, path, error, example), path, error)

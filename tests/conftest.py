@@ -81,7 +81,7 @@ def exchange(ray_local):
     """A real RolloutExchange actor (named, as SpecDecVllmGeneration starts it); yields its name."""
     import uuid
 
-    from nemo_rl_specdec.nemo_rl.exchange import exchange_actor_class
+    from nemo_rl_specdec.adapter.exchange import exchange_actor_class
 
     name = f"test_exchange_{uuid.uuid4().hex[:6]}"
     actor = exchange_actor_class().options(name=name).remote(timeout_s=60)

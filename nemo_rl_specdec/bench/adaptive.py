@@ -19,15 +19,23 @@ configuration gets the same placement).
 Each regime keeps one no-spec group alive; each speculative configuration starts its own group on
 the same cores, rolls the batch out once off the clock (first-call costs, and k: auto's 64-step
 exploration warm-up, which a run pays once in its first minutes but which is half the steps of one
-batch of 64 requests decoded at once here), and runs against the no-spec group in ABBA order (no-spec, spec, spec, no-spec), ``repeats``
-rounds. ``wall_clock_ratio`` is the median over rounds of no-spec makespan / spec makespan.
+batch of 64 requests decoded at once here), and runs against the no-spec group in ABBA order
+(no-spec, spec, spec, no-spec), ``repeats`` rounds. ``wall_clock_ratio`` is the median over rounds
+of no-spec makespan / spec makespan.
 An auto row also reports ``vs_best_fixed`` (its ratio over the best fixed k's of the same drafter
 and regime, in hindsight), what it chose (``chosen``: the k-by-batch-size schedule, or the steps
 the per-step rule cut), and the engines' step-cost fit (``cost_fit``). The closing lines check
-the issue's targets: auto >= 0.97 x no-spec and >= 0.97 x the best fixed k, per regime.
+the targets: auto >= 0.97 x no-spec and >= 0.97 x the best fixed k, per regime.
+
+Priced first (`priced`): fixed k in ``priced_ks`` (default 1, 2, 3, 4, 6, 8) against auto for the
+history drafters, replayed on one recorded text per regime (8 requests at once, the whole batch,
+and ``large_batch`` requests, default 256) and priced on ``hardware`` (default h100_qwen3_8b;
+docs/pricing.md); auto is the per-step rule deciding on that profile's costs. These are the
+judged figures; ``engines: false`` stops after them. Engine rows also carry
+``engine_priced_throughput_ratio`` (their own steps priced) and ``traces``.
 
 Run-file knobs (optional, under ``bench.adaptive``): ``drafters``, ``regimes``, ``ks``,
-``repeats`` (default 1), ``problems`` / ``samples`` (default the run file's GRPO batch),
+``repeats`` (default 3), ``problems`` / ``samples`` (default the run file's GRPO batch),
 ``max_new_tokens`` (default the run file's), ``problem_seed``.
 """
 from __future__ import annotations
@@ -49,7 +57,8 @@ DRAFTERS = {  # name -> (overrides of every configuration, overrides of a fixed 
     "ngram": (["drafter=ngram"], ["ngram.backend=vllm"], ["ngram.backend=specdec", "scheduling.budget=adaptive"]),
     "draft_model": (["drafter=draft_model", "refresh.mode=frozen"], [], ["scheduling.k=auto"]),
 }
-REGIMES = {"seqs8": (1, 8, "contiguous"), "all": (1, None, "contiguous"), "2eng_length_aware": (2, None, "length_aware")}
+REGIMES = {"seqs8": (1, 8, "contiguous"), "all": (1, None, "contiguous"),
+           "2eng_length_aware": (2, None, "length_aware")}
 TARGET = 0.97
 # the priced replays: fixed k against auto, per history drafter and concurrency regime
 PRICED_KS = (1, 2, 3, 4, 6, 8)
@@ -71,7 +80,7 @@ def _options(cfg) -> dict:
         "drafters": list(b.get("drafters", list(DRAFTERS))),
         "regimes": list(b.get("regimes", list(REGIMES))),
         "ks": list(b.get("ks", [2, 4, 8])),
-        "repeats": b.get("repeats", 1),
+        "repeats": b.get("repeats", 3),
         "problems": b.get("problems", cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS)),
         "samples": b.get("samples", cfg.setting("grpo.num_generations_per_prompt", 4, 1, MAX_SAMPLES)),
         "max_new_tokens": b.get("max_new_tokens", cfg.generation.max_new_tokens),
@@ -91,7 +100,8 @@ def _options(cfg) -> dict:
                                       MAX_PROMPTS * MAX_SAMPLES)
     for key, allowed in (("drafters", DRAFTERS), ("regimes", REGIMES)):
         if not opts[key] or any(x not in allowed for x in opts[key]):
-            raise ConfigError(f"bench.adaptive.{key}: got {opts[key]!r}; allowed: a non-empty subset of {list(allowed)}")
+            raise ConfigError(f"bench.adaptive.{key}: got {opts[key]!r}; allowed: a non-empty subset of "
+                              f"{list(allowed)}")
     if not opts["ks"] or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64 for k in opts["ks"]):
         raise ConfigError(f"bench.adaptive.ks: got {opts['ks']!r}; allowed: a non-empty list of ints in 1..64")
     for key, lo, hi in (("repeats", 1, MAX_REPEATS), ("problems", 1, MAX_PROMPTS), ("samples", 1, MAX_SAMPLES),
@@ -153,7 +163,6 @@ def priced(cfg, opts: dict) -> list:
     from nemo_rl_specdec.bench.replay import replay
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.engine import Engine
-    from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.sim.price import PricedStepCost, speedup
 
     profile, T, max_new = opts["profile"], cfg.generation.temperature, opts["max_new_tokens"]
@@ -190,7 +199,8 @@ def priced(cfg, opts: dict) -> list:
                 rows.append({"name": f"{drafter}/{label}@{regime}", "drafter": drafter, "config": label,
                              "regime": regime, "requests": len(texts[which][1]), "max_num_seqs": seqs,
                              "k": spec.num_speculative_tokens, "hardware": profile.name,
-                             "priced_speedup": sp["speedup"], "tokens_per_target_forward": sp["spec"]["tokens_per_forward"],
+                             "priced_speedup": sp["speedup"],
+                             "tokens_per_target_forward": sp["spec"]["tokens_per_forward"],
                              "acceptance_rate": (rep[1]["accepted_draft_tokens"] / rep[1]["draft_tokens"]
                                                  if rep[1]["draft_tokens"] else 0.0),
                              "draft_tokens": rep[1]["draft_tokens"], "trace": trace.to_dict()})
@@ -213,6 +223,7 @@ def run(cfg, args) -> list:
     from transformers import AutoTokenizer
 
     from nemo_rl_specdec.bench import print_table
+    from nemo_rl_specdec.bench.drafters import priced_ratio
     from nemo_rl_specdec.bench.scheduling import with_max_num_seqs
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.group import EngineGroup
@@ -238,11 +249,11 @@ def run(cfg, args) -> list:
         E, seqs, placement = REGIMES[regime]
         predictor = LengthPredictor(cold_start="mean", max_len=max_new)
 
-        def group(overrides, name, spec_enabled=None):
+        def group(overrides, name, spec_enabled=None, *, E=E, seqs=seqs, predictor=predictor):  # bound per regime
             c = with_max_num_seqs(load_run_config(cfg.source, list(args.overrides) + overrides), seqs)
             return EngineGroup(c, E, spec_enabled=spec_enabled, seed=0, predictor=predictor, name=name)
 
-        def gen(g):
+        def gen(g, placement=placement):
             return g.generate(reqs, placement=placement, max_new_tokens=max_new, temperature=T, observe=False)
 
         base = group([], f"nospec_{regime}_", spec_enabled=False)
@@ -257,11 +268,12 @@ def run(cfg, args) -> list:
                     gen(g)  # off the clock: first-call costs, k: auto's exploration warm-up
                     if drafter == "das":
                         g.update(PolicyUpdate(1, rollouts=warm))
-                    ratios, spec_runs = [], []
+                    ratios, spec_runs, base_runs = [], [], []
                     for _ in range(opts["repeats"]):  # ABBA
                         b1, s1, s2, b2 = gen(base), gen(g), gen(g), gen(base)
                         ratios.append((b1.makespan_s + b2.makespan_s) / (s1.makespan_s + s2.makespan_s))
                         spec_runs += [s1, s2]
+                        base_runs += [b1, b2]
                     states = spec_runs[-1].state.get("engines") or []
                 finally:
                     g.close()
@@ -273,6 +285,12 @@ def run(cfg, args) -> list:
                     "engines": E, "max_num_seqs": seqs, "placement": placement,
                     "k": int(label[1:]) if label != "auto" else max(opts["ks"]),
                     "wall_clock_ratio": float(statistics.median(ratios)), "wall_clock_ratios": ratios,
+                    "wall_clock_spread": f"{min(ratios):.2f}-{max(ratios):.2f}",
+                    # the engines' own steps priced: tokens per priced second against the no-spec group's
+                    "engine_priced_throughput_ratio": priced_ratio(
+                        opts["profile"], [t for r in spec_runs for t in r.traces if t is not None],
+                        [t for r in base_runs for t in r.traces if t is not None]),
+                    "traces": [t.to_dict() for t in spec_runs[0].traces if t is not None],
                     "tokens_per_target_forward": gen_t / (gen_t - acc) if gen_t > acc else 1.0,
                     "acceptance_rate": acc / drafted if drafted else 0.0,
                     "chosen": _chosen(states) if label == "auto" else None,
@@ -285,8 +303,11 @@ def run(cfg, args) -> list:
             base.close()
     _judge(results)
     results += [_as_result(r) for r in priced_rows]
-    print_table([r for r in results if r["wall_clock_ratio"] is not None], ["name", "wall_clock_ratio", "vs_best_fixed", "tokens_per_target_forward",
-                          "acceptance_rate"])
+    print_table([r for r in results if r["wall_clock_ratio"] is not None],
+                ["name", "engine_priced_throughput_ratio", "wall_clock_ratio", "wall_clock_spread", "vs_best_fixed",
+                 "tokens_per_target_forward", "acceptance_rate"])
+    print(f"engine_priced_throughput_ratio: the engines' own steps priced on {opts['profile'].name}; wall_clock_ratio: "
+          f"median of {opts['repeats']} ABBA rounds on this machine, with its spread (printed, not judged)")
     for r in results:
         if r["config"] == "auto" and r["wall_clock_ratio"] is not None:
             print(f"{r['name']}: {r['wall_clock_ratio']:.3f}x no-spec (target >= {TARGET}), "
@@ -320,8 +341,8 @@ def _judge(results: list) -> None:
         r.setdefault("vs_best_fixed", None)
         if r["config"] != "auto":
             continue
-        fixed = [x for x in results if x.get("wall_clock_ratio") is not None and x["drafter"] == r["drafter"] and x["regime"] == r["regime"]
-                 and x["config"] != "auto"]
+        fixed = [x for x in results if x.get("wall_clock_ratio") is not None and x["drafter"] == r["drafter"]
+                 and x["regime"] == r["regime"] and x["config"] != "auto"]
         best = max(fixed, key=lambda x: x["wall_clock_ratio"])
         r["best_fixed"] = best["config"]
         r["vs_best_fixed"] = r["wall_clock_ratio"] / best["wall_clock_ratio"]

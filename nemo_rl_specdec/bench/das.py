@@ -37,7 +37,15 @@ machine it is the steadier of the two.
 ``replay tok/fwd`` (``replay_tokens_per_target_forward``, and after 3 steps): each configuration's
 drafter proposing on one text, the no-spec engine's rollouts of phase 1, with every draft verified
 against them (:mod:`nemo_rl_specdec.bench.replay`). The engine rows sample their own texts; the
-replay compares the drafters on the same one, without the per-step rules' cuts.
+replay compares the drafters on the same one. A DAS configuration with a per-step rule
+(``auto_disable``, ``scheduling.budget: adaptive``) keeps it in the replay, deciding on the
+hardware profile's step cost (``sim/price.py`` ``PricedStepCost``).
+
+Priced (``priced x``, ``priced_*``): every replay's steps priced on the hardware profile
+(``bench.das.hardware``, default h100_qwen3_8b; docs/pricing.md) against the same text without
+drafts, the default DAS against vLLM's suffix, and the DAS proposer's measured time per row and
+its share of the priced step by batch size. ``engine priced x``: each engine's own steps priced.
+``bench.das.engines: false`` runs phase 1, the replays and the priced figures only.
 
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
 ``grpo.max_num_steps``, at least 5), ``windows`` (default 1, ``suffix.window_steps`` and twice it),
@@ -53,13 +61,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.bench import (
     MAX_PROMPTS,
-    hardware_option,
     MAX_SAMPLES,
     MAX_STEPS,
+    hardware_option,
     option,
     release_memory,
     say,
@@ -232,8 +240,14 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         release_memory()
         # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
         # the sampling noise between engines; seconds, and before any speculative engine starts
+        # our proposers keep their per-step rules (auto_disable, budget: adaptive), deciding on the profile's costs
+        from nemo_rl_specdec.sim.price import PricedStepCost
+
         for c in confs:
-            c["replay"] = replay(c["cfg"].spec, recorded, g.vllm_cfg.max_model_len, g.temperature,
+            spec = c["cfg"].spec
+            judged = c["backend"] == "das" and (spec.auto_disable or spec.scheduling.budget == "adaptive")
+            cost = PricedStepCost(opts["profile"], profile_key(c), spec.num_speculative_tokens) if judged else None
+            c["replay"] = replay(spec, recorded, g.vllm_cfg.max_model_len, g.temperature, step_cost=cost,
                                  label=profile_key(c))
 
         # phase 2: one speculative engine at a time; at every step the baseline rolls out the same
@@ -273,9 +287,9 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
 
 def profile_key(c: dict) -> str:
     """The hardware profile's entry that prices a configuration's proposer."""
-    if c["backend"] == "das":
-        return "das"
-    return "vllm_suffix" if c["drafter"] == "suffix" else "ngram"
+    from nemo_rl_specdec.config import cost_entry
+
+    return cost_entry(c["cfg"].spec)[1]
 
 
 def _measure_step(c: dict, e, baseline, reqs: list, temperature: float, step: int, next_weights,
@@ -395,7 +409,7 @@ def _priced(c: dict, profile) -> dict:
     traces = [r["trace"] for r in c["replay"]]
     sp = [speedup(t, profile) for t in traces]
 
-    def ratio(xs: list) -> Optional[float]:
+    def ratio(xs: list) -> float | None:
         spec = sum(x["spec"]["rollout_s"] for x in xs)
         return sum(x["baseline"]["rollout_s"] for x in xs) / spec if spec else None
 

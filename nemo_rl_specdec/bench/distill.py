@@ -52,8 +52,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from nemo_rl_specdec.bench import option, say, suite_options
 from nemo_rl_specdec.bench.memory import GB, PeakMemory, split_memory, state_bytes, tensor_bytes
@@ -139,7 +140,7 @@ def random_rollouts(lengths: Sequence[tuple[int, int]], vocab_size: int, seed: i
 
 
 # --------------------------------------------------------------------------- one distiller
-def distill_spec(drafter: str, model_dir: Optional[str], *, micro_batch_tokens: int, max_tokens: Optional[int],
+def distill_spec(drafter: str, model_dir: str | None, *, micro_batch_tokens: int, max_tokens: int | None,
                  epochs: int):
     """The `speculative_decoding` block NeMo-RL's policy workers would build the distiller from:
     `drafter` online with its checkpoint `model_dir` (none for mtp: its layers are the policy's)."""
@@ -155,7 +156,7 @@ def distill_spec(drafter: str, model_dir: Optional[str], *, micro_batch_tokens: 
 
 def make_distiller(drafter: str, drafter_dir: str, *, device: Any, temperature: float = 1.0, seed: int = 0,
                    micro_batch_tokens: int = _DISTILL.micro_batch_tokens,
-                   max_tokens: Optional[int] = _DISTILL.max_tokens, epochs: int = _DISTILL.epochs):
+                   max_tokens: int | None = _DISTILL.max_tokens, epochs: int = _DISTILL.epochs):
     """The drafter's online distiller, built through the public API as the policy workers build it;
     for mtp, `drafter_dir` is the policy checkpoint (`model_path`)."""
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
@@ -282,7 +283,7 @@ def jobs(o: dict, checkpoints: dict, device: str) -> list[dict]:
              "warmup": o["warmup"], "seed": o["seed"]} for name, (t, p) in checkpoints.items()]
 
 
-def measure_drafters(o: dict, shapes: dict, device: str, root, on_row: Optional[Callable] = None) -> list[dict]:
+def measure_drafters(o: dict, shapes: dict, device: str, root, on_row: Callable | None = None) -> list[dict]:
     """The random checkpoints of `shapes` under `root`, then each drafter of ``o['drafters']``
     measured in its own process; returns the rows (each also handed to `on_row` as it comes)."""
     from nemo_rl_specdec.bench.random_models import write_checkpoints
@@ -345,7 +346,7 @@ def run(cfg, args) -> list:
     return results
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description="one drafter's distillation measured in this process (a worker of "
                                              "bench --suite distill)")
     ap.add_argument("--worker", required=True, help="the job's JSON file")

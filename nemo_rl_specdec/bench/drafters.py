@@ -40,7 +40,7 @@ def cpu_drafters(spec=None) -> dict:
     for name, d in DRAFTERS.items():
         if spec is not None and d.kind == MODEL and not d.checkpoint(spec):
             continue
-        for label, over in d.bench_rows:
+        for label, over in d.variants:
             out[label] = [f"{BLOCK}.drafter={name}"] + [f"{BLOCK}.{o}" for o in over]
     return out
 
@@ -98,11 +98,10 @@ def run(cfg, args) -> list:
     n_samp = int(grpo.get("num_generations_per_prompt", 4))
     opts = _options(cfg)
     repeats, profile = opts["repeats"], opts["profile"]
-    for name, ov in cpu_drafters(cfg.spec).items():   # a profile that cannot price a row fails before any engine
-        from nemo_rl_specdec.config import cost_entry
+    from nemo_rl_specdec.config import cost_entry
 
-        kind, entry = cost_entry(load_run_config(cfg.source, list(args.overrides) + ov).spec)
-        profile.drafter(entry)
+    for ov in cpu_drafters(cfg.spec).values():   # a profile that cannot price a row fails before any engine
+        profile.drafter(cost_entry(load_run_config(cfg.source, list(args.overrides) + ov).spec)[1])
     base = Engine(cfg, spec_enabled=False, name="no-spec")
     reqs = workload(cfg, base.tokenizer(), n_prob, n_samp, seed=int(grpo.get("seed", 0)))
     history = base.generate(reqs).rollouts  # the "previous step" for history-based drafters; also the warm-up

@@ -11,7 +11,7 @@ frozen engine and a refreshed one (online for `draft_model` / `eagle3`, rebuild 
 follow a policy trained by real GRPO steps. The refresh takes the adapter's NeMo-RL route, minus
 NeMo-RL itself (absent here): the step's batch in NeMo-RL's training layout (`input_ids`,
 `input_lengths`, `token_mask`); the policy step and the distillation in our DTensor-worker mixin
-(`nemo_rl/policy_workers.py`) over a CPU stand-in whose `train` is the GRPO step; the replica taken
+(`adapter/policy_workers.py`) over a CPU stand-in whose `train` is the GRPO step; the replica taken
 by reference through Ray's object store and checked (`combine_takes`); then one versioned engine
 update with policy and drafter. Per step: acceptance of the frozen and refreshed engines, and the
 refresh cost (distillation + hand-over + engine update) as a share of the step (rollout + policy
@@ -151,7 +151,7 @@ def _train_data(rollouts, rewards, groups) -> dict:
     rows = [list(r.prompt_token_ids) + list(r.token_ids) for r in rollouts]
     ids = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.long)
     mask = torch.zeros_like(ids)
-    for i, (r, row) in enumerate(zip(rollouts, rows)):
+    for i, (r, row) in enumerate(zip(rollouts, rows, strict=True)):
         ids[i, :len(row)] = torch.tensor(row)
         mask[i, len(r.prompt_token_ids):len(row)] = 1
     return {"input_ids": ids, "input_lengths": torch.tensor([len(x) for x in rows]), "token_mask": mask,
@@ -162,12 +162,12 @@ def nemo_rl_shaped(cfg, args, opts: dict) -> list:
     """Part 2 of the module docstring: one result per drafter, with per-step rows."""
     import ray
 
+    from nemo_rl_specdec.adapter.policy_workers import SpecDecDistillMixin, combine_takes
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import DRAFTERS
     from nemo_rl_specdec.engine.engine import Engine
-    from nemo_rl_specdec.nemo_rl.policy_workers import SpecDecDistillMixin, combine_takes
 
     steps, drafters = opts["nemo_rl_steps"], opts["drafters"]
     n_prob, G = opts["prompts"], opts["samples"]

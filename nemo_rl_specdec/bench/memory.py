@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import resource
-from typing import Any, Optional
+from typing import Any
 
 GB = 1e9
 
@@ -97,8 +97,8 @@ class PeakMemory:
         self.cuda = self.device.type == "cuda"
         self.method = ("torch.cuda.max_memory_allocated" if self.cuda
                        else "peak RSS (VmHWM) - runtime share of the baseline RSS")
-        self.baseline: Optional[int] = None
-        self.runtime: Optional[int] = None
+        self.baseline: int | None = None
+        self.runtime: int | None = None
         self.reset_ok = True
 
     def start(self, held: int) -> None:

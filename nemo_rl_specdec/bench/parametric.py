@@ -190,7 +190,7 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
         for step in range(opts["steps"]):
             reqs = task.run_requests(cfg, tok, problems, G)
             base_res = baseline.generate(reqs)
-            res = {c["name"]: e.generate(reqs) for c, e in zip(confs, engines)}
+            res = {c["name"]: e.generate(reqs) for c, e in zip(confs, engines, strict=True)}
             rollouts = base_res.rollouts
             rewards = task.run_rewards(cfg, tok, problems, rollouts, G)
             t0 = time.perf_counter()
@@ -199,7 +199,7 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
             train_log.append(tstats)
             weights, version = trainer.state_dict(), step + 1
             baseline.update(PolicyUpdate(version, weights))
-            for c, e in zip(confs, engines):
+            for c, e in zip(confs, engines, strict=True):
                 m = res[c["name"]].metrics
                 row = {"step": step, "policy_version": step, "tokens_per_target_forward": m.acceptance_length,
                        "acceptance_rate": m.acceptance_rate, "wall_clock_ratio":
@@ -253,10 +253,12 @@ def _summarize(c: dict, rows: list) -> dict:
            "tokens_per_target_forward": gen / (gen - acc) if gen > acc else None,
            "acceptance_rate_first_half": mean("acceptance_rate", rows[:half]),
            "acceptance_rate_second_half": mean("acceptance_rate", rows[half:]),
-           "acceptance_rate_first_step": rows[0]["acceptance_rate"], "acceptance_rate_last_step": rows[-1]["acceptance_rate"],
+           "acceptance_rate_first_step": rows[0]["acceptance_rate"],
+           "acceptance_rate_last_step": rows[-1]["acceptance_rate"],
            "wall_clock_ratio": base_s / spec_s if spec_s else None, "drafts": drafts, "per_step": rows}
     if c["mode"] == "online":
-        out.update(distill_s_mean=mean("distill_s", rows), distill_pct_of_grpo_step_mean=mean("distill_pct_of_grpo_step", rows),
+        out.update(distill_s_mean=mean("distill_s", rows),
+                   distill_pct_of_grpo_step_mean=mean("distill_pct_of_grpo_step", rows),
                    distill_pct_of_rollout_mean=mean("distill_pct_of_rollout", rows))
     return out
 

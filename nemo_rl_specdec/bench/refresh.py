@@ -3,7 +3,7 @@
     nemo-rl-specdec bench configs/tiny_cpu.yaml --suite refresh --json OUT.json [bench.refresh.KEY=VALUE ...]
 
 No model and no vLLM: ``engines`` Ray actors stand in for NeMo-RL's vLLM engines, each holding a real
-:class:`~nemo_rl_specdec.drafters.store.RolloutStore` built from the run's ``suffix`` settings
+:class:`~nemo_rl_specdec.drafters.machinery.store.RolloutStore` built from the run's ``suffix`` settings
 (``window_steps``, ``scope``, ``max_tree_depth``, ``max_memory_mb``). Each step (one refit):
 
 1. every engine "generates" its share of the step's synthetic rollouts (sample s of problem p on
@@ -49,7 +49,7 @@ import hashlib
 import os
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -172,7 +172,7 @@ def sample(o: dict, step: int, p: int, s: int, own: _Bank, common: _Bank, templa
     return out
 
 
-def step_records(o: dict, step: int, shard: int, shards: int, common: Optional[_Bank] = None) -> list:
+def step_records(o: dict, step: int, shard: int, shards: int, common: _Bank | None = None) -> list:
     """RolloutRecords of `step` (policy version step - 1) that engine `shard` of `shards` generated.
     Rollout i is sample s = i // problems of problem p = i % problems and lands on engine (p + s) mod
     shards, so a problem's siblings are spread over the engines."""
@@ -212,7 +212,7 @@ class EngineActor:
     """One engine process: produces its share of a step, receives the whole step, rebuilds its store."""
 
     def __init__(self, index: int, o: dict):
-        from nemo_rl_specdec.drafters.store import RolloutStore
+        from nemo_rl_specdec.drafters.machinery.store import RolloutStore
 
         s = o["suffix"]
         self.index, self.o = index, o
@@ -278,7 +278,7 @@ class EngineActor:
             c[1] += 1
         return out
 
-    def speculate(self, context: list, problem_id: Optional[str], k: int) -> list:
+    def speculate(self, context: list, problem_id: str | None, k: int) -> list:
         d = self.store.speculate(np.asarray(context, dtype=np.int32), problem_id, k, 100.0, 0.0)
         return list(d.token_ids)
 

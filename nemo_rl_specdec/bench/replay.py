@@ -17,8 +17,9 @@ each batch's rollouts after the batch (``specdec_rebuild``, version = batch inde
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -121,8 +122,8 @@ def _field(r: Any, name: str):
 
 
 def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len: int,
-           temperature: float = 1.0, *, max_num_seqs: Optional[int] = None, step_cost=None,
-           label: Optional[str] = None) -> list[dict]:
+           temperature: float = 1.0, *, max_num_seqs: int | None = None, step_cost=None,
+           label: str | None = None) -> list[dict]:
     """Per batch: generated tokens, target forwards (the prefill's included, as in ``metrics.py``),
     drafts, draft tokens and accepted tokens of ``spec``'s drafter on the recorded rollouts
     (objects or dicts with ``problem_id``, ``prompt_token_ids``, ``token_ids``), and ``trace``: the

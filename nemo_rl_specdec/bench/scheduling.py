@@ -52,7 +52,7 @@ import functools
 import logging
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_specdec.bench import (
     MAX_ENGINES,
@@ -88,8 +88,10 @@ def _options(cfg: RunConfig) -> dict:
         "engines": option(b, "scheduling", "engines", cluster if cluster > 1 else 2, 2, MAX_ENGINES),
         "repeats": option(b, "scheduling", "repeats", 5, 1, MAX_REPEATS),
         "draws": option(b, "scheduling", "draws", 1, 1, MAX_REPEATS),
-        "placements": list(b.get("placements", PLACEMENTS)) if isinstance(b.get("placements", []), list) else [b["placements"]],
-        "budgets": list(b.get("budgets", ["uniform", "length_aware", "das"])) if isinstance(b.get("budgets", []), list) else [b["budgets"]],
+        "placements": (list(b.get("placements", PLACEMENTS)) if isinstance(b.get("placements", []), list)
+                       else [b["placements"]]),
+        "budgets": (list(b.get("budgets", ["uniform", "length_aware", "das"])) if isinstance(b.get("budgets", []), list)
+                    else [b["budgets"]]),
         "max_num_seqs": seqs,
         "problem_seed": option(b, "scheduling", "problem_seed", 30_000 + seed, 0, 2**32 - 1),
         "temperature": option(b, "scheduling", "temperature", cfg.generation.temperature, 0.0, 100.0, float),
@@ -133,7 +135,7 @@ def _spearman(a: list, b: list) -> Any:
         return None
 
 
-def with_max_num_seqs(cfg: RunConfig, max_num_seqs: Optional[int]) -> RunConfig:
+def with_max_num_seqs(cfg: RunConfig, max_num_seqs: int | None) -> RunConfig:
     """A copy of the run config with `policy.generation.vllm_cfg.max_num_seqs` set (None: removed)."""
     raw = copy.deepcopy(cfg.raw)
     gen = raw["policy"].setdefault("generation", {})
@@ -163,15 +165,19 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
     from nemo_rl_specdec.bench.replay import replay
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.engine import Engine
-    from nemo_rl_specdec.scheduling.placement import Request as Placed
-    from nemo_rl_specdec.scheduling.placement import place
+    from nemo_rl_specdec.scheduling.placement import Request as Placed, place
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
     from nemo_rl_specdec.sim.price import price
 
     profile, E, T, max_new = opts["profile"], opts["engines"], opts["temperature"], opts["max_new_tokens"]
+    from nemo_rl_specdec.config import cost_entry
+
     spec = cfg.spec
-    key = "das" if spec.drafter == "suffix" and spec.suffix.backend == "das" else (
-        "vllm_suffix" if spec.drafter == "suffix" else ("ngram" if spec.ngram.backend == "vllm" else "ngram_specdec"))
+    kind, key = cost_entry(spec)
+    if kind != "list":   # a model drafter's drafts need its model: it cannot be replayed on recorded text
+        _say(f"priced placement: {spec.drafter} is a {kind} drafter; only a history drafter's rollouts replay, so "
+             "this run prices none (the engine rows still record and price their traces)")
+        return []
     profile.drafter(key)
     base = Engine(cfg, spec_enabled=False, name="priced_nospec", seed=opts["seed"])
     texts = []
@@ -217,6 +223,8 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
 def _priced_summary(rows: list, opts: dict) -> list[dict]:
     """Per regime: length_aware's (and round_robin's) mean share of the clairvoyant cut over the draws
     with headroom, as suite results."""
+    if not rows:
+        return []
     out = []
     for seqs in opts["max_num_seqs"]:
         rs = [r for r in rows if r["max_num_seqs"] == seqs]
@@ -239,6 +247,8 @@ def _priced_summary(rows: list, opts: dict) -> list[dict]:
 
 
 def _print_priced(summary: list, opts: dict) -> None:
+    if not summary:
+        return
     print(f"Priced placement on {opts['profile'].name} ({opts['profile'].hardware.name}), {opts['priced_draws']} "
           f"problem draws, {opts['engines']} engines: makespan = the slowest engine's priced rollout with the run "
           "file's drafter; cut vs contiguous; share of the clairvoyant cut (draws with >= "
@@ -298,7 +308,8 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
                   f"no draw has {MIN_CEILING_PCT:.0f}% of placement headroom to judge against")
               + f" (problem draws: {len(b['clairvoyant_cut_pct_by_draw'])})")
         for r in results:
-            if r["max_num_seqs"] == seqs and r["placement"] != "contiguous" and r.get("share_of_clairvoyant_cut") is not None:
+            if (r["max_num_seqs"] == seqs and r["placement"] != "contiguous"
+                    and r.get("share_of_clairvoyant_cut") is not None):
                 print(f"  measured {r['name']}: {100 * r['share_of_clairvoyant_cut']:.0f}% of the clairvoyant cut "
                       f"(per draw: {', '.join(f'{100 * x:.0f}%' for x in r['share_of_clairvoyant_cut_per_draw'])})")
     return results
@@ -316,7 +327,7 @@ def _key(row: dict) -> tuple:
     return row["drafter"], row["placement"], row["budget"] or "uniform"
 
 
-def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int]) -> tuple[dict, dict, int]:
+def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: int | None) -> tuple[dict, dict, int]:
     """Every configuration's rollouts ({(drafter, placement, budget): [result, ...]}), the problem draw
     of each, and the number of warm-up rollouts."""
     from transformers import AutoTokenizer
@@ -346,7 +357,8 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
         for b in opts["budgets"]:
             g = _spec_group(b, per_request)
             if g not in by_group:
-                c = cfg.with_spec(scheduling={**spec.scheduling.model_dump(), "budget": "uniform" if g == "static" else b})
+                c = cfg.with_spec(scheduling={**spec.scheduling.model_dump(),
+                                              "budget": "uniform" if g == "static" else b})
                 by_group[g] = EngineGroup(c, E, seed=opts["seed"], predictor=predictor,
                                           name="spec" if g == "static" else f"spec_{b}_")
                 groups.append(by_group[g])
@@ -395,7 +407,9 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: Optional[int])
     return runs, draws, warm_n
 
 
-def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Optional[int]) -> list[dict]:
+def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: int | None) -> list[dict]:
+    from nemo_rl_specdec.sim.price import price
+
     med = {key: _median([r.makespan_s for r in rs]) for key, rs in runs.items()}
     tag = f"seqs{seqs}" if seqs is not None else "seqs_all"
     out = []
@@ -407,7 +421,7 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
         ref = med.get((drafter, "contiguous", "uniform"))
         # paired: repeat r of this configuration against repeat r of contiguous (run back to back)
         paired = [100.0 * (1 - a.makespan_s / b.makespan_s)
-                  for a, b in zip(rs, runs.get((drafter, "contiguous", "uniform"), []))]
+                  for a, b in zip(rs, runs.get((drafter, "contiguous", "uniform"), []), strict=False)]
         nospec = med.get(("none", placement, "uniform"))
         same_placement_uniform = med.get((drafter, placement, "uniform"))
         # the run whose makespan is the median: its per-engine picture
@@ -448,6 +462,10 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
             "repeats": len(rs), "problems": opts["problems"], "samples": opts["samples"],
             "temperature": opts["temperature"], "max_new_tokens": opts["max_new_tokens"],
             "warm_rollouts": warm_n, "k": spec.num_speculative_tokens,
+            # the engines' own steps, priced: the slowest engine's priced rollout, median over repeats
+            "priced_makespan_s": _median([max(price(t, opts["profile"]).rollout_s for t in r.traces if t is not None)
+                                          for r in rs]),
+            "traces": [None if t is None else t.to_dict() for t in mid.traces],
             "per_step": [],
         })
     order = {p: i for i, p in enumerate(PLACEMENTS)}
@@ -456,7 +474,7 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: Op
     return out
 
 
-def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optional[int]) -> dict:
+def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: int | None) -> dict:
     """What placement alone could give on the batches this regime actually produced.
 
     Every measured rollout batch (all configurations and repeats: fresh T > 0 samples of the
@@ -470,8 +488,7 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optiona
     import numpy as np
 
     from nemo_rl_specdec.engine.group import DEFAULT_COST_MODEL
-    from nemo_rl_specdec.scheduling.placement import Request as Placed
-    from nemo_rl_specdec.scheduling.placement import place
+    from nemo_rl_specdec.scheduling.placement import Request as Placed, place
     from nemo_rl_specdec.sim.costmodel import CostModel
     from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest
 
@@ -491,7 +508,7 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: Optiona
     cuts: dict = {"length_aware": [], "clairvoyant": []}
     by_draw: dict = {}
     for key, rs in runs.items():
-        for r, draw in zip(rs, draws[key]):
+        for r, draw in zip(rs, draws[key], strict=True):
             lengths = [len(ro.token_ids) for ro in r.rollouts]
             prompts = [len(ro.prompt_token_ids) for ro in r.rollouts]
             pids = [ro.problem_id for ro in r.rollouts]
@@ -531,7 +548,7 @@ def ceiling_share(runs: dict, draws: dict, key: tuple, clairvoyant_by_draw: dict
     if placement == "contiguous" or ref not in runs:
         return {"share_of_clairvoyant_cut": None, "share_of_clairvoyant_cut_per_draw": []}
     per_draw: dict = {}
-    for a, b, d in zip(runs[key], runs[ref], draws[key]):
+    for a, b, d in zip(runs[key], runs[ref], draws[key], strict=False):
         per_draw.setdefault(d, []).append(100.0 * (1 - a.makespan_s / b.makespan_s))
     shares = [_median(cuts) / clairvoyant_by_draw[d] for d, cuts in sorted(per_draw.items())
               if clairvoyant_by_draw.get(d, 0) >= MIN_CEILING_PCT]
@@ -561,9 +578,10 @@ def _print(results: list, opts: dict) -> None:
     widths = [max(len(row[c]) for row in table) for c in range(len(cols))]
     print(f"Scheduling suite: {opts['problems']} problems x {opts['samples']} samples, {results[0]['engines']} "
           f"engines, T={opts['temperature']}, median of {opts['repeats']} runs. vs_contig = this group's contiguous "
-          "(uniform) makespan / this; paired_cut = median over repeats of 1 - this / contiguous of the same repeat; vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
+          "(uniform) makespan / this; paired_cut = median over repeats of 1 - this / contiguous of the same repeat; "
+          "vs_uniform = same placement, uniform budget / this; vs_nospec = no-spec "
           "makespan, same placement / this; @seqsN = at most N requests decoded at once per engine")
     for n, row in enumerate(table):
-        print("  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip())
+        print("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))

@@ -7,9 +7,9 @@ The trainer holds the HF transformers copy of the policy and applies one GRPO st
   carries no signal (A = 0);
 - token-level clipped policy-gradient loss over the rollouts' response tokens,
   ``-sum_t min(rho_t A, clip(rho_t, 1-eps_clip, 1+eps_clip) A) / (total response tokens)``, with
-  ``rho_t = exp(logp_new - logp_behaviour)``, dual-clipped at ``c |A|`` for negative advantages; the behaviour log-probs are the rollouts' own
-  (vLLM's ``processed_logprobs``, i.e. at the sampling temperature) when present, else the
-  current policy's (rho = 1: plain on-policy policy gradient);
+  ``rho_t = exp(logp_new - logp_behaviour)``, dual-clipped at ``c |A|`` for negative advantages; the behaviour
+  log-probs are the rollouts' own (vLLM's ``processed_logprobs``, i.e. at the sampling temperature) when
+  present, else the current policy's (rho = 1: plain on-policy policy gradient);
 - AdamW, gradient-norm clipping; optional KL penalty to the initial policy (k3 estimator).
 
 Then :meth:`GRPOTrainer.state_dict` gives the tensors to push to the engines with
@@ -22,8 +22,9 @@ Then :meth:`GRPOTrainer.state_dict` gives the tensors to push to the engines wit
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any
 
 from nemo_rl_specdec.rollouts import token_sequences
 from nemo_rl_specdec.train.distill import micro_batches
@@ -38,7 +39,7 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], ep
     if len(rewards) != len(group_ids):
         raise GRPOInputError(f"rewards ({len(rewards)}) and group_ids ({len(group_ids)}) differ in length")
     groups: dict = {}
-    for r, g in zip(rewards, group_ids):
+    for r, g in zip(rewards, group_ids, strict=True):
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(float(r)):
             raise GRPOInputError(f"rewards must be finite numbers, got {r!r}")
         groups.setdefault(g, []).append(float(r))
@@ -47,16 +48,28 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], ep
         mu = sum(rs) / len(rs)
         sd = math.sqrt(sum((x - mu) ** 2 for x in rs) / len(rs))
         stats[g] = (mu, sd)
-    return [(float(r) - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, group_ids)]
+    return [(float(r) - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, group_ids, strict=True)]
 
 
 class GRPOTrainer:
     """The HF copy of the policy plus its optimizer; one GRPO update per :meth:`step`."""
 
-    def __init__(self, policy_dir: str | Path, lr: float = 1e-4, seed: int = 0, *, temperature: float = 1.0,
-                 max_grad_norm: float = 1.0, clip_eps: float = 0.2, weight_decay: float = 0.0,
-                 kl_coef: float = 0.0, dual_clip_c: float = 3.0, micro_batch_tokens: int = 2048, use_rollout_logprobs: bool = True,
-                 num_threads: Optional[int] = None):
+    def __init__(
+        self,
+        policy_dir: str | Path,
+        lr: float = 1e-4,
+        seed: int = 0,
+        *,
+        temperature: float = 1.0,
+        max_grad_norm: float = 1.0,
+        clip_eps: float = 0.2,
+        weight_decay: float = 0.0,
+        kl_coef: float = 0.0,
+        dual_clip_c: float = 3.0,
+        micro_batch_tokens: int = 2048,
+        use_rollout_logprobs: bool = True,
+        num_threads: int | None = None,
+    ):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -164,7 +177,7 @@ class GRPOTrainer:
         self.opt.step()
         self.steps += 1
         n_groups = len(set(group_ids))
-        informative = len({g for g, x in zip(group_ids, adv) if abs(x) > 0})
+        informative = len({g for g, x in zip(group_ids, adv, strict=True) if abs(x) > 0})
         return {"step": self.steps, "loss": sums["loss"], "pg_loss": sums["pg"], "grad_norm": grad_norm,
                 "mean_reward": sum(float(r) for r in rewards) / len(rewards),
                 "num_sequences": len(rollouts), "num_tokens": total_tokens, "groups": n_groups,

@@ -25,8 +25,13 @@ def _lines(name, title, ylabel, *series):
 _acceptance_vs_step = _lines("acceptance_vs_step.png", "Acceptance length vs step", "tokens per target forward",
                              ("acceptance_length", "o-", "{drafter} (lockstep refresh)"),
                              ("frozen_acceptance_length", "s--", "draft model (frozen)"))
-_versions = _lines("versions.png", "Policy and drafter versions", "version (at generation)",
-                   ("policy_version", "o-", "policy version"), ("drafter_version", "x--", "drafter version ({drafter})"))
+_versions = _lines(
+    "versions.png",
+    "Policy and drafter versions",
+    "version (at generation)",
+    ("policy_version", "o-", "policy version"),
+    ("drafter_version", "x--", "drafter version ({drafter})"),
+)
 _refresh_time = _lines("refresh_time.png", "Drafter refresh time per step ({drafter})", "seconds",
                        ("refresh_s", "o-", "drafter refresh (engine update)"),
                        ("distill_s", "x--", "drafter distillation (online)"))

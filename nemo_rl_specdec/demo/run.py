@@ -18,7 +18,6 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
@@ -155,7 +154,7 @@ class RLLoop:
 
         self.warm_up()
         bar = tqdm(range(self.s.steps), desc=f"GRPO ({self.s.mode})", unit="step", disable=not self.progress)
-        pending: Optional[tuple] = None  # async: (thread, box, probs, reqs) of the batch in flight
+        pending: tuple | None = None  # async: (thread, box, probs, reqs) of the batch in flight
         for step in bar:
             probs, reqs = self.batch(step)
             if self.s.mode == "async" and pending is not None:
@@ -332,12 +331,15 @@ def print_report(rows: list, summary: dict, out: Path) -> None:
     con = Console(width=max(120, Console().width))
     con.print(t)
     rc = summary.get("reward_comparison") or {}
-    con.print(f"rollout wall-clock ratio (no-spec / spec, same batches and weights): "
-              f"{summary['wall_clock_ratio']:.2f}x; acceptance length mean {summary['acceptance_length_mean']:.2f}, "
-              f"last/peak {summary['last_over_peak']:.2f} per step, "
-              f"{summary['last_pass_over_peak_pass']:.2f} per pass over the problem pool "
-              f"({summary['steps_per_pass']} steps: " + " ".join(f"{x:.2f}" for x in summary["acceptance_length_per_pass"])
-              + ")")
+    con.print(
+        f"rollout wall-clock ratio (no-spec / spec, same batches and weights): "
+        f"{summary['wall_clock_ratio']:.2f}x; acceptance length mean {summary['acceptance_length_mean']:.2f}, "
+        f"last/peak {summary['last_over_peak']:.2f} per step, "
+        f"{summary['last_pass_over_peak_pass']:.2f} per pass over the problem pool "
+        f"({summary['steps_per_pass']} steps: "
+        + " ".join(f"{x:.2f}" for x in summary["acceptance_length_per_pass"])
+        + ")"
+    )
     if "frozen_acceptance_length_per_pass" in summary:
         con.print("frozen draft model, tokens per target forward per pass: "
                   + " ".join(f"{x:.2f}" for x in summary["frozen_acceptance_length_per_pass"]))

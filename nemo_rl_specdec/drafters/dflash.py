@@ -34,20 +34,26 @@ import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter
 from nemo_rl_specdec.schema import PathError, Strict
-from nemo_rl_specdec.train.distill import DistillInputError, HiddenStateDistiller, check_trainable, last_layer_output, whole
+from nemo_rl_specdec.train.distill import (
+    DistillInputError,
+    HiddenStateDistiller,
+    check_trainable,
+    last_layer_output,
+    whole,
+)
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
 ARCHITECTURE = "DFlashDraftModel"
 
 
 class DFlashConfig(Strict):
-    model: Optional[str] = Field(None, description="path of a DFlash draft checkpoint for the policy (its config "
+    model: str | None = Field(None, description="path of a DFlash draft checkpoint for the policy (its config "
                                  "names the policy layers it reads, its mask token and its block size)")
 
 
@@ -58,7 +64,7 @@ class DFlash(CheckpointDrafter):
     refresh_modes = ("online", "frozen")
     refit_hint = ("no NeMo-RL trainer streams a DFlash draft; use 'online' (distilled in the policy workers) "
                   "or 'frozen'")
-    bench_rows = (("dflash", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
+    variants = (("dflash", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
 
     def check(self, spec):
         super().check(spec)
@@ -138,7 +144,7 @@ def torch_modules() -> SimpleNamespace:
     declaring the drafter (config validation, the CLI) imports no torch."""
     import torch
 
-    from nemo_rl_specdec.drafters.eagle3 import RMSNorm, SwiGLU, rope
+    from nemo_rl_specdec.drafters.machinery.layers import RMSNorm, SwiGLU, rope
 
     class DFlashLayer(torch.nn.Module):
         """A Qwen3 decoder layer (q/k RMS norms, no biases) whose attention also reads context keys."""
@@ -194,7 +200,7 @@ def torch_modules() -> SimpleNamespace:
         """vLLM's qwen3_dflash draft (non-causal block, full attention, no biases) in plain torch."""
 
         def __init__(self, H: int, n_aux: int, nh: int, nkv: int, hd: int, inter: int, layers: int,
-                     eps: float = 1e-6, theta: float = 10000.0, target_hidden: Optional[int] = None):
+                     eps: float = 1e-6, theta: float = 10000.0, target_hidden: int | None = None):
             super().__init__()
             self.theta = theta
             self.fc = torch.nn.Linear(n_aux * (target_hidden or H), H, bias=False)
@@ -289,7 +295,7 @@ def target_hidden(policy, ids, target_layer_ids):
     return target_states(out.hidden_states, box["last"], target_layer_ids, L), out
 
 
-def pick_anchors(mask, max_anchors: Optional[int], generator=None):
+def pick_anchors(mask, max_anchors: int | None, generator=None):
     """Block starts to train on: positions n whose token x_n is a response token with a response token
     after it (mask [B, T-1] as pad_batch: logits at t predict response token t+1). At most
     `max_anchors` per sequence (a random subset, in order). Returns (anchors [B, A], valid [B, A])."""
@@ -370,7 +376,7 @@ class DFlashDistiller(HiddenStateDistiller):
     kind = "dflash"
     what, layers_key, source_arg = "a DFlash", "dflash_config.target_layer_ids", "draft_dir"
 
-    def __init__(self, draft_dir: str | Path, *, max_anchors: Optional[int] = 64, decay: float = 4.0, **kw: Any):
+    def __init__(self, draft_dir: str | Path, *, max_anchors: int | None = 64, decay: float = 4.0, **kw: Any):
         """`max_anchors`: blocks trained per rollout (None: every response position); `decay`: the loss
         weight of block offset j is exp(-(j-1)/decay); `kw`: the loop's settings (Distiller)."""
         if max_anchors is not None and max_anchors < 1:

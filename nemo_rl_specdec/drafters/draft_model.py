@@ -8,25 +8,24 @@ or kept frozen; NeMo-RL has no trainer that streams it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import CheckpointDrafter
 from nemo_rl_specdec.schema import Strict
-from nemo_rl_specdec.train.distill import TRAINABLE_DTYPES, DistillInputError, Distiller, final_hidden
+from nemo_rl_specdec.train.distill import TRAINABLE_DTYPES, Distiller, DistillInputError, final_hidden
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
 
 class DraftModelConfig(Strict):
-    model: Optional[str] = Field(None, description="path of an HF checkpoint sharing the policy's tokenizer")
+    model: str | None = Field(None, description="path of an HF checkpoint sharing the policy's tokenizer")
 
 
 class DraftModel(CheckpointDrafter):
     name = "draft_model"
     config = DraftModelConfig
     refresh_modes = ("online", "refit", "frozen")
-    bench_rows = (("draft_model", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
+    variants = (("draft_model", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
     refit_hint = "NeMo-RL trains no external draft model; use 'online' (distilled in the policy workers) or 'frozen'"
 
     def distiller_class(self):

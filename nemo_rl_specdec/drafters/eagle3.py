@@ -21,18 +21,19 @@ import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
+from nemo_rl_specdec.drafters.machinery.layers import rope
 from nemo_rl_specdec.schema import ConfigError, Strict
 from nemo_rl_specdec.train.distill import HiddenStateDistiller, check_trainable, whole
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
 
 class Eagle3Config(Strict):
-    model: Optional[str] = Field(None, description="path of an Eagle3 head checkpoint for the policy (its config "
+    model: str | None = Field(None, description="path of an Eagle3 head checkpoint for the policy (its config "
                                  "names the aux layers it reads)")
 
 
@@ -46,8 +47,8 @@ class Eagle3(CheckpointDrafter):
     def distiller_class(self):
         return Eagle3Distiller
 
-    def weight_source(self, spec, trainer_exports_draft, trains_mtp):
-        return SOURCE_REFIT_STREAM if trainer_exports_draft else super().weight_source(spec, False, trains_mtp)
+    def weight_source(self, spec, streams):
+        return SOURCE_REFIT_STREAM if streams.draft else super().weight_source(spec, streams)
 
     def check_nemo_rl(self, spec, policy):
         draft = policy.get("draft") or {}
@@ -62,31 +63,13 @@ class Eagle3(CheckpointDrafter):
 
 @functools.cache
 def torch_modules() -> SimpleNamespace:
-    """The head's torch module classes (RMSNorm, SwiGLU, MidLayer, Eagle3Head), built on first use so that
-    declaring the drafter (config validation, the CLI) imports no torch."""
+    """The head's torch module classes (MidLayer, Eagle3Head; their norms and MLP are the shared
+    `machinery.layers`), built on first use so that declaring the drafter (config validation, the CLI)
+    imports no torch."""
     import torch
     import torch.nn.functional as F
 
-    class RMSNorm(torch.nn.Module):
-        def __init__(self, n: int, eps: float):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.ones(n))
-            self.eps = eps
-
-        def forward(self, x):
-            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-    class SwiGLU(torch.nn.Module):
-        """A Qwen3/Llama MLP (gate, up, down; no biases), under vLLM's parameter names."""
-
-        def __init__(self, H: int, inter: int):
-            super().__init__()
-            self.gate_proj = torch.nn.Linear(H, inter, bias=False)
-            self.up_proj = torch.nn.Linear(H, inter, bias=False)
-            self.down_proj = torch.nn.Linear(inter, H, bias=False)
-
-        def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    from nemo_rl_specdec.drafters.machinery.layers import RMSNorm, SwiGLU
 
     class MidLayer(torch.nn.Module):
         def __init__(self, H: int, nh: int, nkv: int, hd: int, inter: int, eps: float):
@@ -143,29 +126,15 @@ def torch_modules() -> SimpleNamespace:
         def checkpoint_tensors(self) -> dict:
             return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
 
-    for cls in (RMSNorm, SwiGLU, MidLayer, Eagle3Head):
+    for cls in (MidLayer, Eagle3Head):
         cls.__qualname__ = cls.__name__  # pickles by module attribute (the module __getattr__ below)
-    return SimpleNamespace(RMSNorm=RMSNorm, SwiGLU=SwiGLU, MidLayer=MidLayer, Eagle3Head=Eagle3Head)
+    return SimpleNamespace(MidLayer=MidLayer, Eagle3Head=Eagle3Head)
 
 
 def __getattr__(name: str):
-    if name in ("RMSNorm", "SwiGLU", "MidLayer", "Eagle3Head"):
+    if name in ("MidLayer", "Eagle3Head"):
         return getattr(torch_modules(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def rope(x, pos, theta: float):
-    """Neox-style rotary embedding on [B, heads, T, hd] at integer positions [B, T] (on x's device; the
-    tables in fp32, applied in x's dtype)."""
-    import torch
-
-    hd = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd))
-    ang = pos.to(x.device).float().unsqueeze(-1) * inv  # [B, T, hd/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(1).to(x.dtype)
-    sin = torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(1).to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
 def aux_hidden(hidden_states, layer_ids, num_layers: int) -> list:

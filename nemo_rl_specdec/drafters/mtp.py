@@ -16,10 +16,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
-from nemo_rl_specdec.train.distill import DistillInputError, Distiller, check_trainable, last_layer_output
+from nemo_rl_specdec.train.distill import Distiller, DistillInputError, check_trainable, last_layer_output
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
 MTP_PREFIX = "model.mtp_layers.0."
@@ -42,8 +41,8 @@ class MTP(Drafter):
             raise DistillInputError("drafter 'mtp' trains the MTP layers of the policy checkpoint: pass model_path")
         return MTPDistiller(model_path, temperature=temperature, seed=seed, **kw)
 
-    def weight_source(self, spec, trainer_exports_draft, trains_mtp):
-        return SOURCE_REFIT_STREAM if trains_mtp else SOURCE_CHECKPOINT_ONCE
+    def weight_source(self, spec, streams):
+        return SOURCE_REFIT_STREAM if streams.mtp else SOURCE_CHECKPOINT_ONCE
 
 
 # --------------------------------------------------------------------------- the MTP layer in torch
@@ -71,7 +70,9 @@ def torch_modules() -> SimpleNamespace:
         def forward(self, hidden, embeds, position_ids, rotary):
             embeds = torch.where((position_ids == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
             x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(embeds)], -1))
-            out = self.block(x, attention_mask=None, position_ids=position_ids, position_embeddings=rotary(x, position_ids))
+            out = self.block(
+                x, attention_mask=None, position_ids=position_ids, position_embeddings=rotary(x, position_ids)
+            )
             out = out[0] if isinstance(out, tuple) else out
             return self.final_layernorm(out)
 
@@ -212,7 +213,7 @@ class MTPDistiller(Distiller):
         """The MTP layer's tensors as ``model.mtp_layers.0.*`` (what vLLM's MiMo MTP drafter loads)."""
         return self.mtp.checkpoint_tensors()
 
-    def save(self, path: str | Path, policy_state_dict: Optional[dict] = None) -> None:
+    def save(self, path: str | Path, policy_state_dict: dict | None = None) -> None:
         """A full MiMo checkpoint directory: the policy (`policy_state_dict`, else the original one's
         non-MTP tensors) plus the current MTP layer, config and tokenizer files copied."""
         import shutil

@@ -2,7 +2,7 @@
 
 `ngram.backend: vllm` is vLLM's own `ngram` method. `ngram.backend: specdec` runs the same
 matcher (vLLM's numba kernel, through its `NgramProposer`) as our custom_class proposer
-`NgramProposer`, which adds the per-step rule of `drafters/adaptive.py`: `auto_disable` keeps a
+`NgramProposer`, which adds the per-step rule of `drafters/machinery/step_judge.py`: `auto_disable` keeps a
 step's drafts only where they are predicted to pay, `scheduling.budget: adaptive` cuts each draft
 to its best length. Its acceptance estimates come from an `AcceptanceCalibration` by draft
 position (prompt lookup carries no probability), fed from what the target accepted, and from
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
-from nemo_rl_specdec.drafters.calibration import AcceptanceCalibration, resolve_withheld
-from nemo_rl_specdec.drafters.proposer import SpecdecProposer
+from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration, resolve_withheld
+from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
 from nemo_rl_specdec.schema import PathError, Strict
 
 
@@ -43,7 +43,7 @@ class Ngram(Drafter):
     draft_cost = HOST
     config = NgramConfig
     refresh_modes = ("frozen",)
-    bench_rows = (("ngram", ("ngram.backend=vllm",)), ("ngram (judged)", ("ngram.backend=specdec",)))
+    variants = (("ngram", ("ngram.backend=vllm",)), ("ngram (judged)", ("ngram.backend=specdec",)))
 
     def vllm_config(self, spec, temperature):
         c = spec.ngram
@@ -55,6 +55,9 @@ class Ngram(Drafter):
 
     def judges_steps(self, spec):
         return spec.ngram.backend == "specdec"
+
+    def cost_entry(self, spec):
+        return "ngram_specdec" if spec.ngram.backend == "specdec" else "ngram"
 
 
 class NgramProposer(SpecdecProposer):
@@ -71,10 +74,10 @@ class NgramProposer(SpecdecProposer):
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "withheld_drafts": 0,
                          "propose_s": 0.0, "propose_cpu_s": 0.0}
         self._reqs: dict = {}  # request id -> [tokens of its last proposed draft or None, withheld drafts]
-        self.settings: Optional[dict] = None
+        self.settings: dict | None = None
         self.configure(None)
 
-    def configure(self, spec: Optional[dict]) -> None:
+    def configure(self, spec: dict | None) -> None:
         """Settings from the speculative block (`None`: schema defaults)."""
         c = NgramConfig(**{k: v for k, v in ((spec or {}).get("ngram") or {}).items()})
         old = self.settings or {}
@@ -112,7 +115,7 @@ class NgramProposer(SpecdecProposer):
         if self.runner is None or self.k <= 0:
             return [[] for _ in range(rows)]
         req_ids = self.runner.input_batch.req_ids
-        skipped = self.judge.skip(rows)  # this batch size is off: no lookup (module doc of adaptive.py)
+        skipped = self.judge.skip(rows)  # this batch size is off: no lookup (module doc of machinery/step_judge.py)
         drafts = [[] for _ in range(rows)] if skipped else \
             self.matcher.propose(self.k, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         calib, reqs = self.calibration, self._reqs
@@ -147,7 +150,7 @@ class NgramProposer(SpecdecProposer):
             gains = calib.rate_matrix([0] * len(pending), [drafts[i] for i in pending], self.k)
             keep = self.judge.choose(gains, lengths, verified, ctx_sum)
             if keep is not None:
-                for i, d in zip(pending, keep):
+                for i, d in zip(pending, keep, strict=True):
                     if d == 0:  # withheld: scored against what the target produces
                         reqs[req_ids[i]][1].append((0, drafts[i], drafts[i], 0))
                         c["withheld_drafts"] += 1

@@ -4,12 +4,12 @@ rollouts (`suffix.backend: das`, the default), or vLLM's built-in suffix decodin
 `Suffix` declares the drafter (its `suffix:` sub-block, refresh modes, vLLM mapping).
 `DASProposer` is a vLLM ``custom_class`` proposer (``speculative_config={"method":
 "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", ...}``).
-Its state is a :class:`~nemo_rl_specdec.drafters.store.RolloutStore` of recent rollouts
+Its state is a :class:`~nemo_rl_specdec.drafters.machinery.store.RolloutStore` of recent rollouts
 (per-problem and global arctic-inference suffix trees, windowed by policy version), refreshed
 through the lockstep update (``refresh.mode: rebuild``): the worker extension calls
 :meth:`DASProposer.specdec_rebuild` with the step's rollouts and the new policy version, or, when
 the rollouts were handed over as the rollout ended (``Engine.stage_rollouts``), installs the
-rebuild staged for exactly that version (:mod:`~nemo_rl_specdec.drafters.staging`).
+rebuild staged for exactly that version (:mod:`~nemo_rl_specdec.drafters.machinery.staging`).
 
 Per request and per engine step, :meth:`DASProposer.propose`:
 
@@ -18,7 +18,7 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   predicted length (``specdec_predicted_len``, output tokens) is promoted to the full k: the
   prediction that withheld its drafts was wrong, and it is now the tail that sets the makespan;
 - feeds back how many tokens of its previous draft vLLM accepted (``len(sampled_token_ids[row])
-  - 1``) into an :class:`~nemo_rl_specdec.drafters.calibration.AcceptanceCalibration`;
+  - 1``) into an :class:`~nemo_rl_specdec.drafters.machinery.calibration.AcceptanceCalibration`;
 - matches the request's own context (prompt + verified output so far, last ``max_match_len``
   tokens: arctic re-walks the tree from the root for every match length, so the cost grows with
   the square of the matched tail, and trees are built only ``max_match_len - 1 + k`` deep, as
@@ -40,9 +40,9 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
   would kill the engine, so the clamp is unconditional;
 - with ``scheduling.budget: adaptive``, then cuts every request's draft to the length that
-  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.adaptive`),
+  maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.machinery.step_judge`),
   from the calibrated acceptance of each draft token and the engine's step cost fitted online
-  from the time between calls (:mod:`~nemo_rl_specdec.drafters.step_cost`;
+  from the time between calls (:mod:`~nemo_rl_specdec.drafters.machinery.step_cost`;
   drafts are not cut during its warm-up). A step where no draft token pays for itself drafts
   nothing; each switch between drafting and not is logged with the numbers behind it. Under the
   other budgets, ``auto_disable`` (on by default) applies the all-or-nothing form: a step keeps
@@ -57,16 +57,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from nemo_rl_specdec.drafters.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
-from nemo_rl_specdec.drafters.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
-from nemo_rl_specdec.drafters.staging import StagedRebuild
-from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError
+from nemo_rl_specdec.drafters.machinery.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
+from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
+from nemo_rl_specdec.drafters.machinery.staging import StagedRebuild
+from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
 from nemo_rl_specdec.schema import PathError, Strict
 
@@ -133,7 +133,7 @@ class Suffix(Drafter):
     config = SuffixConfig
     refresh_modes = ("rebuild", "frozen")
     worker_modules = ("arctic_inference.suffix_decoding",)  # both backends build arctic's suffix trees
-    bench_rows = (("suffix (DAS)", _backend_overrides("das")),
+    variants = (("suffix (DAS)", _backend_overrides("das")),
                   ("suffix (vLLM)", (*_backend_overrides("vllm"), "refresh.mode=frozen")))
 
     def refresh_modes_for(self, block):
@@ -160,6 +160,9 @@ class Suffix(Drafter):
     def caches_own_requests(self, spec):
         return spec.suffix.backend == "vllm"
 
+    def cost_entry(self, spec):
+        return "das" if spec.suffix.backend == "das" else "vllm_suffix"
+
     def rollout_prompt_tail(self, spec):
         # the store keeps a prompt's last max_tree_depth - 1 tokens: a match never reaches further back
         return spec.suffix.max_tree_depth - 1 if spec.suffix.backend == "das" else None
@@ -171,13 +174,13 @@ _LOCAL = _SOURCE_INDEX["local"]
 
 @dataclass
 class _ReqState:
-    problem_id: Optional[str]
+    problem_id: str | None
     budget: int  # max drafts for this request (already clamped to k)
     prompt_len: int = 0
-    predicted: Optional[float] = None  # predicted output length; past it the budget becomes k
+    predicted: float | None = None  # predicted output length; past it the budget becomes k
     local: Any = None  # arctic SuffixTree of this request's own prompt + output, built lazily
     local_upto: int = 0  # tokens of the context already in `local`
-    live_id: Optional[int] = None  # this request's in-flight entry in the store
+    live_id: int | None = None  # this request's in-flight entry in the store
     live_upto: int = 0  # tokens of the context already in the in-flight entry
     last_src: int = -1  # source index of the draft proposed at the last step (-1: none), for calibration
     last_probs: Any = None  # its tokens' tree-estimated path probabilities
@@ -194,7 +197,7 @@ def _rollout_rows(rollouts):
     return rollouts if isinstance(rollouts, RolloutBatch) else list(rollouts)
 
 
-def _suffix_settings(spec: Optional[dict]) -> dict:
+def _suffix_settings(spec: dict | None) -> dict:
     """The `suffix` sub-block of the speculative block, validated with the config schema."""
     raw = dict((spec or {}).get("suffix") or {})
     return SuffixConfig(**raw).model_dump()
@@ -215,21 +218,21 @@ class DASProposer(SpecdecProposer):
         self.calibrated = True
         self.version = 0  # policy version installed by the last rebuild: tags in-flight entries
         self._reqs: dict = {}
-        self.trace: Optional[list] = None
+        self.trace: list | None = None
         self.counters = {"calls": 0, "rows": 0, "drafts": 0, "draft_tokens": 0, "from_problem": 0,
                          "from_global": 0, "from_local": 0, "budget_zero": 0, "budget_promoted": 0, "propose_s": 0.0,
                          "propose_cpu_s": 0.0,
                          "rebuilds": 0, "rebuild_s": 0.0, "rollouts_added": 0, "no_problem_id": 0,
                          "fenced_rows": 0, "staged": 0, "rebuild_bg_s": 0.0, "rebuild_bg_cpu_s": 0.0}
-        self._staged: Optional[StagedRebuild] = None
+        self._staged: StagedRebuild | None = None
         # the last staged rebuild installed: its version, the install's wait (the critical path) and
         # the rebuild's own wall and CPU seconds on its thread(s)
-        self.last_install: Optional[dict] = None
+        self.last_install: dict | None = None
         self._from = [0] * len(SOURCES)  # drafts per source within one propose call
         self.configure(None)
 
     # ------------------------------------------------------------------ lifecycle
-    def configure(self, spec: Optional[dict]) -> None:
+    def configure(self, spec: dict | None) -> None:
         """(Re)build the store from the speculative block (`None`: schema defaults). Drops content."""
         s = _suffix_settings(spec)
         self._drop_staged()
@@ -275,7 +278,7 @@ class DASProposer(SpecdecProposer):
 
     def specdec_stage(self, rollouts, version: int) -> dict:
         """Start rebuilding the store for policy `version` from a step's final rollouts on a background
-        thread (see :mod:`~nemo_rl_specdec.drafters.staging`); :meth:`specdec_install_staged` at the
+        thread (see :mod:`~nemo_rl_specdec.drafters.machinery.staging`); :meth:`specdec_install_staged` at the
         update installs it. From now until then the store is fenced: no draft reads it. More rollouts
         for the version already staged are appended (rebuilt after the staged ones, installed with them)."""
         from nemo_rl_specdec.lockstep import DrafterRefreshError
@@ -297,7 +300,7 @@ class DASProposer(SpecdecProposer):
         self.counters["staged"] += 1
         return {"staged_version": version, "rollouts": len(rows), "appended": before is not None}
 
-    def specdec_wait_staged(self, timeout: Optional[float] = None) -> bool:
+    def specdec_wait_staged(self, timeout: float | None = None) -> bool:
         """Wait up to `timeout` seconds for the staged rebuild to finish (True if none is pending)."""
         job = self._staged
         return True if job is None else job.wait(timeout)
@@ -439,7 +442,7 @@ class DASProposer(SpecdecProposer):
         if keep is None:
             return pending
         kept = []
-        for (i, rid, st, tokens, probs, src), d in zip(pending, keep):
+        for (i, rid, st, tokens, probs, src), d in zip(pending, keep, strict=True):
             if d:
                 kept.append((i, rid, st, tokens[:d], probs[:d], src))
             else:
@@ -468,7 +471,7 @@ class DASProposer(SpecdecProposer):
         verified = drafted = drafted_tokens = ctx_sum = 0
         new_rows = False  # a request seen for the first time: the step that just ran prefilled it
         judged = self.judge.active and not fenced
-        skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (drafters/adaptive.py)
+        skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (machinery/step_judge.py)
         pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
         for i in range(rows):
             rid = req_ids[i]

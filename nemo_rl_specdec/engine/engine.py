@@ -15,9 +15,10 @@ import queue
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, SpecDecConfig, cost_entry, to_vllm_speculative_config
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
@@ -45,10 +46,10 @@ class GenerateResult:
     rollouts: list
     metrics: SpecMetrics
     state: dict = field(default_factory=dict)
-    trace: Optional[Trace] = None   # the engine's steps (engine/tracing.py), priced by `nemo-rl-specdec price`
+    trace: Trace | None = None   # the engine's steps (engine/tracing.py), priced by `nemo-rl-specdec price`
 
 
-def _prepare_env(cfg: RunConfig, core: Optional[int]) -> None:
+def _prepare_env(cfg: RunConfig, core: int | None) -> None:
     vc = cfg.generation.vllm_cfg
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: 3-5 s start, tensors pass directly
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # takes effect when vllm is first imported
@@ -82,7 +83,7 @@ class _Live:
     logprobs: list = field(default_factory=list)
     cur_tokens: list = field(default_factory=list)  # cumulative output of the current vLLM request
     cur_logprobs: list = field(default_factory=list)
-    finish_reason: Optional[str] = None
+    finish_reason: str | None = None
     segments: list = field(default_factory=list)
 
     @property
@@ -99,15 +100,15 @@ _MODEL_LOCK = threading.RLock()
 class Engine:
     """A vLLM engine with our worker extension. `spec_enabled=False` gives the baseline engine."""
 
-    def __init__(self, cfg: RunConfig, *, spec_enabled: Optional[bool] = None, core: Optional[int] = None,
-                 seed: int = 0, model_path: Optional[str] = None, name: str = "engine0"):
+    def __init__(self, cfg: RunConfig, *, spec_enabled: bool | None = None, core: int | None = None,
+                 seed: int = 0, model_path: str | None = None, name: str = "engine0"):
         spec = cfg.spec if spec_enabled is None else cfg.spec.model_copy(update={"enabled": bool(spec_enabled)})
         check_drafter_paths(spec)
         self.cfg, self.spec, self.name, self.seed, self.core = cfg, spec, name, seed, core
         self.model_path = model_path or cfg.model_path
         self._last_policy: Any = None
         self.update_reports: list = []
-        self._pending: "queue.Queue[tuple[PolicyUpdate, threading.Event, list]]" = queue.Queue()
+        self._pending: queue.Queue[tuple[PolicyUpdate, threading.Event, list]] = queue.Queue()
         self._generating = threading.Event()
         self._lock = threading.RLock()  # generate start/end vs updates from other threads
         self._counter = 0
@@ -161,8 +162,8 @@ class Engine:
         return self.state
 
     # ------------------------------------------------------------------ generation
-    def sampling_params(self, req: Request, *, max_new_tokens: Optional[int] = None,
-                        temperature: Optional[float] = None, ignore_eos: bool = False):
+    def sampling_params(self, req: Request, *, max_new_tokens: int | None = None,
+                        temperature: float | None = None, ignore_eos: bool = False):
         from vllm import SamplingParams
 
         g = self.cfg.generation
@@ -194,8 +195,8 @@ class Engine:
         check_versions(state, mode=self.spec.refresh.mode, max_policy_lag=self.spec.refresh.max_policy_lag,
                        enabled=self.spec.enabled, engine=self.name)
 
-    def generate(self, requests: Sequence[Request], *, max_new_tokens: Optional[int] = None,
-                 temperature: Optional[float] = None, ignore_eos: bool = False,
+    def generate(self, requests: Sequence[Request], *, max_new_tokens: int | None = None,
+                 temperature: float | None = None, ignore_eos: bool = False,
                  use_tqdm: bool = False, on_step=None) -> GenerateResult:
         """Roll out `requests` (one sample each); outputs in input order with target logprobs.
 
@@ -297,7 +298,7 @@ class Engine:
                     continue
                 c = out.outputs[0]
                 lv.cur_tokens = list(c.token_ids)
-                lv.cur_logprobs = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
+                lv.cur_logprobs = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [], strict=False)]
                 if out.finished:
                     lv.finish_reason = c.finish_reason
                     if bar is not None:
@@ -305,7 +306,7 @@ class Engine:
         if bar is not None:
             bar.close()
 
-    def _drain_pending(self, live: Optional[dict]) -> None:
+    def _drain_pending(self, live: dict | None) -> None:
         while not self._pending.empty():
             update, done, box = self._pending.get()
             try:
@@ -345,7 +346,7 @@ class Engine:
             warnings.warn(msg, SpeculationInactiveWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ updates
-    def update(self, update: PolicyUpdate, *, timeout_s: Optional[float] = None) -> UpdateReport:
+    def update(self, update: PolicyUpdate, *, timeout_s: float | None = None) -> UpdateReport:
         """Apply one policy update as a unit (policy weights + drafter refresh + version), then
         reset the prefix cache. Called from another thread while `generate` runs, the update is
         applied between engine steps (in flight) and this call returns once it has landed."""
@@ -369,7 +370,7 @@ class Engine:
         with _MODEL_LOCK:
             return self.llm.collective_rpc("specdec_stage_rollouts", args=(rollouts, int(version)))[0]
 
-    def wait_staged(self, timeout: Optional[float] = None) -> bool:
+    def wait_staged(self, timeout: float | None = None) -> bool:
         """Wait up to `timeout` seconds for a staged store rebuild (True when none is pending)."""
         return bool(self.llm.collective_rpc("specdec_wait_staged", args=(timeout,))[0])
 

@@ -45,8 +45,8 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
@@ -93,6 +93,7 @@ class GroupGenerateResult(GenerateResult):
     engine_seconds: list = field(default_factory=list)   # each engine's own generate time
     engine_finish_s: list = field(default_factory=list)  # dispatch -> that engine's last request done
     makespan_s: float = 0.0                              # dispatch -> the batch's last request done
+    traces: list = field(default_factory=list)           # each engine's Trace (None where it got no request)
 
 
 def budget_route(spec) -> str:
@@ -108,8 +109,8 @@ def budget_route(spec) -> str:
     return "none"
 
 
-def scheduled_config(cfg: RunConfig, spec_enabled: Optional[bool] = None,
-                     cost_model: Optional[dict] = None) -> tuple[RunConfig, Optional[list]]:
+def scheduled_config(cfg: RunConfig, spec_enabled: bool | None = None,
+                     cost_model: dict | None = None) -> tuple[RunConfig, list | None]:
     """The run config the group's engines start with, and the k-by-batch schedule it derived.
 
     A model drafter with a non-uniform `scheduling.budget` and no `scheduling.k_by_batch_size`
@@ -131,7 +132,7 @@ def scheduled_config(cfg: RunConfig, spec_enabled: Optional[bool] = None,
 
 # --------------------------------------------------------------------------- the actor
 
-def _pin_all_threads(core: Optional[int], niceness: Optional[int] = None) -> None:
+def _pin_all_threads(core: int | None, niceness: int | None = None) -> None:
     """Pin every thread of this process to `core` and set its niceness. Both are per thread on
     Linux: sched_setaffinity(0) / setpriority(0) change only the calling thread, and a threaded
     Ray actor runs calls on pool threads created before any pinning."""
@@ -152,8 +153,8 @@ def _pin_all_threads(core: Optional[int], niceness: Optional[int] = None) -> Non
 class _EngineActor:
     """One `Engine` inside a Ray actor process (the class is wrapped by `ray.remote` lazily)."""
 
-    def __init__(self, cfg: RunConfig, spec_enabled: Optional[bool], core: Optional[int], seed: int, name: str,
-                 niceness: Optional[int] = None):
+    def __init__(self, cfg: RunConfig, spec_enabled: bool | None, core: int | None, seed: int, name: str,
+                 niceness: int | None = None):
         from nemo_rl_specdec.engine.engine import Engine
 
         self.core, self.name, self.niceness = core, name, niceness
@@ -188,7 +189,7 @@ class _EngineActor:
             res = self.engine.generate(requests, **kwargs)
             return res, t0, time.time()
 
-    def update(self, update: PolicyUpdate, timeout_s: Optional[float] = None) -> UpdateReport:
+    def update(self, update: PolicyUpdate, timeout_s: float | None = None) -> UpdateReport:
         self._pin()
         return self.engine.update(update, timeout_s=timeout_s)
 
@@ -198,7 +199,7 @@ class _EngineActor:
     def state(self) -> dict:
         return dict(self.engine.refresh_state())
 
-    def drafter_stats(self) -> Optional[dict]:
+    def drafter_stats(self) -> dict | None:
         """The DAS drafter's counters and store statistics (None for other drafters)."""
         if not self.engine.spec_active:
             return None
@@ -266,10 +267,10 @@ class EngineGroup:
     one CPU, so start Ray yourself with more CPUs to run several groups at once.
     """
 
-    def __init__(self, cfg: RunConfig, num_engines: Optional[int] = None, spec_enabled: Optional[bool] = None, *,
-                 seed: int = 0, cores: Optional[Sequence[int]] = None, predictor: Optional[LengthPredictor] = None,
-                 cost_model: Optional[dict] = None, max_concurrency: int = 4, startup_timeout_s: float = 900.0,
-                 niceness: Optional[int] = 0, name: str = "engine"):
+    def __init__(self, cfg: RunConfig, num_engines: int | None = None, spec_enabled: bool | None = None, *,
+                 seed: int = 0, cores: Sequence[int] | None = None, predictor: LengthPredictor | None = None,
+                 cost_model: dict | None = None, max_concurrency: int = 4, startup_timeout_s: float = 900.0,
+                 niceness: int | None = 0, name: str = "engine"):
         import ray
 
         n = num_engines if num_engines is not None else (cfg.get("cluster.num_engines") or 1)
@@ -331,7 +332,7 @@ class EngineGroup:
             raise EngineDiedError(f"{self.names[j]} (core {self.cores[j]}) is dead ({why}); close this group and "
                                   "start a new one")
 
-    def _gather(self, refs: list, what: str, timeout_s: Optional[float] = None, engines: Optional[list] = None) -> list:
+    def _gather(self, refs: list, what: str, timeout_s: float | None = None, engines: list | None = None) -> list:
         """ray.get every engine's ref; wait for all, then raise naming the engine(s) that failed.
         `engines[m]` is the engine number of `refs[m]` (default: refs are engines 0..n-1)."""
         import ray
@@ -346,7 +347,7 @@ class EngineGroup:
         out: list = [None] * len(refs)
         died, failed = [], []
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for m, (j, ref) in enumerate(zip(engines, refs)):
+        for m, (j, ref) in enumerate(zip(engines, refs, strict=True)):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 out[m] = ray.get(ref, timeout=left)
@@ -383,8 +384,8 @@ class EngineGroup:
         """Predicted length per request (the cold-start prior for requests without a problem id)."""
         return self.planner.predict([r.problem_id for r in requests])
 
-    def generate(self, requests: Sequence[Request], *, placement: Optional[str] = None, budget: Optional[str] = None,
-                 max_new_tokens: Optional[int] = None, temperature: Optional[float] = None, ignore_eos: bool = False,
+    def generate(self, requests: Sequence[Request], *, placement: str | None = None, budget: str | None = None,
+                 max_new_tokens: int | None = None, temperature: float | None = None, ignore_eos: bool = False,
                  use_tqdm: bool = False, observe: bool = True) -> GroupGenerateResult:
         """Roll out `requests` on the group; rollouts in input order (see module doc).
         `placement` / `budget` default to the config's `scheduling` keys; `observe=False` keeps
@@ -422,8 +423,9 @@ class EngineGroup:
         states: list = [{} for _ in range(self.num_engines)]
         finish = [0.0] * self.num_engines
         own_s = [0.0] * self.num_engines
-        for j, (res, _t0, t1) in zip(active, got):
-            rolls[j], engine_metrics[j], states[j] = res.rollouts, res.metrics, res.state
+        traces: list = [None] * self.num_engines
+        for j, (res, _t0, t1) in zip(active, got, strict=True):
+            rolls[j], engine_metrics[j], states[j], traces[j] = res.rollouts, res.metrics, res.state, res.trace
             finish[j], own_s[j] = t1 - t_dispatch, res.metrics.seconds
 
         # every request back exactly once, from the engine it was sent to
@@ -431,7 +433,7 @@ class EngineGroup:
             if len(rolls[j]) != len(assignment[j]):
                 raise RuntimeError(f"{self.names[j]}: returned {len(rolls[j])} rollouts for {len(assignment[j])} "
                                    "requests")
-            for m, (i, ro) in enumerate(zip(assignment[j], rolls[j])):
+            for m, (i, ro) in enumerate(zip(assignment[j], rolls[j], strict=True)):
                 if ro.index != m or list(ro.prompt_token_ids) != sent[i].prompt_token_ids:
                     raise RuntimeError(f"{self.names[j]}: rollout {m} does not belong to request {i} "
                                        "(index or prompt differs)")
@@ -457,7 +459,8 @@ class EngineGroup:
             rollouts, metrics, state, placement=placement, budget=budget, budget_via=self.budget_via,
             assignment=assignment, engine_of=plan.engine_of, predicted_len=preds,
             budgets=[(k if b is None else b) if self.spec.enabled else None for b in budgets],
-            engine_metrics=engine_metrics, engine_seconds=own_s, engine_finish_s=finish, makespan_s=makespan)
+            engine_metrics=engine_metrics, engine_seconds=own_s, engine_finish_s=finish, makespan_s=makespan,
+            traces=traces)
 
     def observe(self, rollouts: Sequence[Rollout | RolloutRecord]) -> int:
         """Record finished rollouts' lengths (per problem id) in the predictor; returns how many."""
@@ -466,7 +469,7 @@ class EngineGroup:
         return len(seen)
 
     # ------------------------------------------------------------------ updates
-    def update(self, update: PolicyUpdate, *, timeout_s: Optional[float] = None) -> list[UpdateReport]:
+    def update(self, update: PolicyUpdate, *, timeout_s: float | None = None) -> list[UpdateReport]:
         """Broadcast one policy update to every engine (one copy in Ray's object store); returns the
         per-engine reports once it has landed on all of them (raises naming an engine where it did
         not). Rollouts go to every engine: under length_aware placement a problem's samples are
@@ -528,7 +531,7 @@ class EngineGroup:
                 pass
         self._kill_all()
 
-    def __enter__(self) -> "EngineGroup":
+    def __enter__(self) -> EngineGroup:
         return self
 
     def __exit__(self, *exc) -> None:

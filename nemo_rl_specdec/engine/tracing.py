@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
 
 from nemo_rl_specdec.trace import Trace, TraceStep
 
@@ -31,7 +30,8 @@ class StepTracer:
         core = llm.llm_engine.engine_core.engine_core
         self.scheduler = core.scheduler
         self._steps: list = []
-        self._open: dict = {}   # id(scheduler output) -> (TraceStep, decode rows {rid: index}, requests, outputs before)
+        # id(scheduler output) -> (TraceStep, decode rows {rid: index}, requests, their outputs before)
+        self._open: dict = {}
         self._proposer_s = 0.0
         self._ids: dict = {}   # vLLM request id -> the trace's (first seen, first numbered)
         self._lock = threading.Lock()
@@ -106,7 +106,7 @@ class StepTracer:
         if step.rids or step.prefill_tokens:
             self._steps.append(step)
 
-    def take(self, kind: str, k: int, drafter: Optional[str], meta: Optional[dict] = None) -> Trace:
+    def take(self, kind: str, k: int, drafter: str | None, meta: dict | None = None) -> Trace:
         """The steps since the last call, as a Trace (a history drafter's decode steps keep their
         proposer time; other kinds record none)."""
         steps, self._steps, self._ids = self._steps, [], {}

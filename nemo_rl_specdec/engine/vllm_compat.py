@@ -19,7 +19,7 @@ import weakref
 log = logging.getLogger("nemo_rl_specdec")
 
 # in-process engines alive in this process (the engine adds itself once started, drops itself on close)
-LIVE_ENGINES: "weakref.WeakSet" = weakref.WeakSet()
+LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
 
 
 def _modules_vllm_cannot_scan() -> dict:

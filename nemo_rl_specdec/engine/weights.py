@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any
 
 import torch
 
@@ -24,14 +25,14 @@ DRAFT_PREFIX = "draft."
 MTP_PREFIXES = ("mtp.", "model.mtp_layers.")
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
-WeightsPayload = Union[bytes, str, Path, dict, list, None]
+WeightsPayload = bytes | str | Path | dict | list | None
 
 
 class WeightLoadError(RuntimeError):
     """A weight update did not land completely; the message names what is missing or unmatched."""
 
 
-def split_policy_and_drafter(named_tensors: Iterable[tuple[str, Any]], num_hidden_layers: Optional[int]):
+def split_policy_and_drafter(named_tensors: Iterable[tuple[str, Any]], num_hidden_layers: int | None):
     """Route (name, tensor) pairs: `draft.*` (prefix stripped), `mtp.*`, `model.mtp_layers.*` and
     `model.layers.{>= num_hidden_layers}.*` go to the drafter; everything else to the policy."""
     policy, drafter = [], []
@@ -49,7 +50,7 @@ def split_policy_and_drafter(named_tensors: Iterable[tuple[str, Any]], num_hidde
     return policy, drafter
 
 
-def encode_weights(named_tensors: Union[dict, Iterable[tuple[str, torch.Tensor]]]) -> bytes:
+def encode_weights(named_tensors: dict | Iterable[tuple[str, torch.Tensor]]) -> bytes:
     """Safetensors bytes: the form that crosses `collective_rpc` in multi-process engines."""
     from safetensors.torch import save
 
@@ -85,7 +86,7 @@ def unwrap(model):
     return model.unwrap() if hasattr(model, "unwrap") else model
 
 
-def find_drafter_model(worker) -> Optional[torch.nn.Module]:
+def find_drafter_model(worker) -> torch.nn.Module | None:
     """The drafter nn.Module of a live engine: get_draft_model(), else runner.drafter.model,
     else runner.speculator.model. None for model-free drafters (ngram, suffix, custom)."""
     getter = getattr(worker, "get_draft_model", None)
@@ -117,7 +118,7 @@ def _matches_shared(name: str, shared: set[str]) -> bool:
 
 
 def load_inplace(model: torch.nn.Module, model_config, items: list[tuple[str, torch.Tensor]],
-                 *, skip_shared: Optional[set[str]] = None, require_complete: bool = True,
+                 *, skip_shared: set[str] | None = None, require_complete: bool = True,
                  what: str = "model") -> dict:
     """Load checkpoint-format tensors into a live model in place and verify they landed.
 
@@ -189,7 +190,7 @@ _PROBE_ROWS = 2
 _MAX_HASHED = 1 << 20
 
 
-def fingerprint(model: torch.nn.Module, exclude: Optional[set[str]] = None) -> str:
+def fingerprint(model: torch.nn.Module, exclude: set[str] | None = None) -> str:
     """Content fingerprint of a live model, readable on CPU where Linear weights are packed:
     readable parameters are hashed (strided beyond 1M elements); Linear layers whose weight was
     emptied are probed through their kernel with a fixed input (a random projection of W)."""

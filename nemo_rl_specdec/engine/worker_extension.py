@@ -14,7 +14,6 @@ import hashlib
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
@@ -79,7 +78,7 @@ class SpecDecWorkerExtension:
 
         return unwrap(self.model_runner.model)
 
-    def _specdec_num_layers(self) -> Optional[int]:
+    def _specdec_num_layers(self) -> int | None:
         cfg = getattr(self.model_runner, "model_config", None)
         return getattr(getattr(cfg, "hf_config", None), "num_hidden_layers", None)
 
@@ -376,6 +375,6 @@ class SpecDecWorkerExtension:
         report.staged_wait_s = done.get("wait_s")
         report.staged_rebuild_s = done.get("rebuild_s")
 
-    def specdec_wait_staged(self, timeout: Optional[float] = None) -> bool:
+    def specdec_wait_staged(self, timeout: float | None = None) -> bool:
         """Wait up to `timeout` s for a staged store rebuild to finish (True when none is pending)."""
         return bool(self._specdec_proposer("wait for", self._specdec().policy_version).specdec_wait_staged(timeout))

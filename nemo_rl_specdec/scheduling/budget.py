@@ -26,20 +26,20 @@ Policies (`assign_budgets`):
 - `das`: the closed form derived in `das_budgets` (after DAS, "Beat the long tail:
   Distribution-Aware Speculative Decoding for RL Training").
 - `adaptive`: nothing is set at submission (every request may draft up to k); the drafter cuts
-  each draft at every engine step (`drafters/adaptive.py`). Only a drafter that returns
+  each draft at every engine step (`drafters/machinery/step_judge.py`). Only a drafter that returns
   per-request draft lengths (DAS) can do that; validation refuses it for the others.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 BUDGETS = ("uniform", "length_aware", "das", "adaptive")
 CLASSES = ("long", "medium", "short")
 
-Acceptance = Union[float, Sequence[float]]
+Acceptance = float | Sequence[float]
 
 
 def set_at_submission(policy: str) -> bool:
@@ -116,7 +116,7 @@ def classify(predicted_remaining: Sequence[float], long_fraction: float = 0.25,
 
 
 def length_aware_budgets(predicted_remaining: Sequence[float], k: int, long_fraction: float = 0.25,
-                         short_fraction: float = 0.25, medium_k: Optional[int] = None) -> list[int]:
+                         short_fraction: float = 0.25, medium_k: int | None = None) -> list[int]:
     """long -> k, medium -> medium_k (default ceil(k/2)), short -> 0."""
     if medium_k is None:
         medium_k = math.ceil(k / 2)
@@ -130,7 +130,7 @@ def length_aware_budgets(predicted_remaining: Sequence[float], k: int, long_frac
 
 def das_budgets(predicted_remaining: Sequence[float], k: int, acceptance: Acceptance = 0.7,
                 c_base: float = 1.0, c_tok: float = 1.0 / 64, c_draft: float = 0.0,
-                c_req: Union[float, Sequence[float]] = 0.0) -> list[int]:
+                c_req: float | Sequence[float] = 0.0) -> list[int]:
     """Budgets that minimise one engine's time until its last active request finishes.
 
     Model. The engine's active requests i = 1..n still have R_i tokens to go (predicted).
@@ -223,9 +223,9 @@ def das_budgets(predicted_remaining: Sequence[float], k: int, acceptance: Accept
 
 def assign_budgets(predicted_remaining: Sequence[float], k: int, policy: str = "uniform", *,
                    long_fraction: float = 0.25, short_fraction: float = 0.25,
-                   medium_k: Optional[int] = None, acceptance: Acceptance = 0.7,
+                   medium_k: int | None = None, acceptance: Acceptance = 0.7,
                    c_base: float = 1.0, c_tok: float = 1.0 / 64, c_draft: float = 0.0,
-                   c_req: Union[float, Sequence[float]] = 0.0) -> list[int]:
+                   c_req: float | Sequence[float] = 0.0) -> list[int]:
     """Draft budget per request under `policy` (one of BUDGETS). The keyword arguments after
     `medium_k` are the acceptance and cost model used by `das` (see `das_budgets`)."""
     if policy not in BUDGETS:
@@ -241,8 +241,8 @@ def assign_budgets(predicted_remaining: Sequence[float], k: int, policy: str = "
 
 
 def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Sequence[int]], k: int,
-                   policy: str = "uniform", *, fixed: Optional[Sequence[Optional[int]]] = None,
-                   **kwargs) -> list[Optional[int]]:
+                   policy: str = "uniform", *, fixed: Sequence[int | None] | None = None,
+                   **kwargs) -> list[int | None]:
     """Budgets for a batch placed on engines: `assign_budgets` run separately over each
     engine's requests (an engine's makespan is set by its own requests; this is what a
     data-parallel worker can compute locally).
@@ -256,7 +256,7 @@ def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Se
     n = len(predicted_remaining)
     if fixed is not None and len(fixed) != n:
         raise ValueError(f"fixed: {len(fixed)} entries for {n} requests")
-    out: list[Optional[int]] = list(fixed) if fixed is not None else [None] * n
+    out: list[int | None] = list(fixed) if fixed is not None else [None] * n
     seen = sorted(i for idxs in assignment for i in idxs)
     if seen != list(range(n)):
         raise ValueError(f"assignment must list every request index 0..{n - 1} exactly once")
@@ -267,7 +267,9 @@ def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Se
     for idxs in assignment:
         free = [i for i in idxs if out[i] is None]
         if free:
-            for i, b in zip(free, assign_budgets([predicted_remaining[i] for i in free], k, policy, **kwargs)):
+            for i, b in zip(
+                free, assign_budgets([predicted_remaining[i] for i in free], k, policy, **kwargs), strict=True
+            ):
                 out[i] = int(b)
     return out
 
@@ -276,7 +278,7 @@ def engine_budgets(predicted_remaining: Sequence[float], assignment: Sequence[Se
 
 def k_for_batch(batch: int, k: int, acceptance: Acceptance = 0.7, c_base: float = 1.0,
                 c_tok: float = 1.0 / 64, c_draft: float = 0.0, c_draft_fwd: float = 0.0,
-                step_time: Optional[Callable[[int, int], float]] = None) -> int:
+                step_time: Callable[[int, int], float] | None = None) -> int:
     """The k in 0..k that maximises tokens per second for a batch of `batch` requests:
     batch * A(d) / (c_base + c_tok * batch * (1 + d) + c_draft * batch * d + c_draft_fwd * d).
     `c_draft_fwd` is a fixed cost per draft forward (model drafters run d forwards per step).
@@ -295,7 +297,7 @@ def k_for_batch(batch: int, k: int, acceptance: Acceptance = 0.7, c_base: float 
 def k_by_batch_size_schedule(max_batch: int, k: int, acceptance: Acceptance = 0.7, c_base: float = 1.0,
                              c_tok: float = 1.0 / 64, c_draft: float = 0.0,
                              c_draft_fwd: float = 0.0,
-                             step_time: Optional[Callable[[int, int], float]] = None) -> list[tuple[int, int, int]]:
+                             step_time: Callable[[int, int], float] | None = None) -> list[tuple[int, int, int]]:
     """vLLM's `num_speculative_tokens_per_batch_size`: [(lo, hi, k), ...] covering 1..max_batch.
 
     Each batch size gets the throughput-optimal k of `k_for_batch` under the cost model
@@ -327,7 +329,7 @@ def schedule_ranges(lookup: Sequence[int]) -> list[tuple[int, int, int]]:
     return [tuple(x) for x in out]  # type: ignore[misc]
 
 
-def schedule_lookup(schedule: Optional[Sequence[Sequence[int]]], batch: int, default_k: int) -> int:
+def schedule_lookup(schedule: Sequence[Sequence[int]] | None, batch: int, default_k: int) -> int:
     """k for a batch size under a [(lo, hi, k), ...] schedule, with vLLM's semantics: gaps and
     batches past the last range carry the previous k forward; capped at default_k."""
     if not schedule:

@@ -30,12 +30,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
-from nemo_rl_specdec.drafters.calibration import AcceptanceCalibration
-from nemo_rl_specdec.drafters.step_cost import StepCostFit
+from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
+from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
 from nemo_rl_specdec.scheduling.budget import expected_accepted, schedule_ranges
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -67,11 +67,11 @@ class KAuto:
         self.explore_steps = 0
         self.switches = 0
         self.rechecks = 0
-        self.regret: Optional[float] = None  # predicted loss of the schedule in force at the last re-check
-        self.predicted_gain: Optional[float] = None  # best schedule's tokens/s over k_max's, at the last re-check
+        self.regret: float | None = None  # predicted loss of the schedule in force at the last re-check
+        self.predicted_gain: float | None = None  # best schedule's tokens/s over k_max's, at the last re-check
 
     # ------------------------------------------------------------------ the scheduler hooks
-    def attach(self, scheduler: Any) -> "KAuto":
+    def attach(self, scheduler: Any) -> KAuto:
         """Wrap `scheduler.schedule` / `update_from_output` (instance attributes) of a vLLM scheduler."""
         if getattr(scheduler, "dynamic_sd_lookup", None) is None:
             raise RuntimeError("scheduling.k: auto needs vLLM started with a per-batch-size schedule "
@@ -204,7 +204,7 @@ class KAuto:
         return out
 
 
-def attach_to_llm(llm: Any, spec: Any, name: str = "engine") -> Optional[KAuto]:
+def attach_to_llm(llm: Any, spec: Any, name: str = "engine") -> KAuto | None:
     """A `KAuto` on the scheduler of a `vllm.LLM` whose engine core runs in this process, when the
     block asks for `scheduling.k: auto`; else None. Refuses an engine core in another process."""
     if not (spec.enabled and spec.scheduling.k == "auto"):

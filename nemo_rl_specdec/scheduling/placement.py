@@ -26,8 +26,9 @@ request's position in the caller's batch; `place` returns those indices, and
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 PLACEMENTS = ("contiguous", "round_robin", "length_aware")
 
@@ -120,10 +121,10 @@ def restore_order(per_engine_outputs: Sequence[Sequence[Any]], assignment: list[
     n = sum(len(a) for a in assignment)
     out: list[Any] = [None] * n
     filled = [False] * n
-    for j, (outs, idxs) in enumerate(zip(per_engine_outputs, assignment)):
+    for j, (outs, idxs) in enumerate(zip(per_engine_outputs, assignment, strict=True)):
         if len(outs) != len(idxs):
             raise ValueError(f"engine {j}: returned {len(outs)} outputs for {len(idxs)} requests")
-        for idx, o in zip(idxs, outs):
+        for idx, o in zip(idxs, outs, strict=True):
             if not 0 <= idx < n:
                 raise ValueError(f"engine {j}: request index {idx} outside 0..{n - 1}")
             if filled[idx]:

@@ -1,7 +1,7 @@
 """Request planning for data-parallel engines: predict → place → budget, in one place.
 
 `Planner` is what both the CPU engine group (`engine/group.py`) and the NeMo-RL adapter's
-sharding (`nemo_rl/sharding.py`, `nemo_rl/generation.py`) plan a batch with:
+sharding (`adapter/sharding.py`, `adapter/generation.py`) plan a batch with:
 
 1. predict each request's output length from its problem id (`LengthPredictor`: per problem id,
    an EMA of the lengths of its earlier rollouts; a request without a problem id, or an unseen
@@ -19,8 +19,9 @@ engine) `pick` sends a request to the engine with the fewest outstanding predict
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any
 
 from nemo_rl_specdec.scheduling.budget import BUDGETS, engine_budgets
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS, Request, place, restore_order
@@ -37,8 +38,8 @@ class Plan:
     budget: str
     assignment: list[list[int]]   # per engine: request indices, in the order they are sent
     predicted: list[float]        # per request: predicted output tokens
-    budgets: list[Optional[int]]  # per request: max draft tokens; None = the drafter's k
-    hints: list[Optional[float]]  # per request: the predicted length sent with a planner-set budget
+    budgets: list[int | None]  # per request: max draft tokens; None = the drafter's k
+    hints: list[float | None]  # per request: the predicted length sent with a planner-set budget
 
     @property
     def sent_order(self) -> list[int]:
@@ -61,7 +62,7 @@ class Plan:
                 out[i] = j
         return out
 
-    def loads(self, lengths: Optional[Sequence[float]] = None) -> list[float]:
+    def loads(self, lengths: Sequence[float] | None = None) -> list[float]:
         """Tokens per engine: of `lengths` (input order), else of the predictions."""
         lengths = self.predicted if lengths is None else lengths
         return [sum(float(lengths[i]) for i in eng) for eng in self.assignment]
@@ -82,7 +83,7 @@ class Planner:
 
     def __init__(self, predictor: LengthPredictor, *, placement: str = "contiguous", budget: str = "uniform",
                  k: int = 0, long_fraction: float = 0.25, short_fraction: float = 0.25,
-                 cost_model: Optional[dict] = None):
+                 cost_model: dict | None = None):
         check_policies(placement, budget)
         self.predictor = predictor
         self.placement, self.budget, self.k = placement, budget, int(k)
@@ -92,7 +93,7 @@ class Planner:
         self.outstanding: list[float] = []
 
     @classmethod
-    def for_spec(cls, spec: Any, predictor: LengthPredictor, cost_model: Optional[dict] = None) -> "Planner":
+    def for_spec(cls, spec: Any, predictor: LengthPredictor, cost_model: dict | None = None) -> Planner:
         """A planner with the policies of a speculative block (`SpecDecConfig`; its `scheduling` keys)."""
         sc = spec.scheduling
         return cls(predictor, placement=sc.placement, budget=sc.budget, k=spec.num_speculative_tokens,
@@ -100,13 +101,13 @@ class Planner:
 
     # -- one batch
 
-    def predict(self, problem_ids: Sequence[Optional[Hashable]]) -> list[float]:
+    def predict(self, problem_ids: Sequence[Hashable | None]) -> list[float]:
         """Predicted output tokens per request (the cold-start prediction where the id is None)."""
         p = self.predictor
         return [p.predict_remaining(pid, 0) if pid is not None else p.cold_prediction() for pid in problem_ids]
 
-    def plan(self, problem_ids: Sequence[Optional[Hashable]], num_engines: int, *, placement: Optional[str] = None,
-             budget: Optional[str] = None, fixed: Optional[Sequence[Optional[int]]] = None) -> Plan:
+    def plan(self, problem_ids: Sequence[Hashable | None], num_engines: int, *, placement: str | None = None,
+             budget: str | None = None, fixed: Sequence[int | None] | None = None) -> Plan:
         """Plan one batch. `placement` / `budget` override the defaults; `fixed[i]` is a budget the
         caller chose for request i (kept, never lifted)."""
         placement = placement or self.placement
@@ -125,7 +126,7 @@ class Planner:
 
     def observe(self, problem_ids: Sequence[Hashable], lengths: Sequence[float]) -> None:
         """Record finished rollouts' lengths per problem id (the next plans' predictions)."""
-        self.predictor.observe_many(zip(problem_ids, (float(x) for x in lengths)))
+        self.predictor.observe_many(zip(problem_ids, (float(x) for x in lengths), strict=True))
 
     # -- one request at a time: least outstanding predicted tokens first
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from typing import Any, Hashable, Iterable, Optional
+from collections.abc import Hashable, Iterable
+from typing import Any
 
 COLD_STARTS = ("mean", "quantile", "prior")
 
@@ -34,8 +35,8 @@ class _History:
 
     def __init__(self, maxlen: int, values: Iterable[float] = ()):
         self.recent: deque[float] = deque(values, maxlen=maxlen)
-        self._sorted: Optional[list[float]] = None
-        self._suffix: Optional[list[float]] = None
+        self._sorted: list[float] | None = None
+        self._suffix: list[float] | None = None
 
     def add(self, x: float) -> None:
         self.recent.append(x)
@@ -50,7 +51,7 @@ class _History:
             self._sorted, self._suffix = s, suffix
         return self._sorted, self._suffix  # type: ignore[return-value]
 
-    def mean_above(self, g: float) -> Optional[float]:
+    def mean_above(self, g: float) -> float | None:
         """Mean of the recorded lengths strictly greater than g, or None if there are none."""
         s, suffix = self._view()
         i = bisect.bisect_right(s, g)
@@ -97,7 +98,7 @@ class LengthPredictor:
         prior: float = 0.0,
         quantile: float = 0.5,
         tail_factor: float = 0.25,
-        max_len: Optional[float] = None,
+        max_len: float | None = None,
         history: int = 32,
         global_history: int = 4096,
     ):
@@ -204,7 +205,7 @@ class LengthPredictor:
         }
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> "LengthPredictor":
+    def from_dict(cls, state: dict[str, Any]) -> LengthPredictor:
         try:
             p = cls(**state["params"])
             for pid, ema, count, recent in state["problems"]:

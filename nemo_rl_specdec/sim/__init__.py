@@ -5,7 +5,7 @@ costmodel.py  engine step time: roofline or linear target verification + draftin
 acceptance.py acceptance curves by draft depth: decay, conditional, bench JSON, spread
 fit.py        least-squares fit of c_base, c_tok from measured steps
 cpu_fit.py    CPU profile fitted on `bench --suite costmodel` steps; held-out bench predictions
-adaptive.py   adaptive verification: the d per step with the most tokens per second
+best_drafts.py adaptive verification: the d per step with the most tokens per second
 workload.py   rollout batches with GRPO groups and a long tail; predictor history
 engine_sim.py one engine's continuous batching, event by event, with KV capacity and preemption
 step.py       sync, async and serving runs over several batches; trainer pools, exposed generation

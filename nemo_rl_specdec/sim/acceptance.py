@@ -19,15 +19,15 @@ spread widens the distribution without moving its mean.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 from scipy import optimize, stats
 
 from nemo_rl_specdec.scheduling.budget import expected_accepted
 
-MAX_DEPTH = 64          # speculation.k is at most 64: curves are built this long
+MAX_DEPTH = 64          # speculation.num_speculative_tokens is at most 64: curves are built this long
 _QUANTILES = (np.arange(256) + 0.5) / 256
 
 
@@ -61,7 +61,7 @@ def solve_alpha(mean_accepted_length: float, k: int, decay: float = 1.0) -> floa
     return float(optimize.brentq(f, 0.0, 1.0, xtol=1e-13))
 
 
-def curve_from_bench(path: str, result: Optional[str] = None) -> list[float]:
+def curve_from_bench(path: str, result: str | None = None) -> list[float]:
     """`accepted_per_position` of a bench JSON result (by name; default the only result that
     has one), clipped to [0, 1] and made non-increasing (measured noise can break that by a
     hair: position j needs position j-1 accepted)."""

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -196,13 +195,13 @@ class CostModel:
     draft_per_request: float = 0.0
     spec_step_overhead: float = 0.0
     draft_kind: str = "list"                     # list | model | block
-    roofline: Optional[Roofline] = None
-    target: Optional[ModelShape] = None
-    draft_shape: Optional[ModelShape] = None
+    roofline: Roofline | None = None
+    target: ModelShape | None = None
+    draft_shape: ModelShape | None = None
     c_seq: float = 0.0                           # linear form: cost per request in the step
 
     @classmethod
-    def from_scenario(cls, sc) -> "CostModel":
+    def from_scenario(cls, sc) -> CostModel:
         hw, dr = sc.hardware, sc.drafter
         roof = hw.roofline_model()
         return cls(hw.c_base_s or 0.0, hw.c_tok_s or 0.0, hw.c_ctx_s, dr.fwd_base_s, dr.tok_s, dr.ctx_s,

@@ -4,7 +4,7 @@ predictions made from it.
 The fit uses decode steps only; a step that prefills a prompt is left out. It is one
 non-negative least-squares problem over every configuration's steps. Its columns are the
 simulator's linear cost form (`CostModel`, `hardware.c_*_s`, `drafter.*`), the engine's online
-fit's (`drafters/step_cost.py`) plus a step and a per-request term per drafter:
+fit's (`drafters/machinery/step_cost.py`) plus a step and a per-request term per drafter:
 
     t = c_base + c_seq * requests + c_tok * (requests + draft_tokens) + c_ctx * sum(context)
         + [drafter X's steps] * (step_overhead_X + per_request_X * requests)
@@ -45,19 +45,19 @@ from pathlib import Path
 import numpy as np
 
 from nemo_rl_specdec.drafters.base import LIST
+from nemo_rl_specdec.drafters.machinery.step_cost import step_columns
 from nemo_rl_specdec.drafters.registry import DRAFTERS
-from nemo_rl_specdec.drafters.step_cost import step_columns
 from nemo_rl_specdec.resources import config_path
 
 MEASURED = config_path("sim", "measured")
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")
 # RL steps simulated per prediction. Each step draws its problems' lengths from the measured
-# groups with replacement; one 16-problem batch is a noisy draw of that pool (round 3's four
-# steps had a mean response length of 84 where the pool's is 65), and with acceptance by
+# groups with replacement; one 16-problem batch is a noisy draw of that pool (four
+# measured steps had a mean response length of 84 where the pool's is 65), and with acceptance by
 # response position that noise moves a prediction by up to 15%. 64 steps give the expectation.
 PREDICTION_STEPS = 64
 HEADER = """\
-# CPU profile fitted on engine-step samples of this machine (issue #16, item 7). WRITTEN BY
+# CPU profile fitted on engine-step samples of the machine that ran the bench. WRITTEN BY
 #   python -m nemo_rl_specdec.sim.cpu_fit {command}
 # from `nemo-rl-specdec bench configs/tiny_cpu.yaml --suite costmodel` (cpu_tiny_costmodel.json:
 # every engine step of one 16 x 4 rollout per configuration, on the suite's own problems).
@@ -66,7 +66,8 @@ HEADER = """\
 # and per-request time, and its measured coverage; acceptance: its measured per-position curve.
 # The other drafters' constants are in cpu_fit.json (sim/cpu_fit.py passes them as overrides).
 # workload: the bench batch shape (16 x 4), the costmodel run's no-spec lengths grouped per
-# problem, its mean prompt length; the length predictor sees 4 earlier rollouts per problem (the benches warm up on one previous batch).
+# problem, its mean prompt length; the length predictor sees 4 earlier rollouts per problem (the benches warm
+# up on one previous batch).
 """
 
 
@@ -173,7 +174,7 @@ def drafter_overrides(fit: dict, inp: dict, name: str) -> list:
     d, c = inp["drafters"][name], fit["drafters"][name]
     sim = d["drafter"]  # our drafters are the simulator's by the same name
     ov = [f"drafter.name={sim}", f"drafter.step_overhead_s={c['step_overhead_s']!r}",
-          f"drafter.per_request_s={c['per_request_s']!r}", f"speculation.k={int(d['k'])}",
+          f"drafter.per_request_s={c['per_request_s']!r}", f"speculation.num_speculative_tokens={int(d['k'])}",
           "acceptance.alpha=null", "acceptance.mean_accepted_length=null", "acceptance.measured_at_k=null",
           f"acceptance.per_position={monotone_curve(d['accepted_per_position'])}"]
     cov = min(1.0, max(1e-6, d["coverage"])) if DRAFTERS[sim].kind == LIST else 1.0  # a model drafter always drafts
@@ -193,7 +194,8 @@ def base_overrides(fit: dict, inp: dict, problems: int, samples: int) -> list:
 
 
 def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS)", samples: int = 4,
-                   command: str = "configs/sim/measured/cpu_tiny_costmodel.json configs/sim/measured") -> None:
+                   command: str = "benchmarks/cpu_crosscheck/cpu_tiny_costmodel.json benchmarks/cpu_crosscheck",
+                   ) -> None:
     import yaml
 
     from nemo_rl_specdec.sim.acceptance import monotone_curve
@@ -210,14 +212,17 @@ def write_scenario(fit: dict, inp: dict, path: Path, drafter: str = "suffix (DAS
                        "per_request_s": c["per_request_s"], "coverage": min(1.0, d["coverage"])},
            "acceptance": {"per_position": monotone_curve(d["accepted_per_position"]),
                           "by_response_position": d.get("by_response_position")},
-           "speculation": {"enabled": True, "k": int(d["k"]), "placement": "contiguous", "budget": "uniform"},
+           "speculation": {"enabled": True, "num_speculative_tokens": int(d["k"]),
+                           "scheduling": {"placement": "contiguous", "budget": "uniform"}},
            "workload": {"num_prompts": len(groups), "generations_per_prompt": samples,
                         "prompt_len": inp["prompt_len"],
                         "lengths": {"dist": "groups", "groups": groups, "max_len": 512},
                         "prediction": "history", "history_rollouts": samples},
            "rl": {"mode": "sync", "num_steps": PREDICTION_STEPS},
            "calibration": None}
-    path.write_text(HEADER.format(command=command) + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
+    path.write_text(
+        HEADER.format(command=command) + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110)
+    )
 
 
 def predict_drafters(fit: dict, inp: dict, problems: int = 16, samples: int = 4, scenario: str = SCENARIO) -> list:
@@ -228,8 +233,8 @@ def predict_drafters(fit: dict, inp: dict, problems: int = 16, samples: int = 4,
     rows = []
     for name in inp["drafters"]:
         ov = base_overrides(fit, inp, problems, samples) + drafter_overrides(fit, inp, name) + [
-            "cluster.num_engines=1", "hardware.max_num_seqs=256", "speculation.placement=contiguous",
-            "speculation.budget=uniform", "baseline.placement=contiguous"]
+            "cluster.num_engines=1", "hardware.max_num_seqs=256", "speculation.scheduling.placement=contiguous",
+            "speculation.scheduling.budget=uniform", "baseline.placement=contiguous"]
         res = simulate(load_scenario(scenario, ov))
         rows.append({"suite": "drafters", "name": name, "predicted_wall_clock_ratio": res["rollout_speedup"],
                      "predicted_mean_accepted_length": res["mean_accepted_length"]})
@@ -251,7 +256,8 @@ def predict_scheduling(fit: dict, inp: dict, drafter: str = "suffix (DAS)", prob
             for bu in budgets:
                 ov = base_overrides(fit, inp, problems, samples) + drafter_overrides(fit, inp, drafter) + [
                     f"cluster.num_engines={engines}", f"hardware.max_num_seqs={seqs or 256}",
-                    f"speculation.placement={pl}", f"speculation.budget={bu}", f"baseline.placement={pl}",
+                    f"speculation.scheduling.placement={pl}", f"speculation.scheduling.budget={bu}",
+                    f"baseline.placement={pl}",
                     "workload.prediction=history", f"workload.history_rollouts={samples}"]
                 res = simulate(load_scenario(scenario, ov))
                 rows.append({"suite": "scheduling", "name": f"suffix/{pl}/{bu} @{tag}",

@@ -91,8 +91,8 @@ def overrides_for(result: dict) -> list:
         raise ScenarioError(f"bench result {result.get('name')!r} lacks {missing}; rerun the bench (suite drafters)")
     per_pos = monotone_curve(result["accepted_per_position"])
     # our drafters are the simulator's by the same name; model drafters take no per-request budget
-    budget = [] if DRAFTERS[result["drafter"]].kind == LIST else ["speculation.budget=uniform"]
-    return budget + [f"speculation.k={int(result['k'])}", f"drafter.name={result['drafter']}",
+    budget = [] if DRAFTERS[result["drafter"]].kind == LIST else ["speculation.scheduling.budget=uniform"]
+    return budget + [f"speculation.num_speculative_tokens={int(result['k'])}", f"drafter.name={result['drafter']}",
             "acceptance.alpha=null", "acceptance.mean_accepted_length=null",
             f"acceptance.per_position={per_pos}", "workload.lengths.dist=values", "++workload.lengths.groups=null",
             f"workload.lengths.values={[int(x) for x in result['lengths']]}"]

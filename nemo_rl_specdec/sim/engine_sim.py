@@ -9,8 +9,9 @@ goes back to the head of the queue keeping what it has generated, and pays promp
 generated tokens as prefill when it is admitted again. Each step every active request verifies 1 + d_i
 tokens and commits A_i(d_i) of them in expectation (its accepted drafts plus the bonus
 token); a list drafter finds a match for a share `coverage` of request-steps, so a request
-drafting d_i commits 1 + coverage * (A_i(d_i) - 1) and verifies 1 + coverage * d_i tokens; a request leaves the batch when it has committed its response length, and the batch
-drains — the long tail, where few requests are left and each step costs nearly c_base.
+drafting d_i commits 1 + coverage * (A_i(d_i) - 1) and verifies 1 + coverage * d_i tokens; a request leaves
+the batch when it has committed its response length, and the batch drains — the long tail, where few requests
+are left and each step costs nearly c_base.
 
 The simulation is a fluid (expected-value) model, advanced in jumps rather than step by step:
 between two events — a request finishing, a request released, a pause (weight update), a
@@ -22,13 +23,13 @@ tokens finishes at the end of its 8th step.
 Budgets: with speculation on, each request gets d_i = min(budget_i, k(batch size)): budget_i
 from `scheduling.budget.assign_budgets` over the predicted remaining lengths of the requests
 in flight (recomputed whenever the batch changes, and every `interval` steps), k(batch size)
-from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.adaptive.best_drafts`
+from the `k_by_batch_size` schedule, or with `per_step` the d of `sim.best_drafts.best_drafts`
 for the requests in flight (re-chosen at every event). Budget `adaptive` then cuts each d_i at
-every event with the engine's own rule (`drafters.adaptive.draft_lengths`): gains from the
+every event with the engine's own rule (`drafters.machinery.step_judge.draft_lengths`): gains from the
 request's acceptance curve (and response-position factor, times the coverage), t0 from the cost
 model, and the cost of a draft token as the secant of the step time between no drafts and the
 drafts the caps allow (a linear rule priced at the point it decides about). With `auto_disable`
-(other budgets) the same inputs go to `drafters.adaptive.drafts_pay`: the event keeps its drafts
+(other budgets) the same inputs go to `drafters.machinery.step_judge.drafts_pay`: the event keeps its drafts
 or drafts nothing; the steps judged and turned off are counted by batch-size bin
 (`EngineStats.judged_by_batch`, `off_by_batch`).
 """
@@ -36,14 +37,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from nemo_rl_specdec.drafters.adaptive import batch_bin, draft_lengths, drafts_pay
+from nemo_rl_specdec.drafters.machinery.step_judge import batch_bin, draft_lengths, drafts_pay
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
-from nemo_rl_specdec.sim.adaptive import best_drafts
+from nemo_rl_specdec.sim.best_drafts import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
 
 
@@ -69,11 +70,11 @@ class SpecPolicy:
     budget: str = "uniform"
     long_fraction: float = 0.25
     short_fraction: float = 0.25
-    medium_k: Optional[int] = None
-    schedule: Union[None, str, Sequence[Sequence[int]]] = None   # [(lo, hi, k), ...] or "per_step"
+    medium_k: int | None = None
+    schedule: None | str | Sequence[Sequence[int]] = None   # [(lo, hi, k), ...] or "per_step"
     interval: int = 64
-    acceptance: Union[float, Sequence[float]] = 0.7   # what the budget policy believes
-    auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/adaptive.drafts_pay) per event
+    acceptance: float | Sequence[float] = 0.7   # what the budget policy believes
+    auto_disable: bool = False   # the engines' all-or-nothing rule (drafters/machinery/step_judge.drafts_pay) per event
 
 
 @dataclass
@@ -94,9 +95,9 @@ class EngineStats:
 
 
 class EngineSim:
-    def __init__(self, engine_id: int, cost: CostModel, spec: Optional[SpecPolicy], max_num_seqs: int,
-                 remaining: Callable[[SimRequest, float], float], kv_capacity: Optional[float] = None,
-                 coverage: float = 1.0, by_response_position: Optional[Sequence[Sequence[float]]] = None):
+    def __init__(self, engine_id: int, cost: CostModel, spec: SpecPolicy | None, max_num_seqs: int,
+                 remaining: Callable[[SimRequest, float], float], kv_capacity: float | None = None,
+                 coverage: float = 1.0, by_response_position: Sequence[Sequence[float]] | None = None):
         self.engine_id = engine_id
         self.cost = cost
         self.spec = spec if (spec is not None and spec.k > 0) else None
@@ -139,7 +140,7 @@ class EngineSim:
             heapq.heappush(self._pauses, (start, duration))
 
     # ------------------------------------------------------------------ run
-    def run_until_done(self, batch: int) -> Optional[float]:
+    def run_until_done(self, batch: int) -> float | None:
         """Simulate until every request of `batch` on this engine has finished; returns the
         finish time of its last request (None if the engine got none of the batch)."""
         while self._pending.get(batch, 0) > 0:
@@ -189,7 +190,9 @@ class EngineSim:
         self._prog = np.concatenate([self._prog, [float(r.done) for r in new]])
         self._ctx = np.concatenate([self._ctx, [float(r.prompt_len + r.done) for r in new]])
         self._len = np.concatenate([self._len, [float(r.length) for r in new]])
-        self._A = np.concatenate([self._A, np.stack([r.A for r in new])]) if len(self._A) else np.stack([r.A for r in new])
+        self._A = (
+            np.concatenate([self._A, np.stack([r.A for r in new])]) if len(self._A) else np.stack([r.A for r in new])
+        )
         self._budget = np.concatenate([self._budget, np.zeros(len(new), dtype=int)])
         self._prefill += need
         self._dirty = True
@@ -214,7 +217,7 @@ class EngineSim:
         n = len(self._active)
         if sp.budget == "uniform":
             return np.full(n, sp.k, dtype=int)
-        rem = [self.remaining(r, float(g)) for r, g in zip(self._active, self._prog)]
+        rem = [self.remaining(r, float(g)) for r, g in zip(self._active, self._prog, strict=True)]
         c_base, c_tok, c_draft, c_ctx = self.cost.linearised(n, float(self._ctx.mean()))
         out = assign_budgets(
             rem, sp.k, sp.budget, long_fraction=sp.long_fraction, short_fraction=sp.short_fraction,
@@ -224,7 +227,7 @@ class EngineSim:
         self.stats.budget_recomputes += 1
         return np.asarray(out, dtype=int)
 
-    def _rule_inputs(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> tuple[list, float, float]:
+    def _rule_inputs(self, cap: np.ndarray, factors: np.ndarray | None) -> tuple[list, float, float]:
         """(gains, t0, price of a draft token) of the engines' per-step rule this event (module doc);
         `factors`: each request's response-position factor, or None."""
         n = len(self._active)
@@ -241,11 +244,11 @@ class EngineSim:
         per_tok = max(0.0, self.cost.mean_step_time(n, d, ctx) - t0) / (max(1, n) * d)
         return [c * g[i, :int(cap[i])] for i in range(n)], t0, c * per_tok
 
-    def _adaptive(self, cap: np.ndarray, factors: Optional[np.ndarray]) -> np.ndarray:
+    def _adaptive(self, cap: np.ndarray, factors: np.ndarray | None) -> np.ndarray:
         """`budget: adaptive`: each request's drafts this event, at most `cap`."""
         return np.asarray(draft_lengths(*self._rule_inputs(cap, factors)), dtype=int)
 
-    def _pays(self, d: np.ndarray, factors: Optional[np.ndarray]) -> bool:
+    def _pays(self, d: np.ndarray, factors: np.ndarray | None) -> bool:
         """`auto_disable`: whether this event's drafts are worth their verification."""
         return drafts_pay(*self._rule_inputs(d, factors))
 
@@ -265,7 +268,7 @@ class EngineSim:
             if self._dirty or self._since >= sp.interval:
                 self._budget = self._budgets()
                 self._dirty, self._since = False, 0
-            if sp.schedule == "per_step":    # adaptive verification (sim/adaptive.py)
+            if sp.schedule == "per_step":    # adaptive verification (sim/best_drafts.py)
                 cap = best_drafts(self.cost, self._ctx, self._A, sp.k, self.coverage)   # decode economics
                 self.stats.adaptive_steps.append((n_act, cap))
             else:
@@ -343,7 +346,7 @@ class EngineSim:
                 r.finish = self.clock
                 self._pending[r.batch] -= 1
                 self._last_finish[r.batch] = self.clock
-            self._active = [r for r, k in zip(self._active, keep) if k]
+            self._active = [r for r, k in zip(self._active, keep, strict=True) if k]
             self._prog, self._ctx, self._len = self._prog[keep], self._ctx[keep], self._len[keep]
             self._A, self._budget = self._A[keep], self._budget[keep]
             self._dirty = True

@@ -13,7 +13,7 @@ speculation.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -84,8 +84,8 @@ def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -
     """The roofline constants (`ROOFLINE_FITTED`) that best explain measured forward times, in
     relative error: samples are `tools/time_forward.py`'s (tokens, ctx_sum, attn_ctx, seconds; a
     step past the largest capture size ran eagerly), `shape` the timed model's `ModelShape`. The
-    model is `costmodel.Roofline.forward` plus `overhead_per_seq_s` per request, as `CostModel` prices a step. Returns the constants, R^2 of log time, and the
-    median and largest relative residuals."""
+    model is `costmodel.Roofline.forward` plus `overhead_per_seq_s` per request, as `CostModel` prices a step.
+    Returns the constants, R^2 of log time, and the median and largest relative residuals."""
     from scipy.optimize import least_squares
 
     from nemo_rl_specdec.sim.costmodel import Roofline
@@ -115,7 +115,7 @@ def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -
     rel = np.abs(pred / t - 1.0)
     lt, lp = np.log(t), np.log(pred)
     ss_tot = float(((lt - lt.mean()) ** 2).sum())
-    fitted = dict(zip(ROOFLINE_FITTED, (float(v) for v in np.exp(res.x))))
+    fitted = dict(zip(ROOFLINE_FITTED, (float(v) for v in np.exp(res.x)), strict=True))
     return {**fitted, "r2_log": 1.0 - float(((lt - lp) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0,
             "median_rel_residual": float(np.median(rel)), "max_rel_residual": float(rel.max()),
             "samples": len(samples)}

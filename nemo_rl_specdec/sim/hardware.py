@@ -21,15 +21,21 @@ A profile (``configs/hardware/<name>.yaml``, named by ``--hardware NAME``) holds
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
-
 from pydantic import Field, ValidationError, model_validator
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.resources import config_lookups, config_path
+from nemo_rl_specdec.resources import config_path
 from nemo_rl_specdec.sim.costmodel import CostModel
-from nemo_rl_specdec.sim.scenario import Drafter, Hardware, ModelSpec, ScenarioError, _format, _Strict
+from nemo_rl_specdec.sim.scenario import (
+    Drafter,
+    Hardware,
+    ModelSpec,
+    ScenarioError,
+    _format,
+    _Strict,
+    priced_by_layers,
+    profile_path,
+)
 
 HARDWARE_CONFIGS = config_path("hardware")
 
@@ -50,11 +56,7 @@ class HardwareProfile(_Strict):
         for name, d in self.drafters.items():
             if d.kind in ("model", "block") and d.model is None:
                 raise ValueError(f"drafters.{name}.model: a {d.kind} drafter's forward is priced from its shape")
-            if d.kind in ("model", "block") and "fwd_base_s" not in d.model_fields_set:
-                if not (d.model.num_layers and self.model.num_layers):
-                    raise ValueError(f"drafters.{name}.model.num_layers: needed (with model.num_layers) to price its "
-                                     "fixed time per forward by layers, or give drafters.{name}.fwd_base_s")
-                d.fwd_base_s = self.layer_overhead_s * d.model.num_layers
+            priced_by_layers(d, self.hardware, self.model)
         return self
 
     @property
@@ -68,7 +70,7 @@ class HardwareProfile(_Strict):
                                 f"{sorted(self.drafters)}")
         return self.drafters[name]
 
-    def cost_model(self, drafter: Optional[str] = None) -> CostModel:
+    def cost_model(self, drafter: str | None = None) -> CostModel:
         """The step cost of `drafter` (None: no speculation) on this GPU."""
         roof = self.hardware.roofline_model()
         target = self.model.shape()
@@ -86,10 +88,7 @@ def profile_names() -> list[str]:
 
 def load_profile(name: str) -> HardwareProfile:
     """A profile by name (``configs/hardware/<name>.yaml``) or path; errors name the key."""
-    path = next((p for p in [Path(name), *config_lookups(f"{name}.yaml", "hardware"),
-                             *config_lookups(name, "hardware")] if p.is_file()), None)
-    if path is None:
-        raise ScenarioError(f"--hardware: {name!r}; allowed: {profile_names()} or a profile file's path")
+    path = profile_path(name)
     raw = yaml_loader.load(path, error=ScenarioError, what="hardware profile")
     try:
         return HardwareProfile.model_validate(raw)

@@ -19,7 +19,6 @@ printed beside the profile's (the profile's constants are fitted on such traces:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -34,12 +33,12 @@ BINS = ((1, 2), (2, 5), (5, 17), (17, 65), (65, 257), (257, 10 ** 9))
 @dataclass
 class Priced:
     hardware: str
-    drafter: Optional[str]
+    drafter: str | None
     rollout_s: float
     target_s: float                 # what the same steps' target forwards cost
     draft_s: float                  # draft forwards (model and block drafters)
     proposer_s: float               # history proposers' host time (profile constants)
-    measured_proposer_s: Optional[float]
+    measured_proposer_s: float | None
     steps: int                      # target forwards (engine steps)
     generated_tokens: int
     tokens_per_forward: float       # per request per forward, as metrics.py counts them
@@ -54,7 +53,7 @@ class Priced:
         return d
 
 
-def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: Optional[str]) -> Optional[str]:
+def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: str | None) -> str | None:
     if trace.kind == "none":
         return None
     key = drafter or trace.drafter
@@ -70,15 +69,12 @@ def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: Optional[str])
     return key
 
 
-def price(trace: Trace, profile: HardwareProfile, drafter: Optional[str] = None) -> Priced:
+def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None) -> Priced:
     """The trace's rollout time on `profile` (module doc)."""
     key = _drafter_key(trace, profile, drafter)
     target = profile.cost_model(None)
     cm = profile.cost_model(key) if key is not None else target
-    d = profile.drafter(key) if key is not None else None
-    per_step = d.step_overhead_s if d is not None and d.kind == "list" else 0.0
-    per_row = d.per_request_s if d is not None and d.kind == "list" else 0.0
-    if d is not None and d.kind == "list":   # the proposer is priced below, for every decode step
+    if trace.kind == "list":   # the proposer is priced below (profile_proposer), for every decode step
         from dataclasses import replace
 
         cm = replace(cm, draft_per_request=0.0, spec_step_overhead=0.0)
@@ -91,7 +87,7 @@ def price(trace: Trace, profile: HardwareProfile, drafter: Optional[str] = None)
         zero = np.zeros(n)
         tt = target.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
         t_all = cm.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
-        tp = (per_step + per_row * n) if n else 0.0
+        tp = profile_proposer(profile, key, n)
         t_target += tt
         t_draft += t_all - tt
         t_prop += tp
@@ -102,8 +98,8 @@ def price(trace: Trace, profile: HardwareProfile, drafter: Optional[str] = None)
                   trace.generated_tokens, trace.tokens_per_forward(), step_s, rows)
 
 
-def speedup(spec: Trace, profile: HardwareProfile, baseline: Optional[Trace] = None,
-            drafter: Optional[str] = None) -> dict:
+def speedup(spec: Trace, profile: HardwareProfile, baseline: Trace | None = None,
+            drafter: str | None = None) -> dict:
     """Priced rollout time of `spec` and of its baseline, and the ratio baseline / spec."""
     base = baseline if baseline is not None else spec.without_drafts()
     if base.kind != "none":
@@ -116,7 +112,7 @@ def speedup(spec: Trace, profile: HardwareProfile, baseline: Optional[Trace] = N
             "spec": p_spec.as_dict(), "speedup": p_base.rollout_s / p_spec.rollout_s}
 
 
-def proposer_share(traces: list, profile: HardwareProfile, drafter: Optional[str] = None) -> list[dict]:
+def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None = None) -> list[dict]:
     """Per batch-size bin over the history drafter's `traces`: the measured proposer time per
     request-step (µs) and its share of the priced step, the target's and drafts' forwards on
     `profile` plus the measured proposer time."""
@@ -145,7 +141,9 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: Optional[str
     return out
 
 
-def profile_proposer(profile: HardwareProfile, key: Optional[str], rows: int) -> float:
+def profile_proposer(profile: HardwareProfile, key: str | None, rows: int) -> float:
+    """A history proposer's host time for a decode step of `rows` requests, from the profile's entry
+    `key` (0 for other drafters and for a step without decode requests)."""
     d = profile.drafter(key) if key is not None else None
     if d is None or d.kind != "list" or rows == 0:
         return 0.0
@@ -183,7 +181,7 @@ def fit_proposer(traces: list) -> dict:
 
 
 class PricedStepCost:
-    """The per-step rules' step cost (`drafters/adaptive.py` reads ``split``) from a hardware profile
+    """The per-step rules' step cost (`drafters/machinery/step_judge.py` reads ``split``) from a hardware profile
     instead of the engine's online fit, so a replayed rule decides on the costs of that GPU: ``t0``
     is the step's target forward without drafts plus the proposer's host time, ``c_tok`` the cost
     of one more verified draft token, the secant from no drafts to `k` drafts per request (the

@@ -11,7 +11,7 @@ number of engines. `format_table` and `format_summary` print them (the `simulate
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class SimulationError(ScenarioError):
     """A result came out NaN or infinite: the scenario describes something the model cannot time."""
 
 
-def compare(sc, base: RunResult, spec: RunResult, placement_only: Optional[RunResult] = None) -> dict[str, Any]:
+def compare(sc, base: RunResult, spec: RunResult, placement_only: RunResult | None = None) -> dict[str, Any]:
     gpus = spec.num_engines * sc.hardware.gpus_per_engine
     serving = sc.workload.steady_state        # no trainer: nothing waits for the rollouts
     sync = sc.rl.mode == "sync" and not serving
@@ -117,7 +117,7 @@ def calibration_variants(path: str, overrides: list[str] = ()) -> list[tuple[Any
 
 
 def check_calibration_points(path: str, overrides: list[str] = (),
-                             variants: Optional[list[tuple[Any, Any]]] = None) -> list[dict[str, Any]]:
+                             variants: list[tuple[Any, Any]] | None = None) -> list[dict[str, Any]]:
     """Each of the scenario's `calibration_points`: the variant simulated (scenario file at
     `path` with the point's overrides, then the caller's) and its targets checked; `variants`:
     `calibration_variants` already loaded."""
@@ -154,7 +154,7 @@ def check_sweeps(sc) -> None:
     if a.per_position is None and a.spread > 0:
         for alpha in sc.sweep.alpha:
             try:
-                acc.spread_mean(alpha, a.decay, a.spread, a.measured_at_k or sc.speculation.k)
+                acc.spread_mean(alpha, a.decay, a.spread, a.measured_at_k or sc.speculation.num_speculative_tokens)
             except ValueError as e:
                 raise ScenarioError(f"{sc.source}: scenario.sweep.alpha: got {alpha!r}; allowed: alphas that "
                                     f"acceptance.spread can keep ({e})") from None
@@ -199,7 +199,7 @@ def _simulate(sc, sweeps: bool) -> dict[str, Any]:
     base = simulate_rl(sc, speculative=False, placement=sc.baseline.placement, batches=batches)
     spec = simulate_rl(sc, speculative=True, batches=batches)
     p_only = None
-    if sc.speculation.placement != sc.baseline.placement:
+    if sc.speculation.scheduling.placement != sc.baseline.placement:
         p_only = simulate_rl(sc, speculative=False, batches=batches)
     metrics = compare(sc, base, spec, p_only)
     cm = CostModel.from_scenario(sc)
@@ -207,7 +207,7 @@ def _simulate(sc, sweeps: bool) -> dict[str, Any]:
         "scenario": sc.name,
         **metrics,
         "alpha": sc.alpha,
-        "k": sc.speculation.k,
+        "k": sc.speculation.num_speculative_tokens,
         "num_engines": sc.cluster.num_engines,
         "mode": "serving" if sc.workload.steady_state else sc.rl.mode,
         "cost_model": _cost_summary(sc, cm),
@@ -234,10 +234,10 @@ def _cost_summary(sc, cm: CostModel) -> dict[str, Any]:
     measured = {"measured": sc.hardware.roofline.measured, "fit": fit} if fit else {}
     return {"form": "roofline", **measured, "kv_capacity_tokens": kv, "typical_context": ctx,
             "step_s_batch_1": cm.mean_step_time(1, 0, ctx), f"step_s_batch_{b}": cm.mean_step_time(b, 0, ctx),
-            f"step_s_batch_{b}_k": cm.mean_step_time(b, sc.speculation.k, ctx)}
+            f"step_s_batch_{b}_k": cm.mean_step_time(b, sc.speculation.num_speculative_tokens, ctx)}
 
 
-def run_sweeps(sc, base: Optional[RunResult] = None, batches=None) -> dict[str, list[dict[str, float]]]:
+def run_sweeps(sc, base: RunResult | None = None, batches=None) -> dict[str, list[dict[str, float]]]:
     if batches is None:
         batches = make_batches(sc.workload, sc.rl.num_steps, sc.seed)
     if base is None:
@@ -317,11 +317,13 @@ def format_table(res: dict[str, Any]) -> str:
              f"alpha={_fmt(res['alpha'])}, mean accepted length {_fmt(res['mean_accepted_length'])}"]
     fit = res.get("cost_model", {}).get("fit")
     if fit:
-        lines.append(f"roofline fitted on {fit['samples']} measured forwards ({res['cost_model']['measured']}, "
-                     f"{fit['device']}): {fit['mem_bw_Bps'] / 1e12:.2f} TB/s, {fit['flops_per_s'] / 1e12:.0f} TFLOP/s, "
-                     f"{fit['overhead_s'] * 1e3:.2f} ms per step, {fit['overhead_per_seq_s'] * 1e6:.1f} us per request, "
-                     f"+{fit['eager_overhead_s'] * 1e3:.2f} ms eager; relative residual median "
-                     f"{fit['median_rel_residual']:.1%}, max {fit['max_rel_residual']:.1%}")
+        lines.append(
+            f"roofline fitted on {fit['samples']} measured forwards ({res['cost_model']['measured']}, "
+            f"{fit['device']}): {fit['mem_bw_Bps'] / 1e12:.2f} TB/s, {fit['flops_per_s'] / 1e12:.0f} TFLOP/s, "
+            f"{fit['overhead_s'] * 1e3:.2f} ms per step, {fit['overhead_per_seq_s'] * 1e6:.1f} us per request, "
+            f"+{fit['eager_overhead_s'] * 1e3:.2f} ms eager; relative residual median "
+            f"{fit['median_rel_residual']:.1%}, max {fit['max_rel_residual']:.1%}"
+        )
     for r in cells:
         lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
     cal = res.get("calibration")
@@ -329,7 +331,9 @@ def format_table(res: dict[str, Any]) -> str:
         lines.append("")
         lines.append("calibration (published figure -> simulated):")
         if res.get("overrides"):
-            lines.append(f"  (with overrides {' '.join(res['overrides'])}: the figures describe the scenario as shipped)")
+            lines.append(
+                f"  (with overrides {' '.join(res['overrides'])}: the figures describe the scenario as shipped)"
+            )
         lines += _calibration_lines(cal)
     for pt in res.get("calibration_points") or []:
         lines.append(f"calibration point {pt['name']!r} ({' '.join(pt['overrides'])}):")

@@ -16,19 +16,22 @@ file, then in configs/sim/) and overrides its keys. Reading, overrides (`key=val
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
+import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_lookups, config_path
 from nemo_rl_specdec.scheduling.budget import expected_accepted
+from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict, k_by_batch_size_table
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
 
@@ -86,7 +89,7 @@ MAX_GPUS_PER_ENGINE = 1024
 MAX_TRAINING_GPUS = 1_000_000
 MAX_NUM_SEQS = 4096               # hardware.max_num_seqs
 MAX_CAPTURE_SIZE = 65_536
-MAX_K = 64                        # speculation.k (vLLM's num_speculative_tokens)
+MAX_K = 64                        # speculation.num_speculative_tokens
 MAX_BUDGET_INTERVAL = 1_000_000
 MAX_LIST = 1_000_000              # measured lengths, samples
 MAX_SWEEP_POINTS = 32
@@ -100,7 +103,7 @@ MIN_SPREAD = 1e-3                 # acceptance.spread: 0, or a spread a Beta dis
 # recomputations, acceptance segments and engine-steps, each counted as one event
 # (`Scenario.work`); the largest bundled scenario needs about 0.22 M
 MAX_EVENTS_PER_RUN = 1_000_000
-# `speculation.k_by_batch_size: auto` prices every batch size 1..max_num_seqs at every d = 0..k
+# `speculation.scheduling.k: auto` prices every batch size 1..max_num_seqs at every d = 0..k
 MAX_K_AUTO_EVALS = 65_536
 
 
@@ -158,7 +161,7 @@ class ModelSpec(_Strict):
     num_layers: int = Field(0, ge=0, le=10_000)
     hidden_size: int = Field(0, ge=0, le=1_000_000)
     activation_bytes: int = Field(2, ge=1, le=8)
-    experts: Optional[Experts] = None
+    experts: Experts | None = None
 
     def shape(self) -> ModelShape:
         e = self.experts
@@ -173,29 +176,29 @@ class RooflineSpec(_Strict):
     overhead of a forward, the CUDA-graph capture sizes and the tensor-parallel link; or
     `measured`: the first five fitted on timed forwards (`tools/time_forward.py`, sim/fit.py)."""
 
-    measured: Optional[str] = Field(
+    measured: str | None = Field(
         None, description="a time_forward samples JSON (a path, or a name below configs/sim/): mem_bw_Bps, "
                           "flops_per_s, overhead_s, eager_overhead_s and overhead_per_seq_s are fitted on it")
-    mem_bw_Bps: Optional[float] = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
+    mem_bw_Bps: float | None = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
                                         description="effective HBM bandwidth per GPU, bytes/s", **_unit("B/s"))
-    flops_per_s: Optional[float] = Field(None, ge=FLOP_RATE[0], le=FLOP_RATE[1], description="effective dense FLOP/s "
+    flops_per_s: float | None = Field(None, ge=FLOP_RATE[0], le=FLOP_RATE[1], description="effective dense FLOP/s "
                                          "per GPU at the model's precision", **_unit("FLOP/s"))
-    overhead_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="fixed time per forward: launch, "
+    overhead_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="fixed time per forward: launch, "
                                         "scheduling, sampling", **_unit("s"))
-    capture_sizes: Union[Literal["vllm", "none"], list[int]] = "none"
+    capture_sizes: Literal["vllm", "none"] | list[int] = "none"
     max_capture_size: int = Field(512, ge=1, le=MAX_CAPTURE_SIZE, description="the largest vLLM default capture size")
-    eager_overhead_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="extra time of a step past "
+    eager_overhead_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="extra time of a step past "
                                               "the largest capture size", **_unit("s"))
-    overhead_per_seq_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="time per request in a "
+    overhead_per_seq_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="time per request in a "
                                                 "step", **_unit("s"))
-    allreduce_bw_Bps: Optional[float] = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
+    allreduce_bw_Bps: float | None = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
                                               description="tensor-parallel link bandwidth per GPU", **_unit("B/s"))
     allreduce_latency_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="latency of one all-reduce",
                                        **_unit("s"))
-    _fit: Optional[dict] = PrivateAttr(None)
+    _fit: dict | None = PrivateAttr(None)
 
     @property
-    def fit(self) -> Optional[dict]:
+    def fit(self) -> dict | None:
         """The fit of `measured` (constants, residuals), None for data-sheet constants."""
         return self._fit
 
@@ -261,21 +264,21 @@ class Hardware(_Strict):
 
     name: str = "custom"
     gpus_per_engine: int = Field(1, ge=1, le=MAX_GPUS_PER_ENGINE)
-    c_base_s: Optional[float] = Field(None, ge=MIN_STEP_BASE_S, le=MAX_STEP_COST_S,
+    c_base_s: float | None = Field(None, ge=MIN_STEP_BASE_S, le=MAX_STEP_COST_S,
                                       description="fixed cost of one target forward (s)", **_unit("s"))
-    c_tok_s: Optional[float] = Field(None, ge=0, le=MAX_STEP_COST_S, description="cost per token processed in the "
+    c_tok_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="cost per token processed in the "
                                      "step (s)", **_unit("s"))
     c_ctx_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per context token per request per step: "
                            "KV reads (s)", **_unit("s"))
     c_seq_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per request in the step (scheduling, "
                            "sampling) (s)", **_unit("s"))
-    fit_samples: Optional[list[tuple[float, float]]] = Field(
+    fit_samples: list[tuple[float, float]] | None = Field(
         None, description="[[tokens_in_step, seconds], ...]: c_base_s and c_tok_s fitted by least squares"
     )
     max_num_seqs: int = Field(256, ge=1, le=MAX_NUM_SEQS, description="requests decoded concurrently per engine")
-    roofline: Optional[RooflineSpec] = None
-    kv_capacity_tokens: Optional[int] = Field(None, ge=1, le=MAX_KV_TOKENS, description="KV cache tokens per engine")
-    memory_bytes: Optional[float] = Field(None, ge=GPU_MEMORY_BYTES[0], le=GPU_MEMORY_BYTES[1],
+    roofline: RooflineSpec | None = None
+    kv_capacity_tokens: int | None = Field(None, ge=1, le=MAX_KV_TOKENS, description="KV cache tokens per engine")
+    memory_bytes: float | None = Field(None, ge=GPU_MEMORY_BYTES[0], le=GPU_MEMORY_BYTES[1],
                                           description="memory per GPU (derives kv_capacity_tokens)", **_unit("bytes"))
     memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization")
 
@@ -317,7 +320,7 @@ class Hardware(_Strict):
                 raise _PathError("hardware.fit_samples", self.fit_samples, str(e)) from None
         return self
 
-    def roofline_model(self) -> Optional[Roofline]:
+    def roofline_model(self) -> Roofline | None:
         r = self.roofline
         if r is None:
             return None
@@ -338,7 +341,7 @@ class Drafter(_Strict):
     given, plus `fwd_base_s`."""
 
     name: str = Field("suffix", description="a registered or published drafter (kind implied), or 'custom'")
-    kind: Optional[Literal["list", "model", "block"]] = None
+    kind: Literal["list", "model", "block"] | None = None
     fwd_base_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="fixed cost of one draft forward",
                               **_unit("s"))
     tok_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per draft token", **_unit("s"))
@@ -350,7 +353,7 @@ class Drafter(_Strict):
         0.0, ge=0, le=MAX_STEP_COST_S, description="fixed cost of a speculative step (rejection sampling; list "
         "drafters: the host sync)", **_unit("s"))
     coverage: float = Field(1.0, gt=0, le=1, description="list drafters: share of request-steps with a match")
-    model: Optional[ModelSpec] = Field(None, description="the drafter's shape, for the roofline")
+    model: ModelSpec | None = Field(None, description="the drafter's shape, for the roofline")
 
     @model_validator(mode="after")
     def _kind(self):
@@ -374,25 +377,26 @@ class Acceptance(_Strict):
     alpha * decay**(j-1); decay 1 is geometric), conditional (those conditionals given
     directly), per_position (measured unconditional acceptance of positions 1, 2, ...),
     mean_accepted_length (tokens per step, bonus included, measured at `measured_at_k` drafts,
-    default speculation.k; alpha is solved from it with the given decay, so changing k keeps
+    default speculation.num_speculative_tokens; alpha is solved from it with the given decay, so changing k keeps
     the per-position acceptance when measured_at_k is given), or bench_json (a bench result's
     accepted_per_position). See sim/acceptance.py."""
 
-    alpha: Optional[float] = Field(None, ge=0, le=1)
-    conditional: Optional[list[float]] = None
-    per_position: Optional[list[float]] = None
-    mean_accepted_length: Optional[float] = Field(None, ge=1, le=MAX_K + 1)
-    bench_json: Optional[str] = Field(None, description="a `nemo-rl-specdec bench --json` file")
-    bench_result: Optional[str] = Field(None, description="the result's name in bench_json (default: the only one)")
-    measured_at_k: Optional[int] = Field(
-        None, ge=1, le=MAX_K, description="the k at which mean_accepted_length was measured (default: speculation.k)"
+    alpha: float | None = Field(None, ge=0, le=1)
+    conditional: list[float] | None = None
+    per_position: list[float] | None = None
+    mean_accepted_length: float | None = Field(None, ge=1, le=MAX_K + 1)
+    bench_json: str | None = Field(None, description="a `nemo-rl-specdec bench --json` file")
+    bench_result: str | None = Field(None, description="the result's name in bench_json (default: the only one)")
+    measured_at_k: int | None = Field(
+        None, ge=1, le=MAX_K, description="the k at which mean_accepted_length was measured (default: "
+        "speculation.num_speculative_tokens)"
     )
     decay: float = Field(1.0, gt=0, le=1, description="conditional acceptance falls by this factor per position")
-    trained_depth: Optional[int] = Field(
+    trained_depth: int | None = Field(
         None, ge=1, le=MAX_K, description="the deepest draft position the drafter was trained for (and its "
         "acceptance measured at): positions past it are credited no acceptance (none is extrapolated)")
     spread: float = Field(0.0, ge=0, le=0.5, description="std of a per-request alpha; keeps the mean accepted length")
-    by_response_position: Optional[list[list[float]]] = Field(
+    by_response_position: list[list[float]] | None = Field(
         None, description="[[from_position, factor], ...]: from that many response tokens on, a request's accepted "
         "drafts per step are multiplied by factor (never above its drafts); first from_position 0, ascending")
 
@@ -421,7 +425,7 @@ class Acceptance(_Strict):
         if self.by_response_position is not None:
             pts = self.by_response_position
             ok = (pts and len(pts) <= MAX_CURVE and all(len(p) == 2 and 0 <= p[1] <= MAX_FACTOR for p in pts)
-                  and pts[0][0] == 0 and all(a[0] < b[0] for a, b in zip(pts, pts[1:]))
+                  and pts[0][0] == 0 and all(a[0] < b[0] for a, b in zip(pts, pts[1:], strict=False))
                   and pts[-1][0] <= MAX_TOKENS)
             if not ok:
                 raise _PathError("acceptance.by_response_position", pts,
@@ -441,50 +445,81 @@ class Acceptance(_Strict):
         return self
 
 
-class Speculation(_Strict):
-    enabled: bool = True
-    k: int = Field(3, ge=1, le=MAX_K, description="num_speculative_tokens")
+class SpecScheduling(_Strict):
+    """`speculation.scheduling`: the run config's `speculative_decoding.scheduling` keys, plus what
+    only the simulator prices (`k: per_step`, `medium_k`, `budget_interval_steps`)."""
+
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
     budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
+    # [[batch_lo, batch_hi, k], ...], as the run config's
+    k_by_batch_size: list[tuple[int, int, int]] | None = None
+    # auto: k by batch size, the best for each batch size under the cost model (the run config's
+    # k: auto, with the model as the oracle); per_step: every d = 0..k priced at every event
+    k: Literal["auto", "per_step"] | None = None
     long_fraction: float = Field(0.25, gt=0, le=1)
     short_fraction: float = Field(0.25, ge=0, lt=1)
-    medium_k: Optional[int] = Field(None, ge=0, le=MAX_K)
-    k_by_batch_size: Union[None, Literal["auto", "per_step"], list[tuple[int, int, int]]] = None
+    medium_k: int | None = Field(None, ge=0, le=MAX_K)
     budget_interval_steps: int = Field(64, ge=1, le=MAX_BUDGET_INTERVAL, description="recompute budgets at least "
                                        "this often")
-    auto_disable: bool = Field(False, description="list drafters: the engines' per-step off switch "
-                               "(speculative_decoding.auto_disable), judged at every event")
 
     @field_validator("k_by_batch_size", mode="before")
     @classmethod
-    def _triples(cls, v):
-        return _tuples(v, 3, "[batch_lo, batch_hi, k]")
+    def _k_table(cls, v):
+        return k_by_batch_size_table(v)
+
+    @property
+    def k_schedule(self) -> None | str | list[tuple[int, int, int]]:
+        """What sets k per batch size: 'auto', 'per_step', the table, or None (k throughout)."""
+        return self.k if self.k is not None else self.k_by_batch_size
+
+
+class Speculation(_Strict):
+    """`speculation`: the run config's `speculative_decoding` names for what the simulator prices."""
+
+    enabled: bool = True
+    num_speculative_tokens: int = Field(3, ge=1, le=MAX_K)
+    auto_disable: bool = Field(False, description="list drafters: the engines' per-step off switch "
+                               "(speculative_decoding.auto_disable), judged at every event")
+    scheduling: SpecScheduling = SpecScheduling()
 
     @model_validator(mode="after")
     def _check(self):
-        if self.auto_disable and self.budget == "adaptive":
-            raise _PathError("speculation.auto_disable", True, "false with budget: adaptive, which already drafts "
-                             "nothing where no draft token pays")
-        if self.long_fraction + self.short_fraction > 1:
-            raise _PathError("speculation.short_fraction", self.short_fraction,
-                             f"<= 1 - long_fraction = {1 - self.long_fraction:g} (long_fraction + short_fraction <= 1)")
-        if self.medium_k is not None and self.medium_k > self.k:
-            raise _PathError("speculation.medium_k", self.medium_k, f"<= k = {self.k}")
-        if isinstance(self.k_by_batch_size, list):
-            table = self.k_by_batch_size
+        s, k = self.scheduling, self.num_speculative_tokens
+        if self.auto_disable and s.budget == "adaptive":
+            raise _PathError("speculation.auto_disable", True, "false with scheduling.budget: adaptive, which "
+                             "already drafts nothing where no draft token pays")
+        if s.long_fraction + s.short_fraction > 1:
+            raise _PathError("speculation.scheduling.short_fraction", s.short_fraction,
+                             f"<= 1 - long_fraction = {1 - s.long_fraction:g} (long_fraction + short_fraction <= 1)")
+        if s.medium_k is not None and s.medium_k > k:
+            raise _PathError("speculation.scheduling.medium_k", s.medium_k, f"<= num_speculative_tokens = {k}")
+        if s.k is not None and s.k_by_batch_size is not None:
+            raise _PathError("speculation.scheduling.k_by_batch_size", _short(s.k_by_batch_size),
+                             f"null with scheduling.k: {s.k}, which sets k per batch size itself")
+        table = s.k_by_batch_size
+        if table is not None:
             if not table or len(table) > MAX_NUM_SEQS:
-                raise _PathError("speculation.k_by_batch_size", _short(table),
-                                 f"'auto', 'per_step' or 1 to {MAX_NUM_SEQS} [batch_lo, batch_hi, k] ranges")
-            prev = 0
+                raise _PathError("speculation.scheduling.k_by_batch_size", _short(table),
+                                 f"1 to {MAX_NUM_SEQS} [batch_lo, batch_hi, k] ranges (or scheduling.k: auto | "
+                                 "per_step)")
             for i, (lo, hi, kk) in enumerate(table):
-                if i == 0 and lo != 1:
-                    raise ValueError("k_by_batch_size: the first range must start at 1 (vLLM requires it)")
-                if hi < lo or lo <= prev or hi > 10 ** 9 or kk < 0 or kk > self.k:
-                    raise _PathError(f"speculation.k_by_batch_size.{i}", [lo, hi, kk],
-                                     f"ascending non-overlapping ranges [batch_lo, batch_hi, k] with batch_hi <= 1e9 "
-                                     f"and 0 <= k <= speculation.k = {self.k}")
-                prev = hi
+                if hi > 10 ** 9 or kk > k:
+                    raise _PathError(f"speculation.scheduling.k_by_batch_size.{i}", [lo, hi, kk],
+                                     f"ranges with batch_hi <= 1e9 and k <= num_speculative_tokens = {k}")
         return self
+
+
+# Keys of the speculation block renamed to the run config's names: the old key -> the new one.
+RENAMED_SPECULATION_KEYS = {
+    "k": "num_speculative_tokens",
+    "placement": "scheduling.placement",
+    "budget": "scheduling.budget",
+    "long_fraction": "scheduling.long_fraction",
+    "short_fraction": "scheduling.short_fraction",
+    "medium_k": "scheduling.medium_k",
+    "budget_interval_steps": "scheduling.budget_interval_steps",
+    "k_by_batch_size": "scheduling.k_by_batch_size (a table) or scheduling.k (auto | per_step)",
+}
 
 
 class Lengths(_Strict):
@@ -499,8 +534,8 @@ class Lengths(_Strict):
     sigma_within: float = Field(0.5, ge=0, le=MAX_SIGMA)
     min_len: int = Field(1, ge=1, le=MAX_TOKENS, **_unit("tokens"))
     max_len: int = Field(8192, ge=1, le=MAX_TOKENS, **_unit("tokens"))
-    values: Optional[list[int]] = None
-    groups: Optional[list[list[int]]] = None
+    values: list[int] | None = None
+    groups: list[list[int]] | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -555,8 +590,8 @@ class RL(_Strict):
     refit_s: float = Field(0.0, ge=0, le=MAX_PHASE_S, description="weight update of the engines (blocks generation)",
                            **_unit("s"))
     refit_blocks_training: bool = Field(False, description="async: the trainer also waits for the refit")
-    colocated: Optional[bool] = Field(None, description="generation and training on the same GPUs (default: sync)")
-    training_gpus: Optional[int] = Field(None, ge=1, le=MAX_TRAINING_GPUS, description="GPUs of the training pool "
+    colocated: bool | None = Field(None, description="generation and training on the same GPUs (default: sync)")
+    training_gpus: int | None = Field(None, ge=1, le=MAX_TRAINING_GPUS, description="GPUs of the training pool "
                                          "(default: generation's)")
     training_flops_per_s: float = Field(0.0, ge=0, le=FLOP_RATE[1], description="effective FLOP/s per training GPU "
                                         "(0: not given)", **_unit("FLOP/s"))
@@ -589,7 +624,7 @@ class Baseline(_Strict):
 class Sweep(_Strict):
     k: list[int] = [1, 2, 3, 4, 5, 6, 8]
     alpha: list[float] = [0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-    num_engines: Optional[list[int]] = Field(None, description="default: cluster size x 1/4, 1/2, 1, 2, 4")
+    num_engines: list[int] | None = Field(None, description="default: cluster size x 1/4, 1/2, 1, 2, 4")
     cluster_scaling: Literal["strong", "weak"] = Field(
         "weak", description="weak: prompts per step grow with the cluster; strong: fixed batch"
     )
@@ -609,10 +644,10 @@ class Sweep(_Strict):
 class Target(_Strict):
     """A published figure: `value` within +-`tolerance` (relative), or a [min, max] range."""
 
-    value: Optional[float] = None
+    value: float | None = None
     tolerance: float = Field(0.10, ge=0, le=10)
-    min: Optional[float] = None
-    max: Optional[float] = None
+    min: float | None = None
+    max: float | None = None
     source: str = ""
 
     @model_validator(mode="after")
@@ -643,7 +678,7 @@ class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seeds every random draw (numpy needs it >= 0)")
-    model: Optional[ModelSpec] = Field(None, description="the target model's shape (the roofline needs it)")
+    model: ModelSpec | None = Field(None, description="the target model's shape (the roofline needs it)")
     hardware: Hardware
     cluster: Cluster = Cluster()
     drafter: Drafter = Drafter()
@@ -653,11 +688,13 @@ class Scenario(_Strict):
     rl: RL = RL()
     baseline: Baseline = Baseline()
     sweep: Sweep = Sweep()
-    calibration: Optional[dict[str, Target]] = Field(None, description="published figures to reproduce; null drops an extended file's")
-    calibration_points: Optional[list[CalibrationPoint]] = Field(
+    calibration: dict[str, Target] | None = Field(
+        None, description="published figures to reproduce; null drops an extended file's"
+    )
+    calibration_points: list[CalibrationPoint] | None = Field(
         None, max_length=MAX_SWEEP_POINTS, description="variants of this scenario (overrides) with their published "
         "figures")
-    _source: Optional[str] = PrivateAttr(None)
+    _source: str | None = PrivateAttr(None)
 
     @property
     def source(self) -> str:
@@ -670,13 +707,13 @@ class Scenario(_Strict):
             raise _PathError(
                 "speculation.auto_disable", True,
                 f"false for model drafter {self.drafter.name!r}: vLLM fixes its k per batch size at engine start; "
-                "use speculation.k_by_batch_size",
+                "use speculation.scheduling.k_by_batch_size or scheduling.k",
             )
-        if self.drafter.kind == "model" and self.speculation.budget != "uniform":
+        if self.drafter.kind == "model" and self.speculation.scheduling.budget != "uniform":
             raise _PathError(
-                "speculation.budget", self.speculation.budget,
+                "speculation.scheduling.budget", self.speculation.scheduling.budget,
                 f"'uniform' for model drafter {self.drafter.name!r}: per-request budgets need a list drafter "
-                "(suffix, ngram); use speculation.k_by_batch_size for model drafters",
+                "(suffix, ngram); use speculation.scheduling.k_by_batch_size or scheduling.k for model drafters",
             )
         self._check_costs()
         for key in self.calibration or {}:
@@ -690,7 +727,7 @@ class Scenario(_Strict):
         a = self.acceptance
         if a.measured_at_k is not None and a.mean_accepted_length is None:
             raise _PathError("acceptance.measured_at_k", a.measured_at_k, "null unless mean_accepted_length is given")
-        at_k = a.measured_at_k or self.speculation.k
+        at_k = a.measured_at_k or self.speculation.num_speculative_tokens
         if a.mean_accepted_length is not None and a.mean_accepted_length > at_k + 1:
             raise _PathError(
                 "acceptance.mean_accepted_length", a.mean_accepted_length,
@@ -715,16 +752,16 @@ class Scenario(_Strict):
             except ValueError as e:
                 raise _PathError("acceptance.spread", a.spread, str(e)) from None
         self._check_kv()
-        sp = self.speculation
+        sp = self.speculation.scheduling
         if sp.medium_k is not None and sp.budget == "length_aware" and min(self.sweep.k) < sp.medium_k:
-            raise _PathError("sweep.k", self.sweep.k, f"values >= speculation.medium_k = {sp.medium_k} "
+            raise _PathError("sweep.k", self.sweep.k, f"values >= speculation.scheduling.medium_k = {sp.medium_k} "
                              "(a length_aware budget gives medium requests medium_k <= k drafts)")
         self.check_work()
         return self
 
     # ------------------------------------------------------------------ work
-    def work(self, k: Optional[int] = None, num_engines: Optional[int] = None,
-             num_prompts: Optional[int] = None) -> tuple[int, str, str]:
+    def work(self, k: int | None = None, num_engines: int | None = None,
+             num_prompts: int | None = None) -> tuple[int, str, str]:
         """(events, key, what) of one simulated run with these overrides (the sweeps'): an upper
         estimate of the simulator's work in events (docs/simulator.md, "Limits"), the key that
         contributes most, and the sum spelled out. Counted: every request and history draw, every
@@ -734,24 +771,26 @@ class Scenario(_Strict):
         priced at every event) and times 4 with `budget: adaptive` or `auto_disable` (every
         request's draft is judged at every event)."""
         wl, sp, hw = self.workload, self.speculation, self.hardware
-        k = sp.k if k is None else k
+        sched = sp.scheduling
+        k = sp.num_speculative_tokens if k is None else k
         E = self.cluster.num_engines if num_engines is None else num_engines
         P = wl.num_prompts if num_prompts is None else num_prompts
         G, H, N = wl.generations_per_prompt, wl.history_rollouts, self.rl.num_steps
         per_step = P * G
         requests, history = per_step * N, P * H * N
         budgets = 0
-        if sp.enabled and sp.budget != "uniform":
+        if sp.enabled and sched.budget != "uniform":
             busy = min(E, per_step)
             active = min(hw.max_num_seqs, -(-per_step // busy))
             waves = -(-per_step // (busy * hw.max_num_seqs))
-            budgets = busy * N * waves * -(-wl.lengths.max_len // sp.budget_interval_steps) * max(1, active // 8)
+            budgets = busy * N * waves * -(-wl.lengths.max_len // sched.budget_interval_steps) * max(1, active // 8)
         segments = requests * (len(self.acceptance.by_response_position or [[0, 1]]) - 1)
         parts = {"workload.num_prompts": requests, "workload.history_rollouts": history,
-                 "speculation.budget_interval_steps": budgets, "acceptance.by_response_position": segments,
+                 "speculation.scheduling.budget_interval_steps": budgets,
+                 "acceptance.by_response_position": segments,
                  "cluster.num_engines": E * N}
-        factor = ((k + 1) if sp.enabled and sp.k_by_batch_size == "per_step" else 1) \
-            * (4 if sp.enabled and (sp.budget == "adaptive" or sp.auto_disable) else 1)
+        factor = ((k + 1) if sp.enabled and sched.k == "per_step" else 1) \
+            * (4 if sp.enabled and (sched.budget == "adaptive" or sp.auto_disable) else 1)
         events = sum(parts.values()) * factor
         what = " + ".join(f"{v:,} {name}" for v, name in (
             (requests, f"requests ({P:,} prompts x {G} x {N} steps)"), (history, "history draws"),
@@ -759,23 +798,25 @@ class Scenario(_Strict):
             (E * N, "engine-steps")) if v) + (f", x {factor} (drafts judged at every event)" if factor > 1 else "")
         key = max(parts, key=parts.get)
         if factor > 1 and parts[key] * factor > MAX_EVENTS_PER_RUN >= sum(parts.values()):
-            key = "speculation.k_by_batch_size" if sp.k_by_batch_size == "per_step" else "speculation.budget"
+            key = "speculation.scheduling.k" if sched.k == "per_step" else "speculation.scheduling.budget"
         return events, key, what
 
-    def check_work(self, k: Optional[int] = None, num_engines: Optional[int] = None,
-                   num_prompts: Optional[int] = None, at: Optional[tuple[str, Any]] = None) -> None:
+    def check_work(self, k: int | None = None, num_engines: int | None = None,
+                   num_prompts: int | None = None, at: tuple[str, Any] | None = None) -> None:
         """Refuse a run whose `work` exceeds MAX_EVENTS_PER_RUN, or whose k-by-batch-size table
         (`auto`) prices more than MAX_K_AUTO_EVALS steps. The error names the key that contributes
         most, or `at` (key, value): the sweep that asked for the run."""
         events, key, what = self.work(k, num_engines, num_prompts)
         if events > MAX_EVENTS_PER_RUN:
             name, value = at or (key, _short(self._get(key)))
-            hint = {"speculation.budget_interval_steps": "make speculation.budget_interval_steps larger (or "
-                                                         "workload.lengths.max_len smaller)",
+            hint = {"speculation.scheduling.budget_interval_steps": "make speculation.scheduling.budget_interval_steps "
+                                                                    "larger (or workload.lengths.max_len smaller)",
                     "acceptance.by_response_position": "give fewer acceptance.by_response_position segments",
                     "cluster.num_engines": "make cluster.num_engines or rl.num_steps smaller",
-                    "speculation.k_by_batch_size": "make speculation.k smaller or give k_by_batch_size as a list",
-                    "speculation.budget": "make the workload smaller or use another speculation.budget",
+                    "speculation.scheduling.k": "make speculation.num_speculative_tokens smaller or give "
+                                                "scheduling.k_by_batch_size as a list",
+                    "speculation.scheduling.budget": "make the workload smaller or use another "
+                                                     "speculation.scheduling.budget",
                     }.get(key, "make workload.num_prompts, generations_per_prompt, history_rollouts or rl.num_steps "
                                "smaller")
             if at is not None:
@@ -784,10 +825,10 @@ class Scenario(_Strict):
             raise _PathError(name, value, f"a run of at most {MAX_EVENTS_PER_RUN:,} simulated events; this one needs "
                              f"about {events:,} ({what}): {hint}")
         sp = self.speculation
-        k = sp.k if k is None else k
+        k = sp.num_speculative_tokens if k is None else k
         evals = self.hardware.max_num_seqs * (k + 1)
-        if sp.enabled and sp.k_by_batch_size == "auto" and evals > MAX_K_AUTO_EVALS:
-            name, value = at or ("speculation.k_by_batch_size", "auto")
+        if sp.enabled and sp.scheduling.k == "auto" and evals > MAX_K_AUTO_EVALS:
+            name, value = at or ("speculation.scheduling.k", "auto")
             raise _PathError(name, value, f"at most {MAX_K_AUTO_EVALS:,} step prices for the k-by-batch-size table "
                              f"(auto): hardware.max_num_seqs {self.hardware.max_num_seqs:,} x (k + 1 = {k + 1}) = "
                              f"{evals:,}; give the table as a list, or lower max_num_seqs or k")
@@ -817,7 +858,7 @@ class Scenario(_Strict):
             raise _PathError("drafter.model", None, f"the {self.drafter.name} drafter's shape (or drafter.fwd_base_s)")
 
     @property
-    def kv_capacity_tokens(self) -> Optional[float]:
+    def kv_capacity_tokens(self) -> float | None:
         """KV cache tokens per engine: given, or what memory_bytes leaves after the weights."""
         hw = self.hardware
         if hw.kv_capacity_tokens is not None:
@@ -839,7 +880,7 @@ class Scenario(_Strict):
         cap = self.kv_capacity_tokens
         if cap is None:
             return
-        need = self.workload.prompt_len + self.workload.lengths.max_len + self.speculation.k + 1
+        need = self.workload.prompt_len + self.workload.lengths.max_len + self.speculation.num_speculative_tokens + 1
         if cap < need:
             key = "hardware.kv_capacity_tokens" if hw.kv_capacity_tokens is not None else "hardware.memory_bytes"
             raise _PathError(key, getattr(hw, key.split(".")[1]),
@@ -848,18 +889,19 @@ class Scenario(_Strict):
 
     # ------------------------------------------------------------------ derived
     @property
-    def alpha(self) -> Optional[float]:
+    def alpha(self) -> float | None:
         """alpha of the conditionals alpha * decay**(j-1) (solved when mean_accepted_length is
         given); None for a measured curve."""
         a = self.acceptance
         if a.alpha is not None:
             return a.alpha
         if a.mean_accepted_length is not None:
-            return acc.solve_alpha(a.mean_accepted_length, a.measured_at_k or self.speculation.k, a.decay)
+            at_k = a.measured_at_k or self.speculation.num_speculative_tokens
+            return acc.solve_alpha(a.mean_accepted_length, at_k, a.decay)
         return None
 
     @property
-    def acceptance_model(self) -> Union[float, list[float]]:
+    def acceptance_model(self) -> float | list[float]:
         """What the scheduling code takes as `acceptance`: alpha (geometric) or the unconditional
         per-position curve."""
         a = self.acceptance
@@ -908,13 +950,13 @@ def _num(x: float) -> str:
 def _unwrap(ann: Any) -> tuple[Any, bool]:
     """(the annotation inside Optional[...], whether it was Optional)."""
     args = typing.get_args(ann)
-    if typing.get_origin(ann) is Union and type(None) in args:
+    if typing.get_origin(ann) in (Union, types.UnionType) and type(None) in args:   # X | None and X | None
         rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else Union[tuple(rest)]), True
+        return (rest[0] if len(rest) == 1 else functools.reduce(operator.or_, rest)), True
     return ann, False
 
 
-def _field_at(loc: tuple) -> tuple[Optional[Any], Optional[type]]:
+def _field_at(loc: tuple) -> tuple[Any | None, type | None]:
     """(the field named by a validation error's `loc`, the model that holds it); (None, model) when
     `loc` ends inside a list or mapping or does not name a field, with the model reached last."""
     ann: Any = Scenario
@@ -937,7 +979,7 @@ def _field_at(loc: tuple) -> tuple[Optional[Any], Optional[type]]:
     return info, holder
 
 
-def _range(info: Any) -> Optional[str]:
+def _range(info: Any) -> str | None:
     """What a numeric field allows, from its bounds: "an integer from 1 to 64", "a number > 0 and
     <= 1", with its unit, "or null" when it may be null; None for other fields."""
     ann, optional = _unwrap(info.annotation)
@@ -1024,7 +1066,7 @@ def _is(path: Path, kind: str) -> bool:
         return False
 
 
-def validate_scenario(raw: Any, source: Optional[Union[str, Path]] = None) -> Scenario:
+def validate_scenario(raw: Any, source: str | Path | None = None) -> Scenario:
     """The scenario of a resolved mapping; a ScenarioError naming `source` (the file) and each key at
     fault, one per line, otherwise."""
     where = f"{source}: " if source is not None else ""
@@ -1038,11 +1080,20 @@ def validate_scenario(raw: Any, source: Optional[Union[str, Path]] = None) -> Sc
         raise ScenarioError(f"{where}a run file (it has a policy: block), not a simulator scenario; allowed: a "
                             "scenario with hardware: and acceptance: (configs/sim/); run files are for validate, "
                             "generate, demo and bench")
-    unknown = [k for k in keys if k not in Scenario.model_fields]
+    unknown = [k for k in keys if k not in Scenario.model_fields and k != "hardware_profile"]
     if unknown and not {"hardware", "acceptance"} & set(keys):
         raise ScenarioError(f"{where}not a simulator scenario: no hardware: or acceptance:, and keys a scenario does "
                             f"not have ({_short(unknown)}); allowed: a mapping with hardware: and acceptance: "
                             "(docs/simulator.md)")
+    spec = raw.get("speculation")
+    renamed = [k for k in spec if k in RENAMED_SPECULATION_KEYS] if isinstance(spec, dict) else []
+    if renamed:
+        lines = [f"scenario.speculation.{k}: renamed to speculation.{RENAMED_SPECULATION_KEYS[k]} (the run "
+                 "config's name)" for k in renamed]
+        more = f" (and {len(lines) - 1} more below)" if len(lines) > 1 else ""
+        raise ScenarioError(where + lines[0] + more + "".join(f"\n  {line}" for line in lines[1:]))
+    if "hardware_profile" in raw:
+        raw = with_profile(raw, where)
     try:
         sc = Scenario.model_validate(raw)
     except ValidationError as e:
@@ -1054,7 +1105,83 @@ def validate_scenario(raw: Any, source: Optional[Union[str, Path]] = None) -> Sc
     return sc
 
 
-def resolve_scenario_path(path: str, relative_to: Optional[Path] = None) -> Path:
+# what `hardware_profile` gives a scenario, and so what the scenario may not give itself
+PROFILE_GIVES = {"model": None, "hardware": ("roofline", "c_base_s", "c_tok_s", "c_ctx_s", "c_seq_s", "fit_samples"),
+                 "drafter": ("kind", "model", "fwd_base_s", "tok_s", "ctx_s", "per_request_s", "step_overhead_s")}
+
+
+def priced_by_layers(d: Drafter, hardware: Hardware, target: ModelSpec) -> Drafter:
+    """A model or block drafter without its own `fwd_base_s` gets the target forward's fitted fixed
+    time per layer times its layers (the device check timed the drafts beside the target: the
+    fixed time of a forward grows with its layers)."""
+    if d.kind in ("model", "block") and d.model is not None and "fwd_base_s" not in d.model_fields_set:
+        if not (d.model.num_layers and target.num_layers and hardware.roofline is not None):
+            raise ValueError(f"drafter {d.name!r}: model.num_layers (and the target's, and a roofline) are needed to "
+                             "price its fixed time per forward by layers; or give its fwd_base_s")
+        d.fwd_base_s = float(hardware.roofline.overhead_s) / target.num_layers * d.model.num_layers
+    return d
+
+
+def profile_path(name: str) -> Path:
+    """A hardware profile by name (configs/hardware/NAME.yaml) or path."""
+    found = next((p for p in [Path(name), *config_lookups(f"{name}.yaml", "hardware"),
+                              *config_lookups(name, "hardware")] if _is(p, "file")), None)
+    if found is None:
+        names = sorted(p.stem for p in config_path("hardware").glob("*.yaml"))
+        raise ScenarioError(f"--hardware: {name!r}; allowed: {names} or a profile file's path")
+    return found
+
+
+def with_profile(raw: dict, where: str = "") -> dict:
+    """`raw` with `hardware_profile: NAME` (configs/hardware/, sim/hardware.py) replaced by what the
+    profile prices: the target's shape (`model`), the roofline (`hardware.roofline`, and
+    `memory_bytes` unless given), and the costs of the drafter named by `drafter.name`
+    (`drafter.profile_entry` names another entry, e.g. `das` or `vllm_suffix` for the suffix
+    drafter): the one cost model the priced benches use."""
+    raw = dict(raw)
+    name = raw.pop("hardware_profile")
+    if not isinstance(name, str):
+        raise ScenarioError(f"{where}hardware_profile: got {name!r}; allowed: a profile name in configs/hardware/")
+    for key, fields in PROFILE_GIVES.items():
+        given = raw.get(key) or {}
+        clash = ([key] if fields is None and key in raw and raw[key] is not None else
+                 [f"{key}.{f}" for f in (fields or ()) if isinstance(given, dict) and given.get(f) is not None])
+        if clash:
+            got = given if fields is None else given[clash[0].split(".")[1]]
+            raise ScenarioError(f"{where}{clash[0]}: got {_short(got)}; allowed: null with hardware_profile ({name} "
+                                "gives it)")
+    try:
+        path = profile_path(name)
+    except ScenarioError as e:
+        raise ScenarioError(f"{where}hardware_profile: {e}") from None
+    prof = yaml_loader.load(path, error=ScenarioError, what="hardware profile")
+    dr = {k: v for k, v in dict(raw.get("drafter") or {}).items() if v is not None}
+    entry = dr.pop("profile_entry", dr.get("name", Drafter().name))
+    entries = prof.get("drafters") or {}
+    if entry not in entries:
+        raise ScenarioError(f"{where}drafter.profile_entry: {path}: drafters.{entry}: not in this hardware profile; "
+                            f"it prices {sorted(entries)}")
+    try:
+        target, hardware = ModelSpec.model_validate(prof["model"]), Hardware.model_validate(prof["hardware"])
+        d = priced_by_layers(Drafter.model_validate(entries[entry]), hardware, target)
+    except (ValidationError, ValueError, KeyError) as e:
+        raise ScenarioError(f"{where}hardware_profile: {path}: {_short(e, 300)}") from None
+    raw["model"] = prof["model"]
+    hw = {k: v for k, v in dict(raw.get("hardware") or {}).items() if v is not None}
+    hw["roofline"] = prof["hardware"]["roofline"]
+    hw.setdefault("memory_bytes", prof["hardware"].get("memory_bytes"))
+    hw.setdefault("name", prof["hardware"].get("name", name))
+    raw["hardware"] = hw
+    dr.setdefault("name", d.name)
+    if dr["name"] != d.name:
+        raise ScenarioError(f"{where}drafter.name: got {dr['name']!r}; {name}'s entry {entry!r} prices {d.name!r}")
+    dr.update(d.model_dump(mode="json", include={"kind", "model", "fwd_base_s", "tok_s", "ctx_s", "per_request_s",
+                                                 "step_overhead_s"}))
+    raw["drafter"] = dr
+    return raw
+
+
+def resolve_scenario_path(path: str, relative_to: Path | None = None) -> Path:
     """A scenario path; bare names (`nvidia_qwen3_8b_rlzero.yaml`, with or without .yaml,
     `predictions/s1_nvidia_rlthink_k3`, `configs/sim/cpu_tiny.yaml`) are looked up next to
     `relative_to`, then in the bundled configs/sim/ and configs/ (resources.py)."""
@@ -1124,7 +1251,8 @@ def load_scenario(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Sce
     Every error is a ScenarioError naming the file."""
     p = resolve_scenario_path(path)
     try:
-        cfg = yaml_loader.apply_overrides(_load_tree(p), overrides, p, ScenarioError, example="speculation.k=4")
+        cfg = yaml_loader.apply_overrides(_load_tree(p), overrides, p, ScenarioError,
+                                          example="speculation.num_speculative_tokens=4")
         raw = yaml_loader.resolve(cfg, p, ScenarioError)
     except RecursionError:
         raise ScenarioError(f"{p}: nested too deeply to read (mappings, lists or `extends` hundreds of levels "

@@ -35,8 +35,8 @@ preemptions.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class RunResult:
 
     @property
     def rollout_s_per_step(self) -> list[float]:
-        return [g - r for g, r in zip(self.gen_done, self.release)]
+        return [g - r for g, r in zip(self.gen_done, self.release, strict=True)]
 
 
 def _phase_time(phase, batch: Batch, flops_per_s: float) -> float:
@@ -88,7 +88,7 @@ def _phase_time(phase, batch: Batch, flops_per_s: float) -> float:
     return t
 
 
-def _accept_tables(sc, batch: Batch, k: int, acceptance: Union[float, Sequence[float]]) -> np.ndarray:
+def _accept_tables(sc, batch: Batch, k: int, acceptance: float | Sequence[float]) -> np.ndarray:
     """Per-request A(d), d = 0..k. With acceptance.spread > 0 each request has its own alpha,
     drawn around the mean that keeps the mean accepted length (sim/acceptance.py), from a
     generator seeded by the scenario seed and step, so every run agrees."""
@@ -96,7 +96,8 @@ def _accept_tables(sc, batch: Batch, k: int, acceptance: Union[float, Sequence[f
     a = sc.acceptance
     if isinstance(acceptance, (int, float)) and a.spread > 0:
         rng = np.random.default_rng([sc.seed, 7919, batch.step])
-        mean = acc.spread_mean(float(acceptance), a.decay, a.spread, a.measured_at_k or sc.speculation.k)
+        at_k = a.measured_at_k or sc.speculation.num_speculative_tokens
+        mean = acc.spread_mean(float(acceptance), a.decay, a.spread, at_k)
         return acc.tables(acc.per_request_alphas(mean, a.spread, n, rng), a.decay, k)
     return np.broadcast_to(expected_accepted(acceptance, k), (n, k + 1))
 
@@ -105,14 +106,14 @@ def _overlap(busy: list, lo: float, hi: float) -> float:
     return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in busy)
 
 
-def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Optional[int] = None,
-                acceptance: Union[None, float, Sequence[float]] = None, num_engines: Optional[int] = None,
-                num_prompts: Optional[int] = None, batches: Optional[list[Batch]] = None) -> RunResult:
+def simulate_rl(sc, *, speculative: bool, placement: str | None = None, k: int | None = None,
+                acceptance: None | float | Sequence[float] = None, num_engines: int | None = None,
+                num_prompts: int | None = None, batches: list[Batch] | None = None) -> RunResult:
     """Simulate `sc.rl.num_steps` RL steps. Keyword overrides serve the sweeps; `batches`
     lets several runs share one workload draw."""
-    spec_cfg = sc.speculation
-    placement = placement or spec_cfg.placement
-    k = spec_cfg.k if k is None else k
+    spec_cfg, sched_cfg = sc.speculation, sc.speculation.scheduling
+    placement = placement or sched_cfg.placement
+    k = spec_cfg.num_speculative_tokens if k is None else k
     acceptance = sc.acceptance_model if acceptance is None else acceptance
     E = sc.cluster.num_engines if num_engines is None else num_engines
     rl = sc.rl
@@ -124,7 +125,7 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
 
     policy = None
     if speculative and spec_cfg.enabled:
-        sched = spec_cfg.k_by_batch_size
+        sched = sched_cfg.k_schedule
         if sched == "auto" and (cost.roofline is not None or cost.c_seq):   # a step time beyond c_base + c_tok n
             ctx = sc.workload.prompt_len + sc.workload.lengths.median / 2      # a typical context
             sched = k_by_batch_size_schedule(sc.hardware.max_num_seqs, k, acceptance,
@@ -134,9 +135,9 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
                 sc.hardware.max_num_seqs, k, acceptance, cost.c_base, cost.c_tok,
                 c_draft=cost.draft_tok, c_draft_fwd=cost.draft_fwd_base,
             )
-        policy = SpecPolicy(k=k, budget=spec_cfg.budget, long_fraction=spec_cfg.long_fraction,
-                            short_fraction=spec_cfg.short_fraction, medium_k=spec_cfg.medium_k,
-                            schedule=sched, interval=spec_cfg.budget_interval_steps, acceptance=acceptance,
+        policy = SpecPolicy(k=k, budget=sched_cfg.budget, long_fraction=sched_cfg.long_fraction,
+                            short_fraction=sched_cfg.short_fraction, medium_k=sched_cfg.medium_k,
+                            schedule=sched, interval=sched_cfg.budget_interval_steps, acceptance=acceptance,
                             auto_disable=spec_cfg.auto_disable)
 
     max_len = sc.workload.lengths.max_len
@@ -214,7 +215,7 @@ def simulate_rl(sc, *, speculative: bool, placement: Optional[str] = None, k: Op
         if L > 0:
             for eng in engines:
                 eng.add_pause(Etrain[t], rl.refit_s)
-        predictor.observe_many(zip(batches[t].problem_ids, (int(x) for x in batches[t].lengths)))
+        predictor.observe_many(zip(batches[t].problem_ids, (int(x) for x in batches[t].lengths), strict=True))
 
     if L == 0:
         step_s = (U[N] - U[0]) / N

@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 TINY_CELLS = {  # drafter: (its checkpoint, the policy it drafts for), bundled assets
     "draft_model": ("tiny/draft", "tiny/policy"),
@@ -172,7 +171,8 @@ def run_forwards(shapes: list, device: str, out_dir: Path, reps: int) -> list[di
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 180)
             if res.returncode != 0:
-                row["error"] = res.stderr.strip().splitlines()[-1][:300] if res.stderr.strip() else f"rc {res.returncode}"
+                err = res.stderr.strip()
+                row["error"] = err.splitlines()[-1][:300] if err else f"rc {res.returncode}"
         except subprocess.TimeoutExpired:
             row["error"] = f"no end within {budget + 180} s"
         if path.is_file():
@@ -208,7 +208,7 @@ def format_table(rows: list[dict]) -> str:
             line.append("-" if v is None else (f"{v / scale:.3f}" if scale else str(v)))
         cells.append(line)
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells]
     out.insert(1, "  ".join("-" * w for w in widths))
     out += [f"{r['part']} {r['drafter']} {r['teacher_dtype']}: {r['error']}" for r in rows if r.get("error")]
     return "\n".join(out)
@@ -219,7 +219,7 @@ def imported_serving_stack() -> list[str]:
     return sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "ray"))
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--out", default=None, help="write the JSON here")

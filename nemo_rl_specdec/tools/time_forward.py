@@ -1,5 +1,5 @@
 """Time target forwards of a randomly initialised model of a given shape, on a GPU, across tokens
-per step and context lengths: the samples the simulator's roofline is fitted on (issue #16, item 8).
+per step and context lengths: the samples the simulator's roofline is fitted on.
 
     python -m nemo_rl_specdec.tools.time_forward --shape qwen3-8b --out samples.json
 
@@ -14,9 +14,9 @@ attend to the whole context and step, without a mask: a mask sends PyTorch's SDP
 kernel, which copies the KV per query head, and unpacked GQA reads each KV head once per query
 head; both cost several times the step. The attention FLOPs recorded per sample are the ones
 computed.
-`--attention causal` (exact, any device) is what the tests compare with transformers' forward. Steps of at most `--graph-max` tokens (vLLM's
-largest default CUDA-graph capture size) are replayed from a captured CUDA graph, larger ones run
-eagerly; every sample also records its eager time.
+`--attention causal` (exact, any device) is what the tests compare with transformers' forward.
+Steps of at most `--graph-max` tokens (vLLM's largest default CUDA-graph capture size) are replayed
+from a captured CUDA graph, larger ones run eagerly; every sample also records its eager time.
 
 The output records the device, library versions, the attention path taken, the model's shape in
 the simulator's terms (`ModelShape`: bytes a forward reads, FLOPs per token, KV bytes per token,
@@ -38,29 +38,23 @@ import torch.nn.functional as F
 ATTN = "specdec_kv_static"
 
 # transformers `Qwen3Config` fields of the shapes this tool builds
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                max_position_embeddings=40960, tie_word_embeddings=False)
 SHAPES = {
-    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
-                     max_position_embeddings=40960, tie_word_embeddings=False),
+    "qwen3-8b": QWEN3_8B,
     # the draft side, each a Qwen3 stack of the shape one draft forward reads and computes:
     # a draft model of Qwen3-0.6B's shape (tied embeddings, 28 layers of width 1024);
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
-                       max_position_embeddings=40960, tie_word_embeddings=True),
+    "qwen3-0.6b": {**QWEN3_8B, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "tie_word_embeddings": True},
     # an Eagle3 head for Qwen3-8B: one Qwen3-8B decoder layer and a 32,000-token draft lm_head (its
     # fc from three hidden states, 0.05e9 parameters, is left out: 7% of the bytes a forward reads);
-    "eagle3-qwen3-8b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=12288, num_hidden_layers=1,
-                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
-                            max_position_embeddings=40960, tie_word_embeddings=False),
+    "eagle3-qwen3-8b": {**QWEN3_8B, "vocab_size": 32000, "num_hidden_layers": 1},
     # an MTP layer of an 8B policy: one decoder layer over the policy's full-vocabulary lm_head;
-    "mtp-qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=1,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
-                         max_position_embeddings=40960, tie_word_embeddings=False),
+    "mtp-qwen3-8b": {**QWEN3_8B, "num_hidden_layers": 1},
     # a DFlash draft for Qwen3-8B: five decoder layers of the policy's width over its lm_head, one
     # forward per step over a block of positions per request (time it with --per-request 8,16).
-    "dflash-qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=5,
-                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
-                            max_position_embeddings=40960, tie_word_embeddings=False),
+    "dflash-qwen3-8b": {**QWEN3_8B, "num_hidden_layers": 5},
     # a CPU-sized shape with the same structure, for checking the tool itself
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=1e6,
@@ -279,7 +273,8 @@ def main(argv=None) -> int:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "cuda": torch.version.cuda},
         "attention": ("sdpa over static KV buffers, GQA-native, KV read once per request per step, "
-                      + ("causal lower-right mask" if causal else "no mask (flash on a GPU): each token attends to context + step")),
+                      + ("causal lower-right mask" if causal
+                         else "no mask (flash on a GPU): each token attends to context + step")),
         "graph_max": args.graph_max,
         "reps": args.reps,
         "samples": [],

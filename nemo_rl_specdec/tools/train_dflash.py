@@ -47,7 +47,9 @@ def unused_token_id(policy_dir: str, vocab_size: int) -> int:
     used = set(tok.get_vocab().values())
     free = [i for i in range(vocab_size) if i not in used]
     if not free:
-        raise ValueError(f"{policy_dir}: every id of the {vocab_size}-token vocabulary is a token; pass --mask-token-id")
+        raise ValueError(
+            f"{policy_dir}: every id of the {vocab_size}-token vocabulary is a token; pass --mask-token-id"
+        )
     return free[-1]
 
 

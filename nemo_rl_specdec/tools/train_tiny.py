@@ -217,7 +217,10 @@ def well_formed(text: str, family: str = "sum") -> bool:
 
 def _by_family(families: list, scores: list) -> dict:
     """Mean score per task family (`families[i]` is the family of `scores[i]`)."""
-    return {f: sum(s for g, s in zip(families, scores) if g == f) / families.count(f) for f in sorted(set(families))}
+    return {
+        f: sum(s for g, s in zip(families, scores, strict=True) if g == f) / families.count(f)
+        for f in sorted(set(families))
+    }
 
 
 def families_arg(text: str) -> tuple:
@@ -230,15 +233,15 @@ def families_arg(text: str) -> tuple:
 
 def evaluate(model, tok, problems, **gen_kw) -> dict:
     texts = generate(model, tok, problems, **gen_kw)
-    scores = [task.verify(p, t) for p, t in zip(problems, texts)]
+    scores = [task.verify(p, t) for p, t in zip(problems, texts, strict=True)]
     by_bucket = {}
     for lo, hi in N_BUCKETS:
-        s = [sc for p, sc in zip(problems, scores) if lo <= p.meta["n"] <= hi]
+        s = [sc for p, sc in zip(problems, scores, strict=True) if lo <= p.meta["n"] <= hi]
         by_bucket[f"n{lo}-{hi}"] = {"count": len(s), "accuracy": (sum(s) / len(s)) if s else None}
     return {
         "num_problems": len(problems),
         "accuracy": sum(scores) / len(scores),
-        "well_formed": sum(well_formed(t, p.family) for p, t in zip(problems, texts)) / len(texts),
+        "well_formed": sum(well_formed(t, p.family) for p, t in zip(problems, texts, strict=True)) / len(texts),
         "by_n": by_bucket,
         "by_family": _by_family([p.family for p in problems], scores),
     }
@@ -394,7 +397,7 @@ def teacher_forced_exact(model, tok, problems, token_budget: int = 4096) -> dict
         for k, ((pr, r), p) in enumerate(chunk):
             match = pred[k, len(pr) - 1: len(pr) + len(r) - 1] == ids[k, len(pr): len(pr) + len(r)]
             hits.append((p.meta["n"], bool(match.all()), p.family))
-            for role, m in zip(token_roles(p), match.tolist()):
+            for role, m in zip(token_roles(p), match.tolist(), strict=False):
                 role_hits.setdefault(role, []).append(m)
         i = j
     model.train()
@@ -431,7 +434,7 @@ def greedy_agreement(policy, draft, tok, problems) -> float:
     """Fraction of the policy's greedy response tokens that the draft's argmax predicts."""
     texts = generate(policy, tok, problems, max_new_tokens=512)
     hit = tot = 0
-    for p, t in zip(problems, texts):
+    for p, t in zip(problems, texts, strict=True):
         pi = tok.encode(p.prompt, add_special_tokens=False)
         ri = tok.encode(t, add_special_tokens=False)
         if not ri:
@@ -471,7 +474,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--policy-max-steps", type=int, default=2500)
     ap.add_argument("--min-steps", type=int, default=400, help="no dev eval / early stop before this step")
     ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--target-acc", type=float, default=0.5, help="early stop once the dev greedy exact-match rate reaches this")
+    ap.add_argument(
+        "--target-acc", type=float, default=0.5, help="early stop once the dev greedy exact-match rate reaches this"
+    )
     ap.add_argument("--dev-size", type=int, default=200)
     ap.add_argument("--draft-lr", type=float, default=1e-3)
     ap.add_argument("--distill-steps", type=int, default=300)

@@ -1,6 +1,7 @@
 """Train the bundled MTP workload: a tiny Qwen2 policy with one MiMo-style MTP layer.
 
-    python -m nemo_rl_specdec.tools.train_tiny_mtp --out nemo_rl_specdec/assets/tiny_mtp --seed 0 --families sum,sort,base --steps 1500
+    python -m nemo_rl_specdec.tools.train_tiny_mtp --out nemo_rl_specdec/assets/tiny_mtp --seed 0 \\
+        --families sum,sort,base --steps 1500
 
 vLLM runs ``method: mtp`` on CPU for ``MiMoForCausalLM`` (Qwen2 + ``model.mtp_layers.*``) in fp32
 (reference/drafters_cpu.md §3). The checkpoint is a plain ``Qwen2ForCausalLM`` (``model_type:

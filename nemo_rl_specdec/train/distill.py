@@ -45,8 +45,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from nemo_rl_specdec.rollouts import TokenSequence, token_sequences
 
@@ -147,7 +148,7 @@ def final_hidden(out, projection, who: str = "the policy"):
     return h
 
 
-def cap_tokens(seqs: list, max_tokens: Optional[int]) -> list:
+def cap_tokens(seqs: list, max_tokens: int | None) -> list:
     """The first `max_tokens` tokens of the step's rollouts, in order (the last one kept is cut to fit;
     a cut that would leave it no response token drops it)."""
     if max_tokens is None:
@@ -223,7 +224,7 @@ class Distiller:
 
     def __init__(self, source: Any, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2, temperature: float = 1.0,
                  micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0, weight_decay: float = 0.0,
-                 num_threads: Optional[int] = None, max_tokens: Optional[int] = None, device: Any = "cpu"):
+                 num_threads: int | None = None, max_tokens: int | None = None, device: Any = "cpu"):
         self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
                     seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.module, vocab_size = self._load(source)
@@ -235,7 +236,7 @@ class Distiller:
         raise NotImplementedError
 
     def _setup(self, *, lr: float, epochs: int, temperature: float, micro_batch_tokens: int,
-               max_grad_norm: float, weight_decay: float, vocab_size: int, max_tokens: Optional[int] = None,
+               max_grad_norm: float, weight_decay: float, vocab_size: int, max_tokens: int | None = None,
                device: Any = "cpu") -> None:
         import torch
 
@@ -256,7 +257,7 @@ class Distiller:
 
     @staticmethod
     def _begin(*, lr: float, epochs: int, micro_batch_tokens: int, max_grad_norm: float, seed: int,
-               num_threads: Optional[int], max_tokens: Optional[int] = None) -> None:
+               num_threads: int | None, max_tokens: int | None = None) -> None:
         """Before the drafter is loaded: check the arguments, threads, seed."""
         import torch
 
@@ -343,7 +344,7 @@ class Distiller:
         """A teacher-side tensor as the drafter reads it: detached, in the drafter's dtype."""
         return whole(t).detach().to(self.dtype)
 
-    def step(self, teacher, rollouts: Sequence[Any], dp: Optional["DataParallel"] = None) -> dict:
+    def step(self, teacher, rollouts: Sequence[Any], dp: DataParallel | None = None) -> dict:
         """Distil the drafter towards `teacher` (the updated policy) on `rollouts`; returns stats.
 
         With `dp`, this rank's `rollouts` are its shard of the step and the replicas of the drafter

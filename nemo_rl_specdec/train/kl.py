@@ -16,7 +16,7 @@ loss is ``sum_i weight_i * KL_i`` (weights 1/N: the mean over positions).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 CHUNK_ELEMENTS = 1 << 25  # floats in one [positions, vocabulary] chunk tensor (128 MB in fp32)
 
@@ -27,7 +27,7 @@ class KL(NamedTuple):
     counted: int  # positions counted for agreement
 
 
-def chunk_rows(vocab: int, chunk_elements: Optional[int] = None) -> int:
+def chunk_rows(vocab: int, chunk_elements: int | None = None) -> int:
     """Positions per chunk: `chunk_elements` (default CHUNK_ELEMENTS) floats per vocabulary-wide tensor."""
     return max(1, int(chunk_elements or CHUNK_ELEMENTS) // max(1, int(vocab)))
 
@@ -96,7 +96,7 @@ class _LinearForwardKL:
 
 
 def linear_forward_kl(h_s, w_s, h_t, w_t, *, temperature: float = 1.0, weights=None, agree=None,
-                      chunk_elements: Optional[int] = None) -> KL:
+                      chunk_elements: int | None = None) -> KL:
     """KL(p_teacher || q_student) at `temperature` for N positions, as ``sum_i weights_i * KL_i``.
 
     h_s [N, Hs], w_s [V, Hs]: the student's hidden states and output projection (either may require
@@ -109,7 +109,12 @@ def linear_forward_kl(h_s, w_s, h_t, w_t, *, temperature: float = 1.0, weights=N
     for name, t in (("w_s", w_s), ("h_t", h_t), ("w_t", w_t)):
         if t.device != h_s.device:
             raise ValueError(f"linear_forward_kl: {name} is on {t.device}, the student's hidden states on {h_s.device}")
-    if h_t.shape[0] != n or w_t.shape[0] != w_s.shape[0] or w_s.shape[1] != h_s.shape[1] or w_t.shape[1] != h_t.shape[1]:
+    if (
+        h_t.shape[0] != n
+        or w_t.shape[0] != w_s.shape[0]
+        or w_s.shape[1] != h_s.shape[1]
+        or w_t.shape[1] != h_t.shape[1]
+    ):
         raise ValueError(f"linear_forward_kl: shapes do not fit: h_s {tuple(h_s.shape)}, w_s {tuple(w_s.shape)}, "
                          f"h_t {tuple(h_t.shape)}, w_t {tuple(w_t.shape)}")
     if weights is None:

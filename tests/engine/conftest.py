@@ -15,8 +15,7 @@ import re
 
 import pytest
 
-from nemo_rl_specdec.config import BLOCK_PATH as BLOCK
-from nemo_rl_specdec.config import load_run_config
+from nemo_rl_specdec.config import BLOCK_PATH as BLOCK, load_run_config
 
 # the run file the engine tests use; point it at another model to run the suite against it
 RUN_FILE = os.environ.get("SPECDEC_TEST_RUN_FILE", "configs/tiny_cpu.yaml")
@@ -32,7 +31,7 @@ def _slug(label: str) -> str:
 def drafter_cases() -> dict:
     """Every registered drafter as the engine suites run it: {case: (drafter, run file, overrides)}.
 
-    One case per `bench_rows` entry of the drafter (named after its label: `suffix_das`,
+    One case per `variants` entry of the drafter (named after its label: `suffix_das`,
     `suffix_vllm`, `draft_model`, ...), or one case named after the drafter when it has none, and
     `suffix_das_adaptive` (DAS under `scheduling.budget: adaptive`; `suffix_das` and `ngram_judged`
     verify every draft, `auto_disable: false`) and `draft_model_k_auto` (`scheduling.k: auto`). A
@@ -50,7 +49,7 @@ def drafter_cases() -> dict:
             continue
         if d.kind == MODEL and not d.checkpoint(spec):
             continue
-        for label, over in d.bench_rows or ((name, ()),):
+        for label, over in d.variants or ((name, ()),):
             out[_slug(label)] = (name, RUN_FILE, [f"{BLOCK}.drafter={name}"] + [f"{BLOCK}.{o}" for o in over])
     if "suffix_das" in out:  # scheduling.budget: adaptive cuts DAS drafts at every step: lossless under it too
         name, run_file, over = out["suffix_das"]
@@ -74,8 +73,11 @@ def rule_cases() -> dict:
     from nemo_rl_specdec.drafters.registry import DRAFTERS
 
     out = {}
-    for drafter, label, case in (("suffix", "suffix_das", "suffix_das_auto"), ("ngram", "ngram_judged", "ngram_judged_auto")):
-        for row, over in DRAFTERS[drafter].bench_rows:
+    for drafter, label, case in (
+        ("suffix", "suffix_das", "suffix_das_auto"),
+        ("ngram", "ngram_judged", "ngram_judged_auto"),
+    ):
+        for row, over in DRAFTERS[drafter].variants:
             if _slug(row) == label:
                 out[case] = (drafter, RUN_FILE, [f"{BLOCK}.drafter={drafter}"] + [f"{BLOCK}.{o}" for o in over])
     return out

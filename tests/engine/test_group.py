@@ -91,7 +91,7 @@ def test_every_request_served_once_in_input_order_under_every_placement(group, b
                              max_new_tokens=MAX_NEW, observe=False)
         assert res.placement == placement and len(res.rollouts) == n
         assert sorted(i for eng in res.assignment for i in eng) == list(range(n))       # exactly once
-        for i, (req, ro) in enumerate(zip(batch, res.rollouts)):
+        for i, (req, ro) in enumerate(zip(batch, res.rollouts, strict=True)):
             assert ro.index == i and ro.problem_id == req.problem_id
             assert ro.prompt_token_ids == req.prompt_token_ids
             assert res.engine_of[i] == next(j for j, eng in enumerate(res.assignment) if i in eng)
@@ -101,7 +101,7 @@ def test_every_request_served_once_in_input_order_under_every_placement(group, b
             assert res.engine_metrics[j].generated_tokens == sum(len(res.rollouts[i].token_ids) for i in eng)
         assert res.metrics.generated_tokens == sum(len(r.token_ids) for r in res.rollouts)
         assert res.makespan_s == max(res.engine_finish_s) > 0
-        assert all(f >= s for f, s in zip(res.engine_finish_s, res.engine_seconds))
+        assert all(f >= s for f, s in zip(res.engine_finish_s, res.engine_seconds, strict=True))
         outputs[placement] = [r.token_ids for r in res.rollouts]
         groups = {}
         for i, j in enumerate(res.engine_of):
@@ -129,7 +129,7 @@ def test_predictor_learns_from_the_group_rollouts(group, batch):
     assert set(cold.predicted_len) == {0.0}                  # nothing seen yet
     assert [len(e) for e in cold.assignment] == [len(batch) // 2] * 2   # cold: spread by count, not piled up
     warm = group.generate(batch, placement="length_aware", temperature=0.0, max_new_tokens=MAX_NEW)
-    for i, req in enumerate(batch):                          # greedy, same prompt -> same length as last time
+    for i in range(len(batch)):                               # greedy, same prompt -> same length as last time
         assert warm.predicted_len[i] == pytest.approx(len(cold.rollouts[i].token_ids))
     assert [r.token_ids for r in warm.rollouts] == [r.token_ids for r in cold.rollouts]
 
@@ -172,7 +172,7 @@ def test_budgets_are_lossless_and_reach_the_drafter(group, batch, problems, engi
         for eng in res.assignment:
             pairs = sorted((res.predicted_len[i], res.budgets[i]) for i in eng)
             assert [b for _, b in pairs] == sorted(b for _, b in pairs)
-        assert sum(a["budget_zero"] - b["budget_zero"] for a, b in zip(after, before)) > 0
+        assert sum(a["budget_zero"] - b["budget_zero"] for a, b in zip(after, before, strict=True)) > 0
         assert res.metrics.drafts > 0 and res.metrics.accepted_tokens > 0
         assert [r.token_ids for r in res.rollouts] == [r.token_ids for r in base.rollouts], (budget, placement)
 

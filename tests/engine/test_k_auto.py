@@ -67,7 +67,7 @@ def test_warm_up_explores_every_k_then_the_schedule_is_checked_against_the_fit(e
 def test_a_losing_schedule_is_replaced_and_k_zero_drafts_nothing(engine, problems, encode, caplog):
     """Plant a measured acceptance of zero and a step cost where a verified token costs 1 ms: the
     next re-check turns speculation off at every batch size, and vLLM then schedules no draft token
-    outside the exploration steps. (On this machine a verified token costs about 0.1 ms, and the fit
+    outside the exploration steps. (On a 2-core CPU machine a verified token costs about 0.1 ms, and the fit
     can put it at 0, when k = 1 ties with k = 0; the choice itself is tested in tests/unit.)"""
     ka = engine.k_auto
     ka.fit.coef = np.array([0.01, 0.0, 1e-3, 0.0, 0.004, 0.0])

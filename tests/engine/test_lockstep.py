@@ -15,6 +15,7 @@ from nemo_rl_specdec.lockstep import DrafterRefreshError, StaleDrafterError
 from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 
+
 @pytest.fixture(scope="module")
 def frozen_engine(start_engine, self_draft_cfg_fn):
     return start_engine(cfg=self_draft_cfg_fn("frozen"), name="frozen")
@@ -183,7 +184,7 @@ def test_async_update_in_flight_every_token_from_one_consistent_pair(self_draft_
         out = e.generate(reqs, max_new_tokens=64, ignore_eos=True, on_step=push_at_step_10)
         done, report = box["done"]
         assert done.is_set() and report[0].in_flight_requests == len(reqs)
-        for r, old_tokens in zip(out.rollouts, old):
+        for r, old_tokens in zip(out.rollouts, old, strict=True):
             (s0, p0, d0), (cut, p1, d1) = r.segments
             assert (s0, p0, d0) == (0, 0, 0) and (p1, d1) == (1, 1) and 0 < cut < 64
             assert r.token_ids[:cut] == old_tokens[:cut]

@@ -6,8 +6,8 @@ the no-spec engine of the same run file; at temperature 1.0 the joint distributi
 generated tokens is not distinguishable from the no-spec engine's (chi-square, >= 2,000 samples);
 returned logprobs are the target's (transformers forward pass, fp32, within 1e-4).
 
-One drafter engine is alive at a time (the module-scoped `case` fixture, tests/engine/conftest.py); the no-spec samples of
-the chi-square test are drawn once per run file and compared with every drafter's.
+One drafter engine is alive at a time (the module-scoped `case` fixture, tests/engine/conftest.py); the
+no-spec samples of the chi-square test are drawn once per run file and compared with every drafter's.
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_returned_logprobs_are_the_targets(case, problems, hf_policy, encode):
             n = len(r.prompt_token_ids)
             want = [lp[n - 1 + j, t].item() for j, t in enumerate(r.token_ids)]
             assert len(r.logprobs) == len(r.token_ids)
-            worst = max(worst, max(abs(a - b) for a, b in zip(r.logprobs, want)))
+            worst = max(worst, max(abs(a - b) for a, b in zip(r.logprobs, want, strict=True)))
     assert worst < 1e-4, f"{case.name}: returned logprobs differ from the target's by {worst}"
 
 
@@ -139,7 +139,7 @@ def test_per_step_rule_judges_steps_from_the_measured_step_cost(case, rule, name
     other = "auto_disable" if rule == "adaptive" else "adaptive"
     assert st["counters"][other + "_steps"] == 0
     # the same numbers reach the trainer's step metrics (NeMo-RL: train/specdec/engine/<name>/*)
-    from nemo_rl_specdec.nemo_rl import metrics
+    from nemo_rl_specdec.adapter import metrics
 
     state = spec.llm.collective_rpc("specdec_state")[0]
     m = metrics.version_metrics([{"state": state, "last_update": None}])

@@ -12,7 +12,7 @@ held-out problems of the same task; a fresh engine started from the saved drafte
 drafter content (fingerprint) and drafts exactly like the live-refreshed one.
 
 Problems come from the drafter's run file's task families (the three-family mix the bundled
-policies learned). Margins (this machine, 2 rounds, greedy; counts are deterministic for given
+policies learned). Margins (a 2-core CPU machine, 2 rounds, greedy; counts are deterministic for given
 settings): draft model k=4 (drift 0.8, 48 problems x 128 tokens per round) and Eagle3 k=4 (drift
 0.8, 24 x 96); MTP k=1 (drift 0.8, 48 x 128: frozen 0.292 vs online 0.768 with the mix-trained MTP
 policy). The required gain, 0.10, is at most half the gain measured with these settings. With
@@ -123,7 +123,7 @@ def test_speculative_rollouts_are_the_new_policys_greedy_outputs(scenario):
 
 
 def test_engine_serves_exactly_the_pushed_drafter_version(scenario):
-    for v, (rep, pushed) in enumerate(zip(scenario["reports"], scenario["pushed"]), start=1):
+    for v, (rep, pushed) in enumerate(zip(scenario["reports"], scenario["pushed"], strict=False), start=1):
         assert rep.drafter_refreshed and rep.drafter_version == v and rep.policy_version == v
         assert rep.drafter_tensors_applied == len(pushed)  # no tensor skipped as shared with the target
     assert {r.drafter_version for r in scenario["out"]["online"].rollouts} == {ROUNDS}

@@ -1,6 +1,6 @@
 """bench/replay.py against the real engine: a greedy DAS engine's drafts on its own text are the
 replay's, draft for draft. In-flight sharing is off here: with it, which sibling tokens a draft
-sees depends on the engine's step timing (docs/das.md gives the difference measured)."""
+sees depends on the engine's step timing (docs/measurements/das.md gives the difference measured)."""
 import pytest
 
 from nemo_rl_specdec.bench.replay import replay
@@ -18,13 +18,13 @@ def test_replay_proposes_and_accepts_what_the_engine_did(start_engine, tiny_cfg_
     tok = e.tokenizer()
     reqs = task.run_requests(cfg, tok, task.run_problems(cfg, 6, seed=7), 3)
     recorded, metrics = [], []
-    for v in range(2):
+    for _v in range(2):
         res = e.generate(reqs, temperature=0.0)
         recorded.append(res.rollouts)
         metrics.append(res.metrics)
         e.update(PolicyUpdate(e.state["policy_version"] + 1, rollouts=res.rollouts))
     rows = replay(cfg.spec, recorded, cfg.generation.vllm_cfg.max_model_len, temperature=0.0)
-    for m, r in zip(metrics, rows):
+    for m, r in zip(metrics, rows, strict=True):
         assert r["generated_tokens"] == m.generated_tokens
         assert (r["drafts"], r["draft_tokens"], r["accepted_draft_tokens"]) == (m.drafts, m.draft_tokens,
                                                                                 m.accepted_tokens)

@@ -14,6 +14,7 @@ from nemo_rl_specdec.lockstep import DrafterRefreshError
 from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 
+
 @pytest.fixture(scope="module")
 def engine(start_engine, self_draft_cfg_fn):
     return start_engine(cfg=self_draft_cfg_fn("refit"), name="sleepy")

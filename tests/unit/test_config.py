@@ -304,7 +304,8 @@ def test_with_spec_switching_drafter_takes_the_new_drafters_refresh_default():
     assert other.spec.drafter == "draft_model"
     assert other.spec.refresh.mode == "online"
     # the original is untouched
-    assert cfg.spec.drafter == "suffix" and cfg.raw["policy"]["generation"]["speculative_decoding"]["drafter"] == "suffix"
+    assert cfg.spec.drafter == "suffix"
+    assert cfg.raw["policy"]["generation"]["speculative_decoding"]["drafter"] == "suffix"
 
 
 def test_with_spec_keeps_an_explicit_refresh_mode_and_validates():
@@ -329,7 +330,7 @@ def test_vllm_config_suffix_das_is_our_custom_proposer():
     assert to_vllm_speculative_config(spec) == {
         "method": "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", "num_speculative_tokens": 12,
     }
-    
+
 
 def test_vllm_config_suffix_vllm_backend():
     spec = spec_of({"enabled": True, "drafter": "suffix", "num_speculative_tokens": 16,
@@ -430,7 +431,7 @@ def test_no_k_by_batch_size_means_no_per_batch_key():
     assert "num_speculative_tokens_per_batch_size" not in out
 
 
-# --------------------------------------------------------------------------- loading: resolver, interpolation, overrides
+# ------------------------------------------------------------------- loading: resolver, interpolation, overrides
 
 def test_tiny_cpu_run_file_loads():
     cfg = load_run_config(str(TINY))
@@ -565,7 +566,8 @@ INVALID = [
     ("sample-method", {"draft_sample_method": "random"}, f"{B}.draft_sample_method",
      ["'auto'", "'greedy'", "'probabilistic'"]),
     ("on-refresh-error", {"on_refresh_error": "ignore"}, f"{B}.on_refresh_error", ["'raise'", "'disable'"]),
-    ("typo-top", {"drafer": "ngram"}, f"{B}.drafer", ["unknown key", "did you mean 'drafter'", "num_speculative_tokens"]),
+    ("typo-top", {"drafer": "ngram"}, f"{B}.drafer",
+     ["unknown key", "did you mean 'drafter'", "num_speculative_tokens"]),
     ("typo-top-2", {"num_spec_tokens": 4}, f"{B}.num_spec_tokens", ["unknown key", "'num_speculative_tokens'"]),
     ("unknown-subblock", {"medusa": {"heads": 4}}, f"{B}.medusa", ["unknown key", "'eagle3'", "'mtp'"]),
     ("typo-suffix", {"suffix": {"window_step": 4}}, f"{B}.suffix.window_step",

@@ -8,15 +8,21 @@ import json
 import pytest
 
 from nemo_rl_specdec import cli
+from nemo_rl_specdec.adapter import config_loader, translate
 from nemo_rl_specdec.config import to_vllm_speculative_config
-from nemo_rl_specdec.nemo_rl import config_loader, translate
 from nemo_rl_specdec.resources import configs_dir
 
 ALL = sorted(configs_dir().glob("*.yaml"))
 NEMO_RL_RUNS = [p for p in ALL if any(line.startswith("defaults: " + config_loader.NEMO_RL_PREFIX)
                                       for line in p.read_text().splitlines())]
 
-EXPECTED_METHOD = {"suffix": "custom_class", "ngram": "ngram", "eagle3": "eagle3", "draft_model": "draft_model", "mtp": "mtp"}
+EXPECTED_METHOD = {
+    "suffix": "custom_class",
+    "ngram": "ngram",
+    "eagle3": "eagle3",
+    "draft_model": "draft_model",
+    "mtp": "mtp",
+}
 
 
 def test_the_bundled_run_files_are_found():

@@ -1,5 +1,5 @@
 """examples/run_grpo_specdec.py is the NeMo-RL launch script a user copies: it runs our entry point
-(nemo_rl/run_grpo.py), so it checks the block before NeMo-RL is imported. (examples/generate_cpu.py
+(nemo_rl_specdec/run_grpo.py), so it checks the block before NeMo-RL is imported. (examples/generate_cpu.py
 starts an engine: tests/engine/test_example_generate_cpu.py.)"""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nemo_rl_specdec.nemo_rl import run_grpo
+from nemo_rl_specdec import run_grpo
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 LAUNCH = CHECKOUT / "examples" / "run_grpo_specdec.py"

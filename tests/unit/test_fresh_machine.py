@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_specdec import cli, resources
+from nemo_rl_specdec.adapter import config_loader
 from nemo_rl_specdec.config import load_run_config
 from nemo_rl_specdec.models import smollm2
-from nemo_rl_specdec.nemo_rl import config_loader
 
 PKG = Path(resources.__file__).resolve().parent
 PRIVATE = {"NEMO_RL_SPECDEC_CACHE", "HF_HOME", "VLLM_CACHE_ROOT"}

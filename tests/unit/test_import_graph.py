@@ -19,13 +19,13 @@ LAYERS = [
     {"schema", "rollouts", "lockstep", "metrics", "stats", "openmp", "update", "models", "trace"},
     {"yaml_loader"},    # YAML files with overrides (run files, scenarios, NeMo-RL run files)
     {"train"},          # the online distillation loop (drafters subclass its Distiller)
-    {"drafters"},       # one file per drafter, the registry
+    {"drafters"},       # one file per drafter, the registry, and machinery/ they are built from
     {"config"},         # the YAML block, built from the registry
     {"scheduling"},
     {"engine"},
     {"sim"},
     {"demo"},
-    {"nemo_rl"},
+    {"adapter"},      # the NeMo-RL adapter
     {"bench"},
     {"tools", "cli", "run_grpo", "__init__"},
 ]

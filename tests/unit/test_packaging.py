@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,6 +90,33 @@ def test_the_wheel_carries_every_module_config_and_asset(wheel):
     assert any(n.startswith("nemo_rl_specdec/assets/tiny/policy/") for n in want)
     assert "nemo_rl_specdec/configs/tiny_cpu.yaml" in want and "nemo_rl_specdec/configs/sim/cpu_tiny.yaml" in want
     assert sorted(want - names) == []
+
+
+def _read_by_scenarios() -> set:
+    """The data files bundled scenarios and hardware profiles read (`hardware.roofline.measured`),
+    relative to configs/."""
+    import yaml
+
+    read = set()
+    for path in [*configs_dir().joinpath("sim").rglob("*.yaml"), *configs_dir().joinpath("hardware").glob("*.yaml")]:
+        roofline = ((yaml.safe_load(path.read_text()) or {}).get("hardware") or {}).get("roofline") or {}
+        if isinstance(roofline.get("measured"), str):
+            read.add(f"sim/{roofline['measured']}")
+    return read
+
+
+def test_the_wheel_carries_no_measurement_archive(wheel):
+    """Besides code and assets, the wheel holds run files, scenarios and the data files a bundled
+    scenario reads; measurement archives (bench results, fits, rounds of a cross-check) live in the
+    checkout's benchmarks/, outside the package."""
+    names = zipfile.ZipFile(wheel).namelist()
+    prefix = "nemo_rl_specdec/configs/"
+    data = {n[len(prefix):] for n in names if n.startswith(prefix) and not n.endswith((".yaml", ".py"))}
+    read = _read_by_scenarios()
+    assert {"sim/measured/h100_qwen3_8b_forward.json", "sim/measured/h200_qwen3_8b_forward.json"} <= read
+    assert sorted(data - read) == []
+    assert not [n for n in names if n.startswith("benchmarks/") or re.search(r"/round\d+/", n)]
+    assert (CHECKOUT / "benchmarks" / "cpu_crosscheck").is_dir()   # the archive is kept, outside the package
 
 
 def test_the_installed_package_is_the_wheel_not_the_checkout(venv, outside):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nemo_rl_specdec.nemo_rl import payload
+from nemo_rl_specdec.adapter import payload
 from nemo_rl_specdec.rollouts import RolloutBatch, RolloutError, RolloutRecord, problem_id
 
 

@@ -9,11 +9,13 @@ RUN = "configs/tiny_cpu.yaml"
 BLOCK = "policy.generation.speculative_decoding"
 
 
-def test_defaults_cover_the_issue_matrix():
+def test_defaults_cover_the_drafter_and_regime_matrix():
     opts = _options(load_run_config(RUN, []))
     assert opts["drafters"] == ["das", "ngram", "draft_model"]
     assert opts["regimes"] == ["seqs8", "all", "2eng_length_aware"]
-    assert opts["ks"] == [2, 4, 8] and opts["repeats"] == 1
+    assert opts["ks"] == [2, 4, 8] and opts["repeats"] == 3
+    assert opts["priced_ks"] == [1, 2, 3, 4, 6, 8] and opts["large_batch"] == 256
+    assert opts["profile"].name == "h100_qwen3_8b" and opts["engines"] is True
     labels = [(d, c) for d, c, _ in configurations(opts)]
     assert labels == [(d, c) for d in ("das", "ngram", "draft_model") for c in ("k2", "k4", "k8", "auto")]
 

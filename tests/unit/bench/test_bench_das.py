@@ -13,7 +13,8 @@ def test_das_rows_run_auto_disable_and_the_off_baseline_verifies_every_draft():
     assert off["cfg"].spec.auto_disable is False and off["cfg"].spec.suffix.backend == "das"
     assert (off["window_steps"], off["scope"]) == (cfg.spec.suffix.window_steps, cfg.spec.suffix.scope)
     # the run file's DAS in every other respect
-    assert off["cfg"].spec.model_dump(exclude={"auto_disable"}) == confs[main]["cfg"].spec.model_dump(exclude={"auto_disable"})
+    assert (off["cfg"].spec.model_dump(exclude={"auto_disable"})
+            == confs[main]["cfg"].spec.model_dump(exclude={"auto_disable"}))
     assert confs["vllm_suffix"]["cfg"].spec.auto_disable is False  # vLLM runs that proposer: nothing judges its steps
 
 
@@ -24,7 +25,8 @@ def test_the_other_per_step_rule_row_changes_only_the_budget():
                                                    ("smollm2_cpu.yaml", "adaptive", "das_uniform", "uniform")):
         cfg = load_run_config(config_path(name), ["bench.das.steps=5"])
         opts = das._options(cfg)
-        assert other in opts["baselines"] and {"das_adaptive", "das_uniform"} - {other} & set(opts["baselines"]) == set()
+        assert other in opts["baselines"]
+        assert {"das_adaptive", "das_uniform"} - {other} & set(opts["baselines"]) == set()
         confs = {c["name"]: c for c in das.configurations(cfg, opts)}
         main = confs[f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"]["cfg"].spec
         row = confs[other]["cfg"].spec

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
-from nemo_rl_specdec.bench.refresh import REQUIRED  # noqa: E402
 from nemo_rl_specdec.bench import refresh as R  # noqa: E402
+from nemo_rl_specdec.bench.refresh import REQUIRED  # noqa: E402
 from nemo_rl_specdec.config import ConfigError, load_run_config  # noqa: E402
 from nemo_rl_specdec.rollouts import RolloutBatch  # noqa: E402
 
@@ -45,7 +45,7 @@ def test_generator_siblings_share_long_spans_and_problems_differ():
     assert shared_8grams(p.token_ids, q.token_ids) > 0.5  # siblings: mostly the same spans
     assert shared_8grams(p.token_ids, x.token_ids) < 0.1  # other problems: short common phrases only
     again = R.step_records(o, 1, 0, 1)  # deterministic; a new step brings new problems
-    assert all(np.array_equal(a.token_ids, b.token_ids) for a, b in zip(recs, again))
+    assert all(np.array_equal(a.token_ids, b.token_ids) for a, b in zip(recs, again, strict=True))
     assert not {r.problem_id for r in R.step_records(o, 2, 0, 1)} & set(by_pid)
     # sharding: every rollout exactly once over the engines, siblings spread
     shards = [R.step_records(o, 1, e, 2) for e in range(2)]
@@ -113,7 +113,7 @@ def test_transport_round_trips_exactly_and_json_has_the_keys(ran):
     o, _, js = ran
     assert js["suite"] == "refresh" and len(js["results"]) == o["steps"]
     cap = o["suffix"]["max_memory_mb"] * 2**20
-    for step, row in enumerate(js["results"], start=1):
+    for row in js["results"]:
         assert all(k in row for k in REQUIRED)
         assert row["transport_roundtrip_ok"] is True
         assert row["rollouts"] == 16 and row["kept_fraction_min"] == 1.0

@@ -97,3 +97,33 @@ def test_a_model_drafter_is_refused_with_its_name():
     cfg = load_run_config(config_path("tiny_cpu.yaml"), ["policy.generation.speculative_decoding.drafter=draft_model"])
     with pytest.raises(ValueError, match="'draft_model'.*not a list drafter"):
         replay(cfg.spec, _batches(1), max_model_len=256)
+
+
+class _Cost:
+    """A step cost the per-step rule reads (`split`), fixed: t0 and the cost of one more draft token."""
+
+    def __init__(self, c_tok):
+        self.c_tok, self.samples, self.coef, self.r2 = c_tok, 0, True, None
+
+    def split(self, requests, ctx_sum):
+        return 1.0, self.c_tok
+
+    def add(self, *args, **kwargs):
+        self.samples += 1
+
+    def metrics(self):
+        return {"samples": self.samples}
+
+
+def test_a_priced_step_cost_lets_the_rule_decide_in_the_replay():
+    """With a step cost, DAS's `budget: adaptive` runs in the replay: drafts that cost more than they
+    can commit are withheld, free ones all kept."""
+    spec = _rows()["das_adaptive"]
+    batches = _batches(3, samples=4)
+    free = replay(spec, batches, max_model_len=256, step_cost=_Cost(0.0))
+    dear = replay(spec, batches, max_model_len=256, step_cost=_Cost(100.0))
+    every = replay(_rows()["das_auto_disable_off"], batches, max_model_len=256)
+    assert sum(r["draft_tokens"] for r in free) == sum(r["draft_tokens"] for r in every) > 0
+    assert sum(r["draft_tokens"] for r in dear) < sum(r["draft_tokens"] for r in every)
+    with pytest.raises(ValueError, match="vLLM's own"):
+        replay(_rows()["vllm_suffix"], batches, max_model_len=256, step_cost=_Cost(0.0))

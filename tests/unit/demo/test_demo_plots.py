@@ -1,4 +1,4 @@
-"""The CPU demo's per-step TensorBoard scalars and plots (issue 14, item 4): acceptance length and
+"""The CPU demo's per-step TensorBoard scalars and plots: acceptance length and
 rate, acceptance per draft position, policy age, drafter version, refresh time, drafts."""
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def test_no_signal_means_no_change_and_behaviour_logprobs_are_used(policy_dir):
     # behaviour log-probs from the rollouts set the ratio: far-off ones are clipped
     with torch.no_grad():
         lp, mask = t._response_logprobs(t.model, [(prompt, resp, None)])
-    exact = [float(x) for x, m in zip(lp[0], mask[0]) if m > 0]
+    exact = [float(x) for x, m in zip(lp[0], mask[0], strict=True) if m > 0]
     r_exact = {"prompt_token_ids": prompt, "token_ids": resp, "logprobs": exact}
     r_far = {"prompt_token_ids": prompt, "token_ids": [8, 9, 10], "logprobs": [-50.0, -50.0, -50.0]}
     s = t.step([r_exact, r_far], [1.0, 0.0], [0, 0])
@@ -99,7 +99,10 @@ def test_gradient_clipping_bounds_the_update(policy_dir):
     lr = 1e-3
     t = GRPOTrainer(policy_dir, lr=lr, seed=0, max_grad_norm=1e-4)
     before = t.state_dict()
-    rollouts = [{"prompt_token_ids": [1, 2], "token_ids": [3] * 20}, {"prompt_token_ids": [1, 2], "token_ids": [4] * 20}]
+    rollouts = [
+        {"prompt_token_ids": [1, 2], "token_ids": [3] * 20},
+        {"prompt_token_ids": [1, 2], "token_ids": [4] * 20},
+    ]
     s = t.step(rollouts, [1.0, 0.0], [0, 0])
     assert s["grad_norm"] > 1e-4  # reported before clipping
     # AdamW's first step moves each parameter by ~lr regardless of scale; clipping must still leave finite weights

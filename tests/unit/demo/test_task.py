@@ -212,7 +212,9 @@ def test_a_mixed_pool_draws_every_family_deterministically():
     for p in a:
         assert verify(p, reference_solution(p)) == 1.0
         assert verify(p, reference_solution(p).rsplit("\n", 1)[0]) == 0.0  # no answer line
-        assert p.prompt.startswith({"sum": task.PROMPT_HEADER, "sort": task.SORT_HEADER, "base": task.BASE_HEADER}[p.family])
+        assert p.prompt.startswith(
+            {"sum": task.PROMPT_HEADER, "sort": task.SORT_HEADER, "base": task.BASE_HEADER}[p.family]
+        )
     # the default pool is the sum family alone, drawn as before families existed
     assert [p.prompt for p in make_problems(50, 3)] == [p.prompt for p in make_problems(50, 3, ["sum"])]
     assert {p.family for p in make_problems(50, 3)} == {"sum"}
@@ -220,7 +222,9 @@ def test_a_mixed_pool_draws_every_family_deterministically():
 
 @pytest.mark.parametrize("bad", [[], ["sum", "sum"], ["sums"], "sum", None])
 def test_bad_families_are_rejected_with_the_allowed_values(bad):
-    with pytest.raises(ValueError, match=r"allowed: a non-empty list of distinct values from \['sum', 'sort', 'base'\]"):
+    with pytest.raises(
+        ValueError, match=r"allowed: a non-empty list of distinct values from \['sum', 'sort', 'base'\]"
+    ):
         make_problems(3, 0, bad)
 
 

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
-from nemo_rl_specdec.drafters.calibration import BINS, SOURCES, AcceptanceCalibration  # noqa: E402
-from nemo_rl_specdec.drafters.store import RolloutStore  # noqa: E402
+from nemo_rl_specdec.drafters.machinery.calibration import BINS, SOURCES, AcceptanceCalibration  # noqa: E402
+from nemo_rl_specdec.drafters.machinery.store import RolloutStore  # noqa: E402
 from nemo_rl_specdec.lockstep import DrafterRefreshError  # noqa: E402
 
 PROMPT = [5, 6, 7, 8]
@@ -89,7 +89,7 @@ def test_rate_matrix_is_token_rates_of_every_draft_padded_with_nan():
     drafts = [(P, [1.0, 0.55]), (L, [0.25, 0.15, 0.05]), (G, [])]
     m = c.rate_matrix([s for s, _ in drafts], [p for _, p in drafts], 4)
     assert m.shape == (3, 4)
-    for row, (src, probs) in zip(m, drafts):
+    for row, (src, probs) in zip(m, drafts, strict=True):
         assert row[:len(probs)].tolist() == c.token_rates(src, probs)
         assert np.isnan(row[len(probs):]).all()
 
@@ -260,7 +260,7 @@ def test_drafts_not_proposed_are_scored_on_the_tokens_the_target_produced():
     """The losing tree's draft is calibrated too (else a source is only measured where it won): its
     accepted length is its common prefix with the produced tokens, waiting for more when it matched
     all of them."""
-    from nemo_rl_specdec.drafters.calibration import resolve_withheld
+    from nemo_rl_specdec.drafters.machinery.calibration import resolve_withheld
 
     c = AcceptanceCalibration(prior=1.0, flush_every=1_000)
     others = [(G, [1.0, 1.0, 1.0], [7, 8, 9], 0),      # mismatch at position 1: 1 accepted
@@ -390,9 +390,8 @@ def test_auto_disable_false_never_judges_a_step():
 
 
 def test_a_fit_that_never_becomes_ready_is_reported_once(caplog, monkeypatch):
-    from nemo_rl_specdec.drafters import adaptive
-
-    monkeypatch.setattr(adaptive, "UNFIT_WARN_STEPS", 40)
+    from nemo_rl_specdec.drafters.machinery import step_judge
+    monkeypatch.setattr(step_judge, "UNFIT_WARN_STEPS", 40)
     r = _Runner(_adaptive_rows(gen=4))
     p = _adaptive_proposer(r, budget="uniform")
     p.use_local = True

@@ -131,8 +131,10 @@ def test_loss_trains_every_offset_that_predicts_a_response_token():
 def test_target_hidden_reads_layer_outputs_before_the_final_norm(teacher):
     ids = torch.randint(3, 70, (2, 9))
     seen = {}
-    hooks = [layer.register_forward_hook(lambda m, a, o, j=j: seen.__setitem__(j, (o[0] if isinstance(o, tuple) else o)))
-             for j, layer in enumerate(teacher.model.layers)]
+    hooks = [
+        layer.register_forward_hook(lambda m, a, o, j=j: seen.__setitem__(j, (o[0] if isinstance(o, tuple) else o)))
+        for j, layer in enumerate(teacher.model.layers)
+    ]
     try:
         aux, _ = target_hidden(teacher, ids, [0, 3])
     finally:

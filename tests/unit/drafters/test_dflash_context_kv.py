@@ -57,9 +57,9 @@ def test_the_builder_sees_each_packed_weight_read_back_on_its_device_and_dtype(d
     emptied = [layer.self_attn.qkv_proj.weight for layer in model.model.layers]
     rebuild_context_kv(model)
     (seen,) = built
-    for w, want in zip(seen, packed):
+    for w, want in zip(seen, packed, strict=True):
         assert (w.device, w.dtype, tuple(w.shape)) == (torch.device(device), dtype, tuple(want.shape))
         if device != "meta":
             assert torch.equal(w, want)  # the identity through the kernel gives W exactly
     # the packed layers keep their emptied Parameter: their kernel holds the weight
-    assert all(layer.self_attn.qkv_proj.weight is e for layer, e in zip(model.model.layers, emptied))
+    assert all(layer.self_attn.qkv_proj.weight is e for layer, e in zip(model.model.layers, emptied, strict=True))

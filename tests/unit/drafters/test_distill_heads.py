@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
-from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
 from nemo_rl_specdec.drafters.mtp import MTPDistiller
+from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.train.distill import DistillInputError
 
 EAGLE3 = asset_path("tiny", "eagle3")
@@ -31,9 +31,11 @@ def _rollouts(vocab: int, n: int = 8, seed: int = 0):
 def case(request, perturbed_policy):
     torch.set_num_threads(1)
     if request.param == "eagle3":
-        return {"name": "eagle3", "teacher": perturbed_policy(POLICY, scale=0.3, seed=0), "make": lambda **kw: Eagle3Distiller(EAGLE3, **kw),
+        return {"name": "eagle3", "teacher": perturbed_policy(POLICY, scale=0.3, seed=0),
+                "make": lambda **kw: Eagle3Distiller(EAGLE3, **kw),
                 "ckpt": EAGLE3 / "model.safetensors", "prefix": ""}
-    return {"name": "mtp", "teacher": perturbed_policy(MTP, scale=0.3, seed=0), "make": lambda **kw: MTPDistiller(MTP, **kw),
+    return {"name": "mtp", "teacher": perturbed_policy(MTP, scale=0.3, seed=0),
+            "make": lambda **kw: MTPDistiller(MTP, **kw),
             "ckpt": MTP / "model.safetensors", "prefix": "model.mtp_layers.0."}
 
 
@@ -114,7 +116,8 @@ def test_bad_rollouts_and_mismatched_policies_are_clear_errors(case, tmp_path, p
         d.step(case["teacher"], [{"prompt_token_ids": [3], "token_ids": []}])
     with pytest.raises(DistillInputError, match="no position to train on"):
         d.step(case["teacher"], [{"prompt_token_ids": [3], "token_ids": [5]}])  # x_{t+2} never exists
-    other = perturbed_policy(MTP if case["name"] == "eagle3" else POLICY, scale=0.3, seed=0)  # the other policy: other hidden size
+    # the other policy: another hidden size
+    other = perturbed_policy(MTP if case["name"] == "eagle3" else POLICY, scale=0.3, seed=0)
     with pytest.raises(DistillInputError, match="hidden_size"):
         d.step(other, _rollouts(V, 2))
     with pytest.raises(ValueError, match="lr"):
@@ -145,8 +148,11 @@ def test_aux_hidden_states_are_the_inputs_of_the_policys_layers(perturbed_policy
     p = perturbed_policy(POLICY, scale=0.0, seed=0)
     ids = torch.randint(3, 128, (2, 12))
     seen = {}
-    hooks = [layer.register_forward_pre_hook(lambda m, a, kw, j=j: seen.__setitem__(j, (a[0] if a else kw["hidden_states"]).clone()),
-                                             with_kwargs=True) for j, layer in enumerate(p.model.layers)]
+    def keep(m, a, kw, j):
+        seen[j] = (a[0] if a else kw["hidden_states"]).clone()
+
+    hooks = [layer.register_forward_pre_hook(lambda m, a, kw, j=j: keep(m, a, kw, j), with_kwargs=True)
+             for j, layer in enumerate(p.model.layers)]
     try:
         with torch.no_grad():
             out = p(input_ids=ids, output_hidden_states=True)
@@ -154,7 +160,7 @@ def test_aux_hidden_states_are_the_inputs_of_the_policys_layers(perturbed_policy
         for h in hooks:
             h.remove()
     L = p.config.num_hidden_layers
-    for a, j in zip(aux_hidden(out.hidden_states, [1, 2, 3], L), [1, 2, 3]):
+    for a, j in zip(aux_hidden(out.hidden_states, [1, 2, 3], L), [1, 2, 3], strict=True):
         assert torch.equal(a, seen[j])
     with pytest.raises(ValueError, match="outside"):
         aux_hidden(out.hidden_states, [4], L)  # entry L is after the final norm, not a residual state

@@ -24,7 +24,7 @@ def test_each_drafter_keeps_the_contract(name):
     assert (d.kind == LIST) == (d.draft_cost == HOST)
     assert d.refresh_modes and set(d.refresh_modes) <= MODES
     assert issubclass(d.config, Strict) and SpecDecConfig.model_fields[name].annotation is d.config
-    for label, overrides in d.bench_rows:
+    for label, overrides in d.variants:
         assert label and all("=" in o for o in overrides)
 
 

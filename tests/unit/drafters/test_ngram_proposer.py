@@ -15,8 +15,11 @@ ROW = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]  # the tail 1 2 3 was seen before: the look
 def _proposer(budget="uniform", auto_disable=True, k=4):
     from nemo_rl_specdec.drafters.ngram import NgramProposer
 
-    vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                         model_config=SimpleNamespace(max_model_len=64), scheduler_config=SimpleNamespace(max_num_seqs=8))
+    vc = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=64),
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+    )
     p = NgramProposer(vc)
     p.specdec_attach(SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a"])),
                      {"ngram": {"backend": "specdec", "prompt_lookup_min": 2, "prompt_lookup_max": 3},
@@ -104,19 +107,19 @@ def test_cheap_drafts_are_all_kept():
 
 
 def test_a_batch_size_that_keeps_losing_skips_the_lookup(monkeypatch):
-    from nemo_rl_specdec.drafters import adaptive
+    from nemo_rl_specdec.drafters.machinery import step_judge
 
     p = _proposer()
     _plant(p, c_base=1e-3, c_tok=1e-3)
     _rejected(p)
     tokens, n = _rows()
-    for _ in range(adaptive.OFF_STREAK):
+    for _ in range(step_judge.OFF_STREAK):
         assert p.propose([[3]], n, tokens) == [[]]
     calls = []
     monkeypatch.setattr(p.matcher, "propose", lambda *a: calls.append(1) or [[4, 5, 6, 7]])
-    for _ in range(adaptive.PROBE_EVERY):
+    for _ in range(step_judge.PROBE_EVERY):
         assert p.propose([[3]], n, tokens) == [[]]
-    assert len(calls) == 1 and p.counters["skipped_steps"] == adaptive.PROBE_EVERY - 1  # one probe
+    assert len(calls) == 1 and p.counters["skipped_steps"] == step_judge.PROBE_EVERY - 1  # one probe
     assert p.specdec_stats()["off_bins"] == ["1"]
 
 

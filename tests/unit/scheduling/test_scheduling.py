@@ -8,12 +8,20 @@ import numpy as np
 import pytest
 
 from nemo_rl_specdec.scheduling.budget import (
-    BUDGETS, acceptance_curve, assign_budgets, classify, das_budgets, engine_budgets, expected_accepted,
-    k_by_batch_size_schedule, k_for_batch, length_aware_budgets, schedule_lookup,
+    BUDGETS,
+    acceptance_curve,
+    assign_budgets,
+    classify,
+    das_budgets,
+    engine_budgets,
+    expected_accepted,
+    k_by_batch_size_schedule,
+    k_for_batch,
+    length_aware_budgets,
+    schedule_lookup,
 )
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS, Request, engine_loads, place, restore_order
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
-
 
 # --------------------------------------------------------------------------- helpers
 
@@ -23,7 +31,7 @@ def grouped_long_tail(num_groups=16, group_size=4, seed=0):
     reqs, true_len = [], []
     for g in range(num_groups):
         mu = np.log(300) + 1.0 * rng.standard_normal()
-        for s in range(group_size):
+        for _s in range(group_size):
             L = float(np.exp(mu + 0.2 * rng.standard_normal()))
             reqs.append(Request(index=len(reqs), problem_id=f"p{g}", predicted_len=math.exp(mu)))
             true_len.append(L)
@@ -268,8 +276,9 @@ def test_das_matches_brute_force_optimum():
         c_tok = float(rng.choice([0.01, 0.1, 0.5]))
         got = das_budgets(rem, 3, 0.6, 1.0, c_tok)
 
-        def T(d):
-            return max(r / A[x] for r, x in zip(rem, d)) + sum(r * c_tok * (1 + x) / A[x] for r, x in zip(rem, d))
+        def T(d, rem=rem, c_tok=c_tok):
+            return (max(r / A[x] for r, x in zip(rem, d, strict=True))
+                    + sum(r * c_tok * (1 + x) / A[x] for r, x in zip(rem, d, strict=True)))
 
         best = min(T(d) for d in np.ndindex(4, 4, 4, 4))
         assert T(got) == pytest.approx(best, rel=1e-9)
@@ -300,7 +309,7 @@ def test_budget_errors():
 def test_schedule_covers_all_batches_and_k_grows_as_batch_drains():
     sched = k_by_batch_size_schedule(256, 8, acceptance=0.7, c_base=1.0, c_tok=1 / 64)
     assert sched[0][0] == 1 and sched[-1][1] == 256
-    for (lo, hi, k), nxt in zip(sched, sched[1:] + [None]):
+    for (lo, hi, k), nxt in zip(sched, sched[1:] + [None], strict=False):
         assert lo <= hi and 0 <= k <= 8
         if nxt:
             assert nxt[0] == hi + 1              # contiguous, non-overlapping
@@ -400,8 +409,13 @@ def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters()
     assert new.spec.scheduling.placement == "length_aware"             # the rest of the block is kept
     assert to_vllm_speculative_config(dm.spec).get("num_speculative_tokens_per_batch_size") is None
     # an explicit schedule is used as written; uniform budget or no-spec baseline: nothing derived
-    explicit = _cfg(drafter="draft_model", draft_model={"model": "/d"}, num_speculative_tokens=4,
-                    refresh={"mode": "frozen"}, scheduling={"budget": "das", "k_by_batch_size": [[1, 8, 4], [9, 64, 0]]})
+    explicit = _cfg(
+        drafter="draft_model",
+        draft_model={"model": "/d"},
+        num_speculative_tokens=4,
+        refresh={"mode": "frozen"},
+        scheduling={"budget": "das", "k_by_batch_size": [[1, 8, 4], [9, 64, 0]]},
+    )
     assert scheduled_config(explicit) == (explicit, None)
     uni = _cfg(drafter="draft_model", draft_model={"model": "/d"}, refresh={"mode": "frozen"})
     assert scheduled_config(uni)[1] is None
@@ -420,7 +434,7 @@ def _measured_batch(lengths, problem_ids, predicted):
     from nemo_rl_specdec.rollouts import Rollout
 
     rollouts = [Rollout(i, pid, [1] * 12, [7] * int(L), [0.0] * int(L), "stop", 0, 0, 0)
-                for i, (pid, L) in enumerate(zip(problem_ids, lengths))]
+                for i, (pid, L) in enumerate(zip(problem_ids, lengths, strict=True))]
     return GroupGenerateResult(rollouts, SpecMetrics(), predicted_len=list(predicted))
 
 

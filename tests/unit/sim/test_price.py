@@ -147,3 +147,25 @@ def test_the_price_command_prices_a_trace_and_fits_a_proposer(tmp_path, capsys):
                              for n in (1, 2, 8, 32)], "das")
     assert cli.main(["price", str(many.save(tmp_path / "m.json")), "--fit-proposer"]) == 0
     assert "per_request_s 1e-05" in capsys.readouterr().out
+
+
+def test_a_scenario_on_a_hardware_profile_prices_steps_as_the_benches_do(h100):
+    """`hardware_profile:` gives a scenario the profile's target, roofline and drafter costs: the
+    simulator's step is the priced step."""
+    from nemo_rl_specdec.sim.costmodel import CostModel
+    from nemo_rl_specdec.sim.scenario import ScenarioError, validate_scenario
+
+    base = {"hardware_profile": "h100_qwen3_8b", "hardware": {"max_num_seqs": 64},
+            "acceptance": {"mean_accepted_length": 2.3, "measured_at_k": 3},
+            "speculation": {"num_speculative_tokens": 3}}
+    for entry, name in (("eagle3", "eagle3"), ("das", "suffix"), ("dflash", "dflash")):
+        sc = validate_scenario({**base, "drafter": {"name": name, "profile_entry": entry}})
+        sim, priced = CostModel.from_scenario(sc), h100.cost_model(entry)
+        for b, d in ((1, 3.0), (64, 3.0), (256, 8.0)):
+            assert sim.mean_step_time(b, d, 3000) == pytest.approx(priced.mean_step_time(b, d, 3000))
+    with pytest.raises(ScenarioError, match=r"hardware\.roofline: .*null with hardware_profile"):
+        validate_scenario({**base, "hardware": {"roofline": {"mem_bw_Bps": 1e12, "flops_per_s": 1e14}}})
+    with pytest.raises(ScenarioError, match=r"drafter\.profile_entry: .*drafters\.medusa"):
+        validate_scenario({**base, "drafter": {"name": "eagle3", "profile_entry": "medusa"}})
+    with pytest.raises(ScenarioError, match=r"drafter\.name: got 'ngram'"):
+        validate_scenario({**base, "drafter": {"name": "ngram", "profile_entry": "das"}})

@@ -1,4 +1,4 @@
-"""The roofline fitted on measured forwards (issue #16, item 8): the fit recovers planted
+"""The roofline fitted on measured forwards: the fit recovers planted
 constants, refuses samples that cannot separate them, and a scenario takes its constants from a
 samples file (`hardware.roofline.measured`) with errors that name the key."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from nemo_rl_specdec.resources import config_path
 from nemo_rl_specdec.schema import ConfigError
 from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
 from nemo_rl_specdec.sim.fit import ROOFLINE_FITTED, fit_roofline, roofline_from_file
 from nemo_rl_specdec.sim.scenario import load_scenario
-from nemo_rl_specdec.resources import config_path
 
 SHAPE = ModelShape(1.5e10, 1.5e10, 147456, 589824)
 PLANTED = {"mem_bw_Bps": 2.8e12, "flops_per_s": 4.5e14, "overhead_s": 4e-3, "eager_overhead_s": 2e-3,

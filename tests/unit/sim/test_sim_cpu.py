@@ -1,16 +1,16 @@
 """The CPU cross-check pieces: the costmodel bench suite's contract, the step fit of
 sim/cpu_fit.py, the per-request term of the linear cost form, and adaptive verification per
-step (sim/adaptive.py). No engine is started and no wall-clock time is asserted."""
+step (sim/best_drafts.py). No engine is started and no wall-clock time is asserted."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from sim_scenarios import build
 
-from nemo_rl_specdec.sim.adaptive import best_drafts
+from nemo_rl_specdec.sim.best_drafts import best_drafts
 from nemo_rl_specdec.sim.costmodel import CostModel
 from nemo_rl_specdec.sim.report import simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError
-from sim_scenarios import build
 
 
 def _samples(rng, n_steps, drafter_cost=None, draft_per_req=0.0):
@@ -49,7 +49,9 @@ def test_fit_steps_recovers_target_and_drafter_constants():
     inp = inputs(results)
     decode = results[1]["samples"][1:]
     assert inp["prompt_len"] == 32
-    assert inp["drafters"]["ngram"]["coverage"] == sum(s["drafting"] for s in decode) / sum(s["requests"] for s in decode)
+    assert inp["drafters"]["ngram"]["coverage"] == sum(s["drafting"] for s in decode) / sum(
+        s["requests"] for s in decode
+    )
 
 
 def test_coverage_counts_decode_request_steps_only():
@@ -63,8 +65,7 @@ def test_coverage_counts_decode_request_steps_only():
 
 
 def test_costmodel_suite_names_its_own_required_keys():
-    from nemo_rl_specdec.bench import REQUIRED, SUITES
-    from nemo_rl_specdec.bench import costmodel
+    from nemo_rl_specdec.bench import REQUIRED, SUITES, costmodel
 
     assert SUITES["costmodel"] == "nemo_rl_specdec.bench.costmodel"
     assert "samples" in costmodel.REQUIRED and "wall_clock_ratio" not in costmodel.REQUIRED
@@ -75,7 +76,7 @@ LINEAR = {
     "hardware": {"c_base_s": 5e-3, "c_tok_s": 5e-5, "c_seq_s": 2e-4, "max_num_seqs": 64},
     "drafter": {"name": "suffix", "per_request_s": 1e-4},
     "acceptance": {"alpha": 0.7},
-    "speculation": {"k": 4},
+    "speculation": {"num_speculative_tokens": 4},
     "workload": {"num_prompts": 8, "generations_per_prompt": 4, "prompt_len": 32,
                  "lengths": {"dist": "values", "values": [100], "max_len": 100}, "prediction": "none"},
     "rl": {"num_steps": 2},
@@ -106,32 +107,32 @@ def test_adaptive_drafts_full_k_when_verification_is_cheap_and_none_when_it_is_d
 def test_per_step_adaptive_is_never_slower_than_fixed_k_when_verification_is_dear():
     dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
     fixed = simulate(build(LINEAR, dear))
-    adaptive = simulate(build(LINEAR, {**dear, "speculation.k_by_batch_size": "per_step"}))
+    adaptive = simulate(build(LINEAR, {**dear, "speculation.scheduling.k": "per_step"}))
     assert fixed["rollout_speedup"] < 1.0            # k = 4 on every step loses here
     assert adaptive["rollout_speedup"] >= 0.999      # per step it turns drafting off where it loses
     assert adaptive["rollout_speedup"] > fixed["rollout_speedup"]
 
 
 def test_adaptive_budget_never_slower_where_fixed_k_loses_and_keeps_drafts_where_they_pay():
-    """budget: adaptive is the engine's per-request rule (drafters/adaptive.py) run in the simulator."""
+    """budget: adaptive is the engine's per-request rule (drafters/machinery/step_judge.py) run in the simulator."""
     dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
     fixed = simulate(build(LINEAR, dear))
-    adaptive = simulate(build(LINEAR, {**dear, "speculation.budget": "adaptive"}))
+    adaptive = simulate(build(LINEAR, {**dear, "speculation.scheduling.budget": "adaptive"}))
     assert fixed["rollout_speedup"] < 1.0
     assert adaptive["rollout_speedup"] >= 0.999 and adaptive["rollout_speedup"] > fixed["rollout_speedup"]
     cheap_fixed = simulate(build(LINEAR, {}))
-    cheap = simulate(build(LINEAR, {"speculation.budget": "adaptive"}))
+    cheap = simulate(build(LINEAR, {"speculation.scheduling.budget": "adaptive"}))
     assert cheap_fixed["rollout_speedup"] > 1.2
     assert cheap["rollout_speedup"] >= 0.98 * cheap_fixed["rollout_speedup"]
 
 
 def test_adaptive_budget_refuses_a_model_drafter():
-    with pytest.raises(ScenarioError, match="speculation.budget"):
-        build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.budget": "adaptive"})
+    with pytest.raises(ScenarioError, match="speculation.scheduling.budget"):
+        build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.scheduling.budget": "adaptive"})
 
 
 def test_auto_disable_turns_losing_batches_off_and_leaves_paying_ones_alone():
-    """speculation.auto_disable is the engines' all-or-nothing rule (drafters/adaptive.drafts_pay)
+    """speculation.auto_disable is the engines' all-or-nothing rule (drafters/machinery/step_judge.drafts_pay)
     per event: where fixed k loses it stays near no speculation, with every large batch off;
     where drafts pay it changes nothing."""
     dear = {"hardware.c_tok_s": 2e-3, "hardware.c_seq_s": 0.0}
@@ -152,7 +153,7 @@ def test_auto_disable_is_refused_for_model_drafters_and_under_the_adaptive_budge
     with pytest.raises(ScenarioError, match="speculation.auto_disable"):
         build(LINEAR, {"drafter": {"name": "eagle3"}, "speculation.auto_disable": True})
     with pytest.raises(ScenarioError, match="auto_disable"):
-        build(LINEAR, {"speculation.budget": "adaptive", "speculation.auto_disable": True})
+        build(LINEAR, {"speculation.scheduling.budget": "adaptive", "speculation.auto_disable": True})
 
 
 def test_measured_cpu_profile_loads_and_simulates():
@@ -197,7 +198,7 @@ def test_pinned_run_makes_the_scheduling_predictions(tmp_path, capsys):
     assert "--pinned" in (tmp_path / "b" / "cpu_tiny_measured.yaml").read_text()
     fits = json.loads((tmp_path / "b" / "cpu_fit_pinned.json").read_text())["fit"]
     assert fits["c_base_s"] == pytest.approx(20e-3, rel=0.1)
-    for pa, pb in zip(a, b):
+    for pa, pb in zip(a, b, strict=True):
         assert pa["name"] == pb["name"]
         same = pa["predicted_wall_clock_ratio"] == pytest.approx(pb["predicted_wall_clock_ratio"])
         assert same if pa["suite"] == "drafters" else not same, pa["name"]
@@ -253,11 +254,12 @@ def test_rule_prices_a_draft_token_at_its_own_cost_not_a_new_requests_on_a_roofl
 
     def run(*over):
         return simulate(load_scenario(str(config_path("sim/das_math_r1_distill_7b.yaml")),
-                                      ["rl.num_steps=2", "workload.num_prompts=32", "speculation.k=8", *over]))
+                                      ["rl.num_steps=2", "workload.num_prompts=32",
+                                       "speculation.num_speculative_tokens=8", *over]))
 
-    uniform = run("speculation.budget=uniform")
-    guarded = run("speculation.budget=uniform", "speculation.auto_disable=true")
-    adaptive = run("speculation.budget=adaptive")
+    uniform = run("speculation.scheduling.budget=uniform")
+    guarded = run("speculation.scheduling.budget=uniform", "speculation.auto_disable=true")
+    adaptive = run("speculation.scheduling.budget=adaptive")
     assert uniform["rollout_speedup"] > 2.0
     assert set(guarded["auto_disable_off_share_by_batch"].values()) == {0.0}
     assert guarded["rollout_speedup"] == pytest.approx(uniform["rollout_speedup"])

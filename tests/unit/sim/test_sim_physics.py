@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from sim_scenarios import build
 
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.costmodel import CostModel, ModelShape, Roofline, StepTime, vllm_capture_sizes
@@ -15,7 +16,6 @@ from nemo_rl_specdec.sim.report import SimulationError, check_finite, simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError, load_scenario, validate_scenario
 from nemo_rl_specdec.sim.step import simulate_rl
 from nemo_rl_specdec.sim.workload import make_batches
-from sim_scenarios import build
 
 # an 8B dense model on one GPU: 16 GB of weights at 6 TB/s, 1.5 PFLOP/s -> knee near 250 tokens
 DENSE = ModelShape(weight_bytes=1.6e10, flops_per_token=1.6e10, kv_bytes_per_token=1.5e5)
@@ -30,7 +30,7 @@ def roofline_scenario(**overrides):
         "drafter": {"name": "eagle3", "fwd_base_s": 1e-4,
                     "model": {"weight_bytes": 7e8, "flops_per_token": 7e8, "kv_bytes_per_token": 4096}},
         "acceptance": {"alpha": 0.8},
-        "speculation": {"k": 3},
+        "speculation": {"num_speculative_tokens": 3},
         "workload": {"num_prompts": 16, "generations_per_prompt": 16, "prompt_len": 64,
                      "lengths": {"dist": "values", "values": [300], "max_len": 300}, "prediction": "none"},
         "rl": {"num_steps": 2},
@@ -309,7 +309,7 @@ def test_a_nan_or_inf_result_is_an_error():
 
 def test_steady_state_serving_keeps_the_concurrency():
     raw = {"hardware": {"c_base_s": 0.01, "c_tok_s": 0.0, "max_num_seqs": 8}, "acceptance": {"alpha": 0.5},
-           "speculation": {"k": 2},
+           "speculation": {"num_speculative_tokens": 2},
            "workload": {"steady_state": True, "num_prompts": 8, "generations_per_prompt": 1, "prompt_len": 0,
                         "lengths": {"dist": "values", "values": [1000], "max_len": 1000}, "prediction": "none",
                         "history_rollouts": 0},
@@ -326,7 +326,7 @@ def test_cli_all_prints_one_line_per_scenario(tmp_path, capsys):
     for name, k in (("a", 2), ("b", 4)):
         (tmp_path / f"{name}.yaml").write_text(
             f"name: {name}\nhardware: {{c_base_s: 0.01, c_tok_s: 1.0e-4}}\nacceptance: {{alpha: 0.6}}\n"
-            f"speculation: {{k: {k}}}\nworkload: {{num_prompts: 2, generations_per_prompt: 2, "
+            f"speculation: {{num_speculative_tokens: {k}}}\nworkload: {{num_prompts: 2, generations_per_prompt: 2, "
             "lengths: {median: 100, max_len: 400}}\nrl: {num_steps: 2}\n")
     out = tmp_path / "all.json"
     assert main(["simulate", "--all", str(tmp_path), "--json", str(out)]) == 0
@@ -369,7 +369,7 @@ def test_cli_prints_calibration_points(tmp_path, capsys):
     out = tmp_path / "c3.json"
     assert main(["simulate", "c3_gptoss120b_h100_eagle3", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "calibration point 'depth 2' (speculation.k=2):" in text and "OUT OF RANGE" not in text
+    assert "calibration point 'depth 2' (speculation.num_speculative_tokens=2):" in text and "OUT OF RANGE" not in text
     pts = json.loads(out.read_text())["calibration_points"]
     assert [p["name"] for p in pts] == ["depth 2", "depth 3", "depth 6"]
     assert json.loads(out.read_text())["exposed_generation_s_baseline"] is None    # serving: no trainer

@@ -44,7 +44,7 @@ def models(tmp_path_factory):
 def _rollouts(n=12, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = []
-    for i in range(n):
+    for _i in range(n):
         p = torch.randint(3, VOCAB, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
         r = torch.randint(3, VOCAB, (int(torch.randint(5, 20, (1,), generator=g)),), generator=g).tolist()
         out.append({"prompt_token_ids": p, "token_ids": r})

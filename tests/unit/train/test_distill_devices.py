@@ -114,7 +114,10 @@ def test_the_device_check_catches_a_tensor_made_on_the_default_device(policies, 
         hd = x.shape[-1]
         inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         ang = pos.float().unsqueeze(-1) * inv
-        cos, sin = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(1), torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(1)
+        cos, sin = (
+            torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(1),
+            torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(1),
+        )
         return x * cos + torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], -1) * sin
 
     monkeypatch.setattr(eagle3_mod, "rope", rope_without_device)

@@ -6,11 +6,11 @@ import hashlib
 
 import pytest
 import torch
+from test_distill import _rollouts, _save_model
 
 from nemo_rl_specdec.drafters.draft_model import DraftModelDistiller
 from nemo_rl_specdec.rollouts import TokenSequence
 from nemo_rl_specdec.train.distill import cap_tokens
-from test_distill import _rollouts, _save_model
 
 
 def _digest(sd: dict) -> str:

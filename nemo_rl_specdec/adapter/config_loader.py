@@ -1,0 +1,103 @@
+"""Compose a NeMo-RL run file without importing NeMo-RL, so the block is checked before launch.
+
+Same inheritance rules as NeMo-RL's `load_config` (a `defaults:` entry or list, relative to the
+file that names it, parents merged first, `_override_: true` replaces a section instead of
+merging), plus one addition: a `defaults` entry starting with `nemo_rl:` is resolved against the
+NeMo-RL checkout (`nemo_rl:examples/configs/grpo_math_1B.yaml`), so our example configs can
+inherit NeMo-RL's own base config wherever NeMo-RL is installed.
+
+Reading, command-line overrides (NeMo-RL's Hydra spelling: `a.b=v`, `+a.b=v`, `++a.b=v`, `~a.b`) and
+interpolation are yaml_loader.py's. NeMo-RL re-parses the same overrides with Hydra when it starts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.config import ConfigError, resolve_config_path
+
+NEMO_RL_PREFIX = "nemo_rl:"
+
+
+class Composed:
+    """A composed (unresolved) run config, and what could not be composed."""
+
+    def __init__(self, cfg: Any, source: Path, missing_parents: list[str], uses_nemo_rl_parent: bool):
+        self.cfg = cfg  # omegaconf.DictConfig, interpolations unresolved
+        self.source = source
+        self.missing_parents = missing_parents
+        self.uses_nemo_rl_parent = uses_nemo_rl_parent
+
+    def resolved(self) -> dict:
+        hint = ""
+        if self.missing_parents:
+            hint = f" (parent configs not found: {self.missing_parents}; is NeMo-RL installed / NEMO_RL_ROOT set?)"
+        return yaml_loader.resolve(self.cfg, self.source, hint=hint)
+
+    def to_yaml(self) -> str:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_yaml(self.cfg)
+
+
+def _parent_path(entry: str, base_dir: Path, nemo_rl_root: Path | None) -> Path | None:
+    if entry.startswith(NEMO_RL_PREFIX):
+        if nemo_rl_root is None:
+            return None
+        return nemo_rl_root / entry[len(NEMO_RL_PREFIX):]
+    p = Path(entry)
+    return p if p.is_absolute() else base_dir / p
+
+
+def _merge(base: Any, child: Any) -> Any:
+    from omegaconf import DictConfig, OmegaConf
+
+    for key in list(child.keys()):
+        if OmegaConf.is_missing(child, key):
+            continue
+        val = child[key]
+        if isinstance(val, DictConfig) and val.get("_override_", False):
+            val.pop("_override_")
+            if key in base:
+                base.pop(key)
+    return OmegaConf.merge(base, child)
+
+
+def _load(path: Path, nemo_rl_root: Path | None, missing: list[str], flags: dict) -> Any:
+    from omegaconf import ListConfig, OmegaConf
+
+    cfg = yaml_loader.read(path, what="run file")
+    if "defaults" not in cfg:
+        return cfg
+    defaults = cfg.pop("defaults")
+    if isinstance(defaults, ListConfig):
+        entries = [str(d) for d in defaults]
+    else:
+        entries = [str(defaults)]
+    base = OmegaConf.create({})
+    for entry in entries:
+        if entry.startswith(NEMO_RL_PREFIX):
+            flags["nemo_rl_parent"] = True
+        parent = _parent_path(entry, path.parent, nemo_rl_root)
+        if parent is None or not parent.exists():
+            missing.append(entry if parent is None else str(parent))
+            continue
+        base = _merge(base, _load(parent, nemo_rl_root, missing, flags))
+    return _merge(base, cfg)
+
+
+def compose(path: str | Path, overrides: list[str] = (), nemo_rl_root: Path | None = None) -> Composed:
+    """Load `path` with inheritance, apply overrides; parents that cannot be found are reported, not fatal.
+    A path not found from the working directory is looked up in the bundled configs/ (`qwen3_8b_suffix.yaml`)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = resolve_config_path(str(path))
+    missing: list[str] = []
+    flags: dict = {}
+    try:
+        cfg = _load(path, nemo_rl_root, missing, flags)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{path}: {e}") from None
+    cfg = yaml_loader.apply_overrides(cfg, list(overrides), path, example="++grpo.max_num_steps=100")
+    return Composed(cfg, path, missing, bool(flags.get("nemo_rl_parent")))

@@ -1,0 +1,64 @@
+"""The torch layers our plain-torch drafter mirrors share (Eagle3's head, DFlash's draft): the RMS
+norm, the SwiGLU MLP under vLLM's parameter names, and the neox-style rotary embedding. The module
+classes are built on first use, so that declaring a drafter (config validation, the CLI) imports no
+torch. MTP's layer is transformers' own Qwen2 decoder layer, as vLLM's MiMo MTP layer is, and does
+not use these.
+"""
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+MODULES = ("RMSNorm", "SwiGLU")
+
+
+@functools.cache
+def torch_modules() -> SimpleNamespace:
+    """The shared torch module classes (RMSNorm, SwiGLU)."""
+    import torch
+    import torch.nn.functional as F
+
+    class RMSNorm(torch.nn.Module):
+        def __init__(self, n: int, eps: float):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(n))
+            self.eps = eps
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    class SwiGLU(torch.nn.Module):
+        """A Qwen3/Llama MLP (gate, up, down; no biases), under vLLM's parameter names."""
+
+        def __init__(self, H: int, inter: int):
+            super().__init__()
+            self.gate_proj = torch.nn.Linear(H, inter, bias=False)
+            self.up_proj = torch.nn.Linear(H, inter, bias=False)
+            self.down_proj = torch.nn.Linear(inter, H, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    for cls in (RMSNorm, SwiGLU):
+        cls.__qualname__ = cls.__name__  # pickles by module attribute (the module __getattr__ below)
+    return SimpleNamespace(RMSNorm=RMSNorm, SwiGLU=SwiGLU)
+
+
+def __getattr__(name: str):
+    if name in MODULES:
+        return getattr(torch_modules(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def rope(x, pos, theta: float):
+    """Neox-style rotary embedding on [B, heads, T, hd] at integer positions [B, T] (on x's device; the
+    tables in fp32, applied in x's dtype)."""
+    import torch
+
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd))
+    ang = pos.to(x.device).float().unsqueeze(-1) * inv  # [B, T, hd/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(1).to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(1).to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin

