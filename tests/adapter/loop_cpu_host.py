@@ -156,8 +156,11 @@ def apply() -> None:
         await self.llm.collective_rpc(_cpu_reloading_models)
         return out
 
+    from test_grpo_loop import add_async_probe
+
     for cls in (aimpl, _actor_class(vllm_worker_async.VllmAsyncGenerationWorker)):
         cls._create_engine, cls.post_init_async = _create_async_engine, _post_init_async
+        add_async_probe(cls)
 
 
 def _actor_class(actor):
