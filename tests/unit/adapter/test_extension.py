@@ -83,16 +83,32 @@ def test_stage_rejects_anything_but_a_policy_update():
         make_engine_worker().specdec_stage_update({"version": 1})
 
 
-def test_stage_takes_the_update_as_vllms_msgpack_delivers_it_to_a_multiprocess_engine_core():
-    """NeMo-RL's async engine runs vLLM's engine core in its own process: a `collective_rpc`
-    argument crosses vLLM's msgpack, which turns the dataclass into the map of its fields."""
+def test_stage_takes_the_update_as_the_async_worker_sends_it_through_vllms_msgpack(ray_local):
+    """NeMo-RL's async engine runs vLLM's engine core in its own process: a `collective_rpc` argument
+    crosses vLLM's msgpack, so the async worker sends `payload.for_engine_core`'s bytes, its refs
+    resolved; the rollouts and drafter tensors arrive whole."""
+    import ray
+    import torch
+
     serial = pytest.importorskip("vllm.v1.serial_utils")
-    staged = payload.stage_payload(4, drafter_weights=None, refresh_drafter=False)
-    (wire,) = serial.MsgpackDecoder().decode(serial.MsgpackEncoder().encode((staged,)))
-    assert isinstance(wire, dict)
+    batch = RolloutBatch.pack([{"problem_id": "p", "prompt_token_ids": [1], "token_ids": [2, 3], "policy_version": 0}])
+    weights = {"draft.fc.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    staged = payload.stage_payload(4, [ray.put(batch)], drafter_weights=ray.put(weights))
+    (wire,) = serial.MsgpackDecoder().decode(serial.MsgpackEncoder().encode((payload.for_engine_core(staged),)))
     w = make_engine_worker()
     assert w.specdec_stage_update(wire)
-    assert w._specdec_pending == staged
+    got = w._specdec_pending
+    assert got.version == 4 and torch.equal(got.drafter_weights["draft.fc.weight"], weights["draft.fc.weight"])
+    assert [(r.problem_id, r.token_ids.tolist()) for r in got.rollouts] == [("p", [2, 3])]
+
+
+def test_an_update_holding_ray_refs_is_not_sent_to_another_process(ray_local):
+    import ray
+
+    from nemo_rl_specdec.update import UpdateError
+
+    with pytest.raises(UpdateError, match="rollouts still hold Ray object refs"):
+        payload.stage_payload(2, [ray.put(RolloutBatch.empty())]).to_rpc()
 
 
 def _real_engine_mixin(monkeypatch):
