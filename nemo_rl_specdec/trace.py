@@ -8,10 +8,11 @@ steps of one rollout with the drafter that made them:
 
 - ``kind``: ``none`` (no speculation), ``list`` (history drafters: DAS, vLLM suffix, n-gram; drafts
   looked up on the host, so every step must carry its proposer time), ``model`` (k sequential draft
-  forwards: eagle3, mtp, draft_model), ``block`` (one forward over all draft positions: dflash) or
-  ``hybrid`` (a history drafter on every step and a model drafter's forwards on the steps that ran
-  them: each step says how many, ``model_forwards``, and the trace names the two profile entries
-  that price them, ``parts: {history: ..., model: ...}``);
+  forwards: eagle3, mtp, draft_model; a step may say the forwards it ran, ``model_forwards``, where
+  a rule skipped some of them: 0, as many as its longest draft), ``block`` (one forward over all
+  draft positions: dflash) or ``hybrid`` (a history drafter on every step and a model drafter's
+  forwards: each step says how many ran, ``model_forwards``, and the trace names the two profile
+  entries that price them, ``parts: {history: ..., model: ...}``);
 - ``source``: ``replay`` (`bench/replay.py`: a drafter proposing on recorded rollouts, every running
   request once per target forward) or ``engine`` (a live engine's steps).
 
@@ -31,6 +32,7 @@ FORMAT = "nemo-rl-specdec/trace"
 VERSION = 2
 READS = (1, 2)  # trace versions this package reads
 HYBRID = "hybrid"  # the kind of a trace of a drafter made of parts (not a drafter's name: compared as this constant)
+FORWARD_KINDS = (HYBRID, "model")   # the kinds whose steps may count the draft forwards they ran
 KINDS = ("none", "list", "model", "block", HYBRID)
 PARTS = ("history", "model")
 SOURCES = ("replay", "engine")
@@ -49,7 +51,7 @@ class TraceStep:
     prefill_tokens: int = 0                       # prompt tokens prefilled in the same forward
     proposer_s: float | None = None            # proposer thread time spent on this step's drafts
     prefill_requests: int = 0                     # requests whose prefill ended here (each samples a token)
-    model_forwards: int = 0                       # hybrid: the model part's draft forwards run in this step
+    model_forwards: int = 0                       # hybrid, model: the (model part's) draft forwards run in this step
 
     @property
     def committed(self) -> int:
@@ -171,9 +173,11 @@ class Trace:
                 raise TraceError(f"{where}.proposer_s: missing; a history drafter's trace ({self.drafter}) needs the "
                                  "proposer's CPU time of every decode step (it is on the step's critical path)")
             f = s.model_forwards
-            if isinstance(f, bool) or not isinstance(f, int) or not 0 <= f <= (self.k if hybrid else 0):
+            counted = self.kind in FORWARD_KINDS
+            if isinstance(f, bool) or not isinstance(f, int) or not 0 <= f <= (self.k if counted else 0):
                 raise TraceError(f"{where}.model_forwards: {f!r}; allowed: " + (
-                    f"an integer from 0 to k ({self.k})" if hybrid else "0 (only a hybrid trace runs them per step)"))
+                    f"an integer from 0 to k ({self.k})" if counted else
+                    f"0 (only a trace of kind {' or '.join(FORWARD_KINDS)} counts them per step)"))
 
     # ---------------------------------------------------------------- files
     def to_dict(self) -> dict:
@@ -182,7 +186,8 @@ class Trace:
                 "source": self.source, "meta": self.meta, **({"parts": self.parts} if hybrid else {}),
                 "steps": [{"rids": s.rids, "ctx": s.ctx, "drafts": s.drafts, "accepted": s.accepted,
                            "prefill_tokens": s.prefill_tokens, "prefill_requests": s.prefill_requests,
-                           "proposer_s": s.proposer_s, **({"model_forwards": s.model_forwards} if hybrid else {})}
+                           "proposer_s": s.proposer_s,
+                           **({"model_forwards": s.model_forwards} if self.kind in FORWARD_KINDS else {})}
                           for s in self.steps]}
 
     @classmethod

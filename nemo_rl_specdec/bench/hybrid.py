@@ -26,15 +26,19 @@ that takes, per request and step, the draft with more expected committed tokens 
      k = model_k; default 3, the depth Eagle3 heads are trained for and run at in NeMo-RL's
      published setups, and at most the run file's k);
    - ``eagle3_rule``: model only with the per-step rule (`hybrid_choice.choose` without history
-     drafts: the forwards skipped on steps where no draft pays, drafts cut to what pays);
+     drafts: the forwards skipped on steps where no draft pays, drafts cut to what pays; its trace
+     counts the forwards as the hybrid's does, below);
    - ``hybrid``: at every step, DAS's drafts with their calibrated acceptance (DAS's
      `AcceptanceCalibration`), the model half's acceptance by position measured online (its drafts
      scored against what the target then produced, verified or not, as DAS scores its withheld
      drafts; apart for requests with a history draft and without one, since the rule takes model
      drafts mostly where history finds nothing), and `hybrid_choice.choose` on the profile's
-     costs: t0 and c_tok (`PricedStepCost`, DAS's proposer included), and the model half's
-     `model_k` forwards over the step's requests (`price.model_forward_s`). The trace charges those forwards
-     on the steps that ran them and DAS's proposer on every step;
+     costs: t0 and c_tok (`PricedStepCost`, DAS's proposer included, and the model half's first
+     forward), and the model half's `model_k` - 1 skippable forwards over the step's requests
+     (`price.model_forward_s`). As in the engine (`drafters/hybrid.py`), a step that skips the model
+     half still runs its first forward (it writes the head's KV and hidden states of the verified
+     tokens, which later drafts attend to): the trace charges 1 model forward on such a step,
+     `model_k` on a step that runs it, and DAS's proposer on every step;
    - ``oracle``: the same choice made with hindsight (each draft token's gain 1 if the target
      accepts it, else 0): the ceiling of any rule choosing between the same two drafts.
 4. Pricing (`sim/price.py`, `bench.hybrid.hardware`, default h100_qwen3_8b): each replay's trace
@@ -278,7 +282,7 @@ class HybridReplay:
             self._das = make_proposer(history, max_model_len, max_num_seqs, temperature, None, _das_class(self))
         self.drafter = ReplayDrafter(self.propose, self.after_batch, "hybrid" if both else "model",
                                      {"history": HISTORY_KEY, "model": MODEL_KEY} if both else None,
-                                     (lambda: self._forwards) if both else None)
+                                     (lambda: self._forwards) if mode != MODEL_ALONE else None)
 
     # ---------------------------------------------------------------- the model half's acceptance
     def _resolve(self, rid: str, row: np.ndarray, n: int) -> None:
@@ -326,7 +330,11 @@ class HybridReplay:
                 truth.append(self.texts[key][ns[i]:ns[i] + self.k])
         ctx = [n - 1 for n in ns]
         t0, c_tok = self.cost.split(len(rids), sum(ns))
-        forward = model_forward_s(self.profile, MODEL_KEY, self.model_k, ctx)
+        # the engine runs the model half's first forward at every step (it writes the head's KV of the verified
+        # tokens): a cost of every step; what the rule can skip is the model_k - 1 forwards after it
+        first = model_forward_s(self.profile, MODEL_KEY, 1, ctx)
+        t0 += first
+        forward = model_forward_s(self.profile, MODEL_KEY, self.model_k, ctx) - first
         self._step = {"model": model, "truth": truth, "cost": (t0, c_tok, forward), "rows": len(rids),
                       "choice": None, "contexts": [ALONE] * len(rids)}
         if self.mode == MODEL_ALONE:
@@ -342,7 +350,7 @@ class HybridReplay:
                 self.counts[s] += 1
         self.counts["steps"] += 1
         self.counts["model_forward_steps"] += bool(run)
-        self._forwards = self.model_k if run else 0
+        self._forwards = self.model_k if run else 1   # a step that skips the model half still runs its first forward
         if run:   # the forward drafted every request: each draft is scored once the target has moved past it
             for rid, n, d, c in zip(rids, ns, model, self._step["contexts"], strict=True):
                 self._pending.setdefault(rid, []).append((n, d, c))

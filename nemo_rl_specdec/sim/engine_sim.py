@@ -39,8 +39,12 @@ rule, `drafters.machinery.hybrid_choice.choose`: history drafts only, or the mod
 too, each request taking the better of its two drafts. A request stands for `replicas` requests,
 round(coverage * replicas) of them with a history draft, so the choice sees the expected mix; the
 request then commits and verifies the mean of its replicas. The step pays the target's
-verification, the model half's forwards over every request when they run, and the history
-proposer's host time on every step.
+verification, the model half's forwards over every request, and the history proposer's host time
+on every step. As in the engine (`drafters/hybrid.py`), the model half's first forward runs at
+every step, where the rule skips the model half too (it writes the head's KV and hidden states of
+the verified tokens, which later drafts attend to): a skipped step pays 1 model forward, a step
+that runs the model half `model_k`, and the rule weighs only the `model_k` - 1 it can skip (the
+first is in its t0).
 """
 from __future__ import annotations
 
@@ -297,9 +301,12 @@ class EngineSim:
         target = self.cost.mean_step_time(n, 0.0, ctx)
         t0 = target + h.host_step_s + h.host_request_s * n
         c_tok = max(0.0, self.cost.mean_step_time(n, float(k), ctx) - target) / (n * k)   # the secant to k drafts
-        model_st = StepTime(0.0)
+        first_st, model_st = StepTime(0.0), StepTime(0.0)
+        h.model_cost._add_drafting(first_st, np.ones(n), self._ctx, np.zeros(n))
         h.model_cost._add_drafting(model_st, np.full(n, float(h.model_k)), self._ctx, np.zeros(n))
-        forward = model_st.at(0)
+        first = first_st.at(0)   # the model half's first forward: run at every step (module doc)
+        t0 += first
+        forward = model_st.at(0) - first   # what the rule can skip: the model_k - 1 forwards after it
         g_model = np.diff(self._A, axis=1)[:, :h.model_k]
         g_hist = list(h.history[:k])
         same = bool(np.all(g_model == g_model[:1]))
@@ -368,8 +375,9 @@ class EngineSim:
         if self.hybrid is not None:
             h = self.hybrid
             cost.t0 += h.host_step_s + h.host_request_s * n_act
-            if run_model:
-                h.model_cost._add_drafting(cost, np.full(n_act, float(h.model_k)), self._ctx, rate)
+            if n_act:   # a skipped model half still runs its first forward
+                forwards = h.model_k if run_model else 1
+                h.model_cost._add_drafting(cost, np.full(n_act, float(forwards)), self._ctx, rate)
 
         left = self._len - self._prog
         n = int(np.min(np.ceil(left / rate - 1e-9)))

@@ -9,11 +9,12 @@ a model drafter, one over every draft position for a block drafter) on the same 
 draft's shape; and for a history drafter its proposer's host time, ``step_overhead_s +
 per_request_s * requests`` for every decode step (vLLM runs the proposer for every running request
 of every step, on the step's critical path), from the profile's constants. A hybrid trace (a
-history drafter on every step, a model drafter's forwards on the steps that ran them) is priced
-from its two parts' entries: the history proposer's host time on every decode step, and on a step
-that ran them, the model part's draft forwards over every request of the step
-(`model_forward_s`). The rollout time is the sum over steps, so the same trace and profile always
-give the same figure.
+history drafter on every step, a model drafter's forwards as each step counts them) is priced
+from its two parts' entries: the history proposer's host time on every decode step, and the
+model part's draft forwards the step ran over every request of the step (`model_forward_s`); a
+model drafter's step that counts its forwards (``model_forwards``: a rule skipped some) is priced
+the same way, from those forwards. The rollout time is the sum over steps, so the same trace and
+profile always give the same figure.
 
 The baseline is ``--baseline`` (a no-speculation trace of the same requests), or for a replay
 trace its own run without drafts (`Trace.without_drafts`). The trace's measured proposer time is
@@ -123,6 +124,8 @@ def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None) ->
         t_all = cm.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
         if hist is not None:   # the target verifies every draft; the model part ran its forwards or not
             t_all = tt + model_forward_s(profile, model, s.model_forwards, ctx)
+        elif s.model_forwards:   # a model drafter whose step says the forwards it ran (a rule skipped some)
+            t_all = tt + model_forward_s(profile, key, s.model_forwards, ctx)
         tp = profile_proposer(profile, hist or key, n)
         t_target += tt
         t_draft += t_all - tt

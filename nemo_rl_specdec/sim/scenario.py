@@ -684,8 +684,9 @@ class Hybrid(_Strict):
     verified): its `coverage` (share of request-steps with a history draft) and
     `accepted_per_position` (acceptance of those drafts by position). At every event the engine
     applies `hybrid_choice.choose`: history drafts only, or the model half's `model_k` forwards too,
-    each request taking the better of its two drafts; the history proposer's host time is paid on
-    every step."""
+    each request taking the better of its two drafts; the history proposer's host time and the model
+    half's first forward (the engine runs it where the model half is skipped too: it writes the
+    head's KV of the verified tokens) are paid on every step."""
 
     bench_json: str = Field(description="a `nemo-rl-specdec bench --suite hybrid --json` file (a path, or relative "
                             "to configs/sim/)")

@@ -116,6 +116,10 @@ def test_a_bad_hybrid_trace_is_refused_naming_the_field(tmp_path, change, field)
     test_a_bad_trace_is_refused_naming_the_field(tmp_path, change, field, _hybrid)
 
 
-def test_only_a_hybrid_trace_runs_model_forwards_per_step():
+def test_only_a_hybrid_or_model_trace_counts_model_forwards_per_step(tmp_path):
     with pytest.raises(TraceError, match=r"steps\[0\].model_forwards"):
         Trace("list", 3, [TraceStep(["a"], [5], [1], [1], 0, 1e-4, 0, 1)], "das")
+    # a model drafter under a rule that skipped its later forwards: the step ran one and verified nothing
+    t = Trace("model", 3, [TraceStep(["a"], [5], [0], [0], 0, None, 0, 1)], "eagle3")
+    back = Trace.load(t.save(tmp_path / "m.json"))
+    assert back.steps[0].model_forwards == 1 and back.to_dict() == t.to_dict()

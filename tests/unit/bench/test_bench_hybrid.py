@@ -85,7 +85,9 @@ def test_the_rule_skips_the_model_forward_where_no_model_draft_pays():
     forwards stop, and the hybrid is DAS plus the steps it took to learn that."""
     cfg = load_run_config(config_path("tiny_cpu.yaml"),
                           [f"policy.generation.speculative_decoding.num_speculative_tokens={K}"])
-    recorded = _recorded(steps=10)   # enough drafts for the calibration to fold its feedback in (flush_every)
+    # enough drafts for the calibration to fold its feedback in (flush_every) and fall below the price of the
+    # forwards the rule can skip (the first one runs at every step, so it is no saving)
+    recorded = _recorded(steps=30)
     tables = {key: np.full_like(t, WRONG) for key, t in _tables(recorded).items()}
     h = hybrid.HybridReplay("eagle3_rule", hybrid.with_prompt_lengths(tables, recorded), {}, K,
                             load_profile("h100_qwen3_8b"), 256)
@@ -101,3 +103,28 @@ def test_a_mode_without_its_history_half_is_refused():
         hybrid.HybridReplay("hybrid", {}, {}, K, load_profile("h100_qwen3_8b"), 256)
     with pytest.raises(ValueError, match="mode"):
         hybrid.HybridReplay("both", {}, {}, K, load_profile("h100_qwen3_8b"), 256)
+
+
+def test_a_step_that_skips_the_model_half_is_charged_its_first_forward():
+    """As in the engine: the model half's first forward runs at every decode step (it writes the
+    head's KV of the verified tokens), its model_k forwards where the rule runs it; the priced draft
+    time is those forwards and nothing else."""
+    from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.sim.price import model_forward_s, price
+
+    cfg = load_run_config(config_path("tiny_cpu.yaml"),
+                          [f"policy.generation.speculative_decoding.num_speculative_tokens={K}"])
+    recorded = _recorded(steps=10)
+    tables = {key: np.full_like(t, WRONG) for key, t in _tables(recorded).items()}
+    profile = load_profile("h100_qwen3_8b")
+    h = hybrid.HybridReplay("hybrid", hybrid.with_prompt_lengths(tables, recorded), {}, K, profile, 256,
+                            history=hybrid.das_spec(cfg))
+    rows = replay(hybrid.das_spec(cfg), recorded, 256, drafter=h.drafter, label="hybrid")
+    decode = [s for r in rows for s in r["trace"].steps if s.rids]
+    assert len(decode) == h.counts["steps"]
+    forwards = [s.model_forwards for s in decode]
+    assert set(forwards) <= {1, K} and forwards.count(K) == h.counts["model_forward_steps"]
+    assert forwards.count(1) > 0   # the model drafts are all wrong: the rule skips the model half
+    for r in rows:
+        expected = sum(model_forward_s(profile, hybrid.MODEL_KEY, s.model_forwards, s.ctx) for s in r["trace"].steps)
+        assert price(r["trace"], profile).draft_s == pytest.approx(expected)

@@ -197,3 +197,16 @@ def test_a_hybrid_trace_pays_the_model_forwards_only_where_they_ran_and_the_prop
         price(Trace("hybrid", 3, hybrid[1].steps, "hybrid", "replay", {}, {"history": "das", "model": "ngram"}), h100)
     with pytest.raises(TraceError, match="name no drafter"):
         price(hybrid[1], h100, "das")
+
+
+def test_a_model_step_that_counts_its_forwards_is_priced_from_them(h100):
+    """A model drafter under a rule: a step that skipped its later forwards ran one (no draft verified),
+    and pays it; a step without the count pays the forwards its drafts imply."""
+    from nemo_rl_specdec.sim.price import model_forward_s
+
+    step = _trace(64, 3, 2, kind="model").steps[1]
+    skipped = TraceStep(step.rids, step.ctx, [0] * len(step.rids), [0] * len(step.rids), 0, None, 0, 1)
+    priced = price(Trace("model", 3, [skipped], "eagle3"), h100)
+    assert priced.draft_s == pytest.approx(model_forward_s(h100, "eagle3", 1, step.ctx)) and priced.draft_s > 0
+    uncounted = TraceStep(step.rids, step.ctx, [0] * len(step.rids), [0] * len(step.rids), 0, None, 0, 0)
+    assert price(Trace("model", 3, [uncounted], "eagle3"), h100).draft_s == 0

@@ -70,3 +70,20 @@ def test_requests_with_their_own_acceptance_each_get_their_choice(tmp_path):
     spread = simulate(scenario(**{"acceptance.spread": 0.1}, hybrid={"bench_json": path}))
     assert sum(spread["hybrid_share_by_source"].values()) == pytest.approx(1.0)
     assert spread["rollout_speedup"] == pytest.approx(alike["rollout_speedup"], rel=0.1)
+
+
+def test_a_step_that_skips_the_model_half_still_pays_its_first_forward(tmp_path):
+    """The engine runs the model half's first forward at every step (it writes the head's KV of the
+    verified tokens): where the rule skips the model half at every step, each step's time grows by
+    exactly one forward's cost as that cost grows."""
+    path = _bench(tmp_path, 1.0, [1.0] * 4)
+    runs = {}
+    for fwd in (1e-3, 2e-3):
+        runs[fwd] = simulate(scenario(drafter={"name": "eagle3", "fwd_base_s": fwd}, **{"cluster.num_engines": 1},
+                                      hybrid={"bench_json": path, "per_request_s": 1e-6}))
+        assert runs[fwd]["hybrid_model_forward_share"] == 0   # the history half drafts right: never worth the rest
+    cheap, dear = runs[1e-3], runs[2e-3]
+    assert dear["target_steps_spec"] == cheap["target_steps_spec"]
+    per_rl_step = cheap["target_steps_spec"] / 2   # rl.num_steps; rollout_s is one RL step's rollout
+    assert dear["rollout_s_spec"] - cheap["rollout_s_spec"] == pytest.approx(1e-3 * per_rl_step, rel=1e-6)
+    assert dear["rollout_s_baseline"] == cheap["rollout_s_baseline"]
