@@ -555,6 +555,18 @@ def without_block(loop_ray, tmp_path_factory):
     return run_loop(tmp_path_factory.mktemp("no_block"), None)
 
 
+def assert_spec_metrics_every_step(logged: list) -> None:
+    """`vllm/spec_*` and `specdec/*` reached NeMo-RL's logger at every training step."""
+    train: dict = {}
+    for p, s, m in logged:
+        if p == "train":
+            train.setdefault(s, {}).update(m)
+    assert sorted(train) == list(range(1, STEPS + 1))
+    for s, m in train.items():
+        assert any(k.startswith("specdec/") for k in m), (s, sorted(m))
+        assert any(k.startswith("vllm/spec_") for k in m), (s, sorted(m))
+
+
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_grpo_train_runs_three_steps_with_the_block(loop_ray, without_block, tmp_path, name):
     """grpo_train's refits (one before step 1, then one per step) keep every engine in lockstep (an
@@ -591,14 +603,7 @@ def test_grpo_train_runs_three_steps_with_the_block(loop_ray, without_block, tmp
                 # refit k installs the rollouts of steps 1..k-1: every sibling of every problem
                 assert store == ({pid: GROUP * (refit - 1) for pid in train_pids} if refit > 1 else {}), refit
                 assert not val_pids & set(store)
-    train: dict = {}
-    for p, s, m in out["logged"]:
-        if p == "train":
-            train.setdefault(s, {}).update(m)
-    assert sorted(train) == list(range(1, STEPS + 1))
-    for s, m in train.items():
-        assert any(k.startswith("specdec/") for k in m), (s, sorted(m))
-        assert any(k.startswith("vllm/spec_") for k in m), (s, sorted(m))
+    assert_spec_metrics_every_step(out["logged"])
     assert out["policy_steps"] == without_block["policy_steps"] == STEPS
     # STEPS training calls and one validation call (val_period=2)
     assert len(out["generated"]) == STEPS + 1
@@ -713,11 +718,4 @@ def test_async_grpo_train_logs_the_spec_metrics_every_step(async_runs, name):
     why_not = _async_grpo_logs_step_metrics()
     if why_not:
         pytest.skip(why_not)
-    train: dict = {}
-    for p, s, m in async_runs(name)["logged"]:
-        if p == "train":
-            train.setdefault(s, {}).update(m)
-    assert sorted(train) == list(range(1, STEPS + 1))
-    for s, m in train.items():
-        assert any(k.startswith("specdec/") for k in m), (s, sorted(m))
-        assert any(k.startswith("vllm/spec_") for k in m), (s, sorted(m))
+    assert_spec_metrics_every_step(async_runs(name)["logged"])
