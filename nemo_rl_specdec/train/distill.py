@@ -306,15 +306,14 @@ class Distiller:
     def _teacher_forward(self, teacher, ids):
         """One no-grad forward of the policy: its outputs with every hidden state, logits only at the
         last position (the loss recomputes the others chunk by chunk), and its final hidden states."""
+        if self.t_out.device.type != self.device.type:  # checked before a forward that would mix the two
+            raise DistillInputError(f"the policy computes on {self.t_out.device}, the drafter is on {self.device}: "
+                                    "build the distiller with device= the policy's device")
         out = teacher(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
         computes_in = whole(out.hidden_states[-1]).dtype
         if self.t_out.dtype != computes_in:  # mixed precision (FSDP's param_dtype): fp32 stored, bf16 computed
             self.t_out = self.t_out.to(computes_in)
-        h = final_hidden(out, self.t_out)
-        if h.device.type != self.device.type:
-            raise DistillInputError(f"the policy computes on {h.device}, the drafter is on {self.device}: build the "
-                                    "distiller with device= the policy's device")
-        return out, h
+        return out, final_hidden(out, self.t_out)
 
     def teacher_targets(self, teacher, seqs: list, batches: list) -> list:
         """Per micro-batch, the no-grad teacher side (`_prepare`), teacher mode restored after. An
