@@ -4,7 +4,8 @@ The Qwen3-8B Eagle3 example with `drafter: hybrid` (history part DAS, model part
 Eagle3 head): our entry point composes it; NeMo-RL's `load_config` and `MasterConfig` accept it;
 NeMo-RL's `configure_generation_config`, wrapped by us, writes the model part's
 `speculative_config` (greedy drafts) and `async_scheduling: false` into `vllm_kwargs`; the
-preflight, fed what the vLLM this NeMo-RL pins accepts, keeps it; the trainer's Eagle head is
+preflight, fed what the vLLM this NeMo-RL pins accepts, keeps it (or, for a vLLM without the
+custom-class runner, v0.7.0's 0.20.0, refuses it naming the key path); the trainer's Eagle head is
 the model part's weight source (`refit_stream`), and the step's rollouts reach the engines for the
 history half.
 """
@@ -15,7 +16,7 @@ from test_configs import VLLM_SPECULATIVE, _configured, nemo_rl_load, pinned_vll
 
 from nemo_rl_specdec import run_grpo
 from nemo_rl_specdec.adapter import config_loader, preflight, translate
-from nemo_rl_specdec.config import BLOCK_PATH
+from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
 from nemo_rl_specdec.resources import config_path
 
 pytestmark = pytest.mark.nemo_rl
@@ -54,5 +55,9 @@ def test_configure_writes_the_model_parts_config_and_synchronous_scheduling(hybr
     accepts = VLLM_SPECULATIVE[version]
     facts = {"vllm": version, "python": "workers", "fields": sorted(accepts["keys"]),
              "methods": sorted(accepts["methods"])}
+    if "custom_class" not in accepts["methods"]:  # v0.7.0's vLLM 0.20.0: refused before any engine starts
+        with pytest.raises(ConfigError, match=rf"^{BLOCK_PATH}\.drafter: got 'hybrid'.*vLLM {version}.*main"):
+            preflight.adapt_speculative_config(sc, facts, spec, log=lambda m: None)
+        return
     adapted = preflight.adapt_speculative_config(sc, facts, spec, log=lambda m: None)
     assert adapted == sc and not set(adapted) - accepts["keys"]
