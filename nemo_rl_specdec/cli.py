@@ -1,4 +1,4 @@
-"""`nemo-rl-specdec` command line: validate | generate | demo | bench | simulate.
+"""`nemo-rl-specdec` command line: validate | generate | demo | bench | simulate | price.
 
 Every subcommand lives here: its arguments, and the command itself, which reads the input, calls
 the module that does the work (config, engine, demo, bench, sim) and prints or writes the result.
@@ -21,8 +21,9 @@ OUTPUTS = {"generate": (("out", False),), "demo": (("out", True),), "bench": (("
 
 def check_output(option: str, path: str, is_dir: bool) -> None:
     """Refuse an output path that cannot be written, before anything runs and without creating
-    anything: a file where a folder is wanted or the reverse, or a parent that is a file or not
-    writable."""
+    anything. An existing file (or folder, for a folder output) is fine: files are overwritten and a
+    folder is reused. Refused, each saying which: an empty path; a folder where a file is wanted or
+    the reverse; a parent that is a file; a place this user cannot write."""
     import os
 
     p = Path(path)
@@ -30,19 +31,25 @@ def check_output(option: str, path: str, is_dir: bool) -> None:
     if not str(path).strip():
         raise ConfigError(f"--{option}: got an empty path; allowed: {want} path")
     try:
-        exists = p.exists()
-        if exists and p.is_dir() != is_dir:
-            raise ConfigError(f"--{option}: {path} is {'a folder' if p.is_dir() else 'a file'}; allowed: {want}")
-        parent = p if exists else p.absolute().parent
+        clash = p.exists() and p.is_dir() != is_dir
+        target = p.absolute()
+        parent = target.parent
         while not parent.exists():
             parent = parent.parent
+        blocker = next((a for a in [*reversed(target.parents)] if a.exists() and not a.is_dir()), None)
     except (OSError, ValueError) as e:
         raise ConfigError(f"--{option}: cannot use {str(path)[:80]!r} as a path "
                           f"({getattr(e, 'strerror', None) or e}); allowed: {want} path") from None
-    if not parent.is_dir():
-        raise ConfigError(f"--{option}: {path} lies under {parent}, which is a file; allowed: {want} under a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--{option}: {parent} is not writable; allowed: {want} where this user can write")
+    if clash:
+        raise ConfigError(f"--{option}: {path} is an existing {'folder' if is_dir is False else 'file'}; "
+                          f"allowed: {want} (an existing one is {'reused' if is_dir else 'overwritten'})")
+    if blocker is not None:
+        raise ConfigError(f"--{option}: {path}: its parent {blocker} is a file, not a folder; allowed: {want} "
+                          "under a folder")
+    writable = target if target.exists() else parent
+    if not os.access(writable, os.W_OK | (os.X_OK if writable.is_dir() else 0)):
+        raise ConfigError(f"--{option}: {path}: no permission to write {writable} for this user; allowed: {want} "
+                          "where this user can write")
 
 
 def _write_json(path: str, obj) -> None:
@@ -58,7 +65,7 @@ def _validate(args) -> int:
     checkpoint paths; what cannot be checked here (NeMo-RL parents without a checkout, Hugging Face
     ids) is listed under `not_checked`."""
     from nemo_rl_specdec.adapter import api, config_loader, translate
-    from nemo_rl_specdec.config import to_vllm_speculative_config, validate_run_dict
+    from nemo_rl_specdec.config import check_run_sections, to_vllm_speculative_config, validate_run_dict
 
     composed = config_loader.compose(args.run_yaml, args.overrides, api.find_nemo_rl_root())
     unreachable = [m for m in composed.missing_parents if m.startswith(config_loader.NEMO_RL_PREFIX)]
@@ -69,6 +76,8 @@ def _validate(args) -> int:
                    "would add were not checked"] if unreachable else []
     raw = composed.resolved()
     raw.pop("defaults", None)
+    if not composed.has_parents:  # a self-contained run file: what generate, demo and bench would run
+        check_run_sections(raw)
     cfg = validate_run_dict(raw, str(composed.source))
     if composed.uses_nemo_rl_parent and not unreachable:
         translate.check_run(raw)
@@ -357,11 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_yaml")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--json", default=None, help="write results JSON here")
-    p.add_argument(
-        "--suite",
-        default=None,
-        help="drafters (default) | das | scheduling | lockstep | parametric | refresh | costmodel | adaptive | distill",
-    )
+    from nemo_rl_specdec.bench import SUITES
+
+    p.add_argument("--suite", default=None, help=" | ".join(f"{s} (default)" if s == "drafters" else s for s in SUITES))
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("simulate", help="simulate RL steps with speculative decoding")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -357,14 +358,17 @@ def _format_pydantic(err: ValidationError, prefix: str) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def _reject_misspelt(node: dict, expected: str, path: str) -> None:
-    """The mappings above our block belong to NeMo-RL (extra keys allowed), so a misspelt
-    `generation` / `speculative_decoding` would silently disable the block: reject near misses."""
+def _reject_misspelt(node: dict, expected: str | list[str], path: str) -> None:
+    """The mappings our keys sit in are NeMo-RL's too (extra keys allowed), so a misspelt
+    `generation` / `speculative_decoding`, or a misspelt setting we read there (`temperture`), would be
+    silently ignored: reject near misses of the keys we read."""
+    ours = [expected] if isinstance(expected, str) else expected
     for key in node:
-        if isinstance(key, str) and key != expected and difflib.SequenceMatcher(None, key, expected).ratio() >= 0.8:
+        close = difflib.get_close_matches(key, ours, n=1, cutoff=0.8) if isinstance(key, str) else []
+        if close and key not in ours:
             raise ConfigError(
-                f"{path}.{key}: unknown key; allowed: '{expected}' (did you mean {path}.{expected}?) "
-                "— a misspelt block would be silently ignored"
+                f"{path}.{key}: unknown key; allowed: '{close[0]}' (did you mean {path}.{close[0]}?) "
+                "— a misspelt key would be silently ignored"
             )
 
 
@@ -379,7 +383,9 @@ def validate_run_dict(raw: dict, source: str | None = None) -> RunConfig:
     gen = policy.get("generation") or {}
     if not isinstance(gen, dict):
         raise ConfigError(f"policy.generation: got {gen!r}; allowed: a mapping")
-    _reject_misspelt(gen, "speculative_decoding", "policy.generation")
+    _reject_misspelt(gen, list(GenerationConfig.model_fields), "policy.generation")
+    if isinstance(gen.get("vllm_cfg"), dict):
+        _reject_misspelt(gen["vllm_cfg"], list(VllmCfg.model_fields), "policy.generation.vllm_cfg")
     block = gen.get("speculative_decoding")
     if "speculative_decoding" in gen and not isinstance(block, dict):
         raise ConfigError(f"{BLOCK_PATH}: got {block!r}; allowed: a mapping of speculative-decoding settings")
@@ -416,15 +422,59 @@ def resolve_config_path(path: str | None) -> Path:
     raise ConfigError(f"run file {path!r} not found (looked in ., {configs_dir()})")
 
 
+# The sections of a self-contained run file that `generate`, `demo` and `bench` read besides `policy`,
+# and the keys they read there (NeMo-RL's names, except grpo.mode); `bench` holds one mapping per
+# suite, each checked by its suite (bench/__init__.py).
+RUN_SECTIONS: dict[str, tuple[str, ...]] = {
+    "grpo": ("mode", "max_num_steps", "num_prompts_per_step", "num_generations_per_prompt", "learning_rate", "seed"),
+    "demo": ("problem_pool", "task_families", "compare_frozen_drafter", "prompt_format", "reward"),
+    "cluster": ("num_engines",),
+}
+# `name` becomes a folder (`demo` writes to runs/<name>/): one plain path part
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_sections(raw: dict) -> None:
+    """What our engine commands read outside the block, checked as strictly as the block: `name` is a
+    plain name (no path separators, no `..`), a key of a section in RUN_SECTIONS that the commands do
+    not read is an error naming the nearest key they do read, and a near miss of a section name is an
+    error too (a misspelt section would be ignored whole)."""
+    name = raw.get("name")
+    if name is not None and (not isinstance(name, str) or not RUN_NAME.fullmatch(name)):
+        raise ConfigError(f"name: got {name!r}; allowed: a plain name of letters, digits, '.', '_' and '-' (at most "
+                          "128, starting with a letter or digit): the demo writes to runs/<name>/, so a path "
+                          "separator or '..' would write elsewhere")
+    known_top = ["name", "policy", "bench", *RUN_SECTIONS]
+    for key in raw:
+        close = difflib.get_close_matches(str(key), known_top, n=1, cutoff=0.8)
+        if close and key != close[0]:
+            raise ConfigError(f"{key}: unknown section; did you mean '{close[0]}'? — a misspelt section would be "
+                              "silently ignored")
+    for section, keys in RUN_SECTIONS.items():
+        sec = raw.get(section)
+        if sec is None:
+            continue
+        if not isinstance(sec, dict):
+            raise ConfigError(f"{section}: got {sec!r}; allowed: a mapping of settings")
+        for key in sec:
+            if key not in keys:
+                close = difflib.get_close_matches(str(key), keys, n=1, cutoff=0.5)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise ConfigError(f"{section}.{key}: unknown key; {hint}allowed keys: {list(keys)} — these "
+                                  "commands read no other key here, and unknown keys are not ignored")
+
+
 def load_run_config(path: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
-    """Load a self-contained run YAML, apply `key=value` overrides, resolve (yaml_loader.py), validate,
-    and check the checkpoint paths it names (`RunConfig.check_paths`)."""
+    """Load a self-contained run YAML, apply `key=value` overrides, resolve (yaml_loader.py), validate
+    the block and the sections our commands read (`check_run_sections`), and check the checkpoint
+    paths it names (`RunConfig.check_paths`)."""
     p = resolve_config_path(path)
     raw = yaml_loader.load(p, overrides, what="run file", example=f"{BLOCK_PATH}.drafter=ngram")
     if "defaults" in raw:
         raise ConfigError(f"{p}: defaults: {raw['defaults']!r}: this command runs one self-contained run file on our "
                           "engine; a run file with parents is composed by the NeMo-RL launcher (python -m "
                           "nemo_rl_specdec.run_grpo), and `nemo-rl-specdec validate` checks it composed")
+    check_run_sections(raw)
     cfg = validate_run_dict(raw, str(p))
     cfg.check_paths()
     return cfg

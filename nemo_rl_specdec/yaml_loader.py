@@ -112,19 +112,63 @@ def parse_override(override: str, source: str | Path, error: type[ConfigError] =
     return "set", key, value
 
 
-def _scalar_above(cfg: Any, key: str) -> str | None:
+def _scalar_above(cfg: Any, key: str) -> tuple[str, Any] | None:
     """The first key above `key` that holds a value other than a mapping or list (so `key` cannot
-    go below it), without resolving interpolations; None when there is none."""
+    go below it), and that value; an interpolation is resolved to tell (`${specdec_asset:...}` is a
+    path, a string). None when there is none, or when an interpolation cannot be resolved yet."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     node, parts = cfg, key.split(".")
     for i, part in enumerate(parts[:-1]):
-        if not OmegaConf.is_dict(node) or part not in node or OmegaConf.is_interpolation(node, part):
+        if not OmegaConf.is_dict(node) or part not in node:
             return None
-        node = node[part]
+        try:
+            node = node[part]
+        except OmegaConfBaseException:  # an interpolation that resolves only once the run is composed
+            return None
         if node is not None and not OmegaConf.is_config(node):
-            return ".".join(parts[: i + 1])
+            return ".".join(parts[: i + 1]), node
     return None
+
+
+def _clash(base: Any, child: Any, path: str = "") -> tuple[str, str, str] | None:
+    """The first key where `child` puts a list over a mapping or the reverse (which OmegaConf cannot
+    merge): (key, what the child has, what it would replace); None when there is none."""
+    from omegaconf import OmegaConf
+
+    if not (OmegaConf.is_dict(base) and OmegaConf.is_dict(child)):
+        return None
+    for key in child:
+        if key not in base or OmegaConf.is_interpolation(child, key) or OmegaConf.is_interpolation(base, key):
+            continue
+        b, c = base._get_node(key), child._get_node(key)
+        kinds = ["a mapping" if OmegaConf.is_dict(x) else "a list" if OmegaConf.is_list(x) else None for x in (c, b)]
+        where = f"{path}.{key}" if path else str(key)
+        if None not in kinds and kinds[0] != kinds[1]:
+            return where, kinds[0], kinds[1]  # type: ignore[return-value]
+        found = _clash(b, c, where)
+        if found:
+            return found
+    return None
+
+
+def merge(base: Any, child: Any, source: str | Path, error: type[ConfigError] = ConfigError,
+          parent: str = "the file it extends") -> Any:
+    """`child` merged over `base` (OmegaConf.merge); a key where one holds a list and the other a
+    mapping is an `error` naming the key, as is any other merge failure."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    found = _clash(base, child)
+    if found:
+        key, has, replaces = found
+        raise error(f"{source}: {key}: got {has}; allowed: {replaces}, as in {parent} (a list and a mapping "
+                    "do not merge)")
+    try:
+        return OmegaConf.merge(base, child)
+    except (OmegaConfBaseException, TypeError) as e:
+        raise error(f"{source}: cannot merge it over {parent}: {one_line(e)}") from None
 
 
 def apply_overrides(cfg: Any, overrides: Sequence[str], source: str | Path,
@@ -146,8 +190,8 @@ def apply_overrides(cfg: Any, overrides: Sequence[str], source: str | Path,
             else:
                 above = _scalar_above(cfg, key)
                 if above is not None:
-                    raise error(f"override {ov!r} of {source}: {above} is a value "
-                                f"({OmegaConf.select(cfg, above)!r}), not a mapping with keys below it")
+                    raise error(f"override {ov!r} of {source}: {above[0]} is a value ({above[1]!r}), not a mapping "
+                                "with keys below it")
                 cfg.merge_with_dotlist([f"{key}={value}"])
         except (OmegaConfBaseException, yaml.YAMLError, ValueError) as e:
             if isinstance(e, ConfigError):

@@ -23,11 +23,13 @@ NEMO_RL_PREFIX = "nemo_rl:"
 class Composed:
     """A composed (unresolved) run config, and what could not be composed."""
 
-    def __init__(self, cfg: Any, source: Path, missing_parents: list[str], uses_nemo_rl_parent: bool):
+    def __init__(self, cfg: Any, source: Path, missing_parents: list[str], uses_nemo_rl_parent: bool,
+                 has_parents: bool = False):
         self.cfg = cfg  # omegaconf.DictConfig, interpolations unresolved
         self.source = source
         self.missing_parents = missing_parents
         self.uses_nemo_rl_parent = uses_nemo_rl_parent
+        self.has_parents = has_parents  # False: a self-contained run file, as generate, demo and bench run
 
     def resolved(self) -> dict:
         hint = ""
@@ -50,7 +52,7 @@ def _parent_path(entry: str, base_dir: Path, nemo_rl_root: Path | None) -> Path 
     return p if p.is_absolute() else base_dir / p
 
 
-def _merge(base: Any, child: Any) -> Any:
+def _merge(base: Any, child: Any, source: Path) -> Any:
     from omegaconf import DictConfig, OmegaConf
 
     for key in list(child.keys()):
@@ -61,7 +63,7 @@ def _merge(base: Any, child: Any) -> Any:
             val.pop("_override_")
             if key in base:
                 base.pop(key)
-    return OmegaConf.merge(base, child)
+    return yaml_loader.merge(base, child, source, parent="its defaults: parents")
 
 
 def _load(path: Path, nemo_rl_root: Path | None, missing: list[str], flags: dict) -> Any:
@@ -71,6 +73,7 @@ def _load(path: Path, nemo_rl_root: Path | None, missing: list[str], flags: dict
     if "defaults" not in cfg:
         return cfg
     defaults = cfg.pop("defaults")
+    flags["parents"] = True
     if isinstance(defaults, ListConfig):
         entries = [str(d) for d in defaults]
     else:
@@ -83,8 +86,8 @@ def _load(path: Path, nemo_rl_root: Path | None, missing: list[str], flags: dict
         if parent is None or not parent.exists():
             missing.append(entry if parent is None else str(parent))
             continue
-        base = _merge(base, _load(parent, nemo_rl_root, missing, flags))
-    return _merge(base, cfg)
+        base = _merge(base, _load(parent, nemo_rl_root, missing, flags), path)
+    return _merge(base, cfg, path)
 
 
 def compose(path: str | Path, overrides: list[str] = (), nemo_rl_root: Path | None = None) -> Composed:
@@ -100,4 +103,4 @@ def compose(path: str | Path, overrides: list[str] = (), nemo_rl_root: Path | No
     except OmegaConfBaseException as e:
         raise ConfigError(f"{path}: {e}") from None
     cfg = yaml_loader.apply_overrides(cfg, list(overrides), path, example="++grpo.max_num_steps=100")
-    return Composed(cfg, path, missing, bool(flags.get("nemo_rl_parent")))
+    return Composed(cfg, path, missing, bool(flags.get("nemo_rl_parent")), bool(flags.get("parents")))

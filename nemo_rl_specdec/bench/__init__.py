@@ -61,8 +61,17 @@ def suite_options(cfg, suite: str, allowed: str = "a mapping", known=None) -> di
         raise ConfigError(f"bench.{suite}: got {b!r}; allowed: {allowed}")
     unknown = sorted(set(b) - set(known)) if known is not None else []
     if unknown:
-        raise ConfigError(f"bench.{suite}.{unknown[0]}: unknown option; allowed: {sorted(known)}")
+        raise ConfigError(f"bench.{suite}.{unknown[0]}: unknown option; {nearest(unknown[0], known)}allowed: "
+                          f"{sorted(known)}")
     return b
+
+
+def nearest(key, known) -> str:
+    """'did you mean 'x'? ' for the known name nearest to `key`, or ''."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1, cutoff=0.5)
+    return f"did you mean '{close[0]}'? " if close else ""
 
 
 def option(b: dict, suite: str, key: str, default, lo, hi, kind: type = int):
@@ -116,6 +125,12 @@ def run(args) -> int:
     if suite not in SUITES:
         raise ConfigError(f"--suite: got {suite!r}; allowed: {sorted(SUITES)}")
     cfg = load_run_config(args.run_yaml, args.overrides)
+    sections = cfg.get("bench", {}) or {}
+    if not isinstance(sections, dict):
+        raise ConfigError(f"bench: got {sections!r}; allowed: a mapping of suite names to their options")
+    for name in sections:
+        if name not in SUITES:
+            raise ConfigError(f"bench.{name}: unknown suite; {nearest(name, SUITES)}allowed: {sorted(SUITES)}")
     # the suites' workloads read these once engines are up: a bad value fails here
     run_prompt_format(cfg)
     run_task_families(cfg)

@@ -75,10 +75,7 @@ _say = functools.partial(say, "refresh")
 
 def options(cfg) -> dict:
     """The suite's settings from ``bench.refresh`` (defaults above) and the run's ``suffix`` block."""
-    b = suite_options(cfg, "refresh", f"a mapping of {sorted(DEFAULTS)}")
-    unknown = sorted(set(b) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"bench.refresh.{unknown[0]}: unknown key; allowed: {sorted(DEFAULTS)}")
+    b = suite_options(cfg, "refresh", f"a mapping of {sorted(DEFAULTS)}", known=DEFAULTS)
     o = {**DEFAULTS, **b}
     for k in INTS:
         if isinstance(o[k], bool) or not isinstance(o[k], int):

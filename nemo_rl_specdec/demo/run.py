@@ -10,7 +10,8 @@ problems to show a stale parametric drafter decaying (tokens per target forward;
 flight and rollouts carry the versions of each stretch of tokens.
 
 Artifacts in --out (default runs/<name>/): metrics.jsonl (one line per step), summary.json,
-TensorBoard events (tb/), PNG plots.
+TensorBoard events (tb/), PNG plots. A rerun into an existing folder replaces these artifacts (tb/
+is written anew) and leaves any other file there alone.
 """
 from __future__ import annotations
 
@@ -292,9 +293,12 @@ def summarize(rows: list, steps_per_pass: int = 1) -> dict:
 
 
 def write_artifacts(rows: list, summary: dict, out: Path) -> None:
+    import shutil
+
     from nemo_rl_specdec.demo.plots import plot_run
 
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "tb", ignore_errors=True)  # a rerun into the same folder replaces, never appends, events
     with (out / "metrics.jsonl").open("w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")

@@ -1209,6 +1209,9 @@ def with_profile(raw: dict, where: str = "") -> dict:
     name = raw.pop("hardware_profile")
     if not isinstance(name, str):
         raise ScenarioError(f"{where}hardware_profile: got {name!r}; allowed: a profile name in configs/hardware/")
+    for key in ("hardware", "drafter", "hybrid"):
+        if raw.get(key) is not None and not isinstance(raw[key], dict):
+            raise ScenarioError(f"{where}{key}: got {_short(raw[key])}; allowed: a mapping of settings")
     for key, fields in PROFILE_GIVES.items():
         given = raw.get(key) or {}
         clash = ([key] if fields is None and key in raw and raw[key] is not None else
@@ -1302,7 +1305,6 @@ def scenario_files(directory: str) -> list[Path]:
 
 
 def _load_tree(path: Path, seen: tuple[Path, ...] = ()):
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if path.resolve() in seen:
@@ -1320,11 +1322,7 @@ def _load_tree(path: Path, seen: tuple[Path, ...] = ()):
         raise ScenarioError(f"{path}: extends: got {_short(parent)!r}; allowed: a scenario file name (looked up next "
                             "to the file, then in configs/sim/)")
     base = _load_tree(resolve_scenario_path(parent, path.parent), seen + (path.resolve(),))
-    try:
-        return OmegaConf.merge(base, cfg)
-    except OmegaConfBaseException as e:
-        raise ScenarioError(f"{path}: cannot merge it over the scenario it extends ({parent}): "
-                            f"{_one_line(e)}") from None
+    return yaml_loader.merge(base, cfg, path, ScenarioError, parent=f"the scenario it extends ({parent})")
 
 
 def load_scenario(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:

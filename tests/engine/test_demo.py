@@ -1,4 +1,5 @@
-"""The CPU RL demo end to end for 2 steps, sync and async: artifacts exist, speculation ran,
+"""The CPU RL demo end to end for 2 steps, sync and async, into a folder a former run wrote: artifacts exist
+(the former ones replaced), speculation ran,
 versions advanced and the drafter was refreshed every step; the sync run also rolls out one
 sample per problem with a frozen draft model, whose drafter does not move."""
 from __future__ import annotations
@@ -17,6 +18,10 @@ SMALL = ["grpo.max_num_steps=2", "grpo.num_prompts_per_step=4", "grpo.num_genera
 def test_demo_runs_two_steps_and_writes_artifacts(tmp_path, mode, tiny_cfg_fn):
     out = tmp_path / mode
     frozen = mode == "sync"  # the frozen draft-model comparison, once
+    (out / "tb").mkdir(parents=True)  # a former run's artifacts: replaced; another file: left alone
+    (out / "tb" / "events.out.tfevents.former").write_text("stale")
+    (out / "metrics.jsonl").write_text('{"step": 7}\n' * 5)
+    (out / "notes.txt").write_text("mine")
     assert main(["demo", tiny_cfg_fn().source, f"grpo.mode={mode}", *SMALL, f"demo.compare_frozen_drafter={frozen}",
                  "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -40,7 +45,8 @@ def test_demo_runs_two_steps_and_writes_artifacts(tmp_path, mode, tiny_cfg_fn):
     for png in ("acceptance_vs_step.png", "acceptance_vs_policy_age.png", "acceptance_by_position.png",
                 "versions.png", "refresh_time.png", "rollout_time.png", "reward.png"):
         assert (out / png).stat().st_size > 1000
-    assert any((out / "tb").iterdir())
+    assert any((out / "tb").iterdir()) and not (out / "tb" / "events.out.tfevents.former").exists()
+    assert (out / "notes.txt").read_text() == "mine"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["drafter_refreshed_every_step"]
     assert summary["steps_per_pass"] == 1 and len(summary["acceptance_length_per_pass"]) == 2  # pool 4 / 4 prompts

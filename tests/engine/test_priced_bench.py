@@ -23,8 +23,8 @@ def _priced(tmp_path, name, *extra):
 
 
 def test_priced_figures_repeat_exactly_when_greedy_and_within_2_percent_at_t1(tmp_path):
-    a = _priced(tmp_path, "greedy_a", "policy.generation.temperature=0")
-    b = _priced(tmp_path, "greedy_b", "policy.generation.temperature=0")
+    a = _priced(tmp_path, "greedy", "policy.generation.temperature=0")
+    b = _priced(tmp_path, "greedy", "policy.generation.temperature=0")  # a rerun: --json overwrites the first result
     assert a == b and set(a) == {"das_w4_both", "vllm_suffix"}
     assert all(r["priced_speedup"] > 1.0 for r in a.values())
     c = _priced(tmp_path, "t1_a")

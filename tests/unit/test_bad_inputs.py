@@ -81,6 +81,31 @@ CASES = [
     (["validate", TINY, f"{B}.refresh.every_n_steps=-2"], f"{B}.refresh.every_n_steps"),
     (["validate", TINY, f"{B}.nonsense=1"], f"{B}.nonsense"),
     (["validate", TINY, "policy.generation.speculative_decodng.enabled=true"], "speculative_decodng"),
+    # an override that indexes into a value: a plain string, and one an interpolation makes (a path)
+    (["validate", TINY, "policy.generation.backend.x=1"], "policy.generation.backend is a value"),
+    (["validate", TINY, "policy.model_name.x=1"], "policy.model_name is a value"),
+    (["validate", TINY, "+policy.model_name.x=1"], "policy.model_name is a value"),
+    (["validate", TINY, f"{B}.eagle3.model.path=x"], f"{B}.eagle3.model is a value"),
+    (["demo", TINY, "++policy.model_name.x=1", "--out", "d"], "policy.model_name is a value"),
+    # a key our commands do not read, in a section they read: refused with the nearest known key
+    (["validate", TINY, "+grpo.moed=async"], "grpo.moed: unknown key; did you mean 'mode'?"),
+    (["demo", TINY, "+grpo.moed=async", "--out", "d"], "grpo.moed: unknown key; did you mean 'mode'?"),
+    (["demo", TINY, "+demo.problem_poll=40", "--out", "d"], "did you mean 'problem_pool'?"),
+    (["bench", TINY, "--suite", "das", "+cluster.num_engine=2"], "did you mean 'num_engines'?"),
+    (["bench", TINY, "--suite", "das", "+grpoo.mode=async"], "grpoo: unknown section; did you mean 'grpo'?"),
+    (["bench", TINY, "--suite", "das", "+bench.dass.steps=3"], "bench.dass: unknown suite; did you mean 'das'?"),
+    (["bench", TINY, "--suite", "refresh", "+bench.refresh.rolouts=3"], "did you mean 'rollouts'?"),
+    (["generate", TINY, "+grpo.seeed=1", "--prompts", "prompts_ok.jsonl", "--out", "o.jsonl"], "grpo.seeed"),
+    (["validate", TINY, "+policy.generation.temperture=0"], "policy.generation.temperture: unknown key; allowed: "
+                                                              "'temperature'"),
+    (["generate", TINY, "+policy.generation.vllm_cfg.max_model_length=64", "--prompts", "prompts_ok.jsonl", "--out",
+      "o.jsonl"], "did you mean policy.generation.vllm_cfg.max_model_len?"),
+    # the run's name is a folder: one plain path part
+    (["demo", TINY, "name=../../../somewhere"], "name: got '../../../somewhere'"),
+    (["demo", TINY, "name=a/b"], "name: got 'a/b'"),
+    (["demo", TINY, "name=.."], "name: got '..'"),
+    (["validate", TINY, "name=/abs"], "name: got '/abs'"),
+    (["bench", TINY, "--suite", "das", "name=a\\b"], "name: got"),
     # generate
     (["generate", TINY, "--prompts", "missing.jsonl", "--out", "o.jsonl"], "--prompts"),
     (["generate", TINY, "--prompts", DIR, "--out", "o.jsonl"], "--prompts"),

@@ -2,6 +2,8 @@
 and NeMo-RL run files; every error names the file, and the override at fault."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from nemo_rl_specdec import yaml_loader
@@ -70,3 +72,18 @@ def test_resolvers_for_assets_and_nemo_rl_arithmetic(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text("m: ${specdec_asset:tiny/policy}\nx: ${mul:3,4}\ny: ${add:1,2}\nz: ${div:6,4}\nw: ${max:2,5}\n")
     assert yaml_loader.load(p) == {"m": str(asset_path("tiny", "policy")), "x": 12, "y": 3, "z": 1.5, "w": 5}
+
+
+def test_an_unquoted_override_value_drops_surrounding_whitespace_and_a_quoted_one_keeps_it(capsys):
+    """The documented normalisation (docs/configuration.md, "Overrides"): an override's value is YAML,
+    so `drafter= ngram ` is `ngram`, as in a run file and in Hydra; quoted, the spaces stay part of
+    the value, which the block then refuses by key path with the allowed names."""
+    from nemo_rl_specdec import cli
+    from nemo_rl_specdec.resources import config_path
+
+    key = "policy.generation.speculative_decoding.drafter"
+    assert cli.main(["validate", str(config_path("tiny_cpu.yaml")), f"{key}= ngram "]) == 0
+    assert json.loads(capsys.readouterr().out)["speculative_decoding"]["drafter"] == "ngram"
+    assert cli.main(["validate", str(config_path("tiny_cpu.yaml")), f'{key}=" ngram"']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: invalid configuration:\n  {key}: got ' ngram'; allowed:") and "'ngram'" in err

@@ -59,7 +59,7 @@ def test_generator_siblings_share_long_spans_and_problems_differ():
     ("bench.refresh.engines=0", "bench.refresh.engines"),
     ("bench.refresh.share=1.5", "bench.refresh.share"),
     ("bench.refresh.tokens=1.5", "bench.refresh.tokens"),
-    ("bench.refresh.rolouts=8", "bench.refresh.rolouts: unknown key"),
+    ("bench.refresh.rolouts=8", r"bench.refresh.rolouts: unknown option; did you mean 'rollouts'\?"),
 ])
 def test_bad_settings_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):

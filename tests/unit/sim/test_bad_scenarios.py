@@ -37,6 +37,15 @@ def _bench(*rows, **top) -> str:
 
 # (id, files to write in the case's folder, arguments after `simulate`, what the error must name)
 CASES = [
+    # a section of the wrong type, over what it extends or beside a hardware profile
+    ("hardware_list_over_mapping", {"s.yaml": f"extends: {TINY}.yaml\nhardware: [1, 2]\n"}, ["s.yaml"],
+     ["hardware", "a list", "a mapping"]),
+    ("nested_list_over_mapping", {"s.yaml": f"extends: {TINY}.yaml\nworkload: {{lengths: [1]}}\n"}, ["s.yaml"],
+     ["workload.lengths", "a list"]),
+    ("hardware_scalar_with_profile", {"s.yaml": "extends: predictions/s7_qwen3_8b_dapo_h100_hybrid.yaml\n"
+                                                "hardware: 3\n"}, ["s.yaml"], ["hardware: got 3", "a mapping"]),
+    ("drafter_list_with_profile", {"s.yaml": "extends: predictions/s7_qwen3_8b_dapo_h100_hybrid.yaml\n"
+                                             "drafter: [eagle3]\n"}, ["s.yaml"], ["drafter", "a list"]),
     # numbers: domain, NaN / inf, booleans and strings are not numbers, fractions are not ints
     ("tiny_bandwidth", {}, [NV, "hardware.roofline.mem_bw_Bps=1e-300"],
      ["hardware.roofline.mem_bw_Bps", "1e+06", "1e+15"]),
