@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from nemo_rl_specdec.schema import ConfigError
 
@@ -337,18 +338,26 @@ def _traces_in(path: str, rows: str | None = None) -> list:
 
 # --------------------------------------------------------------------------- parser
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with this command line's one error line (`error: ...`, exit 2) instead of its usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="nemo-rl-specdec", description=__doc__.splitlines()[0])
+    ap = _Parser(prog="nemo-rl-specdec", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="validate a run file's speculative_decoding block")
     p.add_argument("run_yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides (NeMo-RL style)")
+    p.add_argument("overrides", nargs="*", default=[], help="key=value overrides (NeMo-RL style)")
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("generate", help="roll out prompts from a JSONL file with (or without) speculation")
     p.add_argument("run_yaml")
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("overrides", nargs="*", default=[])
     p.add_argument("--prompts", required=True, help="JSONL: prompt | prompt_token_ids, optional problem_id")
     p.add_argument("--out", required=True, help="JSONL of rollouts")
     p.add_argument("--n", type=int, default=1, help="samples per prompt")
@@ -358,13 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="GRPO loop on CPU with speculative rollouts (embedded default)")
     p.add_argument("run_yaml", nargs="?", default=None)
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("overrides", nargs="*", default=[])
     p.add_argument("--out", default=None, help="output dir (default runs/<name>/)")
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("bench", help="A/B benchmark of drafters, k, placement and budgets")
     p.add_argument("run_yaml")
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("overrides", nargs="*", default=[])
     p.add_argument("--json", default=None, help="write results JSON here")
     from nemo_rl_specdec.bench import SUITES
 
@@ -373,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="simulate RL steps with speculative decoding")
     p.add_argument("scenario")
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("overrides", nargs="*", default=[])
     p.add_argument("--json", default=None)
     p.add_argument("--plots", default=None, help="directory for PNG plots")
     p.add_argument("--all", action="store_true",
@@ -400,7 +409,10 @@ ENGINE_COMMANDS = ("generate", "demo", "bench")  # commands that start vLLM engi
 
 def main(argv: list[str] | None = None) -> int:
     # overrides may be interleaved with options (`x.yaml a=b --n 2 c=d`)
-    args, extra = build_parser().parse_known_args(argv)
+    try:
+        args, extra = build_parser().parse_known_args(argv)
+    except SystemExit as e:  # --help (0), or the parser's one error line (2)
+        return int(e.code or 0)
     stray = [e for e in extra if "=" not in e or e.startswith("-")]
     if stray:
         print(f"error: unrecognized arguments: {' '.join(stray)}", file=sys.stderr)

@@ -212,3 +212,16 @@ def test_validate_says_what_it_could_not_check(workdir, capsys):
     assert any("policy.model_name" in x and "Qwen/Qwen3-8B" in x for x in not_checked)
     assert cli.main(["validate", TINY]) == 0
     assert json.loads(capsys.readouterr().out)["not_checked"] == []
+
+
+@pytest.mark.parametrize("argv, named", [
+    ([], "the following arguments are required: command"),
+    (["simulate"], "nemo-rl-specdec simulate: the following arguments are required: scenario"),
+    (["validate"], "required: run_yaml"),
+    (["generate", TINY], "required: --prompts, --out"),
+    (["nosuch"], "invalid choice: 'nosuch'"),
+])
+def test_missing_or_unknown_arguments_are_one_error_line(capsys, argv, named):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and named in err and err.count("\n") == 1, err
