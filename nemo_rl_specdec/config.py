@@ -25,6 +25,7 @@ from nemo_rl_specdec.schema import (
     ConfigError,
     PathError as _PathError,
     Strict as _Strict,
+    dotted_get,
     float_setting,
     int_setting,
     k_by_batch_size_table,
@@ -301,12 +302,7 @@ class RunConfig:
         return float_setting(value, dotted, lo, hi, lo_open=lo_open)
 
     def get(self, dotted: str, default: Any = None) -> Any:
-        node: Any = self.raw
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        return dotted_get(self.raw, dotted, default)
 
     def with_spec(self, **changes) -> RunConfig:
         """A copy with fields of the speculative block replaced (validated again).

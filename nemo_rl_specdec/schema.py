@@ -20,6 +20,16 @@ class PathError(ValueError):
         super().__init__(f"{rel_path}={value!r}: expected {allowed}")
 
 
+def dotted_get(d: Any, dotted: str, default: Any = None) -> Any:
+    """The value at `a.b.c` in nested dicts, or `default` where a part is missing or not a mapping."""
+    node = d
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
 class Strict(BaseModel):
     """Unknown keys are errors; `true` is not an int and "8" is not a number inside our block."""
 

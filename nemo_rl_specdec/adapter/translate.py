@@ -30,6 +30,7 @@ from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, 
 )
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.scheduling.budget import set_at_submission
+from nemo_rl_specdec.schema import dotted_get
 
 GEN_PATH = "policy.generation"
 SPEC_KWARGS_PATH = "policy.generation.vllm_kwargs.speculative_config"
@@ -79,15 +80,6 @@ def needs_arctic(spec: SpecDecConfig) -> bool:
 def arctic_missing_message(where: str, error: str, drafter: str = "suffix") -> str:
     return (f"{BLOCK_PATH}.drafter={drafter}: arctic_inference does not import in {where}: {error}\n"
             + ARCTIC_RECIPE)
-
-
-def _get(d: Any, dotted: str, default: Any = None) -> Any:
-    node = d
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 # --------------------------------------------------------------------------- validation
@@ -164,16 +156,16 @@ def rollout_prompt_tail(spec: SpecDecConfig) -> int | None:
 def check_distill_policy(policy: dict) -> None:
     """The policy backend can host the online distiller (DTensor, data parallel only), or a clear error."""
     path = f"{BLOCK_PATH}.refresh.mode"
-    if _get(policy, "megatron_cfg.enabled", False):
+    if dotted_get(policy, "megatron_cfg.enabled", False):
         raise ConfigError(
             f"{path}: got 'online' with policy.megatron_cfg.enabled=true; the online distiller of a draft model "
             "or Eagle3 head runs in NeMo-RL's DTensor policy workers; allowed: policy.dtensor_cfg.enabled=true, "
             "or refresh.mode 'frozen' (eagle3 with Megatron: 'refit' with policy.draft.enabled=true)")
-    if not _get(policy, "dtensor_cfg.enabled", False):
+    if not dotted_get(policy, "dtensor_cfg.enabled", False):
         raise ConfigError(f"policy.dtensor_cfg.enabled: got false with {path}='online'; the online distiller runs "
                           "in NeMo-RL's DTensor policy workers; allowed: true")
     for key in ("tensor_parallel_size", "context_parallel_size"):
-        size = _get(policy, f"dtensor_cfg.{key}", 1) or 1
+        size = dotted_get(policy, f"dtensor_cfg.{key}", 1) or 1
         if size != 1:
             raise ConfigError(
                 f"policy.dtensor_cfg.{key}: got {size} with {path}='online'; the distiller reads the policy's full "
@@ -205,8 +197,8 @@ def check_run(raw: dict) -> SpecDecConfig | None:
     spec = enabled_spec(gen)
     if spec is None:
         return None
-    trainer_exports_draft = bool(_get(policy, "draft.enabled", False))
-    trains_mtp = bool(_get(policy, "megatron_cfg.mtp_num_layers", 0) or 0)
+    trainer_exports_draft = bool(dotted_get(policy, "draft.enabled", False))
+    trains_mtp = bool(dotted_get(policy, "megatron_cfg.mtp_num_layers", 0) or 0)
     _check_generation_compat(gen, spec)
     source = drafter_weight_source(spec, trainer_exports_draft, trains_mtp)
     check_refresh_mode(spec, source)
@@ -247,7 +239,7 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{GEN_PATH}.refit_transport: got {transport!r}; sparse refits bypass the weight-update hook "
             f"that refreshes the drafter; use null (IPC/NCCL), 'nixl' or 'nccl_reshard'"
         )
-    existing = _get(gen, "vllm_kwargs.speculative_config")
+    existing = dotted_get(gen, "vllm_kwargs.speculative_config")
     if existing:
         want = to_vllm_speculative_config(spec, float(gen.get("temperature", 1.0) or 0.0))
         if existing != want:

@@ -231,8 +231,6 @@ class DASProposer(SpecdecProposer):
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.runner = None
         self.use_local = True
-        # rank drafts by calibrated expected accepted tokens (False: by arctic's score, as before; for A/B)
-        self.calibrated = True
         self.version = 0  # policy version installed by the last rebuild: tags in-flight entries
         self._reqs: dict = {}
         self.trace: list | None = None
@@ -488,10 +486,9 @@ class DASProposer(SpecdecProposer):
         reqs = self._reqs
         seen = set()
         store, calib, match, k = self.store, self.calibration, self.match_len, self.k
-        ranker = calib if self.calibrated else None
         fenced = self._staged is not None  # a staged rebuild owns the store until it is installed
         live = self.share != "off" and not fenced
-        local_bound = calib.max_rate[_LOCAL] if ranker is not None else 1.0
+        local_bound = calib.max_rate[_LOCAL]
         grew = False
         ns = np.asarray(num_tokens_no_spec[:rows]).tolist()  # one conversion for the batch
         verified = ctx_sum = 0
@@ -535,7 +532,7 @@ class DASProposer(SpecdecProposer):
                 c["fenced_rows"] += 1
                 tokens, probs, source, score = (), (), "", 0.0
             else:
-                d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob, ranker)
+                d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob, calib)
                 tokens, probs, source, score = d.token_ids, d.probs, d.source, d.score
                 if d.other is not None:
                     o = d.other
@@ -543,12 +540,11 @@ class DASProposer(SpecdecProposer):
             if self.use_local and len(tokens) < limit and score < limit * local_bound:
                 ld = self._local_draft(st, row, n, ctx, limit)
                 if ld.token_ids:
-                    le = calib.expected(_LOCAL, ld.probs) if ranker is not None else ld.score
-                    if le > score:
-                        if ranker is not None and tokens:
+                    if calib.expected(_LOCAL, ld.probs) > score:
+                        if tokens:
                             st.others.append((_SOURCE_INDEX[source], probs[:k], tokens[:k], 0))
                         tokens, probs, source = ld.token_ids, ld.probs, "local"
-                    elif ranker is not None:
+                    else:
                         st.others.append((_LOCAL, ld.probs[:k], ld.token_ids[:k], 0))
             if not tokens:
                 continue

@@ -50,14 +50,6 @@ def split_policy_and_drafter(named_tensors: Iterable[tuple[str, Any]], num_hidde
     return policy, drafter
 
 
-def encode_weights(named_tensors: dict | Iterable[tuple[str, torch.Tensor]]) -> bytes:
-    """Safetensors bytes: the form that crosses `collective_rpc` in multi-process engines."""
-    from safetensors.torch import save
-
-    items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
-    return save({k: v.detach().contiguous().cpu() for k, v in items})
-
-
 def decode_weights(payload: WeightsPayload) -> list[tuple[str, torch.Tensor]]:
     """bytes (safetensors) | path (file or dir of *.safetensors) | dict | list -> [(name, tensor)]."""
     if payload is None:

@@ -4,8 +4,6 @@ the per-step rule built from it (`step_judge.StepJudge`), and the flat metrics t
 """
 from __future__ import annotations
 
-import sys
-
 from nemo_rl_specdec.drafters.machinery.step_judge import StepJudge
 
 
@@ -31,10 +29,7 @@ class SpecdecProposer:
 
     def load_model(self, target_model) -> None:
         """Required by vLLM's CPU runner (it calls drafter.load_model unconditionally). There is no
-        model to load; take a handle on the runner that calls us (request ids, sampling params)."""
-        caller = sys._getframe(1).f_locals.get("self")
-        if caller is not None and hasattr(caller, "input_batch") and hasattr(caller, "requests"):
-            self.runner = caller
+        model to load; the runner handle (request ids, sampling params) comes with `specdec_attach`."""
 
     def specdec_attach(self, runner, spec: dict) -> None:
         """Called by the worker extension at init: the runner handle and the speculative block (as
