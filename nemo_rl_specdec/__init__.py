@@ -3,7 +3,7 @@
 Layers, top to bottom (imports point down only; tests/unit/test_import_graph.py checks it):
 cli, tools -> bench -> adapter (the thin NeMo-RL adapter, imports NeMo-RL lazily) -> demo -> sim -> engine (vLLM,
 no NeMo-RL) -> scheduling -> config -> drafters (one file per drafter, one registry; drafters/machinery/:
-what they are built from) -> train (the distillation loop) -> schema, rollouts, lockstep, metrics,
-openmp, models -> resources.
+what they are built from) -> train (the distillation loop) -> config_loader (the one door for run files) ->
+yaml_loader -> schema, rollouts, lockstep, metrics, openmp, models, trace -> resources.
 """
 __version__ = "0.1.0"

@@ -61,33 +61,21 @@ def _write_json(path: str, obj) -> None:
 # --------------------------------------------------------------------------- validate
 
 def _validate(args) -> int:
-    """What a launch checks, before any engine: the run file composed with its `defaults:` parents (as
-    the NeMo-RL launcher composes it), the block, NeMo-RL's rules for a NeMo-RL run, and the
-    checkpoint paths; what cannot be checked here (NeMo-RL parents without a checkout, Hugging Face
-    ids) is listed under `not_checked`."""
-    from nemo_rl_specdec.adapter import api, config_loader, translate
-    from nemo_rl_specdec.config import check_run_sections, to_vllm_speculative_config, validate_run_dict
+    """What a launch checks, before any engine: the run file read as every command reads it
+    (`config.load_run_config`: composed with its `defaults:` parents, as the NeMo-RL launcher composes
+    it), NeMo-RL's rules for a NeMo-RL run, and the checkpoint paths; what cannot be checked here
+    (NeMo-RL parents without a checkout, Hugging Face ids) is listed under `not_checked`."""
+    from nemo_rl_specdec.adapter import translate
+    from nemo_rl_specdec.config import load_run_config, to_vllm_speculative_config
 
-    composed = config_loader.compose(args.run_yaml, args.overrides, api.find_nemo_rl_root())
-    unreachable = [m for m in composed.missing_parents if m.startswith(config_loader.NEMO_RL_PREFIX)]
-    absent = [m for m in composed.missing_parents if m not in unreachable]
-    if absent:
-        raise ConfigError(f"{composed.source}: defaults: parent run file(s) not found: {absent}")
-    not_checked = [f"defaults: {unreachable}: no NeMo-RL checkout found (set NEMO_RL_ROOT); the keys they "
-                   "would add were not checked"] if unreachable else []
-    raw = composed.resolved()
-    raw.pop("defaults", None)
-    if not composed.has_parents:  # a self-contained run file: what generate, demo and bench would run
-        check_run_sections(raw)
-    cfg = validate_run_dict(raw, str(composed.source))
-    if composed.uses_nemo_rl_parent and not unreachable:
-        translate.check_run(raw)
-    not_checked += cfg.check_paths()
+    cfg = load_run_config(args.run_yaml, args.overrides, nemo_rl_parents_optional=True)
+    if cfg.nemo_rl_parent:
+        translate.check_run(cfg.raw)
     out = {
         "source": cfg.source,
         "speculative_decoding": cfg.spec.model_dump(mode="json"),
         "vllm_speculative_config": to_vllm_speculative_config(cfg.spec, cfg.generation.temperature),
-        "not_checked": not_checked,
+        "not_checked": cfg.not_checked,
     }
     print(json.dumps(out, indent=2))
     return 0

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec import config_loader
 from nemo_rl_specdec.drafters.base import LIST, MODEL, RefreshMode
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
-from nemo_rl_specdec.resources import config_lookups, configs_dir
 from nemo_rl_specdec.schema import (
     ConfigError,
     PathError as _PathError,
@@ -235,6 +234,8 @@ class RunConfig:
         self.raw = raw
         self.generation = generation
         self.source = source
+        self.nemo_rl_parent = False  # composed over a NeMo-RL parent (load_run_config)
+        self.not_checked: list[str] = []  # what loading could not check here (load_run_config)
 
     @property
     def spec(self) -> SpecDecConfig:
@@ -354,14 +355,15 @@ def _format_pydantic(err: ValidationError, prefix: str) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def _reject_misspelt(node: dict, expected: str | list[str], path: str) -> None:
+def _reject_misspelt(node: dict, expected: str | list[str], path: str, defined: set | None = None) -> None:
     """The mappings our keys sit in are NeMo-RL's too (extra keys allowed), so a misspelt
     `generation` / `speculative_decoding`, or a misspelt setting we read there (`temperture`), would be
-    silently ignored: reject near misses of the keys we read."""
+    silently ignored: reject near misses of the keys we read, except keys a NeMo-RL run file defines
+    (`defined`: NeMo-RL's `val_temperature` is no typo of `temperature`)."""
     ours = [expected] if isinstance(expected, str) else expected
     for key in node:
-        close = difflib.get_close_matches(key, ours, n=1, cutoff=0.8) if isinstance(key, str) else []
-        if close and key not in ours:
+        close = difflib.get_close_matches(key, ours, n=1, cutoff=0.85) if isinstance(key, str) else []
+        if close and key not in ours and key not in (defined or ()):
             raise ConfigError(
                 f"{path}.{key}: unknown key; allowed: '{close[0]}' (did you mean {path}.{close[0]}?) "
                 "— a misspelt key would be silently ignored"
@@ -379,9 +381,7 @@ def validate_run_dict(raw: dict, source: str | None = None) -> RunConfig:
     gen = policy.get("generation") or {}
     if not isinstance(gen, dict):
         raise ConfigError(f"policy.generation: got {gen!r}; allowed: a mapping")
-    _reject_misspelt(gen, list(GenerationConfig.model_fields), "policy.generation")
-    if isinstance(gen.get("vllm_cfg"), dict):
-        _reject_misspelt(gen["vllm_cfg"], list(VllmCfg.model_fields), "policy.generation.vllm_cfg")
+    _reject_misspelt(gen, "speculative_decoding", "policy.generation")
     block = gen.get("speculative_decoding")
     if "speculative_decoding" in gen and not isinstance(block, dict):
         raise ConfigError(f"{BLOCK_PATH}: got {block!r}; allowed: a mapping of speculative-decoding settings")
@@ -404,20 +404,6 @@ def validate_spec_block(block: dict | None) -> dict:
     return generation.speculative_decoding.model_dump(mode="json")
 
 
-def resolve_config_path(path: str | None) -> Path:
-    """A run file path; names not found from the working directory (`tiny_cpu.yaml`,
-    `configs/tiny_cpu.yaml`) are looked up in the bundled configs/ (resources.py)."""
-    if path is None:
-        path = "tiny_cpu.yaml"
-    p = Path(path)
-    if p.exists():
-        return p
-    for candidate in config_lookups(p):
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"run file {path!r} not found (looked in ., {configs_dir()})")
-
-
 # The sections of a self-contained run file that `generate`, `demo` and `bench` read besides `policy`,
 # and the keys they read there (NeMo-RL's names, except grpo.mode); `bench` holds one mapping per
 # suite, each checked by its suite (bench/__init__.py).
@@ -430,11 +416,14 @@ RUN_SECTIONS: dict[str, tuple[str, ...]] = {
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def check_run_sections(raw: dict) -> None:
-    """What our engine commands read outside the block, checked as strictly as the block: `name` is a
-    plain name (no path separators, no `..`), a key of a section in RUN_SECTIONS that the commands do
-    not read is an error naming the nearest key they do read, and a near miss of a section name is an
-    error too (a misspelt section would be ignored whole)."""
+def check_run_sections(raw: dict, file_keys: dict[str, set] | None = None) -> None:
+    """What our commands read outside the block, checked as strictly as the block. `name` is a plain
+    name (no path separators, no `..`). A key of a section in RUN_SECTIONS that the commands do not
+    read is an error naming the nearest key they read, as is a near miss of a key we read in
+    `policy.generation` or its `vllm_cfg`, or of a section's name (a misspelt section would be ignored
+    whole). In a NeMo-RL run file (`file_keys`: what its files define, before overrides) the keys its
+    files define are NeMo-RL's and pass; what an override adds is checked all the same."""
+    file_keys = file_keys or {}
     name = raw.get("name")
     if name is not None and (not isinstance(name, str) or not RUN_NAME.fullmatch(name)):
         raise ConfigError(f"name: got {name!r}; allowed: a plain name of letters, digits, '.', '_' and '-' (at most "
@@ -443,7 +432,7 @@ def check_run_sections(raw: dict) -> None:
     known_top = ["name", "policy", "bench", *RUN_SECTIONS]
     for key in raw:
         close = difflib.get_close_matches(str(key), known_top, n=1, cutoff=0.8)
-        if close and key != close[0]:
+        if close and key != close[0] and key not in file_keys.get("", ()):
             raise ConfigError(f"{key}: unknown section; did you mean '{close[0]}'? — a misspelt section would be "
                               "silently ignored")
     for section, keys in RUN_SECTIONS.items():
@@ -453,26 +442,44 @@ def check_run_sections(raw: dict) -> None:
         if not isinstance(sec, dict):
             raise ConfigError(f"{section}: got {sec!r}; allowed: a mapping of settings")
         for key in sec:
-            if key not in keys:
+            if key not in keys and key not in file_keys.get(section, ()):
                 close = difflib.get_close_matches(str(key), keys, n=1, cutoff=0.5)
                 hint = f"did you mean '{close[0]}'? " if close else ""
-                raise ConfigError(f"{section}.{key}: unknown key; {hint}allowed keys: {list(keys)} — these "
-                                  "commands read no other key here, and unknown keys are not ignored")
+                raise ConfigError(f"{section}.{key}: unknown key; {hint}allowed keys: {list(keys)} — our commands "
+                                  "read no other key here, and unknown keys are not ignored")
+    gen = (raw.get("policy") or {}).get("generation") if isinstance(raw.get("policy"), dict) else None
+    if isinstance(gen, dict):
+        _reject_misspelt(gen, list(GenerationConfig.model_fields), "policy.generation",
+                         file_keys.get("policy.generation"))
+        if isinstance(gen.get("vllm_cfg"), dict):
+            _reject_misspelt(gen["vllm_cfg"], list(VllmCfg.model_fields), "policy.generation.vllm_cfg",
+                             file_keys.get("policy.generation.vllm_cfg"))
 
 
-def load_run_config(path: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
-    """Load a self-contained run YAML, apply `key=value` overrides, resolve (yaml_loader.py), validate
-    the block and the sections our commands read (`check_run_sections`), and check the checkpoint
-    paths it names (`RunConfig.check_paths`)."""
-    p = resolve_config_path(path)
-    raw = yaml_loader.load(p, overrides, what="run file", example=f"{BLOCK_PATH}.drafter=ngram")
-    if "defaults" in raw:
-        raise ConfigError(f"{p}: defaults: {raw['defaults']!r}: this command runs one self-contained run file on our "
-                          "engine; a run file with parents is composed by the NeMo-RL launcher (python -m "
-                          "nemo_rl_specdec.run_grpo), and `nemo-rl-specdec validate` checks it composed")
-    check_run_sections(raw)
-    cfg = validate_run_dict(raw, str(p))
-    cfg.check_paths()
+def load_run_config(path: str | None = None, overrides: tuple[str, ...] | list[str] = (), *,
+                    nemo_rl_parents_optional: bool = False) -> RunConfig:
+    """The one loader of a run file, for every command: compose it with its `defaults:` parents
+    (config_loader.py; a `nemo_rl:` parent from the NeMo-RL checkout), apply `key=value` overrides,
+    resolve (yaml_loader.py), validate the block and the sections our commands read
+    (`check_run_sections`), and check the checkpoint paths it names (`RunConfig.check_paths`). A parent
+    that is not found is an error; with `nemo_rl_parents_optional` (`validate`) a `nemo_rl:` parent
+    without a NeMo-RL checkout is listed in `not_checked` instead."""
+    composed = config_loader.compose(path, overrides, config_loader.find_nemo_rl_root())
+    unreachable = [m for m in composed.missing_parents if m.startswith(config_loader.NEMO_RL_PREFIX)]
+    absent = [m for m in composed.missing_parents if m not in unreachable]
+    if absent:
+        raise ConfigError(f"{composed.source}: defaults: parent run file(s) not found: {absent}")
+    if unreachable and not nemo_rl_parents_optional:
+        raise ConfigError(f"{composed.source}: defaults: {unreachable}: no NeMo-RL checkout found; allowed: a NeMo-RL "
+                          "checkout named by NEMO_RL_ROOT (or an installed nemo_rl) to compose the run file from")
+    raw = composed.resolved()
+    raw.pop("defaults", None)
+    check_run_sections(raw, composed.file_keys)
+    cfg = validate_run_dict(raw, str(composed.source))
+    cfg.nemo_rl_parent = composed.uses_nemo_rl_parent and not unreachable
+    cfg.not_checked = [f"defaults: {unreachable}: no NeMo-RL checkout found (set NEMO_RL_ROOT); the keys they "
+                       "would add were not checked"] if unreachable else []
+    cfg.not_checked += cfg.check_paths()
     return cfg
 
 

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec import models
-from nemo_rl_specdec.adapter import api, config_loader, launch_errors, translate
+from nemo_rl_specdec import config_loader, models
+from nemo_rl_specdec.adapter import api, launch_errors, translate
 from nemo_rl_specdec.config import ConfigError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2

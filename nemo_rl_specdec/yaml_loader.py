@@ -1,6 +1,6 @@
 """YAML files with command-line overrides: read (OmegaConf), override, resolve. The run files
 (config.py), the simulator's scenarios (sim/scenario.py) and the NeMo-RL run files
-(adapter/config_loader.py) all load through here; each adds only its own inheritance rule.
+(config_loader.py) all load through here; each adds only its own inheritance rule.
 
 Overrides use NeMo-RL's (Hydra) spelling:
 - `a.b=v` sets a key, `+a.b=v` adds one, `++a.b=v` adds or sets one. All three merge here (a

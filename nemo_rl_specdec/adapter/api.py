@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
-from pathlib import Path
 from typing import Any
 
+from nemo_rl_specdec.config_loader import find_nemo_rl_root
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 
 SUPPORTED = "NeMo-RL v0.7.0 (81aa43d) and main (7ea279a)"
@@ -120,17 +119,6 @@ def resolve(fqn: str) -> Any:
 def split_fqn(fqn: str) -> tuple[str, str]:
     module, _, name = fqn.rpartition(".")
     return module, name
-
-
-def find_nemo_rl_root(env: dict | None = None) -> Path | None:
-    """The NeMo-RL checkout (the directory holding `nemo_rl/` and `examples/`), without importing it."""
-    env = os.environ if env is None else env
-    if env.get("NEMO_RL_ROOT"):
-        return Path(env["NEMO_RL_ROOT"]).expanduser().resolve()
-    spec = _nemo_rl_spec()
-    if spec is None or spec.origin is None:  # absent, or a directory without NeMo-RL's __init__.py
-        return None
-    return Path(spec.origin).resolve().parent.parent
 
 
 _RUN_GRPO_MODULE: Any = None

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from test_configs import VLLM_SPECULATIVE, _configured, nemo_rl_load, pinned_vllm
 
-from nemo_rl_specdec import run_grpo
-from nemo_rl_specdec.adapter import config_loader, preflight, translate
+from nemo_rl_specdec import config_loader, run_grpo
+from nemo_rl_specdec.adapter import preflight, translate
 from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
 from nemo_rl_specdec.resources import config_path
 

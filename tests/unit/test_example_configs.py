@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from nemo_rl_specdec import cli
-from nemo_rl_specdec.adapter import config_loader, translate
+from nemo_rl_specdec import cli, config_loader
+from nemo_rl_specdec.adapter import translate
 from nemo_rl_specdec.config import to_vllm_speculative_config
 from nemo_rl_specdec.resources import configs_dir
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_specdec import cli, resources
-from nemo_rl_specdec.adapter import config_loader
+from nemo_rl_specdec import cli, config_loader, resources
 from nemo_rl_specdec.config import load_run_config
 from nemo_rl_specdec.models import smollm2
 

@@ -18,6 +18,7 @@ LAYERS = [
     {"resources"},      # the package's files: bundled configs and assets, the cache directory
     {"schema", "rollouts", "lockstep", "metrics", "stats", "openmp", "update", "models", "trace"},
     {"yaml_loader"},    # YAML files with overrides (run files, scenarios, NeMo-RL run files)
+    {"config_loader"},  # the one door for run files: `defaults:` composition, NeMo-RL's checkout found
     {"train"},          # the online distillation loop (drafters subclass its Distiller)
     {"drafters"},       # one file per drafter, the registry, and machinery/ they are built from
     {"config"},         # the YAML block, built from the registry

@@ -82,6 +82,6 @@ def test_every_class_the_adapter_defines_is_accounted_for():
     found = {(p.name, c.name) for p in ADAPTER.glob("*.py") for c in _classes(p)}
     nemo_rl_free = {("api.py", "NeMoRLMissing"), ("api.py", "UnsupportedNeMoRL"), ("exchange.py", "RolloutExchange"),
                     ("exchange.py", "DrafterBoard"),
-                    ("config_loader.py", "Composed"), ("payload.py", "RolloutStash"),
+                    ("payload.py", "RolloutStash"),
                     ("metrics.py", "AcceptanceByLag"), ("launch_errors.py", "LaunchError")}
     assert found == set(SUBCLASSES) | OWN_MIXINS | nemo_rl_free

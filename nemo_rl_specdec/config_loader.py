@@ -1,4 +1,5 @@
-"""Compose a NeMo-RL run file without importing NeMo-RL, so the block is checked before launch.
+"""The one door for run files: every command (`validate`, `generate`, `demo`, `bench`) and the
+NeMo-RL launcher read a run file through `compose`, without importing NeMo-RL.
 
 Same inheritance rules as NeMo-RL's `load_config` (a `defaults:` entry or list, relative to the
 file that names it, parents merged first, `_override_: true` replaces a section instead of
@@ -11,25 +12,56 @@ interpolation are yaml_loader.py's. NeMo-RL re-parses the same overrides with Hy
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.config import ConfigError, resolve_config_path
+from nemo_rl_specdec.resources import config_lookups, configs_dir
+from nemo_rl_specdec.schema import ConfigError
 
 NEMO_RL_PREFIX = "nemo_rl:"
+
+
+def find_nemo_rl_root(env: Any = None) -> Path | None:
+    """The NeMo-RL checkout (the directory holding `nemo_rl/` and `examples/`), without importing it:
+    `NEMO_RL_ROOT`, else where an installed `nemo_rl` package lives."""
+    env = os.environ if env is None else env
+    if env.get("NEMO_RL_ROOT"):
+        return Path(env["NEMO_RL_ROOT"]).expanduser().resolve()
+    spec = importlib.util.find_spec("nemo_rl")
+    if spec is None or spec.origin is None:  # absent, or a directory without NeMo-RL's __init__.py
+        return None
+    return Path(spec.origin).resolve().parent.parent
+
+
+def resolve_config_path(path: str | None) -> Path:
+    """A run file path; names not found from the working directory (`tiny_cpu.yaml`,
+    `configs/tiny_cpu.yaml`) are looked up in the bundled configs/ (resources.py)."""
+    if path is None:
+        path = "tiny_cpu.yaml"
+    p = Path(path)
+    if p.exists():
+        return p
+    for candidate in config_lookups(p):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"run file {path!r} not found (looked in ., {configs_dir()})")
 
 
 class Composed:
     """A composed (unresolved) run config, and what could not be composed."""
 
     def __init__(self, cfg: Any, source: Path, missing_parents: list[str], uses_nemo_rl_parent: bool,
-                 has_parents: bool = False):
+                 file_keys: dict[str, set] | None = None):
         self.cfg = cfg  # omegaconf.DictConfig, interpolations unresolved
         self.source = source
         self.missing_parents = missing_parents
         self.uses_nemo_rl_parent = uses_nemo_rl_parent
-        self.has_parents = has_parents  # False: a self-contained run file, as generate, demo and bench run
+        # of a run file with `defaults:` parents (a NeMo-RL run file): the keys its files define, by dotted
+        # section (`grpo`, `policy.generation`, ...), before any override; None for a self-contained file
+        self.file_keys = file_keys
 
     def resolved(self) -> dict:
         hint = ""
@@ -73,7 +105,6 @@ def _load(path: Path, nemo_rl_root: Path | None, missing: list[str], flags: dict
     if "defaults" not in cfg:
         return cfg
     defaults = cfg.pop("defaults")
-    flags["parents"] = True
     if isinstance(defaults, ListConfig):
         entries = [str(d) for d in defaults]
     else:
@@ -87,20 +118,34 @@ def _load(path: Path, nemo_rl_root: Path | None, missing: list[str], flags: dict
             missing.append(entry if parent is None else str(parent))
             continue
         base = _merge(base, _load(parent, nemo_rl_root, missing, flags), path)
+    flags["parents"] = True
     return _merge(base, cfg, path)
 
 
-def compose(path: str | Path, overrides: list[str] = (), nemo_rl_root: Path | None = None) -> Composed:
+def _section_keys(cfg: Any, prefix: str = "") -> dict[str, set]:
+    """{dotted section: its keys} of every mapping in `cfg` (the top level is "")."""
+    from omegaconf import OmegaConf
+
+    out = {prefix: set(map(str, cfg.keys()))}
+    for k in cfg.keys():
+        if OmegaConf.is_dict(cfg._get_node(k)):
+            out.update(_section_keys(cfg._get_node(k), f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def compose(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+            nemo_rl_root: Path | None = None) -> Composed:
     """Load `path` with inheritance, apply overrides; parents that cannot be found are reported, not fatal.
     A path not found from the working directory is looked up in the bundled configs/ (`qwen3_8b_suffix.yaml`)."""
     from omegaconf.errors import OmegaConfBaseException
 
-    path = resolve_config_path(str(path))
+    path = resolve_config_path(None if path is None else str(path))
     missing: list[str] = []
     flags: dict = {}
     try:
         cfg = _load(path, nemo_rl_root, missing, flags)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{path}: {e}") from None
+    file_keys = _section_keys(cfg) if flags.get("parents") else None
     cfg = yaml_loader.apply_overrides(cfg, list(overrides), path, example="++grpo.max_num_steps=100")
-    return Composed(cfg, path, missing, bool(flags.get("nemo_rl_parent")), bool(flags.get("parents")))
+    return Composed(cfg, path, missing, bool(flags.get("nemo_rl_parent")), file_keys)
