@@ -6,7 +6,7 @@ chosen per request and per engine step.
 with ``backend: das``, ``eagle3: {model: ...}``). vLLM runs the model part as its own method
 (the model part's ``speculative_config``, with greedy drafts, and vLLM's synchronous scheduling:
 `engine_args`); `HybridProposer`, attached to the model runner by the worker extension, routes
-every step's drafting through itself (`engine/vllm_compat.py` `route_drafts_through_hybrid`,
+every step's drafting through itself (`engine/vllm_compat.py` `draft_beside`,
 which also hands it the step's verified tokens from vLLM's padded batch).
 
 Per engine step, :meth:`HybridProposer.propose`:

@@ -152,7 +152,7 @@ class Engine:
         vllm_compat.quiet_benign_vllm_warnings()
         vllm_compat.LIVE_ENGINES.add(self)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
-        self.tracer = StepTracer(self.llm)  # after specdec_init: it wraps the proposer that init attaches (hybrid)
+        self.tracer = StepTracer(self.llm)  # after specdec_init: it wraps the proposer that init attaches
         self.spec = spec
         self.k_auto = attach_to_llm(self.llm, spec, self.name)  # scheduling.k: auto, else None
         fix = self.state.get("cpu_fix", {})

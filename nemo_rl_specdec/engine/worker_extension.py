@@ -54,6 +54,13 @@ class _EngineState:
     cpu_fix: dict = field(default_factory=dict)
 
 
+def _beside(worker):
+    """The proposer of ours drafting beside the model's in this worker's runner (vllm_compat.draft_beside), or None."""
+    from nemo_rl_specdec.engine.vllm_compat import BESIDE
+
+    return getattr(getattr(worker, "model_runner", None), BESIDE, None)
+
+
 def _payload_digest(items) -> str:
     h = hashlib.blake2b(digest_size=16)
     for n, t in sorted(items, key=lambda kv: kv[0]):
@@ -105,11 +112,10 @@ class SpecDecWorkerExtension:
         if model is not None:
             st.drafter_kind = "model"
             beside = drafter_of(spec).engine_proposer(self.model_runner, spec) if spec.get("enabled") else None
-            if beside is not None:  # a proposer of ours drafts beside the model's (the hybrid drafter)
-                from nemo_rl_specdec.engine.vllm_compat import route_drafts_through_hybrid
+            if beside is not None:  # a proposer of ours drafts beside the model's
+                from nemo_rl_specdec.engine.vllm_compat import draft_beside
 
-                route_drafts_through_hybrid()
-                self.model_runner.specdec_hybrid = beside
+                self._specdec_undo_beside = draft_beside(self.model_runner, beside)
         elif proposer is not None:
             st.drafter_kind = "list"
             if hasattr(proposer, "specdec_attach"):
@@ -201,7 +207,7 @@ class SpecDecWorkerExtension:
             elif st.mode in ("refit", "online"):
                 before = st.drafter_version, st.drafter_built_from
                 self._specdec_refresh_model(report, update, drafter_items, host_loaded, host_items)
-                if getattr(self.model_runner, "specdec_hybrid", None) is not None:  # and the history half
+                if _beside(self) is not None:  # and the store of the proposer beside the model
                     try:
                         self._specdec_refresh_history(report, rollouts, version)
                     except (DrafterRefreshError, WeightLoadError):
@@ -257,7 +263,7 @@ class SpecDecWorkerExtension:
         # online without weights: the trainer did not publish this step; the drafter ages
 
     def _specdec_refresh_history(self, report: UpdateReport, rollouts, version: int) -> None:
-        """Rebuild the rollout store (refresh.mode rebuild; the hybrid's history half at every refresh):
+        """Rebuild the rollout store (refresh.mode rebuild; a store beside a model drafter at every refresh):
         from the update's rollouts, or install the rebuild staged for `version`."""
         st = self._specdec()
         if st.stage_error and st.stage_error_version < version:  # that update came and went
@@ -357,10 +363,9 @@ class SpecDecWorkerExtension:
         return report
 
     def _specdec_our_proposer(self):
-        """The proposer of ours in this engine: the hybrid's beside the model's, else vLLM's drafter
-        (ours where it is a custom_class proposer)."""
-        runner = getattr(self, "model_runner", None)
-        return getattr(runner, "specdec_hybrid", None) or getattr(runner, "drafter", None)
+        """The proposer of ours in this engine: the one beside the model's, else vLLM's drafter (ours
+        where it is a custom_class proposer)."""
+        return _beside(self) or getattr(getattr(self, "model_runner", None), "drafter", None)
 
     def _specdec_new_policy(self, version: int) -> None:
         """Tell our proposer that an update arrived (it closes its per-training-step metrics window)."""
@@ -387,12 +392,12 @@ class SpecDecWorkerExtension:
         with it (or disables the drafter, with on_refresh_error=disable)."""
         st = self._specdec()
         try:
-            hybrid = getattr(self.model_runner, "specdec_hybrid", None) is not None
-            if (st.mode != "rebuild" and not (hybrid and st.mode != "frozen")) or st.disabled \
+            beside = _beside(self) is not None
+            if (st.mode != "rebuild" and not (beside and st.mode != "frozen")) or st.disabled \
                     or not st.spec.get("enabled"):
                 raise DrafterRefreshError(f"staging rollouts for version {version} needs an enabled drafter with "
-                                          f"refresh.mode=rebuild, or the hybrid drafter not frozen "
-                                          f"(mode={st.mode}, disabled={st.disabled})")
+                                          f"refresh.mode=rebuild, or a rollout store beside a model drafter that "
+                                          f"is not frozen (mode={st.mode}, disabled={st.disabled})")
             return self._specdec_proposer("stage rollouts for", int(version)).specdec_stage(rollouts, int(version))
         except Exception as e:
             self.specdec_stage_failed(version, f"{type(e).__name__}: {e}")

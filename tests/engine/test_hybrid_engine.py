@@ -31,7 +31,7 @@ def _mode(mode: str):
     def setup(worker):
         from nemo_rl_specdec.drafters.hybrid import ModelAcceptance
 
-        h = worker.model_runner.specdec_hybrid
+        h = worker.model_runner.specdec_beside
         h.das.use_local = False  # with the store empty and sharing off: no history drafts
         calls = {"n": 0}
 
@@ -71,7 +71,7 @@ def _mode(mode: str):
 
 
 def _acceptance(worker):
-    m = worker.model_runner.specdec_hybrid.model
+    m = worker.model_runner.specdec_beside.model
     return (m.accepted / np.maximum(m.drafted, 1)).tolist(), int(m.drafted[0])
 
 
@@ -105,7 +105,7 @@ def test_every_model_part_is_lossless_beside_das(model, start_engine, engines, p
                                                                   temperature=0.0).rollouts]
     got = eng.generate(reqs, max_new_tokens=MAX_NEW)
     assert [r.token_ids for r in got.rollouts] == want
-    c = eng.llm.collective_rpc(lambda w: w.model_runner.specdec_hybrid.counters)[0]
+    c = eng.llm.collective_rpc(lambda w: w.model_runner.specdec_beside.counters)[0]
     assert c["history_accepted"] > 0 and c["model_accepted"] > 0, c
     eng.close()
 
@@ -129,7 +129,7 @@ def test_one_update_refreshes_both_halves_of_a_live_engine(start_engine, problem
     head = load_file(os.path.join(eng.cfg.spec.eagle3.model, "model.safetensors"))
 
     def stats(worker):
-        return worker.model_runner.specdec_hybrid.das.store.stats()
+        return worker.model_runner.specdec_beside.das.store.stats()
 
     before = eng.llm.collective_rpc(stats)[0]
     rep = eng.update(PolicyUpdate(1, drafter_weights={k: v * 1.01 for k, v in head.items()}, rollouts=rollouts))

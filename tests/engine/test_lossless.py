@@ -188,14 +188,14 @@ def test_the_hybrid_verifies_drafts_of_both_halves_in_one_run(case, problems, en
     want = [r.token_ids for r in case.base.generate(reqs, temperature=0.0).rollouts]
 
     def counters(worker):
-        return worker.model_runner.specdec_hybrid.specdec_stats()["counters"]
+        return worker.model_runner.specdec_beside.specdec_stats()["counters"]
 
     def warm_up_again(worker):
         # after warm-up the choice follows this machine's measured costs (on a busy CPU it may run
         # the model at no step); a fresh fit makes this run mix both halves by expected tokens
         from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
 
-        worker.model_runner.specdec_hybrid.cost = StepCostFit(draft_forwards=True)
+        worker.model_runner.specdec_beside.cost = StepCostFit(draft_forwards=True)
 
     spec.llm.collective_rpc(warm_up_again)
     before = spec.llm.collective_rpc(counters)[0]

@@ -19,12 +19,12 @@ HEAD = [("fc.weight", object())]
 
 
 def _worker(mode: str, load=None):
-    """A worker whose engine runs the hybrid: `specdec_hybrid` is the history half's store (a real
+    """A worker whose engine runs the hybrid: `specdec_beside` is the history half's store (a real
     DASProposer), the model half's load is `load` (records what it was given)."""
     history = DASProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
                                           model_config=SimpleNamespace(max_model_len=256)))
     w = SpecDecWorkerExtension()
-    w.model_runner = SimpleNamespace(drafter=None, specdec_hybrid=history, model=None)
+    w.model_runner = SimpleNamespace(drafter=None, specdec_beside=history, model=None)
     st = w._specdec()
     st.spec = validate_spec_block({"enabled": True, "drafter": "hybrid", "eagle3": {"model": "/ckpt/eagle3"},
                                    "refresh": {"mode": mode}})

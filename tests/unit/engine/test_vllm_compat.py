@@ -88,34 +88,37 @@ class _Hybrid:
         return [[7]] * len(sampled)
 
 
-def test_the_runner_patch_routes_only_runners_with_a_hybrid_and_is_idempotent():
+def test_drafting_beside_the_model_is_per_runner_and_undone():
+    """`draft_beside` routes one runner's drafting through the proposer beside the model's (vLLM's own
+    method becomes its model part), leaves the class and other runners as they were, and its undo
+    takes it away."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    vllm_compat.route_drafts_through_hybrid()
-    patched = GPUModelRunner.propose_draft_token_ids
-    vllm_compat.route_drafts_through_hybrid()
-    assert GPUModelRunner.propose_draft_token_ids is patched and patched._specdec_hybrid
+    class Runner(GPUModelRunner):  # vLLM's method on the class, a stand-in for its body
+        def __init__(self):
+            self.use_async_scheduling, self.input_batch, self.seen = False, _Batch(2), []
 
-    from types import SimpleNamespace
+        def propose_draft_token_ids(self, *a, **kw):
+            self.seen.append(a)
+            return "vllm's"
 
-    plain = SimpleNamespace(use_async_scheduling=False)
-    seen = []
-    try:
-        # a stand-in for vLLM's method, wrapped: a runner without a hybrid calls it as it was
-        GPUModelRunner.propose_draft_token_ids = lambda self, *a, **kw: seen.append(a) or "vllm's"
-        vllm_compat.route_drafts_through_hybrid()
-        assert GPUModelRunner.propose_draft_token_ids(plain, "sched", [[1]], "more") == "vllm's"
-        assert seen == [("sched", [[1]], "more")]
-        # a runner with one, after bookkeeping (lists): the hybrid decides, vLLM's method is its model half
-        batch = _Batch(2)
-        runner = SimpleNamespace(use_async_scheduling=False, specdec_hybrid=_Hybrid(), input_batch=batch)
-        out = GPUModelRunner.propose_draft_token_ids(runner, "sched", [[5], [6]], "more")
-        assert out == [[7], [7]] and runner.specdec_hybrid.calls == [([[5], [6]], [3, 3], "vllm's")]
-        runner.use_async_scheduling = True
-        with pytest.raises(RuntimeError, match="synchronous scheduling"):
-            GPUModelRunner.propose_draft_token_ids(runner, "sched", [[5], [6]])
-    finally:
-        GPUModelRunner.propose_draft_token_ids = patched
+    original = GPUModelRunner.propose_draft_token_ids
+    runner, other = Runner(), Runner()
+    undo = vllm_compat.draft_beside(runner, _Hybrid())
+    assert getattr(runner, vllm_compat.BESIDE).calls == [] and getattr(other, vllm_compat.BESIDE, None) is None
+    # after bookkeeping (lists): the proposer beside decides, vLLM's method is its model part
+    assert runner.propose_draft_token_ids("sched", [[5], [6]], "more") == [[7], [7]]
+    assert getattr(runner, vllm_compat.BESIDE).calls == [([[5], [6]], [3, 3], "vllm's")]
+    assert runner.seen == [("sched", [[5], [6]], "more")]
+    assert other.propose_draft_token_ids("sched", [[1]]) == "vllm's" and other.seen == [("sched", [[1]])]
+    assert GPUModelRunner.propose_draft_token_ids is original and Runner.propose_draft_token_ids is not None
+    runner.use_async_scheduling = True
+    with pytest.raises(RuntimeError, match="synchronous scheduling"):
+        runner.propose_draft_token_ids("sched", [[5], [6]])
+    undo()
+    assert "propose_draft_token_ids" not in vars(runner) and getattr(runner, vllm_compat.BESIDE) is None
+    runner.use_async_scheduling = False
+    assert runner.propose_draft_token_ids("s", [[1]]) == "vllm's"
 
 
 def test_verified_tokens_are_parsed_as_the_bookkeeping_parses_them_and_written_ahead():
