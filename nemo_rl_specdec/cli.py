@@ -260,12 +260,12 @@ def _simulate_crosscheck(args) -> int:
 
 
 def _price(args) -> int:
-    """Price traces on a hardware profile (sim/price.py): every trace file, or every replay trace of a
+    """Price traces on a hardware profile (cost/price.py): every trace file, or every replay trace of a
     bench result JSON, with its speedup over its baseline; or `--fit-proposer`: a history proposer's
     host-time constants fitted on the traces' measured times."""
-    from nemo_rl_specdec.sim.hardware import load_profile
-    from nemo_rl_specdec.sim.price import fit_proposer, speedup
-    from nemo_rl_specdec.trace import Trace, TraceError
+    from nemo_rl_specdec.cost.price import fit_proposer, speedup
+    from nemo_rl_specdec.cost.profile import load_profile
+    from nemo_rl_specdec.cost.trace import Trace, TraceError
 
     profile = load_profile(args.hardware)
     try:
@@ -297,7 +297,7 @@ def _price(args) -> int:
 def _traces_in(path: str, rows: str | None = None) -> list:
     """(name, Trace) of a trace file, or of every replay trace in a bench result JSON (of the results
     named in `rows`, comma-separated, when given)."""
-    from nemo_rl_specdec.trace import FORMAT, Trace, TraceError, read_json
+    from nemo_rl_specdec.cost.trace import FORMAT, Trace, TraceError, read_json
 
     d = read_json(path)
     if isinstance(d, dict) and d.get("format") == FORMAT:

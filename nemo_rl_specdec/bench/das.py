@@ -39,7 +39,7 @@ drafter proposing on one text, the no-spec engine's rollouts of phase 1, with ev
 against them (:mod:`nemo_rl_specdec.bench.replay`). The engine rows sample their own texts; the
 replay compares the drafters on the same one. A DAS configuration with a per-step rule
 (``auto_disable``, ``scheduling.budget: adaptive``) keeps it in the replay, deciding on the
-hardware profile's step cost (``sim/price.py`` ``PricedStepCost``).
+hardware profile's step cost (``cost/price.py`` ``PricedStepCost``).
 
 Priced (``priced x``, ``priced_*``): every replay's steps priced on the hardware profile
 (``bench.das.hardware``, default h100_qwen3_8b; docs/pricing.md) against the same text without
@@ -249,7 +249,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
         # the sampling noise between engines; seconds, and before any speculative engine starts
         # our proposers keep their per-step rules (auto_disable, budget: adaptive), deciding on the profile's costs
-        from nemo_rl_specdec.sim.price import PricedStepCost
+        from nemo_rl_specdec.cost.price import PricedStepCost
 
         for c in confs:
             spec = c["cfg"].spec
@@ -374,7 +374,7 @@ def _summarize(c: dict, rows: list, profile) -> dict:
     allr, late = agg(rows), agg([r for r in rows if r["step"] >= AFTER_STEP])
     if rows and profile is not None:   # the engines' own steps, priced: each engine sampled its own text
         from nemo_rl_specdec.bench.drafters import priced_ratio
-        from nemo_rl_specdec.trace import Trace
+        from nemo_rl_specdec.cost.trace import Trace
 
         allr["engine_priced_throughput_ratio"] = priced_ratio(profile, [Trace.from_dict(r["trace"]) for r in rows],
                                                               [Trace.from_dict(r["baseline_trace"]) for r in rows])
@@ -409,10 +409,10 @@ def _summarize(c: dict, rows: list, profile) -> dict:
 
 
 def _priced(c: dict, profile) -> dict:
-    """The configuration's replays priced on `profile` (`sim/price.py`): rollout time against the same
+    """The configuration's replays priced on `profile` (`cost/price.py`): rollout time against the same
     text without drafts, in all and after `AFTER_STEP` steps, and the proposer's measured time per
     batch-size bin."""
-    from nemo_rl_specdec.sim.price import proposer_share, speedup
+    from nemo_rl_specdec.cost.price import proposer_share, speedup
 
     traces = [r["trace"] for r in c["replay"]]
     sp = [speedup(t, profile) for t in traces]

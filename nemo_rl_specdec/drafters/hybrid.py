@@ -215,7 +215,7 @@ class HybridProposer:
     metrics_prefix = "hybrid"
 
     def __init__(self, runner, spec: dict):
-        from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
+        from nemo_rl_specdec.cost.online import StepCostFit
         from nemo_rl_specdec.drafters.suffix import DASProposer
 
         self.runner = runner

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from nemo_rl_specdec.cost.online import StepCostFit
 from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
-from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
 from nemo_rl_specdec.scheduling.budget import expected_accepted, schedule_ranges
 
 log = logging.getLogger("nemo_rl_specdec")

@@ -4,7 +4,7 @@ predictions made from it.
 The fit uses decode steps only; a step that prefills a prompt is left out. It is one
 non-negative least-squares problem over every configuration's steps. Its columns are the
 simulator's linear cost form (`CostModel`, `hardware.c_*_s`, `drafter.*`), the engine's online
-fit's (`drafters/machinery/step_cost.py`) plus a step and a per-request term per drafter:
+fit's (`cost/online.py`) plus a step and a per-request term per drafter:
 
     t = c_base + c_seq * requests + c_tok * (requests + draft_tokens) + c_ctx * sum(context)
         + [drafter X's steps] * (step_overhead_X + per_request_X * requests)
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nemo_rl_specdec.cost.online import step_columns
 from nemo_rl_specdec.drafters.base import LIST
-from nemo_rl_specdec.drafters.machinery.step_cost import step_columns
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_path
 

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nemo_rl_specdec.cost.model import CostModel
 from nemo_rl_specdec.scheduling.budget import expected_accepted, k_by_batch_size_schedule
 from nemo_rl_specdec.scheduling.placement import Request, place
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 from nemo_rl_specdec.sim import acceptance as acc
-from nemo_rl_specdec.sim.costmodel import CostModel
 from nemo_rl_specdec.sim.engine_sim import EngineSim, HybridHalves, SimRequest, SpecPolicy
 from nemo_rl_specdec.sim.workload import Batch, make_batches
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from sim_scenarios import build
 
+from nemo_rl_specdec.cost.model import CostModel, ModelShape, Roofline, StepTime, vllm_capture_sizes
 from nemo_rl_specdec.sim import acceptance as acc
-from nemo_rl_specdec.sim.costmodel import CostModel, ModelShape, Roofline, StepTime, vllm_capture_sizes
 from nemo_rl_specdec.sim.report import SimulationError, check_finite, simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError, load_scenario, validate_scenario
 from nemo_rl_specdec.sim.step import simulate_rl

@@ -1,4 +1,4 @@
-"""What an engine did, step by step: the record a rollout is priced from (`sim/price.py`).
+"""What an engine did, step by step: the record a rollout is priced from (`cost/price.py`).
 
 One `TraceStep` per target forward: the decode requests in it (their ids, their contexts before
 the step, the draft tokens each verified and how many of them the target accepted), the prompt

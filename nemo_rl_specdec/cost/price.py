@@ -2,7 +2,7 @@
 
     nemo-rl-specdec price TRACE.json --hardware h100_qwen3_8b [--baseline NOSPEC.json] [--json OUT]
 
-Every step of the trace (`trace.py`) is priced by the profile's cost model (`sim/hardware.py`,
+Every step of the trace (`cost/trace.py`) is priced by the profile's cost model (`cost/profile.py`,
 the simulator's `CostModel`): the target forward over the step's verified and prefilled tokens
 and its requests' contexts on the measured roofline; the drafter's forwards (k sequential ones for
 a model drafter, one over every draft position for a block drafter) on the same roofline from the
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from nemo_rl_specdec.sim.hardware import HardwareProfile
-from nemo_rl_specdec.trace import HYBRID, Trace, TraceError
+from nemo_rl_specdec.cost.profile import HardwareProfile
+from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceError
 
 OUTLIER_MADS = 3.0
 # batch-size bins of the proposer-share report: [lo, hi)

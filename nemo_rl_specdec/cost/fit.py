@@ -88,7 +88,7 @@ def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -
     Returns the constants, R^2 of log time, and the median and largest relative residuals."""
     from scipy.optimize import least_squares
 
-    from nemo_rl_specdec.sim.costmodel import Roofline
+    from nemo_rl_specdec.cost.model import Roofline
 
     if len(samples) < len(ROOFLINE_FITTED) + 1:
         raise ValueError(f"need at least {len(ROOFLINE_FITTED) + 1} samples to fit the roofline, got {len(samples)}")
@@ -127,7 +127,7 @@ def roofline_from_file(path: str) -> dict:
     import json
     from pathlib import Path
 
-    from nemo_rl_specdec.sim.costmodel import ModelShape, vllm_capture_sizes
+    from nemo_rl_specdec.cost.model import ModelShape, vllm_capture_sizes
 
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not (isinstance(data, dict) and isinstance(data.get("samples"), list) and isinstance(data.get("model"), dict)):

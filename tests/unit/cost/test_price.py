@@ -1,4 +1,4 @@
-"""sim/price.py and sim/hardware.py: traces priced by a GPU's measured cost model, deterministically,
+"""cost/price.py and cost/profile.py: traces priced by a GPU's measured cost model, deterministically,
 with the draft side measured on a GPU and the history proposers' host time in the step."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_specdec.cost.model import ModelShape
+from nemo_rl_specdec.cost.price import PricedStepCost, fit_proposer, price, speedup
+from nemo_rl_specdec.cost.profile import HardwareProfile, load_profile
+from nemo_rl_specdec.cost.trace import Trace, TraceError, TraceStep
 from nemo_rl_specdec.schema import ConfigError
-from nemo_rl_specdec.sim.costmodel import ModelShape
-from nemo_rl_specdec.sim.hardware import HardwareProfile, load_profile
-from nemo_rl_specdec.sim.price import PricedStepCost, fit_proposer, price, speedup
-from nemo_rl_specdec.trace import Trace, TraceError, TraceStep
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -110,14 +110,17 @@ def test_a_profile_that_cannot_price_a_drafter_says_which(h100, tmp_path):
     with pytest.raises(ConfigError, match=r"drafters\.medusa: not in this hardware profile"):
         h100.drafter("medusa")
     from nemo_rl_specdec import yaml_loader
-    from nemo_rl_specdec.sim.hardware import HARDWARE_CONFIGS
+    from nemo_rl_specdec.cost.profile import HARDWARE_CONFIGS
 
     raw = yaml_loader.load(HARDWARE_CONFIGS / "h100_qwen3_8b.yaml")
     raw["drafters"]["das"] = {"name": "suffix"}
+    with pytest.raises(ValueError, match=r"drafters\.das\.kind: missing"):
+        HardwareProfile.model_validate(raw)
+    raw["drafters"]["das"] = {"name": "suffix", "kind": "list"}
     prof = HardwareProfile.model_validate(raw)
     with pytest.raises(TraceError, match="per_request_s"):
         price(_trace(4, 3, 1), prof)
-    raw["drafters"]["eagle3"] = {"name": "eagle3"}
+    raw["drafters"]["eagle3"] = {"name": "eagle3", "kind": "model"}
     with pytest.raises(ValueError, match=r"drafters\.eagle3\.model"):
         HardwareProfile.model_validate(raw)
     with pytest.raises(ConfigError, match="--hardware: 'a100'"):
@@ -152,7 +155,7 @@ def test_the_price_command_prices_a_trace_and_fits_a_proposer(tmp_path, capsys):
 def test_a_scenario_on_a_hardware_profile_prices_steps_as_the_benches_do(h100):
     """`hardware_profile:` gives a scenario the profile's target, roofline and drafter costs: the
     simulator's step is the priced step."""
-    from nemo_rl_specdec.sim.costmodel import CostModel
+    from nemo_rl_specdec.cost.model import CostModel
     from nemo_rl_specdec.sim.scenario import ScenarioError, validate_scenario
 
     base = {"hardware_profile": "h100_qwen3_8b", "hardware": {"max_num_seqs": 64},
@@ -172,7 +175,7 @@ def test_a_scenario_on_a_hardware_profile_prices_steps_as_the_benches_do(h100):
 
 
 def test_a_hybrid_trace_pays_the_model_forwards_only_where_they_ran_and_the_proposer_everywhere(h100):
-    from nemo_rl_specdec.sim.price import model_forward_s
+    from nemo_rl_specdec.cost.price import model_forward_s
 
     lst = _trace(64, 3, 2)
     parts = {"history": "das", "model": "eagle3"}
@@ -202,7 +205,7 @@ def test_a_hybrid_trace_pays_the_model_forwards_only_where_they_ran_and_the_prop
 def test_a_model_step_that_counts_its_forwards_is_priced_from_them(h100):
     """A model drafter under a rule: a step that skipped its later forwards ran one (no draft verified),
     and pays it; a step without the count pays the forwards its drafts imply."""
-    from nemo_rl_specdec.sim.price import model_forward_s
+    from nemo_rl_specdec.cost.price import model_forward_s
 
     step = _trace(64, 3, 2, kind="model").steps[1]
     skipped = TraceStep(step.rids, step.ctx, [0] * len(step.rids), [0] * len(step.rids), 0, None, 0, 1)

@@ -2,7 +2,7 @@
 
     t = c_base + c_seq * requests + c_tok * verified tokens + c_ctx * sum(context)
 
-is `sim/costmodel.py`'s linear target forward (`hardware.c_*_s`), with the drafter's own time per
+is `cost/model.py`'s linear target forward (`hardware.c_*_s`), with the drafter's own time per
 step folded into c_base and c_seq (a list drafter runs for every request of every step).
 `StepCostFit` keeps the engine's most recent decode steps, refits by non-negative least squares
 (the same fit as `sim/cpu_fit.py`'s) every `refit_every` steps, refitting once without the steps
