@@ -13,9 +13,46 @@ speculation.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+OUTLIER_MADS = 3.0  # a sample whose residual is further than this many robust deviations is not a cost sample
+
+
+@dataclass(frozen=True)
+class NNLSFit:
+    coef: np.ndarray        # the constants, >= 0
+    keep: np.ndarray        # the samples the final fit used (bool mask)
+    r2: float               # R^2 on those
+
+    @property
+    def kept(self) -> int:
+        return int(self.keep.sum())
+
+
+def nnls_fit(X, y, refit: Callable[[np.ndarray], bool] | None = None) -> NNLSFit:
+    """The one fit of the linear step form's constants (or a proposer's): non-negative least squares
+    of `y` on the columns `X`, refitted once without the samples further than `OUTLIER_MADS` robust
+    deviations out (a step the engine or the proposer was held up in: a descheduled thread, a first
+    call's compile, a pause between calls), when `refit(keep)` accepts what is left (None: never
+    refit)."""
+    from scipy.optimize import nnls
+
+    X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)
+    coef, _ = nnls(X, y)
+    keep = np.ones(len(y), dtype=bool)
+    if refit is not None:
+        res = y - X @ coef
+        dev = np.abs(res - np.median(res))
+        out = dev <= OUTLIER_MADS * 1.4826 * np.median(dev)
+        if np.median(dev) > 0 and not out.all() and refit(out):
+            keep = out
+            coef, _ = nnls(X[keep], y[keep])
+    pred, yk = X[keep] @ coef, y[keep]
+    ss = float(((yk - yk.mean()) ** 2).sum())
+    return NNLSFit(coef, keep, 1.0 - float(((yk - pred) ** 2).sum()) / ss if ss > 0 else 1.0)
 
 
 def _check(samples: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:

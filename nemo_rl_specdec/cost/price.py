@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from nemo_rl_specdec.cost.fit import nnls_fit
+from nemo_rl_specdec.cost.model import Step, StepCost
 from nemo_rl_specdec.cost.profile import HardwareProfile
 from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceError
 
-OUTLIER_MADS = 3.0
 # batch-size bins of the proposer-share report: [lo, hi)
 BINS = ((1, 2), (2, 5), (5, 17), (17, 65), (65, 257), (257, 10 ** 9))
 
@@ -49,6 +50,8 @@ class Priced:
     tokens_per_forward: float       # per request per forward, as metrics.py counts them
     step_s: list = field(default_factory=list, repr=False)
     rows: list = field(default_factory=list, repr=False)
+    host: str = ""                  # the host the profile's proposer constants were fitted on
+    host_speed: float = 1.0         # the host priced, relative to that one (the host term divides by it)
 
     def as_dict(self, steps: bool = False) -> dict:
         d = asdict(self)
@@ -77,12 +80,21 @@ def _hybrid_parts(trace: Trace, profile: HardwareProfile, drafter: str | None) -
 def model_forward_s(profile: HardwareProfile, key: str, forwards: int, ctx) -> float:
     """The model (or block) drafter `key`'s draft forwards for a step whose requests are at contexts
     `ctx`: `forwards` sequential forwards over every request (a block drafter: one over `forwards`
-    positions of each), on `profile`'s roofline; 0 when none runs."""
+    positions of each), on `profile`'s roofline; 0 when none runs (the draft term of the one cost
+    function for that step)."""
     c = np.asarray(ctx, dtype=float)
     if not forwards or not c.size:
         return 0.0
-    d, zero = np.full(c.size, float(forwards)), np.zeros(c.size)
-    return profile.cost_model(key).step_cost(d, c, zero).at(0) - profile.cost_model(None).step_cost(d, c, zero).at(0)
+    return profile.cost_model(key).cost(Step.of(c, np.full(c.size, float(forwards)), forwards=forwards)).draft_s
+
+
+def check_host_speed(host_speed: float) -> float:
+    """`host_speed`, or a TraceError naming it when it is not a number > 0."""
+    if isinstance(host_speed, bool) or not isinstance(host_speed, (int, float)) or not host_speed > 0 \
+            or host_speed == float("inf"):
+        raise TraceError(f"host_speed: {host_speed!r}; allowed: a finite number > 0 (the host's speed relative to the "
+                         "one the profile's proposer constants were fitted on)")
+    return float(host_speed)
 
 
 def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: str | None) -> str | None:
@@ -101,45 +113,56 @@ def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: str | None) ->
     return key
 
 
-def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None) -> Priced:
-    """The trace's rollout time on `profile` (module doc)."""
+def step_of(trace: Trace, i: int) -> Step:
+    """The description of the trace's step `i` that the cost function prices: its requests' contexts
+    and drafts, its prefill, the draft forwards it counted (a hybrid's always; a model drafter's where
+    a rule skipped some) and, for a history drafter, its proposer running for every decode request
+    (vLLM runs it for every running request of every step, on the step's critical path)."""
+    s = trace.steps[i]
+    counted = trace.kind == HYBRID or (trace.kind == "model" and s.model_forwards)
+    return Step.of(s.ctx, s.drafts, s.prefill_tokens, s.model_forwards if counted else None,
+                   trace.kind in ("list", HYBRID) and bool(s.rids))
+
+
+def step_costs(trace: Trace, profile: HardwareProfile, drafter: str | None = None,
+               host_speed: float = 1.0) -> list[StepCost]:
+    """Every step of the trace priced by `profile`'s cost function, in its three terms; a hybrid's
+    host term is its history part's proposer, its draft term its model part's forwards."""
+    check_host_speed(host_speed)
     key = _drafter_key(trace, profile, drafter)
-    hist = model = None
     if trace.kind == HYBRID:
         hist, model = _hybrid_parts(trace, profile, drafter)
-    target = profile.cost_model(None)
-    cm = profile.cost_model(key) if key is not None else target
-    if trace.kind == "list":   # the proposer is priced below (profile_proposer), for every decode step
-        from dataclasses import replace
+        cm, host = profile.cost_model(model), profile.cost_model(hist)
+    else:
+        cm = profile.cost_model(key)
+        host = cm if trace.kind == "list" else None
+    out = []
+    for i in range(len(trace.steps)):
+        step = step_of(trace, i)
+        c = cm.cost(step, host_speed)
+        if host is not None and host is not cm:
+            c = StepCost(c.target_s, c.draft_s, host.cost(step, host_speed).proposer_s)
+        out.append(c)
+    return out
 
-        cm = replace(cm, draft_per_request=0.0, spec_step_overhead=0.0)
-    total = t_target = t_draft = t_prop = 0.0
-    step_s, rows = [], []
-    for s in trace.steps:
-        n = len(s.rids)
-        ctx = np.asarray(s.ctx, dtype=float)
-        drafts = np.asarray(s.drafts, dtype=float)
-        zero = np.zeros(n)
-        tt = target.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
-        t_all = cm.step_cost(drafts, ctx, zero, float(s.prefill_tokens)).at(0)
-        if hist is not None:   # the target verifies every draft; the model part ran its forwards or not
-            t_all = tt + model_forward_s(profile, model, s.model_forwards, ctx)
-        elif s.model_forwards:   # a model drafter whose step says the forwards it ran (a rule skipped some)
-            t_all = tt + model_forward_s(profile, key, s.model_forwards, ctx)
-        tp = profile_proposer(profile, hist or key, n)
-        t_target += tt
-        t_draft += t_all - tt
-        t_prop += tp
-        step_s.append(t_all + tp)
-        rows.append(n)
-        total += t_all + tp
+
+def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None, host_speed: float = 1.0) -> Priced:
+    """The trace's rollout time on `profile` (module doc); `host_speed`: the host's speed relative to
+    the one the profile's proposer constants were fitted on (`host:`), dividing the host term only."""
+    key = _drafter_key(trace, profile, drafter)
+    costs = step_costs(trace, profile, drafter, host_speed)
+    step_s = [c.total_s for c in costs]
+    rows = [len(s.rids) for s in trace.steps]
+    t_target, t_draft, t_prop = (sum(getattr(c, f) for c in costs) for f in ("target_s", "draft_s", "proposer_s"))
+    total = sum(step_s)
+    hist = (trace.parts or {}).get("history") if trace.kind == HYBRID else None
     return Priced(profile.name, key if hist is None else trace.drafter, total, t_target, t_draft, t_prop,
                   trace.proposer_s, trace.target_forwards, trace.generated_tokens, trace.tokens_per_forward(),
-                  step_s, rows)
+                  step_s, rows, profile.host, float(host_speed))
 
 
 def speedup(spec: Trace, profile: HardwareProfile, baseline: Trace | None = None,
-            drafter: str | None = None) -> dict:
+            drafter: str | None = None, host_speed: float = 1.0) -> dict:
     """Priced rollout time of `spec` and of its baseline, and the ratio baseline / spec."""
     base = baseline if baseline is not None else spec.without_drafts()
     if base.kind != "none":
@@ -147,7 +170,7 @@ def speedup(spec: Trace, profile: HardwareProfile, baseline: Trace | None = None
     if base.generated_tokens != spec.generated_tokens:
         raise TraceError(f"baseline: {base.generated_tokens} generated tokens against the trace's "
                          f"{spec.generated_tokens}; allowed: a rollout of the same requests to the same lengths")
-    p_spec, p_base = price(spec, profile, drafter), price(base, profile)
+    p_spec, p_base = price(spec, profile, drafter, host_speed), price(base, profile, host_speed=host_speed)
     return {"hardware": profile.name, "drafter": p_spec.drafter, "baseline": p_base.as_dict(),
             "spec": p_spec.as_dict(), "speedup": p_base.rollout_s / p_spec.rollout_s}
 
@@ -182,21 +205,19 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None =
     return out
 
 
-def profile_proposer(profile: HardwareProfile, key: str | None, rows: int) -> float:
+def profile_proposer(profile: HardwareProfile, key: str | None, rows: int, host_speed: float = 1.0) -> float:
     """A history proposer's host time for a decode step of `rows` requests, from the profile's entry
-    `key` (0 for other drafters and for a step without decode requests)."""
-    d = profile.drafter(key) if key is not None else None
-    if d is None or d.kind != "list" or rows == 0:
+    `key` (0 for other drafters and for a step without decode requests): the host term of the one
+    cost function."""
+    if key is None or rows == 0 or profile.drafter(key).kind != "list":
         return 0.0
-    return d.step_overhead_s + d.per_request_s * rows
+    return profile.cost_model(key).cost(Step.of(np.zeros(rows), np.zeros(rows), proposer=True), host_speed).proposer_s
 
 
 def fit_proposer(traces: list) -> dict:
     """(step_overhead_s, per_request_s) of a history proposer: non-negative least squares of its
     measured time per decode step on the step's requests, over the traces' steps, refitted once
     without the steps further than `OUTLIER_MADS` robust deviations out."""
-    from scipy.optimize import nnls
-
     x, y = [], []
     for t in traces:
         if t.kind != "list":
@@ -207,41 +228,34 @@ def fit_proposer(traces: list) -> dict:
                 y.append(float(s.proposer_s))
     if len(y) < 2 or len({r[1] for r in x}) < 2:
         raise TraceError("steps: need decode steps of at least two batch sizes to fit the proposer")
-    X, Y = np.asarray(x), np.asarray(y)
-    coef, _ = nnls(X, Y)
-    res = Y - X @ coef
-    dev = np.abs(res - np.median(res))
-    keep = dev <= OUTLIER_MADS * 1.4826 * np.median(dev)   # a first call's JIT compile, a descheduled thread
-    if np.median(dev) > 0 and keep.sum() >= 2 and len({r[0] for r in X[keep][:, 1:]}) >= 2 and not keep.all():
-        X, Y = X[keep], Y[keep]
-        coef, _ = nnls(X, Y)
-    pred = X @ coef
-    ss = float(((Y - Y.mean()) ** 2).sum())
-    return {"step_overhead_s": float(coef[0]), "per_request_s": float(coef[1]), "steps": len(y), "kept": len(Y),
-            "r2": 1.0 - float(((Y - pred) ** 2).sum()) / ss if ss > 0 else 1.0}
+    X = np.asarray(x)
+    fit = nnls_fit(X, y, refit=lambda keep: int(keep.sum()) >= 2 and len(set(X[keep, 1])) >= 2)
+    return {"step_overhead_s": float(fit.coef[0]), "per_request_s": float(fit.coef[1]), "steps": len(y),
+            "kept": fit.kept, "r2": fit.r2}
 
 
 class PricedStepCost:
     """The per-step rules' step cost (`drafters/machinery/step_judge.py` reads ``split``) from a hardware profile
-    instead of the engine's online fit, so a replayed rule decides on the costs of that GPU: ``t0``
-    is the step's target forward without drafts plus the proposer's host time, ``c_tok`` the cost
-    of one more verified draft token, the secant from no drafts to `k` drafts per request (the
-    roofline turns compute-bound as drafts grow, so the first draft token alone would understate
-    long drafts)."""
+    instead of the engine's online fit, so a replayed rule decides on the costs of that GPU: the one
+    cost function's `CostModel.split` of the step, ``t0`` the step's target forward without drafts plus
+    the proposer's host time, ``c_tok`` the secant of the target forward from no drafts to the drafts
+    the step holds (`draft_tokens`; without them, `k` per request), so that ``t0 + c_tok x draft
+    tokens`` is the priced step with every draft verified."""
 
-    def __init__(self, profile: HardwareProfile, drafter: str, k: int):
+    def __init__(self, profile: HardwareProfile, drafter: str, k: int, host_speed: float = 1.0):
         self.profile, self.drafter, self.k = profile, drafter, max(1, int(k))
-        self.target = profile.cost_model(None)
+        self.host_speed = check_host_speed(host_speed)
+        d = profile.drafter(drafter)
+        # the rule weighs verification and the host proposer: a model drafter's forwards are priced apart
+        self.cost = profile.cost_model(drafter if d.kind == "list" else None)
         self.samples = 0
         self.coef = True   # always ready: nothing to fit
         self.r2 = None
 
-    def split(self, requests: int, ctx_sum: int) -> tuple[float, float]:
+    def split(self, requests: int, ctx_sum: int, draft_tokens: float | None = None) -> tuple[float, float]:
         b = max(1, int(requests))
-        ctx = ctx_sum / b
-        t0 = self.target.mean_step_time(b, 0.0, ctx)
-        tk = self.target.mean_step_time(b, float(self.k), ctx)
-        return t0 + profile_proposer(self.profile, self.drafter, b), (tk - t0) / (self.k * b)
+        tokens = float(self.k * b) if draft_tokens is None else float(draft_tokens)
+        return self.cost.split(b, ctx_sum, tokens, self.host_speed)
 
     def add(self, *args, **kwargs) -> None:
         self.samples += 1   # a step the rule saw; the profile's costs do not change with it
@@ -250,4 +264,5 @@ class PricedStepCost:
         return {"samples": self.samples, "priced_on": self.profile.name}
 
 
-__all__ = ["BINS", "Priced", "PricedStepCost", "fit_proposer", "model_forward_s", "price", "proposer_share", "speedup"]
+__all__ = ["BINS", "Priced", "PricedStepCost", "check_host_speed", "fit_proposer", "model_forward_s", "price",
+           "proposer_share", "speedup", "step_costs", "step_of"]

@@ -158,10 +158,10 @@ def simulate_rl(sc, *, speculative: bool, placement: str | None = None, k: int |
         from dataclasses import replace
 
         hy = sc.hybrid
-        hybrid = HybridHalves(tuple(hy.per_position), hy.coverage, min(k, hy.model_k or k), cost,
-                              hy.step_overhead_s, hy.per_request_s, hy.replicas)
+        hybrid = HybridHalves(tuple(hy.per_position), hy.coverage, min(k, hy.model_k or k), cost, hy.replicas)
+        # the engine's own cost: the target and the history half's proposer (the host term)
         cost = replace(cost, draft_kind="list", draft_fwd_base=0.0, draft_tok=0.0, draft_ctx=0.0,
-                       draft_per_request=0.0, spec_step_overhead=0.0, draft_shape=None)
+                       draft_per_request=hy.per_request_s, spec_step_overhead=hy.step_overhead_s, draft_shape=None)
     engines = [EngineSim(e, cost, policy, sc.hardware.max_num_seqs, remaining, sc.kv_capacity_tokens,
                          sc.drafter.coverage, sc.acceptance.by_response_position, hybrid) for e in range(E)]
     serving = sc.workload.steady_state

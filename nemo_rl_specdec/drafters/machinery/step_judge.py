@@ -153,7 +153,7 @@ class StepJudge:
         without a draft; `ctx_sum`: their summed context length."""
         if not self.active or not lengths:
             return None
-        cost = self.fit.split(requests, ctx_sum)
+        cost = self.fit.split(requests, ctx_sum, float(sum(lengths)))
         if cost is None:
             return None
         t0, c_tok = cost

@@ -140,7 +140,8 @@ def test_drafter_cost_by_kind():
     verify = 0.0                                          # 13 tokens: still memory-bound
     assert model == pytest.approx(3 * one_fwd + verify)   # three sequential forwards
     assert block == pytest.approx(one_fwd + verify)       # one parallel forward
-    assert lst == pytest.approx(1e-4 + 3 * 2e-5)          # sync + host time per drafting request
+    assert lst == pytest.approx(1e-4 + 4 * 2e-5)          # sync + host time per running request (the
+    # proposer runs for every request of the step, drafting or not)
 
 
 # --------------------------------------------------------------------------- whole runs
