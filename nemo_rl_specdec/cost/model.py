@@ -58,7 +58,7 @@ to the one the constants were fitted on) divides it, and only it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -282,6 +282,11 @@ class CostModel:
         values = dict(zip(LINEAR_TERMS, (float(c) for c in coef), strict=False))
         return cls(draft_kind=draft_kind, **values)
 
+    def without_drafter(self) -> CostModel:
+        """The same target with no drafter: no draft forwards (nor the draft's prefill), no proposer."""
+        return replace(self, draft_kind="list", draft_fwd_base=0.0, draft_tok=0.0, draft_ctx=0.0,
+                       draft_per_request=0.0, spec_step_overhead=0.0, draft_shape=None, draft_fwd_seq=0.0)
+
     @property
     def linear_coef(self) -> np.ndarray:
         return np.asarray([getattr(self, t) for t in LINEAR_TERMS], dtype=float)
@@ -345,35 +350,59 @@ class CostModel:
             if drafting:
                 draft.t0 += self.draft_tok * d_sum + self.draft_ctx * float(ctx @ drafts)
                 draft.slope += self.draft_ctx * float(rate @ drafts)
-        elif drafting or step.forwards:
+        elif drafting or step.forwards or step.prefill_tokens > 0:
             self._add_drafting(draft, step)
         return target, draft, host
 
     def _add_drafting(self, st: StepTime, step: Step) -> None:
         """A model or block drafter's side of `step`: its forwards on the roofline of its shape, plus
-        the linear terms (module doc)."""
+        the linear terms (module doc). A model drafter's first forward runs over every target token of
+        the step (each decode request's verified tokens and the prefilled prompt tokens: vLLM's
+        EAGLE/MTP proposer feeds it the target's hidden states of all of them), the later ones over one
+        token per drafting request; a block drafter's one forward over every draft position and the
+        prefilled tokens. A step that prefills runs the draft's forward over the prompt even when no
+        request drafts (the draft's own KV of the prompt)."""
         drafts, ctx, rate = step.drafts, step.ctx, step.rate
         on = drafts > 0
-        n_on, d_sum = int(np.count_nonzero(on)), float(np.sum(drafts))
+        n, n_on, d_sum = len(drafts), int(np.count_nonzero(on)), float(np.sum(drafts))
+        prefill = float(step.prefill_tokens)
+        first = None   # (tokens, ctx_sum, ctx growth, attention ctx, its growth) of a model drafter's first forward
         if self.draft_kind == "model":
-            forwards = float(math.ceil(np.max(drafts) - 1e-9)) if step.forwards is None else float(step.forwards)
-            if step.forwards is not None:   # counted forwards run over every request of the step
-                on = np.ones(len(drafts), dtype=bool)
-                n_on = len(drafts)
+            if step.forwards is None:
+                forwards = float(math.ceil(np.max(drafts) - 1e-9)) if n else 0.0
+                forwards = max(forwards, 1.0 if prefill > 0 else 0.0)
+            else:
+                forwards = float(step.forwards)
+                on, n_on = np.ones(n, dtype=bool), n   # counted forwards run over every request of the step
             tokens_each = float(n_on)
+            w = 1.0 + drafts
+            first = (n + d_sum + prefill, float(ctx.sum()), float(rate.sum()), float(ctx @ w), float(rate @ w))
         else:
-            forwards = (1.0 if d_sum > 0 else 0.0) if step.forwards is None else float(min(1, step.forwards))
-            tokens_each = d_sum if step.forwards is None else float(step.forwards) * len(drafts)
-        st.t0 += (self.spec_step_overhead + self.draft_fwd_base * forwards + self.draft_fwd_seq * forwards * n_on
+            if step.forwards is None:
+                forwards = 1.0 if d_sum > 0 or prefill > 0 else 0.0
+                tokens_each = d_sum + prefill
+            else:
+                forwards = float(min(1, step.forwards))
+                tokens_each = float(step.forwards) * n + prefill
+        spec = self.spec_step_overhead if d_sum > 0 else 0.0
+        st.t0 += (spec + self.draft_fwd_base * forwards + self.draft_fwd_seq * forwards * n_on
                   + self.draft_tok * d_sum + self.draft_ctx * float(ctx @ drafts))
         st.slope += self.draft_ctx * float(rate @ drafts)
-        if forwards and self.roofline is not None and self.draft_shape is not None:
-            c_on, r_on = float(ctx[on].sum()), float(rate[on].sum())
+        if not forwards or self.roofline is None or self.draft_shape is None:
+            return
+        c_on, r_on = float(ctx[on].sum()), float(rate[on].sum())
+        rest = forwards
+        if first is not None:
+            const, lines = self.roofline.forward(self.draft_shape, *first, overhead=False)
+            st.t0 += const
+            st.maxes.append(lines)
+            rest -= 1.0
+        if rest and tokens_each:
             const, (m0, m1, f0, f1) = self.roofline.forward(self.draft_shape, tokens_each, c_on, r_on,
                                                             c_on * tokens_each / max(1, n_on),
                                                             r_on * tokens_each / max(1, n_on), overhead=False)
-            st.t0 += forwards * const
-            st.maxes.append((forwards * m0, forwards * m1, forwards * f0, forwards * f1))
+            st.t0 += rest * const
+            st.maxes.append((rest * m0, rest * m1, rest * f0, rest * f1))
 
     def split(self, requests: int, ctx_sum: float, draft_tokens: float, host_speed: float = 1.0) -> tuple[float, float]:
         """The per-step rules' view of a decode step of `requests` requests at summed context `ctx_sum`

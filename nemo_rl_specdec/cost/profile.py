@@ -21,12 +21,14 @@ A profile (``configs/hardware/<name>.yaml``, named by ``--hardware NAME``) holds
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.cost.fit import fit_layer_widths
 from nemo_rl_specdec.cost.model import CostModel
 from nemo_rl_specdec.cost.schema import CostError, DraftCost, Hardware, ModelSpec, _Strict, format_errors
 from nemo_rl_specdec.resources import config_lookups, config_path
@@ -36,12 +38,50 @@ D = TypeVar("D", bound=DraftCost)
 HARDWARE_CONFIGS = config_path("hardware")
 
 
+@functools.lru_cache(maxsize=8)
+def _layer_widths(draft_files: tuple, target_file: str) -> dict:
+    return fit_layer_widths(list(draft_files), target_file)
+
+
+def _bundled(name: str, key: str) -> str:
+    """A samples file by path, or by name below configs/sim/; a ValueError naming `key` otherwise."""
+    found = next((p for p in [Path(name), *config_lookups(name, "sim")] if p.is_file()), None)
+    if found is None:
+        raise ValueError(f"{key}: {name!r}; allowed: a time_forward samples JSON (a path, or a name below "
+                         "configs/sim/)")
+    return str(found)
+
+
+class DraftLayers(_Strict):
+    """Timed forwards of draft models of more than one layer width, and a target timed on the same
+    GPU: the fixed time of a draft forward per layer is fitted on them as a line in the layer's width
+    (`cost/fit.py` `fit_layer_widths`) and carried to this profile's GPU in proportion to the targets'
+    fitted fixed time per layer."""
+
+    measured: list[str] = Field(min_length=2, max_length=64)
+    timed_on: str = Field(description="the samples of a target timed on the GPU the drafts were timed on")
+    _fit: dict | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _fitted(self):
+        files = tuple(_bundled(f, f"draft_layers.measured[{i}]") for i, f in enumerate(self.measured))
+        self._fit = _layer_widths(files, _bundled(self.timed_on, "draft_layers.timed_on"))
+        return self
+
+    @property
+    def fit(self) -> dict:
+        assert self._fit is not None
+        return self._fit
+
+
 class HardwareProfile(_Strict):
     name: str
     description: str = ""
     host: str = Field("", description="the CPU the history proposers' constants were measured on")
     model: ModelSpec
     hardware: Hardware
+    draft_layers: DraftLayers | None = Field(None, description="draft forwards timed by layer width (the fixed time "
+                                             "of a draft forward per layer); without it, the target's per layer")
     drafters: dict[str, DraftCost] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -55,7 +95,7 @@ class HardwareProfile(_Strict):
                                  "priced: list (host proposer), model (sequential forwards) or block (one forward)")
             if d.kind in ("model", "block") and d.model is None:
                 raise ValueError(f"drafters.{name}.model: a {d.kind} drafter's forward is priced from its shape")
-            priced_by_layers(d, self.hardware, self.model)
+            priced_by_layers(d, self.hardware, self.model, self.draft_layers.fit if self.draft_layers else None)
         return self
 
     @property
@@ -81,15 +121,28 @@ class HardwareProfile(_Strict):
                          roofline=roof, target=target, draft_shape=d.model.shape() if d.model else None)
 
 
-def priced_by_layers(d: D, hardware: Hardware, target: ModelSpec) -> D:
-    """A model or block drafter without its own `fwd_base_s` gets the target forward's fitted fixed
-    time per layer times its layers (the device check timed the drafts beside the target: the
-    fixed time of a forward grows with its layers)."""
+def layer_s(hardware: Hardware, target: ModelSpec, hidden_size: int, widths: dict | None = None) -> float:
+    """The fixed time per layer of a draft forward whose layers are `hidden_size` wide on this GPU: with
+    `widths` (`fit_layer_widths`), the fitted line in the width, carried to this GPU in proportion to
+    the targets' fitted fixed time per layer; without, the target's fixed time per layer."""
+    assert hardware.roofline is not None and hardware.roofline.overhead_s is not None
+    here = float(hardware.roofline.overhead_s) / max(1, target.num_layers)
+    if widths is None:
+        return here
+    if not hidden_size:
+        raise ValueError("model.hidden_size: needed to price a draft forward's fixed time by its layers' width")
+    return (widths["fixed_s"] + widths["per_width_s"] * hidden_size) * here / widths["target_layer_s"]
+
+
+def priced_by_layers(d: D, hardware: Hardware, target: ModelSpec, widths: dict | None = None) -> D:
+    """A model or block drafter without its own `fwd_base_s` gets its layers times the fixed time per
+    layer of a forward of their width (`layer_s`; the device check timed the drafts beside the
+    target: the fixed time of a forward grows with its layers)."""
     if d.kind in ("model", "block") and d.model is not None and "fwd_base_s" not in d.model_fields_set:
         if not (d.model.num_layers and target.num_layers and hardware.roofline is not None):
             raise ValueError(f"drafter {d.name!r}: model.num_layers (and the target's, and a roofline) are needed to "
                              "price its fixed time per forward by layers; or give its fwd_base_s")
-        d.fwd_base_s = float(hardware.roofline.overhead_s) / target.num_layers * d.model.num_layers
+        d.fwd_base_s = layer_s(hardware, target, d.model.hidden_size, widths) * d.model.num_layers
     return d
 
 
@@ -119,4 +172,5 @@ def load_profile(name: str) -> HardwareProfile:
         raise CostError(f"{path}: {e}") from None
 
 
-__all__ = ["HARDWARE_CONFIGS", "HardwareProfile", "load_profile", "priced_by_layers", "profile_names", "profile_path"]
+__all__ = ["HARDWARE_CONFIGS", "HardwareProfile", "load_profile", "layer_s", "priced_by_layers", "profile_names",
+           "profile_path"]

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.cost.profile import priced_by_layers, profile_path
+from nemo_rl_specdec.cost.profile import load_profile, profile_path
 from nemo_rl_specdec.cost.schema import (  # noqa: F401  (the scenario's blocks and limits, named here too)
     BANDWIDTH_BPS,
     FLOP_RATE,
@@ -853,9 +853,9 @@ def with_profile(raw: dict, where: str = "") -> dict:
         raise ScenarioError(f"{where}drafter.profile_entry: {path}: drafters.{entry}: not in this hardware profile; "
                             f"it prices {sorted(entries)}")
     try:
-        target, hardware = ModelSpec.model_validate(prof["model"]), Hardware.model_validate(prof["hardware"])
-        d = priced_by_layers(Drafter.model_validate(entries[entry]), hardware, target)
-    except (ValidationError, ValueError, KeyError) as e:
+        d = Drafter.model_validate(entries[entry])   # the entry's kind checked against the registry
+        d.fwd_base_s = load_profile(str(path)).drafter(entry).fwd_base_s   # as the profile prices it
+    except (ValidationError, ValueError, KeyError, CostError) as e:
         raise ScenarioError(f"{where}hardware_profile: {path}: {_short(e, 300)}") from None
     raw["model"] = prof["model"]
     hw = {k: v for k, v in dict(raw.get("hardware") or {}).items() if v is not None}

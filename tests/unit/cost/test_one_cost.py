@@ -106,3 +106,21 @@ def test_bad_input_is_refused_naming_the_field(h100):
         h100.cost_model("das").cost(Step.of([100.0], [1.0]), host_speed=0.0)
     with pytest.raises(TraceError, match=r"steps\[0\]: request 'r0' verified 9 drafts"):
         Trace("list", K, [TraceStep(["r0"], [10], [K + 1], [0], 0, 1e-4)], "das")
+
+
+def test_a_model_drafters_first_forward_runs_over_every_target_token_and_the_draft_prefills(h100):
+    eagle, dflash, das = h100.cost_model("eagle3"), h100.cost_model("dflash"), h100.cost_model("das")
+    roof, shape = eagle.roofline, eagle.draft_shape
+    n, ctx = 200, np.full(200, 2000.0)
+    step = Step.of(ctx, np.full(n, 3.0))
+    first, _ = roof.forward(shape, n * 4, ctx.sum(), 0.0, ctx.sum() * 4, 0.0, overhead=False)
+    rest, _ = roof.forward(shape, n, ctx.sum(), 0.0, ctx.sum(), 0.0, overhead=False)
+    lines = [roof.forward(shape, t, ctx.sum(), 0.0, a, 0.0, overhead=False)[1]
+             for t, a in ((n * 4, ctx.sum() * 4), (n, ctx.sum()))]
+    expected = 3 * eagle.draft_fwd_base + first + 2 * rest + max(lines[0][0], lines[0][2]) \
+        + 2 * max(lines[1][0], lines[1][2])
+    assert eagle.cost(step).draft_s == pytest.approx(expected)
+    # a step that only prefills runs the draft over the prompt (model and block drafters), not a history proposer
+    prefill = Step.of([], [], prefill_tokens=4096)
+    assert eagle.cost(prefill).draft_s > eagle.draft_fwd_base > 0 and dflash.cost(prefill).draft_s > 0
+    assert das.cost(prefill).draft_s == das.cost(prefill).proposer_s == 0
