@@ -278,14 +278,16 @@ def _price(args) -> int:
         else:
             base = Trace.load(args.baseline) if args.baseline else None
             rows = [{"trace": name, **speedup(t, profile, base, args.drafter)} for name, t in named]
-            print(f"priced on {profile.name} ({profile.hardware.name})")
-            print(f"{'trace':<40}{'tok/fwd':>9}{'baseline s':>12}{'spec s':>10}{'draft s':>9}{'proposer s':>11}"
-                  f"{'speedup':>9}")
+            print(f"priced on {profile.name} ({profile.hardware.name}); proposer: the history proposer's host time, "
+                  f"fitted on {profile.host or 'an unnamed host'}, priced there (1x) and on a host twice as fast (2x)")
+            print(f"{'trace':<40}{'tok/fwd':>9}{'baseline s':>12}{'target s':>10}{'draft s':>9}{'proposer s 1x':>14}"
+                  f"{'speedup 1x':>11}{'proposer s 2x':>14}{'speedup 2x':>11}")
             for r in rows:
-                sp = r["spec"]
+                sp, (h1, h2) = r["spec"], r["by_host_speed"]
                 print(f"{r['trace'][:39]:<40}{sp['tokens_per_forward']:>9.3f}{r['baseline']['rollout_s']:>12.3f}"
-                      f"{sp['rollout_s']:>10.3f}{sp['draft_s']:>9.3f}{sp['proposer_s']:>11.3f}{r['speedup']:>8.3f}x")
-            out = {"hardware": profile.name, "rows": rows}
+                      f"{sp['target_s']:>10.3f}{sp['draft_s']:>9.3f}{h1['proposer_s']:>14.3f}{h1['speedup']:>10.3f}x"
+                      f"{h2['proposer_s']:>14.3f}{h2['speedup']:>10.3f}x")
+            out = {"hardware": profile.name, "host": profile.host, "rows": rows}
     except TraceError as e:
         raise ConfigError(str(e)) from None
     if args.json:

@@ -32,6 +32,9 @@ from nemo_rl_specdec.cost.model import Step, StepCost
 from nemo_rl_specdec.cost.profile import HardwareProfile
 from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceError
 
+# the host speeds every priced verdict is given at: the host the profile's proposer constants were fitted on,
+# and a host twice as fast (a GPU node's CPU is faster than the development machines' two shared cores)
+HOST_SPEEDS = (1.0, 2.0)
 # batch-size bins of the proposer-share report: [lo, hi)
 BINS = ((1, 2), (2, 5), (5, 17), (17, 65), (65, 257), (257, 10 ** 9))
 
@@ -171,37 +174,48 @@ def speedup(spec: Trace, profile: HardwareProfile, baseline: Trace | None = None
         raise TraceError(f"baseline: {base.generated_tokens} generated tokens against the trace's "
                          f"{spec.generated_tokens}; allowed: a rollout of the same requests to the same lengths")
     p_spec, p_base = price(spec, profile, drafter, host_speed), price(base, profile, host_speed=host_speed)
-    return {"hardware": profile.name, "drafter": p_spec.drafter, "baseline": p_base.as_dict(),
-            "spec": p_spec.as_dict(), "speedup": p_base.rollout_s / p_spec.rollout_s}
+    bands = []
+    for h in HOST_SPEEDS:   # the verdict at each host speed: only the host term moves
+        ps = p_spec if h == host_speed else price(spec, profile, drafter, h)
+        bands.append({"host_speed": h, "speedup": p_base.rollout_s / ps.rollout_s, "rollout_s": ps.rollout_s,
+                      "proposer_s": ps.proposer_s})
+    return {"hardware": profile.name, "drafter": p_spec.drafter, "host": profile.host, "host_speed": host_speed,
+            "baseline": p_base.as_dict(), "spec": p_spec.as_dict(), "speedup": p_base.rollout_s / p_spec.rollout_s,
+            "by_host_speed": bands}
 
 
 def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None = None) -> list[dict]:
-    """Per batch-size bin over the history drafter's `traces`: the measured proposer time per
-    request-step (µs) and its share of the priced step, the target's and drafts' forwards on
-    `profile` plus the measured proposer time."""
+    """Per batch-size bin over the history drafter's `traces`: the proposer's host time per request-step
+    (µs) and its share of the priced step, from the profile's constants at each of `HOST_SPEEDS`
+    (deterministic: `share_of_step` on the host they were fitted on, `share_of_step_2x` on a host twice
+    as fast), beside the proposer's measured thread time per request-step (information, not judged)."""
     acc: dict = {}
     for t in traces:
         if t.kind not in ("list", HYBRID):
             raise TraceError(f"kind: {t.kind!r}; a proposer share is a history drafter's (kind 'list' or 'hybrid')")
-        p = price(t, profile, drafter)
-        key = p.drafter if t.kind == "list" else (t.parts or {})["history"]
+        by_speed = {h: step_costs(t, profile, drafter, h) for h in HOST_SPEEDS}
         for i, s in enumerate(t.steps):
             n = len(s.rids)
             if not n:
                 continue
             b = next(j for j, (lo, hi) in enumerate(BINS) if lo <= n < hi)
-            a = acc.setdefault(b, [0, 0, 0.0, 0.0])
-            a[0] += 1
-            a[1] += n
-            a[2] += s.proposer_s or 0.0
-            a[3] += p.step_s[i] - profile_proposer(profile, key, n)
+            a = acc.setdefault(b, {"steps": 0, "rows": 0, "measured": 0.0,
+                                   **{h: [0.0, 0.0] for h in HOST_SPEEDS}})   # h: [proposer, step]
+            a["steps"] += 1
+            a["rows"] += n
+            a["measured"] += s.proposer_s or 0.0
+            for h, costs in by_speed.items():
+                a[h][0] += costs[i].proposer_s
+                a[h][1] += costs[i].total_s
     out = []
     for b in sorted(acc):
         lo, hi = BINS[b]
-        steps, rows, meas, device = acc[b]
-        out.append({"batch": f"{lo}-{hi - 1}" if hi < 10 ** 9 else f">={lo}", "steps": steps, "rows": rows,
-                    "proposer_us_per_row": 1e6 * meas / rows,
-                    "share_of_step": meas / (device + meas) if device + meas > 0 else 0.0})
+        a = acc[b]
+        share = {h: a[h][0] / a[h][1] if a[h][1] > 0 else 0.0 for h in HOST_SPEEDS}
+        out.append({"batch": f"{lo}-{hi - 1}" if hi < 10 ** 9 else f">={lo}", "steps": a["steps"], "rows": a["rows"],
+                    "proposer_us_per_row": 1e6 * a[1.0][0] / a["rows"],
+                    "measured_us_per_row": 1e6 * a["measured"] / a["rows"],
+                    "share_of_step": share[1.0], "share_of_step_2x": share[2.0], "host": profile.host})
     return out
 
 
@@ -264,5 +278,5 @@ class PricedStepCost:
         return {"samples": self.samples, "priced_on": self.profile.name}
 
 
-__all__ = ["BINS", "Priced", "PricedStepCost", "check_host_speed", "fit_proposer", "model_forward_s", "price",
-           "proposer_share", "speedup", "step_costs", "step_of"]
+__all__ = ["BINS", "HOST_SPEEDS", "Priced", "PricedStepCost", "check_host_speed", "fit_proposer", "model_forward_s",
+           "price", "proposer_share", "speedup", "step_costs", "step_of"]

@@ -225,3 +225,21 @@ def test_a_model_step_that_counts_its_forwards_is_priced_from_them(h100):
     uncounted = TraceStep(step.rids, step.ctx, [0] * len(step.rids), [0] * len(step.rids), 0, None, 0, 0)
     assert price(Trace("model", 3, [uncounted], "eagle3"), h100).draft_s == 0
 
+
+def test_the_verdict_is_given_at_two_host_speeds_and_the_proposer_shares_are_the_profiles(h100):
+    from nemo_rl_specdec.bench.das import _priced
+    from nemo_rl_specdec.cost.price import HOST_SPEEDS, proposer_share
+
+    t = _trace(64, 4, 3)
+    r = speedup(t, h100)
+    one, two = r["by_host_speed"]
+    assert (one["host_speed"], two["host_speed"]) == HOST_SPEEDS == (1.0, 2.0) and r["host"] == h100.host != ""
+    assert one["speedup"] == r["speedup"] and two["proposer_s"] == pytest.approx(one["proposer_s"] / 2)
+    assert two["speedup"] > one["speedup"]   # only the host term moves
+    # the shares come from the profile's constants: the measured thread times do not move them
+    slow = _trace(64, 4, 3, proposer_s=5e-3)
+    assert [(b["share_of_step"], b["share_of_step_2x"]) for b in proposer_share([t], h100)] == \
+        [(b["share_of_step"], b["share_of_step_2x"]) for b in proposer_share([slow], h100)]
+    assert all(b["share_of_step_2x"] < b["share_of_step"] for b in proposer_share([t], h100))
+    priced = _priced({"replay": [{"trace": t}]}, h100)
+    assert [b["speedup"] for b in priced["priced_by_host_speed"]] == pytest.approx([one["speedup"], two["speedup"]])
