@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -279,7 +280,7 @@ class CostModel:
     def from_linear(cls, coef, draft_kind: str = "model") -> CostModel:
         """The linear form with the constants `coef` (`LINEAR_TERMS` order; the draft terms may be
         left out), as the engine's online fit gives them."""
-        values = dict(zip(LINEAR_TERMS, (float(c) for c in coef), strict=False))
+        values: dict[str, Any] = dict(zip(LINEAR_TERMS, (float(c) for c in coef), strict=False))
         return cls(draft_kind=draft_kind, **values)
 
     def without_drafter(self) -> CostModel:
@@ -333,6 +334,7 @@ class CostModel:
         ctx_sum, growth = float(np.sum(ctx)), float(np.sum(rate))
         target = StepTime(0.0)
         if self.roofline is not None:
+            assert self.target is not None, "a roofline prices the target from its shape"
             w = 1.0 + drafts
             const, lines = self.roofline.forward(self.target, tokens, ctx_sum, growth,
                                                  float(ctx @ w), float(rate @ w), draft_tokens=d_sum)

@@ -24,11 +24,12 @@ printed beside the profile's (the profile's constants are fitted on such traces:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from nemo_rl_specdec.cost.fit import nnls_fit
-from nemo_rl_specdec.cost.model import Step, StepCost
+from nemo_rl_specdec.cost.model import CostModel, Step, StepCost
 from nemo_rl_specdec.cost.profile import HardwareProfile
 from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceError
 
@@ -133,6 +134,7 @@ def step_costs(trace: Trace, profile: HardwareProfile, drafter: str | None = Non
     host term is its history part's proposer, its draft term its model part's forwards."""
     check_host_speed(host_speed)
     key = _drafter_key(trace, profile, drafter)
+    host: CostModel | None
     if trace.kind == HYBRID:
         hist, model = _hybrid_parts(trace, profile, drafter)
         cm, host = profile.cost_model(model), profile.cost_model(hist)
@@ -189,7 +191,7 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None =
     (µs) and its share of the priced step, from the profile's constants at each of `HOST_SPEEDS`
     (deterministic: `share_of_step` on the host they were fitted on, `share_of_step_2x` on a host twice
     as fast), beside the proposer's measured thread time per request-step (information, not judged)."""
-    acc: dict = {}
+    acc: dict[int, dict[Any, Any]] = {}
     for t in traces:
         if t.kind not in ("list", HYBRID):
             raise TraceError(f"kind: {t.kind!r}; a proposer share is a history drafter's (kind 'list' or 'hybrid')")

@@ -101,6 +101,7 @@ class HardwareProfile(_Strict):
     @property
     def layer_overhead_s(self) -> float:
         """The target forward's fitted fixed time per layer."""
+        assert self.hardware.roofline is not None and self.hardware.roofline.overhead_s is not None  # validated
         return float(self.hardware.roofline.overhead_s) / max(1, self.model.num_layers)
 
     def drafter(self, name: str) -> DraftCost:
@@ -117,8 +118,9 @@ class HardwareProfile(_Strict):
             return CostModel(roofline=roof, target=target)
         d = self.drafter(drafter)
         return CostModel(draft_fwd_base=d.fwd_base_s, draft_tok=d.tok_s, draft_ctx=d.ctx_s,
-                         draft_per_request=d.per_request_s, spec_step_overhead=d.step_overhead_s, draft_kind=d.kind,
-                         roofline=roof, target=target, draft_shape=d.model.shape() if d.model else None)
+                         draft_per_request=d.per_request_s, spec_step_overhead=d.step_overhead_s,
+                         draft_kind=str(d.kind), roofline=roof, target=target,
+                         draft_shape=d.model.shape() if d.model else None)
 
 
 def layer_s(hardware: Hardware, target: ModelSpec, hidden_size: int, widths: dict | None = None) -> float:

@@ -12,7 +12,7 @@ import operator
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -262,9 +262,10 @@ class Hardware(_Strict):
         r = self.roofline
         if r is None:
             return None
-        return Roofline(r.mem_bw_Bps, r.flops_per_s, r.overhead_s, self.gpus_per_engine,
-                        r.allreduce_bw_Bps or math.inf, r.allreduce_latency_s, r.sizes(), r.eager_overhead_s,
-                        r.overhead_per_seq_s)
+        # after validation every fitted or given constant is a number
+        return Roofline(cast(float, r.mem_bw_Bps), cast(float, r.flops_per_s), cast(float, r.overhead_s),
+                        self.gpus_per_engine, r.allreduce_bw_Bps or math.inf, r.allreduce_latency_s, r.sizes(),
+                        cast(float, r.eager_overhead_s), cast(float, r.overhead_per_seq_s))
 
 
 class DraftCost(_Strict):
@@ -329,11 +330,12 @@ def _unwrap(ann: Any) -> tuple[Any, bool]:
     return ann, False
 
 
-def _field_at(root: type, loc: tuple) -> tuple[Any | None, type | None]:
+def _field_at(root: type, loc: tuple) -> tuple[Any | None, Any]:
     """(the field named by a validation error's `loc`, the model that holds it); (None, model) when
     `loc` ends inside a list or mapping or does not name a field, with the model reached last."""
     ann: Any = root
-    info, holder = None, root
+    info: Any = None
+    holder: Any = root
     for part in loc:
         ann, _ = _unwrap(ann)
         if isinstance(ann, type) and issubclass(ann, BaseModel):
