@@ -95,6 +95,10 @@ class HardwareProfile(_Strict):
                                  "priced: list (host proposer), model (sequential forwards) or block (one forward)")
             if d.kind in ("model", "block") and d.model is None:
                 raise ValueError(f"drafters.{name}.model: a {d.kind} drafter's forward is priced from its shape")
+            if d.kind in ("model", "block") and self.draft_layers is None and "fwd_base_s" not in d.model_fields_set:
+                raise ValueError(f"draft_layers: missing; drafters.{name}'s fixed time per forward is priced by its "
+                                 "layers' width from timed draft forwards (give draft_layers, or the entry's "
+                                 "fwd_base_s)")
             priced_by_layers(d, self.hardware, self.model, self.draft_layers.fit if self.draft_layers else None)
         return self
 

@@ -131,6 +131,12 @@ def test_a_profile_that_cannot_price_a_drafter_says_which(h100, tmp_path):
     prof = HardwareProfile.model_validate(raw)
     with pytest.raises(TraceError, match="per_request_s"):
         price(_trace(4, 3, 1), prof)
+    no_widths = {k: v for k, v in raw.items() if k != "draft_layers"}
+    with pytest.raises(ValueError, match=r"draft_layers: missing; drafters\.eagle3's fixed time"):
+        HardwareProfile.model_validate(no_widths)
+    no_widths["drafters"] = {k: v for k, v in raw["drafters"].items() if k not in ("eagle3", "mtp", "dflash",
+                                                                                    "draft_model")}
+    HardwareProfile.model_validate(no_widths)   # history drafters alone need no draft layers
     raw["drafters"]["eagle3"] = {"name": "eagle3", "kind": "model"}
     with pytest.raises(ValueError, match=r"drafters\.eagle3\.model"):
         HardwareProfile.model_validate(raw)
