@@ -258,12 +258,12 @@ def _simulate_crosscheck(args) -> int:
 
 
 def _price(args) -> int:
-    """Price traces on a hardware profile (sim/price.py): every trace file, or every replay trace of a
+    """Price traces on a hardware profile (cost/price.py): every trace file, or every replay trace of a
     bench result JSON, with its speedup over its baseline; or `--fit-proposer`: a history proposer's
     host-time constants fitted on the traces' measured times."""
-    from nemo_rl_specdec.sim.hardware import load_profile
-    from nemo_rl_specdec.sim.price import fit_proposer, speedup
-    from nemo_rl_specdec.trace import Trace, TraceError
+    from nemo_rl_specdec.cost.price import fit_proposer, speedup
+    from nemo_rl_specdec.cost.profile import load_profile
+    from nemo_rl_specdec.cost.trace import Trace, TraceError
 
     profile = load_profile(args.hardware)
     try:
@@ -276,14 +276,16 @@ def _price(args) -> int:
         else:
             base = Trace.load(args.baseline) if args.baseline else None
             rows = [{"trace": name, **speedup(t, profile, base, args.drafter)} for name, t in named]
-            print(f"priced on {profile.name} ({profile.hardware.name})")
-            print(f"{'trace':<40}{'tok/fwd':>9}{'baseline s':>12}{'spec s':>10}{'draft s':>9}{'proposer s':>11}"
-                  f"{'speedup':>9}")
+            print(f"priced on {profile.name} ({profile.hardware.name}); proposer: the history proposer's host time, "
+                  f"fitted on {profile.host or 'an unnamed host'}, priced there (1x) and on a host twice as fast (2x)")
+            print(f"{'trace':<40}{'tok/fwd':>9}{'baseline s':>12}{'target s':>10}{'draft s':>9}{'proposer s 1x':>14}"
+                  f"{'speedup 1x':>11}{'proposer s 2x':>14}{'speedup 2x':>11}")
             for r in rows:
-                sp = r["spec"]
+                sp, (h1, h2) = r["spec"], r["by_host_speed"]
                 print(f"{r['trace'][:39]:<40}{sp['tokens_per_forward']:>9.3f}{r['baseline']['rollout_s']:>12.3f}"
-                      f"{sp['rollout_s']:>10.3f}{sp['draft_s']:>9.3f}{sp['proposer_s']:>11.3f}{r['speedup']:>8.3f}x")
-            out = {"hardware": profile.name, "rows": rows}
+                      f"{sp['target_s']:>10.3f}{sp['draft_s']:>9.3f}{h1['proposer_s']:>14.3f}{h1['speedup']:>10.3f}x"
+                      f"{h2['proposer_s']:>14.3f}{h2['speedup']:>10.3f}x")
+            out = {"hardware": profile.name, "host": profile.host, "rows": rows}
     except TraceError as e:
         raise ConfigError(str(e)) from None
     if args.json:
@@ -295,7 +297,7 @@ def _price(args) -> int:
 def _traces_in(path: str, rows: str | None = None) -> list:
     """(name, Trace) of a trace file, or of every replay trace in a bench result JSON (of the results
     named in `rows`, comma-separated, when given)."""
-    from nemo_rl_specdec.trace import FORMAT, Trace, TraceError, read_json
+    from nemo_rl_specdec.cost.trace import FORMAT, Trace, TraceError, read_json
 
     d = read_json(path)
     if isinstance(d, dict) and d.get("format") == FORMAT:

@@ -485,7 +485,7 @@ def load_run_config(path: str | None = None, overrides: tuple[str, ...] | list[s
 
 # --------------------------------------------------------------------------- vLLM mapping
 
-# how a drafter's drafting is priced (trace.py kinds): host lookups, k sequential forwards, one block forward
+# how a drafter's drafting is priced (cost/trace.py kinds): host lookups, k sequential forwards, one block forward
 TRACE_KIND = {"host": "list", "sequential": "model", "parallel": "block"}
 
 
@@ -494,7 +494,7 @@ def cost_entry(spec: SpecDecConfig) -> tuple[str, str | None]:
     speculation; a history drafter's entry names its proposer (``das``, ``vllm_suffix``, ``ngram``,
     ``ngram_specdec``), a model drafter's its name; a drafter made of parts is of kind ``hybrid``
     (its entries: `cost_parts`)."""
-    from nemo_rl_specdec.trace import HYBRID
+    from nemo_rl_specdec.cost.trace import HYBRID
 
     if not spec.enabled:
         return "none", None

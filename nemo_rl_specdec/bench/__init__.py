@@ -87,10 +87,10 @@ DEFAULT_HARDWARE = "h100_qwen3_8b"
 
 
 def hardware_option(b: dict, suite: str):
-    """`bench.<suite>.hardware`: the hardware profile the suite prices its traces on (`sim/hardware.py`;
+    """`bench.<suite>.hardware`: the hardware profile the suite prices its traces on (`cost/profile.py`;
     default h100_qwen3_8b), loaded before any engine starts."""
     from nemo_rl_specdec.config import ConfigError
-    from nemo_rl_specdec.sim.hardware import load_profile, profile_names
+    from nemo_rl_specdec.cost.profile import load_profile, profile_names
 
     name = b.get("hardware", DEFAULT_HARDWARE)
     if not isinstance(name, str) or not name:

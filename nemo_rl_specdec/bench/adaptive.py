@@ -161,9 +161,9 @@ def priced(cfg, opts: dict) -> list:
     `scheduling.budget: adaptive` rule deciding on the profile's step cost (`PricedStepCost`). The
     measured batch's trace is priced against the same text without drafts."""
     from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.cost.price import PricedStepCost, speedup
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.engine import Engine
-    from nemo_rl_specdec.sim.price import PricedStepCost, speedup
 
     profile, T, max_new = opts["profile"], cfg.generation.temperature, opts["max_new_tokens"]
     problems = task.run_problems(cfg, opts["problems"], seed=opts["problem_seed"])

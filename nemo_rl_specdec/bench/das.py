@@ -39,7 +39,7 @@ drafter proposing on one text, the no-spec engine's rollouts of phase 1, with ev
 against them (:mod:`nemo_rl_specdec.bench.replay`). The engine rows sample their own texts; the
 replay compares the drafters on the same one. A DAS configuration with a per-step rule
 (``auto_disable``, ``scheduling.budget: adaptive``) keeps it in the replay, deciding on the
-hardware profile's step cost (``sim/price.py`` ``PricedStepCost``).
+hardware profile's step cost (``cost/price.py`` ``PricedStepCost``).
 
 Priced (``priced x``, ``priced_*``): every replay's steps priced on the hardware profile
 (``bench.das.hardware``, default h100_qwen3_8b; docs/pricing.md) against the same text without
@@ -249,7 +249,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
         # the sampling noise between engines; seconds, and before any speculative engine starts
         # our proposers keep their per-step rules (auto_disable, budget: adaptive), deciding on the profile's costs
-        from nemo_rl_specdec.sim.price import PricedStepCost
+        from nemo_rl_specdec.cost.price import PricedStepCost
 
         for c in confs:
             spec = c["cfg"].spec
@@ -374,7 +374,7 @@ def _summarize(c: dict, rows: list, profile) -> dict:
     allr, late = agg(rows), agg([r for r in rows if r["step"] >= AFTER_STEP])
     if rows and profile is not None:   # the engines' own steps, priced: each engine sampled its own text
         from nemo_rl_specdec.bench.drafters import priced_ratio
-        from nemo_rl_specdec.trace import Trace
+        from nemo_rl_specdec.cost.trace import Trace
 
         allr["engine_priced_throughput_ratio"] = priced_ratio(profile, [Trace.from_dict(r["trace"]) for r in rows],
                                                               [Trace.from_dict(r["baseline_trace"]) for r in rows])
@@ -409,10 +409,10 @@ def _summarize(c: dict, rows: list, profile) -> dict:
 
 
 def _priced(c: dict, profile) -> dict:
-    """The configuration's replays priced on `profile` (`sim/price.py`): rollout time against the same
+    """The configuration's replays priced on `profile` (`cost/price.py`): rollout time against the same
     text without drafts, in all and after `AFTER_STEP` steps, and the proposer's measured time per
     batch-size bin."""
-    from nemo_rl_specdec.sim.price import proposer_share, speedup
+    from nemo_rl_specdec.cost.price import HOST_SPEEDS, proposer_share, speedup
 
     traces = [r["trace"] for r in c["replay"]]
     sp = [speedup(t, profile) for t in traces]
@@ -421,10 +421,18 @@ def _priced(c: dict, profile) -> dict:
         spec = sum(x["spec"]["rollout_s"] for x in xs)
         return sum(x["baseline"]["rollout_s"] for x in xs) / spec if spec else None
 
-    return {"hardware": profile.name, "priced_speedup": ratio(sp), "priced_speedup_after_3": ratio(sp[AFTER_STEP:]),
-            "priced_rollout_s": sum(x["spec"]["rollout_s"] for x in sp),
-            "priced_baseline_s": sum(x["baseline"]["rollout_s"] for x in sp),
+    def at(h: float, key: str) -> float:   # summed over the replays at host speed h
+        return sum(next(b for b in x["by_host_speed"] if b["host_speed"] == h)[key] for x in sp)
+
+    base = sum(x["baseline"]["rollout_s"] for x in sp)
+    return {"hardware": profile.name, "host": profile.host, "priced_speedup": ratio(sp),
+            "priced_speedup_after_3": ratio(sp[AFTER_STEP:]),
+            "priced_rollout_s": sum(x["spec"]["rollout_s"] for x in sp), "priced_baseline_s": base,
             "priced_proposer_s": sum(x["spec"]["proposer_s"] for x in sp),
+            "priced_by_host_speed": [{"host_speed": h, "rollout_s": at(h, "rollout_s"),
+                                      "proposer_s": at(h, "proposer_s"),
+                                      "speedup": base / at(h, "rollout_s") if at(h, "rollout_s") else None}
+                                     for h in HOST_SPEEDS],
             "priced_per_step": [x["speedup"] for x in sp],
             "proposer_by_batch": proposer_share(traces, profile)}
 
@@ -449,17 +457,27 @@ def _print_priced(results: list, cfg: RunConfig, profile) -> None:
     print("engine priced x: each engine's own steps priced (tokens per priced second against the no-spec engine's, "
           "their texts differ at T > 0); wall x: no-spec wall seconds / spec wall seconds over the steps, spread: "
           "the per-step ratios' range (printed, not judged)")
+    host = profile.host or "an unnamed host"
+    print(f"proposer s: the history proposers' host time from the profile's constants, fitted on {host}; the "
+          "verdicts below are given there (1x) and on a host twice as fast (2x)")
     main = f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"
     by = {r["name"]: r for r in rows}
     if main in by and "vllm_suffix" in by:
-        x = by["vllm_suffix"]["priced_rollout_s"] / by[main]["priced_rollout_s"]
-        print(f"default DAS ({main}) vs vLLM suffix, priced rollout time: {x:.3f}x (target >= 1.10: "
-              f"{'met' if x >= 1.10 else 'MISSED'})")
+        for h in (1.0, 2.0):
+            x = _at(by["vllm_suffix"], h) / _at(by[main], h)
+            print(f"default DAS ({main}) vs vLLM suffix, priced rollout time, host {h:g}x: {x:.3f}x (target >= 1.10: "
+                  f"{'met' if x >= 1.10 else 'MISSED'})")
     if main in by:
         bins = by[main]["proposer_by_batch"]
-        print(f"{main} proposer (measured thread time) per batch-size bin: " + "; ".join(
-            f"{b['batch']}: {b['proposer_us_per_row']:.0f} us/row, {100 * b['share_of_step']:.1f}% of the priced step"
-            for b in bins) + f" (target <= 5%: {'met' if all(b['share_of_step'] <= 0.05 for b in bins) else 'MISSED'})")
+        for h, key in ((1.0, "share_of_step"), (2.0, "share_of_step_2x")):
+            print(f"{main} proposer (profile constants) per batch-size bin, host {h:g}x: " + "; ".join(
+                f"{b['batch']}: {b['proposer_us_per_row'] / h:.0f} us/row, {100 * b[key]:.1f}% of the priced step"
+                for b in bins) + f" (target <= 5%: {'met' if all(b[key] <= 0.05 for b in bins) else 'MISSED'})")
+
+
+def _at(result: dict, host_speed: float) -> float:
+    """A configuration's priced rollout time at `host_speed`."""
+    return next(b["rollout_s"] for b in result["priced_by_host_speed"] if b["host_speed"] == host_speed)
 
 
 def _print(results: list, train_log: list) -> None:

@@ -12,7 +12,7 @@ priced on. A row's `wall_clock_ratio` is the median of its rounds' ratios (`wall
 lists them, the table prints their spread): on a 2-core machine one round's ratio moves by up
 to 17% between two quiet runs, so the wall clock is printed, not judged. The judge is
 `priced_throughput_ratio`: every engine's trace (`engine/tracing.py`) priced on the profile
-(`sim/price.py`), the speculative engine's generated tokens per priced second over the no-spec
+(`cost/price.py`), the speculative engine's generated tokens per priced second over the no-spec
 engine's (at T > 0 the two sample different texts; `bench --suite das` replays one text). A model
 drafter is priced at the profile's shape for it (an Eagle3 head of Qwen3-8B, ...), so the figure
 is what this acceptance would give at that shape. vLLM's suffix caches its own finished
@@ -76,7 +76,7 @@ def _options(cfg) -> dict:
 
 def priced_ratio(profile, spec_traces: list, base_traces: list) -> float:
     """Generated tokens per priced second of the speculative traces over the no-spec ones'."""
-    from nemo_rl_specdec.sim.price import price
+    from nemo_rl_specdec.cost.price import price
 
     def rate(traces: list) -> float:
         return sum(t.generated_tokens for t in traces) / sum(price(t, profile).rollout_s for t in traces)

@@ -41,7 +41,7 @@ that takes, per request and step, the draft with more expected committed tokens 
      `model_k` on a step that runs it, and DAS's proposer on every step;
    - ``oracle``: the same choice made with hindsight (each draft token's gain 1 if the target
      accepts it, else 0): the ceiling of any rule choosing between the same two drafts.
-4. Pricing (`sim/price.py`, `bench.hybrid.hardware`, default h100_qwen3_8b): each replay's trace
+4. Pricing (`cost/price.py`, `bench.hybrid.hardware`, default h100_qwen3_8b): each replay's trace
    against the same text without drafts. Targets: the hybrid's priced rollout time >= 1.15x the
    better half's (of das, das_all, eagle3, eagle3_rule), and its tokens per target forward >= the
    better half's. Every row carries ``coverage`` (the share of request-steps that verified a
@@ -258,8 +258,8 @@ class HybridReplay:
     def __init__(self, mode: str, tables: dict, texts: dict, k: int, profile, max_model_len: int,
                  history=None, max_num_seqs: int = 1024, temperature: float = 1.0, model_k: int | None = None):
         from nemo_rl_specdec.bench.replay import ReplayDrafter, make_proposer
+        from nemo_rl_specdec.cost.price import PricedStepCost
         from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
-        from nemo_rl_specdec.sim.price import PricedStepCost
 
         if mode not in self.MODES:
             raise ValueError(f"mode: {mode!r}; allowed: {list(self.MODES)}")
@@ -315,7 +315,7 @@ class HybridReplay:
 
     # ---------------------------------------------------------------- a step
     def propose(self, batch, sampled: list, requests: dict) -> list:
-        from nemo_rl_specdec.sim.price import model_forward_s
+        from nemo_rl_specdec.cost.price import model_forward_s
 
         rids = list(batch.req_ids)
         ns = [int(x) for x in batch.num_tokens_no_spec[:len(rids)]]
@@ -398,7 +398,7 @@ def with_prompt_lengths(tables: dict, recorded: list) -> dict:
 
 def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
     """One configuration's replay (`replay` rows) priced on `profile`, with its shares of drafts."""
-    from nemo_rl_specdec.sim.price import speedup
+    from nemo_rl_specdec.cost.price import speedup
 
     traces = [r["trace"] for r in rows]
     sp = [speedup(t, profile) for t in traces]
@@ -457,7 +457,7 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list
     """Every configuration's replay, `opts["repeats"]` times (the figures must repeat exactly; the
     wall clock is the median), summarized and priced."""
     from nemo_rl_specdec.bench.replay import _field, replay
-    from nemo_rl_specdec.sim.price import PricedStepCost
+    from nemo_rl_specdec.cost.price import PricedStepCost
 
     g, k, profile = cfg.generation, cfg.spec.num_speculative_tokens, opts["profile"]
     history = das_spec(cfg)

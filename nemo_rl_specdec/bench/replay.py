@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from nemo_rl_specdec.config import SpecDecConfig, to_vllm_speculative_config, validate_spec_block
-from nemo_rl_specdec.trace import HYBRID, Trace, TraceStep
+from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceStep
 
 
 class _Batch:
@@ -74,7 +74,7 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
     """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block.
 
     Without `step_cost` every draft is verified (there is no step time to judge by: `auto_disable`
-    off, `scheduling.budget: uniform`). With one (`sim/price.py` `PricedStepCost`), our proposers keep
+    off, `scheduling.budget: uniform`). With one (`cost/price.py` `PricedStepCost`), our proposers keep
     the block's per-step rules and decide on its costs. `proposer_class`: a subclass of the block's
     custom_class proposer to build in its place (`bench/hybrid.py` decides DAS's cuts)."""
     vc = _vllm_config(spec, max_model_len, max_num_seqs, temperature)
@@ -149,7 +149,7 @@ def replay(spec: SpecDecConfig, batches: Sequence[Sequence[Any]], max_model_len:
     """Per batch: generated tokens, target forwards (the prefill's included, as in ``metrics.py``),
     drafts, draft tokens and accepted tokens of ``spec``'s drafter on the recorded rollouts
     (objects or dicts with ``problem_id``, ``prompt_token_ids``, ``token_ids``), and ``trace``: the
-    batch's steps as a `Trace` (`trace.py`, drafter named `label`), with the proposer's thread time
+    batch's steps as a `Trace` (`cost/trace.py`, drafter named `label`), with the proposer's thread time
     per step. At most ``max_num_seqs`` requests decode at once (the rest wait, in order, as vLLM's
     scheduler admits them); their prefill is one step of its own as they enter."""
     cap = max(len(b) for b in batches)

@@ -163,11 +163,11 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
     regime of `max_num_seqs` and draw: each placement's cut against contiguous, and length_aware's
     share of the clairvoyant cut (draws with at least MIN_CEILING_PCT of headroom)."""
     from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.cost.price import price
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.scheduling.placement import Request as Placed, place
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
-    from nemo_rl_specdec.sim.price import price
 
     profile, E, T, max_new = opts["profile"], opts["engines"], opts["temperature"], opts["max_new_tokens"]
     from nemo_rl_specdec.config import cost_entry
@@ -408,7 +408,7 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: int | None) ->
 
 
 def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: int | None) -> list[dict]:
-    from nemo_rl_specdec.sim.price import price
+    from nemo_rl_specdec.cost.price import price
 
     med = {key: _median([r.makespan_s for r in rs]) for key, rs in runs.items()}
     tag = f"seqs{seqs}" if seqs is not None else "seqs_all"
@@ -487,9 +487,9 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: int | N
     (what `ceiling_share` judges measured cuts against) and length_aware's share of it."""
     import numpy as np
 
+    from nemo_rl_specdec.cost.model import CostModel
     from nemo_rl_specdec.engine.group import DEFAULT_COST_MODEL
     from nemo_rl_specdec.scheduling.placement import Request as Placed, place
-    from nemo_rl_specdec.sim.costmodel import CostModel
     from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest
 
     cost = CostModel(DEFAULT_COST_MODEL["c_base"], DEFAULT_COST_MODEL["c_tok"])

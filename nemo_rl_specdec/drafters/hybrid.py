@@ -215,7 +215,7 @@ class HybridProposer:
     metrics_prefix = "hybrid"
 
     def __init__(self, runner, spec: dict):
-        from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
+        from nemo_rl_specdec.cost.online import StepCostFit
         from nemo_rl_specdec.drafters.suffix import DASProposer
 
         self.runner = runner
@@ -251,12 +251,7 @@ class HybridProposer:
         if split is None:
             return None
         t0, c_tok = split
-        fwd = getattr(self.cost, "forward_s", None)
-        if fwd is not None:  # a priced cost names the model half's forwards itself
-            return t0, c_tok, float(fwd(requests, k))
-        coef = self.cost.coef
-        c_fwd, c_fwd_seq = float(coef[-2]), float(coef[-1])
-        return t0, c_tok, (k - 1) * (c_fwd + c_fwd_seq * requests)
+        return t0, c_tok, float(self.cost.forward_s(requests, k))
 
     def _sample(self, start: float, requests: int, verified_tokens: int, ctx_sum: int, forwards: int,
                 prefilled: bool) -> None:

@@ -42,7 +42,7 @@ Per request and per engine step, :meth:`DASProposer.propose`:
 - with ``scheduling.budget: adaptive``, then cuts every request's draft to the length that
   maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.machinery.step_judge`),
   from the calibrated acceptance of each draft token and the engine's step cost fitted online
-  from the time between calls (:mod:`~nemo_rl_specdec.drafters.machinery.step_cost`;
+  from the time between calls (:mod:`~nemo_rl_specdec.cost.online`;
   drafts are not cut during its warm-up). A step where no draft token pays for itself drafts
   nothing; each switch between drafting and not is logged with the numbers behind it. Under the
   other budgets, ``auto_disable`` (on by default) applies the all-or-nothing form: a step keeps

@@ -28,6 +28,7 @@ from nemo_rl_specdec.config import (
     cost_parts,
     to_vllm_speculative_config,
 )
+from nemo_rl_specdec.cost.trace import Trace
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.engine.tracing import StepTracer
@@ -35,7 +36,6 @@ from nemo_rl_specdec.lockstep import check_versions
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 from nemo_rl_specdec.rollouts import Request, Rollout
 from nemo_rl_specdec.scheduling.k_auto import attach_to_llm
-from nemo_rl_specdec.trace import Trace
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")

@@ -1,4 +1,4 @@
-"""An in-process engine's steps as a `Trace` (`trace.py`): what each step verified, prefilled and
+"""An in-process engine's steps as a `Trace` (`cost/trace.py`): what each step verified, prefilled and
 accepted, and the proposer's thread time, read from vLLM's own scheduler and drafter.
 
 `StepTracer(llm)` wraps three methods of one in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
@@ -25,8 +25,8 @@ from __future__ import annotations
 import threading
 import time
 
+from nemo_rl_specdec.cost.trace import Trace, TraceStep
 from nemo_rl_specdec.engine.vllm_compat import BESIDE
-from nemo_rl_specdec.trace import Trace, TraceStep
 
 
 class StepTracer:

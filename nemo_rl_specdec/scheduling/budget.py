@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from nemo_rl_specdec.cost.model import CostModel
+
 BUDGETS = ("uniform", "length_aware", "das", "adaptive")
 CLASSES = ("long", "medium", "short")
 
@@ -286,10 +288,11 @@ def k_for_batch(batch: int, k: int, acceptance: Acceptance = 0.7, c_base: float 
     roofline). Ties go to the smaller d."""
     A = expected_accepted(acceptance, k)
     d = np.arange(k + 1)
-    if step_time is not None:
-        t = np.array([step_time(batch, int(x)) for x in d])
+    if step_time is None:   # the one step-cost function in its linear form (cost/model.py)
+        cost = CostModel(c_base=c_base, c_tok=c_tok, draft_tok=c_draft, draft_fwd_base=c_draft_fwd, draft_kind="model")
+        t = np.array([cost.mean_step_time(batch, float(x), 0.0) for x in d])
     else:
-        t = c_base + c_tok * batch * (1 + d) + c_draft * batch * d + c_draft_fwd * d
+        t = np.array([step_time(batch, int(x)) for x in d])
     thr = batch * A / t
     return int(np.flatnonzero(thr >= thr.max() * (1 - 1e-12))[0])
 

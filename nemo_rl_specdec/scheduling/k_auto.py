@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from nemo_rl_specdec.cost.model import linear_columns
+from nemo_rl_specdec.cost.online import StepCostFit
 from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
-from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
 from nemo_rl_specdec.scheduling.budget import expected_accepted, schedule_ranges
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -150,10 +151,10 @@ class KAuto:
         A = expected_accepted(list(self.curve()), self.k_max)
         b = np.arange(1, self.max_batch + 1, dtype=float)[:, None]
         d = np.arange(self.k_max + 1, dtype=float)[None, :]
-        c_base, c_seq, c_tok, c_ctx, c_fwd, c_fwd_seq = self.fit.coef
         ctx = float(np.mean(self._ctx_per_req)) if self._ctx_per_req else 0.0
-        f = np.maximum(d, 1.0)
-        t = c_base + c_seq * b + c_tok * b * (1 + d) + c_ctx * ctx * b + c_fwd * f + c_fwd_seq * f * b
+        f = np.maximum(d, 1.0)   # the first draft forward runs at k = 0 too
+        # the one step-cost function's linear form (cost/model.py) with the fitted constants, over the grid
+        t = linear_columns(b, b * (1 + d), ctx * b, f) @ self.fit.cost_model().linear_coef
         return b * A[None, :] / np.maximum(t, 1e-12)
 
     def recheck(self) -> None:

@@ -1,9 +1,7 @@
 """Simulator of RL steps with speculative decoding (docs/simulator.md).
 
 scenario.py   scenario YAML: schema, overrides, errors with dotted key paths
-costmodel.py  engine step time: roofline or linear target verification + drafting by kind
 acceptance.py acceptance curves by draft depth: decay, conditional, bench JSON, spread
-fit.py        least-squares fit of c_base, c_tok from measured steps
 cpu_fit.py    CPU profile fitted on `bench --suite costmodel` steps; held-out bench predictions
 best_drafts.py adaptive verification: the d per step with the most tokens per second
 workload.py   rollout batches with GRPO groups and a long tail; predictor history
@@ -12,4 +10,6 @@ step.py       sync, async and serving runs over several batches; trainer pools, 
 report.py     baseline vs speculative runs, calibration checks (and points), sweeps, finiteness
 plots.py      PNGs of the sweeps
 cli.py        `nemo-rl-specdec simulate`
+
+A step's time, the hardware profiles and the fits are the cost package's (`nemo_rl_specdec/cost/`).
 """

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nemo_rl_specdec.sim.costmodel import CostModel
+from nemo_rl_specdec.cost.model import CostModel
 
 
 def best_drafts(cost: CostModel, ctx: np.ndarray, A: np.ndarray, k: int, coverage: float = 1.0) -> int:

@@ -4,7 +4,7 @@ predictions made from it.
 The fit uses decode steps only; a step that prefills a prompt is left out. It is one
 non-negative least-squares problem over every configuration's steps. Its columns are the
 simulator's linear cost form (`CostModel`, `hardware.c_*_s`, `drafter.*`), the engine's online
-fit's (`drafters/machinery/step_cost.py`) plus a step and a per-request term per drafter:
+fit's (`cost/online.py`) plus a step and a per-request term per drafter:
 
     t = c_base + c_seq * requests + c_tok * (requests + draft_tokens) + c_ctx * sum(context)
         + [drafter X's steps] * (step_overhead_X + per_request_X * requests)
@@ -44,8 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
+from nemo_rl_specdec.cost.fit import nnls_fit
+from nemo_rl_specdec.cost.model import linear_columns
 from nemo_rl_specdec.drafters.base import LIST
-from nemo_rl_specdec.drafters.machinery.step_cost import step_columns
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_path
 
@@ -81,7 +82,7 @@ def _rows(results: list) -> tuple[np.ndarray, np.ndarray, list, list]:
             if s["prefill_tokens"] or s["requests"] == 0:
                 continue
             n = s["requests"]
-            row = step_columns(n, n + s["draft_tokens"], s["ctx_sum"]) + [0.0] * (2 * len(names))
+            row = linear_columns(n, n + s["draft_tokens"], s["ctx_sum"])[:4].tolist() + [0.0] * (2 * len(names))
             if j is not None:
                 row[4 + 2 * j], row[5 + 2 * j] = 1.0, n
             X.append(row)
@@ -92,12 +93,10 @@ def _rows(results: list) -> tuple[np.ndarray, np.ndarray, list, list]:
 
 def fit_steps(results: list) -> dict:
     """The fit over a costmodel result list (see module doc), with R^2 and residuals."""
-    from scipy.optimize import nnls
-
     X, y, names, conf = _rows(results)
     if len(y) < 4 + 2 * len(names):
         raise ValueError(f"{len(y)} decode steps cannot fit {4 + 2 * len(names)} constants")
-    coef, _ = nnls(X, y)
+    coef = nnls_fit(X, y).coef   # every step: the costmodel bench's own samples, none dropped
     pred = X @ coef
     rel = (pred - y) / y
     conf = np.asarray(conf)

@@ -55,11 +55,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nemo_rl_specdec.cost.model import CostModel, Step
 from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
 from nemo_rl_specdec.drafters.machinery.step_judge import batch_bin, draft_lengths, drafts_pay
 from nemo_rl_specdec.scheduling.budget import assign_budgets, schedule_lookup
 from nemo_rl_specdec.sim.best_drafts import best_drafts
-from nemo_rl_specdec.sim.costmodel import CostModel, StepTime
 
 
 @dataclass(eq=False)
@@ -94,15 +94,13 @@ class SpecPolicy:
 @dataclass(frozen=True)
 class HybridHalves:
     """The hybrid drafter's halves (module doc): the history half's acceptance of positions 1.. given a
-    draft and its coverage, its proposer's host time, and the model half's draft depth and cost
-    model (whose drafting part prices its forwards)."""
+    draft and its coverage (its proposer's host time is the engine's cost model's host term), and the
+    model half's draft depth and cost model (whose draft term prices its forwards)."""
 
     history: tuple
     coverage: float
     model_k: int
     model_cost: CostModel
-    host_step_s: float = 0.0
-    host_request_s: float = 0.0
     replicas: int = 20
 
 
@@ -268,14 +266,10 @@ class EngineSim:
         g = np.diff(self._A, axis=1)                   # acceptance of draft position j, unconditional
         if factors is not None:
             g = g * factors[:, None]
-        ctx = float(self._ctx.mean())
-        t0 = self.cost.mean_step_time(n, 0.0, ctx)
         c = self.coverage                              # a share c of request-steps has a draft to verify
-        # a draft token's cost: the secant of the step time from no drafts to the drafts the caps allow.
-        # Not a new request's marginal cost (that reads its whole context) nor the first draft token's
-        # (it carries the step's fixed cost of drafting, which the tokens after it share)
-        d = c * max(1.0, float(np.mean(cap))) if n else 1.0
-        per_tok = max(0.0, self.cost.mean_step_time(n, d, ctx) - t0) / (max(1, n) * d)
+        # the one cost function's split of the step (cost/model.py): t0 with the proposer's host time,
+        # and a draft token's cost as the secant of the target forward to the drafts the caps allow
+        t0, per_tok = self.cost.split(n, float(self._ctx.sum()), c * float(np.sum(cap)))
         return [c * g[i, :int(cap[i])] for i in range(n)], t0, c * per_tok
 
     def _adaptive(self, cap: np.ndarray, factors: np.ndarray | None) -> np.ndarray:
@@ -297,16 +291,13 @@ class EngineSim:
         n = len(self._active)
         M = h.replicas
         with_history = int(round(h.coverage * M))
-        ctx = float(self._ctx.mean())
-        target = self.cost.mean_step_time(n, 0.0, ctx)
-        t0 = target + h.host_step_s + h.host_request_s * n
-        c_tok = max(0.0, self.cost.mean_step_time(n, float(k), ctx) - target) / (n * k)   # the secant to k drafts
-        first_st, model_st = StepTime(0.0), StepTime(0.0)
-        h.model_cost._add_drafting(first_st, np.ones(n), self._ctx, np.zeros(n))
-        h.model_cost._add_drafting(model_st, np.full(n, float(h.model_k)), self._ctx, np.zeros(n))
-        first = first_st.at(0)   # the model half's first forward: run at every step (module doc)
+        # the one cost function: the target with the history proposer (t0, the secant to k drafts a request)
+        t0, c_tok = self.cost.split(n, float(self._ctx.sum()), float(n * k))
+        first = h.model_cost.cost(Step.of(self._ctx, np.ones(n), forwards=1)).draft_s   # run at every step
         t0 += first
-        forward = model_st.at(0) - first   # what the rule can skip: the model_k - 1 forwards after it
+        # what the rule can skip: the model_k - 1 forwards after the first
+        full = Step.of(self._ctx, np.full(n, float(h.model_k)), forwards=h.model_k)
+        forward = h.model_cost.cost(full).draft_s - first
         g_model = np.diff(self._A, axis=1)[:, :h.model_k]
         g_hist = list(h.history[:k])
         same = bool(np.all(g_model == g_model[:1]))
@@ -371,13 +362,14 @@ class EngineSim:
                 a_draft = 1.0 + np.minimum(d, factors * (a_draft - 1.0))
             rate = 1.0 + self.coverage * (a_draft - 1.0)
             d_eff = self.coverage * d
-        cost = self.cost.step_cost(d_eff, self._ctx, rate, self._prefill)
-        if self.hybrid is not None:
-            h = self.hybrid
-            cost.t0 += h.host_step_s + h.host_request_s * n_act
-            if n_act:   # a skipped model half still runs its first forward
-                forwards = h.model_k if run_model else 1
-                h.model_cost._add_drafting(cost, np.full(n_act, float(forwards)), self._ctx, rate)
+        if self.hybrid is None:
+            cost = self.cost.step_cost(d_eff, self._ctx, rate, self._prefill)
+        else:   # the target and the history proposer, and the model half's forwards (its first on every step)
+            cost = self.cost.step_cost(d_eff, self._ctx, rate, self._prefill, proposer=bool(n_act))
+            if n_act:
+                forwards = self.hybrid.model_k if run_model else 1
+                step = Step.of(self._ctx, d_eff, self._prefill, forwards=forwards, rate=rate)
+                cost.add(self.hybrid.model_cost.parts(step)[1])
 
         left = self._len - self._prog
         n = int(np.min(np.ceil(left / rate - 1e-9)))

@@ -16,24 +16,49 @@ file, then in configs/sim/) and overrides its keys. Reading, overrides (`key=val
 """
 from __future__ import annotations
 
-import functools
 import math
-import operator
-import types
-import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.cost.profile import load_profile, profile_path
+from nemo_rl_specdec.cost.schema import (  # noqa: F401  (the scenario's blocks and limits, named here too)
+    BANDWIDTH_BPS,
+    FLOP_RATE,
+    GPU_MEMORY_BYTES,
+    MAX_ATTN_FLOPS_PER_CTX,
+    MAX_CAPTURE_SIZE,
+    MAX_EXPERTS,
+    MAX_FLOPS_PER_TOKEN,
+    MAX_GPUS_PER_ENGINE,
+    MAX_KV_BYTES_PER_TOKEN,
+    MAX_KV_TOKENS,
+    MAX_LIST,
+    MAX_NUM_SEQS,
+    MAX_STEP_COST_S,
+    MAX_TOKENS,
+    MIN_STEP_BASE_S,
+    MODEL_BYTES,
+    CostError,
+    DraftCost,
+    Experts,
+    Hardware,
+    ModelSpec,
+    RooflineSpec,
+    _short,
+    _Strict,
+    _tuples,
+    _unit,
+    format_errors,
+)
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.resources import config_lookups, config_path
 from nemo_rl_specdec.scheduling.budget import expected_accepted
-from nemo_rl_specdec.schema import ConfigError, PathError as _PathError, Strict, k_by_batch_size_table
+from nemo_rl_specdec.schema import PathError as _PathError, k_by_batch_size_table
 from nemo_rl_specdec.sim import acceptance as acc
-from nemo_rl_specdec.sim.costmodel import ModelShape, Roofline, vllm_capture_sizes
 
 SIM_CONFIGS = config_path("sim")
 
@@ -59,45 +84,30 @@ def drafter_kinds() -> dict:
     return {**PUBLISHED_DRAFTERS, **{n: SIM_KIND[d.draft_cost] for n, d in DRAFTERS.items()}}
 
 
-class ScenarioError(ConfigError):
+class ScenarioError(CostError):
     """Invalid scenario; the message names the dotted key path, the value and what is allowed."""
 
 
 # --------------------------------------------------------------------------- limits
-# The plausible range of every number of a scenario (docs/simulator.md, "Limits"). Each admits
+# The plausible range of every number of a scenario (docs/simulator.md, "Limits"; the cost blocks' in
+# cost/schema.py). Each admits
 # every bundled scenario and prediction with room to spare; outside it a number is a typo or
 # would make the simulation overflow or run for hours.
-BANDWIDTH_BPS = (1e6, 1e15)       # HBM and tensor-parallel links, bytes/s per GPU
-FLOP_RATE = (1e6, 1e18)           # FLOP/s per GPU
-MODEL_BYTES = (1e3, 1e15)         # weights (and experts) of a model
-GPU_MEMORY_BYTES = (1e6, 1e15)    # memory per GPU
-MAX_STEP_COST_S = 3600.0          # any cost of one engine step, per token or per request (seconds)
-MIN_STEP_BASE_S = 1e-9            # hardware.c_base_s: a step takes some time
 MAX_PHASE_S = 86400.0             # RL phases and the weight update (seconds)
-MAX_FLOPS_PER_TOKEN = 1e15
-MAX_KV_BYTES_PER_TOKEN = 1e9
-MAX_ATTN_FLOPS_PER_CTX = 1e12
-MAX_TOKENS = 1_000_000            # prompt and response lengths, tokens
-MAX_KV_TOKENS = 10 ** 12
 MAX_PROMPTS = 100_000             # workload.num_prompts
 MAX_GENERATIONS = 1024            # workload.generations_per_prompt
 MAX_HISTORY = 1024                # workload.history_rollouts
 MAX_STEPS = 1000                  # rl.num_steps
 MAX_POLICY_LAG = 100
 MAX_ENGINES = 16_384              # cluster.num_engines, sweep.num_engines
-MAX_GPUS_PER_ENGINE = 1024
 MAX_TRAINING_GPUS = 1_000_000
-MAX_NUM_SEQS = 4096               # hardware.max_num_seqs
-MAX_CAPTURE_SIZE = 65_536
 MAX_K = 64                        # speculation.num_speculative_tokens
 MAX_BUDGET_INTERVAL = 1_000_000
-MAX_LIST = 1_000_000              # measured lengths, samples
 MAX_SWEEP_POINTS = 32
 MAX_SEED = 2 ** 32 - 1
 MAX_CURVE = 1024                  # acceptance curves and segments
 MAX_FACTOR = 1000.0               # acceptance.by_response_position factors
 MAX_SIGMA = 5.0                   # log-std of the lognormal lengths
-MAX_EXPERTS = 65_536
 MIN_SPREAD = 1e-3                 # acceptance.spread: 0, or a spread a Beta distribution can take
 # work of one simulated run (baseline or speculative): requests and history draws, budget
 # recomputations, acceptance segments and engine-steps, each counted as one event
@@ -107,253 +117,13 @@ MAX_EVENTS_PER_RUN = 1_000_000
 MAX_K_AUTO_EVALS = 65_536
 
 
-def _unit(unit: str) -> dict:
-    return {"json_schema_extra": {"unit": unit}}
-
-
-class _Strict(Strict):
-    """The shared strict base (schema.py: unknown keys are errors, `true` is not a number, "3" is not
-    an int, 2.5 is not an int), with NaN and infinity refused. Validators here fill in derived
-    values after validation, so assignments are not re-validated."""
-
-    model_config = ConfigDict(allow_inf_nan=False, validate_assignment=False)
-
-
-def _tuples(v: Any, size: int, what: str) -> Any:
-    """A YAML list of `size`-element lists as a list of tuples (strict mode takes tuples only);
-    anything else is left for the type check to refuse."""
-    if isinstance(v, list) and all(isinstance(e, (list, tuple)) for e in v):
-        for i, e in enumerate(v):
-            if len(e) != size:
-                raise ValueError(f"entry {i} ({e!r}): each entry is {what}")
-        return [tuple(e) for e in v]
-    return v
-
-
-class Experts(_Strict):
-    """Mixture-of-experts layers: `num` experts, `active` of them per token, `bytes` for all
-    experts of all layers."""
-
-    num: int = Field(ge=1, le=MAX_EXPERTS)
-    active: int = Field(ge=1, le=MAX_EXPERTS)
-    bytes: float = Field(ge=MODEL_BYTES[0], le=MODEL_BYTES[1], **_unit("bytes"))
-    draft_correlation: float = Field(
-        0.0, ge=0, le=1, description="routing overlap of a request's consecutive draft tokens (0: independent)")
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.active > self.num:
-            raise ValueError(f"active={self.active} must be <= num={self.num}")
-        return self
-
-
-class ModelSpec(_Strict):
-    """A model's shape as the roofline needs it (see sim/costmodel.py)."""
-
-    name: str = ""
-    weight_bytes: float = Field(ge=MODEL_BYTES[0], le=MODEL_BYTES[1], description="bytes every forward reads (MoE: "
-                                "all but the experts)", **_unit("bytes"))
-    flops_per_token: float = Field(ge=1e3, le=MAX_FLOPS_PER_TOKEN, description="2 x active parameters")
-    kv_bytes_per_token: float = Field(0.0, ge=0, le=MAX_KV_BYTES_PER_TOKEN, description="KV cache bytes per context "
-                                      "token", **_unit("bytes"))
-    attn_flops_per_ctx: float = Field(0.0, ge=0, le=MAX_ATTN_FLOPS_PER_CTX,
-                                      description="attention FLOPs per (query token, context token)")
-    num_layers: int = Field(0, ge=0, le=10_000)
-    hidden_size: int = Field(0, ge=0, le=1_000_000)
-    activation_bytes: int = Field(2, ge=1, le=8)
-    experts: Experts | None = None
-
-    def shape(self) -> ModelShape:
-        e = self.experts
-        return ModelShape(self.weight_bytes, self.flops_per_token, self.kv_bytes_per_token, self.attn_flops_per_ctx,
-                          self.num_layers, self.hidden_size, self.activation_bytes,
-                          e.num if e else 0, e.active if e else 0, e.bytes if e else 0.0,
-                          e.draft_correlation if e else 0.0)
-
-
-class RooflineSpec(_Strict):
-    """Per-GPU effective bandwidth and FLOP rate (data sheet x achievable share), the fixed
-    overhead of a forward, the CUDA-graph capture sizes and the tensor-parallel link; or
-    `measured`: the first five fitted on timed forwards (`tools/time_forward.py`, sim/fit.py)."""
-
-    measured: str | None = Field(
-        None, description="a time_forward samples JSON (a path, or a name below configs/sim/): mem_bw_Bps, "
-                          "flops_per_s, overhead_s, eager_overhead_s and overhead_per_seq_s are fitted on it")
-    mem_bw_Bps: float | None = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
-                                        description="effective HBM bandwidth per GPU, bytes/s", **_unit("B/s"))
-    flops_per_s: float | None = Field(None, ge=FLOP_RATE[0], le=FLOP_RATE[1], description="effective dense FLOP/s "
-                                         "per GPU at the model's precision", **_unit("FLOP/s"))
-    overhead_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="fixed time per forward: launch, "
-                                        "scheduling, sampling", **_unit("s"))
-    capture_sizes: Literal["vllm", "none"] | list[int] = "none"
-    max_capture_size: int = Field(512, ge=1, le=MAX_CAPTURE_SIZE, description="the largest vLLM default capture size")
-    eager_overhead_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="extra time of a step past "
-                                              "the largest capture size", **_unit("s"))
-    overhead_per_seq_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="time per request in a "
-                                                "step", **_unit("s"))
-    allreduce_bw_Bps: float | None = Field(None, ge=BANDWIDTH_BPS[0], le=BANDWIDTH_BPS[1],
-                                              description="tensor-parallel link bandwidth per GPU", **_unit("B/s"))
-    allreduce_latency_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="latency of one all-reduce",
-                                       **_unit("s"))
-    _fit: dict | None = PrivateAttr(None)
-
-    @property
-    def fit(self) -> dict | None:
-        """The fit of `measured` (constants, residuals), None for data-sheet constants."""
-        return self._fit
-
-    @field_validator("capture_sizes")
-    @classmethod
-    def _sizes(cls, v):
-        if isinstance(v, list) and (not v or len(v) > MAX_CAPTURE_SIZE
-                                    or any(not 1 <= x <= MAX_CAPTURE_SIZE for x in v)):
-            raise ValueError(f"'vllm', 'none' or a non-empty list of batch sizes from 1 to {MAX_CAPTURE_SIZE:,}")
-        return v
-
-    @model_validator(mode="after")
-    def _constants(self):
-        from nemo_rl_specdec.sim.fit import ROOFLINE_FITTED, roofline_from_file
-
-        if self.measured is None:
-            for key in ("mem_bw_Bps", "flops_per_s"):
-                if getattr(self, key) is None:
-                    raise _PathError(f"hardware.roofline.{key}", None, "a positive number (or roofline.measured)")
-            for key in ROOFLINE_FITTED:
-                if getattr(self, key) is None:
-                    setattr(self, key, 0.0)
-            return self
-        for key in ROOFLINE_FITTED:
-            if getattr(self, key) is not None:
-                raise _PathError(f"hardware.roofline.{key}", getattr(self, key),
-                                 "null with roofline.measured (it is fitted on the measured samples)")
-        path = next((p for p in [Path(self.measured), *config_lookups(self.measured, "sim")] if p.is_file()), None)
-        if path is None:
-            raise _PathError("hardware.roofline.measured", self.measured,
-                             "a time_forward samples JSON: a path, or a name below configs/sim/")
-        try:
-            self._fit = roofline_from_file(str(path))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, ArithmeticError,
-                RecursionError) as e:
-            why = e if isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: {e}"
-            raise _PathError("hardware.roofline.measured", self.measured,
-                             f"samples the roofline can be fitted on ({_short(why, 200)})") from None
-        for key in ROOFLINE_FITTED:
-            setattr(self, key, self._fit[key])
-        for key, (lo, hi) in (("mem_bw_Bps", BANDWIDTH_BPS), ("flops_per_s", FLOP_RATE),
-                              *((k, (0.0, MAX_STEP_COST_S)) for k in ROOFLINE_FITTED[2:])):
-            v = getattr(self, key)
-            if not (isinstance(v, float) and math.isfinite(v) and lo <= v <= hi):
-                raise _PathError("hardware.roofline.measured", self.measured,
-                                 f"samples whose fitted {key} lies from {lo:g} to {hi:g} (the fit gives {v!r})")
-        return self
-
-    def sizes(self) -> tuple[int, ...]:
-        if self.capture_sizes == "none":
-            return ()
-        if self.capture_sizes == "vllm":
-            return vllm_capture_sizes(self.max_capture_size)
-        return tuple(sorted(set(self.capture_sizes)))
-
-
-class Hardware(_Strict):
-    """One engine (one vLLM instance, `gpus_per_engine` GPUs, the tensor-parallel degree) and
-    its target-model step cost: linear, t = c_base_s + c_seq_s * requests_in_step + c_tok_s *
-    tokens_in_step + c_ctx_s * sum(context of each request), or a `roofline` over the scenario's `model`. The KV cache
-    holds `kv_capacity_tokens` tokens per engine (or what `memory_bytes` leaves after the
-    weights; None: unlimited)."""
-
-    name: str = "custom"
-    gpus_per_engine: int = Field(1, ge=1, le=MAX_GPUS_PER_ENGINE)
-    c_base_s: float | None = Field(None, ge=MIN_STEP_BASE_S, le=MAX_STEP_COST_S,
-                                      description="fixed cost of one target forward (s)", **_unit("s"))
-    c_tok_s: float | None = Field(None, ge=0, le=MAX_STEP_COST_S, description="cost per token processed in the "
-                                     "step (s)", **_unit("s"))
-    c_ctx_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per context token per request per step: "
-                           "KV reads (s)", **_unit("s"))
-    c_seq_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per request in the step (scheduling, "
-                           "sampling) (s)", **_unit("s"))
-    fit_samples: list[tuple[float, float]] | None = Field(
-        None, description="[[tokens_in_step, seconds], ...]: c_base_s and c_tok_s fitted by least squares"
-    )
-    max_num_seqs: int = Field(256, ge=1, le=MAX_NUM_SEQS, description="requests decoded concurrently per engine")
-    roofline: RooflineSpec | None = None
-    kv_capacity_tokens: int | None = Field(None, ge=1, le=MAX_KV_TOKENS, description="KV cache tokens per engine")
-    memory_bytes: float | None = Field(None, ge=GPU_MEMORY_BYTES[0], le=GPU_MEMORY_BYTES[1],
-                                          description="memory per GPU (derives kv_capacity_tokens)", **_unit("bytes"))
-    memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM gpu_memory_utilization")
-
-    @field_validator("fit_samples", mode="before")
-    @classmethod
-    def _pairs(cls, v):
-        return _tuples(v, 2, "[tokens_in_step, seconds]")
-
-    @field_validator("fit_samples")
-    @classmethod
-    def _samples(cls, v):
-        if v is not None:
-            if not 2 <= len(v) <= MAX_LIST:
-                raise ValueError(f"from 2 to {MAX_LIST:,} [tokens_in_step, seconds] pairs")
-            for i, (n, t) in enumerate(v):
-                if not (0 <= n <= 100 * MAX_TOKENS and 0 < t <= MAX_STEP_COST_S):
-                    raise ValueError(f"entry {i} ({n!r}, {t!r}): tokens from 0 to {100 * MAX_TOKENS:,} and seconds "
-                                     f"> 0 and <= {MAX_STEP_COST_S:g}")
-        return v
-
-    @model_validator(mode="after")
-    def _costs(self):
-        given = self.c_base_s is not None or self.c_tok_s is not None
-        if self.roofline is not None:
-            if given or self.fit_samples is not None or self.c_ctx_s or self.c_seq_s:
-                raise ValueError("give either a roofline or the linear constants (c_base_s, c_tok_s, c_ctx_s, "
-                                 "c_seq_s, fit_samples), not both")
-            return self
-        if self.fit_samples is not None and given:
-            raise ValueError("give either c_base_s and c_tok_s, or fit_samples, not both")
-        if self.fit_samples is None and (self.c_base_s is None or self.c_tok_s is None):
-            raise ValueError("need c_base_s and c_tok_s (or fit_samples to fit them, or a roofline)")
-        if self.fit_samples is not None:
-            from nemo_rl_specdec.sim.fit import fit_cost_model
-
-            try:
-                self.c_base_s, self.c_tok_s = fit_cost_model(self.fit_samples, pin=False)
-            except ValueError as e:
-                raise _PathError("hardware.fit_samples", self.fit_samples, str(e)) from None
-        return self
-
-    def roofline_model(self) -> Roofline | None:
-        r = self.roofline
-        if r is None:
-            return None
-        return Roofline(r.mem_bw_Bps, r.flops_per_s, r.overhead_s, self.gpus_per_engine,
-                        r.allreduce_bw_Bps or math.inf, r.allreduce_latency_s, r.sizes(), r.eager_overhead_s,
-                        r.overhead_per_seq_s)
-
-
 class Cluster(_Strict):
     num_engines: int = Field(1, ge=1, le=MAX_ENGINES, description="data-parallel generation engines")
 
 
-class Drafter(_Strict):
-    """Drafting cost per step. Model drafters run max(d) sequential forwards per step; block
-    drafters (dflash, dspark) one parallel forward over all draft positions; list drafters
-    (suffix, ngram) look drafts up on the host, per request, and find one for a share
-    `coverage` of request-steps. A drafter forward is priced by the roofline of `model` when
-    given, plus `fwd_base_s`."""
-
-    name: str = Field("suffix", description="a registered or published drafter (kind implied), or 'custom'")
-    kind: Literal["list", "model", "block"] | None = None
-    fwd_base_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="fixed cost of one draft forward",
-                              **_unit("s"))
-    tok_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per draft token", **_unit("s"))
-    ctx_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="cost per context token per draft token (drafter "
-                         "KV reads)", **_unit("s"))
-    per_request_s: float = Field(0.0, ge=0, le=MAX_STEP_COST_S, description="host time per drafting request per step",
-                                 **_unit("s"))
-    step_overhead_s: float = Field(
-        0.0, ge=0, le=MAX_STEP_COST_S, description="fixed cost of a speculative step (rejection sampling; list "
-        "drafters: the host sync)", **_unit("s"))
-    coverage: float = Field(1.0, gt=0, le=1, description="list drafters: share of request-steps with a match")
-    model: ModelSpec | None = Field(None, description="the drafter's shape, for the roofline")
+class Drafter(DraftCost):
+    """A scenario's drafter: `DraftCost` (cost/schema.py) whose `name` is a registered or published
+    drafter, which implies its kind."""
 
     @model_validator(mode="after")
     def _kind(self):
@@ -367,9 +137,7 @@ class Drafter(_Strict):
             self.kind = default
         elif default is not None and self.kind != default:
             raise ValueError(f"drafter {self.name!r} is a {default} drafter; kind={self.kind!r} contradicts it")
-        if self.coverage < 1 and self.kind != "list":
-            raise _PathError("drafter.coverage", self.coverage, "1.0 for a model or block drafter (it always drafts)")
-        return self
+        return self.check_coverage()
 
 
 class Acceptance(_Strict):
@@ -991,137 +759,15 @@ def solve_alpha(mean_accepted_length: float, k: int, decay: float = 1.0) -> floa
 
 # --------------------------------------------------------------------------- errors
 
-class _Cut(str):
-    """A value's repr cut short for an error message; shown as is."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _short(value: Any, limit: int = 80) -> Any:
-    """`value`, or its repr cut to `limit` characters when that is longer (error messages quote
-    values, and a whole block or a long list would bury the message)."""
-    text = repr(value)
-    return value if len(text) <= limit else _Cut(text[: limit - 3] + "...")
-
-
 def _one_line(e: Exception) -> str:
     """An OmegaConf error's first line."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _num(x: float) -> str:
-    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
-
-
-def _unwrap(ann: Any) -> tuple[Any, bool]:
-    """(the annotation inside Optional[...], whether it was Optional)."""
-    args = typing.get_args(ann)
-    if typing.get_origin(ann) in (Union, types.UnionType) and type(None) in args:   # X | None and X | None
-        rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else functools.reduce(operator.or_, rest)), True
-    return ann, False
-
-
-def _field_at(loc: tuple) -> tuple[Any | None, type | None]:
-    """(the field named by a validation error's `loc`, the model that holds it); (None, model) when
-    `loc` ends inside a list or mapping or does not name a field, with the model reached last."""
-    ann: Any = Scenario
-    info, holder = None, Scenario
-    for part in loc:
-        ann, _ = _unwrap(ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            holder, info = ann, ann.model_fields.get(part) if isinstance(part, str) else None
-            if info is None:
-                return None, holder
-            ann = info.annotation
-            continue
-        origin, args = typing.get_origin(ann), typing.get_args(ann)
-        if origin in (list, tuple) and isinstance(part, int) and args:
-            ann, info = args[0], None
-        elif origin is dict and args:
-            ann, info = args[1], None
-        else:
-            return None, holder
-    return info, holder
-
-
-def _range(info: Any) -> str | None:
-    """What a numeric field allows, from its bounds: "an integer from 1 to 64", "a number > 0 and
-    <= 1", with its unit, "or null" when it may be null; None for other fields."""
-    ann, optional = _unwrap(info.annotation)
-    if ann not in (int, float):
-        return None
-    lo = hi = None
-    lo_op, hi_op = ">=", "<="
-    for m in info.metadata:             # pydantic's Gt / Ge / Lt / Le constraints
-        if getattr(m, "gt", None) is not None:
-            lo, lo_op = m.gt, ">"
-        elif getattr(m, "ge", None) is not None:
-            lo = m.ge
-        elif getattr(m, "lt", None) is not None:
-            hi, hi_op = m.lt, "<"
-        elif getattr(m, "le", None) is not None:
-            hi = m.le
-    kind = "an integer" if ann is int else "a finite number"
-    if lo is not None and hi is not None and lo_op == ">=" and hi_op == "<=":
-        text = f"{kind} from {_num(lo)} to {_num(hi)}"
-    else:
-        bounds = [f"{op} {_num(v)}" for op, v in ((lo_op, lo), (hi_op, hi)) if v is not None]
-        text = f"{kind} {' and '.join(bounds)}" if bounds else kind
-    unit = (info.json_schema_extra or {}).get("unit") if isinstance(info.json_schema_extra, dict) else None
-    return text + (f" ({unit})" if unit else "") + (" or null" if optional else "")
-
-
-_NUMERIC_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "int_type", "float_type",
-                   "int_from_float", "finite_number", "int_parsing", "float_parsing", "int_parsing_size"}
-
-
-def _got(value: Any) -> str:
-    what = {bool: "a boolean", str: "a string", float: "a float"}.get(type(value))
-    return f"{_short(value)!r}" + (f" ({what})" if what else "")
-
-
 def _format(err: ValidationError) -> list[str]:
     """One line per key at fault: `scenario.<dotted key>: got <value>; allowed: <what is>`."""
-    import difflib
-
-    out: dict[str, list[str]] = {}
-    for e in err.errors():
-        ctx_err = (e.get("ctx") or {}).get("error")
-        if isinstance(ctx_err, _PathError):
-            out.setdefault(f"scenario.{ctx_err.rel_path}", []).append(
-                f"got {_short(ctx_err.value)!r}; allowed: {ctx_err.allowed}")
-            continue
-        # the members of a union show up in the location ("literal['a','b']", "list[int]"): the key is the rest
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
-        if e["type"] == "literal_error" and loc != tuple(e["loc"]) and isinstance(e.get("input"), (list, dict)):
-            continue            # a list is not one of the union's words: its other member says what is wrong
-        path = ".".join(["scenario", *(str(p) for p in loc)])
-        if e["type"] == "extra_forbidden":
-            _, holder = _field_at(loc[:-1] + ("\0",))
-            known = list(holder.model_fields) if holder is not None else []
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1) if known else []
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            out.setdefault(path, []).append(f"unknown key (got {_short(e.get('input'))!r}); {hint}allowed keys: "
-                                            f"{known} (docs/simulator.md)")
-        elif e["type"] == "missing":
-            out.setdefault(path, []).append("missing; this key is required")
-        else:
-            info, _ = _field_at(loc)
-            allowed = _range(info) if info is not None and e["type"] in _NUMERIC_ERRORS else None
-            if allowed is None:
-                allowed = e["msg"].removeprefix("Value error, ")
-            out.setdefault(path, []).append(f"got {_got(e.get('input'))}; allowed: {allowed}")
-    lines = []
-    for path, msgs in out.items():
-        if len(msgs) > 1 and all(m.startswith("got ") for m in msgs):   # one value, several forms allowed
-            got = msgs[0].partition("; allowed: ")[0]
-            lines.append(f"{path}: {got}; allowed: " + " | ".join(m.partition("; allowed: ")[2] for m in msgs))
-        else:
-            lines += [f"{path}: {m}" for m in msgs]
-    return lines
+    return format_errors(err, Scenario, "scenario")
 
 
 # --------------------------------------------------------------------------- loading
@@ -1177,30 +823,8 @@ PROFILE_GIVES = {"model": None, "hardware": ("roofline", "c_base_s", "c_tok_s", 
                  "drafter": ("kind", "model", "fwd_base_s", "tok_s", "ctx_s", "per_request_s", "step_overhead_s")}
 
 
-def priced_by_layers(d: Drafter, hardware: Hardware, target: ModelSpec) -> Drafter:
-    """A model or block drafter without its own `fwd_base_s` gets the target forward's fitted fixed
-    time per layer times its layers (the device check timed the drafts beside the target: the
-    fixed time of a forward grows with its layers)."""
-    if d.kind in ("model", "block") and d.model is not None and "fwd_base_s" not in d.model_fields_set:
-        if not (d.model.num_layers and target.num_layers and hardware.roofline is not None):
-            raise ValueError(f"drafter {d.name!r}: model.num_layers (and the target's, and a roofline) are needed to "
-                             "price its fixed time per forward by layers; or give its fwd_base_s")
-        d.fwd_base_s = float(hardware.roofline.overhead_s) / target.num_layers * d.model.num_layers
-    return d
-
-
-def profile_path(name: str) -> Path:
-    """A hardware profile by name (configs/hardware/NAME.yaml) or path."""
-    found = next((p for p in [Path(name), *config_lookups(f"{name}.yaml", "hardware"),
-                              *config_lookups(name, "hardware")] if _is(p, "file")), None)
-    if found is None:
-        names = sorted(p.stem for p in config_path("hardware").glob("*.yaml"))
-        raise ScenarioError(f"--hardware: {name!r}; allowed: {names} or a profile file's path")
-    return found
-
-
 def with_profile(raw: dict, where: str = "") -> dict:
-    """`raw` with `hardware_profile: NAME` (configs/hardware/, sim/hardware.py) replaced by what the
+    """`raw` with `hardware_profile: NAME` (configs/hardware/, cost/profile.py) replaced by what the
     profile prices: the target's shape (`model`), the roofline (`hardware.roofline`, and
     `memory_bytes` unless given), and the costs of the drafter named by `drafter.name`
     (`drafter.profile_entry` names another entry, e.g. `das` or `vllm_suffix` for the suffix
@@ -1222,7 +846,7 @@ def with_profile(raw: dict, where: str = "") -> dict:
                                 "gives it)")
     try:
         path = profile_path(name)
-    except ScenarioError as e:
+    except CostError as e:
         raise ScenarioError(f"{where}hardware_profile: {e}") from None
     prof = yaml_loader.load(path, error=ScenarioError, what="hardware profile")
     dr = {k: v for k, v in dict(raw.get("drafter") or {}).items() if v is not None}
@@ -1232,9 +856,9 @@ def with_profile(raw: dict, where: str = "") -> dict:
         raise ScenarioError(f"{where}drafter.profile_entry: {path}: drafters.{entry}: not in this hardware profile; "
                             f"it prices {sorted(entries)}")
     try:
-        target, hardware = ModelSpec.model_validate(prof["model"]), Hardware.model_validate(prof["hardware"])
-        d = priced_by_layers(Drafter.model_validate(entries[entry]), hardware, target)
-    except (ValidationError, ValueError, KeyError) as e:
+        d = Drafter.model_validate(entries[entry])   # the entry's kind checked against the registry
+        d.fwd_base_s = load_profile(str(path)).drafter(entry).fwd_base_s   # as the profile prices it
+    except (ValidationError, ValueError, KeyError, CostError) as e:
         raise ScenarioError(f"{where}hardware_profile: {path}: {_short(e, 300)}") from None
     raw["model"] = prof["model"]
     hw = {k: v for k, v in dict(raw.get("hardware") or {}).items() if v is not None}

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nemo_rl_specdec.cost.model import CostModel
 from nemo_rl_specdec.scheduling.budget import expected_accepted, k_by_batch_size_schedule
 from nemo_rl_specdec.scheduling.placement import Request, place
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 from nemo_rl_specdec.sim import acceptance as acc
-from nemo_rl_specdec.sim.costmodel import CostModel
 from nemo_rl_specdec.sim.engine_sim import EngineSim, HybridHalves, SimRequest, SpecPolicy
 from nemo_rl_specdec.sim.workload import Batch, make_batches
 
@@ -154,14 +154,16 @@ def simulate_rl(sc, *, speculative: bool, placement: str | None = None, k: int |
         return predictor.predict_remaining(r.problem_id, generated)
 
     hybrid = None
-    if sc.hybrid is not None and policy is not None:   # the engine's cost is the target's; the halves price the rest
+    if policy is None:   # speculation off: no drafter runs (nor prefills its own KV)
+        cost = cost.without_drafter()
+    elif sc.hybrid is not None:   # the engine's cost is the target's; the halves price the rest
         from dataclasses import replace
 
         hy = sc.hybrid
-        hybrid = HybridHalves(tuple(hy.per_position), hy.coverage, min(k, hy.model_k or k), cost,
-                              hy.step_overhead_s, hy.per_request_s, hy.replicas)
-        cost = replace(cost, draft_kind="list", draft_fwd_base=0.0, draft_tok=0.0, draft_ctx=0.0,
-                       draft_per_request=0.0, spec_step_overhead=0.0, draft_shape=None)
+        hybrid = HybridHalves(tuple(hy.per_position), hy.coverage, min(k, hy.model_k or k), cost, hy.replicas)
+        # the engine's own cost: the target and the history half's proposer (the host term)
+        cost = replace(cost.without_drafter(), draft_per_request=hy.per_request_s,
+                       spec_step_overhead=hy.step_overhead_s)
     engines = [EngineSim(e, cost, policy, sc.hardware.max_num_seqs, remaining, sc.kv_capacity_tokens,
                          sc.drafter.coverage, sc.acceptance.by_response_position, hybrid) for e in range(E)]
     serving = sc.workload.steady_state

@@ -21,7 +21,7 @@ from a captured CUDA graph, larger ones run eagerly; every sample also records i
 The output records the device, library versions, the attention path taken, the model's shape in
 the simulator's terms (`ModelShape`: bytes a forward reads, FLOPs per token, KV bytes per token,
 attention FLOPs per (query, context) pair) and per sample the median of `--reps` timed runs.
-`sim/fit.py`'s `fit_roofline` turns these into a scenario's roofline (`hardware.roofline.measured`).
+`cost/fit.py`'s `fit_roofline` turns these into a scenario's roofline (`hardware.roofline.measured`).
 """
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ def test_the_hybrid_verifies_drafts_of_both_halves_in_one_run(case, problems, en
     def warm_up_again(worker):
         # after warm-up the choice follows this machine's measured costs (on a busy CPU it may run
         # the model at no step); a fresh fit makes this run mix both halves by expected tokens
-        from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
+        from nemo_rl_specdec.cost.online import StepCostFit
 
         worker.model_runner.specdec_beside.cost = StepCostFit(draft_forwards=True)
 

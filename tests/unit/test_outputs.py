@@ -44,7 +44,7 @@ def test_no_permission_is_named(tmp_path, monkeypatch):
 
 
 def test_simulate_and_price_run_twice_with_the_same_outputs(tmp_path, monkeypatch, capsys):
-    from nemo_rl_specdec.trace import Trace, TraceStep
+    from nemo_rl_specdec.cost.trace import Trace, TraceStep
 
     monkeypatch.chdir(tmp_path)
     trace = Trace("list", 3, [TraceStep(["a", "b"], [9, 9], [3, 2], [1, 0], 0, 1e-4)], "das").save(tmp_path / "t.json")

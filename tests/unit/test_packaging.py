@@ -94,14 +94,16 @@ def test_the_wheel_carries_every_module_config_and_asset(wheel):
 
 def _read_by_scenarios() -> set:
     """The data files bundled scenarios and hardware profiles read (`hardware.roofline.measured`,
-    `hybrid.bench_json`), relative to configs/."""
+    `hybrid.bench_json`, a profile's `draft_layers`), relative to configs/."""
     import yaml
 
     read = set()
     for path in [*configs_dir().joinpath("sim").rglob("*.yaml"), *configs_dir().joinpath("hardware").glob("*.yaml")]:
         raw = yaml.safe_load(path.read_text()) or {}
         roofline = (raw.get("hardware") or {}).get("roofline") or {}
-        for data in (roofline.get("measured"), (raw.get("hybrid") or {}).get("bench_json")):
+        layers = raw.get("draft_layers") or {}
+        for data in (roofline.get("measured"), (raw.get("hybrid") or {}).get("bench_json"), *layers.get("measured", []),
+                     layers.get("timed_on")):
             if isinstance(data, str):
                 read.add(f"sim/{data}")
     return read

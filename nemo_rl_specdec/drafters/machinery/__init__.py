@@ -4,8 +4,8 @@
   memory-capped) and its rebuild staged between engine steps;
 - `calibration`: acceptance by draft position and source, learned from verified drafts (DAS,
   the judged n-gram, and `scheduling.k: auto` for model drafters);
-- `step_cost`: the engine's online step-cost fit (the same users, and the simulator's CPU fit);
-- `step_judge`: the per-step rule (`scheduling.budget: adaptive`, `auto_disable`) and `StepJudge`;
+- `step_judge`: the per-step rule (`scheduling.budget: adaptive`, `auto_disable`) and `StepJudge`
+  (its step cost is the engine's online fit, `cost/online.py`);
 - `hybrid_choice`: the hybrid drafter's per-step rule (history drafts only, or the model half's
   forward too, and per request the better of the two drafts);
 - `proposer`: what our vLLM custom_class proposers (DAS, the judged n-gram) share.

@@ -9,7 +9,7 @@ drafts, and costs
     t = t0 + c_tok * (draft tokens verified)
 
 with t0 the step's time without drafts and c_tok the cost of one more verified token, both from
-the engine's online step-cost fit (`drafters/machinery/step_cost.py`). `draft_lengths` chooses the d_i
+the engine's online step-cost fit (`cost/online.py`). `draft_lengths` chooses the d_i
 that maximise committed tokens per second of the step:
 
     max  sum_i (1 + sum_{j <= d_i} g_ij)  /  (t0 + c_tok * sum_i d_i)
@@ -46,7 +46,7 @@ import logging
 
 import numpy as np
 
-from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
+from nemo_rl_specdec.cost.online import StepCostFit
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -153,7 +153,7 @@ class StepJudge:
         without a draft; `ctx_sum`: their summed context length."""
         if not self.active or not lengths:
             return None
-        cost = self.fit.split(requests, ctx_sum)
+        cost = self.fit.split(requests, ctx_sum, float(sum(lengths)))
         if cost is None:
             return None
         t0, c_tok = cost

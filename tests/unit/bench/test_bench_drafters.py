@@ -4,8 +4,8 @@ import pytest
 
 from nemo_rl_specdec.bench.drafters import _options, priced_ratio
 from nemo_rl_specdec.config import ConfigError, load_run_config
-from nemo_rl_specdec.sim.hardware import load_profile
-from nemo_rl_specdec.trace import Trace, TraceStep
+from nemo_rl_specdec.cost.profile import load_profile
+from nemo_rl_specdec.cost.trace import Trace, TraceStep
 
 
 def test_repeats_default_and_override():
@@ -33,7 +33,7 @@ def test_priced_ratio_is_tokens_per_priced_second():
     base = Trace("none", 0, [TraceStep([0, 1], [100, 100], [0, 0], [0, 0], 0, None)] * 10, None, "engine")
     spec = Trace("model", 3, [TraceStep([0, 1], [100, 100], [3, 3], [2, 2], 0, None)] * 10, "eagle3", "engine")
     r = priced_ratio(h100, [spec], [base])
-    from nemo_rl_specdec.sim.price import price
+    from nemo_rl_specdec.cost.price import price
 
     assert r == pytest.approx((60 / price(spec, h100).rollout_s) / (20 / price(base, h100).rollout_s))
     assert 1.0 < r < 3.0

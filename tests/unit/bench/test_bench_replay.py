@@ -105,7 +105,7 @@ class _Cost:
     def __init__(self, c_tok):
         self.c_tok, self.samples, self.coef, self.r2 = c_tok, 0, True, None
 
-    def split(self, requests, ctx_sum):
+    def split(self, requests, ctx_sum, draft_tokens=None):
         return 1.0, self.c_tok
 
     def add(self, *args, **kwargs):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from sim_scenarios import build
 
+from nemo_rl_specdec.cost.model import CostModel
 from nemo_rl_specdec.sim.best_drafts import best_drafts
-from nemo_rl_specdec.sim.costmodel import CostModel
 from nemo_rl_specdec.sim.report import simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from sim_scenarios import build
 
+from nemo_rl_specdec.cost.model import CostModel, ModelShape, Roofline, StepTime, vllm_capture_sizes
 from nemo_rl_specdec.sim import acceptance as acc
-from nemo_rl_specdec.sim.costmodel import CostModel, ModelShape, Roofline, StepTime, vllm_capture_sizes
 from nemo_rl_specdec.sim.report import SimulationError, check_finite, simulate
 from nemo_rl_specdec.sim.scenario import ScenarioError, load_scenario, validate_scenario
 from nemo_rl_specdec.sim.step import simulate_rl
@@ -140,7 +140,8 @@ def test_drafter_cost_by_kind():
     verify = 0.0                                          # 13 tokens: still memory-bound
     assert model == pytest.approx(3 * one_fwd + verify)   # three sequential forwards
     assert block == pytest.approx(one_fwd + verify)       # one parallel forward
-    assert lst == pytest.approx(1e-4 + 3 * 2e-5)          # sync + host time per drafting request
+    assert lst == pytest.approx(1e-4 + 4 * 2e-5)          # sync + host time per running request (the
+    # proposer runs for every request of the step, drafting or not)
 
 
 # --------------------------------------------------------------------------- whole runs

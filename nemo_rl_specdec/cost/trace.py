@@ -1,4 +1,4 @@
-"""What an engine did, step by step: the record a rollout is priced from (`sim/price.py`).
+"""What an engine did, step by step: the record a rollout is priced from (`cost/price.py`).
 
 One `TraceStep` per target forward: the decode requests in it (their ids, their contexts before
 the step, the draft tokens each verified and how many of them the target accepted), the prompt
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 FORMAT = "nemo-rl-specdec/trace"
 VERSION = 2
@@ -107,7 +107,9 @@ class Trace:
             for rid, c, a in zip(s.rids, s.ctx, s.accepted, strict=True):
                 first.setdefault(rid, (i, c))
                 total[rid] = total.get(rid, 0) + 1 + a
-        steps, live, j = [], {}, 0   # live: rid -> [context, tokens left]
+        steps: list = []
+        live: dict = {}   # rid -> [context, tokens left]
+        j = 0
         entering = sorted(first.items(), key=lambda kv: kv[1][0])
         i = 0
         while i < len(self.steps) or live or j < len(entering):
@@ -223,7 +225,8 @@ class Trace:
         meta = d.get("meta") or {}
         if not isinstance(meta, dict):
             raise TraceError(f"meta: {_short(meta)}; allowed: a mapping")
-        return cls(d.get("kind"), d.get("k"), steps, d.get("drafter"), d.get("source", "replay"), meta, d.get("parts"))
+        return cls(cast(str, d.get("kind")), cast(int, d.get("k")), steps, d.get("drafter"), d.get("source", "replay"),
+                   meta, d.get("parts"))
 
     def save(self, path) -> Path:
         p = Path(path)

@@ -13,9 +13,46 @@ speculation.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+OUTLIER_MADS = 3.0  # a sample whose residual is further than this many robust deviations is not a cost sample
+
+
+@dataclass(frozen=True)
+class NNLSFit:
+    coef: np.ndarray        # the constants, >= 0
+    keep: np.ndarray        # the samples the final fit used (bool mask)
+    r2: float               # R^2 on those
+
+    @property
+    def kept(self) -> int:
+        return int(self.keep.sum())
+
+
+def nnls_fit(X, y, refit: Callable[[np.ndarray], bool] | None = None) -> NNLSFit:
+    """The one fit of the linear step form's constants (or a proposer's): non-negative least squares
+    of `y` on the columns `X`, refitted once without the samples further than `OUTLIER_MADS` robust
+    deviations out (a step the engine or the proposer was held up in: a descheduled thread, a first
+    call's compile, a pause between calls), when `refit(keep)` accepts what is left (None: never
+    refit)."""
+    from scipy.optimize import nnls
+
+    X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)
+    coef, _ = nnls(X, y)
+    keep = np.ones(len(y), dtype=bool)
+    if refit is not None:
+        res = y - X @ coef
+        dev = np.abs(res - np.median(res))
+        out = dev <= OUTLIER_MADS * 1.4826 * np.median(dev)
+        if np.median(dev) > 0 and not out.all() and refit(out):
+            keep = out
+            coef, _ = nnls(X[keep], y[keep])
+    pred, yk = X[keep] @ coef, y[keep]
+    ss = float(((yk - yk.mean()) ** 2).sum())
+    return NNLSFit(coef, keep, 1.0 - float(((yk - pred) ** 2).sum()) / ss if ss > 0 else 1.0)
 
 
 def _check(samples: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +125,7 @@ def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -
     Returns the constants, R^2 of log time, and the median and largest relative residuals."""
     from scipy.optimize import least_squares
 
-    from nemo_rl_specdec.sim.costmodel import Roofline
+    from nemo_rl_specdec.cost.model import Roofline
 
     if len(samples) < len(ROOFLINE_FITTED) + 1:
         raise ValueError(f"need at least {len(ROOFLINE_FITTED) + 1} samples to fit the roofline, got {len(samples)}")
@@ -121,13 +158,12 @@ def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -
             "samples": len(samples)}
 
 
-def roofline_from_file(path: str) -> dict:
-    """`fit_roofline` over a `tools/time_forward.py` samples file: its recorded model shape, and
-    vLLM's capture sizes up to the largest size it replayed from a CUDA graph."""
+def _samples_file(path: str) -> tuple:
+    """(ModelShape, samples, graph_max) of a `tools/time_forward.py` samples file, or a ValueError."""
     import json
     from pathlib import Path
 
-    from nemo_rl_specdec.sim.costmodel import ModelShape, vllm_capture_sizes
+    from nemo_rl_specdec.cost.model import ModelShape
 
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not (isinstance(data, dict) and isinstance(data.get("samples"), list) and isinstance(data.get("model"), dict)):
@@ -140,5 +176,63 @@ def roofline_from_file(path: str) -> dict:
     m = data["model"]
     shape = ModelShape(m["weight_bytes"], m["flops_per_token"], m["kv_bytes_per_token"], m["attn_flops_per_ctx"],
                        m.get("num_layers", 0), m.get("hidden_size", 0))
-    fit = fit_roofline(data["samples"], shape, vllm_capture_sizes(graph_max))
-    return {**fit, "device": data.get("device", ""), "attention": data.get("attention", "")}
+    return shape, data["samples"], graph_max, data
+
+
+def roofline_from_file(path: str) -> dict:
+    """`fit_roofline` over a `tools/time_forward.py` samples file: its recorded model shape, and
+    vLLM's capture sizes up to the largest size it replayed from a CUDA graph."""
+    from nemo_rl_specdec.cost.model import vllm_capture_sizes
+
+    shape, samples, graph_max, data = _samples_file(path)
+    fit = fit_roofline(samples, shape, vllm_capture_sizes(graph_max))
+    return {**fit, "device": data.get("device", ""), "attention": data.get("attention", ""),
+            "num_layers": shape.num_layers, "hidden_size": shape.hidden_size}
+
+
+def fit_layer_widths(draft_files: Sequence[str], target_file: str) -> dict:
+    """The fixed time of a forward per layer as a line in the layer's width, ``fixed_s + per_width_s x
+    hidden_size``, fitted on timed forwards of draft models (`draft_files`, their graph-replayed
+    samples) less their roofline time on the GPU they were timed on (the roofline fitted on
+    `target_file`, a target timed on that GPU): non-negative least squares of the residual time on
+    (layers, layers x width), in relative error (each sample weighed by its time, as the roofline
+    is fitted), so that small forwards, whose time is mostly fixed, count as much as large ones.
+    Returns the two constants, the target's width and fixed time per layer on that GPU, and per file
+    its layers, width and the median and largest relative error of the fitted forward times."""
+    from nemo_rl_specdec.cost.model import Roofline, vllm_capture_sizes
+
+    target = roofline_from_file(target_file)
+    rows, y, pred_base, secs, which = [], [], [], [], []
+    files = []
+    for path in draft_files:
+        shape, samples, graph_max, _ = _samples_file(path)
+        if not (shape.num_layers and shape.hidden_size):
+            raise ValueError(f"{path}: model.num_layers and model.hidden_size are needed to fit a fixed time by width")
+        roof = Roofline(target["mem_bw_Bps"], target["flops_per_s"], capture_sizes=vllm_capture_sizes(graph_max))
+        files.append((str(path), shape.num_layers, shape.hidden_size))
+        for s in samples:
+            if s.get("mode") != "graph":   # an eager step's launch overhead is not the layers' fixed time
+                continue
+            const, (m0, _, f0, _) = roof.forward(shape, s["tokens"], s["ctx_sum"], 0.0, s["attn_ctx"], 0.0,
+                                                 overhead=False)
+            base = const + max(m0, f0)
+            rows.append([float(shape.num_layers), float(shape.num_layers * shape.hidden_size)])
+            y.append(float(s["seconds"]) - base)
+            pred_base.append(base)
+            secs.append(float(s["seconds"]))
+            which.append(len(files) - 1)
+    if len({h for _, _, h in files}) < 2:
+        raise ValueError("need draft forwards of at least two layer widths to fit a fixed time by width")
+    t = np.asarray(secs)
+    fit = nnls_fit(np.asarray(rows) / t[:, None], np.asarray(y) / t)
+    a, b = (float(c) for c in fit.coef)
+    pred = np.asarray(pred_base) + np.asarray(rows) @ fit.coef
+    rel = np.abs(pred / np.asarray(secs) - 1.0)
+    w = np.asarray(which)
+    return {"fixed_s": a, "per_width_s": b, "target_hidden_size": int(target["hidden_size"]),
+            "target_layer_s": float(target["overhead_s"]) / max(1, int(target["num_layers"])),
+            "device": target["device"],
+            "files": [{"file": f, "num_layers": n, "hidden_size": h,
+                       "median_rel_residual": float(np.median(rel[w == i])),
+                       "max_rel_residual": float(rel[w == i].max())}
+                      for i, (f, n, h) in enumerate(files)]}

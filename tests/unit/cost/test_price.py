@@ -1,4 +1,4 @@
-"""sim/price.py and sim/hardware.py: traces priced by a GPU's measured cost model, deterministically,
+"""cost/price.py and cost/profile.py: traces priced by a GPU's measured cost model, deterministically,
 with the draft side measured on a GPU and the history proposers' host time in the step."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_specdec.cost.model import ModelShape
+from nemo_rl_specdec.cost.price import PricedStepCost, fit_proposer, price, speedup
+from nemo_rl_specdec.cost.profile import HardwareProfile, load_profile
+from nemo_rl_specdec.cost.trace import Trace, TraceError, TraceStep
 from nemo_rl_specdec.schema import ConfigError
-from nemo_rl_specdec.sim.costmodel import ModelShape
-from nemo_rl_specdec.sim.hardware import HardwareProfile, load_profile
-from nemo_rl_specdec.sim.price import PricedStepCost, fit_proposer, price, speedup
-from nemo_rl_specdec.trace import Trace, TraceError, TraceStep
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -68,10 +68,18 @@ def test_a_model_drafters_forwards_are_priced_and_a_history_proposers_host_time(
     assert decode > 0 and das.measured_proposer_s == pytest.approx(2e-4 * decode)
 
 
-def test_draft_forwards_cost_the_target_layers_fixed_time_per_layer(h100):
-    per_layer = h100.hardware.roofline.overhead_s / h100.model.num_layers
-    assert h100.drafter("eagle3").fwd_base_s == pytest.approx(per_layer)
-    assert h100.drafter("draft_model").fwd_base_s == pytest.approx(28 * per_layer)
+def test_draft_forwards_cost_a_fixed_time_per_layer_by_the_layers_width(h100):
+    """On the GPU the drafts were timed on, a draft layer's fixed time is the fitted line in its width; on
+    another GPU, that line scaled as the targets' fixed time per layer is."""
+    h200 = load_profile("h200_qwen3_8b")
+    fit = h200.draft_layers.fit
+    assert fit["device"] == "NVIDIA H200" and {f["hidden_size"] for f in fit["files"]} == {1024, 4096}
+    for prof in (h200, h100):
+        scale = prof.layer_overhead_s / fit["target_layer_s"]
+        for key, layers, width in (("eagle3", 1, 4096), ("dflash", 5, 4096), ("draft_model", 28, 1024)):
+            line = fit["fixed_s"] + fit["per_width_s"] * width
+            assert prof.drafter(key).fwd_base_s == pytest.approx(layers * line * scale)
+    assert h200.layer_overhead_s / fit["target_layer_s"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("key, samples", [("eagle3", "eagle3-qwen3-8b"), ("mtp", "mtp-qwen3-8b"),
@@ -82,6 +90,9 @@ def test_the_profiles_draft_forwards_match_the_ones_timed_on_a_gpu(key, samples)
     prof = load_profile("h200_qwen3_8b")
     roof, d = prof.hardware.roofline_model(), prof.drafter(key)
     data = json.loads((REPO / "benchmarks/device_check/h200" / f"forward_{samples}.json").read_text())
+    name = key.replace("draft_model", "qwen3_0.6b")
+    bundled = json.loads((REPO / "configs/sim/measured" / f"h200_{name}_forward.json").read_text())
+    assert bundled == data   # the profiles fit on the bundled copies of the device check's samples
     m = data["model"]
     shape = ModelShape(m["weight_bytes"], m["flops_per_token"], m["kv_bytes_per_token"], m["attn_flops_per_ctx"],
                        m["num_layers"], m["hidden_size"])
@@ -110,14 +121,23 @@ def test_a_profile_that_cannot_price_a_drafter_says_which(h100, tmp_path):
     with pytest.raises(ConfigError, match=r"drafters\.medusa: not in this hardware profile"):
         h100.drafter("medusa")
     from nemo_rl_specdec import yaml_loader
-    from nemo_rl_specdec.sim.hardware import HARDWARE_CONFIGS
+    from nemo_rl_specdec.cost.profile import HARDWARE_CONFIGS
 
     raw = yaml_loader.load(HARDWARE_CONFIGS / "h100_qwen3_8b.yaml")
     raw["drafters"]["das"] = {"name": "suffix"}
+    with pytest.raises(ValueError, match=r"drafters\.das\.kind: missing"):
+        HardwareProfile.model_validate(raw)
+    raw["drafters"]["das"] = {"name": "suffix", "kind": "list"}
     prof = HardwareProfile.model_validate(raw)
     with pytest.raises(TraceError, match="per_request_s"):
         price(_trace(4, 3, 1), prof)
-    raw["drafters"]["eagle3"] = {"name": "eagle3"}
+    no_widths = {k: v for k, v in raw.items() if k != "draft_layers"}
+    with pytest.raises(ValueError, match=r"draft_layers: missing; drafters\.eagle3's fixed time"):
+        HardwareProfile.model_validate(no_widths)
+    no_widths["drafters"] = {k: v for k, v in raw["drafters"].items() if k not in ("eagle3", "mtp", "dflash",
+                                                                                    "draft_model")}
+    HardwareProfile.model_validate(no_widths)   # history drafters alone need no draft layers
+    raw["drafters"]["eagle3"] = {"name": "eagle3", "kind": "model"}
     with pytest.raises(ValueError, match=r"drafters\.eagle3\.model"):
         HardwareProfile.model_validate(raw)
     with pytest.raises(ConfigError, match="--hardware: 'a100'"):
@@ -152,7 +172,7 @@ def test_the_price_command_prices_a_trace_and_fits_a_proposer(tmp_path, capsys):
 def test_a_scenario_on_a_hardware_profile_prices_steps_as_the_benches_do(h100):
     """`hardware_profile:` gives a scenario the profile's target, roofline and drafter costs: the
     simulator's step is the priced step."""
-    from nemo_rl_specdec.sim.costmodel import CostModel
+    from nemo_rl_specdec.cost.model import CostModel
     from nemo_rl_specdec.sim.scenario import ScenarioError, validate_scenario
 
     base = {"hardware_profile": "h100_qwen3_8b", "hardware": {"max_num_seqs": 64},
@@ -172,7 +192,7 @@ def test_a_scenario_on_a_hardware_profile_prices_steps_as_the_benches_do(h100):
 
 
 def test_a_hybrid_trace_pays_the_model_forwards_only_where_they_ran_and_the_proposer_everywhere(h100):
-    from nemo_rl_specdec.sim.price import model_forward_s
+    from nemo_rl_specdec.cost.price import model_forward_s
 
     lst = _trace(64, 3, 2)
     parts = {"history": "das", "model": "eagle3"}
@@ -202,7 +222,7 @@ def test_a_hybrid_trace_pays_the_model_forwards_only_where_they_ran_and_the_prop
 def test_a_model_step_that_counts_its_forwards_is_priced_from_them(h100):
     """A model drafter under a rule: a step that skipped its later forwards ran one (no draft verified),
     and pays it; a step without the count pays the forwards its drafts imply."""
-    from nemo_rl_specdec.sim.price import model_forward_s
+    from nemo_rl_specdec.cost.price import model_forward_s
 
     step = _trace(64, 3, 2, kind="model").steps[1]
     skipped = TraceStep(step.rids, step.ctx, [0] * len(step.rids), [0] * len(step.rids), 0, None, 0, 1)
@@ -210,3 +230,22 @@ def test_a_model_step_that_counts_its_forwards_is_priced_from_them(h100):
     assert priced.draft_s == pytest.approx(model_forward_s(h100, "eagle3", 1, step.ctx)) and priced.draft_s > 0
     uncounted = TraceStep(step.rids, step.ctx, [0] * len(step.rids), [0] * len(step.rids), 0, None, 0, 0)
     assert price(Trace("model", 3, [uncounted], "eagle3"), h100).draft_s == 0
+
+
+def test_the_verdict_is_given_at_two_host_speeds_and_the_proposer_shares_are_the_profiles(h100):
+    from nemo_rl_specdec.bench.das import _priced
+    from nemo_rl_specdec.cost.price import HOST_SPEEDS, proposer_share
+
+    t = _trace(64, 4, 3)
+    r = speedup(t, h100)
+    one, two = r["by_host_speed"]
+    assert (one["host_speed"], two["host_speed"]) == HOST_SPEEDS == (1.0, 2.0) and r["host"] == h100.host != ""
+    assert one["speedup"] == r["speedup"] and two["proposer_s"] == pytest.approx(one["proposer_s"] / 2)
+    assert two["speedup"] > one["speedup"]   # only the host term moves
+    # the shares come from the profile's constants: the measured thread times do not move them
+    slow = _trace(64, 4, 3, proposer_s=5e-3)
+    assert [(b["share_of_step"], b["share_of_step_2x"]) for b in proposer_share([t], h100)] == \
+        [(b["share_of_step"], b["share_of_step_2x"]) for b in proposer_share([slow], h100)]
+    assert all(b["share_of_step_2x"] < b["share_of_step"] for b in proposer_share([t], h100))
+    priced = _priced({"replay": [{"trace": t}]}, h100)
+    assert [b["speedup"] for b in priced["priced_by_host_speed"]] == pytest.approx([one["speedup"], two["speedup"]])

@@ -43,11 +43,23 @@ A drafter forward uses the roofline of its own `drafter.model` shape when one is
 Contexts grow between steps, so `step_cost` returns a `StepTime`: the current step's time as
 a constant, a linear growth per step, and maxima of two growing lines (the roofline's memory
 and compute sides). `StepTime.total(n)` sums n consecutive steps exactly.
+
+`CostModel.step_cost` is the one step-cost function: pricing (`cost/price.py`), the simulator, the
+per-step rules, `best_drafts` and the scheduling bound all call it with a step's description
+(`Step`: each decode request's context and drafts, the prefill tokens, the draft forwards it ran
+and whether a history proposer ran). `CostModel.cost(step)` gives the same time in its three
+terms (`StepCost`: target, draft forwards, host proposer); `CostModel.split` the per-step rules'
+linear view of it (`drafters/machinery/step_judge.py`).
+
+The host term (a history proposer's CPU time: ``spec_step_overhead + draft_per_request x
+requests`` for a list drafter) was measured on one host; ``host_speed`` (the host's speed relative
+to the one the constants were fitted on) divides it, and only it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -150,6 +162,13 @@ class StepTime:
     slope: float = 0.0
     maxes: list = field(default_factory=list)     # (a0, a1, b0, b1)
 
+    def add(self, other: StepTime) -> StepTime:
+        """This time plus `other`'s (in place)."""
+        self.t0 += other.t0
+        self.slope += other.slope
+        self.maxes += other.maxes
+        return self
+
     def at(self, j: int) -> float:
         return self.t0 + self.slope * j + sum(max(a0 + a1 * j, b0 + b1 * j) for a0, a1, b0, b1 in self.maxes)
 
@@ -184,6 +203,62 @@ class StepTime:
         return hi
 
 
+# the linear form's terms (CostModel fields) and their columns: a step's time is `linear_columns(...) @ coef`
+LINEAR_TERMS = ("c_base", "c_seq", "c_tok", "c_ctx", "draft_fwd_base", "draft_fwd_seq")
+
+
+def linear_columns(requests, verified_tokens, ctx_sum, forwards=0.0) -> np.ndarray:
+    """The linear form's columns (`LINEAR_TERMS` order) of a step of `requests` decode requests that
+    processes `verified_tokens` tokens over summed context `ctx_sum` and runs `forwards` draft
+    forwards over its requests; arrays broadcast (a grid of steps)."""
+    n, tok, ctx, f = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in
+                                           (requests, verified_tokens, ctx_sum, forwards)))
+    return np.stack([np.ones_like(n), n, tok, ctx, f, f * n], axis=-1)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step's description, what `CostModel` prices: each decode request's context before the step
+    and the draft tokens it verifies (fractional: expected drafts), the prompt tokens prefilled in
+    the same forward, the draft forwards the step ran (None: a model drafter runs as many as its
+    longest draft, over the requests that draft; a block drafter one over every draft position;
+    counted forwards run over every request), whether a history proposer ran for its requests
+    (None: when any request drafts), and each request's context growth per step (the simulator's
+    runs of identical steps; None: none)."""
+
+    ctx: np.ndarray
+    drafts: np.ndarray
+    prefill_tokens: float = 0.0
+    forwards: float | None = None
+    proposer: bool | None = None
+    rate: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @classmethod
+    def of(cls, ctx, drafts, prefill_tokens: float = 0.0, forwards: float | None = None,
+           proposer: bool | None = None, rate=None) -> Step:
+        c = np.asarray(ctx, dtype=float)
+        d = np.asarray(drafts, dtype=float)
+        if c.shape != d.shape:
+            raise ValueError(f"drafts: {d.size} entries for {c.size} requests; allowed: one per request")
+        r = np.zeros(c.size) if rate is None else np.asarray(rate, dtype=float)
+        return cls(c, d, float(prefill_tokens), forwards, proposer, r)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One step's time in its three terms: the target forward, the draft side (a model or block
+    drafter's forwards, a speculative step's fixed cost) and the host proposer (a history drafter's
+    CPU time, at the host speed it was asked for)."""
+
+    target_s: float
+    draft_s: float
+    proposer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.target_s + self.draft_s + self.proposer_s
+
+
 @dataclass(frozen=True)
 class CostModel:
     c_base: float = 0.0
@@ -199,6 +274,23 @@ class CostModel:
     target: ModelShape | None = None
     draft_shape: ModelShape | None = None
     c_seq: float = 0.0                           # linear form: cost per request in the step
+    draft_fwd_seq: float = 0.0                   # cost per request per draft forward
+
+    @classmethod
+    def from_linear(cls, coef, draft_kind: str = "model") -> CostModel:
+        """The linear form with the constants `coef` (`LINEAR_TERMS` order; the draft terms may be
+        left out), as the engine's online fit gives them."""
+        values: dict[str, Any] = dict(zip(LINEAR_TERMS, (float(c) for c in coef), strict=False))
+        return cls(draft_kind=draft_kind, **values)
+
+    def without_drafter(self) -> CostModel:
+        """The same target with no drafter: no draft forwards (nor the draft's prefill), no proposer."""
+        return replace(self, draft_kind="list", draft_fwd_base=0.0, draft_tok=0.0, draft_ctx=0.0,
+                       draft_per_request=0.0, spec_step_overhead=0.0, draft_shape=None, draft_fwd_seq=0.0)
+
+    @property
+    def linear_coef(self) -> np.ndarray:
+        return np.asarray([getattr(self, t) for t in LINEAR_TERMS], dtype=float)
 
     @classmethod
     def from_scenario(cls, sc) -> CostModel:
@@ -210,48 +302,125 @@ class CostModel:
                    dr.model.shape() if (roof is not None and dr.model is not None) else None,
                    hw.c_seq_s)
 
-    def step_cost(self, drafts: np.ndarray, ctx: np.ndarray, rate: np.ndarray,
-                  prefill_tokens: float = 0.0) -> StepTime:
+    def step_cost(self, drafts: np.ndarray, ctx: np.ndarray, rate: np.ndarray | None = None,
+                  prefill_tokens: float = 0.0, forwards: float | None = None, proposer: bool | None = None,
+                  host_speed: float = 1.0) -> StepTime:
         """This step's time and its growth over the following identical steps (contexts grow
         by `rate` tokens per step). drafts, ctx, rate: one entry per request; drafts may be
-        fractional (a list drafter's expected drafts when it finds a match only sometimes)."""
+        fractional (a list drafter's expected drafts when it finds a match only sometimes).
+        `forwards`: the draft forwards the step ran (None: the drafter kind's own count, see
+        `Step`); `proposer`: whether a history proposer ran for the step's requests (None: when
+        any request drafts); `host_speed`: the host's speed relative to the one the proposer's
+        constants were measured on."""
+        target, draft, host = self.parts(Step.of(ctx, drafts, prefill_tokens, forwards, proposer, rate), host_speed)
+        target.add(draft)
+        target.t0 += host
+        return target
+
+    def cost(self, step: Step, host_speed: float = 1.0) -> StepCost:
+        """`step`'s time now, in its three terms (module doc); their sum is `step_cost(...).at(0)`."""
+        target, draft, host = self.parts(step, host_speed)
+        return StepCost(target.at(0), draft.at(0), host)
+
+    def parts(self, step: Step, host_speed: float = 1.0) -> tuple[StepTime, StepTime, float]:
+        """(target forward, draft side, host proposer) of `step`."""
+        if not host_speed > 0:
+            raise ValueError(f"host_speed: {host_speed!r}; allowed: a number > 0 (the host's speed relative to the "
+                             "one the proposer's constants were measured on)")
+        drafts, ctx, rate = step.drafts, step.ctx, step.rate
         n = len(drafts)
         d_sum = float(np.sum(drafts))
-        tokens = n + d_sum + prefill_tokens
+        tokens = n + d_sum + step.prefill_tokens
         ctx_sum, growth = float(np.sum(ctx)), float(np.sum(rate))
-        st = StepTime(0.0)
+        target = StepTime(0.0)
         if self.roofline is not None:
+            assert self.target is not None, "a roofline prices the target from its shape"
             w = 1.0 + drafts
             const, lines = self.roofline.forward(self.target, tokens, ctx_sum, growth,
                                                  float(ctx @ w), float(rate @ w), draft_tokens=d_sum)
-            st.t0 += const + self.roofline.overhead_per_seq_s * n
-            st.maxes.append(lines)
+            target.t0 += const + self.roofline.overhead_per_seq_s * n
+            target.maxes.append(lines)
         else:
-            st.t0 += self.c_base + self.c_seq * n + self.c_tok * tokens + self.c_ctx * ctx_sum
-            st.slope += self.c_ctx * growth
-        if n and np.max(drafts) > 0:
-            self._add_drafting(st, drafts, ctx, rate)
-        return st
+            target.t0 += float(linear_columns(n, tokens, ctx_sum) @ self.linear_coef)
+            target.slope += self.c_ctx * growth
+        draft, host = StepTime(0.0), 0.0
+        drafting = bool(n and np.max(drafts) > 0)
+        if self.draft_kind == "list":
+            ran = drafting if step.proposer is None else step.proposer
+            if ran and n:
+                host = (self.spec_step_overhead + self.draft_per_request * n) / host_speed
+            if drafting:
+                draft.t0 += self.draft_tok * d_sum + self.draft_ctx * float(ctx @ drafts)
+                draft.slope += self.draft_ctx * float(rate @ drafts)
+        elif drafting or step.forwards or step.prefill_tokens > 0:
+            self._add_drafting(draft, step)
+        return target, draft, host
 
-    def _add_drafting(self, st: StepTime, drafts: np.ndarray, ctx: np.ndarray, rate: np.ndarray) -> None:
+    def _add_drafting(self, st: StepTime, step: Step) -> None:
+        """A model or block drafter's side of `step`: its forwards on the roofline of its shape, plus
+        the linear terms (module doc). A model drafter's first forward runs over every target token of
+        the step (each decode request's verified tokens and the prefilled prompt tokens: vLLM's
+        EAGLE/MTP proposer feeds it the target's hidden states of all of them), the later ones over one
+        token per drafting request; a block drafter's one forward over every draft position and the
+        prefilled tokens. A step that prefills runs the draft's forward over the prompt even when no
+        request drafts (the draft's own KV of the prompt)."""
+        drafts, ctx, rate = step.drafts, step.ctx, step.rate
         on = drafts > 0
-        n_on, d_sum = int(np.count_nonzero(on)), float(np.sum(drafts))
+        n, n_on, d_sum = len(drafts), int(np.count_nonzero(on)), float(np.sum(drafts))
+        prefill = float(step.prefill_tokens)
+        first = None   # (tokens, ctx_sum, ctx growth, attention ctx, its growth) of a model drafter's first forward
         if self.draft_kind == "model":
-            forwards, tokens_each = float(math.ceil(np.max(drafts) - 1e-9)), float(n_on)
-        elif self.draft_kind == "block":
-            forwards, tokens_each = 1.0, d_sum
+            if step.forwards is None:
+                forwards = float(math.ceil(np.max(drafts) - 1e-9)) if n else 0.0
+                forwards = max(forwards, 1.0 if prefill > 0 else 0.0)
+            else:
+                forwards = float(step.forwards)
+                on, n_on = np.ones(n, dtype=bool), n   # counted forwards run over every request of the step
+            tokens_each = float(n_on)
+            w = 1.0 + drafts
+            first = (n + d_sum + prefill, float(ctx.sum()), float(rate.sum()), float(ctx @ w), float(rate @ w))
         else:
-            forwards, tokens_each = 0.0, 0.0
-        st.t0 += (self.spec_step_overhead + self.draft_fwd_base * forwards + self.draft_tok * d_sum
-                  + self.draft_ctx * float(ctx @ drafts) + self.draft_per_request * n_on)
+            if step.forwards is None:
+                forwards = 1.0 if d_sum > 0 or prefill > 0 else 0.0
+                tokens_each = d_sum + prefill
+            else:
+                forwards = float(min(1, step.forwards))
+                tokens_each = float(step.forwards) * n + prefill
+        spec = self.spec_step_overhead if d_sum > 0 else 0.0
+        st.t0 += (spec + self.draft_fwd_base * forwards + self.draft_fwd_seq * forwards * n_on
+                  + self.draft_tok * d_sum + self.draft_ctx * float(ctx @ drafts))
         st.slope += self.draft_ctx * float(rate @ drafts)
-        if forwards and self.roofline is not None and self.draft_shape is not None:
-            c_on, r_on = float(ctx[on].sum()), float(rate[on].sum())
+        if not forwards or self.roofline is None or self.draft_shape is None:
+            return
+        c_on, r_on = float(ctx[on].sum()), float(rate[on].sum())
+        rest = forwards
+        if first is not None:
+            const, lines = self.roofline.forward(self.draft_shape, *first, overhead=False)
+            st.t0 += const
+            st.maxes.append(lines)
+            rest -= 1.0
+        if rest and tokens_each:
             const, (m0, m1, f0, f1) = self.roofline.forward(self.draft_shape, tokens_each, c_on, r_on,
                                                             c_on * tokens_each / max(1, n_on),
                                                             r_on * tokens_each / max(1, n_on), overhead=False)
-            st.t0 += forwards * const
-            st.maxes.append((forwards * m0, forwards * m1, forwards * f0, forwards * f1))
+            st.t0 += rest * const
+            st.maxes.append((rest * m0, rest * m1, rest * f0, rest * f1))
+
+    def split(self, requests: int, ctx_sum: float, draft_tokens: float, host_speed: float = 1.0) -> tuple[float, float]:
+        """The per-step rules' view of a decode step of `requests` requests at summed context `ctx_sum`
+        whose drafts hold `draft_tokens` tokens: (t0, c_tok), the step without drafts (the history
+        proposer's host time included: it runs either way) and the cost of one verified draft token,
+        the secant of the target forward from no drafts to those tokens, so that t0 + c_tok x
+        draft_tokens is this function's price of the step with every draft verified (contexts taken
+        alike: the rule sees the step's sums). A model drafter's own forwards are not in it: the
+        rules that weigh them price them with `cost` (`forwards`)."""
+        b = max(1, int(requests))
+        ctx = np.full(b, float(ctx_sum) / b)
+        t0 = self.cost(Step.of(ctx, np.zeros(b), proposer=True), host_speed)
+        if not draft_tokens > 0:
+            return t0.target_s + t0.proposer_s, 0.0
+        tk = self.cost(Step.of(ctx, np.full(b, float(draft_tokens) / b), proposer=True), host_speed)
+        return t0.target_s + t0.proposer_s, max(0.0, tk.target_s - t0.target_s) / float(draft_tokens)
 
     def mean_step_time(self, batch: int, drafts: float, ctx: float) -> float:
         """Time of one step of `batch` requests each drafting `drafts` tokens at context `ctx`
@@ -284,4 +453,5 @@ def kv_slots(ctx: np.ndarray, lookahead: int) -> float:
     return float(np.sum(ctx)) + lookahead * len(ctx)
 
 
-__all__ = ["CostModel", "ModelShape", "Roofline", "StepTime", "kv_slots", "vllm_capture_sizes"]
+__all__ = ["LINEAR_TERMS", "CostModel", "ModelShape", "Roofline", "Step", "StepCost", "StepTime", "kv_slots",
+           "linear_columns", "vllm_capture_sizes"]

@@ -1,16 +1,17 @@
-"""An engine's step time, fitted online in the simulator's linear form.
+"""An engine's step time, fitted online: the parameters of the one step-cost function's linear form.
 
     t = c_base + c_seq * requests + c_tok * verified tokens + c_ctx * sum(context)
 
-is `sim/costmodel.py`'s linear target forward (`hardware.c_*_s`), with the drafter's own time per
-step folded into c_base and c_seq (a list drafter runs for every request of every step).
-`StepCostFit` keeps the engine's most recent decode steps, refits by non-negative least squares
-(the same fit as `sim/cpu_fit.py`'s) every `refit_every` steps, refitting once without the steps
-whose residual is more than `OUTLIER_MADS` robust deviations out (a step the engine was held up
-in: another engine on the core, a pause between calls; on the CPU bench they were 1% of the
-samples at up to 100x the median and left R^2 near 0), and answers what a step would
-cost with more or fewer draft tokens. Until it has `min_samples` steps with at least two
-different draft-token counts it answers None, and the caller drafts as without it (the warm-up). Its
+is `cost/model.py`'s linear target forward (`hardware.c_*_s`, `linear_columns`), with the drafter's
+own time per step folded into c_base and c_seq (a list drafter runs for every request of every step).
+`StepCostFit` keeps the engine's most recent decode steps, refits them every `refit_every` steps
+with `cost/fit.py`'s `nnls_fit` (non-negative least squares, refitted once without the steps whose
+residual is more than `OUTLIER_MADS` robust deviations out: a step the engine was held up in,
+another engine on the core, a pause between calls; on the CPU bench they were 1% of the samples at
+up to 100x the median and left R^2 near 0), and answers what a step would cost with more or fewer
+draft tokens through the `CostModel` of those constants (`cost_model`). Until it has `min_samples`
+steps with at least two different draft-token counts it answers None, and the caller drafts as
+without it (the warm-up). Its
 constants, sample count, samples kept and R^2 (on those) are the engine's `step_cost` metric.
 
 A model drafter runs its own forwards inside the step: one per draft position, the first over the
@@ -24,14 +25,11 @@ from collections import deque
 
 import numpy as np
 
-COLUMNS = ("c_base_s", "c_seq_s", "c_tok_s", "c_ctx_s")
+from nemo_rl_specdec.cost.fit import nnls_fit
+from nemo_rl_specdec.cost.model import CostModel, Step, linear_columns
+
+COLUMNS = ("c_base_s", "c_seq_s", "c_tok_s", "c_ctx_s")   # the metrics' names of LINEAR_TERMS
 FORWARD_COLUMNS = ("c_fwd_s", "c_fwd_seq_s")
-OUTLIER_MADS = 3.0  # a step whose residual is further than this many robust deviations is not a cost sample
-
-
-def step_columns(requests: float, verified_tokens: float, ctx_sum: float) -> list:
-    """One row of the linear step form (COLUMNS order)."""
-    return [1.0, float(requests), float(verified_tokens), float(ctx_sum)]
 
 
 class StepCostFit:
@@ -58,10 +56,8 @@ class StepCostFit:
         `forwards` draft forwards, with `draft_forwards`)."""
         if requests <= 0 or not seconds > 0 or not np.isfinite(seconds):
             return
-        row = step_columns(requests, verified_tokens, ctx_sum)
-        if self.draft_forwards:
-            row += [float(forwards), float(forwards) * requests]
-        self._x.append(row)
+        row = linear_columns(requests, verified_tokens, ctx_sum, forwards)
+        self._x.append(row if self.draft_forwards else row[:len(COLUMNS)])
         self._y.append(float(seconds))
         self.samples += 1
         self._since += 1
@@ -69,39 +65,40 @@ class StepCostFit:
             self._refit()
 
     def _refit(self) -> None:
-        from scipy.optimize import nnls
-
         self._since = 0
         X, y = np.asarray(self._x), np.asarray(self._y)
         if np.ptp(X[:, 2] - X[:, 1]) == 0:  # draft tokens never varied: c_tok cannot be told from c_seq
             return
         if self.draft_forwards and np.ptp(X[:, 4]) == 0:  # nor draft forwards: c_fwd is c_base
             return
-        coef, _ = nnls(X, y)
-        res = y - X @ coef
-        dev = np.abs(res - np.median(res))
-        keep = dev <= OUTLIER_MADS * 1.4826 * np.median(dev)  # steps the engine was held up in: not its cost
-        if np.median(dev) > 0 and keep.sum() >= self.min_samples and not keep.all():
-            X, y = X[keep], y[keep]
-            coef, _ = nnls(X, y)
-        pred = X @ coef
-        ss = float(((y - y.mean()) ** 2).sum())
-        self.coef = coef
-        self.kept = int(len(y))
-        self.r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else 1.0
+        fit = nnls_fit(X, y, refit=lambda keep: int(keep.sum()) >= self.min_samples)
+        self.coef, self.kept, self.r2 = fit.coef, fit.kept, fit.r2
 
-    def split(self, requests: int, ctx_sum: int) -> tuple[float, float] | None:
+    def cost_model(self) -> CostModel | None:
+        """The one step-cost function with the fitted constants (None during the warm-up)."""
+        return None if self.coef is None else CostModel.from_linear(self.coef)
+
+    def split(self, requests: int, ctx_sum: int, draft_tokens: float | None = None) -> tuple[float, float] | None:
         """(t0, c_tok): a step of these requests without drafts, and the cost of one more verified
-        token; None during the warm-up."""
-        if self.coef is None:
+        token (the same for any `draft_tokens`: the form is linear); None during the warm-up."""
+        cm = self.cost_model()
+        if cm is None:
             return None
-        c_base, c_seq, c_tok, c_ctx = (float(x) for x in self.coef[:len(COLUMNS)])
-        t0 = c_base + c_seq * requests + c_tok * requests + c_ctx * ctx_sum
+        t0, c_tok = cm.split(requests, ctx_sum, float(requests if draft_tokens is None else draft_tokens))
         return (t0, c_tok) if t0 > 0 else None
+
+    def forward_s(self, requests: int, k: int) -> float:
+        """The model drafter's draft forwards after the first (k - 1 of them) for a step of `requests`
+        requests, from the fitted constants; 0 during the warm-up or without `draft_forwards`."""
+        cm = self.cost_model()
+        if cm is None or not self.draft_forwards:
+            return 0.0
+        idle = np.zeros(requests)
+        return cm.cost(Step.of(idle, idle, forwards=k)).draft_s - cm.cost(Step.of(idle, idle, forwards=1)).draft_s
 
     def metrics(self) -> dict:
         coef = [None] * len(self.columns) if self.coef is None else [float(v) for v in self.coef]
         return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(self.columns, coef, strict=True))}
 
 
-__all__ = ["COLUMNS", "FORWARD_COLUMNS", "StepCostFit", "step_columns"]
+__all__ = ["COLUMNS", "FORWARD_COLUMNS", "StepCostFit"]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from nemo_rl_specdec.drafters.machinery.step_cost import StepCostFit
+from nemo_rl_specdec.cost.online import StepCostFit
 
 
 def test_recovers_planted_constants_and_splits_a_step():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from nemo_rl_specdec.trace import FORMAT, VERSION, Trace, TraceError, TraceStep
+from nemo_rl_specdec.cost.trace import FORMAT, VERSION, Trace, TraceError, TraceStep
 
 
 def _trace(kind="list", k=3):

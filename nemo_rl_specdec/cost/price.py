@@ -1,0 +1,284 @@
+"""A rollout's time on a GPU, from its trace and a hardware profile.
+
+    nemo-rl-specdec price TRACE.json --hardware h100_qwen3_8b [--baseline NOSPEC.json] [--json OUT]
+
+Every step of the trace (`cost/trace.py`) is priced by the profile's cost model (`cost/profile.py`,
+the simulator's `CostModel`): the target forward over the step's verified and prefilled tokens
+and its requests' contexts on the measured roofline; the drafter's forwards (k sequential ones for
+a model drafter, one over every draft position for a block drafter) on the same roofline from the
+draft's shape; and for a history drafter its proposer's host time, ``step_overhead_s +
+per_request_s * requests`` for every decode step (vLLM runs the proposer for every running request
+of every step, on the step's critical path), from the profile's constants. A hybrid trace (a
+history drafter on every step, a model drafter's forwards as each step counts them) is priced
+from its two parts' entries: the history proposer's host time on every decode step, and the
+model part's draft forwards the step ran over every request of the step (`model_forward_s`); a
+model drafter's step that counts its forwards (``model_forwards``: a rule skipped some) is priced
+the same way, from those forwards. The rollout time is the sum over steps, so the same trace and
+profile always give the same figure.
+
+The baseline is ``--baseline`` (a no-speculation trace of the same requests), or for a replay
+trace its own run without drafts (`Trace.without_drafts`). The trace's measured proposer time is
+printed beside the profile's (the profile's constants are fitted on such traces:
+``--fit-proposer`` prints the fit).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nemo_rl_specdec.cost.fit import nnls_fit
+from nemo_rl_specdec.cost.model import CostModel, Step, StepCost
+from nemo_rl_specdec.cost.profile import HardwareProfile
+from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceError
+
+# the host speeds every priced verdict is given at: the host the profile's proposer constants were fitted on,
+# and a host twice as fast (a GPU node's CPU is faster than the development machines' two shared cores)
+HOST_SPEEDS = (1.0, 2.0)
+# batch-size bins of the proposer-share report: [lo, hi)
+BINS = ((1, 2), (2, 5), (5, 17), (17, 65), (65, 257), (257, 10 ** 9))
+
+
+@dataclass
+class Priced:
+    hardware: str
+    drafter: str | None
+    rollout_s: float
+    target_s: float                 # what the same steps' target forwards cost
+    draft_s: float                  # draft forwards (model and block drafters)
+    proposer_s: float               # history proposers' host time (profile constants)
+    measured_proposer_s: float | None
+    steps: int                      # target forwards (engine steps)
+    generated_tokens: int
+    tokens_per_forward: float       # per request per forward, as metrics.py counts them
+    step_s: list = field(default_factory=list, repr=False)
+    rows: list = field(default_factory=list, repr=False)
+    host: str = ""                  # the host the profile's proposer constants were fitted on
+    host_speed: float = 1.0         # the host priced, relative to that one (the host term divides by it)
+
+    def as_dict(self, steps: bool = False) -> dict:
+        d = asdict(self)
+        if not steps:
+            d.pop("step_s")
+            d.pop("rows")
+        return d
+
+
+def _hybrid_parts(trace: Trace, profile: HardwareProfile, drafter: str | None) -> tuple[str, str]:
+    """(history entry, model entry) of a hybrid trace, checked against the profile."""
+    if drafter is not None:
+        raise TraceError(f"drafter: {drafter!r}; a hybrid trace is priced from its parts {trace.parts} "
+                         "(name no drafter)")
+    parts = trace.parts or {}
+    hist, model = profile.drafter(parts["history"]), profile.drafter(parts["model"])
+    if hist.kind != "list" or not (hist.per_request_s or hist.step_overhead_s):
+        raise TraceError(f"parts.history: {profile.name}'s {parts['history']!r} is not a history drafter's entry with "
+                         "its proposer's host time (per_request_s, step_overhead_s)")
+    if model.kind not in ("model", "block"):
+        raise TraceError(f"parts.model: {profile.name}'s {parts['model']!r} is a {model.kind} drafter; allowed: a "
+                         "model or block drafter's entry")
+    return parts["history"], parts["model"]
+
+
+def model_forward_s(profile: HardwareProfile, key: str, forwards: int, ctx) -> float:
+    """The model (or block) drafter `key`'s draft forwards for a step whose requests are at contexts
+    `ctx`: `forwards` sequential forwards over every request (a block drafter: one over `forwards`
+    positions of each), on `profile`'s roofline; 0 when none runs (the draft term of the one cost
+    function for that step)."""
+    c = np.asarray(ctx, dtype=float)
+    if not forwards or not c.size:
+        return 0.0
+    return profile.cost_model(key).cost(Step.of(c, np.full(c.size, float(forwards)), forwards=forwards)).draft_s
+
+
+def check_host_speed(host_speed: float) -> float:
+    """`host_speed`, or a TraceError naming it when it is not a number > 0."""
+    if isinstance(host_speed, bool) or not isinstance(host_speed, (int, float)) or not host_speed > 0 \
+            or host_speed == float("inf"):
+        raise TraceError(f"host_speed: {host_speed!r}; allowed: a finite number > 0 (the host's speed relative to the "
+                         "one the profile's proposer constants were fitted on)")
+    return float(host_speed)
+
+
+def _drafter_key(trace: Trace, profile: HardwareProfile, drafter: str | None) -> str | None:
+    if trace.kind in ("none", HYBRID):
+        return None
+    key = drafter or trace.drafter
+    if key is None:
+        raise TraceError("drafter: the trace names no drafter; name the profile's entry (price --drafter NAME)")
+    d = profile.drafter(key)
+    if d.kind != trace.kind:
+        raise TraceError(f"kind: the trace's drafter is a {trace.kind} drafter; {profile.name}'s {key!r} is a "
+                         f"{d.kind} drafter")
+    if d.kind == "list" and not (d.per_request_s or d.step_overhead_s):
+        raise TraceError(f"{profile.name}: drafters.{key}: a history drafter's entry needs its proposer's host time "
+                         "(per_request_s, step_overhead_s; fit them with price --fit-proposer)")
+    return key
+
+
+def step_of(trace: Trace, i: int) -> Step:
+    """The description of the trace's step `i` that the cost function prices: its requests' contexts
+    and drafts, its prefill, the draft forwards it counted (a hybrid's always; a model drafter's where
+    a rule skipped some) and, for a history drafter, its proposer running for every decode request
+    (vLLM runs it for every running request of every step, on the step's critical path)."""
+    s = trace.steps[i]
+    counted = trace.kind == HYBRID or (trace.kind == "model" and s.model_forwards)
+    return Step.of(s.ctx, s.drafts, s.prefill_tokens, s.model_forwards if counted else None,
+                   trace.kind in ("list", HYBRID) and bool(s.rids))
+
+
+def step_costs(trace: Trace, profile: HardwareProfile, drafter: str | None = None,
+               host_speed: float = 1.0) -> list[StepCost]:
+    """Every step of the trace priced by `profile`'s cost function, in its three terms; a hybrid's
+    host term is its history part's proposer, its draft term its model part's forwards."""
+    check_host_speed(host_speed)
+    key = _drafter_key(trace, profile, drafter)
+    host: CostModel | None
+    if trace.kind == HYBRID:
+        hist, model = _hybrid_parts(trace, profile, drafter)
+        cm, host = profile.cost_model(model), profile.cost_model(hist)
+    else:
+        cm = profile.cost_model(key)
+        host = cm if trace.kind == "list" else None
+    out = []
+    for i in range(len(trace.steps)):
+        step = step_of(trace, i)
+        c = cm.cost(step, host_speed)
+        if host is not None and host is not cm:
+            c = StepCost(c.target_s, c.draft_s, host.cost(step, host_speed).proposer_s)
+        out.append(c)
+    return out
+
+
+def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None, host_speed: float = 1.0) -> Priced:
+    """The trace's rollout time on `profile` (module doc); `host_speed`: the host's speed relative to
+    the one the profile's proposer constants were fitted on (`host:`), dividing the host term only."""
+    key = _drafter_key(trace, profile, drafter)
+    costs = step_costs(trace, profile, drafter, host_speed)
+    step_s = [c.total_s for c in costs]
+    rows = [len(s.rids) for s in trace.steps]
+    t_target, t_draft, t_prop = (sum(getattr(c, f) for c in costs) for f in ("target_s", "draft_s", "proposer_s"))
+    total = sum(step_s)
+    hist = (trace.parts or {}).get("history") if trace.kind == HYBRID else None
+    return Priced(profile.name, key if hist is None else trace.drafter, total, t_target, t_draft, t_prop,
+                  trace.proposer_s, trace.target_forwards, trace.generated_tokens, trace.tokens_per_forward(),
+                  step_s, rows, profile.host, float(host_speed))
+
+
+def speedup(spec: Trace, profile: HardwareProfile, baseline: Trace | None = None,
+            drafter: str | None = None, host_speed: float = 1.0) -> dict:
+    """Priced rollout time of `spec` and of its baseline, and the ratio baseline / spec."""
+    base = baseline if baseline is not None else spec.without_drafts()
+    if base.kind != "none":
+        raise TraceError(f"baseline kind: {base.kind!r}; allowed: 'none' (a trace without speculation)")
+    if base.generated_tokens != spec.generated_tokens:
+        raise TraceError(f"baseline: {base.generated_tokens} generated tokens against the trace's "
+                         f"{spec.generated_tokens}; allowed: a rollout of the same requests to the same lengths")
+    p_spec, p_base = price(spec, profile, drafter, host_speed), price(base, profile, host_speed=host_speed)
+    bands = []
+    for h in HOST_SPEEDS:   # the verdict at each host speed: only the host term moves
+        ps = p_spec if h == host_speed else price(spec, profile, drafter, h)
+        bands.append({"host_speed": h, "speedup": p_base.rollout_s / ps.rollout_s, "rollout_s": ps.rollout_s,
+                      "proposer_s": ps.proposer_s})
+    return {"hardware": profile.name, "drafter": p_spec.drafter, "host": profile.host, "host_speed": host_speed,
+            "baseline": p_base.as_dict(), "spec": p_spec.as_dict(), "speedup": p_base.rollout_s / p_spec.rollout_s,
+            "by_host_speed": bands}
+
+
+def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None = None) -> list[dict]:
+    """Per batch-size bin over the history drafter's `traces`: the proposer's host time per request-step
+    (µs) and its share of the priced step, from the profile's constants at each of `HOST_SPEEDS`
+    (deterministic: `share_of_step` on the host they were fitted on, `share_of_step_2x` on a host twice
+    as fast), beside the proposer's measured thread time per request-step (information, not judged)."""
+    acc: dict[int, dict[Any, Any]] = {}
+    for t in traces:
+        if t.kind not in ("list", HYBRID):
+            raise TraceError(f"kind: {t.kind!r}; a proposer share is a history drafter's (kind 'list' or 'hybrid')")
+        by_speed = {h: step_costs(t, profile, drafter, h) for h in HOST_SPEEDS}
+        for i, s in enumerate(t.steps):
+            n = len(s.rids)
+            if not n:
+                continue
+            b = next(j for j, (lo, hi) in enumerate(BINS) if lo <= n < hi)
+            a = acc.setdefault(b, {"steps": 0, "rows": 0, "measured": 0.0,
+                                   **{h: [0.0, 0.0] for h in HOST_SPEEDS}})   # h: [proposer, step]
+            a["steps"] += 1
+            a["rows"] += n
+            a["measured"] += s.proposer_s or 0.0
+            for h, costs in by_speed.items():
+                a[h][0] += costs[i].proposer_s
+                a[h][1] += costs[i].total_s
+    out = []
+    for b in sorted(acc):
+        lo, hi = BINS[b]
+        a = acc[b]
+        share = {h: a[h][0] / a[h][1] if a[h][1] > 0 else 0.0 for h in HOST_SPEEDS}
+        out.append({"batch": f"{lo}-{hi - 1}" if hi < 10 ** 9 else f">={lo}", "steps": a["steps"], "rows": a["rows"],
+                    "proposer_us_per_row": 1e6 * a[1.0][0] / a["rows"],
+                    "measured_us_per_row": 1e6 * a["measured"] / a["rows"],
+                    "share_of_step": share[1.0], "share_of_step_2x": share[2.0], "host": profile.host})
+    return out
+
+
+def profile_proposer(profile: HardwareProfile, key: str | None, rows: int, host_speed: float = 1.0) -> float:
+    """A history proposer's host time for a decode step of `rows` requests, from the profile's entry
+    `key` (0 for other drafters and for a step without decode requests): the host term of the one
+    cost function."""
+    if key is None or rows == 0 or profile.drafter(key).kind != "list":
+        return 0.0
+    return profile.cost_model(key).cost(Step.of(np.zeros(rows), np.zeros(rows), proposer=True), host_speed).proposer_s
+
+
+def fit_proposer(traces: list) -> dict:
+    """(step_overhead_s, per_request_s) of a history proposer: non-negative least squares of its
+    measured time per decode step on the step's requests, over the traces' steps, refitted once
+    without the steps further than `OUTLIER_MADS` robust deviations out."""
+    x, y = [], []
+    for t in traces:
+        if t.kind != "list":
+            raise TraceError(f"kind: {t.kind!r}; the proposer fit reads history drafters' traces")
+        for s in t.steps:
+            if s.rids:
+                x.append([1.0, float(len(s.rids))])
+                y.append(float(s.proposer_s))
+    if len(y) < 2 or len({r[1] for r in x}) < 2:
+        raise TraceError("steps: need decode steps of at least two batch sizes to fit the proposer")
+    X = np.asarray(x)
+    fit = nnls_fit(X, y, refit=lambda keep: int(keep.sum()) >= 2 and len(set(X[keep, 1])) >= 2)
+    return {"step_overhead_s": float(fit.coef[0]), "per_request_s": float(fit.coef[1]), "steps": len(y),
+            "kept": fit.kept, "r2": fit.r2}
+
+
+class PricedStepCost:
+    """The per-step rules' step cost (`drafters/machinery/step_judge.py` reads ``split``) from a hardware profile
+    instead of the engine's online fit, so a replayed rule decides on the costs of that GPU: the one
+    cost function's `CostModel.split` of the step, ``t0`` the step's target forward without drafts plus
+    the proposer's host time, ``c_tok`` the secant of the target forward from no drafts to the drafts
+    the step holds (`draft_tokens`; without them, `k` per request), so that ``t0 + c_tok x draft
+    tokens`` is the priced step with every draft verified."""
+
+    def __init__(self, profile: HardwareProfile, drafter: str, k: int, host_speed: float = 1.0):
+        self.profile, self.drafter, self.k = profile, drafter, max(1, int(k))
+        self.host_speed = check_host_speed(host_speed)
+        d = profile.drafter(drafter)
+        # the rule weighs verification and the host proposer: a model drafter's forwards are priced apart
+        self.cost = profile.cost_model(drafter if d.kind == "list" else None)
+        self.samples = 0
+        self.coef = True   # always ready: nothing to fit
+        self.r2 = None
+
+    def split(self, requests: int, ctx_sum: int, draft_tokens: float | None = None) -> tuple[float, float]:
+        b = max(1, int(requests))
+        tokens = float(self.k * b) if draft_tokens is None else float(draft_tokens)
+        return self.cost.split(b, ctx_sum, tokens, self.host_speed)
+
+    def add(self, *args, **kwargs) -> None:
+        self.samples += 1   # a step the rule saw; the profile's costs do not change with it
+
+    def metrics(self) -> dict:
+        return {"samples": self.samples, "priced_on": self.profile.name}
+
+
+__all__ = ["BINS", "HOST_SPEEDS", "Priced", "PricedStepCost", "check_host_speed", "fit_proposer", "model_forward_s",
+           "price", "proposer_share", "speedup", "step_costs", "step_of"]
