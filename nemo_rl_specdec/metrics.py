@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -28,7 +29,7 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 def read_counters(metrics: Iterable) -> dict:
     """vLLM `LLM.get_metrics()` -> {"drafts", "draft_tokens", "accepted_tokens", "per_pos"}."""
-    out = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "per_pos": []}
+    out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "per_pos": []}
     for m in metrics:
         if m.name in COUNTERS:
             out[COUNTERS[m.name]] += int(m.value)
@@ -59,7 +60,7 @@ def engine_counters(llm) -> dict | None:
         sd = getattr(lg, "spec_decoding_prom", None)
         if sd is None:
             continue
-        out = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "per_pos": []}
+        out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "per_pos": []}
         if not getattr(sd, "spec_decoding_enabled", False):
             return out
         for attr, key in _OWN.items():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 LIB = "libiomp5.so"
@@ -55,7 +55,7 @@ def iomp_path() -> str | None:
     return None
 
 
-def preloaded(env: dict | None = None) -> bool:
+def preloaded(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return any(Path(p).name == LIB for p in env.get("LD_PRELOAD", "").replace(":", " ").split())
 

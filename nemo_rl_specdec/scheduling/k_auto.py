@@ -154,7 +154,10 @@ class KAuto:
         ctx = float(np.mean(self._ctx_per_req)) if self._ctx_per_req else 0.0
         f = np.maximum(d, 1.0)   # the first draft forward runs at k = 0 too
         # the one step-cost function's linear form (cost/model.py) with the fitted constants, over the grid
-        t = linear_columns(b, b * (1 + d), ctx * b, f) @ self.fit.cost_model().linear_coef
+        model = self.fit.cost_model()
+        if model is None:
+            raise RuntimeError("k_auto: no step-cost fit yet; throughput is read after the first fit")
+        t = linear_columns(b, b * (1 + d), ctx * b, f) @ model.linear_coef
         return b * A[None, :] / np.maximum(t, 1e-12)
 
     def recheck(self) -> None:
