@@ -43,14 +43,17 @@ hardware profile's step cost (``cost/price.py`` ``PricedStepCost``).
 
 Priced (``priced x``, ``priced_*``): every replay's steps priced on the hardware profile
 (``bench.das.hardware``, default h100_qwen3_8b; docs/pricing.md) against the same text without
-drafts, the default DAS against vLLM's suffix, and the DAS proposer's measured time per row and
-its share of the priced step by batch size. ``engine priced x``: each engine's own steps priced.
+drafts, the default DAS against vLLM's suffix at matched k and against the best of vLLM's
+built-ins (``bench/builtins.py``: suffix and n-gram, at matched k and at vLLM's own defaults) at
+each host speed, and the DAS proposer's measured time per row and its share of the priced step by
+batch size. ``engine priced x``: each engine's own steps priced.
 ``bench.das.engines: false`` runs phase 1, the replays and the priced figures only.
 
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
 ``grpo.max_num_steps``, at least 5), ``windows`` (default 1, ``suffix.window_steps`` and twice it),
 ``scopes`` (default ``[problem, global, both]``), ``baselines`` (default ``[vllm_suffix,
-ngram, das_auto_disable_off, das_share_always]`` and the per-step rule the run file does not use,
+vllm_suffix_default, ngram, ngram_default, das_auto_disable_off, das_share_always]`` and the per-step
+rule the run file does not use,
 ``das_uniform`` or ``das_adaptive``: the run file's DAS with every draft verified, with in-flight
 sharing on warm problems too (``suffix.share_in_flight: always``), and with all-or-nothing steps
 (``scheduling.budget: uniform``) or per-request draft lengths chosen at every step (``adaptive``)),
@@ -119,11 +122,12 @@ def _options(cfg: RunConfig) -> dict:
 
 
 # bench.das.baselines: label -> (drafter, backend, what its history is, changes to the suffix block,
-# changes to the speculative block)
+# changes to the speculative block); vLLM's built-ins (`bench/builtins.py`) take their block from there
 BASELINES = {
-    "vllm_suffix": ("suffix", "vllm", "global (FIFO by request count)", {"backend": "vllm"},
-                    {"refresh": {"mode": "frozen"}}),
-    "ngram": ("ngram", "vllm", "request", None, {"refresh": {"mode": "frozen"}}),
+    "vllm_suffix": ("suffix", "vllm", "global (FIFO by request count)", None, None),
+    "vllm_suffix_default": ("suffix", "vllm", "global (FIFO by request count)", None, None),
+    "ngram": ("ngram", "vllm", "request", None, None),
+    "ngram_default": ("ngram", "vllm", "request", None, None),
     # the default DAS with every draft verified: what auto_disable's per-step off switch changes
     "das_auto_disable_off": ("suffix", "das", None, {"backend": "das"},
                              {"refresh": {"mode": "rebuild"}, "auto_disable": False,
@@ -141,6 +145,7 @@ BASELINES = {
 
 def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
     """(name, RunConfig, description) for every speculative configuration measured."""
+    from nemo_rl_specdec.bench.builtins import BUILTINS, changes as builtin_changes
     from nemo_rl_specdec.drafters.suffix import for_backend
 
     base = cfg.spec.suffix.model_dump()
@@ -156,6 +161,11 @@ def configurations(cfg: RunConfig, opts: dict) -> list[dict]:
                                                  refresh={"mode": "rebuild"})})
     for name in opts["baselines"]:
         drafter, backend, scope, block, changes = BASELINES[name]
+        if name in BUILTINS:
+            b = cfg.with_spec(enabled=True, **builtin_changes(name, cfg))
+            out.append({"name": name, "drafter": drafter, "backend": backend, "window_steps": None, "scope": scope,
+                        "k": b.spec.num_speculative_tokens, "cfg": b})
+            continue
         das = backend == "das"  # the run file's window and scope
         if "scheduling" in changes:  # the run file's scheduling block with the row's keys replaced
             changes = {**changes, "scheduling": {**(cfg.get("policy.generation.speculative_decoding.scheduling")
@@ -438,8 +448,10 @@ def _priced(c: dict, profile) -> dict:
 
 
 def _print_priced(results: list, cfg: RunConfig, profile) -> None:
-    """The priced table, the DAS-over-vLLM-suffix ratio and the proposer's share by batch size."""
+    """The priced table, the DAS-over-vLLM-suffix ratio, the default DAS against the best of vLLM's
+    built-ins (`bench/builtins.py`) at each host speed, and the proposer's share by batch size."""
     from nemo_rl_specdec.bench import print_table
+    from nemo_rl_specdec.bench.builtins import BUILTINS, verdict, verdict_lines
 
     rows = [r for r in results if r.get("priced_speedup") is not None]
     if not rows:
@@ -465,8 +477,16 @@ def _print_priced(results: list, cfg: RunConfig, profile) -> None:
     if main in by and "vllm_suffix" in by:
         for h in (1.0, 2.0):
             x = _at(by["vllm_suffix"], h) / _at(by[main], h)
-            print(f"default DAS ({main}) vs vLLM suffix, priced rollout time, host {h:g}x: {x:.3f}x (target >= 1.10: "
+            print(f"default DAS ({main}) vs vLLM suffix at matched k, priced rollout time, host {h:g}x: {x:.3f}x "
+                  f"(target >= 1.10: "
                   f"{'met' if x >= 1.10 else 'MISSED'})")
+    if main in by and set(by) & set(BUILTINS):
+        from nemo_rl_specdec.cost.price import HOST_SPEEDS
+
+        v = verdict({h: {n: _at(r, h) for n, r in by.items()} for h in HOST_SPEEDS}, main)
+        by[main]["vs_best_builtin"] = v
+        for line in verdict_lines(v, "priced rollout time", {r["name"]: r["k"] for r in rows}):
+            print(line)
     if main in by:
         bins = by[main]["proposer_by_batch"]
         for h, key in ((1.0, "share_of_step"), (2.0, "share_of_step_2x")):

@@ -8,16 +8,18 @@ its lockstep rebuild update, vLLM's suffix via its own cache.
 
 Run-file knobs (optional): `bench.drafters.repeats` (default 3), the ABBA rounds per drafter;
 `bench.drafters.hardware` (default h100_qwen3_8b), the hardware profile the engines' traces are
-priced on. A row's `wall_clock_ratio` is the median of its rounds' ratios (`wall_clock_ratios`
-lists them, the table prints their spread): on a 2-core machine one round's ratio moves by up
-to 17% between two quiet runs, so the wall clock is printed, not judged. The judge is
-`priced_throughput_ratio`: every engine's trace (`engine/tracing.py`) priced on the profile
-(`cost/price.py`), the speculative engine's generated tokens per priced second over the no-spec
-engine's (at T > 0 the two sample different texts; `bench --suite das` replays one text). A model
-drafter is priced at the profile's shape for it (an Eagle3 head of Qwen3-8B, ...), so the figure
-is what this acceptance would give at that shape. vLLM's suffix caches its own finished
-requests, so its later rounds draft with more history than its first. Each row keeps its first
-round's traces (`trace`, `baseline_trace`).
+priced on. Beside the registry's rows (vLLM's suffix and n-gram at the run file's k), vLLM's
+built-ins at their own defaults (`bench/builtins.py`); DAS is judged against the best of the four
+by priced throughput ratio, at each host speed (``vs_best_builtin``). A row's `wall_clock_ratio` is
+the median of its rounds' ratios (`wall_clock_ratios` lists them, the table prints their spread):
+on a 2-core machine one round's ratio moves by up to 17% between two quiet runs, so the wall clock
+is printed, not judged. The judge is `priced_throughput_ratio`: every engine's trace
+(`engine/tracing.py`) priced on the profile (`cost/price.py`), the speculative engine's generated
+tokens per priced second over the no-spec engine's (at T > 0 the two sample different texts; `bench
+--suite das` replays one text). A model drafter is priced at the profile's shape for it (an Eagle3
+head of Qwen3-8B, ...), so the figure is what this acceptance would give at that shape. vLLM's
+suffix caches its own finished requests, so its later rounds draft with more history than its
+first. Each row keeps its first round's traces (`trace`, `baseline_trace`).
 """
 from __future__ import annotations
 
@@ -26,11 +28,18 @@ import operator
 import statistics
 import time
 
+from nemo_rl_specdec.bench.builtins import changes as builtin_changes, verdict_lines
+from nemo_rl_specdec.cost.price import HOST_SPEEDS
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS
 from nemo_rl_specdec.update import PolicyUpdate
 
 BLOCK = "policy.generation.speculative_decoding"
+OURS = "suffix (DAS)"   # the row judged against vLLM's built-ins
+# vLLM's built-ins at their own defaults (`bench/builtins.py`), added to the registry's rows
+DEFAULT_ROWS = {"suffix (vLLM defaults)": "vllm_suffix_default", "ngram (vLLM defaults)": "ngram_default"}
+# every row that is one of vLLM's built-ins: the registry's at the run file's k, and the default ones
+BUILTIN_ROWS = {"suffix (vLLM)": "vllm_suffix", "ngram": "ngram", **DEFAULT_ROWS}
 
 
 def cpu_drafters(spec=None) -> dict:
@@ -74,12 +83,14 @@ def _options(cfg) -> dict:
     return {"repeats": option(b, "drafters", "repeats", 3, 1, MAX_REPEATS), "profile": hardware_option(b, "drafters")}
 
 
-def priced_ratio(profile, spec_traces: list, base_traces: list) -> float:
-    """Generated tokens per priced second of the speculative traces over the no-spec ones'."""
+def priced_ratio(profile, spec_traces: list, base_traces: list, host_speed: float = 1.0) -> float:
+    """Generated tokens per priced second of the speculative traces over the no-spec ones', with the
+    host term priced at `host_speed`."""
     from nemo_rl_specdec.cost.price import price
 
     def rate(traces: list) -> float:
-        return sum(t.generated_tokens for t in traces) / sum(price(t, profile).rollout_s for t in traces)
+        return (sum(t.generated_tokens for t in traces)
+                / sum(price(t, profile, host_speed=host_speed).rollout_s for t in traces))
 
     return rate(spec_traces) / rate(base_traces)
 
@@ -102,14 +113,16 @@ def run(cfg, args) -> list:
     repeats, profile = opts["repeats"], opts["profile"]
     from nemo_rl_specdec.config import cost_entry
 
-    for ov in cpu_drafters(cfg.spec).values():   # a profile that cannot price a row fails before any engine
-        profile.drafter(cost_entry(load_run_config(cfg.source, list(args.overrides) + ov).spec)[1])
+    rows = {name: load_run_config(cfg.source, list(args.overrides) + ov) for name, ov in cpu_drafters(cfg.spec).items()}
+    # vLLM's built-ins as they come (bench/builtins.py), beside the registry's rows at the run file's k
+    rows.update({label: cfg.with_spec(enabled=True, **builtin_changes(b, cfg)) for label, b in DEFAULT_ROWS.items()})
+    for dcfg in rows.values():   # a profile that cannot price a row fails before any engine
+        profile.drafter(cost_entry(dcfg.spec)[1])
     base = Engine(cfg, spec_enabled=False, name="no-spec")
     reqs = workload(cfg, base.tokenizer(), n_prob, n_samp, seed=int(grpo.get("seed", 0)))
     history = base.generate(reqs).rollouts  # the "previous step" for history-based drafters; also the warm-up
     results = []
-    for name, ov in cpu_drafters(cfg.spec).items():
-        dcfg = load_run_config(cfg.source, list(args.overrides) + ov)
+    for name, dcfg in rows.items():
         eng = Engine(dcfg, name=name)
         spec_m, base_m, ratios, lengths, spec_t, base_t = [], [], [], [], [], []
         tb = ts = 0.0
@@ -139,6 +152,9 @@ def run(cfg, args) -> list:
             "wall_clock_ratio": statistics.median(ratios), "wall_clock_ratios": ratios,
             "wall_clock_spread": f"{min(ratios):.2f}-{max(ratios):.2f}",
             "hardware": profile.name, "priced_throughput_ratio": priced_ratio(profile, spec_t, base_t),
+            "priced_by_host_speed": [{"host_speed": h, "priced_throughput_ratio": priced_ratio(profile, spec_t,
+                                                                                               base_t, h)}
+                                     for h in HOST_SPEEDS],
             "trace": spec_t[0].to_dict(), "baseline_trace": base_t[0].to_dict(),
             "throughput_ratio": (m.generated_tokens / ts) / (mb.generated_tokens / tb),
             "accepted_per_draft_step": m.accepted_per_draft_step,
@@ -153,4 +169,26 @@ def run(cfg, args) -> list:
     print(f"priced_throughput_ratio: generated tokens per second with each engine's steps priced on {profile.name} "
           f"({profile.hardware.name}), speculative over no-spec (the judge); wall_clock_ratio: the median of "
           f"{repeats} ABBA rounds on this machine, with its spread (printed, not judged)")
+    for line in verdict_lines(judge(results), "priced throughput ratio", {BUILTIN_ROWS[r["name"]]: r["k"]
+                                                                          for r in results
+                                                                          if r["name"] in BUILTIN_ROWS}):
+        print(line)
     return results
+
+
+def judge(results: list) -> list[dict]:
+    """DAS (`OURS`) against the best of vLLM's built-ins (`BUILTIN_ROWS`) by priced throughput ratio,
+    at each host speed; each result row gains it as ``vs_best_builtin`` where the rows are there."""
+    from nemo_rl_specdec.bench.builtins import verdict
+
+    by = {r["name"]: r for r in results}
+    if OURS not in by or not set(by) & set(BUILTIN_ROWS):
+        return []
+    figures: dict = {}
+    for name, r in by.items():
+        if name == OURS or name in BUILTIN_ROWS:
+            for b in r["priced_by_host_speed"]:
+                figures.setdefault(b["host_speed"], {})[BUILTIN_ROWS.get(name, name)] = b["priced_throughput_ratio"]
+    v = verdict(figures, OURS, higher=True)
+    by[OURS]["vs_best_builtin"] = v
+    return v

@@ -40,13 +40,16 @@ that takes, per request and step, the draft with more expected committed tokens 
      tokens, which later drafts attend to): the trace charges 1 model forward on such a step,
      `model_k` on a step that runs it, and DAS's proposer on every step;
    - ``oracle``: the same choice made with hindsight (each draft token's gain 1 if the target
-     accepts it, else 0): the ceiling of any rule choosing between the same two drafts.
+     accepts it, else 0): the ceiling of any rule choosing between the same two drafts;
+   - vLLM's built-ins (`bench/builtins.py`): ``vllm_suffix`` and ``ngram`` at the run file's k,
+     ``vllm_suffix_default`` and ``ngram_default`` at vLLM's own defaults.
 4. Pricing (`cost/price.py`, `bench.hybrid.hardware`, default h100_qwen3_8b): each replay's trace
    against the same text without drafts. Targets: the hybrid's priced rollout time >= 1.15x the
    better half's (of das, das_all, eagle3, eagle3_rule), and its tokens per target forward >= the
    better half's. Every row carries ``coverage`` (the share of request-steps that verified a
    draft) and ``accepted_per_position`` (the share of those drafts whose j-th token was accepted),
-   the simulator's acceptance input (`acceptance.bench_json`).
+   the simulator's acceptance input (`acceptance.bench_json`). The default DAS (``das``) and the
+   hybrid are also given against the best of vLLM's built-ins, priced, at each host speed.
 
 The replays are deterministic for a given text; the wall clock printed beside them is each
 replay's own run on this host (proposer lookups, no target forward), the median of
@@ -78,6 +81,7 @@ HISTORY_KEY, MODEL_KEY = "das", "eagle3"   # the hardware profile's entries of t
 # chosen per request by the hybrid's rule or with hindsight
 MODEL_ALONE, MODEL_RULE, HYBRID_ROW, ORACLE_ROW = "eagle3", "eagle3_rule", "hybrid", "oracle"
 BOTH_HALVES = (HYBRID_ROW, ORACLE_ROW)
+BUILTIN_KEYS = ("vllm_suffix", "ngram")   # the profile's entries of vLLM's built-ins (`bench/builtins.py`)
 MODEL_K = 3   # the model half's default depth: an Eagle3 head is trained for a few positions (TTT), run at k=3
 MODEL_CONTEXTS = ("beside_history", "alone")  # the model half's acceptance is calibrated apart in each
 BESIDE_HISTORY, ALONE = 0, 1
@@ -398,7 +402,7 @@ def with_prompt_lengths(tables: dict, recorded: list) -> dict:
 
 def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
     """One configuration's replay (`replay` rows) priced on `profile`, with its shares of drafts."""
-    from nemo_rl_specdec.cost.price import speedup
+    from nemo_rl_specdec.cost.price import HOST_SPEEDS, speedup
 
     traces = [r["trace"] for r in rows]
     sp = [speedup(t, profile) for t in traces]
@@ -417,7 +421,7 @@ def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
     accepted = [a for t in traces for s in t.steps for d, a in zip(s.drafts, s.accepted, strict=True) if d]
     k = max((t.k for t in traces), default=0)
     per_position = [sum(1 for a in accepted if a > j) / len(accepted) for j in range(k)] if accepted else []
-    return {"name": name, "drafter": name, "tokens_per_target_forward": gen / fwd if fwd else None,
+    return {"name": name, "drafter": name, "k": k, "tokens_per_target_forward": gen / fwd if fwd else None,
             "acceptance_rate": sum(r["accepted_draft_tokens"] for r in rows) / dt if dt else 0.0,
             "wall_clock_ratio": None,   # no engine runs these drafters side by side: see the priced figures
             "share_history": counts["history"] / total if total else 0.0,
@@ -430,13 +434,19 @@ def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
             "priced_rollout_s": spec_s, "priced_baseline_s": base_s,
             "priced_draft_s": sum(x["spec"]["draft_s"] for x in sp),
             "priced_proposer_s": sum(x["spec"]["proposer_s"] for x in sp),
+            "priced_by_host_speed": [{"host_speed": h, "rollout_s": sum(next(
+                b["rollout_s"] for b in x["by_host_speed"] if b["host_speed"] == h) for x in sp)}
+                for h in HOST_SPEEDS],
             "per_step": [{"step": v, "tokens_per_target_forward": r["tokens_per_target_forward"],
                           "priced_speedup": x["speedup"], "trace": r["trace"].to_dict()}
                          for v, (r, x) in enumerate(zip(rows, sp, strict=True))]}
 
 
 def judge(results: list) -> dict:
-    """The targets (module doc) on the priced and replayed figures, and the oracle's ceiling."""
+    """The targets (module doc) on the priced and replayed figures, the oracle's ceiling, and the
+    default DAS and the hybrid against the best of vLLM's built-ins at each host speed."""
+    from nemo_rl_specdec.bench.builtins import BUILTINS, verdict
+
     by = {r["name"]: r for r in results}
     halves = [by[h] for h in HALVES if h in by]
     best_time = min(halves, key=lambda r: r["priced_rollout_s"])
@@ -450,13 +460,23 @@ def judge(results: list) -> dict:
     if HYBRID_ROW in by:
         out["target_priced_met"] = out["hybrid_vs_better_half_priced"] >= TARGET_SPEEDUP
         out["target_tokens_per_forward_met"] = out["hybrid_vs_better_half_tokens_per_forward"] >= 1.0
+    if set(by) & set(BUILTINS):   # the default DAS and the hybrid against the best of vLLM's built-ins, priced
+        by_host = {b["host_speed"]: {} for r in results for b in r.get("priced_by_host_speed", [])}
+        for r in results:
+            for b in r.get("priced_by_host_speed", []):
+                by_host[b["host_speed"]][r["name"]] = b["rollout_s"]
+        for ours in (HISTORY_KEY, HYBRID_ROW):
+            if ours in by:
+                out[f"{ours}_vs_best_builtin"] = verdict(by_host, ours)
     return out
 
 
 def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list[dict]:
     """Every configuration's replay, `opts["repeats"]` times (the figures must repeat exactly; the
     wall clock is the median), summarized and priced."""
+    from nemo_rl_specdec.bench.builtins import BUILTINS, changes as builtin_changes
     from nemo_rl_specdec.bench.replay import _field, replay
+    from nemo_rl_specdec.config import cost_entry
     from nemo_rl_specdec.cost.price import PricedStepCost
 
     g, k, profile = cfg.generation, cfg.spec.num_speculative_tokens, opts["profile"]
@@ -466,7 +486,7 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list
     full = with_prompt_lengths(tables, recorded)
     mml = g.vllm_cfg.max_model_len
     results = []
-    for name in ("das", "das_all") + HybridReplay.MODES:
+    for name in ("das", "das_all") + HybridReplay.MODES + BUILTINS:
         walls, first = [], None
         for _ in range(opts["repeats"]):
             t0 = time.perf_counter()
@@ -477,12 +497,16 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list
             elif name == "das_all":
                 rows = replay(das_spec(cfg, rule=False), recorded, mml, g.temperature, label=HISTORY_KEY)
                 counts = None
-            else:
+            elif name not in BUILTINS:
                 h = HybridReplay(name, full, texts, k, profile, mml, history if name in BOTH_HALVES else None,
                                  temperature=g.temperature, model_k=opts.get("model_k"))
                 rows = replay(history, recorded, mml, g.temperature, drafter=h.drafter,
                               label=name if name in BOTH_HALVES else MODEL_KEY)
                 counts = h.counts
+            elif name in BUILTINS:
+                spec = cfg.with_spec(enabled=True, **builtin_changes(name, cfg)).spec
+                rows = replay(spec, recorded, mml, g.temperature, label=cost_entry(spec)[1])
+                counts = None
             walls.append(time.perf_counter() - t0)
             figures = [(r["generated_tokens"], r["target_forwards"], r["draft_tokens"]) for r in rows]
             if first is not None and figures != first:
@@ -504,7 +528,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     from nemo_rl_specdec.engine.engine import Engine
 
     opts = _options(cfg)
-    for key in (HISTORY_KEY, MODEL_KEY):   # a profile that cannot price a half fails before any engine starts
+    for key in (HISTORY_KEY, MODEL_KEY, *BUILTIN_KEYS):   # a profile that cannot price a row fails before any engine
         opts["profile"].drafter(key)
     g = cfg.generation
     head = starting_head(cfg, opts)
@@ -551,3 +575,9 @@ def _print(results: list, verdict: dict, cfg: RunConfig, opts: dict) -> None:
           f"{met[v['target_tokens_per_forward_met']]}); hindsight ceiling (oracle): "
           f"{v['oracle_vs_better_half_priced']:.3f}x priced, "
           f"{v['oracle_vs_better_half_tokens_per_forward']:.3f}x tok/fwd")
+    from nemo_rl_specdec.bench.builtins import verdict_lines
+
+    ks = {r["name"]: r["k"] for r in results if "k" in r}
+    for ours in (HISTORY_KEY, HYBRID_ROW):
+        for line in verdict_lines(v.get(f"{ours}_vs_best_builtin", []), "priced rollout time", ks):
+            print(line)

@@ -37,3 +37,20 @@ def test_priced_ratio_is_tokens_per_priced_second():
 
     assert r == pytest.approx((60 / price(spec, h100).rollout_s) / (20 / price(base, h100).rollout_s))
     assert 1.0 < r < 3.0
+
+
+def test_das_is_judged_against_the_best_built_in_by_priced_throughput_at_each_host_speed():
+    from nemo_rl_specdec.bench import drafters
+    from nemo_rl_specdec.bench.builtins import BUILTINS
+
+    assert set(drafters.BUILTIN_ROWS.values()) == set(BUILTINS)
+    ratios = {drafters.OURS: (2.0, 2.2), "suffix (vLLM)": (1.5, 1.6), "suffix (vLLM defaults)": (1.6, 1.7),
+              "ngram": (1.2, 1.9), "ngram (vLLM defaults)": (1.1, 1.2), "eagle3": (9.0, 9.0)}
+    results = [{"name": n, "priced_by_host_speed": [{"host_speed": 1.0, "priced_throughput_ratio": a},
+                                                    {"host_speed": 2.0, "priced_throughput_ratio": b}]}
+               for n, (a, b) in ratios.items()]
+    v = drafters.judge(results)   # the model drafter is no built-in: left out
+    assert [(r["best_builtin"], r["ratio"]) for r in v] == [("vllm_suffix_default", 2.0 / 1.6),
+                                                           ("ngram", 2.2 / 1.9)]
+    assert results[0]["vs_best_builtin"] == v
+    assert drafters.judge(results[1:]) == []   # no DAS row: nothing to judge

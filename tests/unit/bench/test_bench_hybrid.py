@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from nemo_rl_specdec.bench import hybrid  # noqa: E402
+from nemo_rl_specdec.bench.builtins import BUILTINS, vllm_defaults  # noqa: E402
 from nemo_rl_specdec.config import load_run_config  # noqa: E402
 from nemo_rl_specdec.cost.profile import load_profile  # noqa: E402
 from nemo_rl_specdec.resources import config_path  # noqa: E402
@@ -51,12 +52,14 @@ def results():
 
 
 def test_every_configuration_is_replayed_shared_and_priced(results):
-    assert set(results) == {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "oracle"}
+    assert set(results) == {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "oracle", *BUILTINS}
     for r in results.values():
         assert r["share_history"] + r["share_model"] + r["share_none"] == pytest.approx(1.0)
         for key in ("priced_speedup", "priced_rollout_s", "priced_baseline_s", "tokens_per_target_forward"):
             assert math.isfinite(r[key]) and r[key] > 0, (r["name"], key)
         assert r["repeats"] == 2 and len(r["per_step"]) == 3
+        if r["name"] in BUILTINS:   # vLLM's proposers at their own k (below)
+            continue
         # the simulator's input: the share of request-steps with a draft, acceptance by position of those
         assert 0 < r["coverage"] <= 1 and len(r["accepted_per_position"]) == K
         assert r["accepted_per_position"] == sorted(r["accepted_per_position"], reverse=True)
@@ -128,3 +131,17 @@ def test_a_step_that_skips_the_model_half_is_charged_its_first_forward():
     for r in rows:
         expected = sum(model_forward_s(profile, hybrid.MODEL_KEY, s.model_forwards, s.ctx) for s in r["trace"].steps)
         assert price(r["trace"], profile).draft_s == pytest.approx(expected)
+
+
+def test_the_default_das_and_the_hybrid_are_judged_against_the_best_built_in_at_each_host_speed(results):
+    assert results["vllm_suffix"]["k"] == K and results["ngram"]["k"] == K
+    assert results["vllm_suffix_default"]["k"] == vllm_defaults()["suffix"]["num_speculative_tokens"]
+    assert results["ngram_default"]["k"] == vllm_defaults()["ngram"]["num_speculative_tokens"]
+    verdict = hybrid.judge(list(results.values()))
+    for ours in ("das", "hybrid"):
+        rows = verdict[f"{ours}_vs_best_builtin"]
+        assert [r["host_speed"] for r in rows] == [1.0, 2.0]
+        for i, r in enumerate(rows):
+            at = {n: results[n]["priced_by_host_speed"][i]["rollout_s"] for n in BUILTINS}
+            assert r["best_builtin_figure"] == min(at.values()) == at[r["best_builtin"]]
+            assert r["ratio"] == pytest.approx(min(at.values()) / results[ours]["priced_by_host_speed"][i]["rollout_s"])
