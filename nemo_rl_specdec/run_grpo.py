@@ -7,7 +7,8 @@
    NeMo-RL's entry script is imported and the launch checked (`launch_errors.py`: its import-time
    assertions, missing packages, the local Ray cluster's dashboard packages and GPUs, the policy
    weights reachable): a failure is one line naming it and what to do, exit 1, nothing written in
-   the working directory.
+   the working directory. `NEMO_RL_SPECDEC_DEBUG=1` re-raises any of these errors (and a config
+   error) instead, with its full traceback.
 3. Block enabled: check that this NeMo-RL has every hook the run needs (`api.check_support`;
    a missing one is an error naming it, and nothing is patched), then apply the substitutions
    (`install`): PYTHONPATH for the Ray workers, actor registry entries for our worker FQNs,
@@ -175,6 +176,15 @@ def write_composed(composed: config_loader.Composed, out_dir: str | None = None)
     return path
 
 
+def fail(e: BaseException, code: int) -> int:
+    """Print `e` as the one-line error of exit `code`; with NEMO_RL_SPECDEC_DEBUG=1 re-raise it instead,
+    its traceback and the exception it was made from printed in full."""
+    if launch_errors.debug():
+        raise e
+    print(f"error: {e}", file=sys.stderr)
+    return code
+
+
 def prepare(argv: list[str]) -> tuple[int, dict | None]:
     """Steps 1-2 (no NeMo-RL import). Returns (exit code or -1 to continue, launch plan)."""
     args, overrides = parse_args(argv)
@@ -196,8 +206,7 @@ def prepare(argv: list[str]) -> tuple[int, dict | None]:
         else:
             spec = translate.check_run(full.resolved())
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CONFIG, None
+        return fail(e, EXIT_CONFIG), None
     if not api.nemo_rl_available():
         print(f"error: {api.INSTALL_HINT}", file=sys.stderr)
         return EXIT_RUNTIME, None
@@ -210,6 +219,8 @@ def prepare(argv: list[str]) -> tuple[int, dict | None]:
         if policy.get("model_name"):
             models.ensure(str(policy["model_name"]))
     except models.ModelUnavailable as e:
+        if launch_errors.debug():
+            raise
         print(f"error: policy.model_name: {e}", file=sys.stderr)
         return EXIT_RUNTIME, None
     trains_mtp = bool(((policy.get("megatron_cfg") or {}).get("mtp_num_layers")) or 0)
@@ -230,11 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         except api.NeMoRLMissing:
             raise
         except (ImportError, AssertionError) as e:
-            raise launch_errors.import_failure(e, "NeMo-RL's examples/run_grpo.py") from None
+            raise launch_errors.import_failure(e, "NeMo-RL's examples/run_grpo.py") from e
         launch_errors.check_before_launch(plan["resolved"])
     except (api.NeMoRLMissing, launch_errors.LaunchError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_RUNTIME
+        return fail(e, EXIT_RUNTIME)
     config_path = Path(plan["config"])
     if plan["base"].uses_nemo_rl_parent:
         config_path = write_composed(plan["base"])
@@ -249,14 +259,12 @@ def main(argv: list[str] | None = None) -> int:
             print("[specdec] policy.generation.speculative_decoding absent or disabled: "
                   "running NeMo-RL's GRPO unchanged")
     except (api.NeMoRLMissing, api.UnsupportedNeMoRL) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_RUNTIME
+        return fail(e, EXIT_RUNTIME)
     sys.argv = [str(Path(script.__file__)), "--config", str(config_path), *plan["overrides"]]
     try:
         script.main()
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return fail(e, EXIT_CONFIG)
     return EXIT_OK
 
 

@@ -14,10 +14,16 @@ Resolvers available in every file: `${specdec_asset:tiny/policy}` (a bundled ass
 `${specdec_model:smollm2}` (a real model's checkpoint directory; made where it is first used, never
 here: models/), and
 NeMo-RL's arithmetic helpers `add`, `mul`, `div`, `max`.
+
+They are registered with OmegaConf only while this module resolves a file, and removed afterwards, so
+none is left behind in a process that goes on to run NeMo-RL: NeMo-RL registers its own (v0.7.0 has no
+`add`), and a run file it cannot resolve must fail under our launcher as it does under its own. A name
+already registered (by NeMo-RL) is used as it is and left in place.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +62,24 @@ def one_line(e: Exception) -> str:
     return f"{msg} (key {key})" if key and str(key) not in msg else msg
 
 
-def register_resolvers() -> None:
-    """Register RESOLVERS with OmegaConf; a name already registered (e.g. by NeMo-RL) is kept."""
+@contextmanager
+def resolvers() -> Iterator[None]:
+    """RESOLVERS registered with OmegaConf for the duration of the block; a name already registered (e.g.
+    by NeMo-RL) is kept and left registered, and the ones registered here are removed on exit."""
     from omegaconf import OmegaConf
 
     # OmegaConf 2.4 deprecates register_new_resolver in favour of register_resolver (same call)
     register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
-    for name, fn in RESOLVERS.items():
-        if not OmegaConf.has_resolver(name):
-            register(name, fn)
+    added = []
+    try:
+        for name, fn in RESOLVERS.items():
+            if not OmegaConf.has_resolver(name):
+                register(name, fn)
+                added.append(name)
+        yield
+    finally:
+        for name in added:
+            OmegaConf.clear_resolver(name)
 
 
 def read(path: str | Path, error: type[ConfigError] = ConfigError, what: str = "YAML file") -> Any:
@@ -74,7 +89,6 @@ def read(path: str | Path, error: type[ConfigError] = ConfigError, what: str = "
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    register_resolvers()
     try:
         cfg = OmegaConf.load(path)
     except FileNotFoundError:
@@ -124,7 +138,8 @@ def _scalar_above(cfg: Any, key: str) -> tuple[str, Any] | None:
         if not OmegaConf.is_dict(node) or part not in node:
             return None
         try:
-            node = node[part]
+            with resolvers():
+                node = node[part]
         except OmegaConfBaseException:  # an interpolation that resolves only once the run is composed
             return None
         if node is not None and not OmegaConf.is_config(node):
@@ -207,9 +222,9 @@ def resolve(cfg: Any, source: str | Path, error: type[ConfigError] = ConfigError
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    register_resolvers()
     try:
-        return OmegaConf.to_container(cfg, resolve=True)
+        with resolvers():
+            return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         if "RecursionError" in str(e):
             raise error(f"{source}: interpolations (${{...}}) nest too deep to resolve (at key "

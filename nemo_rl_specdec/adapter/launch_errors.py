@@ -12,10 +12,12 @@ writes its log directory (and Ray its session files) as soon as it starts:
   reachable from here (`check_model`).
 
 Each failure is a `LaunchError`: one line naming what failed and what to do; the entry point
-prints it and exits 1.
+prints it and exits 1. With `NEMO_RL_SPECDEC_DEBUG=1` the entry point re-raises every error it would
+print in one line instead, so the full traceback (with the exception it was made from) is printed.
 """
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -25,8 +27,16 @@ IN_NEMO_RL_ENV = ("run the entry point inside NeMo-RL's own environment (`uv run
                   "versions are installed")
 
 
+DEBUG_ENV = "NEMO_RL_SPECDEC_DEBUG"
+
+
 class LaunchError(RuntimeError):
     """What stops the launch, in one line (what failed; what to do)."""
+
+
+def debug() -> bool:
+    """NEMO_RL_SPECDEC_DEBUG is set to a true value: errors are re-raised with their traceback."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _flat(text: str, limit: int = 300) -> str:
@@ -75,6 +85,21 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def cuda_init_error() -> str | None:
+    """Why CUDA failed to initialise in this Python (a CUDA build of torch whose driver or devices do not
+    come up), or None: a CPU build of torch, or CUDA that initialises. torch reports such a failure as 0
+    devices, which would read as a machine without GPUs."""
+    import torch
+
+    if torch.version.cuda is None:
+        return None
+    try:
+        torch.cuda.init()
+    except Exception as e:  # RuntimeError from the driver, or torch's own AssertionError
+        return f"{type(e).__name__}: {_flat(e, 200)}"
+    return None
+
+
 def check_local_cluster(cluster: dict) -> None:
     """When NeMo-RL would start a local Ray cluster: its dashboard packages, and `cluster.gpus_per_node`
     GPUs on this machine."""
@@ -91,10 +116,30 @@ def check_local_cluster(cluster: dict) -> None:
     wanted = int(cluster.get("gpus_per_node") or 0)
     have = gpu_count()
     if wanted > have:
+        why = cuda_init_error() if have == 0 else None
+        if why is not None:
+            raise LaunchError(
+                f"cluster.gpus_per_node={wanted} but CUDA failed to initialise in this Python ({why}) and no Ray "
+                f"cluster is running: fix the NVIDIA driver or CUDA_VISIBLE_DEVICES so that "
+                f"`{sys.executable} -c 'import torch; torch.cuda.init()'` succeeds, or join a GPU cluster with "
+                f"RAY_ADDRESS / `ray start`")
         raise LaunchError(
             f"cluster.gpus_per_node={wanted} but this machine has {have} CUDA GPU(s) and no Ray cluster is "
             f"running: run on a GPU node (or join a GPU cluster with RAY_ADDRESS / `ray start`), or set "
             f"cluster.gpus_per_node={have}")
+
+
+def _hub_refused(e: BaseException) -> str | None:
+    """"gated" or "unauthorized" when the Hub refused the request for want of access (a gated repo, a 401 or
+    403: a missing, invalid or unentitled token), else None."""
+    try:
+        from huggingface_hub.errors import GatedRepoError
+    except ImportError:  # an older huggingface_hub keeps its errors in utils
+        from huggingface_hub.utils import GatedRepoError
+    if isinstance(e, GatedRepoError):
+        return "gated"
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    return "unauthorized" if status in (401, 403) else None
 
 
 def check_model(name: str | None, key: str) -> None:
@@ -111,13 +156,22 @@ def check_model(name: str | None, key: str) -> None:
         return
     try:
         get_hf_file_metadata(hf_hub_url(name, "config.json"), timeout=10)
-    except Exception as e:  # offline mode, no network, unknown repo, gated repo: all end the same way
+    except Exception as e:  # offline mode, no network, unknown repo: all end the same way; access is its own
+        refused = _hub_refused(e)
+        if refused is not None:
+            what = ("it is a gated repo: accept its terms on the Hub with your account, then set HF_TOKEN"
+                    if refused == "gated" else
+                    "it is private, gated or misnamed: check the name; for a private or gated repo set HF_TOKEN")
+            raise LaunchError(
+                f"{key}={name}: the Hugging Face Hub refused access ({type(e).__name__}: {_flat(e, 160)}): "
+                f"{what} to a token with access to {name} (or run `huggingface-cli login`) in the environment "
+                f"NeMo-RL starts from, or set {key} to a local checkpoint directory") from e
         raise LaunchError(
             f"{key}={name}: its weights are not reachable (not a local directory, not in the Hugging Face cache "
             f"at {constants.HF_HUB_CACHE}, and the Hub request failed: "
             f"{type(e).__name__}: {_flat(e, 160)}): download it where the Hub is reachable "
             f"(`huggingface-cli download {name}`) and share HF_HOME, or set {key} to a local checkpoint "
-            f"directory") from None
+            f"directory") from e
 
 
 def check_before_launch(resolved: dict) -> None:

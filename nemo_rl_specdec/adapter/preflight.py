@@ -16,32 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_rl_specdec.adapter import api, translate
-from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
-from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.engine import vllm_compat
 
-# Run in the workers' Python: the vLLM version, SpeculativeConfig's fields, the methods its type
-# admits, and whether arctic_inference's suffix tree imports.
-FACTS_SCRIPT = r"""
-import json, sys, typing
-out = {"python": sys.executable}
-try:
-    import vllm
-    from vllm.config import speculative as s
-    out["vllm"] = getattr(vllm, "__version__", "unknown")
-    cls = s.SpeculativeConfig
-    fields = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "model_fields", None) or {}
-    out["fields"] = sorted(fields)
-    def literals(t, acc):
-        for a in typing.get_args(t):
-            if isinstance(a, str):
-                acc.add(a)
-            else:
-                literals(a, acc)
-        return acc
-    hint = typing.get_type_hints(cls).get("method") if hasattr(cls, "__annotations__") else None
-    out["methods"] = sorted(literals(hint, set())) if hint is not None else None
-except Exception as e:
-    out["vllm_error"] = f"{type(e).__name__}: {e}"
+# Run in the workers' Python: what its vLLM's SpeculativeConfig accepts (vllm_compat.speculative_facts, by
+# its source: our package need not be importable there), and whether arctic_inference's suffix tree imports.
+FACTS_SCRIPT = vllm_compat.SPECULATIVE_FACTS_SOURCE + r"""
+import json
+out = speculative_facts()
 try:
     import arctic_inference.suffix_decoding._C  # noqa: F401
     out["arctic"] = None
@@ -73,52 +54,11 @@ def worker_facts(python: str, run: Callable = subprocess.run) -> dict:
 
 
 def adapt_speculative_config(sc: dict, facts: dict, spec: Any, log: Callable[[str], None] = print) -> dict:
-    """`sc` fitted to the workers' vLLM, or ConfigError naming the key path that vLLM cannot honour.
-
-    - `draft_sample_method` (probabilistic drafts at T > 0) is dropped where vLLM has no such field:
-      its drafts are then greedy, outputs stay exactly the policy's, acceptance at T > 0 may be
-      lower; this is printed.
-    - a method vLLM lacks (`custom_class` for DAS and our n-gram, and for the hybrid drafter, whose
-      history part runs in vLLM's model runner) or `num_speculative_tokens_per_batch_size`
-      (`scheduling.k_by_batch_size`, `scheduling.k: auto`) where vLLM has no such field: the run is refused.
-    """
-    version, fields, methods = facts.get("vllm", "?"), set(facts.get("fields") or ()), facts.get("methods")
-    where = f"vLLM {version} in NeMo-RL's workers ({facts.get('python', '?')})"
-    out = dict(sc)
-    method = out.get("method")
-    if methods is not None and method not in methods:
-        if method == "custom_class":
-            name = spec.drafter  # suffix (das) or ngram (specdec): our proposers, beside vLLM's own backend
-            got = getattr(drafter_of(spec).settings(spec), "backend", None)
-            raise ConfigError(
-                f"{BLOCK_PATH}.{name}.backend: got {got!r}, which runs as vLLM's custom_class proposer; {where} has "
-                f"no custom_class method; allowed with this vLLM: 'vllm' (vLLM's own {name} proposer), or use a "
-                "NeMo-RL whose vLLM has custom_class (main pins 0.25.1)")
-        raise ConfigError(f"{BLOCK_PATH}.drafter: {translate.SPEC_KWARGS_PATH}.method={method!r} is not a method of "
-                          f"{where}; it has {sorted(methods)}")
-    for need in drafter_of(spec).needs_vllm_methods:
-        if methods is not None and need not in methods:
-            raise ConfigError(
-                f"{BLOCK_PATH}.drafter: got {spec.drafter!r}, whose history part runs our proposer inside vLLM's model "
-                f"runner beside the model part; {where} predates that runner (it has no {need} method); allowed with "
-                "this vLLM: a drafter of one part, or use a NeMo-RL whose vLLM has it (main)")
-    if not fields:
-        return out
-    if "num_speculative_tokens_per_batch_size" in out and "num_speculative_tokens_per_batch_size" not in fields:
-        key, fix = (("scheduling.k", "set it to null (one k for every batch size)") if spec.scheduling.k == "auto"
-                    else ("scheduling.k_by_batch_size", "remove it (one k for every batch size)"))
-        raise ConfigError(f"{BLOCK_PATH}.{key}: {where} has no num_speculative_tokens_per_batch_size, which "
-                          f"{'k: auto re-chooses at run time' if key == 'scheduling.k' else 'it sets'}; {fix}, or "
-                          "use a NeMo-RL whose vLLM has it (main pins 0.25.1)")
-    if "draft_sample_method" in out and "draft_sample_method" not in fields:
-        out.pop("draft_sample_method")
-        log(f"[specdec] {where} has no draft_sample_method: drafts are greedy; outputs stay exactly the policy's, "
-            "acceptance at temperature > 0 may be lower than with probabilistic drafts")
-    unknown = sorted(k for k in out if k not in fields)
-    if unknown:
-        raise ConfigError(f"{BLOCK_PATH}: {translate.SPEC_KWARGS_PATH} would carry {unknown}, which {where} does not "
-                          f"accept; it accepts {sorted(fields)}")
-    return out
+    """`sc` fitted to the vLLM of NeMo-RL's workers (`vllm_compat.fit_speculative_config`), or ConfigError
+    naming the key path that vLLM cannot honour."""
+    where = f"vLLM {facts.get('vllm', '?')} in NeMo-RL's workers ({facts.get('python', '?')})"
+    return vllm_compat.fit_speculative_config(sc, facts, spec, where=where, sc_path=translate.SPEC_KWARGS_PATH,
+                                              elsewhere="use a NeMo-RL whose vLLM has it (main pins 0.25.1)", log=log)
 
 
 def check(spec: Any, gen_cfg: dict, worker_fqn: str, run: Callable = subprocess.run,

@@ -131,6 +131,9 @@ class Engine:
         vllm_compat.quiet_benign_vllm_warnings()
         g, vc = self.cfg.generation, self.cfg.generation.vllm_cfg
         self.speculative_config = to_vllm_speculative_config(spec, g.temperature)
+        if self.speculative_config:  # fitted to this vLLM, or refused by key path before vLLM sees it
+            self.speculative_config = vllm_compat.fit_speculative_config(
+                self.speculative_config, vllm_compat.speculative_facts(), spec)
         # optional vllm_cfg.max_num_seqs: vLLM's cap on requests decoded at once (the rest queue)
         max_seqs = (vc.model_extra or {}).get("max_num_seqs")
         limits = {} if max_seqs is None else {"max_num_seqs": int(max_seqs)}
@@ -139,7 +142,8 @@ class Engine:
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path, tokenizer=self.model_path, dtype=vc.precision, enforce_eager=vc.enforce_eager,
-            max_model_len=vc.max_model_len, distributed_executor_backend="uni", disable_log_stats=False,
+            max_model_len=vc.max_model_len, distributed_executor_backend=vllm_compat.in_process_executor(),
+            disable_log_stats=False,
             worker_extension_cls=EXTENSION, speculative_config=self.speculative_config,
             logprobs_mode="processed_logprobs", seed=self.seed, **limits,
         )

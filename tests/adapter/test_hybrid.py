@@ -12,7 +12,7 @@ history half.
 from __future__ import annotations
 
 import pytest
-from test_configs import VLLM_SPECULATIVE, _configured, nemo_rl_load, pinned_vllm
+from test_configs import _configured, nemo_rl_load, pinned_speculative, pinned_vllm
 
 from nemo_rl_specdec import config_loader, run_grpo
 from nemo_rl_specdec.adapter import preflight, translate
@@ -52,7 +52,7 @@ def test_configure_writes_the_model_parts_config_and_synchronous_scheduling(hybr
     assert gen[translate.WEIGHT_SOURCE_KEY] == translate.SOURCE_REFIT_STREAM  # the trainer's Eagle head
     assert translate.rollouts_wanted(spec)  # and the history half's rollouts
     version = pinned_vllm(nemo_rl_src)
-    accepts = VLLM_SPECULATIVE[version]
+    accepts = pinned_speculative(version)
     facts = {"vllm": version, "python": "workers", "fields": sorted(accepts["keys"]),
              "methods": sorted(accepts["methods"])}
     if "custom_class" not in accepts["methods"]:  # v0.7.0's vLLM 0.20.0: refused before any engine starts

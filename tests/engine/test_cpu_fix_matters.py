@@ -13,9 +13,16 @@ from nemo_rl_specdec.engine.cpu_fixes import DISABLE_ENV
 TARGET = "tests/engine/test_lossless.py::test_sampling_distribution_unchanged_at_temperature_one[draft_model]"
 
 
-PROBE = ("from vllm.platforms import current_platform as p; p.register_triton_kernel_overrides(); "
-         "import vllm.v1.sample.rejection_sampler as r; "
-         "from nemo_rl_specdec.engine.cpu_fixes import _expand_is_correct; "
+# The CPU expand kernel the sampler gets: 0.32 registers its overrides into the sampler's module; 0.25.1 and
+# 0.20.0 have no registration, and their CPU model runner installs vllm.utils.cpu_triton_utils' kernel
+# (which calls into vllm._C, loaded by the runner).
+PROBE = ("from vllm.platforms import current_platform as p\n"
+         "register = getattr(type(p), 'register_triton_kernel_overrides', None)\n"
+         "if register is not None:\n"
+         "    register(); import vllm.v1.sample.rejection_sampler as r\n"
+         "else:\n"
+         "    import vllm._C, vllm.utils.cpu_triton_utils as r\n"
+         "from nemo_rl_specdec.engine.cpu_fixes import _expand_is_correct\n"
          "print('DEFECTIVE' if not _expand_is_correct(r.expand_kernel) else 'OK')")
 
 

@@ -87,3 +87,32 @@ def test_an_unquoted_override_value_drops_surrounding_whitespace_and_a_quoted_on
     assert cli.main(["validate", str(config_path("tiny_cpu.yaml")), f'{key}=" ngram"']) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: invalid configuration:\n  {key}: got ' ngram'; allowed:") and "'ngram'" in err
+
+
+def test_arithmetic_resolvers_are_not_left_registered(tmp_path):
+    """NeMo-RL runs in the process our launcher resolved the run file in, and v0.7.0 registers no `add`:
+    a run file it cannot resolve must fail there as it does under its own launcher, in any test order."""
+    from omegaconf import OmegaConf
+
+    p = tmp_path / "r.yaml"
+    p.write_text("y: ${add:1,2}\n")
+    assert yaml_loader.load(p) == {"y": 3}
+    for name in yaml_loader.RESOLVERS:
+        assert not OmegaConf.has_resolver(name), name
+    with pytest.raises(Exception, match="add"):
+        OmegaConf.to_container(OmegaConf.load(p), resolve=True)
+
+
+def test_a_resolver_registered_before_is_used_and_kept(tmp_path):
+    """One NeMo-RL registered (its `mul`) is the one used, and stays registered after our resolve."""
+    from omegaconf import OmegaConf
+
+    p = tmp_path / "r.yaml"
+    p.write_text("x: ${mul:3,4}\ny: ${add:1,2}\n")
+    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
+    register("mul", lambda a, b: f"theirs {a * b}")
+    try:
+        assert yaml_loader.load(p) == {"x": "theirs 12", "y": 3}
+        assert OmegaConf.has_resolver("mul") and not OmegaConf.has_resolver("add")
+    finally:
+        OmegaConf.clear_resolver("mul")

@@ -1,4 +1,5 @@
 """The vLLM process patches that need no engine: the benign-warning filter on vLLM's loggers."""
+import json
 import logging
 
 import pytest
@@ -139,3 +140,46 @@ def test_verified_tokens_are_parsed_as_the_bookkeeping_parses_them_and_written_a
     assert batch.token_ids_cpu[0, 3:6].tolist() == [11, 12, 13] and batch.token_ids_cpu[1, 3:5].tolist() == [21, 0]
     one, _ = vllm_compat.verified_tokens(runner, torch.tensor([[4], [5], [6]]))  # a step without drafts
     assert one == [[4], [5], []]
+
+
+def _spec(**block):
+    from nemo_rl_specdec.config import SpecDecConfig
+
+    return SpecDecConfig.model_validate({"enabled": True, **block})
+
+
+def test_the_installed_vllms_facts_are_read_from_its_speculative_config():
+    """The real SpeculativeConfig of the vLLM in this Python, in-process and from the source run alone."""
+    import subprocess
+    import sys
+
+    from vllm.config.speculative import SpeculativeConfig
+
+    facts = vllm_compat.speculative_facts()
+    assert "vllm_error" not in facts and facts["python"] == sys.executable
+    assert set(facts["fields"]) == set(SpeculativeConfig.__dataclass_fields__)
+    assert {"ngram", "draft_model", "suffix"} <= set(facts["methods"])
+    script = vllm_compat.SPECULATIVE_FACTS_SOURCE + "\nimport json; print(json.dumps(speculative_facts()))"
+    alone = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert json.loads(alone.stdout.splitlines()[-1]) == facts
+
+
+FACTS_0_20 = {"vllm": "0.20.0", "python": "/venv/bin/python",
+              "methods": ["draft_model", "eagle3", "ngram", "suffix"],
+              "fields": ["method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"]}
+
+
+def test_the_engine_fit_refuses_what_the_vllm_lacks_by_key_path():
+    from nemo_rl_specdec.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^policy\.generation\.speculative_decoding\.suffix\.backend: got 'das'.*"
+                                          r"vLLM 0\.20\.0 \(/venv/bin/python\) has no custom_class.*0\.25\.1 or later"):
+        vllm_compat.fit_speculative_config({"method": "custom_class"}, FACTS_0_20, _spec(drafter="suffix"))
+    logged: list = []
+    out = vllm_compat.fit_speculative_config(
+        {"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"},
+        FACTS_0_20, _spec(drafter="draft_model", draft_model={"model": "d"}), log=logged.append)
+    assert out == {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
+    assert len(logged) == 1 and "no draft_sample_method: drafts are greedy" in logged[0]
+    with pytest.raises(ConfigError, match=r"speculative_decoding: speculative_config would carry \['surprise'\]"):
+        vllm_compat.fit_speculative_config({"method": "ngram", "surprise": 1}, FACTS_0_20, _spec(drafter="ngram"))
