@@ -10,8 +10,11 @@ import pytest
 
 from nemo_rl_specdec.cli import main
 
+# auto_disable off: DAS's per-step rule reads the measured step time, and on a busy CPU it may rightly
+# turn a whole step's drafting off; this test asks that the loop speculates and refreshes every step
 SMALL = ["grpo.max_num_steps=2", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2",
-         "demo.problem_pool=4", "policy.generation.max_new_tokens=96"]
+         "demo.problem_pool=4", "policy.generation.max_new_tokens=96",
+         "policy.generation.speculative_decoding.auto_disable=false"]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
