@@ -44,7 +44,9 @@ from nemo_rl_specdec.train.distill import (
     DistillInputError,
     HiddenStateDistiller,
     check_trainable,
+    estimating,
     last_layer_output,
+    settle,
     whole,
 )
 from nemo_rl_specdec.train.kl import linear_forward_kl
@@ -242,6 +244,7 @@ def __getattr__(name: str):
 
 def load_draft(draft_dir) -> tuple:
     """(DFlashDraft with the checkpoint's tensors, its config dict) from a DFlash checkpoint directory."""
+    import torch
     from safetensors.torch import load_file
 
     draft_dir = Path(draft_dir)
@@ -252,7 +255,10 @@ def load_draft(draft_dir) -> tuple:
     draft = torch_modules().DFlashDraft(
         H, len(cfg["dflash_config"]["target_layer_ids"]), int(cfg["num_attention_heads"]),
         int(cfg["num_key_value_heads"]), hd, int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"]),
-        float(cfg.get("rms_norm_eps", 1e-6)), theta, int(cfg.get("target_hidden_size") or H)).float()
+        float(cfg.get("rms_norm_eps", 1e-6)), theta, int(cfg.get("target_hidden_size") or H))
+    settle(draft, dtype=torch.float32)
+    if estimating():  # shapes only (bench/estimate.py): there are no values to load
+        return draft, cfg
     tensors = {}
     for f in sorted(draft_dir.glob("*.safetensors")):
         tensors.update(load_file(str(f)))
@@ -400,10 +406,13 @@ class DFlashDistiller(HiddenStateDistiller):
         self.s_out = self.t_out.to(self.dtype)
         self.embed = whole(teacher.get_input_embeddings().weight).detach()
 
+    def _hidden_wanted(self, teacher) -> set:
+        check_target_layers(self.layer_ids, teacher.config.num_hidden_layers)
+        return {int(i) + 1 for i in self.layer_ids}  # layer i's output (the last one's before the final norm)
+
     def _prepare(self, teacher, ids, mask) -> dict:
-        with last_layer_output(teacher) as box:
-            out, h = self._teacher_forward(teacher, ids)
-        aux = target_states(out.hidden_states, box["last"], self.layer_ids, teacher.config.num_hidden_layers)
+        kept, h = self._teacher_forward(teacher, ids)
+        aux = self.torch.cat([whole(kept[int(i) + 1]) for i in self.layer_ids], -1)
         anchors, valid = pick_anchors(mask, self.max_anchors)
         item = {"aux": self._cast(aux), "t_hidden": h, "mask": mask, "anchors": anchors, "valid": valid,
                 "query": self._cast(query_blocks(self.embed, ids, anchors, self.block, self.mask_token_id))}
