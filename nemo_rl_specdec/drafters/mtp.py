@@ -207,9 +207,6 @@ class MTPDistiller(Distiller):
             if not hasattr(teacher, attr):
                 raise DistillInputError(f"the teacher has no .{attr}: expected an HF causal LM (Qwen2ForCausalLM)")
 
-    def _teacher_side(self, teacher) -> None:
-        super()._teacher_side(teacher)
-        self.s_out = self.t_out.to(self.dtype)  # the policy's lm_head, which the MTP layer's logits go through
 
     def _hidden_wanted(self, teacher) -> set:
         return {0, teacher.config.num_hidden_layers}  # the embeddings, the last layer's output before the norm
@@ -227,7 +224,8 @@ class MTPDistiller(Distiller):
         out = self.mtp(item["h"], item["emb"], item["pos"], lambda x, p: rope)[:, :-1]  # t predicts x_{t+2}
         T1 = out.shape[1]
         m = item["mask"][:, 1:T1 + 1]
-        return linear_forward_kl(out[m], self.s_out, item["t_hidden"][:, 1:T1 + 1][m], self.t_out,
+        # the MTP layer's logits go through the policy's lm_head as vLLM shares it (in the policy's dtype)
+        return linear_forward_kl(out[m], self.t_out, item["t_hidden"][:, 1:T1 + 1][m], self.t_out,
                                  temperature=self.temperature)
 
     # ------------------------------------------------------------------ export
