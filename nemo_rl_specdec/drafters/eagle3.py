@@ -377,16 +377,25 @@ def eagle3_loss(head, item, t_out, *, ttt: bool = True, temperature: float = 1.0
     (draft position 2), weight 0.5. Agreement counts step 0."""
     import torch
 
+    from torch.utils.checkpoint import checkpoint
+
+    def layer(*args):
+        # with gradients, the layer's activations are recomputed in backward instead of kept (at
+        # Qwen3-8B shapes its MLP alone keeps 0.8 GB per step of a 4,096-token micro-batch)
+        if torch.is_grad_enabled():
+            return checkpoint(head.hidden, *args, use_reentrant=False)
+        return head.hidden(*args)
+
     mask, aux, emb, th = item["mask"], item["aux"], item["emb"], item["t_hidden"]
     B, T = mask.shape[0], mask.shape[1] + 1
     pos = torch.arange(T - 2, device=mask.device).unsqueeze(0).expand(B, -1)
     m = mask[:, 1:T - 1]  # position t+1 predicts a response token
-    normed0, pre0 = head.hidden(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
+    normed0, pre0 = layer(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
     parts = [(normed0[m], th[:, 1:T - 1][m], 1.0, True)]
     if ttt and T > 3:
         m1 = mask[:, 2:T - 1]
         if bool(m1.any()):
-            normed1, _ = head.hidden(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
+            normed1, _ = layer(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
             parts.append((normed1[m1], th[:, 2:T - 1][m1], 0.5, False))
     weights = torch.cat([torch.full((h.shape[0],), w / max(1, h.shape[0]), device=h.device) for h, _, w, _ in parts])
     agree = torch.cat([torch.full((h.shape[0],), a, dtype=torch.bool, device=h.device) for h, _, _, a in parts])
