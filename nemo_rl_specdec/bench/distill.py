@@ -246,35 +246,46 @@ def job_fields(job: dict) -> dict:
 
 def estimate(job: dict) -> dict:
     """`job`'s memory without allocating it (bench/estimate.py): the teacher and the distiller built
-    from their configs under fake tensors, ``warmup + steps`` steps tracked by torch's MemTracker, the
-    peak split as `measure` splits it. No time is measured (the steps compute nothing)."""
-    from nemo_rl_specdec.bench.estimate import fake_tensors, module_nbytes, step_tracker, tracked_peak
+    from their configs under fake tensors, one step tracked by torch's MemTracker (a later step
+    allocates what the first one does after its first optimizer update: every tracked op costs
+    Python time, and a step at 8B shapes is tens of thousands of them), the peak split as `measure`
+    splits it. No time is measured (the step computes nothing)."""
+    from nemo_rl_specdec.bench.estimate import fake_tensors
+
+    with fake_tensors():
+        row = tracked_step(job)
+    row.update({"memory_method": "estimated: torch FakeTensorMode + MemTracker (nothing allocated)",
+                "step_s": None, "step_s_min": None, "step_s_max": None})
+    return row
+
+
+def tracked_step(job: dict) -> dict:
+    """`job`'s teacher and distiller built, one step tracked by torch's MemTracker, the peak split as
+    `measure` splits it. Under `fake_tensors` (`estimate`) nothing is allocated; outside it, the
+    same step allocates for real and the tracker counts the bytes of every tensor it makes (how the
+    estimate is checked against real allocation)."""
+    import torch
+
+    from nemo_rl_specdec.bench.estimate import module_nbytes, step_tracker, tracked_peak
     from nemo_rl_specdec.bench.random_models import build_teacher
 
     rollouts = random_rollouts(job["lengths"], job["vocab_size"], seed=job["seed"])
-    with fake_tensors():
-        import torch
-
-        teacher = build_teacher(job["teacher_dir"], getattr(torch, job["teacher_dtype"]), job["device"],
-                                seed=job["seed"])
-        distiller = make_distiller(job["drafter"], job["drafter_dir"], device=job["device"],
-                                   temperature=job["temperature"], seed=job["seed"],
-                                   micro_batch_tokens=job["micro_batch_tokens"], max_tokens=job["max_tokens"],
-                                   epochs=job["epochs"])
-        tracker = step_tracker()
-        tracker.track_external(teacher, distiller.module, distiller.opt)
-        with tracker:
-            for _ in range(job["warmup"] + job["steps"]):
-                distiller.step(teacher, rollouts)
-        peak = tracked_peak(tracker.get_tracker_snapshot("peak"))
-        params = [p for p in distiller.module.parameters() if p.requires_grad]
-        n_params = sum(p.numel() for p in params)
-        row = split_memory(peak, module_nbytes(teacher), state_bytes(n_params, params[0].element_size()))
-        row.update({"distiller_params": n_params, "teacher_params": sum(p.numel() for p in teacher.parameters()),
-                    "distiller_param_dtype": str(params[0].dtype).removeprefix("torch."),
-                    "draft_vocab_size": getattr(distiller, "draft_vocab_size", None)})
-    row.update({"memory_method": "estimated: torch FakeTensorMode + MemTracker (nothing allocated)",
-                "step_s": None, "step_s_min": None, "step_s_max": None})
+    teacher = build_teacher(job["teacher_dir"], getattr(torch, job["teacher_dtype"]), job["device"], seed=job["seed"])
+    distiller = make_distiller(job["drafter"], job["drafter_dir"], device=job["device"],
+                               temperature=job["temperature"], seed=job["seed"],
+                               micro_batch_tokens=job["micro_batch_tokens"], max_tokens=job["max_tokens"],
+                               epochs=job["epochs"])
+    tracker = step_tracker()
+    tracker.track_external(teacher, distiller.module, distiller.opt)
+    with tracker:
+        distiller.step(teacher, rollouts)
+    peak = tracked_peak(tracker.get_tracker_snapshot("peak"))
+    params = [p for p in distiller.module.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    row = split_memory(peak, module_nbytes(teacher), state_bytes(n_params, params[0].element_size()))
+    row.update({"distiller_params": n_params, "teacher_params": sum(p.numel() for p in teacher.parameters()),
+                "distiller_param_dtype": str(params[0].dtype).removeprefix("torch."),
+                "draft_vocab_size": getattr(distiller, "draft_vocab_size", None)})
     return row
 
 
