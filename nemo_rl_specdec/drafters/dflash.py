@@ -351,8 +351,9 @@ def dflash_loss(draft, item, s_out, t_out, *, temperature: float = 1.0, decay: f
     final hidden states: position t predicts x_{t+1}), mask [B, T-1], anchors/valid [B, A]
     (pick_anchors), query [B, A, block, H] (query_blocks, in the draft's dtype). s_out: the policy's
     lm_head [V, H] as the draft's logits use it (vLLM shares it with the draft; in the policy's dtype,
-    the draft's outputs are cast to it chunk by chunk, train/kl.py), t_out: the same as the teacher's. Block offset j (1..block-1) at anchor n predicts x_{n+j}: forward KL towards the policy
-    at position n+j-1, where that position predicts a response token; offset j weighs exp(-(j-1)/decay)
+    the draft's outputs are cast to it chunk by chunk, train/kl.py), t_out: the same as the teacher's.
+    Block offset j (1..block-1) at anchor n predicts x_{n+j}: forward KL towards the policy at
+    position n+j-1, where that position predicts a response token; offset j weighs exp(-(j-1)/decay)
     (the first drafts decide acceptance), normalised over the batch. Agreement counts offset 1."""
     import torch
 

@@ -376,7 +376,6 @@ def eagle3_loss(head, item, t_out, *, ttt: bool = True, temperature: float = 1.0
     (the distribution of x_{t+2}); with `ttt`, a second step feeds the head its own pre-norm output
     (draft position 2), weight 0.5. Agreement counts step 0."""
     import torch
-
     from torch.utils.checkpoint import checkpoint
 
     def layer(*args):
