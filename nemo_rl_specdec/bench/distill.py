@@ -245,12 +245,12 @@ def job_fields(job: dict) -> dict:
 
 
 def estimate(job: dict) -> dict:
-    """`job`'s memory without allocating it (bench/estimate.py): the teacher and the distiller built
+    """`job`'s memory without allocating it (train/estimate.py): the teacher and the distiller built
     from their configs under fake tensors, one step tracked by torch's MemTracker (a later step
     allocates what the first one does after its first optimizer update: every tracked op costs
     Python time, and a step at 8B shapes is tens of thousands of them), the peak split as `measure`
     splits it. No time is measured (the step computes nothing)."""
-    from nemo_rl_specdec.bench.estimate import fake_tensors
+    from nemo_rl_specdec.train.estimate import fake_tensors
 
     with fake_tensors():
         row = tracked_step(job)
@@ -266,8 +266,8 @@ def tracked_step(job: dict) -> dict:
     estimate is checked against real allocation)."""
     import torch
 
-    from nemo_rl_specdec.bench.estimate import module_nbytes, step_tracker, tracked_peak
     from nemo_rl_specdec.bench.random_models import build_teacher
+    from nemo_rl_specdec.train.estimate import module_nbytes, step_tracker, tracked_peak
 
     rollouts = random_rollouts(job["lengths"], job["vocab_size"], seed=job["seed"])
     teacher = build_teacher(job["teacher_dir"], getattr(torch, job["teacher_dtype"]), job["device"], seed=job["seed"])
@@ -414,7 +414,9 @@ def run(cfg, args) -> list:
     _say(f"{o['drafters']} on {device}, memory {resolve_memory(o['memory'], o['shape'], device)}: teacher "
          f"{t['hidden_size']} x {t['num_hidden_layers']} layers in {o['teacher_dtype']}, "
          f"vocabulary {o['vocab_size']}, {o['rollouts']} rollouts of {o['tokens']} tokens in all, micro-batches "
-         f"of {o['micro_batch_tokens']}, max_tokens {o['max_tokens']}, {o['warmup']} + {o['steps']} steps")
+         f"of {o['micro_batch_tokens']}, max_tokens {o['max_tokens']}, "
+         + ("one step, estimated" if resolve_memory(o["memory"], o["shape"], device) == "estimated"
+            else f"{o['warmup']} + {o['steps']} steps"))
     with tempfile.TemporaryDirectory(prefix="specdec-distill-ckpt-") as root:
         results = measure_drafters(o, shapes, device, root)
     for r in results:

@@ -175,7 +175,7 @@ def _dflash_config(d: dict, t: dict) -> dict:
 def write_drafter(drafter: str, shapes: dict, root, device: Any = "cpu", seed: int = 0) -> Path:
     """`root`/`drafter`: a checkpoint of random weights (seed `seed`, made on `device`) in the layout
     the drafter's distiller loads (module docstring); on device ``meta``, its config files only (what a
-    memory estimate builds the drafter from, bench/estimate.py)."""
+    memory estimate builds the drafter from, train/estimate.py)."""
     import torch
 
     out = Path(root) / drafter

@@ -255,7 +255,7 @@ def load_draft(draft_dir) -> tuple:
         int(cfg["num_key_value_heads"]), hd, int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"]),
         float(cfg.get("rms_norm_eps", 1e-6)), theta, int(cfg.get("target_hidden_size") or H))
     settle(draft, dtype=torch.float32)
-    if estimating():  # shapes only (bench/estimate.py): there are no values to load
+    if estimating():  # shapes only (train/estimate.py): there are no values to load
         return draft, cfg
     tensors = {}
     for f in sorted(draft_dir.glob("*.safetensors")):

@@ -52,7 +52,7 @@ class DraftModelDistiller(Distiller):
         if saved.removeprefix("torch.") not in TRAINABLE_DTYPES:
             raise DistillInputError(f"draft_model: the drafter checkpoint {self.drafter_dir} is {saved}; allowed: "
                                     f"{list(TRAINABLE_DTYPES)} (it is trained in float32)")
-        if estimating():  # shapes only (bench/estimate.py): built from the config, no values to load
+        if estimating():  # shapes only (train/estimate.py): built from the config, no values to load
             self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.drafter_dir),
                                                           dtype=torch.float32)
         else:

@@ -236,7 +236,7 @@ def load_head(head_dir) -> tuple:
         int(cfg["num_key_value_heads"]), hd, int(cfg["intermediate_size"]), float(cfg.get("rms_norm_eps", 1e-6)),
         float(cfg.get("rope_theta", 10000.0)), draft_vocab)
     settle(head, dtype=torch.float32)
-    if estimating():  # shapes only (bench/estimate.py): there are no values to load
+    if estimating():  # shapes only (train/estimate.py): there are no values to load
         return head, cfg
     tensors = {}
     for f in sorted(head_dir.glob("*.safetensors")):

@@ -125,7 +125,7 @@ def load_mtp_layer(model_dir) -> tuple:
     if n < 1:
         raise ValueError(f"{model_dir}: config.json has no num_nextn_predict_layers (not a MiMo-style MTP policy)")
     cfg._attn_implementation = "sdpa"  # causal with attention_mask=None
-    if estimating():  # shapes only (bench/estimate.py): there are no values to load
+    if estimating():  # shapes only (train/estimate.py): there are no values to load
         return settle(torch_modules().MTPLayer(cfg), dtype=torch.float32), cfg
     tensors = {}
     for f in sorted(model_dir.glob("*.safetensors")):

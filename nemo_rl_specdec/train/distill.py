@@ -103,7 +103,7 @@ def pad_batch(seqs: list, pad_id: int):
 
 
 def estimating() -> bool:
-    """Whether this runs under torch's fake-tensor mode (the memory estimate, bench/estimate.py):
+    """Whether this runs under torch's fake-tensor mode (the memory estimate, train/estimate.py):
     tensors have shapes but no values, so checkpoint tensors are not read (a module keeps the shapes
     it was built with) and checks of values are skipped."""
     from torch._guards import active_fake_mode
@@ -292,9 +292,20 @@ class Distiller:
 
     kind = "base"
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        obj = super().__new__(cls)
+        obj._made_with = (args, dict(kwargs))  # what `twin` builds another from
+        return obj
+
     def __init__(self, source: Any, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2, temperature: float = 1.0,
                  micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0, weight_decay: float = 0.0,
-                 num_threads: int | None = None, max_tokens: int | None = None, device: Any = "cpu"):
+                 num_threads: int | None = None, max_tokens: int | None = None, device: Any = "cpu",
+                 max_transient_gb: float | None = None):
+        if max_transient_gb is not None and not max_transient_gb > 0:
+            raise ValueError(f"refresh.distill.max_transient_gb: got {max_transient_gb!r}; allowed: a number > 0 or "
+                             "null (no budget)")
+        self.max_transient_gb = max_transient_gb
+        self.budget_checked: dict | None = None
         self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
                     seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.module, vocab_size = self._load(source)
@@ -304,6 +315,28 @@ class Distiller:
 
     def _load(self, source: Any) -> tuple:
         raise NotImplementedError
+
+    def twin(self) -> Distiller:
+        """Another distiller made as this one was (same checkpoint and settings, no memory budget)."""
+        args, kwargs = self._made_with
+        return type(self)(*args, **{**kwargs, "max_transient_gb": None})
+
+    def check_budget(self, teacher, rollouts: Sequence[Any]) -> dict | None:
+        """With ``max_transient_gb``: a step's memory on `rollouts` estimated at the policy's shapes
+        without allocating it (train/estimate.py), and a refusal naming the setting where its transient
+        is above the budget. Returns the estimate in bytes (None without a budget)."""
+        if self.max_transient_gb is None:
+            return None
+        from nemo_rl_specdec.train.estimate import step_memory
+
+        est = step_memory(self, teacher, rollouts)
+        if est["transient"] > self.max_transient_gb * 1e9:
+            raise DistillInputError(
+                f"refresh.distill.max_transient_gb: got {self.max_transient_gb:g}, but a {self.kind} step with "
+                f"micro_batch_tokens {self.micro_batch_tokens} and max_tokens {self.max_tokens} is estimated at "
+                f"{est['transient'] / 1e9:.2f} GB transient (state {est['state'] / 1e9:.2f} GB) for this policy; "
+                f"allowed: >= {est['transient'] / 1e9:.2f}, or a smaller refresh.distill.micro_batch_tokens")
+        return est
 
     def _setup(self, *, lr: float, epochs: int, temperature: float, micro_batch_tokens: int,
                max_grad_norm: float, weight_decay: float, vocab_size: int, max_tokens: int | None = None,
@@ -427,6 +460,8 @@ class Distiller:
         by trained positions), so they stay equal; the loss stats are the group's."""
         torch = self.torch
         self._check_teacher(teacher)
+        if self.budget_checked is None and self.max_transient_gb is not None and not estimating():
+            self.budget_checked = self.check_budget(teacher, rollouts)  # before the first step computes anything
         seqs = cap_tokens(rollout_sequences(rollouts, self.vocab_size), self.max_tokens)
         if not seqs and dp is None:
             raise DistillInputError("no rollout has response tokens: nothing to distil on")

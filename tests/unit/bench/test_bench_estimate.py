@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from nemo_rl_specdec.bench import distill as D
-from nemo_rl_specdec.bench.estimate import fake_tensors
 from nemo_rl_specdec.bench.random_models import small_shapes, write_checkpoints
+from nemo_rl_specdec.train.estimate import fake_tensors
 
 SMALL = {**D.DEFAULTS, "vocab_size": 2048, "tokens": 256, "rollouts": 4, "micro_batch_tokens": 128,
          "max_tokens": 256, "epochs": 1, "hidden_size": 64, "layers": 4, "head_dim": 32, "steps": 1, "warmup": 0,

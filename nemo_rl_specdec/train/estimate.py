@@ -145,3 +145,36 @@ def step_tracker() -> Any:
             return super()._pre_fw_hook(module, inputs)
 
     return StepMemTracker()
+
+
+def step_memory(distiller: Any, teacher: Any, rollouts: Any) -> dict:
+    """Bytes of one step of `distiller` towards `teacher` on `rollouts`, estimated without allocating:
+    a twin of the distiller (same checkpoint and settings) and a teacher of the same config and
+    dtype, built under fake tensors, one step tracked. Returns ``peak``, ``teacher`` (its weights),
+    ``state`` (the twin's trained parameters x bytes x 4: parameters, gradients, AdamW's moments) and
+    ``transient`` (the rest), as bench --suite distill splits a measured peak."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    param = next(teacher.parameters())
+    with torch.random.fork_rng(devices=[]), fake_tensors():  # the twin's seeding leaves the caller's RNG alone
+        twin = distiller.twin()
+        with _default_device(twin.device):
+            fake_teacher = AutoModelForCausalLM.from_config(teacher.config, dtype=param.dtype).eval()
+        tracker = step_tracker()
+        tracker.track_external(fake_teacher, twin.module, twin.opt)
+        with tracker:
+            twin.step(fake_teacher, rollouts)
+        peak = tracked_peak(tracker.get_tracker_snapshot("peak"))
+        params = [p for p in twin.module.parameters() if p.requires_grad]
+        state = sum(p.numel() for p in params) * (params[0].element_size() if params else 4) * 4
+        held = module_nbytes(fake_teacher)
+    return {"peak": peak, "teacher": held, "state": state, "transient": peak - held - state}
+
+
+@contextlib.contextmanager
+def _default_device(device: Any) -> Iterator[None]:
+    import torch
+
+    with torch.device(device):
+        yield
