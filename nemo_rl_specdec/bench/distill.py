@@ -267,7 +267,7 @@ def tracked_step(job: dict) -> dict:
     import torch
 
     from nemo_rl_specdec.bench.random_models import build_teacher
-    from nemo_rl_specdec.train.estimate import module_nbytes, step_tracker, tracked_peak
+    from nemo_rl_specdec.train.estimate import track_step
 
     rollouts = random_rollouts(job["lengths"], job["vocab_size"], seed=job["seed"])
     teacher = build_teacher(job["teacher_dir"], getattr(torch, job["teacher_dtype"]), job["device"], seed=job["seed"])
@@ -275,16 +275,10 @@ def tracked_step(job: dict) -> dict:
                                temperature=job["temperature"], seed=job["seed"],
                                micro_batch_tokens=job["micro_batch_tokens"], max_tokens=job["max_tokens"],
                                epochs=job["epochs"])
-    tracker = step_tracker()
-    tracker.track_external(teacher, distiller.module, distiller.opt)
-    with tracker:
-        distiller.step(teacher, rollouts)
-    peak = tracked_peak(tracker.get_tracker_snapshot("peak"))
-    params = [p for p in distiller.module.parameters() if p.requires_grad]
-    n_params = sum(p.numel() for p in params)
-    row = split_memory(peak, module_nbytes(teacher), state_bytes(n_params, params[0].element_size()))
-    row.update({"distiller_params": n_params, "teacher_params": sum(p.numel() for p in teacher.parameters()),
-                "distiller_param_dtype": str(params[0].dtype).removeprefix("torch."),
+    t = track_step(distiller, teacher, rollouts)
+    row = split_memory(t["peak"], t["teacher"], state_bytes(t["params"], t["param_bytes"]))
+    row.update({"distiller_params": t["params"], "teacher_params": sum(p.numel() for p in teacher.parameters()),
+                "distiller_param_dtype": t["param_dtype"],
                 "draft_vocab_size": getattr(distiller, "draft_vocab_size", None)})
     return row
 

@@ -161,15 +161,24 @@ def step_memory(distiller: Any, teacher: Any, rollouts: Any) -> dict:
         twin = distiller.twin()
         with _default_device(twin.device):
             fake_teacher = AutoModelForCausalLM.from_config(teacher.config, dtype=param.dtype).eval()
-        tracker = step_tracker()
-        tracker.track_external(fake_teacher, twin.module, twin.opt)
-        with tracker:
-            twin.step(fake_teacher, rollouts)
-        peak = tracked_peak(tracker.get_tracker_snapshot("peak"))
-        params = [p for p in twin.module.parameters() if p.requires_grad]
-        state = sum(p.numel() for p in params) * (params[0].element_size() if params else 4) * 4
-        held = module_nbytes(fake_teacher)
-    return {"peak": peak, "teacher": held, "state": state, "transient": peak - held - state}
+        t = track_step(twin, fake_teacher, rollouts)
+    state = t["params"] * t["param_bytes"] * 4
+    return {"peak": t["peak"], "teacher": t["teacher"], "state": state, "transient": t["peak"] - t["teacher"] - state}
+
+
+def track_step(distiller: Any, teacher: Any, rollouts: Any) -> dict:
+    """One step of `distiller` towards `teacher` tracked by `step_tracker`: the tracker's ``peak``
+    bytes, the ``teacher``'s weights in bytes, and the distiller's trained ``params`` with their
+    ``param_bytes`` and ``param_dtype``. Under `fake_tensors` nothing is allocated; outside it the
+    step allocates for real and the tracker counts the bytes of every tensor it makes."""
+    tracker = step_tracker()
+    tracker.track_external(teacher, distiller.module, distiller.opt)
+    with tracker:
+        distiller.step(teacher, rollouts)
+    params = [p for p in distiller.module.parameters() if p.requires_grad]
+    return {"peak": tracked_peak(tracker.get_tracker_snapshot("peak")), "teacher": module_nbytes(teacher),
+            "params": sum(p.numel() for p in params), "param_bytes": params[0].element_size() if params else 4,
+            "param_dtype": str(params[0].dtype).removeprefix("torch.") if params else None}
 
 
 @contextlib.contextmanager
