@@ -246,10 +246,9 @@ def job_fields(job: dict) -> dict:
 
 def estimate(job: dict) -> dict:
     """`job`'s memory without allocating it (train/estimate.py): the teacher and the distiller built
-    from their configs under fake tensors, one step tracked by torch's MemTracker (a later step
-    allocates what the first one does after its first optimizer update: every tracked op costs
-    Python time, and a step at 8B shapes is tens of thousands of them), the peak split as `measure`
-    splits it. No time is measured (the step computes nothing)."""
+    from their configs under fake tensors, two steps tracked by torch's MemTracker (the second is
+    the steady state; later ones allocate as it does, and every tracked op costs Python time), the
+    peak split as `measure` splits it. No time is measured (the steps compute nothing)."""
     from nemo_rl_specdec.train.estimate import fake_tensors
 
     with fake_tensors():
@@ -260,7 +259,7 @@ def estimate(job: dict) -> dict:
 
 
 def tracked_step(job: dict) -> dict:
-    """`job`'s teacher and distiller built, one step tracked by torch's MemTracker, the peak split as
+    """`job`'s teacher and distiller built, two steps tracked by torch's MemTracker, the peak split as
     `measure` splits it. Under `fake_tensors` (`estimate`) nothing is allocated; outside it, the
     same step allocates for real and the tracker counts the bytes of every tensor it makes (how the
     estimate is checked against real allocation)."""
@@ -409,7 +408,7 @@ def run(cfg, args) -> list:
          f"{t['hidden_size']} x {t['num_hidden_layers']} layers in {o['teacher_dtype']}, "
          f"vocabulary {o['vocab_size']}, {o['rollouts']} rollouts of {o['tokens']} tokens in all, micro-batches "
          f"of {o['micro_batch_tokens']}, max_tokens {o['max_tokens']}, "
-         + ("one step, estimated" if resolve_memory(o["memory"], o["shape"], device) == "estimated"
+         + ("two steps, estimated" if resolve_memory(o["memory"], o["shape"], device) == "estimated"
             else f"{o['warmup']} + {o['steps']} steps"))
     with tempfile.TemporaryDirectory(prefix="specdec-distill-ckpt-") as root:
         results = measure_drafters(o, shapes, device, root)

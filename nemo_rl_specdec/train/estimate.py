@@ -148,9 +148,9 @@ def step_tracker() -> Any:
 
 
 def step_memory(distiller: Any, teacher: Any, rollouts: Any) -> dict:
-    """Bytes of one step of `distiller` towards `teacher` on `rollouts`, estimated without allocating:
+    """Bytes of a step of `distiller` towards `teacher` on `rollouts`, estimated without allocating:
     a twin of the distiller (same checkpoint and settings) and a teacher of the same config and
-    dtype, built under fake tensors, one step tracked. Returns ``peak``, ``teacher`` (its weights),
+    dtype, built under fake tensors, two steps tracked (`track_step`). Returns ``peak``, ``teacher`` (its weights),
     ``state`` (the twin's trained parameters x bytes x 4: parameters, gradients, AdamW's moments) and
     ``transient`` (the rest), as bench --suite distill splits a measured peak."""
     import torch
@@ -166,15 +166,18 @@ def step_memory(distiller: Any, teacher: Any, rollouts: Any) -> dict:
     return {"peak": t["peak"], "teacher": t["teacher"], "state": state, "transient": t["peak"] - t["teacher"] - state}
 
 
-def track_step(distiller: Any, teacher: Any, rollouts: Any) -> dict:
-    """One step of `distiller` towards `teacher` tracked by `step_tracker`: the tracker's ``peak``
+def track_step(distiller: Any, teacher: Any, rollouts: Any, steps: int = 2) -> dict:
+    """`steps` steps of `distiller` towards `teacher` tracked by `step_tracker`: the tracker's ``peak``
     bytes, the ``teacher``'s weights in bytes, and the distiller's trained ``params`` with their
-    ``param_bytes`` and ``param_dtype``. Under `fake_tensors` nothing is allocated; outside it the
-    step allocates for real and the tracker counts the bytes of every tensor it makes."""
+    ``param_bytes`` and ``param_dtype``. Two by default: a second step is the steady state, its
+    teacher pass made beside AdamW's moments, which the first step's teacher pass runs without.
+    Under `fake_tensors` nothing is allocated; outside it the steps allocate for real and the
+    tracker counts the bytes of every tensor they make."""
     tracker = step_tracker()
     tracker.track_external(teacher, distiller.module, distiller.opt)
     with tracker:
-        distiller.step(teacher, rollouts)
+        for _ in range(steps):
+            distiller.step(teacher, rollouts)
     params = [p for p in distiller.module.parameters() if p.requires_grad]
     return {"peak": tracked_peak(tracker.get_tracker_snapshot("peak")), "teacher": module_nbytes(teacher),
             "params": sum(p.numel() for p in params), "param_bytes": params[0].element_size() if params else 4,
