@@ -42,6 +42,10 @@ class DistillConfig(_Strict):
     max_tokens: int | None = Field(
         8192, ge=1, description="rollout tokens distilled per step and trainer rank (the first ones, in "
                                 "order); the teacher's final hidden states of these are held per step; null: all")
+    max_transient_gb: float | None = Field(
+        None, gt=0, description="memory budget of a distillation step beyond the teacher's weights and the "
+                                "drafter's state, in GB: estimated at the policy's shapes before the first step "
+                                "(fake tensors, nothing allocated) and refused if above; null: no budget")
 
 
 class RefreshConfig(_Strict):

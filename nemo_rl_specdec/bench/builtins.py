@@ -54,19 +54,22 @@ def changes(name: str, cfg) -> dict:
     from nemo_rl_specdec.drafters.suffix import for_backend
 
     frozen = {"refresh": {"mode": "frozen"}}
-    if name == "vllm_suffix":
-        return {"drafter": "suffix", "suffix": for_backend(cfg.spec.suffix.model_dump(), "vllm"), **frozen}
-    if name == "ngram":
-        return {"drafter": "ngram", "ngram": {**cfg.spec.ngram.model_dump(), "backend": "vllm"}, **frozen}
     plain = {**frozen, "scheduling": {}, "auto_disable": None}
-    if name == "vllm_suffix_default":
-        d = dict(vllm_defaults()["suffix"])
+
+    def at_vllm_defaults(drafter: str) -> dict:
+        d = dict(vllm_defaults()[drafter])
         k = d.pop("num_speculative_tokens")
-        return {"drafter": "suffix", "num_speculative_tokens": k, "suffix": {"backend": "vllm", **d}, **plain}
-    if name == "ngram_default":
-        d = dict(vllm_defaults()["ngram"])
-        k = d.pop("num_speculative_tokens")
-        return {"drafter": "ngram", "num_speculative_tokens": k, "ngram": {"backend": "vllm", **d}, **plain}
+        return {"drafter": drafter, "num_speculative_tokens": k, drafter: {"backend": "vllm", **d}, **plain}
+
+    rows = {
+        "vllm_suffix": lambda: {"drafter": "suffix", "suffix": for_backend(cfg.spec.suffix.model_dump(), "vllm"),
+                                **frozen},
+        "ngram": lambda: {"drafter": "ngram", "ngram": {**cfg.spec.ngram.model_dump(), "backend": "vllm"}, **frozen},
+        "vllm_suffix_default": lambda: at_vllm_defaults("suffix"),
+        "ngram_default": lambda: at_vllm_defaults("ngram"),
+    }
+    if name in rows:
+        return rows[name]()
     raise ValueError(f"built-in row: {name!r}; allowed: {', '.join(BUILTINS)}")
 
 

@@ -69,7 +69,10 @@ _DISTILL = DistillConfig()
 DEFAULTS = {"drafters": list(DRAFTERS), "vocab_size": 151936, "tokens": 8192, "rollouts": 4, "prompt_share": 0.25,
             "micro_batch_tokens": _DISTILL.micro_batch_tokens, "max_tokens": _DISTILL.max_tokens,
             "epochs": _DISTILL.epochs, "teacher_dtype": "bfloat16", "hidden_size": 256, "layers": 4, "head_dim": 64,
-            "steps": 3, "warmup": 1, "seed": 0, "device": "auto", "timeout_s": 3600}
+            "steps": 3, "warmup": 1, "seed": 0, "device": "auto", "timeout_s": 3600, "shape": "small",
+            "memory": "auto"}
+SHAPES = ("small", "qwen3-8b")
+MEMORY = ("auto", "measured", "estimated")
 # integer settings: (lowest, highest); beyond the highest a run does not fit a machine or a day
 INTS = {"vocab_size": (8, 1 << 20), "tokens": (2, 1 << 17), "rollouts": (1, 4096), "micro_batch_tokens": (1, 1 << 17),
         "max_tokens": (1, 1 << 17), "epochs": (1, 100), "hidden_size": (8, 16384), "layers": (2, 128),
@@ -104,8 +107,20 @@ def options(cfg) -> dict:
                           "2 per rollout (a prompt token and a response token)")
     if o["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"bench.distill.device: got {o['device']!r}; allowed: auto | cpu | cuda")
+    if o["shape"] not in SHAPES:
+        raise ConfigError(f"bench.distill.shape: got {o['shape']!r}; allowed: {' | '.join(SHAPES)}")
+    if o["memory"] not in MEMORY:
+        raise ConfigError(f"bench.distill.memory: got {o['memory']!r}; allowed: {' | '.join(MEMORY)}")
     o["temperature"] = float(cfg.get("policy.generation.temperature", 1.0) or 1.0)
     return o
+
+
+def resolve_memory(memory: str, shape: str, device: str) -> str:
+    """`auto`: estimated (fake tensors, nothing allocated) for Qwen3-8B shapes on a CPU, which neither
+    fit nor finish there; measured otherwise."""
+    if memory != "auto":
+        return memory
+    return "estimated" if shape == "qwen3-8b" and device == "cpu" else "measured"
 
 
 def resolve_device(device: str) -> str:
@@ -224,18 +239,62 @@ def failed_row(job: dict, error: str) -> dict:
 
 def job_fields(job: dict) -> dict:
     return {"name": job["name"], "drafter": job["drafter"], "device": job["device"],
-            "teacher_dtype": job["teacher_dtype"], "vocab_size": job["vocab_size"],
+            "teacher_dtype": job["teacher_dtype"], "vocab_size": job["vocab_size"], "memory": job.get("memory"),
             "tokens": sum(p + r for p, r in job["lengths"]), "rollouts": len(job["lengths"]),
             "micro_batch_tokens": job["micro_batch_tokens"], "max_tokens": job["max_tokens"], "epochs": job["epochs"]}
 
 
+def estimate(job: dict) -> dict:
+    """`job`'s memory without allocating it (train/estimate.py): the teacher and the distiller built
+    from their configs under fake tensors, two steps tracked by torch's MemTracker (the second is
+    the steady state; later ones allocate as it does, and every tracked op costs Python time), the
+    peak split as `measure` splits it. No time is measured (the steps compute nothing)."""
+    from nemo_rl_specdec.train.estimate import fake_tensors
+
+    with fake_tensors():
+        row = tracked_step(job)
+    row.update({"memory_method": "estimated: torch FakeTensorMode + MemTracker (nothing allocated)",
+                "step_s": None, "step_s_min": None, "step_s_max": None})
+    return row
+
+
+def tracked_step(job: dict) -> dict:
+    """`job`'s teacher and distiller built, two steps tracked by torch's MemTracker, the peak split as
+    `measure` splits it. Under `fake_tensors` (`estimate`) nothing is allocated; outside it, the
+    same step allocates for real and the tracker counts the bytes of every tensor it makes (how the
+    estimate is checked against real allocation)."""
+    import torch
+
+    from nemo_rl_specdec.bench.random_models import build_teacher
+    from nemo_rl_specdec.train.estimate import track_step
+
+    rollouts = random_rollouts(job["lengths"], job["vocab_size"], seed=job["seed"])
+    teacher = build_teacher(job["teacher_dir"], getattr(torch, job["teacher_dtype"]), job["device"], seed=job["seed"])
+    distiller = make_distiller(job["drafter"], job["drafter_dir"], device=job["device"],
+                               temperature=job["temperature"], seed=job["seed"],
+                               micro_batch_tokens=job["micro_batch_tokens"], max_tokens=job["max_tokens"],
+                               epochs=job["epochs"])
+    t = track_step(distiller, teacher, rollouts)
+    row = split_memory(t["peak"], t["teacher"], state_bytes(t["params"], t["param_bytes"]))
+    row.update({"distiller_params": t["params"], "teacher_params": sum(p.numel() for p in teacher.parameters()),
+                "distiller_param_dtype": t["param_dtype"],
+                "draft_vocab_size": getattr(distiller, "draft_vocab_size", None)})
+    return row
+
+
 def run_job(job: dict) -> dict:
-    """One drafter measured in this process: the teacher, the distiller, the steps (any error of
-    them becomes a failed row naming the phase it happened in)."""
+    """One drafter measured (or its memory estimated, ``job['memory']``) in this process: the
+    teacher, the distiller, the steps (any error of them becomes a failed row naming the phase it
+    happened in)."""
     import torch
 
     from nemo_rl_specdec.bench.random_models import build_teacher
 
+    if job.get("memory") == "estimated":
+        try:
+            return {**job_fields(job), "status": "ok", "error": None, **estimate(job)}
+        except Exception as e:  # noqa: BLE001 - the row records it; the suite goes on with the next drafter
+            return failed_row(job, f"estimate: {error_text(e)}")
     phase = "teacher"
     try:
         device = torch.device(job["device"])
@@ -280,7 +339,9 @@ def jobs(o: dict, checkpoints: dict, device: str) -> list[dict]:
              "teacher_dir": t, "drafter_dir": p, "teacher_dtype": o["teacher_dtype"], "vocab_size": o["vocab_size"],
              "lengths": lengths, "micro_batch_tokens": o["micro_batch_tokens"], "max_tokens": o["max_tokens"],
              "epochs": o["epochs"], "temperature": o.get("temperature", 1.0), "steps": o["steps"],
-             "warmup": o["warmup"], "seed": o["seed"]} for name, (t, p) in checkpoints.items()]
+             "warmup": o["warmup"], "seed": o["seed"],
+             "memory": resolve_memory(o.get("memory", "auto"), o.get("shape", "small"), device)}
+            for name, (t, p) in checkpoints.items()]
 
 
 def measure_drafters(o: dict, shapes: dict, device: str, root, on_row: Callable | None = None) -> list[dict]:
@@ -288,13 +349,19 @@ def measure_drafters(o: dict, shapes: dict, device: str, root, on_row: Callable 
     measured in its own process; returns the rows (each also handed to `on_row` as it comes)."""
     from nemo_rl_specdec.bench.random_models import write_checkpoints
 
-    ckpts = write_checkpoints(shapes, root, drafters=o["drafters"], device=device, seed=o["seed"])
+    estimated = resolve_memory(o.get("memory", "auto"), o.get("shape", "small"), device) == "estimated"
+    ckpts = write_checkpoints(shapes, root, drafters=o["drafters"], device="meta" if estimated else device,
+                              seed=o["seed"])
     rows = []
     for job in jobs(o, ckpts, device):
         _say(f"{job['name']}: {len(job['lengths'])} rollouts, {sum(map(sum, job['lengths']))} tokens, vocabulary "
              f"{job['vocab_size']}")
         row = run_in_subprocess(job, o["timeout_s"])
-        if row["status"] == "ok":
+        if row["status"] == "ok" and row["step_s"] is None:
+            _say(f"{job['name']}: estimated peak {row['peak_bytes'] / GB:.2f} GB (teacher "
+                 f"{row['teacher_bytes'] / GB:.2f}, state {row['state_bytes'] / GB:.2f}, transient "
+                 f"{row['transient_bytes'] / GB:.2f})")
+        elif row["status"] == "ok":
             _say(f"{job['name']}: step {row['step_s']:.2f} s, peak {row['peak_bytes'] / GB:.2f} GB (teacher "
                  f"{row['teacher_bytes'] / GB:.2f}, state {row['state_bytes'] / GB:.2f}, transient "
                  f"{row['transient_bytes'] / GB:.2f})")
@@ -308,6 +375,7 @@ def measure_drafters(o: dict, shapes: dict, device: str, root, on_row: Callable 
 
 # (header, key, scale): GB columns are bytes / 1e9
 TABLE = [("drafter", "drafter", None), ("teacher", "teacher_dtype", None), ("status", "status", None),
+         ("memory", "memory", None),
          ("params M", "distiller_params", 1e6), ("teacher GB", "teacher_bytes", GB), ("state GB", "state_bytes", GB),
          ("transient GB", "transient_bytes", GB), ("peak GB", "peak_bytes", GB), ("step s", "step_s", 1),
          ("min", "step_s_min", 1), ("max", "step_s_max", 1), ("teacher s", "teacher_s", 1),
@@ -329,14 +397,19 @@ def print_errors(results: list[dict]) -> None:
 
 def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
-    from nemo_rl_specdec.bench.random_models import small_shapes
+    from nemo_rl_specdec.bench.random_models import qwen3_8b_shapes, small_shapes
 
     o = options(cfg)
     device = resolve_device(o["device"])
-    shapes = small_shapes(o["vocab_size"], o["hidden_size"], o["layers"], o["head_dim"])
-    _say(f"{o['drafters']} on {device}: teacher {o['hidden_size']} x {o['layers']} layers in {o['teacher_dtype']}, "
+    shapes = (qwen3_8b_shapes(o["vocab_size"]) if o["shape"] == "qwen3-8b"
+              else small_shapes(o["vocab_size"], o["hidden_size"], o["layers"], o["head_dim"]))
+    t = shapes["teacher"]
+    _say(f"{o['drafters']} on {device}, memory {resolve_memory(o['memory'], o['shape'], device)}: teacher "
+         f"{t['hidden_size']} x {t['num_hidden_layers']} layers in {o['teacher_dtype']}, "
          f"vocabulary {o['vocab_size']}, {o['rollouts']} rollouts of {o['tokens']} tokens in all, micro-batches "
-         f"of {o['micro_batch_tokens']}, max_tokens {o['max_tokens']}, {o['warmup']} + {o['steps']} steps")
+         f"of {o['micro_batch_tokens']}, max_tokens {o['max_tokens']}, "
+         + ("two steps, estimated" if resolve_memory(o["memory"], o["shape"], device) == "estimated"
+            else f"{o['warmup']} + {o['steps']} steps"))
     with tempfile.TemporaryDirectory(prefix="specdec-distill-ckpt-") as root:
         results = measure_drafters(o, shapes, device, root)
     for r in results:

@@ -49,7 +49,7 @@ def small_shapes(vocab_size: int, hidden_size: int = 256, layers: int = 4, head_
     """A teacher of `hidden_size` x `layers` over the full `vocab_size`, and drafters to match: a
     draft model of half the width and half the layers (tied embeddings, as Qwen3-0.6B), an Eagle3
     head and a one-layer DFlash draft of the teacher's width, the MTP layer of a Qwen2 teacher of the
-    same dimensions."""
+    same dimensions. The Eagle3 head drafts from 32,000 tokens where the vocabulary is larger."""
     nh, nkv = _heads(hidden_size, head_dim)
     teacher = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=layers,
                    num_attention_heads=nh, num_key_value_heads=nkv, head_dim=head_dim,
@@ -62,15 +62,23 @@ def small_shapes(vocab_size: int, hidden_size: int = 256, layers: int = 4, head_
     aux = sorted({min(1, layers - 1), layers // 2, layers - 1})
     head = dict(hidden_size=hidden_size, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=head_dim,
                 intermediate_size=3 * hidden_size)
-    return {"teacher": teacher, "draft_model": draft, "eagle3": {**head, "aux_layer_ids": aux},
+    return {"teacher": teacher, "draft_model": draft,
+            "eagle3": {**head, "aux_layer_ids": aux, "draft_vocab_size": default_draft_vocab(vocab_size)},
             "dflash": {**head, "num_hidden_layers": 1, "target_layer_ids": _spread(layers, min(5, layers)),
                        "block_size": 16},
             "mtp": {}}
 
 
+def default_draft_vocab(vocab_size: int) -> int:
+    """An Eagle3 head's draft vocabulary: 32,000 tokens (as published heads have) for larger vocabularies."""
+    from nemo_rl_specdec.drafters.eagle3 import DEFAULT_DRAFT_VOCAB
+
+    return min(int(vocab_size), DEFAULT_DRAFT_VOCAB)
+
+
 def qwen3_8b_shapes(vocab_size: int = 151936) -> dict:
     """Qwen3-8B as the teacher (36 layers of 4096, 32 heads, 8 KV heads, 12288 MLP), a draft model of
-    Qwen3-0.6B's shape, an Eagle3 head of the teacher's width over the full vocabulary, a five-layer
+    Qwen3-0.6B's shape, an Eagle3 head of the teacher's width with a 32,000-token draft vocabulary, a five-layer
     DFlash draft reading five teacher layers (block 16), and the MTP layer of a Qwen2 teacher of the
     same dimensions."""
     teacher = dict(vocab_size=vocab_size, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
@@ -81,7 +89,8 @@ def qwen3_8b_shapes(vocab_size: int = 151936) -> dict:
                  rope_theta=1e6)
     head = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                 intermediate_size=12288)
-    return {"teacher": teacher, "draft_model": draft, "eagle3": {**head, "aux_layer_ids": [1, 18, 35]},
+    return {"teacher": teacher, "draft_model": draft,
+            "eagle3": {**head, "aux_layer_ids": [1, 18, 35], "draft_vocab_size": default_draft_vocab(vocab_size)},
             "dflash": {**head, "num_hidden_layers": 5, "target_layer_ids": _spread(36, 5), "block_size": 16},
             "mtp": {}}
 
@@ -132,6 +141,8 @@ def _save_tensors(module, path: Path, config: dict) -> None:
 
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if _is_meta(module):  # a config-only checkpoint (write_checkpoints)
+        return
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in module.checkpoint_tensors().items()}
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
 
@@ -142,7 +153,7 @@ def _eagle3_config(head: dict, t: dict) -> dict:
             "num_attention_heads": head["num_attention_heads"], "num_key_value_heads": head["num_key_value_heads"],
             "head_dim": head["head_dim"], "hidden_act": "silu", "rms_norm_eps": 1e-6,
             "max_position_embeddings": 40960, "rope_theta": t.get("rope_theta", 1e6), "vocab_size": t["vocab_size"],
-            "draft_vocab_size": t["vocab_size"], "target_hidden_size": t["hidden_size"],
+            "draft_vocab_size": head.get("draft_vocab_size") or t["vocab_size"], "target_hidden_size": t["hidden_size"],
             "tie_word_embeddings": False, "torch_dtype": "float32",
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(head["aux_layer_ids"]),
                              "use_aux_hidden_state": True}}
@@ -163,7 +174,8 @@ def _dflash_config(d: dict, t: dict) -> dict:
 
 def write_drafter(drafter: str, shapes: dict, root, device: Any = "cpu", seed: int = 0) -> Path:
     """`root`/`drafter`: a checkpoint of random weights (seed `seed`, made on `device`) in the layout
-    the drafter's distiller loads (module docstring)."""
+    the drafter's distiller loads (module docstring); on device ``meta``, its config files only (what a
+    memory estimate builds the drafter from, train/estimate.py)."""
     import torch
 
     out = Path(root) / drafter
@@ -176,13 +188,22 @@ def write_drafter(drafter: str, shapes: dict, root, device: Any = "cpu", seed: i
     return out
 
 
+def _is_meta(module) -> bool:
+    return any(t.is_meta for t in module.parameters())
+
+
 def _write_draft_model(shapes: dict, t: dict, out: Path) -> None:
+    import torch
     from transformers import Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model = Qwen3ForCausalLM(_qwen("qwen3", shapes["draft_model"], architectures=["Qwen3ForCausalLM"]))
-    model.to("cpu").save_pretrained(str(out))
+    cfg = _qwen("qwen3", shapes["draft_model"], architectures=["Qwen3ForCausalLM"])
+    if torch.get_default_device().type == "meta":  # a config-only checkpoint
+        out.mkdir(parents=True, exist_ok=True)
+        cfg.save_pretrained(str(out))
+        return
+    Qwen3ForCausalLM(cfg).to("cpu").save_pretrained(str(out))
 
 
 def _write_eagle3(shapes: dict, t: dict, out: Path) -> None:
@@ -191,7 +212,8 @@ def _write_eagle3(shapes: dict, t: dict, out: Path) -> None:
     h = shapes["eagle3"]
     head = torch_modules().Eagle3Head(h["hidden_size"], len(h["aux_layer_ids"]), t["vocab_size"],
                                       h["num_attention_heads"], h["num_key_value_heads"], h["head_dim"],
-                                      h["intermediate_size"], 1e-6, t.get("rope_theta", 1e6))
+                                      h["intermediate_size"], 1e-6, t.get("rope_theta", 1e6),
+                                      h.get("draft_vocab_size"))  # a draft vocabulary: the first ids
     _save_tensors(head, out, _eagle3_config(h, t))
 
 
@@ -216,6 +238,8 @@ def _write_mtp(shapes: dict, t: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(str(out))
     layer = torch_modules().MTPLayer(cfg)
+    if _is_meta(layer):  # a config-only checkpoint
+        return
     save_file({k: v.to("cpu").contiguous() for k, v in layer.checkpoint_tensors().items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
 
@@ -227,7 +251,7 @@ WRITERS = {"draft_model": _write_draft_model, "eagle3": _write_eagle3, "dflash":
 def write_checkpoints(shapes: dict, root, drafters=DRAFTERS, device: Any = "cpu", seed: int = 0) -> dict:
     """The teacher's config (`root`/teacher) and each drafter's checkpoint (`root`/<drafter>); returns
     {drafter: (teacher config directory, drafter directory)}. The MTP drafter's teacher is its own
-    directory (a MiMo-style policy)."""
+    directory (a MiMo-style policy). On device ``meta``: config files only (`write_drafter`)."""
     root = Path(root)
     (root / "teacher").mkdir(parents=True, exist_ok=True)
     teacher_config(shapes, "draft_model").save_pretrained(str(root / "teacher"))

@@ -159,7 +159,7 @@ class Drafter:
         `refresh.distill` (keyword arguments override them); `model_path` is the policy checkpoint."""
         d = spec.refresh.distill
         kw = {"lr": d.lr, "epochs": d.epochs, "micro_batch_tokens": d.micro_batch_tokens,
-              "max_tokens": d.max_tokens, **kw}
+              "max_tokens": d.max_tokens, "max_transient_gb": d.max_transient_gb, **kw}
         return self.build_distiller(spec, temperature=temperature, seed=seed, model_path=model_path, **kw)
 
     def build_distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int,

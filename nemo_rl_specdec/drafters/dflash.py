@@ -44,7 +44,9 @@ from nemo_rl_specdec.train.distill import (
     DistillInputError,
     HiddenStateDistiller,
     check_trainable,
+    estimating,
     last_layer_output,
+    settle,
     whole,
 )
 from nemo_rl_specdec.train.kl import linear_forward_kl
@@ -143,6 +145,7 @@ def torch_modules() -> SimpleNamespace:
     """The draft's torch module classes (DFlashLayer, DFlashDraft), built on first use so that
     declaring the drafter (config validation, the CLI) imports no torch."""
     import torch
+    import torch.nn.functional as F
 
     from nemo_rl_specdec.drafters.machinery.layers import RMSNorm, SwiGLU, rope
 
@@ -177,22 +180,19 @@ def torch_modules() -> SimpleNamespace:
             ctx_k/ctx_v [B, nkv, T, hd]; ctx_mask [B, Q, T] True where a query sees a context key."""
             a = self.self_attn
             B, Q, _ = x.shape
-            A = Q // block
             h = self.input_layernorm(x)
             q = rope(a.q_norm(a.q_proj(h).view(B, Q, self.nh, self.hd)).transpose(1, 2), pos, theta)
             k, v = self.keys_values(h, pos, theta)
             rep = self.nh // self.nkv
-            ck, cv = ctx_k.repeat_interleave(rep, 1), ctx_v.repeat_interleave(rep, 1)
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            scale = self.hd ** -0.5
-            s_ctx = (q @ ck.transpose(-1, -2)) * scale  # [B, nh, Q, T]
-            s_ctx = s_ctx.masked_fill(~ctx_mask.unsqueeze(1), float("-inf"))
-            qb = q.view(B, self.nh, A, block, self.hd)
-            s_blk = (qb @ k.view(B, self.nh, A, block, self.hd).transpose(-1, -2)) * scale  # [B, nh, A, blk, blk]
-            T = s_ctx.shape[-1]
-            p = torch.softmax(torch.cat([s_ctx, s_blk.reshape(B, self.nh, Q, block)], -1).float(), -1).to(q.dtype)
-            o = p[..., :T] @ cv + (p[..., T:].reshape(B, self.nh, A, block, block)
-                                   @ v.view(B, self.nh, A, block, self.hd)).reshape(B, self.nh, Q, self.hd)
+            # one attention over [context keys, block keys]: a query sees the context its mask allows
+            # and every key of its own block (scaled_dot_product_attention: no [Q, T] score tensor is
+            # kept for backward where the backend is a fused one)
+            keys = torch.cat([ctx_k, k], 2).repeat_interleave(rep, 1)
+            values = torch.cat([ctx_v, v], 2).repeat_interleave(rep, 1)
+            blocks = torch.arange(Q, device=x.device) // block
+            same = (blocks[:, None] == blocks[None, :]).expand(B, Q, Q)
+            allowed = torch.cat([ctx_mask, same], -1).unsqueeze(1)  # [B, 1, Q, T + Q]
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
             x = x + a.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
             return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -242,6 +242,7 @@ def __getattr__(name: str):
 
 def load_draft(draft_dir) -> tuple:
     """(DFlashDraft with the checkpoint's tensors, its config dict) from a DFlash checkpoint directory."""
+    import torch
     from safetensors.torch import load_file
 
     draft_dir = Path(draft_dir)
@@ -252,7 +253,10 @@ def load_draft(draft_dir) -> tuple:
     draft = torch_modules().DFlashDraft(
         H, len(cfg["dflash_config"]["target_layer_ids"]), int(cfg["num_attention_heads"]),
         int(cfg["num_key_value_heads"]), hd, int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"]),
-        float(cfg.get("rms_norm_eps", 1e-6)), theta, int(cfg.get("target_hidden_size") or H)).float()
+        float(cfg.get("rms_norm_eps", 1e-6)), theta, int(cfg.get("target_hidden_size") or H))
+    settle(draft, dtype=torch.float32)
+    if estimating():  # shapes only (train/estimate.py): there are no values to load
+        return draft, cfg
     tensors = {}
     for f in sorted(draft_dir.glob("*.safetensors")):
         tensors.update(load_file(str(f)))
@@ -346,9 +350,10 @@ def dflash_loss(draft, item, s_out, t_out, *, temperature: float = 1.0, decay: f
     item: aux [B, T, n*H] (target_hidden, in the draft's dtype), t_hidden [B, T, H] (the policy's
     final hidden states: position t predicts x_{t+1}), mask [B, T-1], anchors/valid [B, A]
     (pick_anchors), query [B, A, block, H] (query_blocks, in the draft's dtype). s_out: the policy's
-    lm_head [V, H] in the draft's dtype (vLLM shares it with the draft), t_out: the same in the
-    policy's. Block offset j (1..block-1) at anchor n predicts x_{n+j}: forward KL towards the policy
-    at position n+j-1, where that position predicts a response token; offset j weighs exp(-(j-1)/decay)
+    lm_head [V, H] as the draft's logits use it (vLLM shares it with the draft; in the policy's dtype,
+    the draft's outputs are cast to it chunk by chunk, train/kl.py), t_out: the same as the teacher's.
+    Block offset j (1..block-1) at anchor n predicts x_{n+j}: forward KL towards the policy at
+    position n+j-1, where that position predicts a response token; offset j weighs exp(-(j-1)/decay)
     (the first drafts decide acceptance), normalised over the batch. Agreement counts offset 1."""
     import torch
 
@@ -394,16 +399,19 @@ class DFlashDistiller(HiddenStateDistiller):
         return draft, config, [int(i) for i in d["target_layer_ids"]], int(config["vocab_size"])
 
     def _teacher_side(self, teacher) -> None:
-        """Per step: the policy's output projection (also in the draft's dtype, the draft's own lm_head)
-        and its input embeddings, whole and detached."""
+        """Per step: the policy's output projection and its input embeddings, whole and detached. The
+        draft's logits go through the policy's projection as it is (vLLM shares it, in the policy's
+        dtype); no copy of it in the draft's dtype is made (2.5 GB in fp32 at Qwen3-8B shapes)."""
         super()._teacher_side(teacher)
-        self.s_out = self.t_out.to(self.dtype)
         self.embed = whole(teacher.get_input_embeddings().weight).detach()
 
+    def _hidden_wanted(self, teacher) -> set:
+        check_target_layers(self.layer_ids, teacher.config.num_hidden_layers)
+        return {int(i) + 1 for i in self.layer_ids}  # layer i's output (the last one's before the final norm)
+
     def _prepare(self, teacher, ids, mask) -> dict:
-        with last_layer_output(teacher) as box:
-            out, h = self._teacher_forward(teacher, ids)
-        aux = target_states(out.hidden_states, box["last"], self.layer_ids, teacher.config.num_hidden_layers)
+        kept, h = self._teacher_forward(teacher, ids)
+        aux = self.torch.cat([whole(kept[int(i) + 1]) for i in self.layer_ids], -1)
         anchors, valid = pick_anchors(mask, self.max_anchors)
         item = {"aux": self._cast(aux), "t_hidden": h, "mask": mask, "anchors": anchors, "valid": valid,
                 "query": self._cast(query_blocks(self.embed, ids, anchors, self.block, self.mask_token_id))}
@@ -411,4 +419,4 @@ class DFlashDistiller(HiddenStateDistiller):
         return item
 
     def _loss(self, item):
-        return dflash_loss(self.module, item, self.s_out, self.t_out, temperature=self.temperature, decay=self.decay)
+        return dflash_loss(self.module, item, self.t_out, self.t_out, temperature=self.temperature, decay=self.decay)

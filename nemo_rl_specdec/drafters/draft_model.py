@@ -13,7 +13,7 @@ from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import CheckpointDrafter
 from nemo_rl_specdec.schema import Strict
-from nemo_rl_specdec.train.distill import TRAINABLE_DTYPES, Distiller, DistillInputError, final_hidden
+from nemo_rl_specdec.train.distill import TRAINABLE_DTYPES, Distiller, DistillInputError, estimating, final_hidden
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
 
@@ -52,7 +52,11 @@ class DraftModelDistiller(Distiller):
         if saved.removeprefix("torch.") not in TRAINABLE_DTYPES:
             raise DistillInputError(f"draft_model: the drafter checkpoint {self.drafter_dir} is {saved}; allowed: "
                                     f"{list(TRAINABLE_DTYPES)} (it is trained in float32)")
-        self.model = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
+        if estimating():  # shapes only (train/estimate.py): built from the config, no values to load
+            self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.drafter_dir),
+                                                          dtype=torch.float32)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(self.drafter_dir, dtype=torch.float32)
         if self.model.supports_gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = int(self.model.config.pad_token_id or 0)

@@ -27,14 +27,27 @@ from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
 from nemo_rl_specdec.drafters.machinery.layers import rope
-from nemo_rl_specdec.schema import ConfigError, Strict
-from nemo_rl_specdec.train.distill import HiddenStateDistiller, check_trainable, whole
+from nemo_rl_specdec.schema import ConfigError, PathError, Strict
+from nemo_rl_specdec.train.distill import (
+    DistillInputError,
+    HiddenStateDistiller,
+    check_trainable,
+    estimating,
+    settle,
+    whole,
+)
 from nemo_rl_specdec.train.kl import linear_forward_kl
+
+DEFAULT_DRAFT_VOCAB = 32000  # the draft vocabulary of Eagle3 heads as published, for larger vocabularies
 
 
 class Eagle3Config(Strict):
     model: str | None = Field(None, description="path of an Eagle3 head checkpoint for the policy (its config "
                                  "names the aux layers it reads)")
+    draft_vocab_size: int | None = Field(
+        None, ge=1, description="tokens the head drafts from (its lm_head rows; the d2t map sends them to the "
+                                "policy's ids); unset: the checkpoint's own. It must be the checkpoint's: vLLM "
+                                "sizes the live head from the checkpoint")
 
 
 class Eagle3(CheckpointDrafter):
@@ -49,6 +62,27 @@ class Eagle3(CheckpointDrafter):
 
     def weight_source(self, spec, streams):
         return SOURCE_REFIT_STREAM if streams.draft else super().weight_source(spec, streams)
+
+    def check(self, spec):
+        super().check(spec)
+        want = spec.eagle3.draft_vocab_size
+        path = Path(spec.eagle3.model)
+        if want is None or not (path / "config.json").is_file():  # a hub id: checked when the head loads
+            return
+        cfg = json.loads((path / "config.json").read_text())
+        vocab, have = int(cfg["vocab_size"]), int(cfg.get("draft_vocab_size") or cfg["vocab_size"])
+        if want > vocab:
+            raise PathError("eagle3.draft_vocab_size", want, f"<= {vocab}, the policy's vocabulary "
+                            f"({path / 'config.json'} vocab_size)")
+        if want != have:
+            raise PathError("eagle3.draft_vocab_size", want,
+                            f"{have}, the draft vocabulary of the head at eagle3.model ({path / 'config.json'} "
+                            "draft_vocab_size: vLLM sizes the live head from it); a head with another draft "
+                            "vocabulary is made by python -m nemo_rl_specdec.tools.train_eagle3 --draft-vocab-size N")
+
+    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+        kw.setdefault("draft_vocab_size", spec.eagle3.draft_vocab_size)
+        return super().build_distiller(spec, temperature=temperature, seed=seed, model_path=model_path, **kw)
 
     def check_nemo_rl(self, spec, policy):
         draft = policy.get("draft") or {}
@@ -90,13 +124,45 @@ def torch_modules() -> SimpleNamespace:
         """vLLM llama_eagle3 (one layer, norm_before_residual=False) in plain torch."""
 
         def __init__(self, H: int, n_aux: int, vocab: int, nh: int, nkv: int, hd: int, inter: int,
-                     eps: float = 1e-6, theta: float = 10000.0):
+                     eps: float = 1e-6, theta: float = 10000.0, draft_vocab: int | None = None):
             super().__init__()
             self.theta = theta
+            self.vocab = int(vocab)
             self.fc = torch.nn.Linear(n_aux * H, H, bias=False)
             self.midlayer = MidLayer(H, nh, nkv, hd, inter, eps)
             self.norm = RMSNorm(H, eps)
-            self.lm_head = torch.nn.Linear(H, vocab, bias=False)
+            self.set_draft_vocab(None if draft_vocab is None or draft_vocab >= vocab
+                                 else torch.arange(int(draft_vocab)), H)
+
+        def set_draft_vocab(self, draft_ids, H: int | None = None, rows=None) -> None:
+            """The head drafts from the policy ids `draft_ids` (ascending; None: the whole vocabulary):
+            lm_head gets one row per draft token (`rows` [n, H], default: left as made) and the maps
+            vLLM's Eagle3 reads, d2t (draft id -> policy id minus draft id) and t2d (policy id -> in
+            the draft vocabulary)."""
+            H = int(H or self.fc.out_features)
+            n = self.vocab if draft_ids is None else int(draft_ids.numel())
+            lm = torch.nn.Linear(H, n, bias=False)
+            if rows is not None:
+                with torch.no_grad():
+                    lm.weight.copy_(rows)
+            self.lm_head = lm
+            for name in ("d2t", "t2d"):
+                self._buffers.pop(name, None)
+            if draft_ids is not None:
+                self.register_buffer("d2t", draft_ids - torch.arange(n))
+                t2d = torch.zeros(self.vocab, dtype=torch.bool)
+                t2d[draft_ids] = True
+                self.register_buffer("t2d", t2d)
+
+        def draft_ids(self):
+            """The policy ids of the draft vocabulary (None: the whole vocabulary)."""
+            d2t = self._buffers.get("d2t")
+            return None if d2t is None else torch.arange(d2t.numel(), device=d2t.device) + d2t
+
+        def to_policy_ids(self, tok):
+            """Draft-vocabulary ids (argmaxes of lm_head) as the policy's token ids."""
+            d2t = self._buffers.get("d2t")
+            return tok if d2t is None else tok + d2t[tok]
 
         def forward(self, embeds, hidden, pos):
             """embeds = emb(x_{t+1}), hidden = g_t (or the head's own pre-norm output) [B, T, H].
@@ -149,7 +215,9 @@ def aux_hidden(hidden_states, layer_ids, num_layers: int) -> list:
 
 
 def load_head(head_dir) -> tuple:
-    """(Eagle3Head with the checkpoint's tensors, its config dict) from an EAGLE/HF-layout directory."""
+    """(Eagle3Head with the checkpoint's tensors, its config dict) from an EAGLE/HF-layout directory
+    (with a draft vocabulary: its d2t map checked against the config, `check_vocab_map`)."""
+    import torch
     from safetensors.torch import load_file
 
     head_dir = Path(head_dir)
@@ -159,19 +227,78 @@ def load_head(head_dir) -> tuple:
         raise ValueError(f"{head_dir}/config.json: eagle_config.eagle_aux_hidden_state_layer_ids is missing")
     H = int(cfg["hidden_size"])
     hd = int(cfg.get("head_dim") or H // int(cfg["num_attention_heads"]))
+    vocab, draft_vocab = int(cfg["vocab_size"]), int(cfg.get("draft_vocab_size") or cfg["vocab_size"])
+    if draft_vocab > vocab:
+        raise ValueError(f"{head_dir}/config.json: draft_vocab_size {draft_vocab} is larger than vocab_size "
+                         f"{vocab}; allowed: <= {vocab}")
     head = torch_modules().Eagle3Head(
-        H, len(ids), int(cfg.get("draft_vocab_size") or cfg["vocab_size"]), int(cfg["num_attention_heads"]),
+        H, len(ids), vocab, int(cfg["num_attention_heads"]),
         int(cfg["num_key_value_heads"]), hd, int(cfg["intermediate_size"]), float(cfg.get("rms_norm_eps", 1e-6)),
-        float(cfg.get("rope_theta", 10000.0))).float()
+        float(cfg.get("rope_theta", 10000.0)), draft_vocab)
+    settle(head, dtype=torch.float32)
+    if estimating():  # shapes only (train/estimate.py): there are no values to load
+        return head, cfg
     tensors = {}
     for f in sorted(head_dir.glob("*.safetensors")):
         tensors.update(load_file(str(f)))
-    check_trainable(tensors, head_dir)
+    if draft_vocab < vocab:
+        check_vocab_map(tensors, vocab, draft_vocab, head_dir)
+    check_trainable({k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}, head_dir)
     missing, unexpected = head.load_state_dict(tensors, strict=False)
     if missing or unexpected:
         raise ValueError(f"{head_dir}: not a one-layer llama_eagle3 head (missing {missing[:4]}, "
                          f"unexpected {unexpected[:4]})")
     return head, cfg
+
+
+def check_vocab_map(tensors: dict, vocab: int, draft_vocab: int, where) -> None:
+    """A head with a draft vocabulary carries ``d2t`` ([draft_vocab] offsets: draft id i drafts policy
+    id i + d2t[i], distinct ids below `vocab`) and may carry ``t2d`` ([vocab] booleans, True at those
+    ids); anything else is refused, naming the checkpoint and what was found."""
+    import torch
+
+    d2t = tensors.get("d2t")
+    if d2t is None:
+        raise ValueError(f"eagle3.model: {where} has draft_vocab_size {draft_vocab} < vocab_size {vocab} but no "
+                         "d2t tensor; allowed: a d2t map of the draft vocabulary (as vLLM's Eagle3 reads it)")
+    if d2t.dtype.is_floating_point or tuple(d2t.shape) != (draft_vocab,):
+        raise ValueError(f"eagle3.model: {where} d2t is {str(d2t.dtype).removeprefix('torch.')} "
+                         f"{list(d2t.shape)}; allowed: integers of shape [{draft_vocab}] (config.json "
+                         "draft_vocab_size)")
+    ids = torch.arange(draft_vocab) + d2t.long()
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != draft_vocab:
+        raise ValueError(f"eagle3.model: {where} d2t does not map the draft vocabulary to {draft_vocab} distinct "
+                         f"policy ids in [0, {vocab}); allowed: d2t[i] = (policy id of draft token i) - i")
+    t2d = tensors.get("t2d")
+    if t2d is not None:
+        want = torch.zeros(vocab, dtype=torch.bool)
+        want[ids] = True
+        if tuple(t2d.shape) != (vocab,) or not torch.equal(t2d.bool(), want):
+            raise ValueError(f"eagle3.model: {where} t2d does not match d2t; allowed: t2d[j] = True exactly for "
+                             "the policy ids d2t maps to")
+
+
+def token_counts(seqs, vocab: int):
+    """How often each policy id appears in the responses of `seqs` (TokenSequence) [vocab]."""
+    import torch
+
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for s in seqs:
+        if s.response:
+            counts += torch.bincount(torch.tensor(s.response, dtype=torch.long), minlength=vocab)
+    return counts
+
+
+def choose_draft_vocab(counts, size: int):
+    """The `size` most frequent policy ids of `counts` [vocab] (ties: the smaller id), ascending."""
+    import torch
+
+    vocab = counts.numel()
+    if not 1 <= size <= vocab:
+        raise ValueError(f"eagle3.draft_vocab_size: got {size}; allowed: 1 .. {vocab} (the policy's vocabulary)")
+    # stable descending sort by count keeps the smaller id first among equal counts
+    order = torch.sort(counts.cpu(), descending=True, stable=True).indices[:size]
+    return order.sort().values
 
 
 def greedy_drafts(head, aux, emb, embed, k: int, first: int):
@@ -207,7 +334,7 @@ def greedy_drafts(head, aux, emb, embed, k: int, first: int):
     def finish(o, residual):
         h = a.o_proj(o.transpose(0, 1).reshape(o.shape[1], -1)) + residual
         h = L.mlp(L.post_attention_layernorm(h)) + h
-        return head.lm_head(head.norm(h)).argmax(-1), h
+        return head.to_policy_ids(head.lm_head(head.norm(h)).argmax(-1)), h
 
     with torch.no_grad():
         # step 0 over every position: the teacher-forced keys, and each position's first draft token
@@ -242,22 +369,32 @@ def eagle3_loss(head, item, t_out, *, ttt: bool = True, temperature: float = 1.0
 
     item: mask [B, T-1] (pad_batch: logits at t predict a response token), aux = cat of the aux hidden
     states [B, T, n*H] and emb = the policy's embeddings of ids [B, T] (both in the head's dtype),
-    t_hidden = the policy's final hidden states [B, T, H]; t_out: the policy's output projection.
+    t_hidden = the policy's final hidden states [B, T, H]; t_out: the policy's output projection, its
+    rows of the head's draft vocabulary where the head has one (the target is then the policy's
+    distribution over the draft vocabulary, the tokens the head can draft).
     Step 0 at positions t = 0..T-3 reads x_{t+1} and g_t and is trained towards the policy at t+1
     (the distribution of x_{t+2}); with `ttt`, a second step feeds the head its own pre-norm output
     (draft position 2), weight 0.5. Agreement counts step 0."""
     import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def layer(*args):
+        # with gradients, the layer's activations are recomputed in backward instead of kept (at
+        # Qwen3-8B shapes its MLP alone keeps 0.8 GB per step of a 4,096-token micro-batch)
+        if torch.is_grad_enabled():
+            return checkpoint(head.hidden, *args, use_reentrant=False)
+        return head.hidden(*args)
 
     mask, aux, emb, th = item["mask"], item["aux"], item["emb"], item["t_hidden"]
     B, T = mask.shape[0], mask.shape[1] + 1
     pos = torch.arange(T - 2, device=mask.device).unsqueeze(0).expand(B, -1)
     m = mask[:, 1:T - 1]  # position t+1 predicts a response token
-    normed0, pre0 = head.hidden(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
+    normed0, pre0 = layer(emb[:, 1:T - 1], head.fc(aux[:, : T - 2]), pos)
     parts = [(normed0[m], th[:, 1:T - 1][m], 1.0, True)]
     if ttt and T > 3:
         m1 = mask[:, 2:T - 1]
         if bool(m1.any()):
-            normed1, _ = head.hidden(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
+            normed1, _ = layer(emb[:, 2:T - 1], pre0[:, :-1], pos[:, 1:])
             parts.append((normed1[m1], th[:, 2:T - 1][m1], 0.5, False))
     weights = torch.cat([torch.full((h.shape[0],), w / max(1, h.shape[0]), device=h.device) for h, _, w, _ in parts])
     agree = torch.cat([torch.full((h.shape[0],), a, dtype=torch.bool, device=h.device) for h, _, _, a in parts])
@@ -268,31 +405,95 @@ def eagle3_loss(head, item, t_out, *, ttt: bool = True, temperature: float = 1.0
 class Eagle3Distiller(HiddenStateDistiller):
     """Online trainer of an Eagle3 head (EAGLE/HF layout, one ``llama_eagle3`` layer) on rollouts.
 
-    Teacher side (no grad): one forward of the policy with ``output_hidden_states`` gives the aux
-    hidden states at the head's ``eagle_aux_hidden_state_layer_ids`` and the logits (targets at the
-    sampling temperature); the head reads the policy's embeddings (vLLM shares them), computed here
-    as constants. Trained: ``fc``, ``midlayer.*``, ``norm``, ``lm_head`` (the head's own)."""
+    Teacher side (no grad): one forward of the policy gives the aux hidden states at the head's
+    ``eagle_aux_hidden_state_layer_ids`` and the logits (targets at the sampling temperature); the
+    head reads the policy's embeddings (vLLM shares them), computed here as constants. Trained:
+    ``fc``, ``midlayer.*``, ``norm``, ``lm_head`` (the head's own; with a draft vocabulary, its rows
+    of the draft tokens, and the target is the policy's distribution over them)."""
 
     kind = "eagle3"
     what, layers_key, source_arg = "an Eagle3", "eagle_aux_hidden_state_layer_ids", "head_dir"
 
-    def __init__(self, head_dir: str | Path, *, ttt: bool = True, **kw: Any):
-        """`ttt`: also train the second (test-time-training) step; `kw`: the loop's settings (Distiller)."""
+    def __init__(self, head_dir: str | Path, *, ttt: bool = True, draft_vocab_size: int | None = None, **kw: Any):
+        """`ttt`: also train the second (test-time-training) step; `draft_vocab_size`: the tokens the
+        head drafts from (None: the checkpoint's; smaller than a full-vocabulary checkpoint's: chosen
+        at the first step from the response tokens of its rollouts, then kept); `kw`: the loop's
+        settings (Distiller)."""
         self.ttt = bool(ttt)
+        self.want_draft_vocab = draft_vocab_size
         super().__init__(head_dir, **kw)
 
     def _read(self, head_dir: str | Path) -> tuple:
         head, config = load_head(head_dir)
         layer_ids = [int(i) for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
-        return head, config, layer_ids, int(config.get("draft_vocab_size") or config["vocab_size"])
+        vocab, have = head.vocab, head.lm_head.out_features
+        want = self.want_draft_vocab
+        self.pending_vocab = None
+        if want is not None and want != have:
+            if want > vocab:
+                raise DistillInputError(f"eagle3.draft_vocab_size: got {want}; allowed: <= {vocab}, the policy's "
+                                        "vocabulary")
+            if have != vocab:
+                raise DistillInputError(f"eagle3.draft_vocab_size: got {want}, but the head at {head_dir} has a "
+                                        f"draft vocabulary of {have} (its d2t map); allowed: {have}, or a "
+                                        "full-vocabulary head to choose a draft vocabulary for")
+            self.pending_vocab = int(want)  # chosen from the first step's rollouts
+        return head, config, layer_ids, vocab
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.pending_vocab or self.module.lm_head.out_features)
+
+    def _before_step(self, seqs: list, dp: Any = None) -> None:
+        """Choose the draft vocabulary from this step's response tokens (summed over the data-parallel
+        ranks) if it is still to be chosen: lm_head keeps its rows of the chosen ids, and the optimizer
+        starts over on the new parameters."""
+        if self.pending_vocab is None:
+            return
+        counts = token_counts(seqs, self.vocab_size)
+        if dp is not None:
+            counts = dp.sum_tensor(counts)
+        ids = choose_draft_vocab(counts, self.pending_vocab).to(self.device)
+        head = self.module
+        head.set_draft_vocab(ids, rows=head.lm_head.weight.detach()[ids])
+        settle(head, self.device, self.dtype)
+        head.train()
+        self.opt = self.torch.optim.AdamW(head.parameters(), **{k: v for k, v in self.opt.defaults.items()
+                                                               if k in ("lr", "weight_decay", "betas", "eps")})
+        self.pending_vocab = None
+        self.config = {**self.config, "draft_vocab_size": int(ids.numel())}
+
+    def _teacher_side(self, teacher) -> None:
+        """Per step: the policy's output projection, and its rows of the draft vocabulary (the loss's
+        target is the policy's distribution over the draft vocabulary, as the head drafts from it)."""
+        super()._teacher_side(teacher)
+        ids = self.module.draft_ids()
+        self.t_draft = self.t_out if ids is None else self.t_out[ids.to(self.t_out.device)]
+
+    def _teacher_forward(self, teacher, ids):
+        out, h = super()._teacher_forward(teacher, ids)
+        if self.t_draft.dtype != self.t_out.dtype:  # cast with the projection (mixed precision)
+            self.t_draft = self.t_draft.to(self.t_out.dtype)
+        return out, h
+
+    def _hidden_wanted(self, teacher) -> set:
+        # the embeddings are the forward's input of layer 0: a separate call of a sharded (FSDP)
+        # policy's embedding module would see its weight still sharded
+        aux_hidden(range(teacher.config.num_hidden_layers), self.layer_ids, teacher.config.num_hidden_layers)
+        return {0, *self.layer_ids}
 
     def _prepare(self, teacher, ids, mask) -> dict:
-        # the embeddings are the forward's hidden_states[0]: a separate call of a sharded (FSDP)
-        # policy's embedding module would see its weight still sharded
-        out, h = self._teacher_forward(teacher, ids)
-        aux = aux_hidden(out.hidden_states, self.layer_ids, teacher.config.num_hidden_layers)
-        return {"mask": mask, "aux": self._cast(self.torch.cat([whole(a) for a in aux], -1)),
-                "emb": self._cast(out.hidden_states[0]), "t_hidden": h, "n": int(mask[:, 1:].sum())}
+        kept, h = self._teacher_forward(teacher, ids)
+        aux = self.torch.cat([whole(kept[int(i)]) for i in self.layer_ids], -1)
+        return {"mask": mask, "aux": self._cast(aux), "emb": self._cast(kept[0]), "t_hidden": h,
+                "n": int(mask[:, 1:].sum())}
 
     def _loss(self, item):
-        return eagle3_loss(self.module, item, self.t_out, ttt=self.ttt, temperature=self.temperature)
+        return eagle3_loss(self.module, item, self.t_draft, ttt=self.ttt, temperature=self.temperature)
+
+    def save(self, path: Any) -> None:
+        """A checkpoint directory: the original config.json with this head's draft vocabulary size,
+        the current tensors (with the d2t/t2d maps of a draft vocabulary)."""
+        super().save(path)
+        cfg = {**self.config, "draft_vocab_size": int(self.module.lm_head.out_features)}
+        (Path(path) / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

@@ -19,7 +19,14 @@ from types import SimpleNamespace
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
 from nemo_rl_specdec.schema import PathError
-from nemo_rl_specdec.train.distill import Distiller, DistillInputError, check_trainable, last_layer_output
+from nemo_rl_specdec.train.distill import (
+    Distiller,
+    DistillInputError,
+    check_trainable,
+    estimating,
+    last_layer_output,
+    settle,
+)
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
 MTP_PREFIX = "model.mtp_layers.0."
@@ -108,6 +115,7 @@ MTP_OWN = ("token_layernorm.", "hidden_layernorm.", "input_proj.", "final_layern
 def load_mtp_layer(model_dir) -> tuple:
     """(MTPLayer with layer 0's tensors, the policy's HF config) read from the checkpoint's safetensors
     (transformers' Qwen2ForCausalLM drops ``model.mtp_layers.*`` on load, so they are read here)."""
+    import torch
     from safetensors import safe_open
     from transformers import AutoConfig
 
@@ -117,6 +125,8 @@ def load_mtp_layer(model_dir) -> tuple:
     if n < 1:
         raise ValueError(f"{model_dir}: config.json has no num_nextn_predict_layers (not a MiMo-style MTP policy)")
     cfg._attn_implementation = "sdpa"  # causal with attention_mask=None
+    if estimating():  # shapes only (train/estimate.py): there are no values to load
+        return settle(torch_modules().MTPLayer(cfg), dtype=torch.float32), cfg
     tensors = {}
     for f in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as fh:
@@ -127,7 +137,7 @@ def load_mtp_layer(model_dir) -> tuple:
     if not tensors:
         raise ValueError(f"{model_dir}: no {MTP_PREFIX}* tensors in its safetensors files")
     check_trainable(tensors, model_dir)
-    mtp = torch_modules().MTPLayer(cfg).float()
+    mtp = settle(torch_modules().MTPLayer(cfg), dtype=torch.float32)
     missing, unexpected = mtp.load_state_dict(tensors, strict=False)
     if missing or unexpected:
         raise ValueError(f"{model_dir}: MTP layer 0 does not match the MiMo layout (missing {missing[:4]}, "
@@ -197,14 +207,14 @@ class MTPDistiller(Distiller):
             if not hasattr(teacher, attr):
                 raise DistillInputError(f"the teacher has no .{attr}: expected an HF causal LM (Qwen2ForCausalLM)")
 
-    def _teacher_side(self, teacher) -> None:
-        super()._teacher_side(teacher)
-        self.s_out = self.t_out.to(self.dtype)  # the policy's lm_head, which the MTP layer's logits go through
+
+    def _hidden_wanted(self, teacher) -> set:
+        return {0, teacher.config.num_hidden_layers}  # the embeddings, the last layer's output before the norm
 
     def _prepare(self, teacher, ids, mask) -> dict:
-        with last_layer_output(teacher) as box:
-            out, final = self._teacher_forward(teacher, ids)
-        h, emb, pos = mtp_inputs(ids, self._cast(box["last"]), self._cast(out.hidden_states[0]))
+        kept, final = self._teacher_forward(teacher, ids)
+        L = teacher.config.num_hidden_layers
+        h, emb, pos = mtp_inputs(ids, self._cast(kept[L]), self._cast(kept[0]))
         cos, sin = teacher.model.rotary_emb(h, pos)
         return {"mask": mask, "h": h, "emb": emb, "pos": pos, "rope": (cos.detach(), sin.detach()),
                 "t_hidden": final, "n": int(mask[:, 1:].sum())}
@@ -214,7 +224,8 @@ class MTPDistiller(Distiller):
         out = self.mtp(item["h"], item["emb"], item["pos"], lambda x, p: rope)[:, :-1]  # t predicts x_{t+2}
         T1 = out.shape[1]
         m = item["mask"][:, 1:T1 + 1]
-        return linear_forward_kl(out[m], self.s_out, item["t_hidden"][:, 1:T1 + 1][m], self.t_out,
+        # the MTP layer's logits go through the policy's lm_head as vLLM shares it (in the policy's dtype)
+        return linear_forward_kl(out[m], self.t_out, item["t_hidden"][:, 1:T1 + 1][m], self.t_out,
                                  temperature=self.temperature)
 
     # ------------------------------------------------------------------ export

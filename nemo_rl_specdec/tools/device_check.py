@@ -16,9 +16,12 @@ drafters, train and bench modules, which import neither vLLM nor Ray.
     process per drafter, peak memory split into teacher weights, distiller state and transient,
     step time median with min and max) at ``--shape qwen3-8b``: a Qwen3-8B-shaped teacher (4096
     hidden, 36 layers, 32 heads, 8 KV heads, 12288 MLP, 151,936 vocabulary) with random bfloat16
-    weights, a draft model of Qwen3-0.6B's shape, an Eagle3 head of hidden 4096 over the full
-    vocabulary and a five-layer DFlash draft (``bench/random_models.py``), ``refresh.distill``'s
-    defaults (max_tokens 8192, micro_batch_tokens 4096), 4 rollouts of 512 + 1536 random tokens.
+    weights, a draft model of Qwen3-0.6B's shape, an Eagle3 head of hidden 4096 with a 32,000-token
+    draft vocabulary, a five-layer DFlash draft and a MiMo-style MTP layer (``bench/random_models.py``),
+    ``refresh.distill``'s defaults (max_tokens 8192, micro_batch_tokens 4096), 4 rollouts of 512 +
+    1536 random tokens. Then the same rows' memory estimated on the CPU (``bench --suite distill``'s
+    estimate: fake tensors and torch's MemTracker, nothing allocated; part ``qwen3-8b est``), so
+    measured and estimated state, transient and peak print in one table.
 
 (c) ``forwards``: forward times of the target and of each drafter's forward at the shapes they have
     beside Qwen3-8B (``tools/time_forward.py``, one process per shape, each within its time budget):
@@ -50,7 +53,7 @@ TINY_CELLS = {  # drafter: (its checkpoint, the policy it drafts for), bundled a
     "mtp": ("tiny_mtp", "tiny_mtp"),
 }
 DTYPES = ("float32", "bfloat16")
-DRAFTERS_8B = ("draft_model", "eagle3", "dflash")
+DRAFTERS_8B = ("draft_model", "eagle3", "dflash", "mtp")
 # part (c), per `tools/time_forward.py` shape: contexts, requests, tokens per request, time budget (s)
 FORWARDS = {
     "qwen3-8b": ("1024,4096,16384", "1,4,16,64,256", "1,2,4,8", 90),
@@ -137,15 +140,20 @@ def shapes_8b(args) -> dict:
     return qwen3_8b_shapes(args.vocab_size) if args.shape == "qwen3-8b" else small_shapes(args.vocab_size)
 
 
-def run_8b(args, device: str, shapes: dict, on_row=None) -> list[dict]:
-    """Part (b): the bench's rows at `shapes`, each marked with its part and handed to `on_row` as it comes."""
+def run_8b(args, device: str, shapes: dict, on_row=None, memory: str = "measured") -> list[dict]:
+    """Part (b): the bench's rows at `shapes`, each marked with its part and handed to `on_row` as it
+    comes; `memory` ``estimated``: the same drafters' memory estimated on the CPU under fake tensors
+    (train/estimate.py), nothing allocated, to print beside what the device measured."""
     from nemo_rl_specdec.bench.distill import measure_drafters
 
-    o = options_8b(args)
-    log(f"{args.shape} shapes on {device}: {o['drafters']}, {o['tokens']} tokens, teacher {o['teacher_dtype']}")
+    o = {**options_8b(args), "memory": memory}
+    if memory == "estimated":
+        device = "cpu"
+    log(f"{args.shape} shapes on {device} ({memory}): {o['drafters']}, {o['tokens']} tokens, teacher "
+        f"{o['teacher_dtype']}")
 
     def mark(row: dict) -> None:
-        row["part"] = args.shape
+        row["part"] = args.shape if memory == "measured" else f"{args.shape} est"
         if on_row is not None:
             on_row(row)
 
@@ -192,7 +200,8 @@ def run_forwards(shapes: list, device: str, out_dir: Path, reps: int) -> list[di
 
 # (header, key, scale)
 COLUMNS = [("part", "part", None), ("drafter", "drafter", None), ("teacher", "teacher_dtype", None),
-           ("status", "status", None), ("step s", "step_s", 1), ("min", "step_s_min", 1), ("max", "step_s_max", 1),
+           ("status", "status", None), ("memory", "memory", None), ("step s", "step_s", 1),
+           ("min", "step_s_min", 1), ("max", "step_s_max", 1),
            ("teacher GB", "teacher_bytes", 1e9), ("state GB", "state_bytes", 1e9),
            ("transient GB", "transient_bytes", 1e9), ("peak GB", "peak_bytes", 1e9)]
 
@@ -225,6 +234,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--skip-tiny", action="store_true", help="leave out part (a)")
     ap.add_argument("--skip-8b", action="store_true", help="leave out part (b)")
+    ap.add_argument("--skip-estimate", action="store_true",
+                    help="leave out part (b)'s memory estimate (fake tensors on the CPU, beside the measured rows)")
     ap.add_argument("--shape", choices=("qwen3-8b", "small"), default="qwen3-8b",
                     help="part (b)'s shapes: qwen3-8b, or the bench's small ones (to check the tool on a CPU)")
     ap.add_argument("--drafters-8b", type=lambda s: [d for d in s.split(",") if d], default=list(DRAFTERS_8B),
@@ -280,6 +291,9 @@ def main(argv: list | None = None) -> int:
     if not args.skip_8b:
         report["shapes"] = shapes_8b(args)
         run_8b(args, args.device, report["shapes"], on_row=lambda row: (report["8b"].append(row), save()))
+        if not args.skip_estimate:
+            run_8b(args, args.device, report["shapes"], memory="estimated",
+                   on_row=lambda row: (report["8b"].append(row), save()))
     save()
     env = report["environment"]
     print(f"device check: {env.get('gpu', args.device)}, torch {env['torch']}, transformers {env['transformers']}")

@@ -102,6 +102,30 @@ def pad_batch(seqs: list, pad_id: int):
     return ids, mask
 
 
+def estimating() -> bool:
+    """Whether this runs under torch's fake-tensor mode (the memory estimate, train/estimate.py):
+    tensors have shapes but no values, so checkpoint tensors are not read (a module keeps the shapes
+    it was built with) and checks of values are skipped."""
+    from torch._guards import active_fake_mode
+
+    return active_fake_mode() is not None
+
+
+def settle(module, device: Any = None, dtype: Any = None):
+    """`module` moved to `device` and cast to `dtype` where a tensor of it is elsewhere or in another
+    floating dtype (a module already there is left alone: torch cannot swap a fake parameter with
+    itself); returns the module."""
+    import torch
+
+    device = None if device is None else torch.device(device)
+    for t in list(module.parameters()) + list(module.buffers()):
+        moved = device is not None and t.device != device
+        cast = dtype is not None and t.is_floating_point() and t.dtype != dtype
+        if moved or cast:
+            return module.to(device=device, dtype=dtype)
+    return module
+
+
 def check_trainable(tensors: dict, where: Any) -> None:
     """A drafter checkpoint's tensors must be in a dtype the loss can train (they are loaded into fp32
     parameters); anything else (int8, fp8) is refused, naming the first such tensor."""
@@ -131,14 +155,55 @@ def whole(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def final_hidden(out, projection, who: str = "the policy"):
-    """The teacher's last hidden states (after its final norm, what its output projection reads) from
-    a forward run with ``output_hidden_states=True, logits_to_keep=1``, checked against that
-    forward's logits: the last position's logits must be ``hidden @ projection^T``. A policy that does
-    more to its logits (a soft cap, a scale) is refused, since the loss recomputes them this way."""
+FINAL = "final"  # kept_hidden_states: the final norm's output, what the output projection reads
+
+
+@contextlib.contextmanager
+def kept_hidden_states(policy, wanted):
+    """Within the block, a forward of `policy` (an HF causal LM with ``.model.layers`` and
+    ``.model.norm``) fills the yielded dict with the hidden states in `wanted` and no others: an
+    integer i is the residual stream after i decoder layers (0: the embeddings, the input of layer 0;
+    the last layer's output is before the final norm), `FINAL` the final norm's output. Hooks take
+    them, so the forward runs without ``output_hidden_states`` and the layers' outputs that are not
+    wanted are freed as it goes (at Qwen3-8B shapes every layer's output of a 4,096-token micro-batch
+    is 1.2 GB in bf16)."""
+    layers = policy.model.layers
+    box: dict = {}
+
+    def keep(key):
+        return lambda m, i, o: box.__setitem__(key, o[0] if isinstance(o, tuple) else o)
+
+    hooks = []
+    try:
+        for key in wanted:
+            if key == FINAL:
+                hooks.append(policy.model.norm.register_forward_hook(keep(FINAL)))
+            elif int(key) == 0:
+                hooks.append(layers[0].register_forward_pre_hook(
+                    lambda m, args, kw: box.__setitem__(0, args[0] if args else kw["hidden_states"]),
+                    with_kwargs=True))
+            elif 0 < int(key) <= len(layers):
+                hooks.append(layers[int(key) - 1].register_forward_hook(keep(int(key))))
+            else:
+                raise ValueError(f"kept_hidden_states: {key!r} is not a hidden state of a {len(layers)}-layer policy "
+                                 f"(allowed: 0 .. {len(layers)} or {FINAL!r})")
+        yield box
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def final_hidden(out, projection, who: str = "the policy", hidden=None):
+    """The teacher's last hidden states (after its final norm, what its output projection reads:
+    `hidden`, or the last of ``out.hidden_states``) from a forward run with ``logits_to_keep=1``,
+    checked against that forward's logits: the last position's logits must be ``hidden @
+    projection^T``. A policy that does more to its logits (a soft cap, a scale) is refused, since the
+    loss recomputes them this way."""
     import torch
 
-    h = whole(out.hidden_states[-1])
+    h = whole(out.hidden_states[-1] if hidden is None else hidden)
+    if estimating():
+        return h
     got = whole(out.logits)[:, -1].detach().float()
     want = (h[:, -1].detach() @ projection.detach().t()).float()
     err = float((got - want).abs().max())
@@ -192,6 +257,11 @@ class DataParallel:
         t = self.torch.tensor([float(x)], dtype=self.torch.float64, device=self.device)
         return float(self._all_reduce(t, self.dist.ReduceOp.SUM).item())
 
+    def sum_tensor(self, t):
+        """`t` summed over the group's ranks (a new tensor, on `t`'s device)."""
+        buf = t.to(self.device, copy=True)
+        return self._all_reduce(buf, self.dist.ReduceOp.SUM).to(t.device)
+
     def reduce_grads(self, params: list, n_local: int) -> int:
         """Replace each gradient (the local loss was scaled by `n_local`) by the group's sum over
         the group's positions; returns that position count (0: no rank trained, skip the step)."""
@@ -222,9 +292,20 @@ class Distiller:
 
     kind = "base"
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        obj = super().__new__(cls)
+        obj._made_with = (args, dict(kwargs))  # what `twin` builds another from
+        return obj
+
     def __init__(self, source: Any, *, lr: float = 1e-3, seed: int = 0, epochs: int = 2, temperature: float = 1.0,
                  micro_batch_tokens: int = 4096, max_grad_norm: float = 1.0, weight_decay: float = 0.0,
-                 num_threads: int | None = None, max_tokens: int | None = None, device: Any = "cpu"):
+                 num_threads: int | None = None, max_tokens: int | None = None, device: Any = "cpu",
+                 max_transient_gb: float | None = None):
+        if max_transient_gb is not None and not max_transient_gb > 0:
+            raise ValueError(f"refresh.distill.max_transient_gb: got {max_transient_gb!r}; allowed: a number > 0 or "
+                             "null (no budget)")
+        self.max_transient_gb = max_transient_gb
+        self.budget_checked: dict | None = None
         self._begin(lr=lr, epochs=epochs, micro_batch_tokens=micro_batch_tokens, max_grad_norm=max_grad_norm,
                     seed=seed, num_threads=num_threads, max_tokens=max_tokens)
         self.module, vocab_size = self._load(source)
@@ -235,6 +316,28 @@ class Distiller:
     def _load(self, source: Any) -> tuple:
         raise NotImplementedError
 
+    def twin(self) -> Distiller:
+        """Another distiller made as this one was (same checkpoint and settings, no memory budget)."""
+        args, kwargs = self._made_with
+        return type(self)(*args, **{**kwargs, "max_transient_gb": None})
+
+    def check_budget(self, teacher, rollouts: Sequence[Any]) -> dict | None:
+        """With ``max_transient_gb``: a step's memory on `rollouts` estimated at the policy's shapes
+        without allocating it (train/estimate.py), and a refusal naming the setting where its transient
+        is above the budget. Returns the estimate in bytes (None without a budget)."""
+        if self.max_transient_gb is None:
+            return None
+        from nemo_rl_specdec.train.estimate import step_memory
+
+        est = step_memory(self, teacher, rollouts)
+        if est["transient"] > self.max_transient_gb * 1e9:
+            raise DistillInputError(
+                f"refresh.distill.max_transient_gb: got {self.max_transient_gb:g}, but a {self.kind} step with "
+                f"micro_batch_tokens {self.micro_batch_tokens} and max_tokens {self.max_tokens} is estimated at "
+                f"{est['transient'] / 1e9:.2f} GB transient (state {est['state'] / 1e9:.2f} GB) for this policy; "
+                f"allowed: >= {est['transient'] / 1e9:.2f}, or a smaller refresh.distill.micro_batch_tokens")
+        return est
+
     def _setup(self, *, lr: float, epochs: int, temperature: float, micro_batch_tokens: int,
                max_grad_norm: float, weight_decay: float, vocab_size: int, max_tokens: int | None = None,
                device: Any = "cpu") -> None:
@@ -242,7 +345,7 @@ class Distiller:
 
         self.torch = torch
         self.device = torch.device(device)
-        self.module.to(device=self.device, dtype=torch.float32)
+        settle(self.module, self.device, torch.float32)
         self.dtype = torch.float32
         self.module.train()
         self.opt = torch.optim.AdamW(self.module.parameters(), lr=lr, weight_decay=weight_decay)
@@ -303,17 +406,23 @@ class Distiller:
         at the first forward). With a sharded policy every rank calls this together."""
         self.t_out = whole(teacher.get_output_embeddings().weight).detach()
 
+    def _hidden_wanted(self, teacher) -> set:
+        """The policy's hidden states `_prepare` reads besides the final ones (`kept_hidden_states` keys)."""
+        return set()
+
     def _teacher_forward(self, teacher, ids):
-        """One no-grad forward of the policy: its outputs with every hidden state, logits only at the
-        last position (the loss recomputes the others chunk by chunk), and its final hidden states."""
+        """One no-grad forward of the policy: (the hidden states `_hidden_wanted` names, by
+        `kept_hidden_states` key, and its final hidden states), logits only at the last position (the
+        loss recomputes the others chunk by chunk)."""
         if self.t_out.device.type != self.device.type:  # checked before a forward that would mix the two
             raise DistillInputError(f"the policy computes on {self.t_out.device}, the drafter is on {self.device}: "
                                     "build the distiller with device= the policy's device")
-        out = teacher(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
-        computes_in = whole(out.hidden_states[-1]).dtype
+        with kept_hidden_states(teacher, self._hidden_wanted(teacher) | {FINAL}) as box:
+            out = teacher(input_ids=ids, logits_to_keep=1)
+        computes_in = whole(box[FINAL]).dtype
         if self.t_out.dtype != computes_in:  # mixed precision (FSDP's param_dtype): fp32 stored, bf16 computed
             self.t_out = self.t_out.to(computes_in)
-        return out, final_hidden(out, self.t_out)
+        return box, final_hidden(out, self.t_out, hidden=box.pop(FINAL))
 
     def teacher_targets(self, teacher, seqs: list, batches: list) -> list:
         """Per micro-batch, the no-grad teacher side (`_prepare`), teacher mode restored after. An
@@ -351,9 +460,12 @@ class Distiller:
         by trained positions), so they stay equal; the loss stats are the group's."""
         torch = self.torch
         self._check_teacher(teacher)
+        if self.budget_checked is None and self.max_transient_gb is not None and not estimating():
+            self.budget_checked = self.check_budget(teacher, rollouts)  # before the first step computes anything
         seqs = cap_tokens(rollout_sequences(rollouts, self.vocab_size), self.max_tokens)
         if not seqs and dp is None:
             raise DistillInputError("no rollout has response tokens: nothing to distil on")
+        self._before_step(seqs, dp)
         t0 = time.perf_counter()
         batches = micro_batches([len(s.prompt) + len(s.response) for s in seqs], self.micro_batch_tokens)
         if dp is not None:
@@ -394,6 +506,11 @@ class Distiller:
                  "seconds": time.perf_counter() - t0}
         self.history.append(stats)
         return stats
+
+    def _before_step(self, seqs: list, dp: DataParallel | None = None) -> None:
+        """Called with the step's sequences before anything is computed (with `dp`, every rank calls it
+        together); the drafters that derive something from the rollouts (Eagle3's draft vocabulary)
+        do it here."""
 
     def _agreement(self, targets: list) -> float:
         """Fraction of first-draft positions where the drafter's argmax is the policy's argmax."""

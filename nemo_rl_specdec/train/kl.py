@@ -43,7 +43,7 @@ def _kl_chunks(h_s, w_s, h_t, w_t, weights, agree, temperature: float, rows: int
     hs, ws = h_s.detach(), w_s.detach()
     for a in range(0, h_s.shape[0], rows):
         b = min(a + rows, h_s.shape[0])
-        z_s = (hs[a:b] @ ws.t()).float()
+        z_s = (hs[a:b].to(ws.dtype) @ ws.t()).float()
         s_logp = torch.log_softmax(z_s / temperature, -1)
         t_logp = torch.log_softmax((h_t[a:b] @ w_t.t()).float() / temperature, -1)
         p_t = t_logp.exp()
@@ -55,8 +55,8 @@ def _kl_chunks(h_s, w_s, h_t, w_t, weights, agree, temperature: float, rows: int
             continue
         g = s_logp.exp_().sub_(p_t).mul_((wt / temperature).unsqueeze(-1))  # d loss / d z_s
         del p_t
-        if grad_h is not None:
-            grad_h[a:b] = (g @ ws.float()).to(h_s.dtype)
+        if grad_h is not None:  # in the projection's dtype: no vocabulary-wide copy of it in another
+            grad_h[a:b] = (g.to(ws.dtype) @ ws).to(h_s.dtype)
         if grad_w is not None:
             grad_w.addmm_(g.t(), hs[a:b].float())
     return loss, int(hits), grad_h, grad_w
@@ -102,7 +102,10 @@ def linear_forward_kl(h_s, w_s, h_t, w_t, *, temperature: float = 1.0, weights=N
     h_s [N, Hs], w_s [V, Hs]: the student's hidden states and output projection (either may require
     grad); h_t [N, Ht], w_t [V, Ht]: the teacher's (constants); weights [N] (default 1/N, the mean);
     agree [N] bool: the positions counted in `hits` (default all). Every tensor must be on one device;
-    the student's may be fp32 while the teacher's are bf16 or fp16."""
+    the student's may be fp32 while the teacher's are bf16 or fp16. A student projection in another
+    dtype than its hidden states (a shared bf16 lm_head read by an fp32 draft) is applied in its own
+    dtype, the hidden states and the logits' gradient cast to it a chunk at a time, as a bf16 engine
+    applies it."""
     import torch
 
     n = h_s.shape[0]

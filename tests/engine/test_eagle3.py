@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from nemo_rl_specdec.rollouts import Request
 
@@ -49,3 +50,52 @@ def test_eagle3_greedy_is_lossless_and_drafts_are_accepted(eagle3, engines, prob
     print(f"\nEagle3 (bundled head, greedy) acceptance {got.metrics.acceptance_rate:.3f}, "
           f"length {got.metrics.acceptance_length:.2f}")
     assert got.metrics.acceptance_rate > 0.1
+
+
+DRAFT_VOCAB = 64  # of the tiny policy's 128 tokens
+
+
+def test_a_head_with_a_draft_vocabulary_is_served_by_vllms_eagle3_and_refreshed_in_place(
+        start_engine, tiny_cfg_fn, engines, problems, encode, tmp_path):
+    """The bundled head distilled with a draft vocabulary (chosen from the rollouts' response tokens),
+    exported with its d2t/t2d maps, loads through vLLM's own Eagle3 path; greedy outputs stay the
+    policy's, its drafts are accepted, and a refresh pushes lm_head and d2t in one update."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
+    from nemo_rl_specdec.update import PolicyUpdate
+
+    cfg = tiny_cfg_fn(greedy=True, drafter="eagle3")
+    base = engines.get("baseline")
+    tok = base.tokenizer()
+    reqs = [Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:12]]
+    served = base.generate(reqs, max_new_tokens=MAX_NEW, temperature=0.0).rollouts
+    want = [r.token_ids for r in served]
+    policy = AutoModelForCausalLM.from_pretrained(cfg.model_path)
+    distiller = Eagle3Distiller(cfg.spec.eagle3.model, draft_vocab_size=DRAFT_VOCAB, epochs=2, max_tokens=None,
+                                micro_batch_tokens=2048)
+    distiller.step(policy, served)
+    head = tmp_path / "eagle3_draft_vocab"
+    distiller.save(head)
+    saved = load_file(str(head / "model.safetensors"))
+    assert json.loads((head / "config.json").read_text())["draft_vocab_size"] == DRAFT_VOCAB
+    assert saved["lm_head.weight"].shape[0] == DRAFT_VOCAB and saved["d2t"].shape == (DRAFT_VOCAB,)
+    ids = (torch.arange(DRAFT_VOCAB) + saved["d2t"]).tolist()
+    counts = torch.bincount(torch.tensor([t for r in served for t in r.token_ids]), minlength=128)
+    assert counts[ids].sum() >= counts.sort(descending=True).values[:DRAFT_VOCAB].sum()  # the most frequent
+
+    engine = start_engine(name="eagle3_draft_vocab", greedy=True, drafter="eagle3",
+                          eagle3={"model": str(head), "draft_vocab_size": DRAFT_VOCAB}, refresh={"mode": "online"})
+    got = engine.generate(reqs, max_new_tokens=MAX_NEW)
+    assert [r.token_ids for r in got.rollouts] == want
+    assert got.metrics.drafts > 50 and got.metrics.acceptance_rate > 0.1
+    print(f"\nEagle3 with a {DRAFT_VOCAB}-token draft vocabulary: acceptance {got.metrics.acceptance_rate:.3f}")
+
+    distiller.step(policy, served)  # the map is kept; lm_head and d2t travel together
+    pushed = distiller.state_dict()
+    assert torch.equal(pushed["d2t"], saved["d2t"])
+    report = engine.update(PolicyUpdate(1, policy.state_dict(), drafter_weights=pushed, drafter_version=1))
+    assert report.drafter_refreshed and report.drafter_tensors_applied == len(pushed)  # vLLM skips t2d itself
+    again = engine.generate(reqs, max_new_tokens=MAX_NEW)
+    assert [r.token_ids for r in again.rollouts] == want and again.metrics.drafts > 50

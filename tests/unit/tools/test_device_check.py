@@ -70,14 +70,19 @@ def test_measurement_part_at_small_shapes_writes_the_bench_rows(tmp_path):
     out = tmp_path / "check.json"
     stdout = _run(["--device", "cpu", "--skip-tiny", "--shape", "small", "--vocab-size", "256", "--tokens", "64",
                    "--teacher-dtype", "float32", "--drafters-8b", "draft_model", "--steps", "1", "--warmup", "0",
-                   "--skip-forwards", "--out", str(out)])
+                   "--skip-forwards", "--out", str(out)], timeout=600)
     report = json.loads(out.read_text())
     assert report["tiny"] == [] and report["shapes"]["teacher"]["vocab_size"] == 256
-    (row,) = report["8b"]
+    row, est = report["8b"]  # measured, then the same drafter's memory estimated under fake tensors
     assert row["part"] == "small" and row["drafter"] == "draft_model" and row["status"] == "ok", row["error"]
     assert row["transient_bytes"] == row["peak_bytes"] - row["teacher_bytes"] - row["state_bytes"]
     assert row["state_bytes"] == row["distiller_params"] * 4 * 4
-    assert any(line.startswith("small") and "draft_model" in line and " ok " in line for line in stdout.splitlines())
+    assert row["memory"] == "measured" and est["memory"] == "estimated" and est["status"] == "ok", est["error"]
+    assert est["part"] == "small est" and est["drafter"] == "draft_model" and est["step_s"] is None
+    assert (est["state_bytes"], est["teacher_bytes"]) == (row["state_bytes"], row["teacher_bytes"])
+    lines = stdout.splitlines()
+    assert any(line.startswith("small ") and "draft_model" in line and " measured " in line for line in lines)
+    assert any(line.startswith("small est") and "draft_model" in line and " estimated " in line for line in lines)
 
 
 def test_forward_part_writes_a_samples_file_per_shape_beside_the_report(tmp_path):
@@ -101,6 +106,6 @@ def test_table_prints_dashes_for_missing_values_and_errors_below():
     lines = format_table(rows).splitlines()
     assert lines[0].split() == [w for h, _, _ in COLUMNS for w in h.split()]
     assert set(lines[1]) <= {"-", " "}
-    assert lines[2].split()[:4] == ["tiny", "eagle3", "bfloat16", "failed"] and lines[2].split()[4:] == ["-"] * 7
-    assert lines[3].split()[4:] == ["1.500", "1.250", "2.000", "16.400", "9.500", "3.000", "28.900"]
+    assert lines[2].split()[:4] == ["tiny", "eagle3", "bfloat16", "failed"] and lines[2].split()[4:] == ["-"] * 8
+    assert lines[3].split()[4:] == ["-", "1.500", "1.250", "2.000", "16.400", "9.500", "3.000", "28.900"]
     assert lines[4] == "tiny eagle3 bfloat16: step: RuntimeError: dtype"
