@@ -1,0 +1,446 @@
+"""Ceilings: what no placement, no history drafter and no hybrid rule can beat, each a bound by
+construction, computed on the same recorded text and priced by the one cost function
+(`cost/model.py` `CostModel.cost`).
+
+**Placement** (`bench --suite scheduling`, the priced placements). The objective is a batch's priced
+makespan on E engines under a fixed model of each request's steps: request i's steps are the ones a
+replay of the whole batch gave it (`request_steps`: its prompt's prefill, then one decode row per
+target forward with its context and the drafts it verified), and an engine runs its requests as
+`bench/replay.py` schedules them (first in, first admitted; at most ``slots`` at once; the entering
+requests' prefill is a step of its own, then every running request advances one row per step), each
+step priced by the one cost function (`PlacementPricer.engine_s`). On that objective:
+
+- `PlacementPricer.search` is the best makespan over a real search: LPT on the priced per-request
+  cost (each request's time run alone, largest first, onto the engine whose priced time grows least),
+  the heuristics' own placements as further starts, then moves and swaps between the slowest engine
+  and the others while they shorten the priced makespan. It is a placement, so the optimum is at most it.
+- `PlacementPricer.lower_bound` is at most every placement's makespan. Proof: the cost function is
+  monotone, a step with more requests' rows (or more prefill tokens) never costs less (every term of
+  `CostModel.parts` is non-decreasing in the step's requests, tokens, contexts and drafts, given the
+  profile's non-negative constants; `test_ceilings.py` checks it). (a) The engine holding request i
+  runs each of i's rows in a step of its own, priced at least as i's row alone, so its time is at least
+  i's time run alone: makespan >= max_i alone(i). (b) A step holds at most c = min(slots, requests)
+  rows, and costs at least its dearest row alone, so at least the mean of its rows alone; summed over
+  an engine's steps, at least (1/c) x the sum of its rows priced alone, and over the E engines the
+  slowest takes at least 1/E of the total: makespan >= sum of every row alone / (c E).
+  The optimum lies between the bound and the search; a heuristic's share of the optimum lies between
+  bound / heuristic and search / heuristic.
+
+**History drafters** (`bench --suite das`, `drafters`). `HindsightHistory` is a `ReplayDrafter` whose
+draft at every step is the longest run of the tokens the target actually generated next (at most k)
+that occurs anywhere in the text a history store could hold by then: every earlier batch (prompts and
+responses), the current batch's prompts, and every running request's verified tokens (its own and its
+siblings'). A history drafter's draft (DAS, vLLM's suffix and n-gram) is a branch of its store: a run
+of tokens that occurs in that text, so it accepts at most as many tokens at the same position. By
+induction over the steps (every request of the batch admitted at once, as the suites replay them):
+if every request is at least as far in the ceiling's replay as in the drafter's, the ceiling's text
+holds the drafter's (siblings are further too), and a run that occurs there from the drafter's
+position still occurs from any later position up to its end, so after the step the ceiling is still at
+least as far. Each request takes no more target forwards: tokens per forward are a ceiling at that k.
+
+**Hybrid** (`bench --suite hybrid`). `hybrid_bound`: per request, the fewest decode forwards over the
+recorded text when at each position the step may commit up to 1 + the larger of the model half's
+accepted draft there (its teacher-forced draft, `model_drafts`) and the history hindsight above, the
+store's text taken at its largest (every earlier batch, the batch's prompts, the siblings' whole
+responses and the request's own tokens so far, which holds whatever any store held at any time).
+Any rule that picks, per request and step, the history draft, the model draft, a cut of either or
+none commits no more at any position, so its path of positions is one the bound's shortest path
+minimises over: its tokens per forward cannot exceed the bound's, whatever it chooses.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nemo_rl_specdec.cost.model import CostModel, Step
+from nemo_rl_specdec.cost.trace import Trace
+
+# ------------------------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class RequestSteps:
+    """One request's steps as an engine runs them: its prompt's prefill, then per target forward its
+    context before the step and the draft tokens it verified."""
+
+    prefill_tokens: int
+    ctx: tuple
+    drafts: tuple
+
+    @property
+    def rows(self) -> int:
+        return len(self.ctx)
+
+
+def request_steps(trace: Trace, prompt_lens: Sequence[int]) -> list[RequestSteps]:
+    """Each request's steps (`RequestSteps`, in request-id order 0..n-1) from a replay trace of the
+    batch: its decode rows as the trace has them, its prefill of `prompt_lens[i]` tokens."""
+    ctx: dict = {i: [] for i in range(len(prompt_lens))}
+    drafts: dict = {i: [] for i in range(len(prompt_lens))}
+    for s in trace.steps:
+        for rid, c, d in zip(s.rids, s.ctx, s.drafts, strict=True):
+            if rid not in ctx:
+                raise ValueError(f"request_steps: the trace's request {rid!r} is not one of the "
+                                 f"{len(prompt_lens)} requests (ids 0..{len(prompt_lens) - 1})")
+            ctx[rid].append(int(c))
+            drafts[rid].append(int(d))
+    return [RequestSteps(int(p), tuple(ctx[i]), tuple(drafts[i])) for i, p in enumerate(prompt_lens)]
+
+
+class PlacementPricer:
+    """Priced makespans of placements of `requests` (module doc): `cost` the one cost function of the
+    drafter's profile entry, `slots` the requests an engine decodes at once (None: all of them),
+    `proposer` whether a history proposer runs on every decode step (a list drafter's trace)."""
+
+    def __init__(self, requests: Sequence[RequestSteps], cost: CostModel, slots: int | None = None,
+                 proposer: bool = True):
+        self.requests, self.cost, self.proposer = list(requests), cost, proposer
+        self.slots = slots
+        self._cache: dict = {}
+        self.evaluations = 0
+        self._row: dict = {}
+
+    def _step_s(self, rows: list, prefill: int) -> float:
+        if prefill:
+            return self.cost.cost(Step.of(np.zeros(0), np.zeros(0), prefill, proposer=False)).total_s
+        ctx = np.asarray([r[0] for r in rows], dtype=float)
+        d = np.asarray([r[1] for r in rows], dtype=float)
+        return self.cost.cost(Step.of(ctx, d, proposer=self.proposer)).total_s
+
+    def engine_s(self, order: Sequence[int]) -> float:
+        """The priced time of one engine running the requests `order` (admitted in that order)."""
+        key = tuple(order)
+        if key in self._cache:
+            return self._cache[key]
+        self.evaluations += 1
+        waiting = list(key)
+        limit = self.slots or max(1, len(waiting))
+        active: list = []   # [request, next row]
+        total = 0.0
+        while active or waiting:
+            entering = []
+            while waiting and len(active) + len(entering) < limit:
+                entering.append(waiting.pop(0))
+            if entering:
+                total += self._step_s([], sum(self.requests[i].prefill_tokens for i in entering))
+                active += [[i, 0] for i in entering if self.requests[i].rows]
+                if not active:
+                    continue
+            total += self._step_s([(self.requests[i].ctx[j], self.requests[i].drafts[j]) for i, j in active], 0)
+            for a in active:
+                a[1] += 1
+            active = [a for a in active if a[1] < self.requests[a[0]].rows]
+        self._cache[key] = total
+        return total
+
+    def makespan(self, assignment: Sequence[Sequence[int]]) -> float:
+        return max((self.engine_s(e) for e in assignment if len(e)), default=0.0)
+
+    def alone_s(self, i: int) -> float:
+        """Request i's priced time on an engine of its own."""
+        return self.engine_s([i])
+
+    def _rows_alone_s(self, i: int) -> float:
+        """The sum of request i's steps each priced on its own (its prefill, then each row)."""
+        if i not in self._row:
+            r = self.requests[i]
+            self._row[i] = self._step_s([], r.prefill_tokens) + sum(self._step_s([(c, d)], 0)
+                                                                    for c, d in zip(r.ctx, r.drafts, strict=True))
+        return self._row[i]
+
+    def lower_bound(self, engines: int) -> dict:
+        """A priced makespan no placement on `engines` engines goes below (module doc): the larger of
+        the longest request run alone and the work bound."""
+        n = len(self.requests)
+        alone = max((self.alone_s(i) for i in range(n)), default=0.0)
+        cap = min(self.slots or n, n) or 1
+        work = sum(self._rows_alone_s(i) for i in range(n)) / (cap * engines)
+        return {"lower_bound_s": max(alone, work), "longest_alone_s": alone, "work_bound_s": work,
+                "set_by": "tail length" if alone >= work else "work"}
+
+    def lpt(self, engines: int) -> list[list[int]]:
+        """LPT on the priced per-request cost: requests by their time alone, largest first, each onto
+        the engine whose priced time grows least (ties: the lower engine)."""
+        order = sorted(range(len(self.requests)), key=lambda i: (-self.alone_s(i), i))
+        out: list[list[int]] = [[] for _ in range(engines)]
+        for i in order:
+            best = min(range(engines), key=lambda e: (self.engine_s(out[e] + [i]) - self.engine_s(out[e])
+                                                      if out[e] else self.alone_s(i), e))
+            out[best].append(i)
+        return out
+
+    def search(self, engines: int, starts: dict | None = None, max_evaluations: int = 4000) -> dict:
+        """The best priced makespan found: LPT and every placement in `starts` ({name: assignment}),
+        each improved by local search (`improve`); the best of them. Its makespan is that of a real
+        placement (`assignment`), so the optimum is at most it."""
+        cands = {"lpt": self.lpt(engines), **(starts or {})}
+        best_name, best, best_s = "", None, math.inf
+        for name, a in cands.items():
+            a = [list(e) for e in a] + [[] for _ in range(engines - len(a))]
+            s = self.makespan(a)
+            if s < best_s:
+                best_name, best, best_s = name, a, s
+        assert best is not None
+        start_s = best_s
+        best, best_s = self.improve(best, max_evaluations)
+        return {"search_s": best_s, "assignment": best, "start": best_name, "start_s": start_s,
+                "evaluations": self.evaluations}
+
+    def improve(self, assignment: list, max_evaluations: int) -> tuple[list, float]:
+        """Local search: moves of one request from the slowest engine to another, then swaps between
+        the slowest engine and another, the first that shortens the makespan (each engine's requests
+        admitted longest-alone first) taken, until none does or `max_evaluations` engine timings ran."""
+        cost = {i: self.alone_s(i) for e in assignment for i in e}
+
+        def norm(e: list) -> list:
+            return sorted(e, key=lambda i: (-cost[i], i))
+
+        a = [list(e) for e in assignment]
+        span = self.makespan(a)
+        normed = [norm(e) for e in a]
+        if self.makespan(normed) < span:
+            a, span = normed, self.makespan(normed)
+        budget = self.evaluations + max_evaluations
+        improved = True
+        while improved and self.evaluations < budget:
+            improved = False
+            times = [self.engine_s(e) if e else 0.0 for e in a]
+            crit = int(np.argmax(times))
+            others = sorted((e for e in range(len(a)) if e != crit), key=lambda e: times[e])
+            candidates = [("move", i, None, e) for i in sorted(a[crit], key=lambda i: -cost[i]) for e in others]
+            candidates += [("swap", i, j, e) for e in others for i in sorted(a[crit], key=lambda i: -cost[i])
+                           for j in a[e] if cost[j] < cost[i]]
+            for kind, i, j, e in candidates:
+                if self.evaluations >= budget:
+                    break
+                src = [x for x in a[crit] if x != i] + ([j] if kind == "swap" else [])
+                dst = [x for x in a[e] if x != j] + [i]
+                src, dst = norm(src), norm(dst)
+                new = max(self.engine_s(src) if src else 0.0, self.engine_s(dst))
+                rest = max((times[x] for x in range(len(a)) if x not in (crit, e)), default=0.0)
+                if max(new, rest) < span - 1e-12:
+                    a[crit], a[e] = src, dst
+                    span = max(new, rest)
+                    improved = True
+                    break
+        return a, self.makespan(a)
+
+
+def placement_ceiling(pricer: PlacementPricer, engines: int, placements: dict,
+                      max_evaluations: int = 4000) -> dict:
+    """The placement ceiling of one batch: every placement in `placements` ({name: assignment})
+    priced on the fixed-steps objective, the lower bound, and the search (started from LPT and from
+    each of them); per placement its share of the optimum's speed, between ``share_of_bound`` (bound /
+    its makespan, the optimum can be no faster) and ``share_of_search`` (search / its makespan)."""
+    spans = {n: pricer.makespan(a) for n, a in placements.items()}
+    lb = pricer.lower_bound(engines)
+    found = pricer.search(engines, placements, max_evaluations)
+    s, b = found["search_s"], lb["lower_bound_s"]
+    return {"makespan_s": spans, **lb, "search_s": s, "search_start": found["start"],
+            "search_start_s": found["start_s"], "search_assignment": found["assignment"],
+            "evaluations": found["evaluations"],
+            "share_of_bound": {n: b / v for n, v in spans.items() if v > 0},
+            "share_of_search": {n: s / v for n, v in spans.items() if v > 0},
+            # where the search sits between the bound (0) and the placement (1)
+            "search_between_bound_and": {n: (s - b) / (v - b) if v > b else 0.0 for n, v in spans.items()}}
+
+
+def share_verdict(share_of_bound: float, share_of_search: float, target: float) -> str:
+    """'met' when even the bound's share reaches `target`, 'MISSED' when even the search's does not,
+    else 'open' (the optimum lies between them)."""
+    if share_of_bound >= target:
+        return "met"
+    if share_of_search < target:
+        return "MISSED"
+    return "open"
+
+
+# ------------------------------------------------------------------------------------ history hindsight
+
+def _grams_ending(grams: set, text: Sequence[int], start: int, end: int, k: int) -> None:
+    """Add to `grams` every run of at most k tokens of `text` that ends at a position in [start, end)."""
+    for e in range(start, end):
+        for j in range(1, min(k, e + 1) + 1):
+            grams.add(hash(tuple(text[e - j + 1:e + 1])))
+
+
+def longest_known(grams, future: Sequence[int]) -> int:
+    """The longest prefix of `future` that occurs in the text `grams` indexes (runs of at most
+    len(future) tokens): every prefix of an occurring run occurs, so a binary search finds it."""
+    lo, hi = 0, len(future)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hash(tuple(future[:mid])) in grams:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass
+class HindsightHistory:
+    """The history hindsight ceiling as `bench/replay.py` drives a drafter (module doc): `texts`
+    {(batch, rollout): prompt + response tokens}, the recorded text; `k` the drafts' length. Its
+    `drafter` replays with ``replay(..., drafter=h.drafter)`` on the same batches; the trace's
+    proposer time is its own lookups (it prices as no proposer: the ceiling is on tokens per forward)."""
+
+    texts: dict
+    k: int
+    grams: set = field(default_factory=set)
+    _seen: dict = field(default_factory=dict)
+    rows: int = 0            # decode request-steps
+    matched: int = 0         # of them, with at least one draft token accepted
+    accepted: int = 0        # draft tokens accepted
+
+    def __post_init__(self):
+        from nemo_rl_specdec.bench.replay import ReplayDrafter
+
+        self.drafter = ReplayDrafter(self.propose, self.after_batch, "list")
+
+    def propose(self, batch, sampled: list, requests: dict) -> list:
+        rids = list(batch.req_ids)
+        ns = [int(x) for x in batch.num_tokens_no_spec[:len(rids)]]
+        keys = []
+        for rid, n in zip(rids, ns, strict=True):   # every request's verified tokens first: siblings' too
+            _, v, j = rid.rsplit("-", 2)
+            key = (int(v), int(j))
+            keys.append(key)
+            _grams_ending(self.grams, self.texts[key], self._seen.get(key, 0), n, self.k)
+            self._seen[key] = n
+        out = []
+        for key, n in zip(keys, ns, strict=True):
+            text = self.texts[key]
+            future = text[n:min(n + self.k, len(text))]
+            a = longest_known(self.grams, future)
+            self.rows += 1
+            self.matched += a > 0
+            self.accepted += a
+            out.append(list(future[:a]))
+        return out
+
+    def after_batch(self, rollouts: list, version: int) -> None:
+        for key, n in list(self._seen.items()):   # the batch's whole text is history from now on
+            text = self.texts[key]
+            _grams_ending(self.grams, text, n, len(text), self.k)
+            self._seen[key] = len(text)
+
+
+def _texts(batches: Sequence[Sequence]) -> dict:
+    from nemo_rl_specdec.bench.replay import _field
+
+    return {(v, i): list(_field(r, "prompt_token_ids")) + list(_field(r, "token_ids"))
+            for v, rs in enumerate(batches) for i, r in enumerate(rs)}
+
+
+def history_ceiling(spec, batches: Sequence[Sequence], max_model_len: int, temperature: float = 1.0,
+                    k: int | None = None) -> dict:
+    """The history hindsight ceiling of `batches` at `k` (default the block's): per batch the replay's
+    figures (`bench/replay.py`, every request admitted at once) with the hindsight draft, and over
+    all of them tokens per target forward, coverage (the share of decode request-steps whose draft
+    had an accepted token) and mean match length (accepted tokens per such step)."""
+    from nemo_rl_specdec.bench.replay import replay
+
+    k = int(k or spec.num_speculative_tokens)
+    spec = spec.model_copy(update={"num_speculative_tokens": k})
+    h = HindsightHistory(_texts(batches), k)
+    rows = replay(spec, batches, max_model_len, temperature, drafter=h.drafter, label="history_ceiling")
+    gen = sum(r["generated_tokens"] for r in rows)
+    fwd = sum(r["target_forwards"] for r in rows)
+    return {"k": k, "tokens_per_target_forward": gen / fwd if fwd else 0.0,
+            "per_batch": [r["tokens_per_target_forward"] for r in rows],
+            "coverage": h.matched / h.rows if h.rows else 0.0,
+            "match_length": h.accepted / h.matched if h.matched else 0.0}
+
+
+def trace_shape(traces: Sequence[Trace]) -> dict:
+    """Coverage and mean match length of a drafter's replay traces, as `history_ceiling` counts them."""
+    rows = matched = accepted = 0
+    for t in traces:
+        for s in t.steps:
+            rows += len(s.rids)
+            matched += sum(a > 0 for a in s.accepted)
+            accepted += sum(s.accepted)
+    return {"coverage": matched / rows if rows else 0.0, "match_length": accepted / matched if matched else 0.0}
+
+
+def history_share(tokens_per_forward: float, shape: dict, ceiling: dict, target: float) -> dict:
+    """A history drafter's tokens per forward as a share of the ceiling at the same k, and where the
+    share is under `target`, the workload property that sets it: coverage (the drafter finds no match
+    where the text held one) or match length (its matches are shorter than the text's), whichever of
+    the two falls further below the ceiling's."""
+    share = tokens_per_forward / ceiling["tokens_per_target_forward"] if ceiling["tokens_per_target_forward"] else 0.0
+    cov = shape["coverage"] / ceiling["coverage"] if ceiling["coverage"] else 1.0
+    length = shape["match_length"] / ceiling["match_length"] if ceiling["match_length"] else 1.0
+    return {"share": share, "met": share >= target, "coverage_ratio": cov, "match_length_ratio": length,
+            "set_by": None if share >= target else ("coverage" if cov <= length else "match length")}
+
+
+# ------------------------------------------------------------------------------------------- hybrid
+
+def fewest_forwards(reach: Sequence[int]) -> int:
+    """The fewest steps from position 0 to len(reach), where a step from position p may end anywhere
+    in (p, p + 1 + reach[p]] (a shortest path: dynamic programming from the end)."""
+    n = len(reach)
+    best = [0] * (n + 1)
+    for p in range(n - 1, -1, -1):
+        hi = min(n, p + 1 + max(0, int(reach[p])))
+        best[p] = 1 + min(best[p + 1:hi + 1])
+    return best[0]
+
+
+def hybrid_bound(batches: Sequence[Sequence], k: int, model_accepted: Callable[[int, int, int], int]) -> dict:
+    """The hybrid's per-request hindsight bound (module doc) on tokens per target forward, the
+    prefills counted as `replay` counts them: `model_accepted(batch, rollout, n)` is the model half's
+    accepted draft tokens at a step whose request holds n verified tokens (prompt included)."""
+    from collections import Counter
+
+    texts = _texts(batches)
+    history: set = set()
+    gen = fwd = 0
+    for v, rs in enumerate(batches):
+        own: list = []
+        for i in range(len(rs)):   # each request's whole text: its siblings may hold it by any time
+            g: set = set()
+            _grams_ending(g, texts[(v, i)], 0, len(texts[(v, i)]), k)
+            own.append(g)
+        held = Counter(x for g in own for x in g)   # how many of the batch's requests hold each run
+        for i, r in enumerate(rs):
+            t = texts[(v, i)]
+            plen = len(t) - len(_response(r))
+            prefix: set = set()
+            _grams_ending(prefix, t, 0, plen + 1, k)   # the prefill samples the first response token
+            known = _Known(history, held, own[i], prefix)
+            reach = []
+            for n in range(plen + 1, len(t)):
+                future = t[n:min(n + k, len(t))]
+                reach.append(max(longest_known(known, future), min(int(model_accepted(v, i, n)), len(future))))
+                _grams_ending(prefix, t, n, n + 1, k)   # the token this step verifies at least
+            fwd += 1 + (fewest_forwards(reach) if reach else 0)
+            gen += len(t) - plen
+        history.update(held)
+    return {"k": k, "tokens_per_target_forward": gen / fwd if fwd else 0.0}
+
+
+def _response(r) -> list:
+    from nemo_rl_specdec.bench.replay import _field
+
+    return list(_field(r, "token_ids"))
+
+
+class _Known:
+    """The runs a request's store could hold (`hybrid_bound`): the earlier batches', any other request
+    of its batch's (whole), and its own text so far."""
+
+    def __init__(self, history: set, held: dict, own: set, prefix: set):
+        self.history, self.held, self.own, self.prefix = history, held, own, prefix
+
+    def __contains__(self, x) -> bool:
+        return x in self.history or x in self.prefix or self.held.get(x, 0) - (x in self.own) > 0
+
+
+__all__ = ["HindsightHistory", "PlacementPricer", "RequestSteps", "fewest_forwards", "history_ceiling",
+           "history_share", "hybrid_bound", "longest_known", "placement_ceiling", "request_steps", "share_verdict",
+           "trace_shape"]

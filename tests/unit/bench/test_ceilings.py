@@ -1,0 +1,246 @@
+"""bench/ceilings.py: each ceiling checked as a bound on small instances, by brute force where the
+instance allows it (every placement; every path of a request through its text) and against the
+real drafters replayed on the same text."""
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from nemo_rl_specdec.bench.ceilings import (
+    PlacementPricer,
+    RequestSteps,
+    fewest_forwards,
+    history_share,
+    hybrid_bound,
+    longest_known,
+    placement_ceiling,
+    request_steps,
+    share_verdict,
+)
+from nemo_rl_specdec.cost.model import Step
+from nemo_rl_specdec.cost.price import price
+from nemo_rl_specdec.cost.profile import load_profile
+from nemo_rl_specdec.cost.trace import Trace, TraceStep
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return load_profile("h100_qwen3_8b").cost_model("das")
+
+
+def _requests(rng: random.Random, n: int) -> list:
+    out = []
+    for _ in range(n):
+        rows = rng.choice([1, 3, 8, 20, 60, 150])
+        prompt = rng.randrange(20, 400)
+        ctx = tuple(prompt + 3 * j for j in range(rows))
+        out.append(RequestSteps(prompt, ctx, tuple(rng.randrange(0, 9) for _ in range(rows))))
+    return out
+
+
+def test_the_cost_function_is_monotone_in_a_steps_rows(cost):
+    """The lower bound's premise: adding a request's row (or prefill tokens) to a step never makes it cheaper."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 300))
+        ctx, d = rng.integers(1, 8000, n).astype(float), rng.integers(0, 25, n).astype(float)
+        for proposer in (True, False):
+            whole = cost.cost(Step.of(ctx, d, proposer=proposer)).total_s
+            part = cost.cost(Step.of(ctx[:-1], d[:-1], proposer=proposer and n > 1)).total_s
+            assert whole >= part - 1e-15
+        p = float(rng.integers(1, 4000))
+        assert cost.cost(Step.of([], [], p + 50)).total_s >= cost.cost(Step.of([], [], p)).total_s
+
+
+def _partitions(n: int, engines: int):
+    for labels in itertools.product(range(engines), repeat=n):
+        yield [[i for i in range(n) if labels[i] == e] for e in range(engines)]
+
+
+@pytest.mark.parametrize("slots", [None, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_placement_beats_the_lower_bound_and_the_search_is_a_placement_at_most_every_start(cost, slots, seed):
+    rng = random.Random(seed)
+    reqs = _requests(rng, 6)
+    pricer = PlacementPricer(reqs, cost, slots)
+    lb = pricer.lower_bound(2)["lower_bound_s"]
+    best = math_inf = float("inf")
+    for a in _partitions(len(reqs), 2):
+        for order in (a, [e[::-1] for e in a]):   # the admission order too
+            span = pricer.makespan(order)
+            assert lb <= span + 1e-12
+            best = min(best, span)
+    assert best < math_inf
+    starts = {"contiguous": [[0, 1, 2], [3, 4, 5]], "round_robin": [[0, 2, 4], [1, 3, 5]]}
+    c = placement_ceiling(pricer, 2, starts)
+    assert sorted(i for e in c["search_assignment"] for i in e) == list(range(6))
+    assert c["search_s"] == pytest.approx(pricer.makespan(c["search_assignment"]))
+    assert lb <= best + 1e-12 <= c["search_s"] + 1e-12
+    for name, span in c["makespan_s"].items():
+        assert c["search_s"] <= span + 1e-12
+        assert c["share_of_bound"][name] <= c["share_of_search"][name] + 1e-12
+    # a local search, not an exhaustive one: on six requests it ends within 10% of the optimum
+    assert c["search_s"] <= 1.10 * best
+
+
+def test_the_fixed_steps_objective_of_one_engine_is_the_priced_trace(cost):
+    """One engine running every request as the replay scheduled them is the trace's priced rollout."""
+    prompts = [30, 40, 50]
+    steps = [TraceStep([], [], [], [], sum(prompts), None, 3),
+             TraceStep([0, 1, 2], [30, 40, 50], [3, 0, 2], [3, 0, 1], 0, 1e-4),
+             TraceStep([0, 1, 2], [34, 41, 52], [1, 4, 0], [0, 4, 0], 0, 1e-4),
+             TraceStep([1, 2], [46, 53], [2, 2], [2, 2], 0, 1e-4)]
+    trace = Trace("list", 4, steps, "das")
+    reqs = request_steps(trace, prompts)
+    assert [r.rows for r in reqs] == [2, 3, 3]
+    pricer = PlacementPricer(reqs, cost, None)
+    profile = load_profile("h100_qwen3_8b")
+    assert pricer.engine_s([0, 1, 2]) == pytest.approx(price(trace, profile).rollout_s, rel=1e-12)
+
+
+def test_the_verdict_reads_the_interval():
+    assert share_verdict(0.95, 0.99, 0.9) == "met"
+    assert share_verdict(0.80, 0.85, 0.9) == "MISSED"
+    assert share_verdict(0.85, 0.95, 0.9) == "open"
+
+
+def test_longest_known_is_the_longest_occurring_prefix():
+    from nemo_rl_specdec.bench.ceilings import _grams_ending
+
+    text = [1, 2, 3, 4, 5, 1, 2, 9]
+    g: set = set()
+    _grams_ending(g, text, 0, len(text), 4)
+    assert longest_known(g, [1, 2, 3, 7]) == 3
+    assert longest_known(g, [2, 9, 1]) == 2
+    assert longest_known(g, [7]) == 0
+    assert longest_known(g, []) == 0
+
+
+def _paths(reach):
+    """Every path's forward count from 0 to len(reach) (brute force)."""
+    n = len(reach)
+    out = []
+
+    def walk(p, f):
+        if p == n:
+            out.append(f)
+            return
+        for q in range(p + 1, min(n, p + 1 + reach[p]) + 1):
+            walk(q, f + 1)
+    walk(0, 0)
+    return out
+
+
+def test_fewest_forwards_is_the_shortest_path():
+    rng = random.Random(3)
+    for _ in range(200):
+        reach = [rng.randrange(0, 4) for _ in range(rng.randrange(1, 11))]
+        assert fewest_forwards(reach) == min(_paths(reach))
+
+
+def _text_batches(rng: random.Random, steps: int, problems: int, samples: int, vocab: int = 6):
+    out = []
+    for _ in range(steps):
+        batch = []
+        for p in range(problems):
+            for _ in range(samples):
+                batch.append({"problem_id": f"p{p}", "prompt_token_ids": [100 + p, 101 + p, 102],
+                              "token_ids": [rng.randrange(vocab) for _ in range(rng.randrange(4, 40))]})
+        out.append(batch)
+    return out
+
+
+def test_the_hybrid_bound_beats_every_rule_choosing_between_the_two_drafts():
+    """Any rule (here random ones) committing at each step at most the better of the history
+    hindsight and the model draft there, run through the text, makes no more tokens per forward."""
+    from nemo_rl_specdec.bench.ceilings import _grams_ending
+
+    rng = random.Random(5)
+    k = 4
+    batches = _text_batches(rng, 3, 2, 2)
+    model = {}
+
+    def model_accepted(v, i, n):
+        return model.setdefault((v, i, n), rng.randrange(0, k + 1))
+    bound = hybrid_bound(batches, k, model_accepted)["tokens_per_target_forward"]
+    for trial in range(20):
+        gen = fwd = 0
+        history: set = set()
+        for v, rs in enumerate(batches):
+            texts = [r["prompt_token_ids"] + r["token_ids"] for r in rs]
+            grams: set = set()
+            for t in texts:   # a store holding at most what the bound allows: here every sibling, whole
+                _grams_ending(grams, t, 0, len(t), k)
+            for i, t in enumerate(texts):
+                plen = len(rs[i]["prompt_token_ids"])
+                n, f = plen + 1, 1
+                own: set = set()
+                _grams_ending(own, t, 0, n, k)
+                others: set = set()
+                for j, u in enumerate(texts):
+                    if j != i:
+                        _grams_ending(others, u, 0, len(u), k)
+                while n < len(t):
+                    future = t[n:n + k]
+                    h = longest_known(_Either(history, others, own), future)
+                    a = min(model_accepted(v, i, n), len(future))
+                    take = rng.choice([h, a, rng.randrange(0, max(h, a) + 1), 0])
+                    _grams_ending(own, t, n, min(len(t), n + take + 1), k)
+                    n = min(len(t), n + take + 1)
+                    f += 1
+                gen += len(t) - plen
+                fwd += f
+            history |= grams
+        assert gen / fwd <= bound + 1e-12
+
+
+class _Either:
+    def __init__(self, *sets):
+        self.sets = sets
+
+    def __contains__(self, x):
+        return any(x in s for s in self.sets)
+
+
+def test_a_share_names_the_property_that_sets_it():
+    ceiling = {"tokens_per_target_forward": 2.0, "coverage": 0.5, "match_length": 3.0}
+    low_cov = history_share(1.5, {"coverage": 0.25, "match_length": 2.9}, ceiling, 0.9)
+    assert low_cov["share"] == pytest.approx(0.75) and low_cov["set_by"] == "coverage"
+    short = history_share(1.5, {"coverage": 0.5, "match_length": 1.5}, ceiling, 0.9)
+    assert short["set_by"] == "match length"
+    assert history_share(1.9, {"coverage": 0.5, "match_length": 2.8}, ceiling, 0.9)["set_by"] is None
+
+
+# ------------------------------------------------------------------- against the real history drafters
+
+arctic = pytest.importorskip("arctic_inference.suffix_decoding._C")
+
+
+def _rows():
+    from nemo_rl_specdec.bench import das
+    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.resources import config_path
+
+    cfg = load_run_config(config_path("tiny_cpu.yaml"), ["bench.das.windows=[4]", "bench.das.scopes=[both]",
+                                                          "policy.generation.speculative_decoding.num_speculative_tokens=4"])
+    return {c["name"]: c["cfg"].spec for c in das.configurations(cfg, das._options(cfg))}
+
+
+@pytest.mark.parametrize("name", ["das_w4_both", "vllm_suffix", "ngram"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_no_history_drafter_beats_the_hindsight_ceiling(name, seed):
+    from nemo_rl_specdec.bench.ceilings import history_ceiling
+    from nemo_rl_specdec.bench.replay import replay
+
+    spec = _rows()[name]
+    batches = _text_batches(random.Random(seed), 3, 2, 3, vocab=4)
+    rows = replay(spec, batches, max_model_len=256)
+    ceiling = history_ceiling(spec, batches, max_model_len=256)
+    assert ceiling["k"] == spec.num_speculative_tokens
+    gen = sum(r["generated_tokens"] for r in rows)
+    fwd = sum(r["target_forwards"] for r in rows)
+    assert gen / fwd <= ceiling["tokens_per_target_forward"] + 1e-12
+    for r, c in zip(rows, ceiling["per_batch"], strict=True):   # batch by batch too
+        assert r["tokens_per_target_forward"] <= c + 1e-12
+    assert gen > fwd   # the drafters do find drafts on this text: the check is not vacuous
