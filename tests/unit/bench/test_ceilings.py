@@ -164,7 +164,7 @@ def test_the_hybrid_bound_beats_every_rule_choosing_between_the_two_drafts():
     def model_accepted(v, i, n):
         return model.setdefault((v, i, n), rng.randrange(0, k + 1))
     bound = hybrid_bound(batches, k, model_accepted)["tokens_per_target_forward"]
-    for trial in range(20):
+    for _ in range(20):
         gen = fwd = 0
         history: set = set()
         for v, rs in enumerate(batches):
