@@ -121,7 +121,7 @@ class PlacementPricer:
         active: list = []   # [request, next row]
         total = 0.0
         while active or waiting:
-            entering = []
+            entering: list[int] = []
             while waiting and len(active) + len(entering) < limit:
                 entering.append(waiting.pop(0))
             if entering:

@@ -22,10 +22,13 @@ decoded at once per engine; ``null`` = vLLM's default, 256 on CPU, i.e. every re
 batch runs at once; a small cap makes requests queue, as on a GPU whose KV cache holds only a
 few long responses). The engines are rebuilt per regime; each regime has its own warm-up.
 
-Placement is judged against its ceiling: every measured batch is replayed in the simulator
-under clairvoyant placement (`placement_bound`), and each configuration's paired cut against
-contiguous is reported as a share of the clairvoyant cut of its own problem draw,
-``share_of_clairvoyant_cut`` (mean over draws; ``..._per_draw``).
+Placement is judged against its ceiling on the priced placements (`priced_placement`, before the
+engine groups): the placement ceiling of `bench/ceilings.py` (a lower bound on the priced makespan
+and the best placement a search finds) per draw, every draw counted. The engine rows are compared
+with a reference: every measured batch is replayed in the simulator under the reference placement
+(length_aware on the true lengths; `placement_reference`), and each configuration's paired cut against
+contiguous is reported as a share of the reference cut of its own problem draw,
+``share_of_reference_cut`` (mean over draws; ``..._per_draw``).
 
 Per configuration (medians over the repeats): ``makespan_s`` (dispatch until the last request
 of the batch finished), ``wall_clock_ratio`` = no-spec makespan / this makespan under the same
@@ -108,11 +111,11 @@ def _options(cfg: RunConfig) -> dict:
     bad = [p for p in opts["placements"] if p not in PLACEMENTS]
     if bad or "contiguous" not in opts["placements"]:
         raise ConfigError(f"bench.scheduling.placements: got {opts['placements']!r}; allowed: a subset of "
-                          f"{list(PLACEMENTS)} that includes contiguous (the reference)")
+                          f"{list(PLACEMENTS)} that includes contiguous (the baseline)")
     bad = [x for x in opts["budgets"] if x not in BUDGETS]
     if bad or "uniform" not in opts["budgets"]:
         raise ConfigError(f"bench.scheduling.budgets: got {opts['budgets']!r}; allowed: a subset of {list(BUDGETS)} "
-                          "that includes uniform (the reference)")
+                          "that includes uniform (the baseline)")
     if not seqs or any(s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 1) for s in seqs):
         raise ConfigError(f"bench.scheduling.max_num_seqs: got {seqs!r}; allowed: a list of null or ints >= 1")
     if not cfg.spec.enabled:
@@ -149,19 +152,23 @@ def with_max_num_seqs(cfg: RunConfig, max_num_seqs: int | None) -> RunConfig:
 
 
 PRICED_DRAWS = 5  # problem draws of the priced placements
-PRICED_TARGET = 0.90  # length_aware's share of the clairvoyant cut in priced makespan
+PRICED_TARGET = 0.90  # length_aware's share of the placement ceiling's speed, priced makespan
+SEARCH_EVALUATIONS = 3000  # engine timings the placement ceiling's local search may run per batch
 
 
 def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
     """Placement judged on the hardware profile: per problem draw, a no-spec engine rolls out a warm
     batch (it trains the length predictor, frozen afterwards, and is the drafter's history) and the
     measured batch; the measured batch is placed on the engines by each placement, and by
-    `clairvoyant` (length_aware on the lengths the batch really had); each engine's share is
-    replayed with the run file's drafter (`bench/replay.py`, the warm batch first, as the update
-    after the previous step gives it) and priced on the profile. The makespan is the slowest
-    engine's priced rollout, with speculation and without (the same text without drafts). Per
-    regime of `max_num_seqs` and draw: each placement's cut against contiguous, and length_aware's
-    share of the clairvoyant cut (draws with at least MIN_CEILING_PCT of headroom)."""
+    `reference` (length_aware on the lengths the batch really had: a reference, not a bound); each
+    engine's share is replayed with the run file's drafter (`bench/replay.py`, the warm batch first,
+    as the update after the previous step gives it) and priced on the profile. The makespan is the
+    slowest engine's priced rollout, with speculation and without (the same text without drafts).
+    Beside it, the placement ceiling (`bench/ceilings.py`): the batch replayed once on one engine
+    fixes each request's steps, and on that objective every placement's priced makespan, the best
+    one a search finds and a lower bound no placement goes below. Per regime of `max_num_seqs` and
+    draw: each placement's cut against contiguous, and its share of the ceiling."""
+    from nemo_rl_specdec.bench.ceilings import PlacementPricer, placement_ceiling, request_steps
     from nemo_rl_specdec.bench.replay import replay
     from nemo_rl_specdec.cost.price import price
     from nemo_rl_specdec.demo import task
@@ -190,6 +197,7 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
             texts.append((warm, base.generate(reqs, max_new_tokens=max_new, temperature=T).rollouts))
     finally:
         base.close()
+    mml = cfg.generation.vllm_cfg.max_model_len
     rows = []
     for seqs in opts["max_num_seqs"]:
         for draw, (warm, batch) in enumerate(texts):
@@ -198,51 +206,63 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
             predicted = [Placed(i, r.problem_id, predictor.predict(r.problem_id)) for i, r in enumerate(batch)]
             actual = [Placed(i, r.problem_id, float(len(r.token_ids))) for i, r in enumerate(batch)]
             plans = {p: place(predicted, E, p) for p in opts["placements"]}
-            plans["clairvoyant"] = place(actual, E, "length_aware")
+            plans["reference"] = place(actual, E, "length_aware")
             spans = {}
             for name, plan in plans.items():
                 spec_s, base_s = [], []
                 for share in plan:
                     if not share:
                         continue
-                    trace = replay(spec, [warm, [batch[i] for i in share]], cfg.generation.vllm_cfg.max_model_len, T,
+                    trace = replay(spec, [warm, [batch[i] for i in share]], mml, T,
                                    max_num_seqs=seqs, label=key)[1]["trace"]
                     spec_s.append(price(trace, profile).rollout_s)
                     base_s.append(price(trace.without_drafts(), profile).rollout_s)
                 spans[name] = (max(spec_s), max(base_s))
+            whole = replay(spec, [warm, batch], mml, T, max_num_seqs=seqs, label=key)[1]["trace"]
+            pricer = PlacementPricer(request_steps(whole, [len(r.prompt_token_ids) for r in batch]),
+                                     profile.cost_model(key), seqs)
+            ceiling = placement_ceiling(pricer, E, plans, SEARCH_EVALUATIONS)
             ref = spans["contiguous"]
             cut = {n: 100.0 * (1 - v[0] / ref[0]) for n, v in spans.items()}
             rows.append({"max_num_seqs": seqs, "draw": draw, "makespan_s": {n: v[0] for n, v in spans.items()},
                          "nospec_makespan_s": {n: v[1] for n, v in spans.items()}, "cut_pct": cut,
-                         "priced_speedup": {n: v[1] / v[0] for n, v in spans.items()}})
+                         "priced_speedup": {n: v[1] / v[0] for n, v in spans.items()}, "ceiling": ceiling})
             _say(f"priced placement seqs={seqs} draw {draw}: cut vs contiguous " + ", ".join(
-                f"{n} {c:.1f}%" for n, c in cut.items() if n != "contiguous"))
+                f"{n} {c:.1f}%" for n, c in cut.items() if n != "contiguous")
+                + (f"; ceiling: bound {ceiling['lower_bound_s']:.3f}s ({ceiling['set_by']}), search "
+                  f"{ceiling['search_s']:.3f}s, length_aware {ceiling['makespan_s']['length_aware']:.3f}s"
+                   if "length_aware" in ceiling["makespan_s"] else ""))
     return rows
 
 
 def _priced_summary(rows: list, opts: dict) -> list[dict]:
-    """Per regime: length_aware's (and round_robin's) mean share of the clairvoyant cut over the draws
-    with headroom, as suite results."""
+    """Per regime and placement: its share of the placement ceiling over every draw (none dropped),
+    between the share of the bound and the share of the search (`bench/ceilings.py`), the verdict
+    on length_aware, and its cut against contiguous, as suite results."""
+    from nemo_rl_specdec.bench.ceilings import share_verdict
+
     if not rows:
         return []
     out = []
     for seqs in opts["max_num_seqs"]:
         rs = [r for r in rows if r["max_num_seqs"] == seqs]
-        judged = [r for r in rs if r["cut_pct"]["clairvoyant"] >= MIN_CEILING_PCT]
-        for placement in [p for p in opts["placements"] if p != "contiguous"] + ["clairvoyant"]:
-            shares = [r["cut_pct"][placement] / r["cut_pct"]["clairvoyant"] for r in judged]
-            total = sum(r["cut_pct"]["clairvoyant"] for r in rs)
+        for placement in [p for p in opts["placements"] if p != "contiguous"] + ["reference"]:
+            lo = [r["ceiling"]["share_of_bound"][placement] for r in rs]
+            hi = [r["ceiling"]["share_of_search"][placement] for r in rs]
+            lo_m, hi_m = float(statistics.fmean(lo)), float(statistics.fmean(hi))
             out.append({"name": f"priced/{placement}@seqs{seqs if seqs is not None else '_all'}", "drafter": None,
                         "placement": placement, "max_num_seqs": seqs, "hardware": opts["profile"].name,
-                        "share_of_clairvoyant_cut": float(statistics.fmean(shares)) if shares else None,
-                        "share_per_draw": shares, "draws": len(rs), "draws_judged": len(judged),
-                        # every draw: the summed cut over the summed clairvoyant cut
-                        "share_of_clairvoyant_cut_all_draws": (sum(r["cut_pct"][placement] for r in rs) / total
-                                                               if total > 0 else None),
+                        "share_of_ceiling_bound": lo_m, "share_of_ceiling_search": hi_m,
+                        "share_of_ceiling_bound_per_draw": lo, "share_of_ceiling_search_per_draw": hi,
+                        "verdict": share_verdict(lo_m, hi_m, PRICED_TARGET) if placement == "length_aware" else None,
+                        "search_between_bound_and_placement_per_draw": [
+                            r["ceiling"]["search_between_bound_and"][placement] for r in rs],
+                        "ceiling_set_by_per_draw": [r["ceiling"]["set_by"] for r in rs],
+                        "draws": len(rs),
                         "cut_pct_per_draw": [r["cut_pct"][placement] for r in rs],
                         "priced_speedup_per_draw": [r["priced_speedup"][placement] for r in rs],
                         "tokens_per_target_forward": None, "acceptance_rate": None, "wall_clock_ratio": None,
-                        "per_step": rs if placement == "clairvoyant" else []})
+                        "per_step": rs if placement == "reference" else []})
     return out
 
 
@@ -250,18 +270,23 @@ def _print_priced(summary: list, opts: dict) -> None:
     if not summary:
         return
     print(f"Priced placement on {opts['profile'].name} ({opts['profile'].hardware.name}), {opts['priced_draws']} "
-          f"problem draws, {opts['engines']} engines: makespan = the slowest engine's priced rollout with the run "
-          "file's drafter; cut vs contiguous; share of the clairvoyant cut (draws with >= "
-          f"{MIN_CEILING_PCT:.0f}% headroom)")
+          f"problem draws (all counted), {opts['engines']} engines: cut vs contiguous = 1 - the slowest engine's "
+          "priced rollout (each engine's share replayed with the run file's drafter) / contiguous's. Share of the "
+          "placement ceiling (bench/ceilings.py; each request's steps fixed by one replay of the batch): between "
+          "lower bound / makespan (the optimum is no faster) and search / makespan (a placement that fast exists); "
+          "between = where the search sits from the bound (0) to the placement (1)")
     for r in summary:
-        share = r["share_of_clairvoyant_cut"]
-        verdict = "" if r["placement"] != "length_aware" else (
-            f" (target >= {PRICED_TARGET:.0%}: {'met' if share is not None and share >= PRICED_TARGET else 'MISSED'})")
+        verdict = "" if r["verdict"] is None else (
+            f" (target >= {PRICED_TARGET:.0%}: {r['verdict']}"
+            + ("; set by " + "/".join(sorted(set(r["ceiling_set_by_per_draw"]))) if r["verdict"] != "met" else "")
+            + ")")
         print(f"  {r['name']}: cut per draw " + ", ".join(f"{c:.1f}%" for c in r["cut_pct_per_draw"])
-              + (f"; {100 * share:.0f}% of the clairvoyant cut over {r['draws_judged']} draws" if share is not None
-                 else "; no draw with headroom")
-              + (f" ({100 * r['share_of_clairvoyant_cut_all_draws']:.0f}% of the summed cut over all "
-                 f"{r['draws']} draws)" if r["share_of_clairvoyant_cut_all_draws"] is not None else "") + verdict)
+              + f"; share of the ceiling {100 * r['share_of_ceiling_bound']:.1f}%-"
+                f"{100 * r['share_of_ceiling_search']:.1f}% (per draw "
+              + ", ".join(f"{100 * a:.0f}-{100 * b:.0f}%" for a, b in zip(
+                  r["share_of_ceiling_bound_per_draw"], r["share_of_ceiling_search_per_draw"], strict=True))
+              + "; search between " + ", ".join(f"{x:.2f}" for x in r["search_between_bound_and_placement_per_draw"])
+              + ")" + verdict)
 
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:
@@ -285,33 +310,33 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     if not ray.is_initialized():  # n_groups groups of E single-CPU actors on the same E cores
         ray.init(num_cpus=n_groups * E, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     results: list = []
-    bounds: list = []  # (max_num_seqs, simulated placement bound) per regime
+    bounds: list = []  # (max_num_seqs, simulated reference placement) per regime
     for seqs in opts["max_num_seqs"]:
         runs, draws, warm_n = _measure(with_max_num_seqs(cfg, seqs), opts, per_request, seqs)
-        bound = placement_bound(runs, draws, E, seqs)
+        bound = placement_reference(runs, draws, E, seqs)
         bounds.append((seqs, bound))
-        results += [{**r, "simulated_placement_bound": bound,
-                     **ceiling_share(runs, draws, _key(r), bound["clairvoyant_cut_pct_by_draw"])}
+        results += [{**r, "simulated_placement_reference": bound,
+                     **reference_share(runs, draws, _key(r), bound["reference_cut_pct_by_draw"])}
                     for r in _summarize(runs, opts, spec, E, warm_n, seqs)]
     _print(results, opts)
     _print_priced(priced_summary, opts)
     results += priced_summary
     for seqs, b in bounds:
         tag = seqs if seqs is not None else "default"
-        print(f"Simulated placement bound @max_num_seqs={tag}: the "
+        print(f"Simulated reference placement @max_num_seqs={tag}: the "
               f"{b['batches']} measured batches replayed with no speculation; cut vs contiguous: length_aware median "
               f"{b['length_aware_cut_pct']['median']:.1f}% (mean {b['length_aware_cut_pct']['mean']:.1f}%), "
-              f"clairvoyant median {b['clairvoyant_cut_pct']['median']:.1f}% "
-              f"(mean {b['clairvoyant_cut_pct']['mean']:.1f}%); " + (
-                  f"length_aware reaches {100 * b['length_aware_share_of_clairvoyant']:.0f}% of the clairvoyant cut"
-                  if b["length_aware_share_of_clairvoyant"] is not None else
-                  f"no draw has {MIN_CEILING_PCT:.0f}% of placement headroom to judge against")
-              + f" (problem draws: {len(b['clairvoyant_cut_pct_by_draw'])})")
+              f"reference median {b['reference_cut_pct']['median']:.1f}% "
+              f"(mean {b['reference_cut_pct']['mean']:.1f}%); " + (
+                  f"length_aware reaches {100 * b['length_aware_share_of_reference']:.0f}% of the reference cut"
+                  if b["length_aware_share_of_reference"] is not None else
+                  f"no draw has {MIN_REFERENCE_PCT:.0f}% of placement headroom to judge against")
+              + f" (problem draws: {len(b['reference_cut_pct_by_draw'])})")
         for r in results:
             if (r["max_num_seqs"] == seqs and r["placement"] != "contiguous"
-                    and r.get("share_of_clairvoyant_cut") is not None):
-                print(f"  measured {r['name']}: {100 * r['share_of_clairvoyant_cut']:.0f}% of the clairvoyant cut "
-                      f"(per draw: {', '.join(f'{100 * x:.0f}%' for x in r['share_of_clairvoyant_cut_per_draw'])})")
+                    and r.get("share_of_reference_cut") is not None):
+                print(f"  measured {r['name']}: {100 * r['share_of_reference_cut']:.0f}% of the reference cut "
+                      f"(per draw: {', '.join(f'{100 * x:.0f}%' for x in r['share_of_reference_cut_per_draw'])})")
     return results
 
 
@@ -474,17 +499,17 @@ def _summarize(runs: dict, opts: dict, spec, engines: int, warm_n: int, seqs: in
     return out
 
 
-def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: int | None) -> dict:
-    """What placement alone could give on the batches this regime actually produced.
+def placement_reference(runs: dict, draws: dict, engines: int, max_num_seqs: int | None) -> dict:
+    """What the reference placement gives on the batches this regime actually produced.
 
     Every measured rollout batch (all configurations and repeats: fresh T > 0 samples of the
     same problems) is replayed in the engine simulator (`sim.engine_sim`, no speculation,
     `max_num_seqs` slots, the group's default cost model) under three placements: contiguous,
-    length_aware on the frozen predictions the bench used, and clairvoyant — length_aware on
-    the lengths each batch really had, which no placement made before generation can beat.
-    The gap between the last two is what better predictions could still win; the clairvoyant
-    cut is the ceiling for this batch of problems. Per problem draw: the mean clairvoyant cut
-    (what `ceiling_share` judges measured cuts against) and length_aware's share of it."""
+    length_aware on the frozen predictions the bench used, and reference — length_aware on
+    the lengths each batch really had. The gap between the last two is what better predictions
+    give the same heuristic; the reference is not a bound (a placement can beat it: the ceiling
+    is `bench/ceilings.py`'s, in `priced_placement`). Per problem draw: the mean reference cut
+    (what `reference_share` judges measured cuts against) and length_aware's share of it."""
     import numpy as np
 
     from nemo_rl_specdec.cost.model import CostModel
@@ -505,7 +530,7 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: int | N
             done.append(sim.run_until_done(0))
         return max(done)
 
-    cuts: dict = {"length_aware": [], "clairvoyant": []}
+    cuts: dict = {"length_aware": [], "reference": []}
     by_draw: dict = {}
     for key, rs in runs.items():
         for r, draw in zip(rs, draws[key], strict=True):
@@ -517,43 +542,43 @@ def placement_bound(runs: dict, draws: dict, engines: int, max_num_seqs: int | N
             ref = makespan(place(predicted, engines, "contiguous"), lengths, prompts)
             cuts["length_aware"].append(100.0 * (1 - makespan(place(predicted, engines, "length_aware"),
                                                               lengths, prompts) / ref))
-            cuts["clairvoyant"].append(100.0 * (1 - makespan(place(actual, engines, "length_aware"),
+            cuts["reference"].append(100.0 * (1 - makespan(place(actual, engines, "length_aware"),
                                                              lengths, prompts) / ref))
-            by_draw.setdefault(draw, []).append((cuts["length_aware"][-1], cuts["clairvoyant"][-1]))
+            by_draw.setdefault(draw, []).append((cuts["length_aware"][-1], cuts["reference"][-1]))
     clair = {d: float(statistics.fmean(c for _, c in v)) for d, v in sorted(by_draw.items())}
-    shares = [statistics.fmean(a for a, _ in v) / clair[d] for d, v in by_draw.items() if clair[d] >= MIN_CEILING_PCT]
+    shares = [statistics.fmean(a for a, _ in v) / clair[d] for d, v in by_draw.items() if clair[d] >= MIN_REFERENCE_PCT]
     return {
-        "clairvoyant_cut_pct_by_draw": clair,
-        "length_aware_share_of_clairvoyant": float(statistics.fmean(shares)) if shares else None,
-        "batches": len(cuts["clairvoyant"]),
+        "reference_cut_pct_by_draw": clair,
+        "length_aware_share_of_reference": float(statistics.fmean(shares)) if shares else None,
+        "batches": len(cuts["reference"]),
         "length_aware_cut_pct": {"median": _median(cuts["length_aware"]),
                                  "mean": float(statistics.fmean(cuts["length_aware"]))},
-        "clairvoyant_cut_pct": {"median": _median(cuts["clairvoyant"]),
-                                "mean": float(statistics.fmean(cuts["clairvoyant"]))},
+        "reference_cut_pct": {"median": _median(cuts["reference"]),
+                                "mean": float(statistics.fmean(cuts["reference"]))},
     }
 
 
-# a draw whose clairvoyant cut is smaller than this has no placement headroom to judge against: a
+# a draw whose reference cut is smaller than this has too little headroom to judge a share of it against: a
 # share of it would divide the measurement's noise by nearly nothing
-MIN_CEILING_PCT = 2.0
+MIN_REFERENCE_PCT = 2.0
 
 
-def ceiling_share(runs: dict, draws: dict, key: tuple, clairvoyant_by_draw: dict) -> dict:
+def reference_share(runs: dict, draws: dict, key: tuple, reference_by_draw: dict) -> dict:
     """A configuration's measured makespan cut against contiguous (its own drafter and budget, paired
-    repeat by repeat), as a share of the clairvoyant cut simulated on the same draw's batches; the
-    mean over the problem draws whose ceiling is at least MIN_CEILING_PCT. None for contiguous
+    repeat by repeat), as a share of the reference cut simulated on the same draw's batches; the
+    mean over the problem draws whose ceiling is at least MIN_REFERENCE_PCT. None for contiguous
     itself or where no draw has that headroom."""
     drafter, placement, budget = key
     ref = (drafter, "contiguous", budget)
     if placement == "contiguous" or ref not in runs:
-        return {"share_of_clairvoyant_cut": None, "share_of_clairvoyant_cut_per_draw": []}
+        return {"share_of_reference_cut": None, "share_of_reference_cut_per_draw": []}
     per_draw: dict = {}
     for a, b, d in zip(runs[key], runs[ref], draws[key], strict=False):
         per_draw.setdefault(d, []).append(100.0 * (1 - a.makespan_s / b.makespan_s))
-    shares = [_median(cuts) / clairvoyant_by_draw[d] for d, cuts in sorted(per_draw.items())
-              if clairvoyant_by_draw.get(d, 0) >= MIN_CEILING_PCT]
-    return {"share_of_clairvoyant_cut": float(statistics.fmean(shares)) if shares else None,
-            "share_of_clairvoyant_cut_per_draw": shares}
+    shares = [_median(cuts) / reference_by_draw[d] for d, cuts in sorted(per_draw.items())
+              if reference_by_draw.get(d, 0) >= MIN_REFERENCE_PCT]
+    return {"share_of_reference_cut": float(statistics.fmean(shares)) if shares else None,
+            "share_of_reference_cut_per_draw": shares}
 
 
 def _fmt(v: Any) -> str:

@@ -438,33 +438,33 @@ def _measured_batch(lengths, problem_ids, predicted):
     return GroupGenerateResult(rollouts, SpecMetrics(), predicted_len=list(predicted))
 
 
-def test_placement_bound_replays_every_measured_batch():
-    """Exact predictions make length_aware the clairvoyant placement, and on a grouped long tail
+def test_placement_reference_replays_every_measured_batch():
+    """Exact predictions make length_aware the reference placement, and on a grouped long tail
     it cuts the contiguous makespan; predictions from other batches do not beat clairvoyance."""
-    from nemo_rl_specdec.bench.scheduling import placement_bound
+    from nemo_rl_specdec.bench.scheduling import placement_reference
 
     reqs, true_len = grouped_long_tail(seed=3)
     lengths = [round(L) for L in true_len]
     pids = [r.problem_id for r in reqs]
     exact = _measured_batch(lengths, pids, lengths)
     key = ("none", "contiguous", "uniform")
-    b = placement_bound({key: [exact]}, {key: [0]}, engines=2, max_num_seqs=8)
+    b = placement_reference({key: [exact]}, {key: [0]}, engines=2, max_num_seqs=8)
     assert b["batches"] == 1
-    assert b["length_aware_cut_pct"] == b["clairvoyant_cut_pct"]
-    assert b["clairvoyant_cut_pct"]["median"] > 0
-    assert b["length_aware_share_of_clairvoyant"] == 1.0
-    assert b["clairvoyant_cut_pct_by_draw"] == {0: b["clairvoyant_cut_pct"]["mean"]}
+    assert b["length_aware_cut_pct"] == b["reference_cut_pct"]
+    assert b["reference_cut_pct"]["median"] > 0
+    assert b["length_aware_share_of_reference"] == 1.0
+    assert b["reference_cut_pct_by_draw"] == {0: b["reference_cut_pct"]["mean"]}
 
     noisy = [_measured_batch(lengths, pids, [r.predicted_len for r in grouped_long_tail(seed=s)[0]])
              for s in (3, 4, 5)]
     other = ("suffix", "length_aware", "uniform")
-    b = placement_bound({other: noisy, key: [exact]}, {other: [0, 1, 1], key: [0]}, engines=2, max_num_seqs=8)
-    assert b["batches"] == 4 and sorted(b["clairvoyant_cut_pct_by_draw"]) == [0, 1]
-    assert b["clairvoyant_cut_pct"]["mean"] >= b["length_aware_cut_pct"]["mean"] - 1.0
+    b = placement_reference({other: noisy, key: [exact]}, {other: [0, 1, 1], key: [0]}, engines=2, max_num_seqs=8)
+    assert b["batches"] == 4 and sorted(b["reference_cut_pct_by_draw"]) == [0, 1]
+    assert b["reference_cut_pct"]["mean"] >= b["length_aware_cut_pct"]["mean"] - 1.0
 
 
-def test_ceiling_share_judges_each_draw_against_its_own_clairvoyant_cut():
-    from nemo_rl_specdec.bench.scheduling import ceiling_share
+def test_reference_share_judges_each_draw_against_its_own_reference_cut():
+    from nemo_rl_specdec.bench.scheduling import reference_share
     from nemo_rl_specdec.engine.group import GroupGenerateResult
     from nemo_rl_specdec.metrics import SpecMetrics
 
@@ -474,9 +474,9 @@ def test_ceiling_share_judges_each_draw_against_its_own_clairvoyant_cut():
     la, co = ("suffix", "length_aware", "uniform"), ("suffix", "contiguous", "uniform")
     runs = {co: [run(10), run(10), run(8)], la: [run(9), run(8), run(7)]}   # cuts 10%, 20% (draw 0); 12.5% (draw 1)
     draws = {co: [0, 0, 1], la: [0, 0, 1]}
-    out = ceiling_share(runs, draws, la, {0: 20.0, 1: 25.0})
-    assert out["share_of_clairvoyant_cut_per_draw"] == pytest.approx([15.0 / 20.0, 12.5 / 25.0])
-    assert out["share_of_clairvoyant_cut"] == pytest.approx((0.75 + 0.5) / 2)
-    assert ceiling_share(runs, draws, co, {0: 20.0})["share_of_clairvoyant_cut"] is None
+    out = reference_share(runs, draws, la, {0: 20.0, 1: 25.0})
+    assert out["share_of_reference_cut_per_draw"] == pytest.approx([15.0 / 20.0, 12.5 / 25.0])
+    assert out["share_of_reference_cut"] == pytest.approx((0.75 + 0.5) / 2)
+    assert reference_share(runs, draws, co, {0: 20.0})["share_of_reference_cut"] is None
     # a draw with no placement headroom is not judged: its share would be noise over nearly nothing
-    assert ceiling_share(runs, draws, la, {0: 1.0, 1: 25.0})["share_of_clairvoyant_cut_per_draw"] == [0.5]
+    assert reference_share(runs, draws, la, {0: 1.0, 1: 25.0})["share_of_reference_cut_per_draw"] == [0.5]
