@@ -355,14 +355,15 @@ def history_ceiling(spec, batches: Sequence[Sequence], max_model_len: int, tempe
             "match_length": h.accepted / h.matched if h.matched else 0.0}
 
 
-def trace_shape(traces: Sequence[Trace]) -> dict:
-    """Coverage and mean match length of a drafter's replay traces, as `history_ceiling` counts them."""
+def trace_shape(traces: Sequence) -> dict:
+    """Coverage and mean match length of a drafter's replay traces (`Trace`s or their dicts), as
+    `history_ceiling` counts them."""
     rows = matched = accepted = 0
     for t in traces:
-        for s in t.steps:
-            rows += len(s.rids)
-            matched += sum(a > 0 for a in s.accepted)
-            accepted += sum(s.accepted)
+        for s in (t.to_dict() if isinstance(t, Trace) else t)["steps"]:
+            rows += len(s["rids"])
+            matched += sum(a > 0 for a in s["accepted"])
+            accepted += sum(s["accepted"])
     return {"coverage": matched / rows if rows else 0.0, "match_length": accepted / matched if matched else 0.0}
 
 
@@ -376,6 +377,47 @@ def history_share(tokens_per_forward: float, shape: dict, ceiling: dict, target:
     length = shape["match_length"] / ceiling["match_length"] if ceiling["match_length"] else 1.0
     return {"share": share, "met": share >= target, "coverage_ratio": cov, "match_length_ratio": length,
             "set_by": None if share >= target else ("coverage" if cov <= length else "match length")}
+
+
+HISTORY_TARGET = 0.90   # a history drafter's tokens per forward against the ceiling at its k
+
+
+def judge_history(results: list, batches: Sequence[Sequence], spec, max_model_len: int,
+                  temperature: float = 1.0) -> dict:
+    """The history ceiling at each k of the replayed `results` (rows with ``replay_tokens_per_target_forward``
+    and ``replay_per_step``, as `bench/das.py` summarizes them); each such row gets
+    ``history_ceiling`` (the ceiling at its k and its share, `history_share`). Returns {k: ceiling}."""
+    rows = [r for r in results if r.get("replay_tokens_per_target_forward") is not None]
+    ceilings = {k: history_ceiling(spec, batches, max_model_len, temperature, k)
+                for k in sorted({int(r["k"]) for r in rows})}
+    for r in rows:
+        c = ceilings[int(r["k"])]
+        shape = trace_shape([x["trace"] for x in r["replay_per_step"]])
+        r["history_ceiling"] = {**c, **shape, **history_share(r["replay_tokens_per_target_forward"], shape, c,
+                                                              HISTORY_TARGET)}
+    return ceilings
+
+
+def history_lines(results: list, ours: str) -> list[str]:
+    """The ceiling rows a suite prints: per k the ceiling, and every replayed row's share of it; the
+    verdict on `ours` (target HISTORY_TARGET), with the property that sets a missed one."""
+    rows = [r for r in results if r.get("history_ceiling")]
+    out = []
+    for k in sorted({r["k"] for r in rows}):
+        c = next(r["history_ceiling"] for r in rows if r["k"] == k)
+        out.append(f"history hindsight ceiling at k={k} (the longest run of the next tokens that the text a store "
+                   f"could hold by then contains): {c['tokens_per_target_forward']:.3f} tok/fwd, coverage "
+                   f"{100 * c['coverage']:.1f}% of request-steps, match length {c['match_length']:.2f} tokens")
+        for r in (r for r in rows if r["k"] == k):
+            h = r["history_ceiling"]
+            line = (f"  {r['name']}: {r['replay_tokens_per_target_forward']:.3f} tok/fwd = {100 * h['share']:.1f}% of "
+                    f"the ceiling (coverage {100 * h['coverage_ratio']:.0f}%, match length "
+                    f"{100 * h['match_length_ratio']:.0f}% of the ceiling's)")
+            if r["name"] == ours:
+                line += (f" (target >= {HISTORY_TARGET:.0%}: " + ("met)" if h["met"] else
+                                                                  f"MISSED; set by {h['set_by']})"))
+            out.append(line)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- hybrid
@@ -441,6 +483,6 @@ class _Known:
         return x in self.history or x in self.prefix or self.held.get(x, 0) - (x in self.own) > 0
 
 
-__all__ = ["HindsightHistory", "PlacementPricer", "RequestSteps", "fewest_forwards", "history_ceiling",
-           "history_share", "hybrid_bound", "longest_known", "placement_ceiling", "request_steps", "share_verdict",
-           "trace_shape"]
+__all__ = ["HISTORY_TARGET", "HindsightHistory", "PlacementPricer", "RequestSteps", "fewest_forwards",
+           "history_ceiling", "history_lines", "history_share", "hybrid_bound", "judge_history", "longest_known",
+           "placement_ceiling", "request_steps", "share_verdict", "trace_shape"]

@@ -296,6 +296,9 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
         baseline.close()
         release_memory()
     results = [_summarize(c, per_step[c["name"]], opts["profile"]) for c in confs]
+    from nemo_rl_specdec.bench.ceilings import judge_history  # the history hindsight ceiling at each row's k
+
+    judge_history(results, recorded, cfg.spec, g.vllm_cfg.max_model_len, g.temperature)
     for r in results:
         r["train"] = train_log
     _print(results, train_log)
@@ -487,6 +490,10 @@ def _print_priced(results: list, cfg: RunConfig, profile) -> None:
         by[main]["vs_best_builtin"] = v
         for line in verdict_lines(v, "priced rollout time", {r["name"]: r["k"] for r in rows}):
             print(line)
+    from nemo_rl_specdec.bench.ceilings import history_lines
+
+    for line in history_lines(rows, main):
+        print(line)
     if main in by:
         bins = by[main]["proposer_by_batch"]
         for h, key in ((1.0, "share_of_step"), (2.0, "share_of_step_2x")):

@@ -39,8 +39,8 @@ that takes, per request and step, the draft with more expected committed tokens 
      half still runs its first forward (it writes the head's KV and hidden states of the verified
      tokens, which later drafts attend to): the trace charges 1 model forward on such a step,
      `model_k` on a step that runs it, and DAS's proposer on every step;
-   - ``oracle``: the same choice made with hindsight (each draft token's gain 1 if the target
-     accepts it, else 0): the ceiling of any rule choosing between the same two drafts;
+   - ``reference``: the same choice made with hindsight (each draft token's gain 1 if the target
+     accepts it, else 0), on the same secant cost: a reference, not a bound (the bound is below);
    - vLLM's built-ins (`bench/builtins.py`): ``vllm_suffix`` and ``ngram`` at the run file's k,
      ``vllm_suffix_default`` and ``ngram_default`` at vLLM's own defaults.
 4. Pricing (`cost/price.py`, `bench.hybrid.hardware`, default h100_qwen3_8b): each replay's trace
@@ -79,8 +79,8 @@ HALVES = ("das", "das_all", "eagle3", "eagle3_rule")
 HISTORY_KEY, MODEL_KEY = "das", "eagle3"   # the hardware profile's entries of the two halves
 # the replayed rows that draft with a model half: alone, alone under the per-step rule, and with the history half
 # chosen per request by the hybrid's rule or with hindsight
-MODEL_ALONE, MODEL_RULE, HYBRID_ROW, ORACLE_ROW = "eagle3", "eagle3_rule", "hybrid", "oracle"
-BOTH_HALVES = (HYBRID_ROW, ORACLE_ROW)
+MODEL_ALONE, MODEL_RULE, HYBRID_ROW, REFERENCE_ROW = "eagle3", "eagle3_rule", "hybrid", "reference"
+BOTH_HALVES = (HYBRID_ROW, REFERENCE_ROW)
 BUILTIN_KEYS = ("vllm_suffix", "ngram")   # the profile's entries of vLLM's built-ins (`bench/builtins.py`)
 MODEL_K = 3   # the model half's default depth: an Eagle3 head is trained for a few positions (TTT), run at k=3
 MODEL_CONTEXTS = ("beside_history", "alone")  # the model half's acceptance is calibrated apart in each
@@ -254,10 +254,10 @@ def _das_class(hybrid: HybridReplay) -> type:
 
 class HybridReplay:
     """The model half, alone or in the hybrid, as `replay` drives it (module doc). `mode`: ``eagle3``
-    (`model_k` drafts every step), ``eagle3_rule``, ``hybrid`` or ``oracle``; `tables`: the model drafts
-    (`model_drafts`); `texts`: the recorded token ids per (step, rollout), for the oracle's hindsight."""
+    (`model_k` drafts every step), ``eagle3_rule``, ``hybrid`` or ``reference``; `tables`: the model drafts
+    (`model_drafts`); `texts`: the recorded token ids per (step, rollout), for the reference's hindsight."""
 
-    MODES = (MODEL_ALONE, MODEL_RULE, HYBRID_ROW, ORACLE_ROW)
+    MODES = (MODEL_ALONE, MODEL_RULE, HYBRID_ROW, REFERENCE_ROW)
 
     def __init__(self, mode: str, tables: dict, texts: dict, k: int, profile, max_model_len: int,
                  history=None, max_num_seqs: int = 1024, temperature: float = 1.0, model_k: int | None = None):
@@ -305,7 +305,7 @@ class HybridReplay:
 
     def _gains(self, drafts: list, truth: list | None, contexts: list | None = None) -> list:
         """Per row: the draft tokens' gains: calibrated by position in the row's context (index into
-        MODEL_CONTEXTS), or (oracle, `truth` given) 1 while they match."""
+        MODEL_CONTEXTS), or (reference, `truth` given) 1 while they match."""
         if truth is None:
             rates = [self.calibration.token_rates(c, range(self.model_k)) for c in range(len(MODEL_CONTEXTS))]
             return [rates[c][:len(d)] for d, c in zip(drafts, contexts, strict=True)]
@@ -330,7 +330,7 @@ class HybridReplay:
             key = (int(v), int(j))
             table, plen = self.tables[key]
             model.append([int(x) for x in table[ns[i] - plen - 1][:self.model_k]])
-            if self.mode == "oracle":
+            if self.mode == REFERENCE_ROW:
                 truth.append(self.texts[key][ns[i]:ns[i] + self.k])
         ctx = [n - 1 for n in ns]
         t0, c_tok = self.cost.split(len(rids), sum(ns))
@@ -365,7 +365,7 @@ class HybridReplay:
 
         t0, c_tok, forward = self._step["cost"]
         contexts = [BESIDE_HISTORY if len(h) else ALONE for h in history_gains]
-        model = self._gains(self._step["model"], self._step["truth"] if self.mode == "oracle" else None, contexts)
+        model = self._gains(self._step["model"], self._step["truth"] if self.mode == REFERENCE_ROW else None, contexts)
         self._step["contexts"] = contexts
         self._step["choice"] = choose(history_gains, model, t0, c_tok, forward)
         return self._step["choice"]
@@ -378,7 +378,7 @@ class HybridReplay:
         g = np.asarray(gains, dtype=float)
         for (i, toks), gi in zip(pending_rows, g, strict=True):
             hist[i] = list(gi[:len(toks)])
-            if self.mode == "oracle":
+            if self.mode == REFERENCE_ROW:
                 hist[i] = self._gains([list(toks)], [self._step["truth"][i]])[0]
         choice = self._decide_full(hist)
         return [d if choice.source[i] == "history" else 0 for (i, _), d in
@@ -442,9 +442,36 @@ def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
                          for v, (r, x) in enumerate(zip(rows, sp, strict=True))]}
 
 
-def judge(results: list) -> dict:
-    """The targets (module doc) on the priced and replayed figures, the oracle's ceiling, and the
-    default DAS and the hybrid against the best of vLLM's built-ins at each host speed."""
+def hindsight_bound(recorded: list, tables: dict, k: int, model_k: int) -> dict:
+    """The per-request hindsight bound on tokens per target forward (`bench/ceilings.py`
+    `hybrid_bound`): at every position the better of the history hindsight at `k` and the model
+    half's teacher-forced draft there (`model_drafts`, its first `model_k` tokens), so no rule choosing
+    between the two drafts makes more tokens per forward."""
+    from nemo_rl_specdec.bench.ceilings import hybrid_bound
+    from nemo_rl_specdec.bench.replay import _field
+
+    full = with_prompt_lengths(tables, recorded)
+
+    def model_accepted(v: int, i: int, n: int) -> int:
+        table, plen = full[(v, i)]
+        row = n - plen - 1
+        if not 0 <= row < len(table):
+            return 0
+        truth = list(_field(recorded[v][i], "token_ids"))[n - plen:]
+        a = 0
+        for d, t in zip(table[row][:model_k], truth, strict=False):
+            if int(d) != int(t):
+                break
+            a += 1
+        return a
+
+    return {**hybrid_bound(recorded, k, model_accepted), "model_k": model_k}
+
+
+def judge(results: list, bound: dict | None = None) -> dict:
+    """The targets (module doc) on the priced and replayed figures, the reference row, the hybrid's
+    share of the per-request hindsight `bound` (`hindsight_bound`), and the default DAS and the hybrid
+    against the best of vLLM's built-ins at each host speed."""
     from nemo_rl_specdec.bench.builtins import BUILTINS, verdict
 
     by = {r["name"]: r for r in results}
@@ -457,6 +484,12 @@ def judge(results: list) -> dict:
             out[f"{name}_vs_better_half_priced"] = best_time["priced_rollout_s"] / by[name]["priced_rollout_s"]
             out[f"{name}_vs_better_half_tokens_per_forward"] = (by[name]["tokens_per_target_forward"]
                                                                 / best_tpf["tokens_per_target_forward"])
+    if bound is not None:
+        out["hindsight_bound_tokens_per_forward"] = bound["tokens_per_target_forward"]
+        for name in (HYBRID_ROW, REFERENCE_ROW, *HALVES):
+            if name in by:
+                out[f"{name}_share_of_hindsight_bound"] = (by[name]["tokens_per_target_forward"]
+                                                           / bound["tokens_per_target_forward"])
     if HYBRID_ROW in by:
         out["target_priced_met"] = out["hybrid_vs_better_half_priced"] >= TARGET_SPEEDUP
         out["target_tokens_per_forward_met"] = out["hybrid_vs_better_half_tokens_per_forward"] >= 1.0
@@ -545,7 +578,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     del weights
     release_memory()
     results = replay_all(cfg, opts, recorded, tables)
-    verdict = judge(results)
+    verdict = judge(results, hindsight_bound(recorded, tables, cfg.spec.num_speculative_tokens, opts["model_k"]))
     for r in results:
         r.update(train=train_log, distill=distill_log, head=head, verdict=verdict)
     _print(results, verdict, cfg, opts)
@@ -572,9 +605,14 @@ def _print(results: list, verdict: dict, cfg: RunConfig, opts: dict) -> None:
           f"{v['hybrid_vs_better_half_priced']:.3f}x (target >= {TARGET_SPEEDUP}: {met[v['target_priced_met']]}); "
           f"tokens per forward vs {v['better_half_tokens_per_forward']}: "
           f"{v['hybrid_vs_better_half_tokens_per_forward']:.3f}x (target >= 1: "
-          f"{met[v['target_tokens_per_forward_met']]}); hindsight ceiling (oracle): "
-          f"{v['oracle_vs_better_half_priced']:.3f}x priced, "
-          f"{v['oracle_vs_better_half_tokens_per_forward']:.3f}x tok/fwd")
+          f"{met[v['target_tokens_per_forward_met']]}); the reference (the rule with hindsight gains): "
+          f"{v['reference_vs_better_half_priced']:.3f}x priced, "
+          f"{v['reference_vs_better_half_tokens_per_forward']:.3f}x tok/fwd")
+    if "hindsight_bound_tokens_per_forward" in v:
+        print(f"per-request hindsight bound (no rule choosing between the two drafts makes more, bench/ceilings.py): "
+              f"{v['hindsight_bound_tokens_per_forward']:.3f} tok/fwd; share of it: " + ", ".join(
+                  f"{n} {100 * v[f'{n}_share_of_hindsight_bound']:.1f}%" for n in (HYBRID_ROW, REFERENCE_ROW, *HALVES)
+                  if f"{n}_share_of_hindsight_bound" in v))
     from nemo_rl_specdec.bench.builtins import verdict_lines
 
     ks = {r["name"]: r["k"] for r in results if "k" in r}

@@ -52,7 +52,7 @@ def results():
 
 
 def test_every_configuration_is_replayed_shared_and_priced(results):
-    assert set(results) == {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "oracle", *BUILTINS}
+    assert set(results) == {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "reference", *BUILTINS}
     for r in results.values():
         assert r["share_history"] + r["share_model"] + r["share_none"] == pytest.approx(1.0)
         for key in ("priced_speedup", "priced_rollout_s", "priced_baseline_s", "tokens_per_target_forward"):
@@ -80,7 +80,21 @@ def test_the_hybrid_takes_each_half_where_it_drafts_and_beats_both(results):
     assert h["priced_proposer_s"] > 0
     verdict = hybrid.judge(list(results.values()))
     assert verdict["hybrid_vs_better_half_tokens_per_forward"] > 1.0
-    assert verdict["oracle_vs_better_half_priced"] >= verdict["hybrid_vs_better_half_priced"] * 0.999
+    assert verdict["reference_vs_better_half_priced"] >= verdict["hybrid_vs_better_half_priced"] * 0.999
+
+
+def test_no_row_beats_the_per_request_hindsight_bound(results):
+    """The bound (bench/ceilings.py) is at least every row drafting at most k history tokens or the
+    model half's drafts: the halves, the hybrid, the reference and vLLM's built-ins at the same k."""
+    recorded = _recorded()
+    bound = hybrid.hindsight_bound(recorded, _tables(recorded), K, K)
+    rows = [r for r in results.values() if r.get("k", K) <= K]
+    assert {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "reference"} <= {r["name"] for r in rows}
+    for r in rows:
+        assert r["tokens_per_target_forward"] <= bound["tokens_per_target_forward"] + 1e-12, r["name"]
+    verdict = hybrid.judge(list(results.values()), bound)
+    assert 0 < verdict["hybrid_share_of_hindsight_bound"] <= 1.0
+    assert verdict["hindsight_bound_tokens_per_forward"] == bound["tokens_per_target_forward"]
 
 
 def test_the_rule_skips_the_model_forward_where_no_model_draft_pays():
