@@ -244,3 +244,47 @@ def test_no_history_drafter_beats_the_hindsight_ceiling(name, seed):
     for r, c in zip(rows, ceiling["per_batch"], strict=True):   # batch by batch too
         assert r["tokens_per_target_forward"] <= c + 1e-12
     assert gen > fwd   # the drafters do find drafts on this text: the check is not vacuous
+
+
+def test_the_das_suite_rows_get_their_share_of_the_ceiling_at_their_k():
+    from nemo_rl_specdec.bench.ceilings import history_lines, judge_history
+    from nemo_rl_specdec.bench.replay import replay
+
+    specs = _rows()
+    batches = _text_batches(random.Random(7), 3, 2, 3, vocab=4)
+    results = []
+    for name in ("das_w4_both", "vllm_suffix"):
+        rows = replay(specs[name], batches, max_model_len=256)
+        gen, fwd = sum(r["generated_tokens"] for r in rows), sum(r["target_forwards"] for r in rows)
+        results.append({"name": name, "k": specs[name].num_speculative_tokens,
+                        "replay_tokens_per_target_forward": gen / fwd,
+                        "replay_per_step": [{"trace": r["trace"].to_dict()} for r in rows]})
+    ceilings = judge_history(results, batches, specs["das_w4_both"], 256)
+    assert list(ceilings) == [4]
+    for r in results:
+        h = r["history_ceiling"]
+        assert 0 < h["share"] <= 1.0 and h["k"] == 4
+        assert h["coverage"] <= ceilings[4]["coverage"] + 1e-12
+        assert (h["set_by"] is None) == h["met"]
+    lines = history_lines(results, "das_w4_both")
+    assert lines[0].startswith("history hindsight ceiling at k=4") and "target >= 90%" in lines[1]
+
+
+def test_the_scheduling_summary_counts_every_draw_and_judges_the_interval():
+    from nemo_rl_specdec.bench import scheduling
+
+    def row(draw, lo, hi):
+        return {"max_num_seqs": None, "draw": draw, "cut_pct": {"length_aware": 5.0, "reference": 4.0},
+                "priced_speedup": {"length_aware": 1.2, "reference": 1.1},
+                "ceiling": {"share_of_bound": {"length_aware": lo, "reference": lo},
+                            "share_of_search": {"length_aware": hi, "reference": hi},
+                            "search_between_bound_and": {"length_aware": 0.5, "reference": 0.5},
+                            "set_by": "tail length"}}
+    opts = {"max_num_seqs": [None], "placements": ["contiguous", "length_aware"],
+            "profile": load_profile("h100_qwen3_8b")}
+    out = scheduling._priced_summary([row(d, 0.8, 0.95) for d in range(5)], opts)
+    la = next(r for r in out if r["placement"] == "length_aware")
+    assert la["draws"] == 5 and la["verdict"] == "open"
+    assert la["share_of_ceiling_bound"] == pytest.approx(0.8) and la["share_of_ceiling_search"] == pytest.approx(0.95)
+    out = scheduling._priced_summary([row(d, 0.5, 0.6) for d in range(5)], opts)
+    assert next(r for r in out if r["placement"] == "length_aware")["verdict"] == "MISSED"
