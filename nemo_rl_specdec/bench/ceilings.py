@@ -11,7 +11,7 @@ requests' prefill is a step of its own, then every running request advances one 
 step priced by the one cost function (`PlacementPricer.engine_s`). On that objective:
 
 - `PlacementPricer.search` is the best makespan over a real search: LPT on the priced per-request
-  cost (each request's time run alone, largest first, onto the engine whose priced time grows least),
+  cost (each request's time run alone, largest first, onto the engine with the least such cost),
   the heuristics' own placements as further starts, then moves and swaps between the slowest engine
   and the others while they shorten the priced makespan. It is a placement, so the optimum is at most it.
 - `PlacementPricer.lower_bound` is at most every placement's makespan. Proof: the cost function is
@@ -162,14 +162,15 @@ class PlacementPricer:
                 "set_by": "tail length" if alone >= work else "work"}
 
     def lpt(self, engines: int) -> list[list[int]]:
-        """LPT on the priced per-request cost: requests by their time alone, largest first, each onto
-        the engine whose priced time grows least (ties: the lower engine)."""
+        """LPT on the priced per-request cost: requests by their priced time alone, largest first, each
+        onto the engine whose summed per-request cost is least (ties: the lower engine)."""
         order = sorted(range(len(self.requests)), key=lambda i: (-self.alone_s(i), i))
         out: list[list[int]] = [[] for _ in range(engines)]
+        load = [0.0] * engines
         for i in order:
-            best = min(range(engines), key=lambda e: (self.engine_s(out[e] + [i]) - self.engine_s(out[e])
-                                                      if out[e] else self.alone_s(i), e))
-            out[best].append(i)
+            e = min(range(engines), key=lambda x: (load[x], x))
+            out[e].append(i)
+            load[e] += self.alone_s(i)
         return out
 
     def search(self, engines: int, starts: dict | None = None, max_evaluations: int = 4000) -> dict:
@@ -210,9 +211,11 @@ class PlacementPricer:
             times = [self.engine_s(e) if e else 0.0 for e in a]
             crit = int(np.argmax(times))
             others = sorted((e for e in range(len(a)) if e != crit), key=lambda e: times[e])
-            candidates = [("move", i, None, e) for i in sorted(a[crit], key=lambda i: -cost[i]) for e in others]
-            candidates += [("swap", i, j, e) for e in others for i in sorted(a[crit], key=lambda i: -cost[i])
-                           for j in a[e] if cost[j] < cost[i]]
+            # an engine takes at least as long as each of its requests alone (the cost function is monotone):
+            # a request whose time alone is the makespan or more cannot move anywhere that shortens it
+            movable = [i for i in sorted(a[crit], key=lambda i: -cost[i]) if cost[i] < span]
+            candidates = [("move", i, None, e) for i in movable for e in others]
+            candidates += [("swap", i, j, e) for e in others for i in movable for j in a[e] if cost[j] < cost[i]]
             for kind, i, j, e in candidates:
                 if self.evaluations >= budget:
                     break

@@ -153,7 +153,7 @@ def with_max_num_seqs(cfg: RunConfig, max_num_seqs: int | None) -> RunConfig:
 
 PRICED_DRAWS = 5  # problem draws of the priced placements
 PRICED_TARGET = 0.90  # length_aware's share of the placement ceiling's speed, priced makespan
-SEARCH_EVALUATIONS = 3000  # engine timings the placement ceiling's local search may run per batch
+SEARCH_EVALUATIONS = 300  # engine timings the placement ceiling's local search may run per batch
 
 
 def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
