@@ -389,15 +389,16 @@ def judge_history(results: list, batches: Sequence[Sequence], spec, max_model_le
                   temperature: float = 1.0) -> dict:
     """The history ceiling at each k of the replayed `results` (rows with ``replay_tokens_per_target_forward``
     and ``replay_per_step``, as `bench/das.py` summarizes them); each such row gets
-    ``history_ceiling`` (the ceiling at its k and its share, `history_share`). Returns {k: ceiling}."""
+    ``history_ceiling``: ``ceiling`` (the ceiling at its k), its own coverage and match length
+    (`trace_shape`) and its share (`history_share`). Returns {k: ceiling}."""
     rows = [r for r in results if r.get("replay_tokens_per_target_forward") is not None]
     ceilings = {k: history_ceiling(spec, batches, max_model_len, temperature, k)
                 for k in sorted({int(r["k"]) for r in rows})}
     for r in rows:
         c = ceilings[int(r["k"])]
         shape = trace_shape([x["trace"] for x in r["replay_per_step"]])
-        r["history_ceiling"] = {**c, **shape, **history_share(r["replay_tokens_per_target_forward"], shape, c,
-                                                              HISTORY_TARGET)}
+        r["history_ceiling"] = {"ceiling": c, **shape, **history_share(r["replay_tokens_per_target_forward"], shape,
+                                                                        c, HISTORY_TARGET)}
     return ceilings
 
 
@@ -407,7 +408,7 @@ def history_lines(results: list, ours: str) -> list[str]:
     rows = [r for r in results if r.get("history_ceiling")]
     out = []
     for k in sorted({r["k"] for r in rows}):
-        c = next(r["history_ceiling"] for r in rows if r["k"] == k)
+        c = next(r["history_ceiling"]["ceiling"] for r in rows if r["k"] == k)
         out.append(f"history hindsight ceiling at k={k} (the longest run of the next tokens that the text a store "
                    f"could hold by then contains): {c['tokens_per_target_forward']:.3f} tok/fwd, coverage "
                    f"{100 * c['coverage']:.1f}% of request-steps, match length {c['match_length']:.2f} tokens")

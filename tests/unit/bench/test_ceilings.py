@@ -263,11 +263,13 @@ def test_the_das_suite_rows_get_their_share_of_the_ceiling_at_their_k():
     assert list(ceilings) == [4]
     for r in results:
         h = r["history_ceiling"]
-        assert 0 < h["share"] <= 1.0 and h["k"] == 4
-        assert h["coverage"] <= ceilings[4]["coverage"] + 1e-12
+        assert 0 < h["share"] <= 1.0 and h["ceiling"] == ceilings[4] and ceilings[4]["k"] == 4
+        assert h["coverage"] == pytest.approx(h["coverage_ratio"] * ceilings[4]["coverage"])
+        assert h["match_length"] == pytest.approx(h["match_length_ratio"] * ceilings[4]["match_length"])
         assert (h["set_by"] is None) == h["met"]
     lines = history_lines(results, "das_w4_both")
     assert lines[0].startswith("history hindsight ceiling at k=4") and "target >= 90%" in lines[1]
+    assert f"coverage {100 * ceilings[4]['coverage']:.1f}%" in lines[0]
 
 
 def test_the_scheduling_summary_counts_every_draw_and_judges_the_interval():
