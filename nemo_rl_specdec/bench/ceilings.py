@@ -28,19 +28,28 @@ step priced by the one cost function (`PlacementPricer.engine_s`). On that objec
 
 **History drafters** (`bench --suite das`, `drafters`). `HindsightHistory` is a `ReplayDrafter` whose
 draft at every step is the longest run of the tokens the target actually generated next (at most k)
-that occurs anywhere in the text a history store could hold by then: every earlier batch (prompts and
-responses), the current batch's prompts, and every running request's verified tokens (its own and its
-siblings'). A history drafter's draft (DAS, vLLM's suffix and n-gram) is a branch of its store: a run
-of tokens that occurs in that text, so it accepts at most as many tokens at the same position. By
-induction over the steps (every request of the batch admitted at once, as the suites replay them):
-if every request is at least as far in the ceiling's replay as in the drafter's, the ceiling's text
-holds the drafter's (siblings are further too), and a run that occurs there from the drafter's
-position still occurs from any later position up to its end, so after the step the ceiling is still at
-least as far. Each request takes no more target forwards: tokens per forward are a ceiling at that k.
+that the text a history store could hold by then has right after an occurrence of the context's last
+`MIN_MATCH` tokens: the hindsight-best draft such a store could propose. That text is every earlier
+batch (prompts and responses), the current batch's prompts, and every running request's verified
+tokens (its own and its siblings'). Every history drafter compared proposes a continuation of an
+occurrence in its store of a suffix of the context at least `MIN_MATCH` long (DAS and vLLM's suffix
+through arctic-inference's suffix tree, whose `speculate` tries match lengths from 1 and proposes
+nothing when no context token matches; vLLM's n-gram at its defaults, `prompt_lookup_min` 5; ours,
+`prompt_lookup_min` >= 1): the context's last `MIN_MATCH` tokens followed by its draft occur in the
+text, and the ceiling's draft is the longest such run of the true next tokens, so the drafter accepts
+at most as many tokens at the same position. By induction over the steps (every request of the batch admitted
+at once, as the suites replay them): if every request is at least as far in the ceiling's replay as
+in the drafter's, the ceiling's text holds the drafter's (siblings are further too), and a run that
+occurs there from the drafter's position, with the `MIN_MATCH` tokens before it, still occurs from
+any later position up to its end with the `MIN_MATCH` tokens before that position (they are inside
+the run or the drafter's own matched tokens), so after the step the ceiling is still at least as far.
+Each request takes no more target forwards: tokens per forward are a ceiling at that k.
 
 **Hybrid** (`bench --suite hybrid`). `hybrid_bound`: per request, the fewest decode forwards over the
 recorded text when at each position the step may commit up to 1 + the larger of the model half's
-accepted draft there (its teacher-forced draft, `model_drafts`) and the history hindsight above, the
+accepted draft there (its teacher-forced draft, `model_drafts`) and the history hindsight above with
+no context match asked of it (the longest run of the next tokens anywhere in the text, at least the
+history ceiling's draft), the
 store's text taken at its largest (every earlier batch, the batch's prompts, the siblings' whole
 responses and the request's own tokens so far, which holds whatever any store held at any time).
 Any rule that picks, per request and step, the history draft, the model draft, a cut of either or
@@ -270,17 +279,22 @@ def _grams_ending(grams: set, text: Sequence[int], start: int, end: int, k: int)
             grams.add(hash(tuple(text[e - j + 1:e + 1])))
 
 
-def longest_known(grams, future: Sequence[int]) -> int:
-    """The longest prefix of `future` that occurs in the text `grams` indexes (runs of at most
-    len(future) tokens): every prefix of an occurring run occurs, so a binary search finds it."""
+def longest_known(grams, future: Sequence[int], lead: Sequence[int] = ()) -> int:
+    """The longest prefix of `future` that the text `grams` indexes has right after `lead` (runs of
+    at most len(lead) + len(future) tokens): every prefix of an occurring run occurs, so a binary
+    search finds it."""
+    lead = tuple(lead)
     lo, hi = 0, len(future)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if hash(tuple(future[:mid])) in grams:
+        if hash(lead + tuple(future[:mid])) in grams:
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+MIN_MATCH = 1   # the fewest context tokens any history drafter compared matches before it proposes (module doc)
 
 
 @dataclass
@@ -288,10 +302,12 @@ class HindsightHistory:
     """The history hindsight ceiling as `bench/replay.py` drives a drafter (module doc): `texts`
     {(batch, rollout): prompt + response tokens}, the recorded text; `k` the drafts' length. Its
     `drafter` replays with ``replay(..., drafter=h.drafter)`` on the same batches; the trace's
-    proposer time is its own lookups (it prices as no proposer: the ceiling is on tokens per forward)."""
+    proposer time is its own lookups (it prices as no proposer: the ceiling is on tokens per forward).
+    `min_match` the context tokens a draft must follow in the text (0: anywhere in it)."""
 
     texts: dict
     k: int
+    min_match: int = MIN_MATCH
     grams: set = field(default_factory=set)
     _seen: dict = field(default_factory=dict)
     rows: int = 0            # decode request-steps
@@ -311,13 +327,14 @@ class HindsightHistory:
             _, v, j = rid.rsplit("-", 2)
             key = (int(v), int(j))
             keys.append(key)
-            _grams_ending(self.grams, self.texts[key], self._seen.get(key, 0), n, self.k)
+            _grams_ending(self.grams, self.texts[key], self._seen.get(key, 0), n, self.k + self.min_match)
             self._seen[key] = n
         out = []
         for key, n in zip(keys, ns, strict=True):
             text = self.texts[key]
             future = text[n:min(n + self.k, len(text))]
-            a = longest_known(self.grams, future)
+            m = self.min_match
+            a = longest_known(self.grams, future, text[n - m:n]) if n >= m else 0
             self.rows += 1
             self.matched += a > 0
             self.accepted += a
@@ -327,7 +344,7 @@ class HindsightHistory:
     def after_batch(self, rollouts: list, version: int) -> None:
         for key, n in list(self._seen.items()):   # the batch's whole text is history from now on
             text = self.texts[key]
-            _grams_ending(self.grams, text, n, len(text), self.k)
+            _grams_ending(self.grams, text, n, len(text), self.k + self.min_match)
             self._seen[key] = len(text)
 
 
@@ -339,7 +356,7 @@ def _texts(batches: Sequence[Sequence]) -> dict:
 
 
 def history_ceiling(spec, batches: Sequence[Sequence], max_model_len: int, temperature: float = 1.0,
-                    k: int | None = None) -> dict:
+                    k: int | None = None, min_match: int = MIN_MATCH) -> dict:
     """The history hindsight ceiling of `batches` at `k` (default the block's): per batch the replay's
     figures (`bench/replay.py`, every request admitted at once) with the hindsight draft, and over
     all of them tokens per target forward, coverage (the share of decode request-steps whose draft
@@ -348,11 +365,11 @@ def history_ceiling(spec, batches: Sequence[Sequence], max_model_len: int, tempe
 
     k = int(k or spec.num_speculative_tokens)
     spec = spec.model_copy(update={"num_speculative_tokens": k})
-    h = HindsightHistory(_texts(batches), k)
+    h = HindsightHistory(_texts(batches), k, min_match)
     rows = replay(spec, batches, max_model_len, temperature, drafter=h.drafter, label="history_ceiling")
     gen = sum(r["generated_tokens"] for r in rows)
     fwd = sum(r["target_forwards"] for r in rows)
-    return {"k": k, "tokens_per_target_forward": gen / fwd if fwd else 0.0,
+    return {"k": k, "min_match": min_match, "tokens_per_target_forward": gen / fwd if fwd else 0.0,
             "per_batch": [r["tokens_per_target_forward"] for r in rows],
             "coverage": h.matched / h.rows if h.rows else 0.0,
             "match_length": h.accepted / h.matched if h.matched else 0.0}
@@ -410,7 +427,8 @@ def history_lines(results: list, ours: str) -> list[str]:
     for k in sorted({r["k"] for r in rows}):
         c = next(r["history_ceiling"]["ceiling"] for r in rows if r["k"] == k)
         out.append(f"history hindsight ceiling at k={k} (the longest run of the next tokens that the text a store "
-                   f"could hold by then contains): {c['tokens_per_target_forward']:.3f} tok/fwd, coverage "
+                   f"could hold by then has after the context's last {c['min_match']} token(s)): "
+                   f"{c['tokens_per_target_forward']:.3f} tok/fwd, coverage "
                    f"{100 * c['coverage']:.1f}% of request-steps, match length {c['match_length']:.2f} tokens")
         for r in (r for r in rows if r["k"] == k):
             h = r["history_ceiling"]
@@ -487,6 +505,6 @@ class _Known:
         return x in self.history or x in self.prefix or self.held.get(x, 0) - (x in self.own) > 0
 
 
-__all__ = ["HISTORY_TARGET", "HindsightHistory", "PlacementPricer", "RequestSteps", "fewest_forwards",
+__all__ = ["HISTORY_TARGET", "MIN_MATCH", "HindsightHistory", "PlacementPricer", "RequestSteps", "fewest_forwards",
            "history_ceiling", "history_lines", "history_share", "hybrid_bound", "judge_history", "longest_known",
            "placement_ceiling", "request_steps", "share_verdict", "trace_shape"]

@@ -115,6 +115,65 @@ def test_longest_known_is_the_longest_occurring_prefix():
     assert longest_known(g, [2, 9, 1]) == 2
     assert longest_known(g, [7]) == 0
     assert longest_known(g, []) == 0
+    assert longest_known(g, [2, 9], lead=[1]) == 2          # 1 2 9 occurs
+    assert longest_known(g, [2, 3, 4], lead=[1]) == 3       # 1 2 3 4 occurs
+    assert longest_known(g, [3, 4], lead=[1]) == 0          # 3 follows 1 nowhere, though 3 4 occurs
+    assert longest_known(g, [1, 2], lead=[4, 5]) == 2
+
+
+def _best_continuation(texts, context, future, m):
+    """Brute force: over every occurrence in `texts` of every suffix of `context` at least m long,
+    the longest continuation equal to a prefix of `future`."""
+    best = 0
+    for s in range(m, len(context) + 1):
+        suffix = list(context[len(context) - s:])
+        for t in texts:
+            for e in range(s, len(t) + 1):
+                if t[e - s:e] == suffix:
+                    a = 0
+                    while a < len(future) and e + a < len(t) and t[e + a] == future[a]:
+                        a += 1
+                    best = max(best, a)
+    return best
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_the_hindsight_draft_is_the_best_continuation_of_a_context_match(m):
+    """HindsightHistory's draft at every step is the brute-force best: the longest run of the true
+    next tokens that continues an occurrence, in the text a store could hold by then, of a suffix of
+    the context at least m long. Replayed through the real replay, every step checked."""
+    from nemo_rl_specdec.bench.ceilings import HindsightHistory, _texts
+    from nemo_rl_specdec.bench.replay import replay
+
+    batches = _text_batches(random.Random(11), 3, 2, 2, vocab=4)
+    texts = _texts(batches)
+    h = HindsightHistory(texts, 3, m)
+    checked = free = 0
+    inner = h.propose
+    upto: dict = {}
+
+    def propose(batch, sampled, requests):
+        out = inner(batch, sampled, requests)
+        nonlocal checked, free
+        rids = list(batch.req_ids)
+        ns = [int(x) for x in batch.num_tokens_no_spec[:len(rids)]]
+        keys = [tuple(int(x) for x in r.rsplit("-", 2)[1:]) for r in rids]
+        v = keys[0][0]
+        for key, n in zip(keys, ns, strict=True):
+            upto[key] = n
+        held = [t for (w, _), t in texts.items() if w < v]   # earlier batches, whole
+        # the batch's requests: their verified tokens (a finished one's, all of them), else their prompt
+        held += [texts[(w, j)][:upto.get((w, j), len(batches[w][j]["prompt_token_ids"]))] for (w, j) in texts if w == v]
+        for key, n, d in zip(keys, ns, out, strict=True):
+            t = texts[key]
+            future = t[n:n + 3]
+            assert len(d) == _best_continuation(held, t[:n], future, m) and list(d) == future[:len(d)]
+            free += _best_continuation(held, t[:n], future, 0) > len(d)
+            checked += 1
+        return out
+    h.drafter.propose = propose
+    replay(_spec(3), batches, max_model_len=256, drafter=h.drafter, label="brute")
+    assert checked > 50 and free > 0   # many steps, and the context match does cut some drafts
 
 
 def _paths(reach):
@@ -215,6 +274,14 @@ def test_a_share_names_the_property_that_sets_it():
 # ------------------------------------------------------------------- against the real history drafters
 
 arctic = pytest.importorskip("arctic_inference.suffix_decoding._C")
+
+
+def _spec(k):
+    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.resources import config_path
+
+    return load_run_config(config_path("tiny_cpu.yaml"),
+                           [f"policy.generation.speculative_decoding.num_speculative_tokens={k}"]).spec
 
 
 def _rows():
