@@ -516,11 +516,11 @@ def _print_priced(results: list, cfg: RunConfig, profile) -> None:
         by[main]["vs_best_builtin"] = v
         for line in verdict_lines(v, "priced rollout time", {r["name"]: r["k"] for r in rows}):
             print(line)
-    if main in by and set(by) & set(BUILTINS):
+    if main in by and set(by) & set(BUILTINS) and "by_batch" in by[main]:
         shown = [main, verdict({1.0: {n: _at(r, 1.0) for n, r in by.items()}}, main)[0]["best_builtin"]]
         print("where the priced rollout time goes, per batch-size bin (host 1x; the small bins are the rollouts' "
               "tail): priced s, steps, tokens per request-step, draft tokens verified per request-step")
-        for n in shown:
+        for n in (x for x in shown if "by_batch" in by[x]):
             print(f"  {n} (k={by[n]['k']}): " + "; ".join(
                 f"{b['batch']}: {b['priced_s']:.3f} s, {b['steps']}, {b['tokens_per_request_step']:.2f}, "
                 f"{b['draft_tokens_per_request_step']:.1f}" for b in by[n]["by_batch"]))
