@@ -45,8 +45,9 @@ Priced (``priced x``, ``priced_*``): every replay's steps priced on the hardware
 (``bench.das.hardware``, default h100_qwen3_8b; docs/pricing.md) against the same text without
 drafts, the default DAS against vLLM's suffix at matched k and against the best of vLLM's
 built-ins (``bench/builtins.py``: suffix and n-gram, at matched k and at vLLM's own defaults) at
-each host speed, and the DAS proposer's measured time per row and its share of the priced step by
-batch size. ``engine priced x``: each engine's own steps priced.
+each host speed, the DAS proposer's measured time per row and its share of the priced step by
+batch size, and where the default DAS's and the best built-in's priced time goes per batch-size bin
+(`by_batch`: the small bins are the rollouts' tail). ``engine priced x``: each engine's own steps priced.
 ``bench.das.engines: false`` runs phase 1, the replays and the priced figures only.
 
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
