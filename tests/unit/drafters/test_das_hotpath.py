@@ -433,3 +433,13 @@ def test_k_by_batch_size_caps_every_draft_at_the_steps_batch_size():
     p.use_local = False
     p.specdec_rebuild([rollout(seq, 0, pid=None)], 1)
     assert [len(d) for d in p.propose([[1]] * 7, r.n, r.tokens)] == [8] * 7  # no table: k everywhere
+
+
+def test_trees_are_as_deep_as_a_draft_can_reach():
+    """A draft is at most min(k, max_spec_factor x match) tokens after a match of at most
+    max_match_len - 1: the trees are built that deep and no deeper (insertion cost grows with depth)."""
+    deep = {"max_tree_depth": 64, "max_match_len": 16}
+    assert _proposer(k=24, max_spec_factor=1.0, **deep).depth == 15 + 16   # the factor binds
+    assert _proposer(k=8, max_spec_factor=1.0, **deep).depth == 15 + 8     # k binds
+    assert _proposer(k=24, max_spec_factor=2.0, **deep).depth == 15 + 24
+    assert _proposer(k=24, max_spec_factor=2.0, max_tree_depth=20, max_match_len=16).depth == 20
