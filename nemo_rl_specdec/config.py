@@ -90,6 +90,7 @@ class _SpecDecBlock(_Strict):
 
     enabled: bool = False
     drafter: Literal[tuple(DRAFTERS)] = "suffix"  # type: ignore[valid-type]
+    # unset: the drafter's default (`default_k`: 24 for suffix, vLLM's own default there, else 8)
     num_speculative_tokens: int = Field(8, ge=1, le=64)
     # auto: probabilistic for model drafters at T>0 (lossless and far better accepted), else greedy
     draft_sample_method: Literal["auto", "greedy", "probabilistic"] = "auto"
@@ -102,6 +103,8 @@ class _SpecDecBlock(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self):
+        if "num_speculative_tokens" not in self.model_fields_set:
+            self.num_speculative_tokens = drafter_of(self.drafter).default_k
         allowed, what = drafter_of(self.drafter).refresh_modes_for(getattr(self, self.drafter))
         if self.refresh.mode is None:
             self.refresh.mode = allowed[0]

@@ -61,10 +61,12 @@ def changes(name: str, cfg) -> dict:
         k = d.pop("num_speculative_tokens")
         return {"drafter": drafter, "num_speculative_tokens": k, drafter: {"backend": "vllm", **d}, **plain}
 
+    k = {"num_speculative_tokens": cfg.spec.num_speculative_tokens}   # the run file's k, as its drafter resolved it
     rows = {
         "vllm_suffix": lambda: {"drafter": "suffix", "suffix": for_backend(cfg.spec.suffix.model_dump(), "vllm"),
-                                **frozen},
-        "ngram": lambda: {"drafter": "ngram", "ngram": {**cfg.spec.ngram.model_dump(), "backend": "vllm"}, **frozen},
+                                **k, **frozen},
+        "ngram": lambda: {"drafter": "ngram", "ngram": {**cfg.spec.ngram.model_dump(), "backend": "vllm"}, **k,
+                          **frozen},
         "vllm_suffix_default": lambda: at_vllm_defaults("suffix"),
         "ngram_default": lambda: at_vllm_defaults("ngram"),
     }

@@ -45,8 +45,9 @@ Priced (``priced x``, ``priced_*``): every replay's steps priced on the hardware
 (``bench.das.hardware``, default h100_qwen3_8b; docs/pricing.md) against the same text without
 drafts, the default DAS against vLLM's suffix at matched k and against the best of vLLM's
 built-ins (``bench/builtins.py``: suffix and n-gram, at matched k and at vLLM's own defaults) at
-each host speed, and the DAS proposer's measured time per row and its share of the priced step by
-batch size. ``engine priced x``: each engine's own steps priced.
+each host speed, the DAS proposer's measured time per row and its share of the priced step by
+batch size, and where the default DAS's and the best built-in's priced time goes per batch-size bin
+(`by_batch`: the small bins are the rollouts' tail). ``engine priced x``: each engine's own steps priced.
 ``bench.das.engines: false`` runs phase 1, the replays and the priced figures only.
 
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
@@ -447,7 +448,36 @@ def _priced(c: dict, profile) -> dict:
                                       "speedup": base / at(h, "rollout_s") if at(h, "rollout_s") else None}
                                      for h in HOST_SPEEDS],
             "priced_per_step": [x["speedup"] for x in sp],
-            "proposer_by_batch": proposer_share(traces, profile)}
+            "proposer_by_batch": proposer_share(traces, profile), "by_batch": by_batch(traces, profile)}
+
+
+def by_batch(traces: list, profile) -> list[dict]:
+    """Where a configuration's priced rollout time goes, per batch-size bin of its decode steps
+    (`cost/price.py` BINS): the bin's priced seconds (host 1x), steps, tokens committed per request
+    per step, and draft tokens verified per request per step (at a small batch, how deep the per-step
+    rule let the drafts go). A rollout's last steps run few requests: the small bins are its tail."""
+    from nemo_rl_specdec.cost.price import BINS, step_costs
+
+    acc: dict = {}
+    for t in traces:
+        for s, c in zip(t.steps, step_costs(t, profile), strict=True):
+            n = len(s.rids)
+            if not n:
+                continue
+            b = next(j for j, (lo, hi) in enumerate(BINS) if lo <= n < hi)
+            a = acc.setdefault(b, [0.0, 0, 0, 0, 0])
+            a[0] += c.total_s
+            a[1] += 1
+            a[2] += n
+            a[3] += n + sum(s.accepted)
+            a[4] += sum(s.drafts)
+    out = []
+    for b in sorted(acc):
+        lo, hi = BINS[b]
+        s_, steps, rows, committed, drafted = acc[b]
+        out.append({"batch": f"{lo}-{hi - 1}" if hi < 10 ** 9 else f">={lo}", "priced_s": s_, "steps": steps,
+                    "tokens_per_request_step": committed / rows, "draft_tokens_per_request_step": drafted / rows})
+    return out
 
 
 def _print_priced(results: list, cfg: RunConfig, profile) -> None:
@@ -490,6 +520,14 @@ def _print_priced(results: list, cfg: RunConfig, profile) -> None:
         by[main]["vs_best_builtin"] = v
         for line in verdict_lines(v, "priced rollout time", {r["name"]: r["k"] for r in rows}):
             print(line)
+    if main in by and set(by) & set(BUILTINS) and "by_batch" in by[main]:
+        shown = [main, verdict({1.0: {n: _at(r, 1.0) for n, r in by.items()}}, main)[0]["best_builtin"]]
+        print("where the priced rollout time goes, per batch-size bin (host 1x; the small bins are the rollouts' "
+              "tail): priced s, steps, tokens per request-step, draft tokens verified per request-step")
+        for n in (x for x in shown if "by_batch" in by[x]):
+            print(f"  {n} (k={by[n]['k']}): " + "; ".join(
+                f"{b['batch']}: {b['priced_s']:.3f} s, {b['steps']}, {b['tokens_per_request_step']:.2f}, "
+                f"{b['draft_tokens_per_request_step']:.1f}" for b in by[n]["by_batch"]))
     from nemo_rl_specdec.bench.ceilings import history_lines
 
     for line in history_lines(rows, main):

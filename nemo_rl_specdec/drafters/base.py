@@ -73,6 +73,7 @@ class Drafter:
     kind: ClassVar[str] = MODEL
     draft_cost: ClassVar[str] = SEQUENTIAL
     config: ClassVar[type[Strict]] = NoConfig
+    default_k: ClassVar[int] = 8  # num_speculative_tokens when the block leaves it unset
     refresh_modes: ClassVar[tuple[RefreshMode, ...]] = ("frozen",)
     weights_in_policy_checkpoint: ClassVar[bool] = False
     refit_hint: ClassVar[str] = "no NeMo-RL trainer streams this drafter's weights"  # why `refit` is refused

@@ -21,9 +21,10 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   - 1``) into an :class:`~nemo_rl_specdec.drafters.machinery.calibration.AcceptanceCalibration`;
 - matches the request's own context (prompt + verified output so far, last ``max_match_len``
   tokens: arctic re-walks the tree from the root for every match length, so the cost grows with
-  the square of the matched tail, and trees are built only ``max_match_len - 1 + k`` deep, as
-  deep as such a query reads) in the trees its scope allows (problem tree, global tree; a
-  request without a problem id uses the global tree and is counted in ``no_problem_id``), and
+  the square of the matched tail, and trees are built only ``max_match_len - 1 + min(k,
+  max_spec_factor x max_match_len)`` deep, as deep as such a query reads) in the trees its
+  scope allows (problem tree, global tree; a request without a problem id uses the global tree
+  and is counted in ``no_problem_id``), and
   keeps the draft with more calibrated expected accepted tokens; the global tree is skipped
   only when it cannot win;
 - shares its verified tokens with its siblings (same problem id) through the store as it
@@ -37,7 +38,9 @@ Per request and per engine step, :meth:`DASProposer.propose`:
   then come from the per-request tree only (``fenced_rows``);
 - lets the draft length follow the match: at most ``max_spec_factor`` x match length, tokens
   only while their frequency-estimated probability is >= ``min_token_prob``, and never more than
-  min(num_speculative_tokens, budget, tokens left before max_model_len). More than k drafts
+  min(num_speculative_tokens, budget, the k of ``scheduling.k_by_batch_size`` at the step's batch
+  size, tokens left before max_model_len): vLLM applies that schedule to its own proposers only,
+  so DAS applies it itself. More than k drafts
   would kill the engine, so the clamp is unconditional;
 - with ``scheduling.budget: adaptive``, then cuts every request's draft to the length that
   maximises the step's committed tokens per second (:mod:`~nemo_rl_specdec.drafters.machinery.step_judge`),
@@ -55,6 +58,7 @@ policy's (greedy: identical; T > 0: same distribution).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -131,6 +135,9 @@ class Suffix(Drafter):
     kind = LIST
     draft_cost = HOST
     config = SuffixConfig
+    # vLLM's own default for method suffix (its tree depth): at a small batch a deep draft is nearly free
+    # on a GPU; DAS's per-step rule cuts each draft by the step's cost (machinery/step_judge.py)
+    default_k = 24
     refresh_modes = ("rebuild", "frozen")
     worker_modules = ("arctic_inference.suffix_decoding",)  # both backends build arctic's suffix trees
     variants = (("suffix (DAS)", _backend_overrides("das")),
@@ -214,6 +221,22 @@ def _rollout_rows(rollouts):
     return rollouts if isinstance(rollouts, RolloutBatch) else list(rollouts)
 
 
+def _k_lookup(table, k: int) -> list | None:
+    """`scheduling.k_by_batch_size` (validated `[[lo, hi, k], ...]`) as a dense lookup by batch size,
+    index 0 unused, with vLLM's semantics: gaps and batches past the last range keep the previous k; at
+    most `k`. None: no table."""
+    if not table:
+        return None
+    out = [0] * (max(int(hi) for _, hi, _ in table) + 1)
+    last = 0
+    for b in range(1, len(out)):
+        for lo, hi, kk in table:
+            if lo <= b <= hi:
+                last = int(kk)
+        out[b] = min(last, k)
+    return out
+
+
 def _suffix_settings(spec: dict | None) -> dict:
     """The `suffix` sub-block of the speculative block, validated with the config schema."""
     raw = dict((spec or {}).get("suffix") or {})
@@ -253,17 +276,20 @@ class DASProposer(SpecdecProposer):
         self._drop_staged()
         self.settings = s
         self.share = s["share_in_flight"]  # in-flight sharing between siblings: cold | always | off
-        # a query matches at most match_len - 1 tokens of the request's tail and drafts at most k more,
-        # so nodes deeper than match_len - 1 + k are never read: trees that deep give the same drafts
-        # as max_tree_depth-deep ones, and insertion (cost grows with depth) is cheaper
+        # a query matches at most match_len - 1 tokens of the request's tail and drafts at most
+        # min(k, max_spec_factor x match length) more, so nodes deeper than that are never read: trees
+        # that deep give the same drafts as max_tree_depth-deep ones, and insertion (cost grows with
+        # depth) is cheaper
         self.match_len = min(int(s["max_tree_depth"]), int(s["max_match_len"]))
-        self.depth = min(int(s["max_tree_depth"]), self.match_len - 1 + max(1, self.k))
-        self.calibration = AcceptanceCalibration()
         self.max_spec_factor = float(s["max_spec_factor"])
+        reach = min(max(1, self.k), math.ceil(self.max_spec_factor * self.match_len))
+        self.depth = min(int(s["max_tree_depth"]), self.match_len - 1 + reach)
+        self.calibration = AcceptanceCalibration()
         self.min_token_prob = float(s["min_token_prob"])
         self.store = RolloutStore(window_steps=s["window_steps"], scope=s["scope"], max_tree_depth=self.depth,
                                   max_memory_bytes=float(s["max_memory_mb"]) * 2**20)
         self.judge = self.make_judge("DAS", spec)
+        self.k_by_batch = _k_lookup(((spec or {}).get("scheduling") or {}).get("k_by_batch_size"), self.k)
         self._reqs.clear()
 
     def specdec_rebuild(self, rollouts, version: int) -> int:
@@ -496,6 +522,8 @@ class DASProposer(SpecdecProposer):
         judged = self.judge.active and not fenced
         skipped = judged and self.judge.skip(rows)  # this batch size is off: no lookups (machinery/step_judge.py)
         pending: list = []  # (row, request id, state, tokens, probs, source index) of every draft
+        kb = self.k_by_batch  # scheduling.k_by_batch_size: vLLM does not apply it to a custom_class proposer's drafts
+        k_cap = k if kb is None else kb[min(rows, len(kb) - 1)]
         for i in range(rows):
             rid = req_ids[i]
             if rid is None:
@@ -522,7 +550,7 @@ class DASProposer(SpecdecProposer):
             if st.budget < k and st.predicted is not None and n - st.prompt_len > st.predicted:
                 st.budget = k
                 c["budget_promoted"] += 1
-            limit = min(st.budget, self.max_model_len - n - 1)
+            limit = min(st.budget, k_cap, self.max_model_len - n - 1)
             if limit <= 0 or skipped:
                 if st.budget == 0:
                     c["budget_zero"] += 1

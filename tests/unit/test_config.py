@@ -95,7 +95,7 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
 EXPECTED_DEFAULTS = {
     "enabled": False,
     "drafter": "suffix",
-    "num_speculative_tokens": 8,
+    "num_speculative_tokens": 24,  # suffix: vLLM's own default there (Suffix.default_k)
     "draft_sample_method": "auto",
     "suffix": {"backend": "das", "window_steps": 4, "scope": "both", "max_tree_depth": 64,
                "max_match_len": 16, "max_spec_factor": 1.0, "min_token_prob": 0.1, "max_memory_mb": 512.0,
@@ -431,10 +431,25 @@ def test_model_drafters_are_not_list_drafters():
 ], ids=["suffix-das", "suffix-vllm", "ngram", *sorted(MODEL_BLOCKS)])
 def test_k_by_batch_size_maps_to_vllm_per_batch_size_k(block):
     table = [[1, 8, 8], [9, 64, 3], [65, 4096, 0]]
-    spec = spec_of({"enabled": True, **block, "scheduling": {"k_by_batch_size": table}})
+    spec = spec_of({"enabled": True, **block, "num_speculative_tokens": 8, "scheduling": {"k_by_batch_size": table}})
     out = to_vllm_speculative_config(spec)
     assert out["num_speculative_tokens_per_batch_size"] == table
     assert out["num_speculative_tokens"] == 8
+
+
+@pytest.mark.parametrize("block, k", [
+    ({"drafter": "suffix"}, 24),
+    ({"drafter": "suffix", "suffix": {"backend": "vllm"}}, 24),
+    ({"drafter": "ngram"}, 8),
+    ({"drafter": "suffix", "num_speculative_tokens": 8}, 8),
+], ids=["suffix-das", "suffix-vllm", "ngram", "suffix-set"])
+def test_unset_k_is_the_drafters_default_and_reaches_vllm(block, k):
+    """num_speculative_tokens unset: the drafter's default (suffix: 24, vLLM's own for method suffix),
+    which is what vLLM is started with; a value the block sets is kept, and a re-validated dump keeps it."""
+    spec = spec_of({"enabled": True, **block})
+    assert spec.num_speculative_tokens == k
+    assert to_vllm_speculative_config(spec)["num_speculative_tokens"] == k
+    assert spec_of(spec.model_dump()).num_speculative_tokens == k
 
 
 def test_no_k_by_batch_size_means_no_per_batch_key():
@@ -848,7 +863,7 @@ def test_cli_validate_ok(capsys):
     assert out["speculative_decoding"]["drafter"] == "suffix"
     assert out["speculative_decoding"]["refresh"]["mode"] == "rebuild"
     assert out["vllm_speculative_config"] == {
-        "method": "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", "num_speculative_tokens": 8,
+        "method": "custom_class", "model": "nemo_rl_specdec.drafters.suffix.DASProposer", "num_speculative_tokens": 24,
     }
 
 

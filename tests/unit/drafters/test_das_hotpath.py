@@ -409,3 +409,37 @@ def test_step_times_are_sampled_between_calls_of_the_same_requests():
         p.propose([[1]], r.n, r.tokens)
     assert p.judge.fit.samples == 4  # the first call's step prefilled the request: not a decode sample
     assert p.counters["adaptive_steps"] == 0  # uniform: measured, never cut
+
+
+# ---------------------------------------------------------------------- k by batch size
+
+def test_k_by_batch_size_caps_every_draft_at_the_steps_batch_size():
+    """vLLM applies `num_speculative_tokens_per_batch_size` to its own proposers only: DAS caps its
+    drafts by `scheduling.k_by_batch_size` itself, at the step's batch size (gaps and batches past the
+    last range keep the previous k, as vLLM reads the schedule)."""
+    p = _proposer(k=8, scope="global")
+    seq = list(range(40, 80))
+    table = [[1, 1, 8], [2, 3, 3], [5, 6, 0]]
+    want = {1: 8, 2: 3, 3: 3, 4: 3, 5: 0, 7: 0}
+    for batch, k in want.items():
+        rows = [(f"r{batch}-{i}", {}, PROMPT + seq[:10]) for i in range(batch)]
+        r = _Runner(rows)
+        p.specdec_attach(r, {"suffix": p.settings, "auto_disable": False, "scheduling": {"k_by_batch_size": table}})
+        p.use_local = False
+        p.specdec_rebuild([rollout(seq, 0, pid=None)], 1)
+        out = p.propose([[1]] * batch, r.n, r.tokens)
+        assert [len(d) for d in out] == [k] * batch, batch
+    p.specdec_attach(r, {"suffix": p.settings, "auto_disable": False})
+    p.use_local = False
+    p.specdec_rebuild([rollout(seq, 0, pid=None)], 1)
+    assert [len(d) for d in p.propose([[1]] * 7, r.n, r.tokens)] == [8] * 7  # no table: k everywhere
+
+
+def test_trees_are_as_deep_as_a_draft_can_reach():
+    """A draft is at most min(k, max_spec_factor x match) tokens after a match of at most
+    max_match_len - 1: the trees are built that deep and no deeper (insertion cost grows with depth)."""
+    deep = {"max_tree_depth": 64, "max_match_len": 16}
+    assert _proposer(k=24, max_spec_factor=1.0, **deep).depth == 15 + 16   # the factor binds
+    assert _proposer(k=8, max_spec_factor=1.0, **deep).depth == 15 + 8     # k binds
+    assert _proposer(k=24, max_spec_factor=2.0, **deep).depth == 15 + 24
+    assert _proposer(k=24, max_spec_factor=2.0, max_tree_depth=20, max_match_len=16).depth == 20
