@@ -94,7 +94,9 @@ def ray_head(nemo_rl_src):
     env = {**{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH", "RAY_AUTH_TOKEN_PATH")},
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
            # each worker imports NeMo-RL and vLLM at interpreter start (loop_site): past Ray's 60 s on 2 busy cores
-           "RAY_worker_register_timeout_seconds": "600"}
+           "RAY_worker_register_timeout_seconds": "600",
+           # no idle workers started ahead (each holds NeMo-RL and vLLM in memory): only those the run asks for
+           "RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
     log = open(Path(temp) / "head.log", "w")  # noqa: SIM115 (closed below)
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
