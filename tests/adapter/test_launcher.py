@@ -58,8 +58,9 @@ BLOCK = {"enabled": True, "drafter": "ngram", "num_speculative_tokens": 3}
 PROMPTS_TEXT = ["a b c d a b c d a b c d a b c d", "one two three one two three one two three",
                 "x y z x y z x y z x y z", "red green blue red green blue red green blue"]
 
+PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 OVERRIDES = [
-    f"policy.model_name={POLICY}", "++policy.tokenizer.chat_template=null",
+    f"policy.model_name={POLICY}",
     "policy.generation.max_new_tokens=24", "policy.generation.temperature=0.0",
     "policy.generation.vllm_cfg.precision=float32", "policy.generation.vllm_cfg.max_model_len=256",
     "policy.generation.vllm_cfg.gpu_memory_utilization=0.5", "policy.generation.vllm_cfg.enforce_eager=true",
@@ -157,7 +158,10 @@ def _write_run(tmp_path: Path) -> Path:
         for text in PROMPTS_TEXT:
             f.write(json.dumps({"input": text, "output": "0"}) + "\n")
     run = {"defaults": "nemo_rl:examples/configs/grpo_math_1B.yaml",
-           "policy": {"generation": {"speculative_decoding": BLOCK}},
+           # the tiny policy's tokenizer has no chat template: NeMo-RL's passthrough one, spelled out
+           # (v0.7.0's MasterConfig refuses the `null` that selects it)
+           "policy": {"tokenizer": {"chat_template": PASSTHROUGH_TEMPLATE},
+                      "generation": {"speculative_decoding": BLOCK}},
            "data": {"num_workers": 0,
                     "train": {"dataset_name": "ResponseDataset", "data_path": str(data / "train.jsonl"),
                               "split_validation_size": 0},
