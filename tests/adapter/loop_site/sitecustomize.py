@@ -11,8 +11,18 @@ the launcher test's subprocess; each part acts only where its variable is set.
 - `SPECDEC_LAUNCH_DRIVER` (removed here, so nothing the driver starts inherits it): the launcher
   test's driver stand-ins (`launch_host.py`)."""
 import os
+import sys
 
-if os.environ.get("SPECDEC_LOOP_CPU_HOST"):
+
+def _needs_stand_ins() -> bool:
+    """Not in the helper processes torch starts (inductor's `python -c` compile checks, one per
+    kernel, each of which would import vLLM and NeMo-RL here): only in a `-c` process when it is
+    a multiprocessing child (vLLM's spawned engine core and workers)."""
+    argv = getattr(sys, "orig_argv", [])
+    return "-c" not in argv or "multiprocessing" in " ".join(argv)
+
+
+if os.environ.get("SPECDEC_LOOP_CPU_HOST") and _needs_stand_ins():
     import loop_cpu_host
 
     loop_cpu_host.apply()
