@@ -390,10 +390,10 @@ def _count_env_class():
     class CountEnv:
         """Stand-in task (module docstring): reward = share of response tokens below 32."""
 
-        def __init__(self, tokenizer_path):
+        def __init__(self, env_config=None):  # NeMo-RL's `create_env` hands an env its config
             from transformers import AutoTokenizer
 
-            self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
+            self.tok = AutoTokenizer.from_pretrained(POLICY)
 
         def step(self, message_log_batch, metadata):
             rewards, obs = [], []
@@ -549,7 +549,7 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
         train, val = _datasets(tokenizer)
         loader = StatefulDataLoader(train, batch_size=PROMPTS, shuffle=False, collate_fn=rl_collate_fn, drop_last=True)
         val_loader = StatefulDataLoader(val, batch_size=2, shuffle=False, collate_fn=rl_collate_fn)
-        env = _count_env_class().remote(POLICY)
+        env = _count_env_class().remote()
         stop.append(lambda: ray.kill(env))
         logger = Logger(cfg["logger"])
         logged: list = []
@@ -617,7 +617,7 @@ def without_block(loop_ray, tmp_path_factory):
     return run_loop(tmp_path_factory.mktemp("no_block"), None)
 
 
-def assert_drafting_every_step(logged: list) -> None:
+def assert_drafting_every_step(logged: list, steps: int = STEPS) -> None:
     """At every training step NeMo-RL's logger got drafted and accepted tokens above zero, in NeMo-RL's
     own values: `vllm/spec_num_draft_tokens` and `vllm/spec_num_accepted_tokens`, the step's delta of
     the engine's counters (its `compute_spec_decode_metrics`, which logs every `vllm/spec_*` key as
@@ -626,7 +626,7 @@ def assert_drafting_every_step(logged: list) -> None:
     for p, s, m in logged:
         if p == "train":
             train.setdefault(s, {}).update(m)
-    assert sorted(train) == list(range(1, STEPS + 1))
+    assert sorted(train) == list(range(1, steps + 1))
     for s, m in train.items():
         assert any(k.startswith("specdec/") for k in m), (s, sorted(m))
         drafted, accepted = m.get("vllm/spec_num_draft_tokens", 0.0), m.get("vllm/spec_num_accepted_tokens", 0.0)
