@@ -92,12 +92,10 @@ class Hybrid(Drafter):
         """The model part's drafter (validated by `check`); `spec`: the block, or the block as plain data."""
         return self.parts[spec["hybrid"]["model"] if isinstance(spec, dict) else spec.hybrid.model]
 
-    def weights_owner(self, spec) -> Drafter:
-        return self.model_part(spec)
-
     def history_part(self, spec) -> Drafter:
         return self.parts[spec.hybrid.history]
 
+    # ------------------------------------------------------------------ Declared: the model part's modes, checkpoint
     def refresh_modes_for(self, block):
         part = self.parts.get(block.model)
         if part is None or part.kind != MODEL:
@@ -150,34 +148,34 @@ class Hybrid(Drafter):
     def checkpoint(self, spec) -> str | None:
         return self.model_part(spec).checkpoint(spec)
 
+    # ------------------------------------------------------------------ VllmMapping: the model part's method, greedy
     def vllm_config(self, spec, temperature):
         out = self.model_part(spec).vllm_config(spec, temperature)
         out["draft_sample_method"] = "greedy"
         return out
 
+    def draft_sample_method(self, spec, temperature):
+        return "greedy"
+
     def engine_args(self, spec):
         # per-request drafts of any length take vLLM's list path, which needs synchronous scheduling
         return {"async_scheduling": False}
 
-    def draft_sample_method(self, spec, temperature):
-        return "greedy"
-
-    def cost_entry(self, spec):
-        return self.model_part(spec).cost_entry(spec)
-
-    def cost_parts(self, spec):
-        return {"history": self.history_part(spec).cost_entry(spec), "model": self.model_part(spec).cost_entry(spec)}
-
-    def rollout_prompt_tail(self, spec):
-        return self.history_part(spec).rollout_prompt_tail(spec)
-
     def engine_proposer(self, runner, spec):
         return HybridProposer(runner, spec)
+
+    # ---------------------------------------------------------- Refreshable: the model part's weights, DAS's rollouts
+    def weights_owner(self, spec) -> Drafter:
+        return self.model_part(spec)
 
     def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
         return self.model_part(spec).build_distiller(spec, temperature=temperature, seed=seed,
                                                      model_path=model_path, **kw)
 
+    def rollout_prompt_tail(self, spec):
+        return self.history_part(spec).rollout_prompt_tail(spec)
+
+    # ------------------------------------------------------------------ NemoRLRules: the model part's
     refit_hint = "refit needs the trainer to stream the model part's weights (see hybrid.model's drafter)"
 
     def weight_source(self, spec, streams):
@@ -185,6 +183,13 @@ class Hybrid(Drafter):
 
     def check_nemo_rl(self, spec, policy):
         self.model_part(spec).check_nemo_rl(spec, policy)
+
+    # ------------------------------------------------------------------ PricedDrafter: the two parts' entries
+    def cost_entry(self, spec):
+        return self.model_part(spec).cost_entry(spec)
+
+    def cost_parts(self, spec):
+        return {"history": self.history_part(spec).cost_entry(spec), "model": self.model_part(spec).cost_entry(spec)}
 
 
 class ModelAcceptance:
