@@ -8,8 +8,8 @@ import json
 import pytest
 
 from nemo_rl_specdec.config import BLOCK_PATH as B, ConfigError, load_run_config, to_vllm_speculative_config
-from nemo_rl_specdec.drafters.hybrid import ModelAcceptance
 from nemo_rl_specdec.drafters.base import Declared, VllmMapping
+from nemo_rl_specdec.drafters.hybrid import ModelAcceptance
 from nemo_rl_specdec.drafters.registry import drafter
 from nemo_rl_specdec.lockstep import Refreshable
 
@@ -67,7 +67,8 @@ def test_the_block_maps_to_the_model_parts_method_greedy_and_synchronous(model):
     d = drafter(spec, Refreshable)
     assert drafter(spec, Declared).checkpoint(spec) == getattr(spec, model).model
     assert d.weights_owner(spec) is drafter(model, Refreshable)
-    assert d.rollout_prompt_tail(spec) == drafter("suffix", Refreshable).rollout_prompt_tail(spec)  # the store takes rollouts
+    # the store takes rollouts
+    assert d.rollout_prompt_tail(spec) == drafter("suffix", Refreshable).rollout_prompt_tail(spec)
 
 
 def test_the_model_parts_refresh_modes_govern_both_halves():
