@@ -264,6 +264,20 @@ class HybridProposer:
         if last is not None and not last[5] and not prefilled:
             self.cost.add(last[1], last[2], last[3], start - last[0], forwards=last[4])
 
+    # ------------------------------------------------------------------ the gains the choice weighs
+    def history_gains(self, pending: list, decode: list, k: int) -> list:
+        """Per decode row: the acceptance probability of each token of its history draft (DAS's
+        calibration; an empty row where DAS found none). `pending`: DAS's drafts of the step."""
+        gains = self.das.gains(pending)
+        at = {p[0]: j for j, p in enumerate(pending)}
+        rows = [gains[at[i]] if i in at else np.zeros(0) for i in decode]
+        return [r[~np.isnan(r)][:k] for r in rows]
+
+    def model_gains(self, decode: list, k: int) -> list:
+        """Per decode row: the acceptance probability of each position of its model draft (measured on
+        the model drafts this engine verified; the same for every request)."""
+        return [self.model.rates()[:k]] * len(decode)
+
     # ------------------------------------------------------------------ a step
     def propose(self, call_model, scheduler_output, sampled_token_ids, num_tokens=None) -> list:
         """One step's drafts (a list per request). `sampled_token_ids`: the tokens each request's last
@@ -315,12 +329,8 @@ class HybridProposer:
             self.last_host_s, self.last_forwards = cpu_model - cpu_start, 1
             return [[] for _ in range(rows)]
         hist_by_row = {p[0]: p for p in step.pending}
-        hist_gains = self.das.gains(step.pending)
-        at = {p[0]: j for j, p in enumerate(step.pending)}
-        history_rows = [hist_gains[at[i]] if i in at else np.zeros(0) for i in decode]
-        history_rows = [r[~np.isnan(r)][:k_step] for r in history_rows]
-        mrates = self.model.rates()[:k_model]
-        model_rows = [mrates] * len(decode)
+        history_rows = self.history_gains(step.pending, decode, k_step)
+        model_rows = self.model_gains(decode, k_model)
         ctx_sum = step.ctx_sum
         cost = self.costs(len(decode), ctx_sum, k_model)
         self.steps += 1
