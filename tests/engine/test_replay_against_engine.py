@@ -1,7 +1,8 @@
 """bench/replay.py against the real engine: a greedy DAS engine's drafts on its own text are the
 replay's, draft for draft, and a greedy hybrid engine's recorded steps, fed to its proposer by the
 replay runner, give the engine's drafts step for step. In-flight sharing is off here: with it,
-which sibling tokens a draft sees depends on the engine's step timing (docs/measurements/das.md gives the difference measured)."""
+which sibling tokens a draft sees depends on the engine's step timing (docs/measurements/das.md
+gives the difference measured)."""
 import pytest
 
 from nemo_rl_specdec.bench.replay import replay
