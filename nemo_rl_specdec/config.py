@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from nemo_rl_specdec import config_loader
-from nemo_rl_specdec.drafters.base import LIST, MODEL, RefreshMode
-from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
+from nemo_rl_specdec.cost.price import PricedDrafter
+from nemo_rl_specdec.drafters.base import LIST, MODEL, Declared, RefreshMode, VllmMapping
+from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of, registered
 from nemo_rl_specdec.schema import (
     ConfigError,
     PathError as _PathError,
@@ -103,9 +104,10 @@ class _SpecDecBlock(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self):
+        declared = drafter_of(self.drafter, Declared)
         if "num_speculative_tokens" not in self.model_fields_set:
-            self.num_speculative_tokens = drafter_of(self.drafter).default_k
-        allowed, what = drafter_of(self.drafter).refresh_modes_for(getattr(self, self.drafter))
+            self.num_speculative_tokens = declared.config.default_k
+        allowed, what = declared.refresh_modes_for(getattr(self, self.drafter))
         if self.refresh.mode is None:
             self.refresh.mode = allowed[0]
         elif self.refresh.mode not in allowed:
@@ -123,7 +125,7 @@ class _SpecDecBlock(_Strict):
                 f"{lag_needed} version(s) behind between refreshes",
             )
         spec = cast("SpecDecConfig", self)  # the block is only ever built as a SpecDecConfig
-        per_step = drafter_of(self.drafter).judges_steps(spec)  # our proposer cuts each step's drafts
+        per_step = drafter_of(self.drafter, Declared).judges_steps(spec)  # our proposer cuts each step's drafts
         k_auto = self.scheduling.k == "auto"
         if self.auto_disable is None:
             self.auto_disable = per_step or k_auto
@@ -132,7 +134,7 @@ class _SpecDecBlock(_Strict):
         if k_auto:
             self._check_k_auto()
         if self.enabled:
-            drafter_of(self.drafter).check(spec)
+            drafter_of(self.drafter, Declared).check(spec)
             if self.scheduling.budget == "adaptive" and not per_step:
                 raise _PathError(
                     "scheduling.budget", "adaptive",
@@ -162,7 +164,7 @@ class _SpecDecBlock(_Strict):
         return self
 
     def _check_k_auto(self) -> None:
-        if drafter_of(self.drafter).kind != MODEL:
+        if drafter_of(self.drafter, Declared).kind != MODEL:
             raise _PathError(
                 "scheduling.k", "auto",
                 f"null for drafter {self.drafter!r}: k: auto chooses a model drafter's k by batch size "
@@ -179,7 +181,7 @@ class _SpecDecBlock(_Strict):
     @property
     def is_list_drafter(self) -> bool:
         """Drafters that may return any draft length per request (per-request budgets apply)."""
-        return drafter_of(self.drafter).kind == LIST
+        return drafter_of(self.drafter, Declared).kind == LIST
 
 
 if TYPE_CHECKING:
@@ -192,7 +194,7 @@ else:
         "SpecDecConfig", __base__=_SpecDecBlock, __module__=__name__,
         __doc__="The whole `policy.generation.speculative_decoding` block: common settings and one sub-block per "
                 "drafter.",
-        **{name: (d.config, d.config()) for name, d in DRAFTERS.items()})
+        **{name: (d.config, d.config()) for name, d in registered(Declared).items()})
 
 
 class VllmCfg(BaseModel):
@@ -264,7 +266,7 @@ class RunConfig:
         from nemo_rl_specdec.models import is_named
 
         paths = [("policy.model_name", str(self.raw["policy"]["model_name"]))]
-        ckpt = drafter_of(self.spec).checkpoint(self.spec) if self.spec.enabled else None
+        ckpt = drafter_of(self.spec, Declared).checkpoint(self.spec) if self.spec.enabled else None
         if ckpt:
             paths.append((f"{BLOCK_PATH}.{self.spec.drafter}.model", str(ckpt)))
         not_checked = []
@@ -288,7 +290,7 @@ class RunConfig:
         if not self.spec.enabled or not (p / "config.json").is_file():
             return
         try:
-            drafter_of(self.spec).check_policy(self.spec, p)
+            drafter_of(self.spec, Declared).check_policy(self.spec, p)
         except _PathError as e:
             raise ConfigError(f"{BLOCK_PATH}.{e.rel_path}: got {e.value!r}; allowed: {e.allowed}") from None
 
@@ -505,24 +507,24 @@ def cost_entry(spec: SpecDecConfig) -> tuple[str, str | None]:
 
     if not spec.enabled:
         return "none", None
-    d = DRAFTERS[spec.drafter]
+    d = drafter_of(spec, PricedDrafter)
     return (HYBRID if d.cost_parts(spec) else TRACE_KIND[d.draft_cost]), d.cost_entry(spec)
 
 
 def cost_parts(spec: SpecDecConfig) -> dict | None:
     """The profile entries of the block's drafter's parts (a hybrid trace's `parts`), or None."""
-    return DRAFTERS[spec.drafter].cost_parts(spec) if spec.enabled else None
+    return drafter_of(spec, PricedDrafter).cost_parts(spec) if spec.enabled else None
 
 
 def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:
-    return drafter_of(spec).draft_sample_method(spec, temperature)
+    return drafter_of(spec, VllmMapping).draft_sample_method(spec, temperature)
 
 
 def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) -> dict | None:
     """The `speculative_config` dict handed to `vllm.LLM`, or None when speculation is off."""
     if not spec.enabled:
         return None
-    out = drafter_of(spec).vllm_config(spec, temperature)
+    out = drafter_of(spec, VllmMapping).vllm_config(spec, temperature)
     if spec.scheduling.k_by_batch_size:
         out["num_speculative_tokens_per_batch_size"] = [list(t) for t in spec.scheduling.k_by_batch_size]
     elif spec.scheduling.k == "auto":  # vLLM's per-batch-size mode, at k everywhere until k_auto.py chooses

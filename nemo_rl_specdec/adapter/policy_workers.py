@@ -68,11 +68,13 @@ class SpecDecDistillMixin:
 
         from nemo_rl_specdec.config import SpecDecConfig
         from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+        from nemo_rl_specdec.lockstep import Refreshable
         from nemo_rl_specdec.train.distill import DataParallel
 
         spec = SpecDecConfig.model_validate(spec)
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        self._specdec_distiller = drafter_of(spec).distiller(spec, temperature=temperature, seed=seed, device=device)
+        self._specdec_distiller = drafter_of(spec, Refreshable).distiller(spec, temperature=temperature, seed=seed,
+                                                                          device=device)
         mesh = getattr(self, "dp_mesh", None)
         self._specdec_dp = DataParallel(mesh.get_group() if mesh is not None else None, device=device)
         self._specdec_every = spec.refresh.every_n_steps

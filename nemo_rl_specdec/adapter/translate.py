@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from nemo_rl_specdec import resources
 from nemo_rl_specdec.adapter import api
@@ -26,11 +26,29 @@ from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, 
     SOURCE_NONE,
     SOURCE_POLICY_DISTILL,
     SOURCE_REFIT_STREAM,
+    Declared,
     TrainerStreams,
+    VllmMapping,
 )
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.lockstep import Refreshable
 from nemo_rl_specdec.scheduling.budget import set_at_submission
 from nemo_rl_specdec.schema import dotted_get
+
+
+@runtime_checkable
+class NemoRLRules(Protocol):
+    """A drafter as a NeMo-RL run sees it: where its weights come from, what a `refit` needs of the
+    trainer, its rules against the run's `policy`, the libraries the vLLM workers import
+    (`drafters/base.py` `NemoRLDefaults` has the shared behaviour)."""
+
+    refit_hint: str  # why `refit` is refused
+    trainer_stream: str  # the NeMo-RL policy setting that makes the trainer stream its weights
+    worker_modules: tuple[str, ...]
+
+    def weight_source(self, spec: SpecDecConfig, streams: TrainerStreams) -> str: ...
+    def check_nemo_rl(self, spec: SpecDecConfig, policy: dict) -> None: ...
+
 
 GEN_PATH = "policy.generation"
 SPEC_KWARGS_PATH = "policy.generation.vllm_kwargs.speculative_config"
@@ -74,7 +92,7 @@ ARCTIC_MODULE = "arctic_inference.suffix_decoding"
 
 def needs_arctic(spec: SpecDecConfig) -> bool:
     """Whether the drafter builds arctic-inference suffix trees in the vLLM workers."""
-    return ARCTIC_MODULE in drafter_of(spec).worker_modules
+    return ARCTIC_MODULE in drafter_of(spec, NemoRLRules).worker_modules
 
 
 def arctic_missing_message(where: str, error: str, drafter: str = "suffix") -> str:
@@ -119,7 +137,8 @@ def drafter_weight_source(spec: SpecDecConfig, trainer_exports_draft: bool, trai
     `trainer_exports_draft` is `policy.draft.enabled` (Megatron trains an Eagle head and streams
     it as `draft.*` tensors); `trains_mtp` is `policy.megatron_cfg.mtp_num_layers > 0`.
     """
-    return drafter_of(spec).weight_source(spec, TrainerStreams(draft=trainer_exports_draft, mtp=trains_mtp))
+    streams = TrainerStreams(draft=trainer_exports_draft, mtp=trains_mtp)
+    return drafter_of(spec, NemoRLRules).weight_source(spec, streams)
 
 
 def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
@@ -127,7 +146,7 @@ def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
     mode = spec.refresh.mode
     path = f"{BLOCK_PATH}.refresh.mode"
     if mode == "refit" and source != SOURCE_REFIT_STREAM:
-        raise ConfigError(f"{path}: got 'refit'; {drafter_of(spec).refit_hint}")
+        raise ConfigError(f"{path}: got 'refit'; {drafter_of(spec, NemoRLRules).refit_hint}")
     if mode == "online" and source == SOURCE_CHECKPOINT_ONCE:
         raise ConfigError(
             f"{path}: got 'online' with drafter 'mtp' and no trainer-side MTP layers; in NeMo-RL the MTP layers "
@@ -135,8 +154,8 @@ def check_refresh_mode(spec: SpecDecConfig, source: str) -> None:
             "allowed here: 'frozen'")
     if mode == "frozen" and source == SOURCE_REFIT_STREAM:
         raise ConfigError(
-            f"{path}: got 'frozen', but {drafter_of(spec).trainer_stream} makes the trainer stream new drafter "
-            "weights every step; "
+            f"{path}: got 'frozen', but {drafter_of(spec, NemoRLRules).trainer_stream} makes the trainer stream new "
+            "drafter weights every step; "
             f"use 'online' or 'refit', or turn the trainer-side drafter off"
         )
 
@@ -150,7 +169,7 @@ def rollouts_wanted(spec: SpecDecConfig) -> bool:
 
 def rollout_prompt_tail(spec: SpecDecConfig) -> int | None:
     """Prompt tokens (the tail) each rollout carries to the engines' drafters; None: they take none."""
-    return drafter_of(spec).rollout_prompt_tail(spec)
+    return drafter_of(spec, Refreshable).rollout_prompt_tail(spec)
 
 
 def check_distill_policy(policy: dict) -> None:
@@ -204,7 +223,7 @@ def check_run(raw: dict) -> SpecDecConfig | None:
     check_refresh_mode(spec, source)
     if source == SOURCE_POLICY_DISTILL:
         check_distill_policy(policy)
-    drafter_of(spec).check_nemo_rl(spec, policy)
+    drafter_of(spec, NemoRLRules).check_nemo_rl(spec, policy)
     return spec
 
 
@@ -228,7 +247,7 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{BLOCK_PATH}.scheduling.k: got 'auto' with {GEN_PATH}.vllm_cfg.async_engine=true; k: auto re-chooses "
             "k in vLLM's scheduler, which NeMo-RL's async engine runs in another process; allowed here: null "
             f"(with num_speculative_tokens, or {BLOCK_PATH}.scheduling.k_by_batch_size)")
-    if spec.on_refresh_error == "disable" and drafter_of(spec).kind == MODEL:
+    if spec.on_refresh_error == "disable" and drafter_of(spec, Declared).kind == MODEL:
         raise ConfigError(
             f"{BLOCK_PATH}.on_refresh_error: got 'disable' with drafter={spec.drafter!r}; NeMo-RL's vLLM engine "
             "keeps a model drafter for the whole run, so a failed refresh could not really turn speculation off; "
@@ -272,7 +291,7 @@ def apply_to_generation_config(
     kwargs = gen_cfg.get("vllm_kwargs") or {}
     kwargs = dict(kwargs)
     kwargs["speculative_config"] = to_vllm_speculative_config(spec, temperature)
-    for key, value in drafter_of(spec).engine_args(spec).items():  # what the drafter needs of vLLM's engine
+    for key, value in drafter_of(spec, VllmMapping).engine_args(spec).items():  # what it needs of vLLM's engine
         if key in kwargs and kwargs[key] != value:
             raise ConfigError(f"policy.generation.vllm_kwargs.{key}: got {kwargs[key]!r}; allowed: {value!r} (or "
                               f"unset) with drafter {spec.drafter!r}")

@@ -29,9 +29,10 @@ import statistics
 import time
 
 from nemo_rl_specdec.bench.builtins import changes as builtin_changes, verdict_lines
-from nemo_rl_specdec.cost.price import HOST_SPEEDS
-from nemo_rl_specdec.drafters.base import MODEL
-from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.cost.price import HOST_SPEEDS, PricedDrafter
+from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered
+from nemo_rl_specdec.lockstep import Refreshable
 from nemo_rl_specdec.update import PolicyUpdate
 
 BLOCK = "policy.generation.speculative_decoding"
@@ -46,10 +47,10 @@ def cpu_drafters(spec=None) -> dict:
     """Bench rows (label -> overrides) of every registered drafter; with `spec`, only the model drafters
     whose checkpoint the run file names (e.g. none is bundled for SmolLM2)."""
     out = {}
-    for name, d in DRAFTERS.items():
+    for name, d in registered(Declared).items():
         if spec is not None and d.kind == MODEL and not d.checkpoint(spec):
             continue
-        for label, over in d.variants:
+        for label, over in drafter_of(name, PricedDrafter).variants:
             out[label] = [f"{BLOCK}.drafter={name}"] + [f"{BLOCK}.{o}" for o in over]
     return out
 
@@ -65,12 +66,12 @@ def prepare(eng, dcfg, reqs, history) -> None:
     step of rollouts of the same problems (DAS, and the hybrid's DAS half, via their lockstep
     update, which says a model part is still its checkpoint; vLLM's suffix via its own cache);
     the others a short warm-up (ngram JIT etc.)."""
-    d = DRAFTERS[dcfg.spec.drafter]
-    if d.rollout_prompt_tail(dcfg.spec) is not None:
+    spec = dcfg.spec
+    if drafter_of(spec, Refreshable).rollout_prompt_tail(spec) is not None:
         eng.update(PolicyUpdate(1, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
                                        "token_ids": r.token_ids, "policy_version": 0} for r in history],
-                                drafter_checkpoint=d.kind == MODEL))
-    elif d.caches_own_requests(dcfg.spec):
+                                drafter_checkpoint=drafter_of(spec, Declared).kind == MODEL))
+    elif drafter_of(spec, VllmMapping).caches_own_requests(spec):
         eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
     else:
         eng.generate(reqs[: len(reqs) // 4])

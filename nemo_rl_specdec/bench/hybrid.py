@@ -25,22 +25,22 @@ that takes, per request and step, the draft with more expected committed tokens 
    - ``eagle3``: model only, its `model_k` drafts verified at every step (vLLM's eagle3 at
      k = model_k; default 3, the depth Eagle3 heads are trained for and run at in NeMo-RL's
      published setups, and at most the run file's k);
-   - ``eagle3_rule``: model only with the per-step rule (`hybrid_choice.choose` without history
-     drafts: the forwards skipped on steps where no draft pays, drafts cut to what pays; its trace
-     counts the forwards as the hybrid's does, below);
-   - ``hybrid``: at every step, DAS's drafts with their calibrated acceptance (DAS's
-     `AcceptanceCalibration`), the model half's acceptance by position measured online (its drafts
-     scored against what the target then produced, verified or not, as DAS scores its withheld
-     drafts; apart for requests with a history draft and without one, since the rule takes model
-     drafts mostly where history finds nothing), and `hybrid_choice.choose` on the profile's
-     costs: t0 and c_tok (`PricedStepCost`, DAS's proposer included, and the model half's first
-     forward), and the model half's `model_k` - 1 skippable forwards over the step's requests
-     (`price.model_forward_s`). As in the engine (`drafters/hybrid.py`), a step that skips the model
-     half still runs its first forward (it writes the head's KV and hidden states of the verified
-     tokens, which later drafts attend to): the trace charges 1 model forward on such a step,
-     `model_k` on a step that runs it, and DAS's proposer on every step;
-   - ``reference``: the same choice made with hindsight (each draft token's gain 1 if the target
-     accepts it, else 0), on the same secant cost: a reference, not a bound (the bound is below);
+   - ``eagle3_rule``: model only with the per-step rule: the engine's `HybridProposer` (below)
+     with its history half drafting nothing (no store, no in-flight sharing, no per-request tree),
+     so the rule decides on the model drafts alone;
+   - ``hybrid``: the engine's own proposer, `drafters/hybrid.py` `HybridProposer`, driven by the
+     replay runner (`bench/replay.py` `BesideReplay`) as the engine's worker drives it, with the
+     Eagle3 drafts read from the teacher-forced table where vLLM's eagle3 proposer would run: DAS's
+     drafts with their calibrated acceptance, the model half's acceptance by position measured on
+     the model drafts verified, and `hybrid_choice.choose` on the profile's costs
+     (`cost/price.py` `PricedHybridCost`: t0 and c_tok with DAS's proposer and the model half's
+     first forward, and the `model_k` - 1 forwards a step may skip). As in the engine, a step that
+     skips the model half still runs its first forward (it writes the head's KV and hidden states
+     of the verified tokens, which later drafts attend to): the trace charges 1 model forward on
+     such a step, `model_k` on a step that runs it, and DAS's proposer on every step;
+   - ``reference``: the same proposer choosing with hindsight (`hindsight_class`: each draft token's
+     gain 1 if the target accepts it, else 0), on the same cost: a reference, not a bound (the
+     per-request hindsight bound, `hindsight_bound`, is the bound);
    - vLLM's built-ins (`bench/builtins.py`): ``vllm_suffix`` and ``ngram`` at the run file's k,
      ``vllm_suffix_default`` and ``ngram_default`` at vLLM's own defaults.
 4. Pricing (`cost/price.py`, `bench.hybrid.hardware`, default h100_qwen3_8b): each replay's trace
@@ -83,8 +83,6 @@ MODEL_ALONE, MODEL_RULE, HYBRID_ROW, REFERENCE_ROW = "eagle3", "eagle3_rule", "h
 BOTH_HALVES = (HYBRID_ROW, REFERENCE_ROW)
 BUILTIN_KEYS = ("vllm_suffix", "ngram")   # the profile's entries of vLLM's built-ins (`bench/builtins.py`)
 MODEL_K = 3   # the model half's default depth: an Eagle3 head is trained for a few positions (TTT), run at k=3
-MODEL_CONTEXTS = ("beside_history", "alone")  # the model half's acceptance is calibrated apart in each
-BESIDE_HISTORY, ALONE = 0, 1
 
 _say = functools.partial(say, "hybrid")
 
@@ -171,11 +169,12 @@ def model_drafts(cfg: RunConfig, opts: dict, head_dir: str, weights: list, recor
     from transformers import AutoModelForCausalLM
 
     from nemo_rl_specdec.drafters.eagle3 import aux_hidden, greedy_drafts
-    from nemo_rl_specdec.drafters.registry import DRAFTERS
+    from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+    from nemo_rl_specdec.lockstep import Refreshable
 
     k = opts["model_k"]
     spec = cfg.with_spec(enabled=True, drafter="eagle3", eagle3={"model": head_dir}, refresh={"mode": "online"}).spec
-    distiller = DRAFTERS["eagle3"].distiller(spec, temperature=max(cfg.generation.temperature, 1e-3),
+    distiller = drafter_of("eagle3", Refreshable).distiller(spec, temperature=max(cfg.generation.temperature, 1e-3),
                                              seed=opts["seed"], model_path=str(cfg.model_path))
     head, layer_ids = distiller.module, distiller.layer_ids
     policy = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32).eval()
@@ -212,190 +211,92 @@ def model_drafts(cfg: RunConfig, opts: dict, head_dir: str, weights: list, recor
 
 # --------------------------------------------------------------------------- the replayed drafters
 
-def _das_class(hybrid: HybridReplay) -> type:
-    """DASProposer whose per-step cut is the hybrid's choice: it proposes and calibrates as in an
-    engine, and the draft rows it found (row, tokens) with their calibrated gains go to
-    `hybrid.decide`, which returns the history lengths to keep (0 where the model draft or nothing
-    is taken; DAS scores those drafts against what the target produces, as any withheld draft)."""
-    from nemo_rl_specdec.drafters.suffix import DASProposer
+def hybrid_spec(cfg: RunConfig, head: str, model_k: int, history: bool = True):
+    """The hybrid the engine would run: the run file's DAS beside the Eagle3 head `head` at depth
+    `model_k`, both refreshed every step (`history=False`: refresh frozen and no in-flight sharing,
+    so the store stays empty: the model half under the hybrid's rule alone)."""
+    from nemo_rl_specdec.drafters.suffix import for_backend
 
-    class HybridJudge:
-        """What DAS asks of its judge: the hybrid decides every step on the profile's costs (no fit)."""
-
-        active, adaptive, auto_disable = True, True, False
-
-        def __init__(self, proposer):
-            self.proposer = proposer
-
-        def choose(self, gains, lengths, requests, ctx_sum):
-            return hybrid.decide(self.proposer.pending_rows, gains)
-
-        def skip(self, requests):
-            return False   # the hybrid decides on every step
-
-        def called(self, *args, **kwargs):
-            return None    # the costs are the profile's: no step-time samples to take
-
-        def stats(self):
-            return {"hybrid": True}
-
-    class HybridDAS(DASProposer):
-        pending_rows: list = []
-
-        def make_judge(self, name, spec):
-            return HybridJudge(self)
-
-        def _cut(self, pending, requests, ctx_sum):
-            self.pending_rows = [(p[0], p[3]) for p in pending]
-            return super()._cut(pending, requests, ctx_sum)
-
-    return HybridDAS
+    suffix = for_backend(cfg.spec.suffix.model_dump(), "das")
+    if not history:
+        suffix["share_in_flight"] = "off"
+    sched = {**(cfg.get("policy.generation.speculative_decoding.scheduling") or {}), "budget": "uniform"}
+    return cfg.with_spec(enabled=True, drafter="hybrid", hybrid={"history": "suffix", "model": "eagle3",
+                                                                "model_k": model_k},
+                         suffix=suffix, eagle3={"model": head}, refresh={"mode": "online" if history else "frozen"},
+                         auto_disable=False, scheduling=sched).spec
 
 
-class HybridReplay:
-    """The model half, alone or in the hybrid, as `replay` drives it (module doc). `mode`: ``eagle3``
-    (`model_k` drafts every step), ``eagle3_rule``, ``hybrid`` or ``reference``; `tables`: the model drafts
-    (`model_drafts`); `texts`: the recorded token ids per (step, rollout), for the reference's hindsight."""
-
-    MODES = (MODEL_ALONE, MODEL_RULE, HYBRID_ROW, REFERENCE_ROW)
-
-    def __init__(self, mode: str, tables: dict, texts: dict, k: int, profile, max_model_len: int,
-                 history=None, max_num_seqs: int = 1024, temperature: float = 1.0, model_k: int | None = None):
-        from nemo_rl_specdec.bench.replay import ReplayDrafter, make_proposer
-        from nemo_rl_specdec.cost.price import PricedStepCost
-        from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
-
-        if mode not in self.MODES:
-            raise ValueError(f"mode: {mode!r}; allowed: {list(self.MODES)}")
-        both = mode in BOTH_HALVES
-        if both != (history is not None):
-            raise ValueError(f"mode {mode!r}: " + ("needs the history half's speculative block" if both
-                                                   else "takes no history half"))
-        self.mode, self.tables, self.texts, self.k, self.profile = mode, tables, texts, int(k), profile
-        self.model_k = min(self.k, int(model_k or k))   # the model half's depth: its forwards when it runs
-        # the model half's acceptance by position, apart where a history draft exists and where none does:
-        # the rule takes model drafts mostly where history finds nothing, which is not the average text
-        self.calibration = AcceptanceCalibration(positions=self.model_k, sources=MODEL_CONTEXTS)
-        self.cost = PricedStepCost(profile, HISTORY_KEY if both else MODEL_KEY, self.k if both else self.model_k)
-        self.counts = {"history": 0, "model": 0, "none": 0, "steps": 0, "model_forward_steps": 0}
-        self._pending: dict = {}   # request -> [(text index of its first token, model draft tokens, context)]
-        self._step: dict = {}
-        self._forwards = 0
-        self._das = None
-        if both:
-            self._das = make_proposer(history, max_model_len, max_num_seqs, temperature, None, _das_class(self))
-        self.drafter = ReplayDrafter(self.propose, self.after_batch, "hybrid" if both else "model",
-                                     {"history": HISTORY_KEY, "model": MODEL_KEY} if both else None,
-                                     (lambda: self._forwards) if mode != MODEL_ALONE else None)
-
-    # ---------------------------------------------------------------- the model half's acceptance
-    def _resolve(self, rid: str, row: np.ndarray, n: int) -> None:
-        """Score the request's earlier model drafts against the tokens verified since (0..n-1)."""
-        left = []
-        for start, toks, src in self._pending.get(rid, []):
-            known = row[start:n]
-            a = 0
-            while a < len(toks) and a < len(known) and toks[a] == known[a]:
-                a += 1
-            if a < len(known) or a == len(toks):   # a token differs where known, or the whole draft matched
-                self.calibration.record(src, toks, a)
-            else:
-                left.append((start, toks, src))
-        self._pending[rid] = left
-
-    def _gains(self, drafts: list, truth: list | None, contexts: list | None = None) -> list:
-        """Per row: the draft tokens' gains: calibrated by position in the row's context (index into
-        MODEL_CONTEXTS), or (reference, `truth` given) 1 while they match."""
-        if truth is None:
-            rates = [self.calibration.token_rates(c, range(self.model_k)) for c in range(len(MODEL_CONTEXTS))]
-            return [rates[c][:len(d)] for d, c in zip(drafts, contexts, strict=True)]
-        out = []
-        for d, t in zip(drafts, truth, strict=True):
-            a = 0
-            while a < len(d) and a < len(t) and d[a] == t[a]:
-                a += 1
-            out.append([1.0] * a + [0.0] * (len(d) - a))
-        return out
-
-    # ---------------------------------------------------------------- a step
-    def propose(self, batch, sampled: list, requests: dict) -> list:
-        from nemo_rl_specdec.cost.price import model_forward_s
-
-        rids = list(batch.req_ids)
-        ns = [int(x) for x in batch.num_tokens_no_spec[:len(rids)]]
-        model, truth = [], []
-        for i, rid in enumerate(rids):
-            self._resolve(rid, batch.token_ids_cpu[i], ns[i])
-            _, v, j = rid.rsplit("-", 2)
-            key = (int(v), int(j))
-            table, plen = self.tables[key]
-            model.append([int(x) for x in table[ns[i] - plen - 1][:self.model_k]])
-            if self.mode == REFERENCE_ROW:
-                truth.append(self.texts[key][ns[i]:ns[i] + self.k])
-        ctx = [n - 1 for n in ns]
-        t0, c_tok = self.cost.split(len(rids), sum(ns))
-        # the engine runs the model half's first forward at every step (it writes the head's KV of the verified
-        # tokens): a cost of every step; what the rule can skip is the model_k - 1 forwards after it
-        first = model_forward_s(self.profile, MODEL_KEY, 1, ctx)
-        t0 += first
-        forward = model_forward_s(self.profile, MODEL_KEY, self.model_k, ctx) - first
-        self._step = {"model": model, "truth": truth, "cost": (t0, c_tok, forward), "rows": len(rids),
-                      "choice": None, "contexts": [ALONE] * len(rids)}
-        if self.mode == MODEL_ALONE:
-            drafts, run = model, True
-            self.counts["model"] += len(rids)
-        else:
-            history = self._das[0](batch, sampled, requests) if self._das is not None else [[] for _ in rids]
-            choice = self._step["choice"] or self._decide_full([[] for _ in rids])
-            drafts = [list(h) if s == "history" else model[i][:d] if s == "model" else []
-                      for i, (s, d, h) in enumerate(zip(choice.source, choice.lengths, history, strict=True))]
-            run = choice.run_model
-            for s in choice.source:
-                self.counts[s] += 1
-        self.counts["steps"] += 1
-        self.counts["model_forward_steps"] += bool(run)
-        self._forwards = self.model_k if run else 1   # a step that skips the model half still runs its first forward
-        if run:   # the forward drafted every request: each draft is scored once the target has moved past it
-            for rid, n, d, c in zip(rids, ns, model, self._step["contexts"], strict=True):
-                self._pending.setdefault(rid, []).append((n, d, c))
-        return drafts
-
-    def _decide_full(self, history_gains: list):
-        from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
-
-        t0, c_tok, forward = self._step["cost"]
-        contexts = [BESIDE_HISTORY if len(h) else ALONE for h in history_gains]
-        model = self._gains(self._step["model"], self._step["truth"] if self.mode == REFERENCE_ROW else None, contexts)
-        self._step["contexts"] = contexts
-        self._step["choice"] = choose(history_gains, model, t0, c_tok, forward)
-        return self._step["choice"]
-
-    def decide(self, pending_rows: list, gains) -> list:
-        """DAS's cut (`_das_class`): the rows it drafted for, their tokens and calibrated gains; the
-        history lengths to keep."""
-        rows = self._step["rows"]
-        hist: list = [[] for _ in range(rows)]
-        g = np.asarray(gains, dtype=float)
-        for (i, toks), gi in zip(pending_rows, g, strict=True):
-            hist[i] = list(gi[:len(toks)])
-            if self.mode == REFERENCE_ROW:
-                hist[i] = self._gains([list(toks)], [self._step["truth"][i]])[0]
-        choice = self._decide_full(hist)
-        return [d if choice.source[i] == "history" else 0 for (i, _), d in
-                zip(pending_rows, [choice.lengths[i] for i, _ in pending_rows], strict=True)]
-
-    def after_batch(self, rollouts: list, version: int) -> None:
-        self._pending.clear()
-        if self._das is not None:
-            self._das[1](rollouts, version)
+def _key(rid: str) -> tuple[int, int]:
+    _, v, j = rid.rsplit("-", 2)   # `replay` names request j of batch v "replay-v-j"
+    return int(v), int(j)
 
 
-def with_prompt_lengths(tables: dict, recorded: list) -> dict:
-    """(drafts, prompt length) per (step, rollout), as `HybridReplay` reads them."""
+def table_drafts(tables: dict, recorded: list, k: int):
+    """The model half's drafts of a replayed batch, read from `tables` (`model_drafts`): per row, the
+    head's k-token draft at the row's position."""
     from nemo_rl_specdec.bench.replay import _field
 
-    return {(v, i): (tables[(v, i)], len(_field(r, "prompt_token_ids")))
-            for v, rs in enumerate(recorded) for i, r in enumerate(rs)}
+    plen = {(v, i): len(_field(r, "prompt_token_ids")) for v, rs in enumerate(recorded) for i, r in enumerate(rs)}
+
+    def drafts(batch) -> list:
+        out = []
+        for i, rid in enumerate(batch.req_ids):
+            key = _key(rid)
+            out.append([int(x) for x in tables[key][int(batch.num_tokens_no_spec[i]) - plen[key] - 1][:k]])
+        return out
+
+    return drafts
+
+
+def _hits(draft, truth) -> np.ndarray:
+    """1 for each leading draft token the target produced, then 0."""
+    a = 0
+    while a < len(draft) and a < len(truth) and draft[a] == truth[a]:
+        a += 1
+    return np.array([1.0] * a + [0.0] * (len(draft) - a))
+
+
+def hindsight_class(texts: dict, drafts) -> type:
+    """The engine's `HybridProposer` choosing with hindsight: every draft token's gain is 1 if the
+    target produces it, else 0 (`texts`: the recorded tokens per (step, rollout); `drafts`: the model
+    half's, `table_drafts`). The ceiling of any rule choosing between the same two drafts."""
+    from nemo_rl_specdec.drafters.hybrid import HybridProposer
+
+    class HindsightProposer(HybridProposer):
+        def _truth(self, i: int) -> list:
+            b = self.runner.input_batch
+            n = int(b.num_tokens_no_spec[i])
+            return texts[_key(b.req_ids[i])][n:n + self.k]
+
+        def history_gains(self, pending, decode, k):
+            by_row = {p[0]: p[3] for p in pending}
+            return [_hits(list(by_row.get(i, ()))[:k], self._truth(i)) for i in decode]
+
+        def model_gains(self, decode, k):
+            rows = drafts(self.runner.input_batch)
+            return [_hits(rows[i][:k], self._truth(i)) for i in decode]
+
+    return HindsightProposer
+
+
+def model_alone(drafts):
+    """vLLM's eagle3 at k = model_k: the head's drafts verified at every step (no proposer of ours)."""
+    from nemo_rl_specdec.bench.replay import ReplayDrafter
+
+    return ReplayDrafter(lambda batch, sampled, requests: drafts(batch), lambda rollouts, version: None, "model")
+
+
+def _counts(rows: list, proposer=None) -> dict:
+    """The shares' counts of a replay: the hybrid proposer's own counters, or (the model alone) every
+    request-step drafted by the model with its forwards run."""
+    if proposer is not None:
+        c = proposer.counters
+        return {"history": c["from_history"], "model": c["from_model"], "none": c["from_none"], "steps": c["steps"],
+                "model_forward_steps": c["model_runs"]}
+    steps = [s for r in rows for s in r["trace"].steps if s.rids]
+    return {"history": 0, "model": sum(len(s.rids) for s in steps), "none": 0, "steps": len(steps),
+            "model_forward_steps": len(steps)}
 
 
 # --------------------------------------------------------------------------- figures
@@ -450,10 +351,10 @@ def hindsight_bound(recorded: list, tables: dict, k: int, model_k: int) -> dict:
     from nemo_rl_specdec.bench.ceilings import hybrid_bound
     from nemo_rl_specdec.bench.replay import _field
 
-    full = with_prompt_lengths(tables, recorded)
+    plen_of = {(v, i): len(_field(r, "prompt_token_ids")) for v, rs in enumerate(recorded) for i, r in enumerate(rs)}
 
     def model_accepted(v: int, i: int, n: int) -> int:
-        table, plen = full[(v, i)]
+        table, plen = tables[(v, i)], plen_of[(v, i)]
         row = n - plen - 1
         if not 0 <= row < len(table):
             return 0
@@ -504,42 +405,49 @@ def judge(results: list, bound: dict | None = None) -> dict:
     return out
 
 
-def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict) -> list[dict]:
+def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: str) -> list[dict]:
     """Every configuration's replay, `opts["repeats"]` times (the figures must repeat exactly; the
     wall clock is the median), summarized and priced."""
     from nemo_rl_specdec.bench.builtins import BUILTINS, changes as builtin_changes
-    from nemo_rl_specdec.bench.replay import _field, replay
-    from nemo_rl_specdec.config import cost_entry
-    from nemo_rl_specdec.cost.price import PricedStepCost
+    from nemo_rl_specdec.bench.replay import BesideReplay, _field, replay
+    from nemo_rl_specdec.config import cost_entry, cost_parts
+    from nemo_rl_specdec.cost.price import PricedHybridCost, PricedStepCost
 
-    g, k, profile = cfg.generation, cfg.spec.num_speculative_tokens, opts["profile"]
+    g, k, profile, model_k = cfg.generation, cfg.spec.num_speculative_tokens, opts["profile"], opts["model_k"]
     history = das_spec(cfg)
     texts = {(v, i): list(_field(r, "prompt_token_ids")) + list(_field(r, "token_ids")) for v, rs in enumerate(recorded)
              for i, r in enumerate(rs)}
-    full = with_prompt_lengths(tables, recorded)
+    drafts = table_drafts(tables, recorded, model_k)
     mml = g.vllm_cfg.max_model_len
     results = []
-    for name in ("das", "das_all") + HybridReplay.MODES + BUILTINS:
+    for name in ("das", "das_all", MODEL_ALONE, MODEL_RULE, *BOTH_HALVES, *BUILTINS):
         walls, first = [], None
         for _ in range(opts["repeats"]):
             t0 = time.perf_counter()
+            counts = None
             if name == "das":
                 rows = replay(history, recorded, mml, g.temperature, step_cost=PricedStepCost(profile, HISTORY_KEY, k),
                               label=HISTORY_KEY)
-                counts = None
             elif name == "das_all":
                 rows = replay(das_spec(cfg, rule=False), recorded, mml, g.temperature, label=HISTORY_KEY)
-                counts = None
-            elif name not in BUILTINS:
-                h = HybridReplay(name, full, texts, k, profile, mml, history if name in BOTH_HALVES else None,
-                                 temperature=g.temperature, model_k=opts.get("model_k"))
-                rows = replay(history, recorded, mml, g.temperature, drafter=h.drafter,
-                              label=name if name in BOTH_HALVES else MODEL_KEY)
-                counts = h.counts
-            elif name in BUILTINS:
+            elif name == MODEL_ALONE:
+                rows = replay(history, recorded, mml, g.temperature, drafter=model_alone(drafts), label=MODEL_KEY)
+                counts = _counts(rows)
+            elif name in (MODEL_RULE, *BOTH_HALVES):   # the engine's HybridProposer on the replayed steps
+                spec = hybrid_spec(cfg, head, model_k, history=name != MODEL_RULE)
+                both = name in BOTH_HALVES
+                cost = (PricedHybridCost(profile, HISTORY_KEY, MODEL_KEY, k) if both
+                        else PricedHybridCost(profile, MODEL_KEY, MODEL_KEY, model_k))
+                beside = BesideReplay(spec, mml, drafts, cost=cost, temperature=g.temperature,
+                                      proposer_class=hindsight_class(texts, drafts) if name == REFERENCE_ROW else None)
+                if not both:   # no per-request tree either: the history half drafts nothing
+                    beside.proposer.das.use_local = False
+                drafter = beside.drafter("hybrid", cost_parts(spec)) if both else beside.drafter("model")
+                rows = replay(spec, recorded, mml, g.temperature, drafter=drafter, label=name if both else MODEL_KEY)
+                counts = _counts(rows, beside.proposer)
+            else:
                 spec = cfg.with_spec(enabled=True, **builtin_changes(name, cfg)).spec
                 rows = replay(spec, recorded, mml, g.temperature, label=cost_entry(spec)[1])
-                counts = None
             walls.append(time.perf_counter() - t0)
             figures = [(r["generated_tokens"], r["target_forwards"], r["draft_tokens"]) for r in rows]
             if first is not None and figures != first:
@@ -577,7 +485,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     tables, distill_log = model_drafts(cfg, opts, head, weights, recorded)
     del weights
     release_memory()
-    results = replay_all(cfg, opts, recorded, tables)
+    results = replay_all(cfg, opts, recorded, tables, head)
     verdict = judge(results, hindsight_bound(recorded, tables, cfg.spec.num_speculative_tokens, opts["model_k"]))
     for r in results:
         r.update(train=train_log, distill=distill_log, head=head, verdict=verdict)

@@ -49,13 +49,14 @@ def _options(cfg) -> dict:
     from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, suite_options
     from nemo_rl_specdec.bench.parametric import _available
     from nemo_rl_specdec.config import ConfigError
-    from nemo_rl_specdec.drafters.registry import DRAFTERS
+    from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered
+    from nemo_rl_specdec.lockstep import Refreshable
 
     b = suite_options(cfg, "lockstep", known=("nemo_rl_steps", "drafters", "distill"))
     # layers that ride in the policy checkpoint (MTP) are refused online in NeMo-RL (nothing there trains
     # them), so they have no row here; list drafters that rebuild from rollouts do
-    avail = ([d for d in _available(cfg, {}) if not DRAFTERS[d].weights_in_policy_checkpoint]
-             + [n for n, d in DRAFTERS.items() if "rebuild" in d.refresh_modes])
+    avail = ([d for d in _available(cfg, {}) if not drafter_of(d, Refreshable).weights_in_policy_checkpoint]
+             + [n for n, d in registered(Refreshable).items() if "rebuild" in d.refresh_modes])
     drafters = b.get("drafters", avail)
     if not isinstance(drafters, list) or not drafters or any(d not in avail for d in drafters):
         raise ConfigError(f"bench.lockstep.drafters: got {drafters!r}; allowed: a non-empty subset of {avail}")
@@ -166,8 +167,9 @@ def nemo_rl_shaped(cfg, args, opts: dict) -> list:
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
-    from nemo_rl_specdec.drafters.registry import DRAFTERS
+    from nemo_rl_specdec.drafters.registry import drafter as drafter_of
     from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.lockstep import Refreshable
 
     steps, drafters = opts["nemo_rl_steps"], opts["drafters"]
     n_prob, G = opts["prompts"], opts["samples"]
@@ -177,7 +179,7 @@ def nemo_rl_shaped(cfg, args, opts: dict) -> list:
     worker_cls = type("BenchPolicyWorker", (SpecDecDistillMixin, _GRPOPolicyWorker), {})
     out = []
     for drafter in drafters:
-        mode = DRAFTERS[drafter].refresh_modes[0]  # online for model drafters, rebuild for DAS
+        mode = drafter_of(drafter, Refreshable).refresh_modes[0]  # online for model drafters, rebuild for DAS
         over = list(args.overrides) + [f"{BLOCK}.drafter={drafter}", f"{BLOCK}.num_speculative_tokens=4"]
         distill = [f"{BLOCK}.refresh.distill.{k}={v}" for k, v in opts["distill"].items()
                    if mode == "online"]

@@ -42,8 +42,10 @@ from typing import Any
 
 from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
-from nemo_rl_specdec.drafters.base import MODEL
-from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.cost.price import PricedDrafter
+from nemo_rl_specdec.drafters.base import MODEL, Declared
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered
+from nemo_rl_specdec.lockstep import Refreshable
 from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.update import PolicyUpdate
 
@@ -78,10 +80,10 @@ def _available(cfg: RunConfig, b: dict) -> list:
     layers ride in the policy checkpoint) an MTP policy (`_mtp_model`). A drafter made of parts (the
     hybrid) is not one: its model part is benched here on its own."""
     out = []
-    for name, d in DRAFTERS.items():
-        if d.kind != MODEL or d.cost_parts(cfg.spec) is not None:
+    for name, d in registered(Declared).items():
+        if d.kind != MODEL or drafter_of(name, PricedDrafter).cost_parts(cfg.spec) is not None:
             continue
-        if d.weights_in_policy_checkpoint:
+        if drafter_of(name, Refreshable).weights_in_policy_checkpoint:
             m = _mtp_model(cfg, b)
             ok = bool(m and _has_mtp_layers(m))
         else:
@@ -130,12 +132,12 @@ def _mtp_policy_cfg(cfg: RunConfig, model: str) -> RunConfig:
 def configurations(cfg: RunConfig, opts: dict) -> list:
     """Groups of configurations sharing one policy: [(policy cfg, [conf, ...]), ...]."""
     main, mtp = [], []
-    in_policy = {d for d in opts["drafters"] if DRAFTERS[d].weights_in_policy_checkpoint}
+    in_policy = {d for d in opts["drafters"] if drafter_of(d, Refreshable).weights_in_policy_checkpoint}
     mtp_cfg = _mtp_policy_cfg(cfg, opts["mtp_model"]) if in_policy else None
     for d in opts["drafters"]:
         base = mtp_cfg if d in in_policy else cfg
         k = opts["mtp_k"] if d in in_policy else opts["k"]
-        modes = ["frozen"] + (["online"] if "online" in DRAFTERS[d].refresh_modes else [])
+        modes = ["frozen"] + (["online"] if "online" in drafter_of(d, Refreshable).refresh_modes else [])
         for mode in modes:
             c = base.with_spec(enabled=True, drafter=d, refresh={"mode": mode}, num_speculative_tokens=k)
             (mtp if d in in_policy else main).append({"name": f"{d}_{mode}", "drafter": d, "mode": mode, "cfg": c})
@@ -163,7 +165,6 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
     """Baseline + the group's engines on one policy, interleaved step by step."""
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
-    from nemo_rl_specdec.drafters.registry import drafter as drafter_of
     from nemo_rl_specdec.engine.engine import Engine
     from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.train.distill import refresh_due
@@ -176,8 +177,8 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
             engines.append(Engine(c["cfg"], core=opts["core"], seed=opts["seed"], name=c["name"]))
             if c["mode"] == "online":
                 spec = c["cfg"].spec
-                distillers[c["name"]] = drafter_of(spec).distiller(spec, temperature=g.temperature, seed=opts["seed"],
-                                                                   model_path=c["cfg"].model_path,
+                distillers[c["name"]] = drafter_of(spec, Refreshable).distiller(
+                    spec, temperature=g.temperature, seed=opts["seed"], model_path=c["cfg"].model_path,
                                                                    lr=opts["distill_lr"], epochs=opts["distill_epochs"])
         tok = baseline.tokenizer()
         problems = task.run_problems(cfg, opts["prompts"], seed=opts["problem_seed"])

@@ -14,7 +14,9 @@ Drafters: our custom_class proposers (DAS; n-gram with ``ngram.backend: specdec`
 each batch's rollouts after the batch (``specdec_rebuild``, version = batch index + 1), as
 ``refresh.mode: rebuild`` does; the others keep their own state, as in an engine. A
 `ReplayDrafter` takes the place of the block's proposer where the drafts come from elsewhere
-(`bench/hybrid.py`: a model drafter's drafts replayed from the recorded text, the hybrid).
+(`bench/hybrid.py`: a model drafter's drafts replayed from the recorded text), and `BesideReplay`
+drives the proposer the engine runs beside a model drafter (the hybrid's `HybridProposer`) with
+the model's drafts read from a table.
 """
 from __future__ import annotations
 
@@ -70,23 +72,19 @@ _VLLM_PROPOSERS = {"suffix": _suffix, "ngram": _ngram}
 
 
 def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1024, temperature: float = 1.0,
-                  step_cost=None, proposer_class=None):
+                  step_cost=None):
     """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block.
 
     Without `step_cost` every draft is verified (there is no step time to judge by: `auto_disable`
     off, `scheduling.budget: uniform`). With one (`cost/price.py` `PricedStepCost`), our proposers keep
-    the block's per-step rules and decide on its costs. `proposer_class`: a subclass of the block's
-    custom_class proposer to build in its place (`bench/hybrid.py` decides DAS's cuts)."""
+    the block's per-step rules and decide on its costs."""
     vc = _vllm_config(spec, max_model_len, max_num_seqs, temperature)
     method, k = vc.speculative_config.method, spec.num_speculative_tokens
     if method == "custom_class":
         import importlib
 
         mod, _, name = vc.speculative_config.model.rpartition(".")
-        cls = getattr(importlib.import_module(mod), name)
-        if proposer_class is not None and not issubclass(proposer_class, cls):
-            raise ValueError(f"replay: proposer_class {proposer_class.__name__} is not a {name}")
-        p = (proposer_class or cls)(vc)
+        p = getattr(importlib.import_module(mod), name)(vc)
         runner = SimpleNamespace(input_batch=None, requests={})
         block = spec.model_dump(mode="json")
         if step_cost is None:
@@ -107,10 +105,10 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
                 p.specdec_rebuild(rollouts, version)
 
         return propose, after_batch
-    if step_cost is not None or proposer_class is not None:
+    if step_cost is not None:
         raise ValueError(f"replay: drafter {spec.drafter!r} runs as vLLM's own {method!r} proposer, which has no "
-                         "per-step rule to price and no subclass to build; allowed with a step cost or a "
-                         "proposer_class: our proposers (suffix.backend: das, ngram.backend: specdec)")
+                         "per-step rule to price; allowed with a step cost: our proposers (suffix.backend: das, "
+                         "ngram.backend: specdec)")
     build = _VLLM_PROPOSERS.get(method)
     if build is None:
         raise ValueError(f"replay: drafter {spec.drafter!r} ({method}) is not a list drafter; allowed: those vLLM "
@@ -137,6 +135,59 @@ class ReplayDrafter:
     kind: str = "list"
     parts: dict | None = None
     model_forwards: Callable[[], int] | None = None
+
+
+class BesideReplay:
+    """The proposer a drafter runs beside the engine's model drafter (`VllmMapping.engine_proposer`:
+    the hybrid's `HybridProposer`), the very class the engine's worker attaches, fed replayed steps
+    as `engine/vllm_compat.py` `draft_beside` feeds it: at every step `propose(call_model,
+    scheduler_output, verified, counts)`, where `call_model()` gives the model part's drafts at the
+    `num_spec_tokens_to_schedule` the proposer set (none at 0). The model does not run here: its
+    drafts come from `model_drafts(batch)`, one list per row (recorded from an engine, or
+    teacher-forced). `cost`: the proposer's step costs in place of the engine's online fit
+    (`cost/price.py` `PricedHybridCost`); `proposer_class`: a subclass of the engine's proposer
+    built in its place (`bench/hybrid.py`'s hindsight oracle). Every refresh that is not frozen
+    rebuilds its history half from the batch's rollouts, as the engine's update does."""
+
+    def __init__(self, spec: SpecDecConfig, max_model_len: int, model_drafts: Callable[[Any], list], *, cost=None,
+                 max_num_seqs: int = 1024, temperature: float = 1.0, proposer_class: type | None = None):
+        from nemo_rl_specdec.drafters.base import VllmMapping
+        from nemo_rl_specdec.drafters.registry import drafter
+
+        self.k = spec.num_speculative_tokens
+        self.runner = SimpleNamespace(vllm_config=_vllm_config(spec, max_model_len, max_num_seqs, temperature),
+                                      input_batch=_Batch([], [], [], 1), requests={})
+        block = validate_spec_block(spec.model_dump(mode="json"))
+        p = drafter(spec, VllmMapping).engine_proposer(self.runner, block)
+        if p is None:
+            raise ValueError(f"replay: drafter {spec.drafter!r} runs no proposer beside its model; allowed: a drafter "
+                             "whose engine_proposer is one (hybrid)")
+        if proposer_class is not None:
+            if not issubclass(proposer_class, type(p)):
+                raise ValueError(f"replay: proposer_class {proposer_class.__name__} is not a {type(p).__name__}")
+            p = proposer_class(self.runner, block)
+        if cost is not None:
+            p.cost = cost
+        self.proposer, self.model_drafts, self.rebuilds = p, model_drafts, spec.refresh.mode != "frozen"
+
+    def propose(self, batch: Any, sampled: list, requests: dict) -> list:
+        self.runner.input_batch, self.runner.requests = batch, requests
+        sched = SimpleNamespace(num_spec_tokens_to_schedule=self.k)
+
+        def call_model() -> list:
+            k = sched.num_spec_tokens_to_schedule
+            return [list(d)[:k] for d in self.model_drafts(batch)] if k else [[] for _ in batch.req_ids]
+
+        return self.proposer.propose(call_model, sched, sampled, batch.num_tokens_no_spec)
+
+    def after_batch(self, rollouts: list, version: int) -> None:
+        if self.rebuilds:
+            self.proposer.specdec_rebuild(rollouts, version)
+
+    def drafter(self, kind: str, parts: dict | None = None) -> ReplayDrafter:
+        """As `replay` drives it: a trace of `kind` (`hybrid`, with its `parts`' profile entries; `model`
+        for a model drafter alone under the rule), the model part's forwards counted per step."""
+        return ReplayDrafter(self.propose, self.after_batch, kind, parts, lambda: self.proposer.last_forwards)
 
 
 def _field(r: Any, name: str):

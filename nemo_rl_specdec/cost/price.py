@@ -24,7 +24,7 @@ printed beside the profile's (the profile's constants are fitted on such traces:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +32,23 @@ from nemo_rl_specdec.cost.fit import nnls_fit
 from nemo_rl_specdec.cost.model import CostModel, Step, StepCost
 from nemo_rl_specdec.cost.profile import HardwareProfile
 from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceError
+
+if TYPE_CHECKING:
+    from nemo_rl_specdec.config import SpecDecConfig
+
+
+@runtime_checkable
+class PricedDrafter(Protocol):
+    """A drafter as pricing and the benches see it: how its drafting scales (`draft_cost`: host,
+    sequential, parallel), the profile entry that prices it (and its parts'), its configurations
+    worth running side by side (`drafters/base.py` `CostDefaults` has the shared behaviour)."""
+
+    draft_cost: str
+    variants: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def cost_entry(self, spec: SpecDecConfig) -> str: ...
+    def cost_parts(self, spec: SpecDecConfig) -> dict | None: ...
+
 
 # the host speeds every priced verdict is given at: the host the profile's proposer constants were fitted on,
 # and a host twice as fast (a GPU node's CPU is faster than the development machines' two shared cores)
@@ -280,5 +297,33 @@ class PricedStepCost:
         return {"samples": self.samples, "priced_on": self.profile.name}
 
 
-__all__ = ["BINS", "HOST_SPEEDS", "Priced", "PricedStepCost", "check_host_speed", "fit_proposer", "model_forward_s",
+class PricedHybridCost(PricedStepCost):
+    """The step costs a proposer beside a model drafter weighs (`drafters/hybrid.py` `HybridProposer.cost`:
+    ``split`` and ``forward_s``) from a hardware profile instead of the engine's online fit.
+    ``split(requests, ctx_sum)`` is `PricedStepCost`'s on `step_entry` (the history part's entry:
+    its proposer's host time is in t0; a model entry: none) with the model part's first draft
+    forward added to t0, which the engine runs at every step (it writes the drafter's KV of the
+    verified tokens); ``forward_s(requests, k)`` is the model part's k - 1 forwards after it, the
+    ones a step may skip. The forwards are priced at the context of the last ``split`` (the step's
+    mean, as `CostModel.split` takes contexts), which the proposer calls first in every step."""
+
+    def __init__(self, profile: HardwareProfile, step_entry: str, model_entry: str, k: int, host_speed: float = 1.0):
+        super().__init__(profile, step_entry, k, host_speed)
+        self.model_entry = model_entry
+        self._ctx = 0.0
+
+    def _forwards(self, requests: int, forwards: int) -> float:
+        return model_forward_s(self.profile, self.model_entry, forwards, np.full(max(1, int(requests)), self._ctx))
+
+    def split(self, requests: int, ctx_sum: int, draft_tokens: float | None = None) -> tuple[float, float]:
+        t0, c_tok = super().split(requests, ctx_sum, draft_tokens)
+        self._ctx = float(ctx_sum) / max(1, int(requests))
+        return t0 + self._forwards(requests, 1), c_tok
+
+    def forward_s(self, requests: int, k: int) -> float:
+        return self._forwards(requests, k) - self._forwards(requests, 1)
+
+
+__all__ = ["BINS", "HOST_SPEEDS", "Priced", "PricedDrafter", "PricedHybridCost", "PricedStepCost",
+           "check_host_speed", "fit_proposer", "model_forward_s",
            "price", "proposer_share", "speedup", "step_costs", "step_of"]

@@ -103,9 +103,10 @@ class RLLoop:
         self.distiller, self.distill_stats = None, None  # online drafter training (train/distill.py)
         if cfg.spec.enabled and cfg.spec.refresh.mode == "online":
             from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+            from nemo_rl_specdec.lockstep import Refreshable
 
-            self.distiller = drafter_of(cfg.spec).distiller(cfg.spec, temperature=cfg.generation.temperature,
-                                                            seed=self.s.seed, model_path=cfg.model_path)
+            self.distiller = drafter_of(cfg.spec, Refreshable).distiller(
+                cfg.spec, temperature=cfg.generation.temperature, seed=self.s.seed, model_path=cfg.model_path)
 
     # ------------------------------------------------------------------ pieces
     def batch(self, step: int):
@@ -130,11 +131,13 @@ class RLLoop:
         """One lockstep update: new policy weights everywhere, the drafter refreshed by its mode."""
         sd = self.trainer.state_dict()
         from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+        from nemo_rl_specdec.lockstep import Refreshable
 
         spec = self.spec.spec
         mode = spec.refresh.mode
         # a rollout store (DAS; the hybrid's history half) rebuilds from them at every refresh that is not frozen
-        payload = rollouts if mode != "frozen" and drafter_of(spec).rollout_prompt_tail(spec) is not None else None
+        takes = drafter_of(spec, Refreshable).rollout_prompt_tail(spec) is not None
+        payload = rollouts if mode != "frozen" and takes else None
         self.distill_stats = None
         if self.distiller is not None:
             from nemo_rl_specdec.train.distill import refresh_due

@@ -1,38 +1,34 @@
-"""The drafter contract: what one speculative-decoding method declares so that the rest of the
-package asks it instead of comparing drafter names.
+"""The drafter contract, as the layers that ask a drafter see it.
 
-A drafter is a class with a few class attributes and methods, one file per drafter, listed once
-in `drafters/registry.py`:
+A drafter is one class, one file, listed once in `drafters/registry.py`. Each layer that asks a
+drafter something sees it through a small `typing.Protocol` of its own, defined where that layer
+is (the registry hands a drafter out as one of them: `registry.drafter(spec, Role)`):
 
-- identity: `name` (the `drafter:` value), `kind` (`list`: any draft length per request, per-step
-  host work; `model`: k fixed at engine start, a module in the engine), `draft_cost` (how its
-  drafting scales: `host`, `sequential` k small forwards, or one `parallel` block forward), and
-  `variants` (its configurations worth running side by side: lossless suite cases, bench rows);
-- configuration: `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes` (the
-  first is the default), `check(spec)` for cross-field rules, `check_policy(spec, policy_dir)`
-  against a local policy checkpoint, `vllm_config(spec, temperature)`, `engine_args(spec)` (vLLM
-  engine arguments it needs besides its speculative_config);
-- weights: `checkpoint(spec)` (its own checkpoint, if any), `weights_in_policy_checkpoint` (MTP
-  layers ride in the policy's), `takes_request_budgets(spec)`, `judges_steps(spec)` (our proposer
-  cuts each step's drafts), `rollout_prompt_tail(spec)` (it builds from rollouts), `cost_parts(spec)`
-  (the profile entries of a drafter made of parts),
-  `engine_proposer(runner, spec)` (a proposer of ours beside the engine's model drafter);
-- online refresh: `distiller(spec, ...)` returns its `train.distill.Distiller`;
-  `CheckpointDrafter` is the common case: a checkpoint of its own in `<name>.model`, vLLM's method
-  of the same name, the distiller `distiller_class()`;
-  `after_inplace_load(model)` repairs what the live module derived from its old weights, and
-  `weights_owner(spec)` is the drafter whose module that is (itself, or a hybrid's model part);
-- NeMo-RL: `weight_source(spec, streams)` (where its weights come from there, given the
-  `TrainerStreams`), `refit_hint` and
-  `trainer_stream` (what a `refit` needs from the trainer), `check_nemo_rl(spec, policy)`,
-  `worker_modules` (libraries the vLLM workers must import), `needs_vllm_methods` (vLLM methods
-  whose absence marks a vLLM too old for it, besides the one its `vllm_config` names: refused at
-  the adapter's preflight).
+- `Declared` (here; config.py validates the block with it): `name`, `kind` (`list`: any draft
+  length per request, per-step host work; `model`: k fixed at engine start, a module in the
+  engine), `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes_for(block)`,
+  `check(spec)`, `check_policy(spec, policy_dir)`, `checkpoint(spec)`, `judges_steps(spec)` (our
+  proposer cuts each step's drafts);
+- `VllmMapping` (here; config.py's `speculative_config` and the engine): `vllm_config`,
+  `draft_sample_method`, `engine_args`, `settings`, `takes_request_budgets`,
+  `caches_own_requests`, `engine_proposer(runner, spec)` (a proposer of ours beside the engine's
+  model drafter), `needs_vllm_methods`;
+- `lockstep.Refreshable` (weights and refresh): `refresh_modes`, `weights_in_policy_checkpoint`,
+  `distiller(spec, ...)`, `weights_owner(spec)`, `after_inplace_load(model)`,
+  `rollout_prompt_tail(spec)`;
+- `adapter.translate.NemoRLRules` (NeMo-RL): `weight_source(spec, streams)`, `refit_hint`,
+  `trainer_stream`, `check_nemo_rl(spec, policy)`, `worker_modules`;
+- `cost.price.PricedDrafter` (pricing and benches): `draft_cost`, `variants`, `cost_entry(spec)`,
+  `cost_parts(spec)`.
+
+The defaults a drafter shares live in one mixin per protocol below; `Drafter` is all of them.
+`CheckpointDrafter` is the common model drafter: a checkpoint of its own in `<name>.model`,
+vLLM's method of the same name, the distiller `distiller_class()`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from nemo_rl_specdec.schema import PathError, Strict
 
@@ -64,30 +60,56 @@ class TrainerStreams:
     mtp: bool = False
 
 
-class NoConfig(Strict):
+class DrafterSettings(Strict):
+    """A drafter's sub-block of the block. `default_k`: `num_speculative_tokens` when the block leaves
+    it unset."""
+
+    default_k: ClassVar[int] = 8
+
+
+class NoConfig(DrafterSettings):
     """A drafter without settings of its own."""
 
 
-class Drafter:
+@runtime_checkable
+class Declared(Protocol):
+    """A drafter as the block's validation (config.py) sees it."""
+
+    name: str
+    kind: str
+    config: type[DrafterSettings]
+
+    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]: ...
+    def check(self, spec: SpecDecConfig) -> None: ...
+    def check_policy(self, spec: SpecDecConfig, policy_dir: Any) -> None: ...
+    def checkpoint(self, spec: SpecDecConfig) -> str | None: ...
+    def judges_steps(self, spec: SpecDecConfig) -> bool: ...
+
+
+@runtime_checkable
+class VllmMapping(Protocol):
+    """A drafter as vLLM runs it: config.py's `speculative_config`, the engine and its worker."""
+
+    needs_vllm_methods: tuple[str, ...]
+
+    def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict: ...
+    def draft_sample_method(self, spec: SpecDecConfig, temperature: float) -> str: ...
+    def engine_args(self, spec: SpecDecConfig) -> dict: ...
+    def settings(self, spec: SpecDecConfig) -> Any: ...
+    def takes_request_budgets(self, spec: SpecDecConfig) -> bool: ...
+    def caches_own_requests(self, spec: SpecDecConfig) -> bool: ...
+    def engine_proposer(self, runner: Any, spec: dict) -> Any: ...
+
+
+class DeclaredDefaults:
+    """`Declared`'s shared behaviour: a model drafter needs a checkpoint unless its weights ride in the
+    policy's; refresh modes from `refresh_modes` (the first is the default)."""
+
     name: ClassVar[str]
     kind: ClassVar[str] = MODEL
-    draft_cost: ClassVar[str] = SEQUENTIAL
-    config: ClassVar[type[Strict]] = NoConfig
-    default_k: ClassVar[int] = 8  # num_speculative_tokens when the block leaves it unset
-    refresh_modes: ClassVar[tuple[RefreshMode, ...]] = ("frozen",)
-    weights_in_policy_checkpoint: ClassVar[bool] = False
-    refit_hint: ClassVar[str] = "no NeMo-RL trainer streams this drafter's weights"  # why `refit` is refused
-    trainer_stream: ClassVar[str] = ""  # the NeMo-RL policy setting that makes the trainer stream its weights
-    worker_modules: ClassVar[tuple[str, ...]] = ()
-    needs_vllm_methods: ClassVar[tuple[str, ...]] = ()
-    # the drafter's configurations worth running side by side, (label, block overrides `key=value`
-    # relative to the block): the lossless engine suite runs each, `bench --suite drafters` compares them
-    variants: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
-
-    # ------------------------------------------------------------------ configuration
-    def settings(self, spec: SpecDecConfig) -> Any:
-        """The drafter's sub-block of `spec` (an instance of its `config`)."""
-        return getattr(spec, self.name)
+    config: ClassVar[type[DrafterSettings]] = NoConfig
+    refresh_modes: ClassVar[tuple[RefreshMode, ...]]  # RefreshDefaults
+    weights_in_policy_checkpoint: ClassVar[bool]
 
     def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]:
         """The refresh modes this drafter takes with its sub-block `block` (the first is the default),
@@ -107,6 +129,23 @@ class Drafter:
         """Rules against the policy checkpoint, a local directory with its config.json (PathError
         relative to the block); run before any engine starts."""
 
+    def judges_steps(self, spec: SpecDecConfig) -> bool:
+        """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/machinery/step_judge.py`:
+        `auto_disable`, `scheduling.budget: adaptive`)."""
+        return False
+
+
+class VllmDefaults:
+    """`VllmMapping`'s shared behaviour (`vllm_config` is each drafter's own)."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]
+    needs_vllm_methods: ClassVar[tuple[str, ...]] = ()  # vLLM methods whose absence marks a vLLM too old for it
+
+    def settings(self, spec: SpecDecConfig) -> Any:
+        """The drafter's sub-block of `spec` (an instance of its `config`)."""
+        return getattr(spec, self.name)
+
     def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
         """vLLM's `speculative_config` for this drafter (the k schedule is added by config.py)."""
         raise NotImplementedError
@@ -121,38 +160,26 @@ class Drafter:
             return spec.draft_sample_method
         return "probabilistic" if (self.kind == MODEL and temperature > 0) else "greedy"
 
-    # ------------------------------------------------------------------ runtime
     def takes_request_budgets(self, spec: SpecDecConfig) -> bool:
         """Whether per-request draft budgets (`extra_args["specdec_budget"]`) reach this drafter."""
-        return False
-
-    def judges_steps(self, spec: SpecDecConfig) -> bool:
-        """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/machinery/step_judge.py`:
-        `auto_disable`, `scheduling.budget: adaptive`)."""
         return False
 
     def caches_own_requests(self, spec: SpecDecConfig) -> bool:
         """Whether the drafter learns from the engine's own finished requests (vLLM's suffix cache)."""
         return False
 
-    def cost_entry(self, spec: SpecDecConfig) -> str:
-        """The hardware profile's entry that prices this drafter as the block configures it
-        (configs/hardware/: a history drafter's entry names its proposer)."""
-        return self.name
-
     def engine_proposer(self, runner: Any, spec: dict) -> Any:
         """A proposer of ours that drafts beside the engine's model drafter, built in the vLLM worker
         for its model runner `runner` from the validated block `spec`; None: vLLM's proposer alone."""
         return None
 
-    def cost_parts(self, spec: SpecDecConfig) -> dict | None:
-        """A drafter made of a history and a model part: their hardware-profile entries
-        ({"history": ..., "model": ...}; its traces are of kind `hybrid`); None for the others."""
-        return None
 
-    def rollout_prompt_tail(self, spec: SpecDecConfig) -> int | None:
-        """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
-        return None
+class RefreshDefaults:
+    """`lockstep.Refreshable`'s shared behaviour: frozen, no online trainer, its own module, no rollouts."""
+
+    name: ClassVar[str]
+    refresh_modes: ClassVar[tuple[RefreshMode, ...]] = ("frozen",)  # the first is the default
+    weights_in_policy_checkpoint: ClassVar[bool] = False  # MTP layers ride in the policy's checkpoint
 
     def distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int = 0,
                   model_path: str | None = None, **kw: Any) -> Distiller:
@@ -169,7 +196,7 @@ class Drafter:
 
         raise DistillInputError(f"drafter {self.name!r} has no online trainer")
 
-    def weights_owner(self, spec: Any) -> Drafter:
+    def weights_owner(self, spec: Any) -> Any:
         """The drafter whose module the engine's drafter weights are (`spec`: the block, or the block as
         plain data): this one, or the model part of a drafter made of parts."""
         return self
@@ -179,7 +206,20 @@ class Drafter:
         or a restore): bring up to date what the module derived from its weights at engine start. The
         drafters here keep nothing derived, except the ones that say so."""
 
-    # ------------------------------------------------------------------ NeMo-RL
+    def rollout_prompt_tail(self, spec: SpecDecConfig) -> int | None:
+        """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
+        return None
+
+
+class NemoRLDefaults:
+    """`adapter.translate.NemoRLRules`' shared behaviour: a list drafter has no weights; a model
+    drafter's come from its checkpoint, or from the policy workers' online distillation."""
+
+    kind: ClassVar[str]
+    refit_hint: ClassVar[str] = "no NeMo-RL trainer streams this drafter's weights"  # why `refit` is refused
+    trainer_stream: ClassVar[str] = ""  # the NeMo-RL policy setting that makes the trainer stream its weights
+    worker_modules: ClassVar[tuple[str, ...]] = ()  # libraries the vLLM workers must import
+
     def weight_source(self, spec: SpecDecConfig, streams: TrainerStreams) -> str:
         """Where the drafter's weights come from in a NeMo-RL run whose trainer streams `streams`."""
         if self.kind == LIST:
@@ -189,6 +229,29 @@ class Drafter:
     def check_nemo_rl(self, spec: SpecDecConfig, policy: dict) -> None:
         """Drafter-specific rules against the rest of a NeMo-RL run's `policy` (ConfigError)."""
 
+
+class CostDefaults:
+    """`cost.price.PricedDrafter`'s shared behaviour: the profile entry named after the drafter."""
+
+    name: ClassVar[str]
+    draft_cost: ClassVar[str] = SEQUENTIAL
+    # the drafter's configurations worth running side by side, (label, block overrides `key=value`
+    # relative to the block): the lossless engine suite runs each, `bench --suite drafters` compares them
+    variants: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
+
+    def cost_entry(self, spec: SpecDecConfig) -> str:
+        """The hardware profile's entry that prices this drafter as the block configures it
+        (configs/hardware/: a history drafter's entry names its proposer)."""
+        return self.name
+
+    def cost_parts(self, spec: SpecDecConfig) -> dict | None:
+        """A drafter made of a history and a model part: their hardware-profile entries
+        ({"history": ..., "model": ...}; its traces are of kind `hybrid`); None for the others."""
+        return None
+
+
+class Drafter(DeclaredDefaults, VllmDefaults, RefreshDefaults, NemoRLDefaults, CostDefaults):
+    """A registered drafter: the defaults of every protocol; a drafter overrides what is its own."""
 
 
 class CheckpointDrafter(Drafter):

@@ -30,16 +30,15 @@ NeMo-RL trainer streams a DFlash draft, so there is no `refit`.
 """
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter
-from nemo_rl_specdec.schema import PathError, Strict
+from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter, DrafterSettings
+from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
+from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
     HiddenStateDistiller,
@@ -54,7 +53,7 @@ from nemo_rl_specdec.train.kl import linear_forward_kl
 ARCHITECTURE = "DFlashDraftModel"
 
 
-class DFlashConfig(Strict):
+class DFlashConfig(DrafterSettings):
     model: str | None = Field(None, description="path of a DFlash draft checkpoint for the policy (its config "
                                  "names the policy layers it reads, its mask token and its block size)")
 
@@ -140,10 +139,9 @@ def rebuild_context_kv(model) -> None:
 
 # --------------------------------------------------------------------------- the draft in plain torch
 
-@functools.cache
-def torch_modules() -> SimpleNamespace:
-    """The draft's torch module classes (DFlashLayer, DFlashDraft), built on first use so that
-    declaring the drafter (config validation, the CLI) imports no torch."""
+def _build_torch_modules() -> dict:
+    """The draft's torch module classes (DFlashLayer, DFlashDraft), built on first use
+    (`machinery/lazy_torch.py`)."""
     import torch
     import torch.nn.functional as F
 
@@ -229,15 +227,11 @@ def torch_modules() -> SimpleNamespace:
         def checkpoint_tensors(self) -> dict:
             return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
 
-    for cls in (DFlashLayer, DFlashDraft):
-        cls.__qualname__ = cls.__name__  # pickles by module attribute (the module __getattr__ below)
-    return SimpleNamespace(DFlashLayer=DFlashLayer, DFlashDraft=DFlashDraft)
+    return {"DFlashLayer": DFlashLayer, "DFlashDraft": DFlashDraft}
 
 
-def __getattr__(name: str):
-    if name in ("DFlashLayer", "DFlashDraft"):
-        return getattr(torch_modules(), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+torch_modules = LazyTorchModules(__name__, ("DFlashLayer", "DFlashDraft"), _build_torch_modules)
+__getattr__ = torch_modules.module_getattr
 
 
 def load_draft(draft_dir) -> tuple:

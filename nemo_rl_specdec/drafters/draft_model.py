@@ -11,13 +11,12 @@ from pathlib import Path
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import CheckpointDrafter
-from nemo_rl_specdec.schema import Strict
+from nemo_rl_specdec.drafters.base import CheckpointDrafter, DrafterSettings
 from nemo_rl_specdec.train.distill import TRAINABLE_DTYPES, Distiller, DistillInputError, estimating, final_hidden
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
 
-class DraftModelConfig(Strict):
+class DraftModelConfig(DrafterSettings):
     model: str | None = Field(None, description="path of an HF checkpoint sharing the policy's tokenizer")
 
 

@@ -17,17 +17,16 @@ trainer that trains it (`policy.draft.enabled`, `refresh.mode: refit`).
 """
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
+from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter, DrafterSettings
 from nemo_rl_specdec.drafters.machinery.layers import rope
-from nemo_rl_specdec.schema import ConfigError, PathError, Strict
+from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
+from nemo_rl_specdec.schema import ConfigError, PathError
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
     HiddenStateDistiller,
@@ -41,7 +40,7 @@ from nemo_rl_specdec.train.kl import linear_forward_kl
 DEFAULT_DRAFT_VOCAB = 32000  # the draft vocabulary of Eagle3 heads as published, for larger vocabularies
 
 
-class Eagle3Config(Strict):
+class Eagle3Config(DrafterSettings):
     model: str | None = Field(None, description="path of an Eagle3 head checkpoint for the policy (its config "
                                  "names the aux layers it reads)")
     draft_vocab_size: int | None = Field(
@@ -95,8 +94,7 @@ class Eagle3(CheckpointDrafter):
 
 # --------------------------------------------------------------------------- the head in plain torch
 
-@functools.cache
-def torch_modules() -> SimpleNamespace:
+def _build_torch_modules() -> dict:
     """The head's torch module classes (MidLayer, Eagle3Head; their norms and MLP are the shared
     `machinery.layers`), built on first use so that declaring the drafter (config validation, the CLI)
     imports no torch."""
@@ -192,15 +190,11 @@ def torch_modules() -> SimpleNamespace:
         def checkpoint_tensors(self) -> dict:
             return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
 
-    for cls in (MidLayer, Eagle3Head):
-        cls.__qualname__ = cls.__name__  # pickles by module attribute (the module __getattr__ below)
-    return SimpleNamespace(MidLayer=MidLayer, Eagle3Head=Eagle3Head)
+    return {"MidLayer": MidLayer, "Eagle3Head": Eagle3Head}
 
 
-def __getattr__(name: str):
-    if name in ("MidLayer", "Eagle3Head"):
-        return getattr(torch_modules(), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+torch_modules = LazyTorchModules(__name__, ("MidLayer", "Eagle3Head"), _build_torch_modules)
+__getattr__ = torch_modules.module_getattr
 
 
 def aux_hidden(hidden_states, layer_ids, num_layers: int) -> list:

@@ -52,14 +52,14 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter
-from nemo_rl_specdec.schema import PathError, Strict
+from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter, DrafterSettings
+from nemo_rl_specdec.schema import PathError
 
 _HISTORY, _MODEL = "history", "model"  # the sources of `hybrid_choice.HybridChoice`
 PROBE_EVERY = 4  # warm-up: one step in this many skips the model's draft forwards (the fit needs both kinds)
 
 
-class HybridConfig(Strict):
+class HybridConfig(DrafterSettings):
     """The two parts of `drafter: hybrid`; each part's own settings are in its own sub-block."""
 
     history: str = Field("suffix", description="the history part: 'suffix' (DAS, suffix.backend: das)")
@@ -92,12 +92,10 @@ class Hybrid(Drafter):
         """The model part's drafter (validated by `check`); `spec`: the block, or the block as plain data."""
         return self.parts[spec["hybrid"]["model"] if isinstance(spec, dict) else spec.hybrid.model]
 
-    def weights_owner(self, spec) -> Drafter:
-        return self.model_part(spec)
-
     def history_part(self, spec) -> Drafter:
         return self.parts[spec.hybrid.history]
 
+    # ------------------------------------------------------------------ Declared: the model part's modes, checkpoint
     def refresh_modes_for(self, block):
         part = self.parts.get(block.model)
         if part is None or part.kind != MODEL:
@@ -150,34 +148,34 @@ class Hybrid(Drafter):
     def checkpoint(self, spec) -> str | None:
         return self.model_part(spec).checkpoint(spec)
 
+    # ------------------------------------------------------------------ VllmMapping: the model part's method, greedy
     def vllm_config(self, spec, temperature):
         out = self.model_part(spec).vllm_config(spec, temperature)
         out["draft_sample_method"] = "greedy"
         return out
 
+    def draft_sample_method(self, spec, temperature):
+        return "greedy"
+
     def engine_args(self, spec):
         # per-request drafts of any length take vLLM's list path, which needs synchronous scheduling
         return {"async_scheduling": False}
 
-    def draft_sample_method(self, spec, temperature):
-        return "greedy"
-
-    def cost_entry(self, spec):
-        return self.model_part(spec).cost_entry(spec)
-
-    def cost_parts(self, spec):
-        return {"history": self.history_part(spec).cost_entry(spec), "model": self.model_part(spec).cost_entry(spec)}
-
-    def rollout_prompt_tail(self, spec):
-        return self.history_part(spec).rollout_prompt_tail(spec)
-
     def engine_proposer(self, runner, spec):
         return HybridProposer(runner, spec)
+
+    # ---------------------------------------------------------- Refreshable: the model part's weights, DAS's rollouts
+    def weights_owner(self, spec) -> Drafter:
+        return self.model_part(spec)
 
     def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
         return self.model_part(spec).build_distiller(spec, temperature=temperature, seed=seed,
                                                      model_path=model_path, **kw)
 
+    def rollout_prompt_tail(self, spec):
+        return self.history_part(spec).rollout_prompt_tail(spec)
+
+    # ------------------------------------------------------------------ NemoRLRules: the model part's
     refit_hint = "refit needs the trainer to stream the model part's weights (see hybrid.model's drafter)"
 
     def weight_source(self, spec, streams):
@@ -185,6 +183,13 @@ class Hybrid(Drafter):
 
     def check_nemo_rl(self, spec, policy):
         self.model_part(spec).check_nemo_rl(spec, policy)
+
+    # ------------------------------------------------------------------ PricedDrafter: the two parts' entries
+    def cost_entry(self, spec):
+        return self.model_part(spec).cost_entry(spec)
+
+    def cost_parts(self, spec):
+        return {"history": self.history_part(spec).cost_entry(spec), "model": self.model_part(spec).cost_entry(spec)}
 
 
 class ModelAcceptance:
@@ -259,6 +264,20 @@ class HybridProposer:
         if last is not None and not last[5] and not prefilled:
             self.cost.add(last[1], last[2], last[3], start - last[0], forwards=last[4])
 
+    # ------------------------------------------------------------------ the gains the choice weighs
+    def history_gains(self, pending: list, decode: list, k: int) -> list:
+        """Per decode row: the acceptance probability of each token of its history draft (DAS's
+        calibration; an empty row where DAS found none). `pending`: DAS's drafts of the step."""
+        gains = self.das.gains(pending)
+        at = {p[0]: j for j, p in enumerate(pending)}
+        rows = [gains[at[i]] if i in at else np.zeros(0) for i in decode]
+        return [r[~np.isnan(r)][:k] for r in rows]
+
+    def model_gains(self, decode: list, k: int) -> list:
+        """Per decode row: the acceptance probability of each position of its model draft (measured on
+        the model drafts this engine verified; the same for every request)."""
+        return [self.model.rates()[:k]] * len(decode)
+
     # ------------------------------------------------------------------ a step
     def propose(self, call_model, scheduler_output, sampled_token_ids, num_tokens=None) -> list:
         """One step's drafts (a list per request). `sampled_token_ids`: the tokens each request's last
@@ -310,12 +329,8 @@ class HybridProposer:
             self.last_host_s, self.last_forwards = cpu_model - cpu_start, 1
             return [[] for _ in range(rows)]
         hist_by_row = {p[0]: p for p in step.pending}
-        hist_gains = self.das.gains(step.pending)
-        at = {p[0]: j for j, p in enumerate(step.pending)}
-        history_rows = [hist_gains[at[i]] if i in at else np.zeros(0) for i in decode]
-        history_rows = [r[~np.isnan(r)][:k_step] for r in history_rows]
-        mrates = self.model.rates()[:k_model]
-        model_rows = [mrates] * len(decode)
+        history_rows = self.history_gains(step.pending, decode, k_step)
+        model_rows = self.model_gains(decode, k_model)
         ctx_sum = step.ctx_sum
         cost = self.costs(len(decode), ctx_sum, k_model)
         self.steps += 1

@@ -13,11 +13,10 @@ stay the checkpoint's.
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from types import SimpleNamespace
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
+from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     Distiller,
@@ -63,10 +62,8 @@ class MTP(Drafter):
 
 # --------------------------------------------------------------------------- the MTP layer in torch
 
-@functools.cache
-def torch_modules() -> SimpleNamespace:
-    """The MTP layer's torch module class, built on first use so that declaring the drafter (config
-    validation, the CLI) imports no torch."""
+def _build_torch_modules() -> dict:
+    """The MTP layer's torch module class, built on first use (`machinery/lazy_torch.py`)."""
     import torch
 
     class MTPLayer(torch.nn.Module):
@@ -99,14 +96,11 @@ def torch_modules() -> SimpleNamespace:
                 out[MTP_PREFIX + k] = v.detach().clone().contiguous()
             return out
 
-    MTPLayer.__qualname__ = MTPLayer.__name__  # pickles by module attribute (the module __getattr__ below)
-    return SimpleNamespace(MTPLayer=MTPLayer)
+    return {"MTPLayer": MTPLayer}
 
 
-def __getattr__(name: str):
-    if name == "MTPLayer":
-        return torch_modules().MTPLayer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+torch_modules = LazyTorchModules(__name__, ("MTPLayer",), _build_torch_modules)
+__getattr__ = torch_modules.module_getattr
 
 
 MTP_OWN = ("token_layernorm.", "hidden_layernorm.", "input_proj.", "final_layernorm.")

@@ -16,13 +16,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
+from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter, DrafterSettings
 from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
-from nemo_rl_specdec.schema import PathError, Strict
+from nemo_rl_specdec.schema import PathError
 
 
-class NgramConfig(Strict):
+class NgramConfig(DrafterSettings):
     backend: Literal["vllm", "specdec"] = "vllm"
     prompt_lookup_min: int = Field(2, ge=1)
     prompt_lookup_max: int = Field(4, ge=1)

@@ -61,24 +61,28 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
+from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter, DrafterSettings
 from nemo_rl_specdec.drafters.machinery.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.machinery.staging import StagedRebuild
 from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.rollouts import RolloutBatch
-from nemo_rl_specdec.schema import PathError, Strict
+from nemo_rl_specdec.schema import PathError
 
 log = logging.getLogger("nemo_rl_specdec")
 
 
-class SuffixConfig(Strict):
+class SuffixConfig(DrafterSettings):
     """DAS suffix-tree drafter built from recent rollouts (or vLLM's built-in `suffix`)."""
+
+    # vLLM's own default for method suffix (its tree depth): at a small batch a deep draft is nearly free
+    # on a GPU; DAS's per-step rule cuts each draft by the step's cost (machinery/step_judge.py)
+    default_k: ClassVar[int] = 24
 
     backend: Literal["das", "vllm"] = "das"
     window_steps: int = Field(4, ge=1, description="policy versions kept in the rollout store")
@@ -135,9 +139,6 @@ class Suffix(Drafter):
     kind = LIST
     draft_cost = HOST
     config = SuffixConfig
-    # vLLM's own default for method suffix (its tree depth): at a small batch a deep draft is nearly free
-    # on a GPU; DAS's per-step rule cuts each draft by the step's cost (machinery/step_judge.py)
-    default_k = 24
     refresh_modes = ("rebuild", "frozen")
     worker_modules = ("arctic_inference.suffix_decoding",)  # both backends build arctic's suffix trees
     variants = (("suffix (DAS)", _backend_overrides("das")),

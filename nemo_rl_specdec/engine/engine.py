@@ -29,6 +29,7 @@ from nemo_rl_specdec.config import (
     to_vllm_speculative_config,
 )
 from nemo_rl_specdec.cost.trace import Trace
+from nemo_rl_specdec.drafters.base import Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.engine.tracing import StepTracer
@@ -72,7 +73,7 @@ def check_drafter_paths(spec: SpecDecConfig) -> None:
     """Fail before any engine starts when a drafter checkpoint path does not exist."""
     if not spec.enabled:
         return
-    p = drafter_of(spec).checkpoint(spec)
+    p = drafter_of(spec, Declared).checkpoint(spec)
     if p and not Path(p).exists():
         raise ConfigError(f"policy.generation.speculative_decoding.{spec.drafter}.model: got {p!r}; "
                           "allowed: an existing checkpoint directory")
@@ -138,7 +139,7 @@ class Engine:
         max_seqs = (vc.model_extra or {}).get("max_num_seqs")
         limits = {} if max_seqs is None else {"max_num_seqs": int(max_seqs)}
         if spec.enabled:  # what the drafter needs of the engine besides its speculative_config
-            limits.update(drafter_of(spec).engine_args(spec))
+            limits.update(drafter_of(spec, VllmMapping).engine_args(spec))
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path, tokenizer=self.model_path, dtype=vc.precision, enforce_eager=vc.enforce_eager,

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nemo_rl_specdec.config import ConfigError, RunConfig
-from nemo_rl_specdec.drafters.base import MODEL
+from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine.engine import GenerateResult
 from nemo_rl_specdec.metrics import SpecMetrics
@@ -101,10 +101,9 @@ def budget_route(spec) -> str:
     `k_by_batch_size` (model drafters), `none` (speculation off; vLLM's ngram / suffix)."""
     if not spec.enabled:
         return "none"
-    d = drafter_of(spec)
-    if d.takes_request_budgets(spec):
+    if drafter_of(spec, VllmMapping).takes_request_budgets(spec):
         return "per_request"
-    if d.kind == MODEL:
+    if drafter_of(spec, Declared).kind == MODEL:
         return "k_by_batch_size"
     return "none"
 
@@ -120,7 +119,7 @@ def scheduled_config(cfg: RunConfig, spec_enabled: bool | None = None,
     is returned unchanged (an explicit schedule is used as written)."""
     cm = {**DEFAULT_COST_MODEL, **(cost_model or {})}
     spec = cfg.spec if spec_enabled is None else cfg.spec.model_copy(update={"enabled": bool(spec_enabled)})
-    if not (spec.enabled and drafter_of(spec).kind == MODEL and spec.scheduling.budget != "uniform"
+    if not (spec.enabled and drafter_of(spec, Declared).kind == MODEL and spec.scheduling.budget != "uniform"
             and not spec.scheduling.k_by_batch_size):
         return cfg, None
     max_batch = int((cfg.generation.vllm_cfg.model_extra or {}).get("max_num_seqs") or VLLM_MAX_NUM_SEQS_CPU)

@@ -142,6 +142,7 @@ def fit_speculative_config(sc: dict, facts: dict, spec: Any, *, where: str | Non
       (`scheduling.k_by_batch_size`, `scheduling.k: auto`) where vLLM has no such field: the run is refused.
     """
     from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+    from nemo_rl_specdec.drafters.base import VllmMapping
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 
     version, fields, methods = facts.get("vllm", "?"), set(facts.get("fields") or ()), facts.get("methods")
@@ -151,14 +152,14 @@ def fit_speculative_config(sc: dict, facts: dict, spec: Any, *, where: str | Non
     if methods is not None and method not in methods:
         if method == "custom_class":
             name = spec.drafter  # suffix (das) or ngram (specdec): our proposers, beside vLLM's own backend
-            got = getattr(drafter_of(spec).settings(spec), "backend", None)
+            got = getattr(drafter_of(spec, VllmMapping).settings(spec), "backend", None)
             raise ConfigError(
                 f"{BLOCK_PATH}.{name}.backend: got {got!r}, which runs as vLLM's custom_class proposer; {where} has "
                 f"no custom_class method; allowed with this vLLM: 'vllm' (vLLM's own {name} proposer), or "
                 f"{elsewhere}")
         raise ConfigError(f"{BLOCK_PATH}.drafter: {sc_path}.method={method!r} is not a method of "
                           f"{where}; it has {sorted(methods)}")
-    for need in drafter_of(spec).needs_vllm_methods:
+    for need in drafter_of(spec, VllmMapping).needs_vllm_methods:
         if methods is not None and need not in methods:
             raise ConfigError(
                 f"{BLOCK_PATH}.drafter: got {spec.drafter!r}, whose history part runs our proposer inside vLLM's model "

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 
-from nemo_rl_specdec.drafters.base import MODEL
+from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine.cpu_fixes import fit_cpu_kernels_in_worker
 from nemo_rl_specdec.engine.weights import (
@@ -27,7 +27,7 @@ from nemo_rl_specdec.engine.weights import (
     shared_parameter_names,
     split_policy_and_drafter,
 )
-from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError
+from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError, Refreshable
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -116,7 +116,8 @@ class SpecDecWorkerExtension:
         model = find_drafter_model(self)
         if model is not None:
             st.drafter_kind = "model"
-            beside = drafter_of(spec).engine_proposer(self.model_runner, spec) if spec.get("enabled") else None
+            beside = (drafter_of(spec, VllmMapping).engine_proposer(self.model_runner, spec) if spec.get("enabled")
+                      else None)
             if beside is not None:  # a proposer of ours drafts beside the model's
                 from nemo_rl_specdec.engine.vllm_compat import draft_beside
 
@@ -125,7 +126,7 @@ class SpecDecWorkerExtension:
             st.drafter_kind = "list"
             if hasattr(proposer, "specdec_attach"):
                 proposer.specdec_attach(self.model_runner, spec)
-        if spec.get("enabled") and drafter_of(spec).kind == MODEL and model is None:
+        if spec.get("enabled") and drafter_of(spec, Declared).kind == MODEL and model is None:
             raise DrafterRefreshError(
                 f"drafter '{spec.get('drafter')}' is configured but the engine has no drafter model "
                 "(get_draft_model(), model_runner.drafter.model, model_runner.speculator.model are all empty)")
@@ -311,7 +312,7 @@ class SpecDecWorkerExtension:
         digest = _payload_digest(items)
         cfg = self.vllm_config.speculative_config.draft_model_config
         res = load_inplace(drafter, cfg, items, skip_shared=shared, what="drafter")
-        drafter_of(st.spec).weights_owner(st.spec).after_inplace_load(drafter)
+        drafter_of(st.spec, Refreshable).weights_owner(st.spec).after_inplace_load(drafter)
         before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
         if digest != st.last_drafter_payload and before == st.drafter_fingerprint:
             raise DrafterRefreshError(f"drafter weights for version {version} did not land: "
@@ -333,7 +334,7 @@ class SpecDecWorkerExtension:
         if pushed:
             return pushed
         st = self._specdec()
-        if drafter_of(st.spec).weights_owner(st.spec).weights_in_policy_checkpoint:
+        if drafter_of(st.spec, Refreshable).weights_owner(st.spec).weights_in_policy_checkpoint:
             items = decode_weights(self.model_config.model)
             return split_policy_and_drafter(items, self._specdec_num_layers())[1]
         return decode_weights(self.vllm_config.speculative_config.model)
@@ -359,7 +360,7 @@ class SpecDecWorkerExtension:
         shared = shared_parameter_names(drafter, self._specdec_target())
         cfg = self.vllm_config.speculative_config.draft_model_config
         load_inplace(drafter, cfg, items, skip_shared=shared, require_complete=False, what="drafter restore")
-        drafter_of(st.spec).weights_owner(st.spec).after_inplace_load(drafter)
+        drafter_of(st.spec, Refreshable).weights_owner(st.spec).after_inplace_load(drafter)
         if self._specdec_drafter_fp() != st.drafter_fingerprint:
             raise DrafterRefreshError(f"{what}; reloading the last pushed state did not reproduce it")
         st.restores += 1

@@ -46,8 +46,8 @@ import numpy as np
 
 from nemo_rl_specdec.cost.fit import nnls_fit
 from nemo_rl_specdec.cost.model import linear_columns
-from nemo_rl_specdec.drafters.base import LIST
-from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.drafters.base import LIST, Declared
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.resources import config_path
 
 MEASURED = config_path("sim", "measured")
@@ -176,7 +176,8 @@ def drafter_overrides(fit: dict, inp: dict, name: str) -> list:
           f"drafter.per_request_s={c['per_request_s']!r}", f"speculation.num_speculative_tokens={int(d['k'])}",
           "acceptance.alpha=null", "acceptance.mean_accepted_length=null", "acceptance.measured_at_k=null",
           f"acceptance.per_position={monotone_curve(d['accepted_per_position'])}"]
-    cov = min(1.0, max(1e-6, d["coverage"])) if DRAFTERS[sim].kind == LIST else 1.0  # a model drafter always drafts
+    listed = drafter_of(sim, Declared).kind == LIST
+    cov = min(1.0, max(1e-6, d["coverage"])) if listed else 1.0  # a model drafter always drafts
     ov.append(f"drafter.coverage={cov!r}")
     if d.get("by_response_position"):
         ov.append(f"acceptance.by_response_position={d['by_response_position']}")

@@ -11,8 +11,8 @@ import json
 import math
 from pathlib import Path
 
-from nemo_rl_specdec.drafters.base import LIST
-from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.drafters.base import LIST, Declared
+from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
 from nemo_rl_specdec.sim.acceptance import monotone_curve
 from nemo_rl_specdec.sim.scenario import ScenarioError
 
@@ -91,7 +91,7 @@ def overrides_for(result: dict) -> list:
         raise ScenarioError(f"bench result {result.get('name')!r} lacks {missing}; rerun the bench (suite drafters)")
     per_pos = monotone_curve(result["accepted_per_position"])
     # our drafters are the simulator's by the same name; model drafters take no per-request budget
-    budget = [] if DRAFTERS[result["drafter"]].kind == LIST else ["speculation.scheduling.budget=uniform"]
+    budget = [] if drafter_of(result["drafter"], Declared).kind == LIST else ["speculation.scheduling.budget=uniform"]
     return budget + [f"speculation.num_speculative_tokens={int(result['k'])}", f"drafter.name={result['drafter']}",
             "acceptance.alpha=null", "acceptance.mean_accepted_length=null",
             f"acceptance.per_position={per_pos}", "workload.lengths.dist=values", "++workload.lengths.groups=null",

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.cost.price import PricedDrafter
 from nemo_rl_specdec.cost.profile import load_profile, profile_path
 from nemo_rl_specdec.cost.schema import (  # noqa: F401  (the scenario's blocks and limits, named here too)
     BANDWIDTH_BPS,
@@ -54,7 +55,7 @@ from nemo_rl_specdec.cost.schema import (  # noqa: F401  (the scenario's blocks 
     format_errors,
 )
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
-from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.drafters.registry import registered
 from nemo_rl_specdec.resources import config_lookups, config_path
 from nemo_rl_specdec.scheduling.budget import expected_accepted
 from nemo_rl_specdec.schema import PathError as _PathError, k_by_batch_size_table
@@ -81,7 +82,7 @@ PUBLISHED_DRAFTERS = {"dspark": "block"}
 
 def drafter_kinds() -> dict:
     """Drafter name -> simulator kind: every registered drafter, plus the published ones."""
-    return {**PUBLISHED_DRAFTERS, **{n: SIM_KIND[d.draft_cost] for n, d in DRAFTERS.items()}}
+    return {**PUBLISHED_DRAFTERS, **{n: SIM_KIND[d.draft_cost] for n, d in registered(PricedDrafter).items()}}
 
 
 class ScenarioError(CostError):

@@ -95,7 +95,7 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
 EXPECTED_DEFAULTS = {
     "enabled": False,
     "drafter": "suffix",
-    "num_speculative_tokens": 24,  # suffix: vLLM's own default there (Suffix.default_k)
+    "num_speculative_tokens": 24,  # suffix: vLLM's own default there (SuffixConfig.default_k)
     "draft_sample_method": "auto",
     "suffix": {"backend": "das", "window_steps": 4, "scope": "both", "max_tree_depth": 64,
                "max_match_len": 16, "max_spec_factor": 1.0, "min_token_prob": 0.1, "max_memory_mb": 512.0,

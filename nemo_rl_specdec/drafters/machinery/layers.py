@@ -6,14 +6,10 @@ not use these.
 """
 from __future__ import annotations
 
-import functools
-from types import SimpleNamespace
-
-MODULES = ("RMSNorm", "SwiGLU")
+from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 
 
-@functools.cache
-def torch_modules() -> SimpleNamespace:
+def _build_torch_modules() -> dict:
     """The shared torch module classes (RMSNorm, SwiGLU)."""
     import torch
     import torch.nn.functional as F
@@ -39,15 +35,11 @@ def torch_modules() -> SimpleNamespace:
         def forward(self, x):
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    for cls in (RMSNorm, SwiGLU):
-        cls.__qualname__ = cls.__name__  # pickles by module attribute (the module __getattr__ below)
-    return SimpleNamespace(RMSNorm=RMSNorm, SwiGLU=SwiGLU)
+    return {"RMSNorm": RMSNorm, "SwiGLU": SwiGLU}
 
 
-def __getattr__(name: str):
-    if name in MODULES:
-        return getattr(torch_modules(), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+torch_modules = LazyTorchModules(__name__, ("RMSNorm", "SwiGLU"), _build_torch_modules)
+__getattr__ = torch_modules.module_getattr
 
 
 def rope(x, pos, theta: float):

@@ -83,5 +83,6 @@ def test_every_class_the_adapter_defines_is_accounted_for():
     nemo_rl_free = {("api.py", "NeMoRLMissing"), ("api.py", "UnsupportedNeMoRL"), ("exchange.py", "RolloutExchange"),
                     ("exchange.py", "DrafterBoard"),
                     ("payload.py", "RolloutStash"),
-                    ("metrics.py", "AcceptanceByLag"), ("launch_errors.py", "LaunchError")}
+                    ("metrics.py", "AcceptanceByLag"), ("launch_errors.py", "LaunchError"),
+                    ("translate.py", "NemoRLRules")}
     assert found == set(SUBCLASSES) | OWN_MIXINS | nemo_rl_free

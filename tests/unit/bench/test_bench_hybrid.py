@@ -46,9 +46,22 @@ def _tables(recorded):
 def results():
     cfg = load_run_config(config_path("tiny_cpu.yaml"), [
         f"policy.generation.speculative_decoding.num_speculative_tokens={K}", "bench.hybrid.repeats=2"])
-    opts = {"profile": load_profile("h100_qwen3_8b"), "repeats": 2}
+    opts = {"profile": load_profile("h100_qwen3_8b"), "repeats": 2, "model_k": K}
     recorded = _recorded()
-    return {r["name"]: r for r in hybrid.replay_all(cfg, opts, recorded, _tables(recorded))}
+    return {r["name"]: r for r in hybrid.replay_all(cfg, opts, recorded, _tables(recorded), cfg.spec.eagle3.model)}
+
+
+def _beside(cfg, recorded, tables, profile, history=True):
+    """The engine's HybridProposer on the replayed steps, as `replay_all` builds it."""
+    from nemo_rl_specdec.bench.replay import BesideReplay
+    from nemo_rl_specdec.cost.price import PricedHybridCost
+
+    spec = hybrid.hybrid_spec(cfg, cfg.spec.eagle3.model, K, history=history)
+    beside = BesideReplay(spec, 256, hybrid.table_drafts(tables, recorded, K),
+                          cost=PricedHybridCost(profile, "das" if history else "eagle3", "eagle3", K))
+    if not history:
+        beside.proposer.das.use_local = False
+    return spec, beside
 
 
 def test_every_configuration_is_replayed_shared_and_priced(results):
@@ -98,28 +111,31 @@ def test_no_row_beats_the_per_request_hindsight_bound(results):
 
 
 def test_the_rule_skips_the_model_forward_where_no_model_draft_pays():
-    """Every planted model draft is wrong: once the model half's acceptance has been measured, its
-    forwards stop, and the hybrid is DAS plus the steps it took to learn that."""
-    cfg = load_run_config(config_path("tiny_cpu.yaml"),
-                          [f"policy.generation.speculative_decoding.num_speculative_tokens={K}"])
-    # enough drafts for the calibration to fold its feedback in (flush_every) and fall below the price of the
-    # forwards the rule can skip (the first one runs at every step, so it is no saving)
-    recorded = _recorded(steps=30)
-    tables = {key: np.full_like(t, WRONG) for key, t in _tables(recorded).items()}
-    h = hybrid.HybridReplay("eagle3_rule", hybrid.with_prompt_lengths(tables, recorded), {}, K,
-                            load_profile("h100_qwen3_8b"), 256)
+    """Every planted model draft is wrong: once the model half's acceptance has been measured on the
+    drafts verified, its forwards stop (the engine's proposer, alone: no history drafts)."""
     from nemo_rl_specdec.bench.replay import replay
 
-    replay(hybrid.das_spec(cfg), recorded, 256, drafter=h.drafter, label="eagle3")
-    assert h.counts["model_forward_steps"] < h.counts["steps"]
-    assert h.calibration.token_rates(hybrid.ALONE, range(K))[0] < 0.5   # learnt from the drafts scored so far
+    cfg = load_run_config(config_path("tiny_cpu.yaml"),
+                          [f"policy.generation.speculative_decoding.num_speculative_tokens={K}"])
+    recorded = _recorded(steps=10)
+    tables = {key: np.full_like(t, WRONG) for key, t in _tables(recorded).items()}
+    spec, beside = _beside(cfg, recorded, tables, load_profile("h100_qwen3_8b"), history=False)
+    replay(spec, recorded, 256, drafter=beside.drafter("model"), label="eagle3")
+    c = beside.proposer.counters
+    assert 0 < c["model_runs"] < c["steps"] and c["from_history"] == 0 and c["model_accepted"] == 0
+    assert beside.proposer.model.rates()[0] < 0.5   # learnt from the drafts verified so far
 
 
-def test_a_mode_without_its_history_half_is_refused():
-    with pytest.raises(ValueError, match="needs the history half"):
-        hybrid.HybridReplay("hybrid", {}, {}, K, load_profile("h100_qwen3_8b"), 256)
-    with pytest.raises(ValueError, match="mode"):
-        hybrid.HybridReplay("both", {}, {}, K, load_profile("h100_qwen3_8b"), 256)
+def test_the_replay_runs_only_a_proposer_the_engine_runs_beside_a_model():
+    from nemo_rl_specdec.bench.replay import BesideReplay
+    from nemo_rl_specdec.drafters.suffix import DASProposer
+
+    cfg = load_run_config(config_path("tiny_cpu.yaml"))
+    with pytest.raises(ValueError, match="runs no proposer beside its model"):
+        BesideReplay(hybrid.das_spec(cfg), 256, lambda batch: [])
+    with pytest.raises(ValueError, match="DASProposer is not a HybridProposer"):
+        BesideReplay(hybrid.hybrid_spec(cfg, cfg.spec.eagle3.model, 2), 256, lambda batch: [],
+                     proposer_class=DASProposer)
 
 
 def test_a_step_that_skips_the_model_half_is_charged_its_first_forward():
@@ -127,6 +143,7 @@ def test_a_step_that_skips_the_model_half_is_charged_its_first_forward():
     head's KV of the verified tokens), its model_k forwards where the rule runs it; the priced draft
     time is those forwards and nothing else."""
     from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.config import cost_parts
     from nemo_rl_specdec.cost.price import model_forward_s, price
 
     cfg = load_run_config(config_path("tiny_cpu.yaml"),
@@ -134,13 +151,13 @@ def test_a_step_that_skips_the_model_half_is_charged_its_first_forward():
     recorded = _recorded(steps=10)
     tables = {key: np.full_like(t, WRONG) for key, t in _tables(recorded).items()}
     profile = load_profile("h100_qwen3_8b")
-    h = hybrid.HybridReplay("hybrid", hybrid.with_prompt_lengths(tables, recorded), {}, K, profile, 256,
-                            history=hybrid.das_spec(cfg))
-    rows = replay(hybrid.das_spec(cfg), recorded, 256, drafter=h.drafter, label="hybrid")
+    spec, beside = _beside(cfg, recorded, tables, profile)
+    rows = replay(spec, recorded, 256, drafter=beside.drafter("hybrid", cost_parts(spec)), label="hybrid")
     decode = [s for r in rows for s in r["trace"].steps if s.rids]
-    assert len(decode) == h.counts["steps"]
+    c = beside.proposer.counters
+    assert len(decode) == c["steps"]
     forwards = [s.model_forwards for s in decode]
-    assert set(forwards) <= {1, K} and forwards.count(K) == h.counts["model_forward_steps"]
+    assert set(forwards) <= {1, K} and forwards.count(K) == c["model_runs"]
     assert forwards.count(1) > 0   # the model drafts are all wrong: the rule skips the model half
     for r in rows:
         expected = sum(model_forward_s(profile, hybrid.MODEL_KEY, s.model_forwards, s.ctx) for s in r["trace"].steps)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_specdec.config import SpecDecConfig, load_run_config, to_vllm_speculative_config
-from nemo_rl_specdec.drafters.base import HOST, LIST, MODEL, PARALLEL, SEQUENTIAL, Drafter
+from nemo_rl_specdec.drafters.base import HOST, LIST, MODEL, PARALLEL, SEQUENTIAL, Declared, Drafter
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter
 from nemo_rl_specdec.schema import Strict
 
@@ -19,7 +19,7 @@ MODES = {"frozen", "refit", "online", "rebuild"}
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
 def test_each_drafter_keeps_the_contract(name):
     d = DRAFTERS[name]
-    assert isinstance(d, Drafter) and d.name == name and drafter(name) is d
+    assert isinstance(d, Drafter) and d.name == name and drafter(name, Declared) is d
     assert d.kind in (LIST, MODEL) and d.draft_cost in (HOST, SEQUENTIAL, PARALLEL)
     assert (d.kind == LIST) == (d.draft_cost == HOST)
     assert d.refresh_modes and set(d.refresh_modes) <= MODES
@@ -62,7 +62,7 @@ def test_an_unknown_drafter_names_the_registered_ones():
         load_run_config("configs/tiny_cpu.yaml", ["policy.generation.speculative_decoding.drafter=medusa"])
     assert all(n in str(e.value) for n in DRAFTERS)
     with pytest.raises(KeyError, match="allowed"):
-        drafter("medusa")
+        drafter("medusa", Declared)
 
 
 def _name_comparisons(text: str, where: str) -> list:

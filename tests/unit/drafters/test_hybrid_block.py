@@ -8,8 +8,10 @@ import json
 import pytest
 
 from nemo_rl_specdec.config import BLOCK_PATH as B, ConfigError, load_run_config, to_vllm_speculative_config
+from nemo_rl_specdec.drafters.base import Declared, VllmMapping
 from nemo_rl_specdec.drafters.hybrid import ModelAcceptance
 from nemo_rl_specdec.drafters.registry import drafter
+from nemo_rl_specdec.lockstep import Refreshable
 
 RUN = "configs/tiny_cpu.yaml"
 
@@ -52,7 +54,7 @@ def test_mtp_as_the_model_part_needs_a_policy_with_mtp_layers(tmp_path):
 
 
 def d_args(spec) -> dict:
-    return drafter(spec).engine_args(spec)
+    return drafter(spec, VllmMapping).engine_args(spec)
 
 
 @pytest.mark.parametrize("model", ["eagle3", "dflash", "draft_model"])
@@ -62,9 +64,11 @@ def test_the_block_maps_to_the_model_parts_method_greedy_and_synchronous(model):
     assert sc["method"] == model and sc["model"] == getattr(spec, model).model
     assert sc["draft_sample_method"] == "greedy" and "disable_padded_drafter_batch" not in sc  # vLLM's padded path
     assert d_args(spec) == {"async_scheduling": False}  # list drafts need synchronous scheduling
-    d = drafter(spec)
-    assert d.checkpoint(spec) == getattr(spec, model).model and d.weights_owner(spec) is drafter(model)
-    assert d.rollout_prompt_tail(spec) == drafter("suffix").rollout_prompt_tail(spec)  # the store takes rollouts
+    d = drafter(spec, Refreshable)
+    assert drafter(spec, Declared).checkpoint(spec) == getattr(spec, model).model
+    assert d.weights_owner(spec) is drafter(model, Refreshable)
+    # the store takes rollouts
+    assert d.rollout_prompt_tail(spec) == drafter("suffix", Refreshable).rollout_prompt_tail(spec)
 
 
 def test_the_model_parts_refresh_modes_govern_both_halves():

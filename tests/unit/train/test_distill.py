@@ -163,9 +163,10 @@ def test_each_drafter_builds_its_own_online_trainer():
     from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
     from nemo_rl_specdec.drafters.mtp import MTPDistiller
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+    from nemo_rl_specdec.lockstep import Refreshable
 
     def make_distiller(spec, **kw):
-        return drafter_of(spec).distiller(spec, **kw)
+        return drafter_of(spec, Refreshable).distiller(spec, **kw)
 
     b = "policy.generation.speculative_decoding"
     spec = load_run_config("configs/tiny_cpu.yaml", [f"{b}.drafter=eagle3"]).spec
