@@ -32,7 +32,6 @@ MARKER = "speculative_decoding.json"
 FORMAT = "nemo-rl-specdec/checkpoint"
 VERSION = 1
 DIR_KEY = "checkpointing.checkpoint_dir"
-DEFAULT_DIR = "results/grpo"  # NeMo-RL's examples/configs/grpo_math_1B.yaml
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
@@ -97,8 +96,9 @@ def check_resume(run: dict, spec: Any) -> Path | None:
     written without the block or with another drafter. Returns the checkpoint it resumes from, or None."""
     if spec is None:
         return None
-    ckpt_cfg = run.get("checkpointing") if isinstance(run.get("checkpointing"), dict) else {}
-    step_dir = latest_checkpoint(ckpt_cfg.get("checkpoint_dir") or DEFAULT_DIR)
+    ckpt_cfg = run.get("checkpointing")
+    directory = ckpt_cfg.get("checkpoint_dir") if isinstance(ckpt_cfg, dict) else None
+    step_dir = latest_checkpoint(directory) if directory else None  # none set: NeMo-RL has nowhere to resume from
     if step_dir is None:
         return None
     want = identity(spec)
