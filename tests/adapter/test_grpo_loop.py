@@ -44,6 +44,7 @@ Stand-ins, each only where the real thing cannot run on CPU:
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -986,7 +987,7 @@ def test_grpo_train_resumes_from_nemo_rls_checkpoint_with_the_block(loop_ray, tm
     assert saved is not None and saved.name == "step_2"
     assert checkpoint.read_marker(saved)["drafter"] == block["drafter"]
     other = "ngram" if name != "ngram" else "suffix_vllm"
-    with pytest.raises(ConfigError, match=rf"would resume from {saved}, which was written with .*drafter="):
+    with pytest.raises(ConfigError, match=rf"would resume from {re.escape(str(saved))}, which was written with "):
         checkpoint.check_resume(run, translate.enabled_spec({"speculative_decoding": {"enabled": True,
                                                                                       **BLOCKS[other]}}))
     resumed = run_loop(tmp_path / "stopped", block, extra=CHECKPOINTED)
