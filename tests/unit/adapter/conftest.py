@@ -32,7 +32,8 @@ def fake_nemo_rl(monkeypatch, tmp_path):
                  "nemo_rl.models.generation.vllm.vllm_worker_async", "nemo_rl.models.generation.vllm.vllm_backend",
                  "nemo_rl.distributed", "nemo_rl.distributed.batched_data_dict", "nemo_rl.distributed.worker_groups",
                  "nemo_rl.distributed.worker_group_utils", "nemo_rl.distributed.ray_actor_environment_registry",
-                 "nemo_rl.utils", "nemo_rl.utils.venvs", "nemo_rl.algorithms", "nemo_rl.algorithms.grpo"]:
+                 "nemo_rl.utils", "nemo_rl.utils.venvs", "nemo_rl.utils.checkpoint", "nemo_rl.algorithms",
+                 "nemo_rl.algorithms.grpo"]:
         mods[name] = stand_in_module(name)
         monkeypatch.setitem(sys.modules, name, mods[name])
         parent, _, leaf = name.rpartition(".")

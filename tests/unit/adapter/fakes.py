@@ -456,7 +456,28 @@ def main():
 '''
 
 
+class FakeCheckpointManager:
+    """Stands in for NeMo-RL's `nemo_rl.utils.checkpoint.CheckpointManager`: `init_tmp_checkpoint`
+    makes `tmp_step_N/` with `training_info.json` and returns it, as NeMo-RL's does."""
+
+    def __init__(self, config):
+        self.checkpoint_dir = Path(config["checkpoint_dir"])
+
+    def init_tmp_checkpoint(self, step, training_info, run_config=None):
+        import json
+
+        path = self.checkpoint_dir / f"tmp_step_{step}"
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "training_info.json").write_text(json.dumps(dict(training_info)))
+        return path
+
+    def finalize_checkpoint(self, checkpoint_path):
+        path = Path(checkpoint_path)
+        path.rename(path.parent / path.name.removeprefix("tmp_"))
+
+
 STAND_INS = {
+    "nemo_rl.utils.checkpoint.CheckpointManager": FakeCheckpointManager,
     "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration": FakeVllmGeneration,
     "nemo_rl.distributed.worker_groups.RayWorkerGroup": FakeWorkerGroup,
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict": FakeBatchedDataDict,

