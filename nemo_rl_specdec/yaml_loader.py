@@ -1,5 +1,5 @@
 """YAML files with command-line overrides: read (OmegaConf), override, resolve. The run files
-(config.py), the simulator's scenarios (sim/scenario.py) and the NeMo-RL run files
+(config.py), the simulator's scenarios (sim/scenario/) and the NeMo-RL run files
 (config_loader.py) all load through here; each adds only its own inheritance rule.
 
 Overrides use NeMo-RL's (Hydra) spelling:

@@ -35,7 +35,8 @@ def read_bench(path: str) -> list[dict]:
     """The results of a bench JSON that name a registered drafter, each checked: a non-empty
     `name`, `k` from 1 to 64, `accepted_per_position` numbers from 0 to 1, `lengths` whole token
     counts, a finite positive `wall_clock_ratio`. Any other file is a ScenarioError naming it."""
-    from nemo_rl_specdec.sim.scenario import MAX_CURVE, MAX_K, MAX_TOKENS
+    from nemo_rl_specdec.cost.schema import MAX_TOKENS
+    from nemo_rl_specdec.sim.scenario.limits import MAX_CURVE, MAX_K
 
     p = Path(path)
     try:

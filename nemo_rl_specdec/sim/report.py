@@ -137,7 +137,7 @@ def check_sweeps(sc) -> None:
     limit (`Scenario.check_work`), and with `acceptance.spread` each swept alpha one a spread can
     keep."""
     from nemo_rl_specdec.sim import acceptance as acc
-    from nemo_rl_specdec.sim.scenario import MAX_ENGINES
+    from nemo_rl_specdec.sim.scenario.limits import MAX_ENGINES
 
     def work(**kw) -> None:
         try:
