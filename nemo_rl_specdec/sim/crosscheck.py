@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS
@@ -27,7 +29,7 @@ def _bench_error(path: str, what: str, allowed: str = BENCH) -> ScenarioError:
     return ScenarioError(f"--crosscheck {path}: {what}; allowed: {allowed}")
 
 
-def _number(v) -> bool:
+def _number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -99,7 +101,7 @@ def overrides_for(result: dict) -> list:
             f"workload.lengths.values={[int(x) for x in result['lengths']]}"]
 
 
-def crosscheck(scenario: str, bench_json: str, extra: list = ()) -> list:
+def crosscheck(scenario: str, bench_json: str, extra: Sequence[str] = ()) -> list:
     """The scenario's prediction of each result of `bench_json` beside the measured ratio. The file
     and every variant of the scenario are checked before anything is simulated."""
     from nemo_rl_specdec.sim.report import simulate

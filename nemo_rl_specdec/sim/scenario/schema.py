@@ -107,6 +107,7 @@ class Scenario(_Strict):
         if 0 < a.spread < MIN_SPREAD:
             raise PathError("acceptance.spread", a.spread, f"0 (every request alike) or from {MIN_SPREAD:g} to 0.5")
         if a.spread > 0:
+            assert self.alpha is not None   # Acceptance refuses a spread with a measured curve
             try:
                 acc.spread_mean(self.alpha, a.decay, a.spread, at_k)
             except ValueError as e:
@@ -157,7 +158,7 @@ class Scenario(_Strict):
             (requests, f"requests ({P:,} prompts x {G} x {N} steps)"), (history, "history draws"),
             (budgets, "weighted budget recomputations"), (segments, "acceptance segment changes"),
             (E * N, "engine-steps")) if v) + (f", x {factor} (drafts judged at every event)" if factor > 1 else "")
-        key = max(parts, key=parts.get)
+        key = max(parts, key=parts.__getitem__)
         if factor > 1 and parts[key] * factor > MAX_EVENTS_PER_RUN >= sum(parts.values()):
             key = "speculation.scheduling.k" if sched.k == "per_step" else "speculation.scheduling.budget"
         return events, key, what
@@ -227,6 +228,7 @@ class Scenario(_Strict):
         if hw.memory_bytes is None:
             return None
         m, d = self.model, self.drafter.model
+        assert m is not None   # memory_bytes needs a roofline (_check_costs), and a roofline the model
         weights = m.shape().total_weight_bytes + (d.shape().total_weight_bytes if d else 0.0)
         per_token = m.kv_bytes_per_token + (d.kv_bytes_per_token if d else 0.0)
         free = hw.memory_bytes * hw.gpus_per_engine * hw.memory_utilization - weights
@@ -236,7 +238,7 @@ class Scenario(_Strict):
         hw = self.hardware
         if hw.memory_bytes is not None and hw.kv_capacity_tokens is not None:
             raise PathError("hardware.memory_bytes", hw.memory_bytes, "null when kv_capacity_tokens is given")
-        if hw.memory_bytes is not None and not self.model.kv_bytes_per_token:
+        if hw.memory_bytes is not None and not (self.model and self.model.kv_bytes_per_token):
             raise PathError("model.kv_bytes_per_token", 0, "> 0 to derive the KV capacity from hardware.memory_bytes")
         cap = self.kv_capacity_tokens
         if cap is None:
