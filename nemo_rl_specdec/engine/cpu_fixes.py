@@ -91,7 +91,7 @@ def _without_synthetic_args(impl):
                                "rejection kernels")
         return impl(*args[:required], **kwargs)
 
-    call._specdec_fitted = True
+    call._specdec_fitted = True  # type: ignore[attr-defined]  # a marker on the wrapper, read back by getattr
     return call
 
 
@@ -129,7 +129,7 @@ def fit_rejection_kernels(rsm) -> list[str]:
         fixed = _without_synthetic_args(impl)
         for slot in slots:
             setattr(kernel, slot, fixed)
-        if hasattr(kernel, "_forward_by_name"):
+        if kernel is not None and hasattr(kernel, "_forward_by_name"):
             kernel._forward_by_name = False
         fitted.append(name)
     if fitted:

@@ -73,7 +73,7 @@ def register_cpu_kernels_once() -> None:
     fn = getattr(cls, "register_triton_kernel_overrides", None)
     if fn is None or getattr(fn, "_specdec_once", False):
         return
-    done = []
+    done: list[bool] = []
 
     def once(*args, **kwargs):
         if not done:
@@ -86,7 +86,7 @@ def register_cpu_kernels_once() -> None:
                 sys.modules.update(hidden)
             done.append(True)
 
-    once._specdec_once = True
+    once._specdec_once = True  # type: ignore[attr-defined]  # a marker on the wrapper, read back by getattr
     cls.register_triton_kernel_overrides = staticmethod(once)
 
 
@@ -209,7 +209,7 @@ def keep_shared_dist_state_while_engines_live() -> None:
             return fn(*args, **kwargs)
         log.debug("skipping distributed teardown: %d in-process engine(s) still alive", len(LIVE_ENGINES))
 
-    cleanup_unless_shared._specdec_shared = True
+    cleanup_unless_shared._specdec_shared = True  # type: ignore[attr-defined]  # a marker, read back by getattr
     core.cleanup_dist_env_and_memory = cleanup_unless_shared
 
 
