@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from nemo_rl_specdec.engine.vllm_compat import marked
+
 DRAFT_PREFIX = "draft."
 MTP_PREFIXES = ("mtp.", "model.mtp_layers.")
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
@@ -165,8 +167,7 @@ def cpu_reloading(model: Any, model_config) -> None:
             finalize_layerwise_reload(model, model_config)
             _repack_kept_weights(model)
 
-    load_weights._specdec_cpu_reloading = True  # type: ignore[attr-defined]  # a marker, read back by getattr
-    model.load_weights = load_weights
+    model.load_weights = marked(load_weights, "_specdec_cpu_reloading")
 
 
 def _repack_kept_weights(model: torch.nn.Module) -> None:
