@@ -46,7 +46,7 @@ bench: venv
 IOMP = LD_PRELOAD="$$($(PY) -m nemo_rl_specdec.openmp)"
 
 # The lint and type gate (settings in pyproject.toml): ruff over the package, tests and examples;
-# mypy over the typed core.
+# mypy over the files pyproject.toml names.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

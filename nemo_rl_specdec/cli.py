@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from nemo_rl_specdec.schema import ConfigError
 
@@ -272,7 +272,7 @@ def _price(args) -> int:
             fit = fit_proposer([t for _, t in named])
             print(f"proposer fit on {fit['kept']} of {fit['steps']} decode steps: step_overhead_s "
                   f"{fit['step_overhead_s']:.3g}, per_request_s {fit['per_request_s']:.3g} (R^2 {fit['r2']:.2f})")
-            out = {"fit_proposer": fit}
+            out: dict[str, Any] = {"fit_proposer": fit}
         else:
             base = Trace.load(args.baseline) if args.baseline else None
             rows = [{"trace": name, **speedup(t, profile, base, args.drafter)} for name, t in named]

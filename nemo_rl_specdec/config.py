@@ -27,6 +27,7 @@ from nemo_rl_specdec.schema import (
     Strict as _Strict,
     dotted_get,
     float_setting,
+    format_errors,
     int_setting,
     k_by_batch_size_table,
 )
@@ -329,38 +330,8 @@ class RunConfig:
 
 # --------------------------------------------------------------------------- loading
 
-def _known_keys(loc: list[str]) -> list[str] | None:
-    """Field names of the (nested) model at `loc` below `policy.generation`, if it is one of ours."""
-    model: Any = GenerationConfig
-    for part in loc:
-        field = model.model_fields.get(part)
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
-            return None
-        model = field.annotation
-    return list(model.model_fields)
-
-
-def _format_pydantic(err: ValidationError, prefix: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
-        ctx_err = (e.get("ctx") or {}).get("error")
-        if isinstance(ctx_err, _PathError):
-            path = ".".join([prefix, *loc, ctx_err.rel_path]) if loc else f"{prefix}.{ctx_err.rel_path}"
-            lines.append(f"{path}: got {ctx_err.value!r}; allowed: {ctx_err.allowed}")
-            continue
-        path = ".".join([prefix, *loc])
-        got = e.get("input")
-        if e["type"] == "extra_forbidden":
-            known = _known_keys(loc[:-1]) or []
-            close = difflib.get_close_matches(loc[-1], known, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            lines.append(
-                f"{path}: unknown key (got {got!r}); {hint}allowed keys: {known} — unknown keys are not ignored"
-            )
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{path}: got {got!r}; allowed: {msg}")
+def _format_pydantic(err: ValidationError) -> str:
+    lines = format_errors(err, GenerationConfig, "policy.generation", "docs/configuration.md")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
@@ -397,7 +368,7 @@ def validate_run_dict(raw: dict, source: str | None = None) -> RunConfig:
     try:
         generation = GenerationConfig.model_validate(gen)
     except ValidationError as e:
-        raise ConfigError(_format_pydantic(e, "policy.generation")) from None
+        raise ConfigError(_format_pydantic(e)) from None
     return RunConfig(raw, generation, source)
 
 
@@ -409,7 +380,7 @@ def validate_spec_block(block: dict | None) -> dict:
     try:
         generation = GenerationConfig.model_validate({"speculative_decoding": block or {}})
     except ValidationError as e:
-        raise ConfigError(_format_pydantic(e, "policy.generation")) from None
+        raise ConfigError(_format_pydantic(e)) from None
     return generation.speculative_decoding.model_dump(mode="json")
 
 

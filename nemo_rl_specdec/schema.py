@@ -1,10 +1,18 @@
 """The strict pydantic base every block of our YAML schema derives from, and the errors that
-name a key path. Bottom-level: config.py and each drafter's sub-block build on it."""
+name a key path: `format_errors` turns a pydantic ValidationError into one line per key at fault,
+`<prefix>.<dotted key>: got <value>; allowed: <what is>`, for the run config (config.py), the
+simulator's scenarios (sim/scenario/) and the hardware profiles (cost/profile.py) alike.
+Bottom-level: config.py, the cost blocks and each drafter's sub-block build on it."""
 from __future__ import annotations
 
-from typing import Any
+import difflib
+import functools
+import operator
+import types
+import typing
+from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class ConfigError(ValueError):
@@ -12,8 +20,9 @@ class ConfigError(ValueError):
 
 
 class PathError(ValueError):
-    """Raised inside validators when the offending key is not the one being validated; config.py
-    turns it into a ConfigError on the full dotted path."""
+    """Raised inside a model's validator when the offending key is not the one being validated:
+    `rel_path` is the key's dotted path relative to that model (`format_errors` puts the model's own
+    location in front of it)."""
 
     def __init__(self, rel_path: str, value: Any, allowed: str):
         self.rel_path, self.value, self.allowed = rel_path, value, allowed
@@ -31,9 +40,10 @@ def dotted_get(d: Any, dotted: str, default: Any = None) -> Any:
 
 
 class Strict(BaseModel):
-    """Unknown keys are errors; `true` is not an int and "8" is not a number inside our block."""
+    """Unknown keys are errors; `true` is not an int, "8" is not a number, and NaN and infinity are
+    not numbers inside our blocks."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
 def k_by_batch_size_table(v: Any) -> list[tuple[int, int, int]] | None:
@@ -84,3 +94,137 @@ def float_setting(value: Any, path: str, lo: float, hi: float, *, lo_open: bool 
         raise ConfigError(f"{path}: got {value!r}; allowed: a finite number {'>' if lo_open else '>='} {lo} "
                           f"and <= {hi}")
     return float(value)
+
+
+# --------------------------------------------------------------------------- error messages
+
+class _Cut(str):
+    """A value's repr cut short for an error message; shown as is."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def short(value: Any, limit: int = 80) -> Any:
+    """`value`, or its repr cut to `limit` characters when that is longer (error messages quote
+    values, and a whole block or a long list would bury the message)."""
+    text = repr(value)
+    return value if len(text) <= limit else _Cut(text[: limit - 3] + "...")
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def _unwrap(ann: Any) -> tuple[Any, bool]:
+    """(the annotation inside Optional[...], whether it was Optional)."""
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) in (Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else functools.reduce(operator.or_, rest)), True
+    return ann, False
+
+
+def _field_at(root: type, loc: tuple) -> tuple[Any | None, Any]:
+    """(the field named by a validation error's `loc`, the model that holds it); (None, model) when
+    `loc` ends inside a list or mapping or does not name a field, with the model reached last."""
+    ann: Any = root
+    info: Any = None
+    holder: Any = root
+    for part in loc:
+        ann, _ = _unwrap(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            holder, info = ann, ann.model_fields.get(part) if isinstance(part, str) else None
+            if info is None:
+                return None, holder
+            ann = info.annotation
+            continue
+        origin, args = typing.get_origin(ann), typing.get_args(ann)
+        if origin in (list, tuple) and isinstance(part, int) and args:
+            ann, info = args[0], None
+        elif origin is dict and args:
+            ann, info = args[1], None
+        else:
+            return None, holder
+    return info, holder
+
+
+def _range(info: Any) -> str | None:
+    """What a numeric field allows, from its bounds: "an integer from 1 to 64", "a finite number > 0
+    and <= 1", with its unit, "or null" when it may be null; None for other fields."""
+    ann, optional = _unwrap(info.annotation)
+    if ann not in (int, float):
+        return None
+    lo = hi = None
+    lo_op, hi_op = ">=", "<="
+    for m in info.metadata:             # pydantic's Gt / Ge / Lt / Le constraints
+        if getattr(m, "gt", None) is not None:
+            lo, lo_op = m.gt, ">"
+        elif getattr(m, "ge", None) is not None:
+            lo = m.ge
+        elif getattr(m, "lt", None) is not None:
+            hi, hi_op = m.lt, "<"
+        elif getattr(m, "le", None) is not None:
+            hi = m.le
+    kind = "an integer" if ann is int else "a finite number"
+    if lo is not None and hi is not None and lo_op == ">=" and hi_op == "<=":
+        text = f"{kind} from {_num(lo)} to {_num(hi)}"
+    else:
+        bounds = [f"{op} {_num(v)}" for op, v in ((lo_op, lo), (hi_op, hi)) if v is not None]
+        text = f"{kind} {' and '.join(bounds)}" if bounds else kind
+    unit = (info.json_schema_extra or {}).get("unit") if isinstance(info.json_schema_extra, dict) else None
+    return text + (f" ({unit})" if unit else "") + (" or null" if optional else "")
+
+
+# the errors of a number out of range or of the wrong type: the field's bounds say what is allowed
+_NUMERIC_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "int_type", "float_type",
+                   "int_from_float", "finite_number", "int_parsing", "float_parsing", "int_parsing_size"}
+
+
+def _got(value: Any, error_type: str) -> str:
+    """The value at fault, with its type where the type is what is wrong (`true`, "3", 2.5)."""
+    what = {bool: "a boolean", str: "a string", float: "a float"}.get(type(value))
+    typed = error_type in _NUMERIC_ERRORS or error_type.startswith("bool")
+    return f"{short(value)!r}" + (f" ({what})" if what and typed else "")
+
+
+def format_errors(err: ValidationError, root: type[BaseModel], prefix: str, docs: str) -> list[str]:
+    """One line per key at fault: `<prefix>.<dotted key>: got <value>; allowed: <what is>`. A number's
+    allowed range is read from its field in `root` (the model validated); an unknown key is named
+    with the nearest known one and the keys allowed there (see `docs`); a `PathError` raised in a
+    model's validator names its key relative to that model."""
+    out: dict[str, list[str]] = {}
+    for e in err.errors():
+        # the members of a union show up in the location ("literal['a','b']", "list[int]"): the key is the rest
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
+        ctx_err = (e.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, PathError):
+            path = ".".join([prefix, *(str(p) for p in loc), ctx_err.rel_path])
+            out.setdefault(path, []).append(f"got {short(ctx_err.value)!r}; allowed: {ctx_err.allowed}")
+            continue
+        if e["type"] == "literal_error" and loc != tuple(e["loc"]) and isinstance(e.get("input"), (list, dict)):
+            continue            # a list is not one of the union's words: its other member says what is wrong
+        path = ".".join([prefix, *(str(p) for p in loc)])
+        if e["type"] == "extra_forbidden":
+            _, holder = _field_at(root, loc[:-1] + ("\0",))
+            known = list(holder.model_fields) if holder is not None else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1) if known else []
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            out.setdefault(path, []).append(f"unknown key (got {short(e.get('input'))!r}); {hint}allowed keys: "
+                                            f"{known} ({docs}; unknown keys are not ignored)")
+        elif e["type"] == "missing":
+            out.setdefault(path, []).append("missing; this key is required")
+        else:
+            info, _ = _field_at(root, loc)
+            allowed = _range(info) if info is not None and e["type"] in _NUMERIC_ERRORS else None
+            if allowed is None:
+                allowed = e["msg"].removeprefix("Value error, ")
+            out.setdefault(path, []).append(f"got {_got(e.get('input'), e['type'])}; allowed: {allowed}")
+    lines = []
+    for path, msgs in out.items():
+        if len(msgs) > 1 and all(m.startswith("got ") for m in msgs):   # one value, several forms allowed
+            got = msgs[0].partition("; allowed: ")[0]
+            lines.append(f"{path}: {got}; allowed: " + " | ".join(m.partition("; allowed: ")[2] for m in msgs))
+        else:
+            lines += [f"{path}: {m}" for m in msgs]
+    return lines

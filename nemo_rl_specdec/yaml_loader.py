@@ -1,5 +1,5 @@
 """YAML files with command-line overrides: read (OmegaConf), override, resolve. The run files
-(config.py), the simulator's scenarios (sim/scenario.py) and the NeMo-RL run files
+(config.py), the simulator's scenarios (sim/scenario/) and the NeMo-RL run files
 (config_loader.py) all load through here; each adds only its own inheritance rule.
 
 Overrides use NeMo-RL's (Hydra) spelling:
@@ -22,7 +22,7 @@ already registered (by NeMo-RL) is used as it is and left in place.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ def resolvers() -> Iterator[None]:
     from omegaconf import OmegaConf
 
     # OmegaConf 2.4 deprecates register_new_resolver in favour of register_resolver (same call)
-    register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
+    register: Callable[..., Any] = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
     added = []
     try:
         for name, fn in RESOLVERS.items():
@@ -216,9 +216,10 @@ def apply_overrides(cfg: Any, overrides: Sequence[str], source: str | Path,
     return cfg
 
 
-def resolve(cfg: Any, source: str | Path, error: type[ConfigError] = ConfigError, hint: str = "") -> dict:
-    """`cfg` as plain Python with every `${...}` resolved; a failing interpolation is an `error`
-    naming the file (and `hint`, appended)."""
+def resolve(cfg: Any, source: str | Path, error: type[ConfigError] = ConfigError, hint: str = "") -> Any:
+    """`cfg` as plain Python with every `${...}` resolved (a mapping for a mapping, a list for a list:
+    the caller checks the shape); a failing interpolation is an `error` naming the file (and `hint`,
+    appended)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 

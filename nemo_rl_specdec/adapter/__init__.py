@@ -7,4 +7,5 @@
 - `run_grpo`: the entry point (`python -m nemo_rl_specdec.run_grpo --config RUN.yaml`).
 - `api`: every NeMo-RL name used, and the support policy (the hooks a run needs, probed before patching).
 - `exchange`, `preflight`: the engines' rollout swap; the checks in the workers' own Python.
+- `host`: the base the mixins above type-check against (NeMo-RL's and vLLM's classes are Any).
 """

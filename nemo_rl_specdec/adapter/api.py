@@ -148,6 +148,7 @@ def load_run_grpo_module() -> Any:
     import sys
 
     spec = importlib.util.spec_from_file_location(RUN_GRPO_MODULE_NAME, script)
+    assert spec is not None and spec.loader is not None   # a .py file that exists has a source loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[RUN_GRPO_MODULE_NAME] = module
     spec.loader.exec_module(module)

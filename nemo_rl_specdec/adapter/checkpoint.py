@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+from nemo_rl_specdec.drafters.base import Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 
 MARKER = "speculative_decoding.json"
@@ -38,12 +39,11 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 def identity(spec: Any) -> dict:
     """What makes one drafter's saved state another's: the drafter, its backend (suffix) and its own
     checkpoint (draft_model, eagle3, dflash)."""
-    d = drafter_of(spec)
     out: dict = {"drafter": spec.drafter}
-    backend = getattr(d.settings(spec), "backend", None)
+    backend = getattr(drafter_of(spec, VllmMapping).settings(spec), "backend", None)
     if backend is not None:
         out["backend"] = str(backend)
-    ckpt = d.checkpoint(spec)
+    ckpt = drafter_of(spec, Declared).checkpoint(spec)
     if ckpt is not None:
         out["model"] = str(ckpt)
     return out

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from nemo_rl_specdec.adapter import api
+from nemo_rl_specdec.adapter.host import Host
 from nemo_rl_specdec.update import PolicyUpdate
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def find_drafter_model(worker: Any) -> Any | None:
     return None
 
 
-class SpecDecHostHooks:
+class SpecDecHostHooks(Host):
     """Sits in front of NeMo-RL's host extension in the MRO; calls it with `super()`.
 
     RPCs (via `collective_rpc`): `specdec_stage_refs(refs, version)` when generation ends (the
@@ -120,6 +121,7 @@ class SpecDecHostHooks:
                        for n, t in drafter]
         super()._load_weights(weights)
         if recording:
+            assert self._specdec_loaded_names is not None and self._specdec_loaded_drafter is not None
             self._specdec_loaded_names.extend(names)
             self._specdec_loaded_drafter.extend(drafter)
 
@@ -195,7 +197,7 @@ def _get_drafter_model(self) -> Any:
 def refit_hooks(host_cls: type) -> type:
     """SpecDecHostHooks plus a wrapper for each refit RPC `host_cls` has (and its drafter lookup,
     widened to vLLM's model runner v2, where it has one)."""
-    hooks = type("SpecDecRefitHooks", (SpecDecHostHooks,), {"__module__": __name__})
+    hooks: Any = type("SpecDecRefitHooks", (SpecDecHostHooks,), {"__module__": __name__})
     hooks._specdec_hooks = hooks
     for name in REFIT_RPCS:
         if hasattr(host_cls, name):
@@ -205,7 +207,7 @@ def refit_hooks(host_cls: type) -> type:
     return hooks
 
 
-class SpecDecCheckpointEngineHooks:
+class SpecDecCheckpointEngineHooks(Host):
     """The checkpoint-engine refit (nixl, `module:Class`; NeMo-RL main) loads through `_load_weights`
     in its own RPC: finish our update after it returns."""
 

@@ -98,7 +98,7 @@ def _ray_get(futures: Any) -> Any:
 
 
 def _build_generation() -> type:
-    base = api.resolve(api.VLLM_GENERATION)
+    base: Any = api.resolve(api.VLLM_GENERATION)
 
     class SpecDecVllmGeneration(SpecDecGenerationState, base):
         """NeMo-RL's VllmGeneration with length-aware placement and speculative-decoding metrics."""

@@ -126,22 +126,21 @@ def version_metrics(reports: list[dict]) -> dict[str, float]:
     """Version / refresh metrics from the engines' `specdec_report` results (one per DP engine)."""
     states = [r.get("state") or {} for r in reports]
     out: dict[str, float] = {}
-    pv = [_num(s.get("policy_version")) for s in states]
-    dv = [_num(s.get("drafter_version")) for s in states]
-    if pv and all(v is not None for v in pv):
+    pv = [v for v in (_num(s.get("policy_version")) for s in states) if v is not None]
+    dv = [v for v in (_num(s.get("drafter_version")) for s in states) if v is not None]
+    if pv and len(pv) == len(states):
         out[f"{PREFIX}policy_version"] = min(pv)
-    if dv and all(v is not None for v in dv):
+    if dv and len(dv) == len(states):
         out[f"{PREFIX}drafter_version"] = min(dv)
-    if pv and dv and all(v is not None for v in pv + dv):
+    if pv and dv and len(pv) == len(dv) == len(states):
         out[f"{PREFIX}drafter_lag"] = max(p - d for p, d in zip(pv, dv, strict=True))
         pairs = {(p, d) for p, d in zip(pv, dv, strict=True)}
         ranks_ok = all(r.get("ranks_agree", True) for r in reports)
         out[f"{PREFIX}engines_in_lockstep"] = 1.0 if (len(pairs) == 1 and ranks_ok) else 0.0
     if states:
         out[f"{PREFIX}disabled_engines"] = float(sum(bool(s.get("disabled")) for s in states))
-    updates = [r.get("last_update") for r in reports if r.get("last_update")]
-    refresh = [_num(u.get("refresh_s")) for u in updates]
-    refresh = [v for v in refresh if v is not None]
+    updates: list[dict] = [r["last_update"] for r in reports if r.get("last_update")]
+    refresh = [v for v in (_num(u.get("refresh_s")) for u in updates) if v is not None]
     if refresh:
         out[f"{PREFIX}refresh_s"] = max(refresh)
     if any(u.get("mode") == "rebuild" for u in updates):  # a store rebuilt from rollouts (DAS)
@@ -154,8 +153,8 @@ def version_metrics(reports: list[dict]) -> dict[str, float]:
     stage = [v for v in (_num((r.get("last_stage") or {}).get("stage_s")) for r in reports) if v is not None]
     if stage:
         out[f"{PREFIX}stage_s"] = max(stage)
-    applied = [_num(u.get("drafter_tensors_applied", u.get("tensors_applied"))) for u in updates]
-    applied = [v for v in applied if v is not None]
+    applied = [v for v in (_num(u.get("drafter_tensors_applied", u.get("tensors_applied"))) for u in updates)
+               if v is not None]
     if applied:
         out[f"{PREFIX}tensors_applied"] = max(applied)
     staged = [_num(r.get("rollouts_staged")) for r in reports]
@@ -165,8 +164,7 @@ def version_metrics(reports: list[dict]) -> dict[str, float]:
     if any(v is not None for v in dropped):
         out[f"{PREFIX}rollouts_dropped"] = sum(v for v in dropped if v is not None)
     for key in ("drafter_train_s", "drafter_train_share"):  # online distillation in the policy workers
-        vals = [_num((r.get("distill") or {}).get(key)) for r in reports]
-        vals = [v for v in vals if v is not None]
+        vals = [v for v in (_num((r.get("distill") or {}).get(key)) for r in reports) if v is not None]
         if vals:
             out[f"{PREFIX}{key}"] = max(vals)
     out.update(engine_reported_metrics(states))

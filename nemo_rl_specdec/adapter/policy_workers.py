@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from nemo_rl_specdec.adapter import api
+from nemo_rl_specdec.adapter.host import Host
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def rollouts_from_train_data(data: Any) -> list[dict]:
     return out
 
 
-class SpecDecDistillMixin:
+class SpecDecDistillMixin(Host):
     """In front of NeMo-RL's DTensor policy worker in the MRO. RPCs: `specdec_distill_setup(spec,
     temperature, seed)`, `specdec_take_drafter()`; wraps `train`."""
 
@@ -71,13 +72,13 @@ class SpecDecDistillMixin:
         from nemo_rl_specdec.lockstep import Refreshable
         from nemo_rl_specdec.train.distill import DataParallel
 
-        spec = SpecDecConfig.model_validate(spec)
+        block = SpecDecConfig.model_validate(spec)
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        self._specdec_distiller = drafter_of(spec, Refreshable).distiller(spec, temperature=temperature, seed=seed,
-                                                                          device=device)
+        self._specdec_distiller = drafter_of(block, Refreshable).distiller(block, temperature=temperature, seed=seed,
+                                                                           device=device)
         mesh = getattr(self, "dp_mesh", None)
         self._specdec_dp = DataParallel(mesh.get_group() if mesh is not None else None, device=device)
-        self._specdec_every = spec.refresh.every_n_steps
+        self._specdec_every = block.refresh.every_n_steps
         self._specdec_steps = 0  # policy steps trained (train calls outside eval mode)
         self._specdec_seq = 0    # drafters made: 0 is the checkpoint as loaded
         self._specdec_taken = -1
@@ -152,7 +153,7 @@ def combine_takes(takes: list) -> dict | None:
     return {"seq": first["seq"], "refs": first["refs"], "stats": stats}
 
 
-def wrap_policy(policy_cls: type, spec: Any, temperature: float, seed: int = 0) -> dict:
+def wrap_policy(policy_cls: Any, spec: Any, temperature: float, seed: int = 0) -> dict:
     """Replacement `__init__` and `train` for NeMo-RL's `Policy` (returned; `install` sets them)."""
     orig_init, orig_train = policy_cls.__init__, policy_cls.train
     spec_json = spec.model_dump(mode="json")

@@ -236,7 +236,8 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
             f"{GEN_PATH}.quant_cfg: set together with {BLOCK_PATH}.enabled=true; both replace NeMo-RL's "
             "vLLM worker (ModelOpt quantization and speculative decoding) and cannot be combined"
         )
-    if set_at_submission(spec.scheduling.budget) and (gen.get("vllm_cfg") or {}).get("async_engine"):
+    budget = spec.scheduling.budget
+    if budget is not None and set_at_submission(budget) and (gen.get("vllm_cfg") or {}).get("async_engine"):
         raise ConfigError(
             f"{BLOCK_PATH}.scheduling.budget: got {spec.scheduling.budget!r} with "
             f"{GEN_PATH}.vllm_cfg.async_engine=true; per-request budgets are computed over an engine's "
@@ -313,9 +314,10 @@ def engine_init_payload(gen_cfg: dict) -> dict | None:
 
 def select_worker_fqn(default_cls: str, gen_cfg: dict, original: Callable[[str, dict], str]) -> str:
     """Replacement for NeMo-RL's `resolve_generation_worker_cls` (same parameters)."""
-    if enabled_spec(gen_cfg) is None:
+    spec = enabled_spec(gen_cfg)
+    if spec is None:
         return original(default_cls, gen_cfg)
-    _check_generation_compat(gen_cfg, enabled_spec(gen_cfg))
+    _check_generation_compat(gen_cfg, spec)
     try:
         return WORKER_SUBSTITUTES[default_cls]
     except KeyError:
@@ -329,7 +331,7 @@ def extension_fqn_for(host_fqn: str | None) -> str:
     """Our composite extension for the host extension NeMo-RL chose."""
     if host_fqn in EXTENSION_SUBSTITUTES:
         return EXTENSION_SUBSTITUTES[host_fqn]
-    if host_fqn in EXTENSION_SUBSTITUTES.values():
+    if host_fqn is not None and host_fqn in EXTENSION_SUBSTITUTES.values():
         return host_fqn  # already ours
     raise RuntimeError(
         f"vLLM worker_extension_cls is {host_fqn!r}; nemo-rl-specdec composes only with "

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import importlib
 import logging
 import sys
@@ -47,8 +48,10 @@ import uuid
 from typing import Any
 
 from nemo_rl_specdec.adapter import api, payload, translate
+from nemo_rl_specdec.adapter.host import Host
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
-from nemo_rl_specdec.scheduling.k_auto import attach_to_llm
+from nemo_rl_specdec.scheduling.k_auto import KAuto, attach_to_llm
+from nemo_rl_specdec.update import PolicyUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ def request_extras(data: Any) -> list | None:
     budgets, preds = budgets.tolist(), (preds.tolist() if preds is not None else [None] * len(budgets))
     out = []
     for b, p in zip(budgets, preds, strict=True):
-        e = {} if b is None or b < 0 else {"specdec_budget": int(b)}
+        e: dict[str, float] = {} if b is None or b < 0 else {"specdec_budget": int(b)}
         if e and p is not None and p >= 0:
             e["specdec_predicted_len"] = float(p)
         out.append(e)
@@ -97,17 +100,17 @@ def wrap_engine_generate(llm: Any) -> None:
     """Route every `llm.generate(prompt(s), sampling_params, ...)` through `with_extra_args`."""
     original = llm.generate
 
+    @functools.wraps(original)
     def generate(*args, **kwargs):
-        args = list(args)
+        argv = list(args)
         p_at = "prompts" if "prompts" in kwargs else ("prompt" if "prompt" in kwargs else 0)
-        prompts = kwargs[p_at] if isinstance(p_at, str) else args[0]
+        prompts = kwargs[p_at] if isinstance(p_at, str) else argv[0]
         if "sampling_params" in kwargs:
             kwargs["sampling_params"] = with_extra_args(prompts, kwargs["sampling_params"], _REQUEST_EXTRAS.get())
-        elif len(args) > 1 and args[1] is not None:
-            args[1] = with_extra_args(prompts, args[1], _REQUEST_EXTRAS.get())
-        return original(*args, **kwargs)
+        elif len(argv) > 1 and argv[1] is not None:
+            argv[1] = with_extra_args(prompts, argv[1], _REQUEST_EXTRAS.get())
+        return original(*argv, **kwargs)
 
-    generate.__wrapped__ = original
     llm.generate = generate
 
 
@@ -129,7 +132,7 @@ class SpecDecWorkerState:
         self._specdec_spec = translate.enabled_spec(config)
         self._specdec_init_payload = translate.engine_init_payload(config)
         self._specdec_version = 0
-        self._specdec_k_auto = None  # scheduling/k_auto.py's KAuto, on the sync engine with scheduling.k: auto
+        self._specdec_k_auto: KAuto | None = None  # on the sync engine with scheduling.k: auto
         self._specdec_last_staged = 0  # rollouts this engine handed to the drafters for the last update
         self._specdec_pending_staged = 0  # ... and for the next one, so far
         self._specdec_staged_for: int | None = None  # the version a background rebuild is staged for
@@ -188,6 +191,7 @@ class SpecDecWorkerState:
 
     def _specdec_refreshes(self, version: int) -> bool:
         """Whether the update to `version` refreshes the drafter (refresh.every_n_steps; 1 = the first)."""
+        assert self._specdec_spec is not None   # asked only of an engine with speculation on
         return (version - 1) % self._specdec_spec.refresh.every_n_steps == 0
 
     def _specdec_board_ref(self) -> Any:
@@ -207,7 +211,7 @@ class SpecDecWorkerState:
                 "so this engine's drafter would never be refreshed") from None
         return board.latest.remote(self._specdec_drafter_seq)
 
-    def _specdec_stage(self, version: int, rollout_refs: Any, published: Any) -> dict:
+    def _specdec_stage(self, version: int, rollout_refs: Any, published: Any) -> PolicyUpdate:
         """The payload staged before the refit to `version`. A policy-distilled drafter is refreshed
         exactly when the trainer published a new one; other drafters follow refresh.every_n_steps."""
         refresh = published is not None if self._specdec_distilled else self._specdec_refreshes(version)
@@ -218,7 +222,8 @@ class SpecDecWorkerState:
     def _specdec_stages_at_finish(self) -> bool:
         """Whether the end of generation stages the rollouts: a store rebuilt from them (refresh.mode
         rebuild) whose next update refreshes it (refresh.every_n_steps; off-cadence rollouts wait)."""
-        return (self._specdec_stash is not None and self._specdec_spec.refresh.mode == "rebuild"
+        return (self._specdec_stash is not None and self._specdec_spec is not None
+                and self._specdec_spec.refresh.mode == "rebuild"
                 and self._specdec_refreshes(self._specdec_version + 1))
 
     def _specdec_stage_target(self, refs: list) -> int | None:
@@ -272,6 +277,7 @@ class SpecDecWorkerState:
         if self._specdec_spec is None or not state:
             return
         r = self._specdec_spec.refresh
+        assert r.mode is not None   # validation fills in the drafter's default
         check_versions(state, mode=r.mode, max_policy_lag=r.max_policy_lag, enabled=True,
                        engine=f"engine {self._specdec_engine}")
 
@@ -288,6 +294,7 @@ class SpecDecWorkerState:
                 f"for the drafter (first: {self._specdec_observe_first}); a batch needs input_ids, input_lengths, "
                 "output_ids and generation_lengths (NeMo-RL's GenerationDatumSpec / GenerationOutputSpec)")
 
+        assert self._specdec_stash is not None   # an engine whose drafter takes rollouts keeps a stash
         batch = self._specdec_stash.drain()
         self._specdec_pending_staged += len(batch)
         refs = [ray.put(batch)] if len(batch) else []
@@ -318,7 +325,7 @@ class SpecDecWorkerState:
         return first
 
 
-class SpecDecEngineHooks(SpecDecWorkerState):
+class SpecDecEngineHooks(SpecDecWorkerState, Host):
     """What the sync and async worker Impls share in front of NeMo-RL's: our state is set up before
     NeMo-RL's constructor runs, and the engine is created with our vLLM worker extension."""
 
@@ -355,7 +362,7 @@ def _optional(base: type, name: str, make) -> dict:
 
 
 def _build_sync_impl() -> type:
-    base = api.resolve(api.SYNC_WORKER_IMPL)
+    base: Any = api.resolve(api.SYNC_WORKER_IMPL)
 
     class SpecDecVllmGenerationWorkerImpl(SpecDecEngineHooks, base):
         """NeMo-RL's sync vLLM worker with speculative decoding (see module docstring)."""
@@ -451,7 +458,7 @@ def _build_sync_impl() -> type:
 
 
 def _build_async_impl() -> type:
-    base = api.resolve(api.ASYNC_WORKER_IMPL)
+    base: Any = api.resolve(api.ASYNC_WORKER_IMPL)
 
     class SpecDecVllmAsyncGenerationWorkerImpl(SpecDecEngineHooks, base):
         """NeMo-RL's async vLLM worker with speculative decoding (see module docstring)."""

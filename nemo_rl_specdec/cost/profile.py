@@ -30,8 +30,9 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from nemo_rl_specdec import yaml_loader
 from nemo_rl_specdec.cost.fit import fit_layer_widths
 from nemo_rl_specdec.cost.model import CostModel
-from nemo_rl_specdec.cost.schema import CostError, DraftCost, Hardware, ModelSpec, _Strict, format_errors
+from nemo_rl_specdec.cost.schema import CostError, DraftCost, Hardware, ModelSpec, _Strict
 from nemo_rl_specdec.resources import config_lookups, config_path
+from nemo_rl_specdec.schema import format_errors
 
 D = TypeVar("D", bound=DraftCost)
 
@@ -173,7 +174,8 @@ def load_profile(name: str) -> HardwareProfile:
     try:
         return HardwareProfile.model_validate(raw)
     except ValidationError as e:
-        raise CostError(f"{path}: " + "; ".join(format_errors(e, HardwareProfile, "profile"))) from None
+        lines = format_errors(e, HardwareProfile, "profile", "docs/pricing.md")
+        raise CostError(f"{path}: " + "; ".join(lines)) from None
     except ValueError as e:
         raise CostError(f"{path}: {e}") from None
 

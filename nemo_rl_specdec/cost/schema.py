@@ -1,24 +1,21 @@
 """The schema of a GPU's step cost: the target's and a draft's shapes (`ModelSpec`), the engine's
 hardware (`Hardware`: the roofline, or the linear form), and a drafter's costs (`DraftCost`).
 
-Hardware profiles (`cost/profile.py`) and the simulator's scenarios (`sim/scenario.py`) are made of
-these blocks; an error names the dotted key, what was found and what is allowed (`format_errors`).
+Hardware profiles (`cost/profile.py`) and the simulator's scenarios (`sim/scenario/`) are made of
+these blocks; an error names the dotted key, what was found and what is allowed (schema.py's
+`format_errors`).
 """
 from __future__ import annotations
 
-import functools
 import math
-import operator
-import types
-import typing
 from pathlib import Path
-from typing import Any, Literal, Union, cast
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from nemo_rl_specdec.cost.model import ModelShape, Roofline, vllm_capture_sizes
 from nemo_rl_specdec.resources import config_lookups
-from nemo_rl_specdec.schema import ConfigError, PathError, Strict
+from nemo_rl_specdec.schema import ConfigError, PathError, Strict, short
 
 
 class CostError(ConfigError):
@@ -51,10 +48,10 @@ def _unit(unit: str) -> dict:
 
 class _Strict(Strict):
     """The shared strict base (schema.py: unknown keys are errors, `true` is not a number, "3" is not
-    an int, 2.5 is not an int), with NaN and infinity refused. Validators here fill in derived
-    values after validation, so assignments are not re-validated."""
+    an int, 2.5 is not an int, NaN and infinity are refused). Validators here fill in derived values
+    after validation, so assignments are not re-validated."""
 
-    model_config = ConfigDict(allow_inf_nan=False, validate_assignment=False)
+    model_config = ConfigDict(validate_assignment=False)
 
 
 def _tuples(v: Any, size: int, what: str) -> Any:
@@ -155,33 +152,33 @@ class RooflineSpec(_Strict):
         if self.measured is None:
             for key in ("mem_bw_Bps", "flops_per_s"):
                 if getattr(self, key) is None:
-                    raise PathError(f"hardware.roofline.{key}", None, "a positive number (or roofline.measured)")
+                    raise PathError(key, None, "a positive number (or roofline.measured)")
             for key in ROOFLINE_FITTED:
                 if getattr(self, key) is None:
                     setattr(self, key, 0.0)
             return self
         for key in ROOFLINE_FITTED:
             if getattr(self, key) is not None:
-                raise PathError(f"hardware.roofline.{key}", getattr(self, key),
+                raise PathError(key, getattr(self, key),
                                  "null with roofline.measured (it is fitted on the measured samples)")
         path = next((p for p in [Path(self.measured), *config_lookups(self.measured, "sim")] if p.is_file()), None)
         if path is None:
-            raise PathError("hardware.roofline.measured", self.measured,
+            raise PathError("measured", self.measured,
                              "a time_forward samples JSON: a path, or a name below configs/sim/")
         try:
             self._fit = roofline_from_file(str(path))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, ArithmeticError,
                 RecursionError) as e:
             why = e if isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: {e}"
-            raise PathError("hardware.roofline.measured", self.measured,
-                             f"samples the roofline can be fitted on ({_short(why, 200)})") from None
+            raise PathError("measured", self.measured,
+                             f"samples the roofline can be fitted on ({short(why, 200)})") from None
         for key in ROOFLINE_FITTED:
             setattr(self, key, self._fit[key])
         for key, (lo, hi) in (("mem_bw_Bps", BANDWIDTH_BPS), ("flops_per_s", FLOP_RATE),
                               *((k, (0.0, MAX_STEP_COST_S)) for k in ROOFLINE_FITTED[2:])):
             v = getattr(self, key)
             if not (isinstance(v, float) and math.isfinite(v) and lo <= v <= hi):
-                raise PathError("hardware.roofline.measured", self.measured,
+                raise PathError("measured", self.measured,
                                  f"samples whose fitted {key} lies from {lo:g} to {hi:g} (the fit gives {v!r})")
         return self
 
@@ -255,7 +252,7 @@ class Hardware(_Strict):
             try:
                 self.c_base_s, self.c_tok_s = fit_cost_model(self.fit_samples, pin=False)
             except ValueError as e:
-                raise PathError("hardware.fit_samples", self.fit_samples, str(e)) from None
+                raise PathError("fit_samples", self.fit_samples, str(e)) from None
         return self
 
     def roofline_model(self) -> Roofline | None:
@@ -299,134 +296,5 @@ class DraftCost(_Strict):
         """Only a list drafter finds a draft for a share of its request-steps (a subclass that fills in
         `kind` checks again)."""
         if self.coverage < 1 and self.kind not in (None, "list"):
-            raise PathError("drafter.coverage", self.coverage, "1.0 for a model or block drafter (it always drafts)")
+            raise PathError("coverage", self.coverage, "1.0 for a model or block drafter (it always drafts)")
         return self
-
-
-class _Cut(str):
-    """A value's repr cut short for an error message; shown as is."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _short(value: Any, limit: int = 80) -> Any:
-    """`value`, or its repr cut to `limit` characters when that is longer (error messages quote
-    values, and a whole block or a long list would bury the message)."""
-    text = repr(value)
-    return value if len(text) <= limit else _Cut(text[: limit - 3] + "...")
-
-
-def _num(x: float) -> str:
-    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
-
-
-def _unwrap(ann: Any) -> tuple[Any, bool]:
-    """(the annotation inside Optional[...], whether it was Optional)."""
-    args = typing.get_args(ann)
-    if typing.get_origin(ann) in (Union, types.UnionType) and type(None) in args:   # X | None and X | None
-        rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else functools.reduce(operator.or_, rest)), True
-    return ann, False
-
-
-def _field_at(root: type, loc: tuple) -> tuple[Any | None, Any]:
-    """(the field named by a validation error's `loc`, the model that holds it); (None, model) when
-    `loc` ends inside a list or mapping or does not name a field, with the model reached last."""
-    ann: Any = root
-    info: Any = None
-    holder: Any = root
-    for part in loc:
-        ann, _ = _unwrap(ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            holder, info = ann, ann.model_fields.get(part) if isinstance(part, str) else None
-            if info is None:
-                return None, holder
-            ann = info.annotation
-            continue
-        origin, args = typing.get_origin(ann), typing.get_args(ann)
-        if origin in (list, tuple) and isinstance(part, int) and args:
-            ann, info = args[0], None
-        elif origin is dict and args:
-            ann, info = args[1], None
-        else:
-            return None, holder
-    return info, holder
-
-
-def _range(info: Any) -> str | None:
-    """What a numeric field allows, from its bounds: "an integer from 1 to 64", "a number > 0 and
-    <= 1", with its unit, "or null" when it may be null; None for other fields."""
-    ann, optional = _unwrap(info.annotation)
-    if ann not in (int, float):
-        return None
-    lo = hi = None
-    lo_op, hi_op = ">=", "<="
-    for m in info.metadata:             # pydantic's Gt / Ge / Lt / Le constraints
-        if getattr(m, "gt", None) is not None:
-            lo, lo_op = m.gt, ">"
-        elif getattr(m, "ge", None) is not None:
-            lo = m.ge
-        elif getattr(m, "lt", None) is not None:
-            hi, hi_op = m.lt, "<"
-        elif getattr(m, "le", None) is not None:
-            hi = m.le
-    kind = "an integer" if ann is int else "a finite number"
-    if lo is not None and hi is not None and lo_op == ">=" and hi_op == "<=":
-        text = f"{kind} from {_num(lo)} to {_num(hi)}"
-    else:
-        bounds = [f"{op} {_num(v)}" for op, v in ((lo_op, lo), (hi_op, hi)) if v is not None]
-        text = f"{kind} {' and '.join(bounds)}" if bounds else kind
-    unit = (info.json_schema_extra or {}).get("unit") if isinstance(info.json_schema_extra, dict) else None
-    return text + (f" ({unit})" if unit else "") + (" or null" if optional else "")
-
-
-_NUMERIC_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "int_type", "float_type",
-                   "int_from_float", "finite_number", "int_parsing", "float_parsing", "int_parsing_size"}
-
-
-def _got(value: Any) -> str:
-    what = {bool: "a boolean", str: "a string", float: "a float"}.get(type(value))
-    return f"{_short(value)!r}" + (f" ({what})" if what else "")
-
-
-def format_errors(err: ValidationError, root: type, prefix: str) -> list[str]:
-    """One line per key at fault: `<prefix>.<dotted key>: got <value>; allowed: <what is>`, the keys' ranges
-    read from `root` (the validated model)."""
-    import difflib
-
-    out: dict[str, list[str]] = {}
-    for e in err.errors():
-        ctx_err = (e.get("ctx") or {}).get("error")
-        if isinstance(ctx_err, PathError):
-            out.setdefault(f"{prefix}.{ctx_err.rel_path}", []).append(
-                f"got {_short(ctx_err.value)!r}; allowed: {ctx_err.allowed}")
-            continue
-        # the members of a union show up in the location ("literal['a','b']", "list[int]"): the key is the rest
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
-        if e["type"] == "literal_error" and loc != tuple(e["loc"]) and isinstance(e.get("input"), (list, dict)):
-            continue            # a list is not one of the union's words: its other member says what is wrong
-        path = ".".join([prefix, *(str(p) for p in loc)])
-        if e["type"] == "extra_forbidden":
-            _, holder = _field_at(root, loc[:-1] + ("\0",))
-            known = list(holder.model_fields) if holder is not None else []
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1) if known else []
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            out.setdefault(path, []).append(f"unknown key (got {_short(e.get('input'))!r}); {hint}allowed keys: "
-                                            f"{known} (docs/simulator.md)")
-        elif e["type"] == "missing":
-            out.setdefault(path, []).append("missing; this key is required")
-        else:
-            info, _ = _field_at(root, loc)
-            allowed = _range(info) if info is not None and e["type"] in _NUMERIC_ERRORS else None
-            if allowed is None:
-                allowed = e["msg"].removeprefix("Value error, ")
-            out.setdefault(path, []).append(f"got {_got(e.get('input'))}; allowed: {allowed}")
-    lines = []
-    for path, msgs in out.items():
-        if len(msgs) > 1 and all(m.startswith("got ") for m in msgs):   # one value, several forms allowed
-            got = msgs[0].partition("; allowed: ")[0]
-            lines.append(f"{path}: {got}; allowed: " + " | ".join(m.partition("; allowed: ")[2] for m in msgs))
-        else:
-            lines += [f"{path}: {m}" for m in msgs]
-    return lines

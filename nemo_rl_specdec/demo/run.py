@@ -19,9 +19,13 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
+
+if TYPE_CHECKING:
+    from nemo_rl_specdec.train.distill import Distiller
 
 BLOCK = "policy.generation.speculative_decoding"
 
@@ -100,7 +104,9 @@ class RLLoop:
                                    temperature=cfg.generation.temperature)
         self.tok = self.spec.tokenizer()
         self.rows: list = []
-        self.distiller, self.distill_stats = None, None  # online drafter training (train/distill.py)
+        # online drafter training (train/distill.py)
+        self.distiller: Distiller | None = None
+        self.distill_stats: dict | None = None
         if cfg.spec.enabled and cfg.spec.refresh.mode == "online":
             from nemo_rl_specdec.drafters.registry import drafter as drafter_of
             from nemo_rl_specdec.lockstep import Refreshable
@@ -184,7 +190,7 @@ class RLLoop:
 
             if self.s.mode == "async" and step + 1 < self.s.steps:
                 nprobs, nreqs = self.batch(step + 1)
-                box: dict = {}
+                box = {}
                 th = threading.Thread(target=self._gen_into, args=(nreqs, box), daemon=True)
                 th.start()  # next batch generates while we train on this one
                 pending = (th, box, nprobs, nreqs)

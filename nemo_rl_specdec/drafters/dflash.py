@@ -115,7 +115,7 @@ def rebuild_context_kv(model) -> None:
     identity as input gives W^T exactly) and handed to vLLM's builder for the duration of the call."""
     import torch
 
-    inner = getattr(model, "model", None)
+    inner: Any = getattr(model, "model", None)
     build = getattr(inner, "_build_fused_kv_buffers", None)
     if build is None:
         raise RuntimeError(f"{type(model).__name__}: not vLLM's DFlash draft (no model._build_fused_kv_buffers); "
@@ -153,7 +153,7 @@ def _build_torch_modules() -> dict:
         def __init__(self, H: int, nh: int, nkv: int, hd: int, inter: int, eps: float):
             super().__init__()
             self.nh, self.nkv, self.hd = nh, nkv, hd
-            self.self_attn = torch.nn.Module()
+            self.self_attn: Any = torch.nn.Module()   # projections attached by their checkpoint names
             a = self.self_attn
             a.q_proj = torch.nn.Linear(H, nh * hd, bias=False)
             a.k_proj = torch.nn.Linear(H, nkv * hd, bias=False)
@@ -203,7 +203,7 @@ def _build_torch_modules() -> dict:
             self.theta = theta
             self.fc = torch.nn.Linear(n_aux * (target_hidden or H), H, bias=False)
             self.hidden_norm = RMSNorm(H, eps)
-            self.layers = torch.nn.ModuleList(DFlashLayer(H, nh, nkv, hd, inter, eps) for _ in range(layers))
+            self.layers: Any = torch.nn.ModuleList(DFlashLayer(H, nh, nkv, hd, inter, eps) for _ in range(layers))
             self.norm = RMSNorm(H, eps)
 
         def forward(self, aux, query, anchors, valid):

@@ -107,7 +107,7 @@ def _build_torch_modules() -> dict:
         def __init__(self, H: int, nh: int, nkv: int, hd: int, inter: int, eps: float):
             super().__init__()
             self.nh, self.nkv, self.hd = nh, nkv, hd
-            self.self_attn = torch.nn.Module()
+            self.self_attn: Any = torch.nn.Module()   # projections attached by their checkpoint names
             self.self_attn.q_proj = torch.nn.Linear(2 * H, nh * hd, bias=False)
             self.self_attn.k_proj = torch.nn.Linear(2 * H, nkv * hd, bias=False)
             self.self_attn.v_proj = torch.nn.Linear(2 * H, nkv * hd, bias=False)

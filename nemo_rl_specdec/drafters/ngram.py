@@ -101,7 +101,7 @@ class NgramProposer(SpecdecProposer):
 
     def specdec_stats(self) -> dict:
         return {"counters": dict(self.counters), "active_requests": len(self._reqs), "k": self.k,
-                "settings": dict(self.settings), "calibration": self.calibration.table(), **self.judge.stats()}
+                "settings": dict(self.settings or {}), "calibration": self.calibration.table(), **self.judge.stats()}
 
     def acceptance_metrics(self) -> dict:
         """By draft position: `pos<j>`, j = 1 for the first draft token."""

@@ -377,6 +377,7 @@ class DASProposer(SpecdecProposer):
                 raise DrafterRefreshError(f"DAS store rebuild for policy version {version} rejected its input: "
                                           f"{e}") from e
             raise DrafterRefreshError(f"DAS store rebuild for policy version {version} failed: {e!r}") from e
+        assert job.added is not None   # a job that ended without an error counted what it added
         self._installed(version, job.added)
         return job.added
 
@@ -559,7 +560,7 @@ class DASProposer(SpecdecProposer):
             ctx = row[n - match:n] if n > match else row[:n]
             if fenced:
                 c["fenced_rows"] += 1
-                tokens, probs, source, score = (), (), "", 0.0
+                tokens, probs, source, score = [], [], "", 0.0
             else:
                 d = store.speculate(ctx, st.problem_id, limit, self.max_spec_factor, self.min_token_prob, calib)
                 tokens, probs, source, score = d.token_ids, d.probs, d.source, d.score

@@ -31,6 +31,8 @@ import os
 
 import torch
 
+from nemo_rl_specdec.engine.vllm_compat import marked
+
 log = logging.getLogger("nemo_rl_specdec")
 
 DISABLE_ENV = "NEMO_RL_SPECDEC_DISABLE_CPU_SAMPLING_FIX"  # only for proving the fix matters
@@ -91,8 +93,7 @@ def _without_synthetic_args(impl):
                                "rejection kernels")
         return impl(*args[:required], **kwargs)
 
-    call._specdec_fitted = True
-    return call
+    return marked(call, "_specdec_fitted")
 
 
 def fit_cpu_kernels_in_worker() -> list[str]:
@@ -129,7 +130,7 @@ def fit_rejection_kernels(rsm) -> list[str]:
         fixed = _without_synthetic_args(impl)
         for slot in slots:
             setattr(kernel, slot, fixed)
-        if hasattr(kernel, "_forward_by_name"):
+        if kernel is not None and hasattr(kernel, "_forward_by_name"):
             kernel._forward_by_name = False
         fitted.append(name)
     if fitted:

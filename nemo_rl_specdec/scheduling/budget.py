@@ -132,7 +132,7 @@ def length_aware_budgets(predicted_remaining: Sequence[float], k: int, long_frac
 
 def das_budgets(predicted_remaining: Sequence[float], k: int, acceptance: Acceptance = 0.7,
                 c_base: float = 1.0, c_tok: float = 1.0 / 64, c_draft: float = 0.0,
-                c_req: float | Sequence[float] = 0.0) -> list[int]:
+                c_req: float | Sequence[float] | np.ndarray = 0.0) -> list[int]:
     """Budgets that minimise one engine's time until its last active request finishes.
 
     Model. The engine's active requests i = 1..n still have R_i tokens to go (predicted).
@@ -227,7 +227,7 @@ def assign_budgets(predicted_remaining: Sequence[float], k: int, policy: str = "
                    long_fraction: float = 0.25, short_fraction: float = 0.25,
                    medium_k: int | None = None, acceptance: Acceptance = 0.7,
                    c_base: float = 1.0, c_tok: float = 1.0 / 64, c_draft: float = 0.0,
-                   c_req: float | Sequence[float] = 0.0) -> list[int]:
+                   c_req: float | Sequence[float] | np.ndarray = 0.0) -> list[int]:
     """Draft budget per request under `policy` (one of BUDGETS). The keyword arguments after
     `medium_k` are the acceptance and cost model used by `das` (see `das_budgets`)."""
     if policy not in BUDGETS:

@@ -1,6 +1,6 @@
 """Simulator of RL steps with speculative decoding (docs/simulator.md).
 
-scenario.py   scenario YAML: schema, overrides, errors with dotted key paths
+scenario/     scenario YAML: its schema by block, loading, overrides, errors with dotted key paths
 acceptance.py acceptance curves by draft depth: decay, conditional, bench JSON, spread
 cpu_fit.py    CPU profile fitted on `bench --suite costmodel` steps; held-out bench predictions
 best_drafts.py adaptive verification: the d per step with the most tokens per second

@@ -99,7 +99,7 @@ def fit_steps(results: list) -> dict:
     coef = nnls_fit(X, y).coef   # every step: the costmodel bench's own samples, none dropped
     pred = X @ coef
     rel = (pred - y) / y
-    conf = np.asarray(conf)
+    by_conf = np.asarray(conf)
     return {"c_base_s": float(coef[0]), "c_seq_s": float(coef[1]), "c_tok_s": float(coef[2]),
             "c_ctx_s": float(coef[3]),
             "drafters": {n: {"step_overhead_s": float(coef[4 + 2 * j]), "per_request_s": float(coef[5 + 2 * j])}
@@ -107,7 +107,7 @@ def fit_steps(results: list) -> dict:
             "steps": int(len(y)), "r2": 1.0 - float(((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum()),
             "median_abs_rel_residual": float(np.median(np.abs(rel))),
             # the fit's summed step time over each configuration's measured one, minus 1
-            "total_time_rel_error_by_config": {c: float(pred[conf == c].sum() / y[conf == c].sum() - 1.0)
+            "total_time_rel_error_by_config": {c: float(pred[by_conf == c].sum() / y[by_conf == c].sum() - 1.0)
                                                for c in dict.fromkeys(conf)}}
 
 
@@ -137,7 +137,7 @@ def response_position_factors(samples: list, prompt_len: int, width: int = 32, m
     pos = np.array([max(0.0, s["ctx_sum"] / s["requests"] - prompt_len) for s in steps])
     bins = (pos // width).astype(int)
     mean = acc.sum() / req.sum()
-    segments = []                                  # [start bin, request-steps, accepted]
+    segments: list[list[float]] = []               # [start bin, request-steps, accepted]
     for b in np.unique(bins):
         m = bins == b
         if segments and segments[-1][1] < min_request_steps:

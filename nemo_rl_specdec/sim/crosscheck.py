@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from nemo_rl_specdec.drafters.base import LIST, Declared
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
@@ -27,7 +29,7 @@ def _bench_error(path: str, what: str, allowed: str = BENCH) -> ScenarioError:
     return ScenarioError(f"--crosscheck {path}: {what}; allowed: {allowed}")
 
 
-def _number(v) -> bool:
+def _number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -35,7 +37,8 @@ def read_bench(path: str) -> list[dict]:
     """The results of a bench JSON that name a registered drafter, each checked: a non-empty
     `name`, `k` from 1 to 64, `accepted_per_position` numbers from 0 to 1, `lengths` whole token
     counts, a finite positive `wall_clock_ratio`. Any other file is a ScenarioError naming it."""
-    from nemo_rl_specdec.sim.scenario import MAX_CURVE, MAX_K, MAX_TOKENS
+    from nemo_rl_specdec.cost.schema import MAX_TOKENS
+    from nemo_rl_specdec.sim.scenario.limits import MAX_CURVE, MAX_K
 
     p = Path(path)
     try:
@@ -98,7 +101,7 @@ def overrides_for(result: dict) -> list:
             f"workload.lengths.values={[int(x) for x in result['lengths']]}"]
 
 
-def crosscheck(scenario: str, bench_json: str, extra: list = ()) -> list:
+def crosscheck(scenario: str, bench_json: str, extra: Sequence[str] = ()) -> list:
     """The scenario's prediction of each result of `bench_json` beside the measured ratio. The file
     and every variant of the scenario are checked before anything is simulated."""
     from nemo_rl_specdec.sim.report import simulate

@@ -201,7 +201,8 @@ class EngineSim:
         return float(self._ctx.sum()) + extra + n * (self.lookahead + 1)
 
     def _admit(self) -> None:
-        new, need = [], 0.0
+        new: list[SimRequest] = []
+        need = 0.0
         while (self._queue and self._queue[0][0] <= self.clock + 1e-12
                and len(self._active) + len(new) < self.max_num_seqs):
             r = self._queue[0][2]
@@ -246,6 +247,7 @@ class EngineSim:
 
     def _budgets(self) -> np.ndarray:
         sp = self.spec
+        assert sp is not None   # budgets are recomputed only with speculation on
         n = len(self._active)
         if sp.budget == "uniform":
             return np.full(n, sp.k, dtype=int)
@@ -287,7 +289,9 @@ class EngineSim:
     def _hybrid_step(self) -> tuple[np.ndarray, np.ndarray, bool]:
         """(tokens committed per step, draft tokens verified per step, whether the model half runs) of
         every request this event, by `hybrid_choice.choose` (module doc)."""
-        h, k = self.hybrid, self.spec.k
+        h, sp = self.hybrid, self.spec
+        assert h is not None and sp is not None   # run only for a hybrid drafter, with speculation on
+        k = sp.k
         n = len(self._active)
         M = h.replicas
         with_history = int(round(h.coverage * M))
@@ -326,11 +330,12 @@ class EngineSim:
         self._preempt()
         n_act = len(self._active)
         sp = self.spec
-        by_position = self._pos_starts is not None and sp is not None
+        starts, by_factor = self._pos_starts, self._pos_factors
         factors = None   # each request's response-position factor
-        if by_position:   # each request's response-position segment
-            seg = np.searchsorted(self._pos_starts, self._prog, side="right") - 1
-            factors = self._pos_factors[seg]
+        if starts is not None and by_factor is not None and sp is not None:   # each request's segment
+            seg = np.searchsorted(starts, self._prog, side="right") - 1
+            factors = by_factor[seg]
+        by_position = factors is not None
         judged = None  # auto_disable: the batch-size bin of this event, when the rule judged it
         if sp is None:
             d = np.zeros(n_act, dtype=int)
@@ -342,6 +347,7 @@ class EngineSim:
                 cap = best_drafts(self.cost, self._ctx, self._A, sp.k, self.coverage)   # decode economics
                 self.stats.adaptive_steps.append((n_act, cap))
             else:
+                assert not isinstance(sp.schedule, str)   # sim/step.py resolves `auto` to a table
                 cap = schedule_lookup(sp.schedule, n_act, sp.k)
             d = np.minimum(self._budget, cap)
             if sp.budget == "adaptive":
@@ -373,8 +379,8 @@ class EngineSim:
 
         left = self._len - self._prog
         n = int(np.min(np.ceil(left / rate - 1e-9)))
-        if by_position:   # until a request enters its next segment
-            to_next = float(np.min(np.ceil((self._pos_starts[seg + 1] - self._prog) / rate - 1e-9)))
+        if starts is not None and by_position:   # until a request enters its next segment
+            to_next = float(np.min(np.ceil((starts[seg + 1] - self._prog) / rate - 1e-9)))
             if math.isfinite(to_next):
                 n = min(n, max(1, int(to_next)))
         if self._prefill:

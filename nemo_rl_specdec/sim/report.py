@@ -11,6 +11,7 @@ number of engines. `format_table` and `format_summary` print them (the `simulate
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -102,7 +103,7 @@ def check_targets(targets: dict, metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def calibration_variants(path: str, overrides: list[str] = ()) -> list[tuple[Any, Any]]:
+def calibration_variants(path: str, overrides: Sequence[str] = ()) -> list[tuple[Any, Any]]:
     """(point, its scenario) for each of the scenario's `calibration_points`: the scenario file at
     `path` with the point's overrides, then the caller's; loading them all first checks every
     variant before any is simulated (an error names the point)."""
@@ -120,7 +121,7 @@ def calibration_variants(path: str, overrides: list[str] = ()) -> list[tuple[Any
     return out
 
 
-def check_calibration_points(path: str, overrides: list[str] = (),
+def check_calibration_points(path: str, overrides: Sequence[str] = (),
                              variants: list[tuple[Any, Any]] | None = None) -> list[dict[str, Any]]:
     """Each of the scenario's `calibration_points`: the variant simulated (scenario file at
     `path` with the point's overrides, then the caller's) and its targets checked; `variants`:
@@ -137,7 +138,7 @@ def check_sweeps(sc) -> None:
     limit (`Scenario.check_work`), and with `acceptance.spread` each swept alpha one a spread can
     keep."""
     from nemo_rl_specdec.sim import acceptance as acc
-    from nemo_rl_specdec.sim.scenario import MAX_ENGINES
+    from nemo_rl_specdec.sim.scenario.limits import MAX_ENGINES
 
     def work(**kw) -> None:
         try:

@@ -74,7 +74,9 @@ def rollout_sequences(rollouts: Sequence[Any], vocab_size: int) -> list[TokenSeq
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list:
     """Index groups (longest first) whose padded size stays under `max_tokens` (>= 1 item each)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, cur, cur_max = [], [], 0
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
     for i in order:
         m = max(cur_max, lengths[i])
         if cur and m * (len(cur) + 1) > max_tokens:
@@ -140,7 +142,7 @@ def check_trainable(tensors: dict, where: Any) -> None:
 def last_layer_output(policy):
     """Within the block, ``box["last"]`` is the output of the policy's last decoder layer before the
     final norm (transformers' last hidden state is after it), taken by a forward hook."""
-    box = {}
+    box: dict = {}
     hook = policy.model.layers[policy.config.num_hidden_layers - 1].register_forward_hook(
         lambda m, i, o: box.__setitem__("last", o[0] if isinstance(o, tuple) else o))
     try:
@@ -291,6 +293,7 @@ class Distiller:
     top-1 agreement at the first-draft positions)."""
 
     kind = "base"
+    _made_with: tuple[tuple, dict]
 
     def __new__(cls, *args: Any, **kwargs: Any):
         obj = super().__new__(cls)
@@ -314,6 +317,16 @@ class Distiller:
                     max_tokens=max_tokens, device=device)
 
     def _load(self, source: Any) -> tuple:
+        raise NotImplementedError
+
+    def _prepare(self, teacher, ids, mask) -> dict:
+        raise NotImplementedError
+
+    def _loss(self, item):
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """The drafter's tensors, as its checkpoint names them."""
         raise NotImplementedError
 
     def twin(self) -> Distiller:

@@ -83,7 +83,7 @@ def _build_host_values() -> Any:
                         return func(*args, **kwargs)
                 return out
             if func in indexing:  # a real boolean mask selects a known number of positions
-                index = []
+                index: list = []
                 for i in args[1]:
                     if isinstance(i, torch.Tensor) and not _is_fake(i) and i.dtype == torch.bool:
                         with unset_fake_temporarily():
@@ -131,13 +131,13 @@ def step_tracker() -> Any:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class StepMemTracker(MemTracker):
-        def _update_peak_stats(self, peak_state):  # type: ignore[no-untyped-def]
+        def _update_peak_stats(self, peak_state):
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = deepcopy(snap)
 
-        def _pre_fw_hook(self, module, inputs):  # type: ignore[no-untyped-def]
+        def _pre_fw_hook(self, module, inputs):
             if module in self.memory_tracking and not self._mod_tracker.is_bw:
                 name = self._mod_tracker.get_known_fqn(module)
                 if set(self._mod_tracker.parents) - {name} == {"Global"}:

@@ -65,9 +65,10 @@ class AcceptanceCalibration:
         self.rates = [list(map(float, row)) for row in r]
         self.max_rate = [float(row.max()) for row in r]
 
-    def _bins(self, flat: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    def _bins(self, flat: np.ndarray | None, pos: np.ndarray) -> np.ndarray:
         if self.positions is not None:
             return np.minimum(pos, self.positions - 1)
+        assert flat is not None   # the callers read the probabilities unless bins are positions
         return np.minimum((flat * BINS).astype(np.int64), BINS)
 
     def token_rates(self, source: int, probs) -> list:

@@ -4,6 +4,8 @@ the per-step rule built from it (`step_judge.StepJudge`), and the flat metrics t
 """
 from __future__ import annotations
 
+from typing import Any
+
 from nemo_rl_specdec.drafters.machinery.step_judge import StepJudge
 
 
@@ -12,7 +14,9 @@ class SpecdecProposer:
     `calibration`, and implements `configure(spec)` and `acceptance_metrics()`."""
 
     metrics_prefix = ""
-    runner = None
+    runner: Any = None
+    counters: dict[str, float]
+    judge: StepJudge
 
     def configure(self, spec: dict | None) -> None:
         raise NotImplementedError

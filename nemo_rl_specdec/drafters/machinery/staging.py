@@ -53,7 +53,7 @@ class StagedRebuild:
                 return
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            self.added = int(self._work()) + (before.added if before is not None else 0)
+            self.added = int(self._work()) + ((before.added or 0) if before is not None else 0)
         except BaseException as e:  # noqa: BLE001 - handed to the update that installs this version
             self.error = e
         finally:

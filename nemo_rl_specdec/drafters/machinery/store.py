@@ -42,6 +42,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import EllipsisType
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +126,7 @@ class RolloutStore:
         self.max_memory_bytes = None if max_memory_bytes is None else int(max_memory_bytes)
         self.prompt_tail = self.max_tree_depth - 1
         self._problem_trees: dict = {}
-        self._global_tree = None
+        self._global_tree: Any = None
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # insertion order
         self._problem_entries: dict = {}  # problem id -> entries in its problem tree
         self._global_entries = 0
@@ -323,6 +325,7 @@ class RolloutStore:
         newest_version = _check_version(newest_version, "newest_version")
         if self.newest_version is None or newest_version > self.newest_version:
             self.newest_version = newest_version
+        assert self.min_version is not None   # the window has a newest version now
         n = self.evict_older_than(self.min_version)
         self.evicted_window += n
         return n
@@ -489,6 +492,7 @@ class RolloutStore:
         """Insert items newest first (`order`) in measured chunks within the cap (see :meth:`_admit`).
         Returns (items still stored, whether the cap cut the items)."""
         cap = self.max_memory_bytes
+        assert cap is not None   # only a capped store fills in chunks (_admit)
         inserted: list = []  # seq ids of inserted items
         pos, cut = 0, False
         new_bytes = 0.0  # predicted bytes of the inserted items
@@ -591,7 +595,7 @@ class RolloutStore:
     def versions(self) -> list:
         return sorted({e.version for e in self._entries.values()})
 
-    def entries(self, problem_id: str | None = ..., version: int | None = None) -> list:
+    def entries(self, problem_id: str | None | EllipsisType = ..., version: int | None = None) -> list:
         """Live entries, optionally filtered by problem id (None = no id) and/or version."""
         return [e for e in self._entries.values()
                 if (problem_id is ... or e.problem_id == problem_id) and (version is None or e.version == version)]

@@ -12,9 +12,10 @@ from nemo_rl_specdec.config import ConfigError
 from nemo_rl_specdec.cost.fit import fit_cost_model, fit_quality, samples_from_throughput
 from nemo_rl_specdec.cost.model import CostModel
 from nemo_rl_specdec.scheduling.budget import expected_accepted
+from nemo_rl_specdec.sim.acceptance import solve_alpha
 from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest, SpecPolicy
 from nemo_rl_specdec.sim.report import simulate
-from nemo_rl_specdec.sim.scenario import SIM_CONFIGS, ScenarioError, load_scenario, solve_alpha, validate_scenario
+from nemo_rl_specdec.sim.scenario import SIM_CONFIGS, ScenarioError, load_scenario, validate_scenario
 from nemo_rl_specdec.sim.step import simulate_rl
 from nemo_rl_specdec.sim.workload import make_batches
 
