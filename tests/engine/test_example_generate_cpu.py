@@ -15,4 +15,4 @@ def test_the_cpu_example_drafts_and_accepts_more_after_the_update(capsys):
     assert first["draft_tokens"] > 0 and second["draft_tokens"] > 0
     assert second["accepted_tokens"] > first["accepted_tokens"]  # the drafter now holds the first round's rollouts
     out = capsys.readouterr().out
-    assert "drafter: suffix, k=8, 4 requests per round" in out and "second round:" in out
+    assert "drafter: suffix, k=24, 4 requests per round" in out and "second round:" in out
