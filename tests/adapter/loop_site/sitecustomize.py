@@ -17,9 +17,11 @@ import sys
 def _needs_stand_ins() -> bool:
     """Not in the helper processes torch starts (inductor's `python -c` compile checks, one per
     kernel, each of which would import vLLM and NeMo-RL here): only in a `-c` process when it is
-    a multiprocessing child (vLLM's spawned engine core and workers)."""
+    a multiprocessing child (vLLM's spawned engine core and workers) or our preflight's facts
+    script (`adapter/preflight.py`, which reads the sleep mode the stand-ins provide)."""
     argv = getattr(sys, "orig_argv", [])
-    return "-c" not in argv or "multiprocessing" in " ".join(argv)
+    joined = " ".join(argv)
+    return "-c" not in argv or "multiprocessing" in joined or "SPECDEC_FACTS" in joined
 
 
 if os.environ.get("SPECDEC_LOOP_CPU_HOST") and _needs_stand_ins():
