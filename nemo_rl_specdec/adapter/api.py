@@ -171,7 +171,9 @@ REQUIRED_HOOKS = {
     (SYNC_WORKER_IMPL, "update_weights_from_collective"): "stages the step's rollouts before a non-colocated refit",
     (SYNC_WORKER_IMPL, "wake_up"): "after a wake-up, verifies (and restores) the drafter a sleep may have discarded",
     (VLLM_GENERATION, "generate"): "length-aware placement and per-request budgets",
+    (VLLM_GENERATION, "snapshot_step_metrics"): "reads the engines' counters where NeMo-RL's metrics window opens",
     (VLLM_GENERATION, "get_step_metrics"): "adds specdec/* step metrics",
+    (SYNC_WORKER_IMPL, "_get_raw_spec_counters"): "read for each engine's generated and drafted tokens",
     (VLLM_GENERATION, "finish_generation"): "stages the step's rollouts for a background store rebuild when "
                                              "generation ends",
     (RESOLVER_MODULE, RESOLVER_NAME): "chooses our worker actors",

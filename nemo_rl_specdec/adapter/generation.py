@@ -50,6 +50,7 @@ class SpecDecGenerationState:
         self._specdec_stages = self._specdec_spec is not None and translate.rollouts_wanted(self._specdec_spec)
         self._specdec_stage_reports: list = []  # what each engine staged at the last finish_generation
         self._specdec_generated = False  # a training batch went through this object since finish_generation
+        self._specdec_window_start: list[dict] | None = None  # engines' counters at snapshot_step_metrics
 
     def _specdec_mark(self, data: Any, budgets=None, predicted=None) -> Any:
         """Add the driver's per-row keys (validation marker, budgets) to a generation batch."""
@@ -65,12 +66,15 @@ class SpecDecGenerationState:
 
     def _specdec_merge_metrics(self, base: dict, reports: list[dict]) -> dict:
         enabled = self._specdec_spec is not None
-        extra = metrics.step_metrics(base, reports, self._specdec_tracker, self._specdec_placement_stats, enabled)
+        start, self._specdec_window_start = self._specdec_window_start, None
+        counted = metrics.window(start or [], [r.get("counters") or {} for r in reports])
+        extra = metrics.step_metrics(base, reports, self._specdec_tracker, self._specdec_placement_stats, enabled,
+                                     counted)
         self._specdec_placement_stats = {}
         rate = base.get("vllm/spec_acceptance_rate")
         if rate is not None:
             self._specdec_planner.acceptance = float(rate)
-        hint = metrics.no_drafts_warning(base, enabled)
+        hint = metrics.no_drafts_warning(base, enabled, counted)
         if hint and not self._specdec_warned_no_drafts:
             warnings.warn(hint, RuntimeWarning, stacklevel=3)
             self._specdec_warned_no_drafts = True
@@ -184,6 +188,13 @@ def _build_generation() -> type:
                 self._specdec_stage_reports = [r for r in _ray_get(futures) if r]
             self._specdec_generated = False
             return super().finish_generation(*args, **kwargs)
+
+        def snapshot_step_metrics(self):
+            super().snapshot_step_metrics()
+            if self._specdec_spec is not None:  # where NeMo-RL's window opens: what the engines generate in it
+                futures = self.worker_group.run_all_workers_single_data("specdec_counters",
+                                                                        run_rank_0_only_axes=RANK0_ONLY)
+                self._specdec_window_start = list(_ray_get(futures))
 
         def get_step_metrics(self):
             base = super().get_step_metrics()

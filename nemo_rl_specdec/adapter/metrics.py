@@ -43,7 +43,14 @@ Ours:
   specdec/tensors_applied       drafter tensors applied in the last update (max over engines)
   specdec/rollouts_staged       rollouts handed to the drafter with the last update (sum)
   specdec/rollouts_dropped      rollouts dropped because the stash hit its token cap (sum)
-  specdec/no_drafts             1.0 when speculation is on but the step produced no drafts
+  specdec/generated_tokens      tokens the engines generated in NeMo-RL's metrics window (from its
+                                `snapshot_step_metrics` to its `get_step_metrics`, vLLM's own
+                                `vllm:generation_tokens` counter). Sync GRPO opens the window before the
+                                step's rollouts; async GRPO opens it after the collector handed the
+                                step's batch over, so it holds what the collector generated meanwhile,
+                                and can be 0 (then `vllm/spec_*` are 0 too, and nothing is wrong)
+  specdec/no_drafts             1.0 when speculation is on and the engines generated tokens in that
+                                window without drafting any (omitted when they generated none)
   specdec/acceptance_length_by_lag/<a>, specdec/acceptance_rate_by_lag/<a>
                                 acceptance against policy age: cumulative acceptance (NeMo-RL's
                                 definitions) of the steps generated with drafter_lag a
@@ -76,6 +83,10 @@ NRL_ACCEPTANCE_LENGTH = "vllm/spec_acceptance_length"
 NRL_ACCEPTANCE_RATE = "vllm/spec_acceptance_rate"
 NRL_ACCEPTANCE_RATE_AT_POSITION = "vllm/spec_acceptance_rate-pos-{}"  # .format(i), i = 1 for the first draft token
 NRL_KEYS = (NRL_DRAFTS, NRL_DRAFT_TOKENS, NRL_ACCEPTED, NRL_ACCEPTANCE_LENGTH, NRL_ACCEPTANCE_RATE)
+# an engine's cumulative counters (`engine_counters`) <- vLLM's metric names, as NeMo-RL's workers read them
+VLLM_COUNTERS = {"generated_tokens": "vllm:generation_tokens", "drafts": "vllm:spec_decode_num_drafts",
+                 "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                 "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
 
 NO_DRAFTS_HINT = (
     "speculative decoding is enabled but vLLM reported 0 drafts this step. Check that the engine "
@@ -98,6 +109,33 @@ def acceptance(drafts: float, draft_tokens: float, accepted: float) -> tuple[flo
     length = 1.0 + accepted / drafts if drafts > 0 else 1.0
     rate = accepted / draft_tokens if draft_tokens > 0 else 0.0
     return length, rate
+
+
+def engine_counters(raw: dict) -> dict[str, float]:
+    """One engine's cumulative `VLLM_COUNTERS` from vLLM's metrics as NeMo-RL's worker reads them
+    (`_get_raw_spec_counters`: metric name -> value)."""
+    return {key: _num(raw.get(name)) or 0.0 for key, name in VLLM_COUNTERS.items()}
+
+
+def window(start: list[dict], end: list[dict]) -> dict[str, float] | None:
+    """The engines' `engine_counters` summed, end minus start; None unless both reads cover the
+    same engines (one entry per engine, in the worker group's order)."""
+    if not start or len(start) != len(end):
+        return None
+    return {key: sum(e.get(key, 0.0) - s.get(key, 0.0) for s, e in zip(start, end, strict=True))
+            for key in VLLM_COUNTERS}
+
+
+def _no_drafts(vllm_metrics: dict, spec_enabled: bool, counted: dict[str, float] | None) -> bool | None:
+    """Whether the step's window generated without drafting; None when that cannot be said (speculation
+    off, no counters, or nothing generated in the window). With `counted` (a `window`), both figures
+    come from the same two reads; without it, NeMo-RL's `vllm/spec_num_drafts` alone."""
+    if not spec_enabled:
+        return None
+    if counted is not None:
+        return None if counted["generated_tokens"] <= 0 else counted["drafts"] <= 0
+    drafts = _num(vllm_metrics.get(NRL_DRAFTS))
+    return None if drafts is None else drafts == 0
 
 
 class AcceptanceByLag:
@@ -191,12 +229,18 @@ def imbalance(loads: Iterable[float]) -> float:
 
 
 def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: AcceptanceByLag | None,
-                 placement: dict | None = None, spec_enabled: bool = True) -> dict[str, float]:
-    """Our `specdec/*` keys for one step (NeMo-RL's `vllm/spec_*` keys are returned unchanged beside them)."""
+                 placement: dict | None = None, spec_enabled: bool = True,
+                 counted: dict[str, float] | None = None) -> dict[str, float]:
+    """Our `specdec/*` keys for one step (NeMo-RL's `vllm/spec_*` keys are returned unchanged beside
+    them). `counted`: the engines' counters over NeMo-RL's metrics window (`window`), when read."""
     out = version_metrics(reports) if reports else {}
+    if counted is not None:
+        out[f"{PREFIX}generated_tokens"] = counted["generated_tokens"]
+    no_drafts = _no_drafts(vllm_metrics, spec_enabled, counted)
+    if no_drafts is not None:
+        out[f"{PREFIX}no_drafts"] = 1.0 if no_drafts else 0.0
     drafts = _num(vllm_metrics.get(NRL_DRAFTS))
     if spec_enabled and drafts is not None:
-        out[f"{PREFIX}no_drafts"] = 1.0 if drafts == 0 else 0.0
         lag = out.get(f"{PREFIX}drafter_lag")
         if tracker is not None and lag is not None and drafts > 0:
             tracker.add(int(lag), drafts, _num(vllm_metrics.get(NRL_DRAFT_TOKENS)) or 0.0,
@@ -210,8 +254,6 @@ def step_metrics(vllm_metrics: dict, reports: list[dict], tracker: AcceptanceByL
     return out
 
 
-def no_drafts_warning(vllm_metrics: dict, spec_enabled: bool) -> str | None:
-    drafts = _num(vllm_metrics.get(NRL_DRAFTS))
-    if spec_enabled and drafts is not None and drafts == 0:
-        return NO_DRAFTS_HINT
-    return None
+def no_drafts_warning(vllm_metrics: dict, spec_enabled: bool,
+                      counted: dict[str, float] | None = None) -> str | None:
+    return NO_DRAFTS_HINT if _no_drafts(vllm_metrics, spec_enabled, counted) else None

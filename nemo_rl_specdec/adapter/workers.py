@@ -300,6 +300,13 @@ class SpecDecWorkerState:
         refs = [ray.put(batch)] if len(batch) else []
         return self._specdec_exchange().swap.remote(self._specdec_engine, self._specdec_version + 1, refs)
 
+    def specdec_counters(self) -> dict[str, float]:
+        """This engine's cumulative generated, drafted and accepted tokens: vLLM's own counters, as
+        NeMo-RL's worker reads them for its step metrics (`_get_raw_spec_counters`)."""
+        from nemo_rl_specdec.adapter.metrics import engine_counters
+
+        return engine_counters(self._get_raw_spec_counters())
+
     def _specdec_combine(self, per_rank: list) -> dict:
         """One report per engine from the per-TP/PP-rank `specdec_report` results."""
         per_rank = [r for r in (per_rank or []) if r]
@@ -316,6 +323,7 @@ class SpecDecWorkerState:
         first["actor_policy_version"] = self._specdec_version
         first["staged_for"] = self._specdec_staged_for
         first["last_stage"] = dict(self._specdec_last_stage)
+        first["counters"] = self.specdec_counters()
         if self._specdec_k_auto is not None:  # k by batch size, chosen in this process's vLLM scheduler
             state = dict(first.get("state") or {})
             state["metrics"] = {**(state.get("metrics") or {}), **self._specdec_k_auto.metrics()}

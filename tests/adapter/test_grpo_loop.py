@@ -671,7 +671,40 @@ def assert_drafting_every_step(logged: list, steps: int = STEPS) -> None:
     """At every training step NeMo-RL's logger got drafted and accepted tokens above zero, in NeMo-RL's
     own values: `vllm/spec_num_draft_tokens` and `vllm/spec_num_accepted_tokens`, the step's delta of
     the engine's counters (its `compute_spec_decode_metrics`, which logs every `vllm/spec_*` key as
-    0.0 when nothing was drafted, so the keys alone prove nothing); and our `specdec/*` beside them."""
+    0.0 when nothing was drafted, so the keys alone prove nothing); and our `specdec/*` beside them:
+    the same window generated tokens, and was not flagged as generating without drafts."""
+    for s, m in _train_steps(logged, steps).items():
+        drafted, accepted = m.get("vllm/spec_num_draft_tokens", 0.0), m.get("vllm/spec_num_accepted_tokens", 0.0)
+        assert drafted > 0 and accepted > 0, (f"step {s}: drafted {drafted}, accepted {accepted}",
+                                              {k: v for k, v in m.items() if k.startswith("vllm/spec_")})
+        assert m["specdec/generated_tokens"] > 0 and m["specdec/no_drafts"] == 0.0, (s, m)
+
+
+def assert_async_drafting(logged: list, reports: list, steps: int = STEPS) -> None:
+    """Async GRPO: every policy version drafted and accepted while it generated. The engines' own
+    counters (vLLM's, in each refit's report) between refit v and refit v + 1 are what the collector
+    generated with policy v: where it generated, it drafted and had drafts accepted, and policy 1,
+    whose rollouts step 1 trains on, generated. NeMo-RL's logged step windows agree: async_grpo_train
+    opens each after the collector handed the step's batch over, so a window holds what the collector
+    generated meanwhile (nothing, when it had already filled the buffer as far as
+    `max_trajectory_age_steps` allows); a window that generated drafted, one that did not logged 0
+    drafts and no `specdec/no_drafts` alarm."""
+    totals = [[sum(e["counters"][k] for e in r["engines"]) for k in ("generated_tokens", "draft_tokens",
+                                                                       "accepted_tokens")] for r in reports]
+    windows = [[b - a for a, b in zip(x, y, strict=True)] for x, y in zip(totals, totals[1:])]
+    assert windows[0][0] > 0, ("policy 1 generated nothing", totals)
+    for v, (generated, drafted, accepted) in enumerate(windows, start=1):
+        assert generated == 0 or (drafted > 0 and accepted > 0), (f"policy {v}", windows)
+    for s, m in _train_steps(logged, steps).items():
+        drafted, accepted = m["vllm/spec_num_draft_tokens"], m["vllm/spec_num_accepted_tokens"]
+        if m["specdec/generated_tokens"] > 0:
+            assert drafted > 0 and accepted > 0 and m["specdec/no_drafts"] == 0.0, (s, m)
+        else:
+            assert drafted == 0 and "specdec/no_drafts" not in m, (s, m)
+
+
+def _train_steps(logged: list, steps: int) -> dict:
+    """NeMo-RL's `train/` metrics by step, every step 1..steps present, each with our `specdec/*` keys."""
     train: dict = {}
     for p, s, m in logged:
         if p == "train":
@@ -679,9 +712,7 @@ def assert_drafting_every_step(logged: list, steps: int = STEPS) -> None:
     assert sorted(train) == list(range(1, steps + 1))
     for s, m in train.items():
         assert any(k.startswith("specdec/") for k in m), (s, sorted(m))
-        drafted, accepted = m.get("vllm/spec_num_draft_tokens", 0.0), m.get("vllm/spec_num_accepted_tokens", 0.0)
-        assert drafted > 0 and accepted > 0, (f"step {s}: drafted {drafted}, accepted {accepted}",
-                                              {k: v for k, v in m.items() if k.startswith("vllm/spec_")})
+    return train
 
 
 def assert_policy_moved(jsonl: dict) -> None:
@@ -940,13 +971,15 @@ def _async_grpo_logs_step_metrics() -> str | None:
 
 @pytest.mark.parametrize(("name", "lag"), ASYNC_RUNS)
 def test_async_grpo_train_drafts_and_accepts_every_step(async_runs, name, lag):
-    """Drafted and accepted tokens above zero, and our `specdec/*`, reach NeMo-RL's logger at every
-    step of async_grpo_train (`assert_drafting_every_step`)."""
+    """Every policy version of async_grpo_train drafted and had drafts accepted, and NeMo-RL's logger
+    got `vllm/spec_*` and our `specdec/*` at every step, agreeing with what the engines generated in
+    each step's window (`assert_async_drafting`)."""
     why_not = _async_grpo_logs_step_metrics() or (refusal(name) and f"{name} is refused on this vLLM (checked by "
                                                                      "test_async_grpo_train_runs_three_steps_with_the_block)")
     if why_not:
         pytest.skip(why_not)
-    assert_drafting_every_step(async_runs(name, lag)["logged"])
+    out = async_runs(name, lag)
+    assert_async_drafting(out["logged"], out["reports"])
 
 
 # grpo_train saves a checkpoint at step 2 (save_period), the first run stops there

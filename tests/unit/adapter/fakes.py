@@ -240,6 +240,10 @@ class FakeGenerationWorkerImpl:
     def post_init(self):
         self.post_init_done = True
 
+    def _get_raw_spec_counters(self):
+        """vLLM's metrics by name, as NeMo-RL's worker reads them (names as vLLM's metrics reader gives them)."""
+        return dict(getattr(self, "raw_counters", {"vllm:generation_tokens": 0.0}))
+
     def generate(self, data, greedy=False):
         import vllm
 
@@ -340,12 +344,17 @@ class FakeEngine:
 
     def __init__(self, state=None):
         self.state = state or {"policy_version": 1, "drafter_version": 1, "disabled": False}
+        self.counters = {"generated_tokens": 0.0, "drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
 
     def generate(self, data, greedy=False):
         return FakeBatchedDataDict(fake_generate_rows(data))
 
     def specdec_report(self):
-        return {"state": dict(self.state), "last_update": {"refresh_s": 0.1, "tensors_applied": 0}, "ranks_agree": True}
+        return {"state": dict(self.state), "last_update": {"refresh_s": 0.1, "tensors_applied": 0}, "ranks_agree": True,
+                "counters": dict(self.counters)}
+
+    def specdec_counters(self):
+        return dict(self.counters)
 
     def specdec_stage_generated(self):
         self.stage_calls = getattr(self, "stage_calls", 0) + 1

@@ -105,6 +105,35 @@ def test_get_step_metrics_merges_nemo_rl_and_specdec_keys(fake_nemo_rl, monkeypa
         assert ours.get_step_metrics()["specdec/no_drafts"] == 1.0
 
 
+def test_no_drafts_is_judged_on_what_the_engines_generated_in_nemo_rls_window(fake_nemo_rl, monkeypatch):
+    """Async GRPO opens its window after the collector handed the batch over: a window in which the
+    engines generated nothing has no drafts either, and that is no alarm; generating without drafting is."""
+    import warnings
+
+    from nemo_rl_specdec.adapter import generation
+
+    monkeypatch.setattr(generation, "_ray_get", lambda futures: futures)
+    engines = [FakeEngine(), FakeEngine()]
+    ours = generation.SpecDecVllmGeneration(engines, generation_cfg())
+    ours.base_metrics = nrl_step(0, 0, 0)
+
+    def step(generated, drafts):
+        ours.snapshot_step_metrics()
+        for e in engines:
+            e.counters = {**e.counters, "generated_tokens": e.counters["generated_tokens"] + generated,
+                          "drafts": e.counters["drafts"] + drafts}
+        return ours.get_step_metrics()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        idle = step(0, 0)                                           # the collector was done before the window
+    assert idle["specdec/generated_tokens"] == 0.0 and "specdec/no_drafts" not in idle
+    assert step(5, 2)["specdec/no_drafts"] == 0.0                   # both engines drafted
+    with pytest.warns(RuntimeWarning, match="0 drafts"):
+        busy = step(7, 0)
+    assert busy["specdec/generated_tokens"] == 14.0 and busy["specdec/no_drafts"] == 1.0
+
+
 def test_finish_generation_stages_rollouts_on_every_engine_before_nemo_rls_sleep(fake_nemo_rl, monkeypatch):
     from nemo_rl_specdec.adapter import generation
 
