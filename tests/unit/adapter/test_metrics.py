@@ -74,8 +74,9 @@ def test_step_metrics_acceptance_by_lag_accumulates_with_nemo_rl_definitions():
 
 
 def test_window_sums_each_engines_counter_delta():
-    raw = {"vllm:generation_tokens": 40.0, "vllm:spec_decode_num_drafts": 9.0, "vllm:spec_decode_num_draft_tokens": 72.0,
-           "vllm:spec_decode_num_accepted_tokens": 20.0, "vllm:num_requests_running": 3.0}
+    raw = {"vllm:generation_tokens": 40.0, "vllm:spec_decode_num_drafts": 9.0,
+           "vllm:spec_decode_num_draft_tokens": 72.0, "vllm:spec_decode_num_accepted_tokens": 20.0,
+           "vllm:num_requests_running": 3.0}
     end = metrics.engine_counters(raw)
     assert end == {"generated_tokens": 40.0, "drafts": 9.0, "draft_tokens": 72.0, "accepted_tokens": 20.0}
     start = metrics.engine_counters({"vllm:generation_tokens": 10.0})   # before any draft
