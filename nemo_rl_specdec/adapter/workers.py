@@ -300,15 +300,9 @@ class SpecDecWorkerState:
         refs = [ray.put(batch)] if len(batch) else []
         return self._specdec_exchange().swap.remote(self._specdec_engine, self._specdec_version + 1, refs)
 
-    def specdec_counters(self) -> dict[str, float]:
-        """This engine's cumulative generated, drafted and accepted tokens: vLLM's own counters, as
-        NeMo-RL's worker reads them for its step metrics (`_get_raw_spec_counters`)."""
-        from nemo_rl_specdec.adapter.metrics import engine_counters
-
-        return engine_counters(self._get_raw_spec_counters())
-
-    def _specdec_combine(self, per_rank: list) -> dict:
-        """One report per engine from the per-TP/PP-rank `specdec_report` results."""
+    def _specdec_combine(self, per_rank: list, counters: dict[str, float]) -> dict:
+        """One report per engine from the per-TP/PP-rank `specdec_report` results, with the engine's
+        `counters` (`SpecDecEngineHooks.specdec_counters`)."""
         per_rank = [r for r in (per_rank or []) if r]
         if not per_rank:
             return {}
@@ -323,7 +317,7 @@ class SpecDecWorkerState:
         first["actor_policy_version"] = self._specdec_version
         first["staged_for"] = self._specdec_staged_for
         first["last_stage"] = dict(self._specdec_last_stage)
-        first["counters"] = self.specdec_counters()
+        first["counters"] = counters
         if self._specdec_k_auto is not None:  # k by batch size, chosen in this process's vLLM scheduler
             state = dict(first.get("state") or {})
             state["metrics"] = {**(state.get("metrics") or {}), **self._specdec_k_auto.metrics()}
@@ -343,6 +337,13 @@ class SpecDecEngineHooks(SpecDecWorkerState, Host):
         super().__init__(config, bundle_indices=bundle_indices, fraction_of_gpus=fraction_of_gpus, seed=seed,
                          extra_env_vars=translate.extra_env_var_names(extra_env_vars),
                          defer_model_load=defer_model_load)
+
+    def specdec_counters(self) -> dict[str, float]:
+        """This engine's cumulative generated, drafted and accepted tokens: vLLM's own counters, as
+        NeMo-RL's worker reads them for its step metrics (`_get_raw_spec_counters`)."""
+        from nemo_rl_specdec.adapter.metrics import engine_counters
+
+        return engine_counters(self._get_raw_spec_counters())
 
     def _create_engine(self, llm_kwargs):
         if self.specdec_enabled:
@@ -447,7 +448,7 @@ def _build_sync_impl() -> type:
         def specdec_report(self) -> dict:
             if not self.specdec_enabled or self.llm is None:
                 return {}
-            return self._specdec_combine(self.llm.collective_rpc("specdec_report"))
+            return self._specdec_combine(self.llm.collective_rpc("specdec_report"), self.specdec_counters())
 
     def nccl_reshard_refit(self):
         return self._specdec_refit(super(SpecDecVllmGenerationWorkerImpl, self).nccl_reshard_refit)
@@ -541,7 +542,8 @@ def _build_async_impl() -> type:
         async def specdec_report(self) -> dict:
             if not self.specdec_enabled or self.llm is None:
                 return {}
-            return self._specdec_combine(await _maybe_await(self.llm.collective_rpc("specdec_report")))
+            return self._specdec_combine(await _maybe_await(self.llm.collective_rpc("specdec_report")),
+                                        self.specdec_counters())
 
     async def nccl_reshard_refit_async(self):
         return await self._specdec_refit(super(SpecDecVllmAsyncGenerationWorkerImpl, self).nccl_reshard_refit_async)

@@ -104,7 +104,8 @@ def test_worker_stages_the_newest_published_drafter_into_the_refit(fake_nemo_rl,
         assert rank.refreshes == [True, True, False] and rank.checkpoint_claims == [True, False, False]
         applied = [c[3] for c in rank.calls if c[0] == "after"]
         assert applied[0] is None and torch.equal(applied[1]["w"], torch.ones(2)) and applied[2] is None
-        assert w._specdec_drafter_seq == 1 and w._specdec_combine([{"state": {}}])["distill"]["drafter_train_s"] == 1.5
+        assert w._specdec_drafter_seq == 1
+        assert w._specdec_combine([{"state": {}}], {})["distill"]["drafter_train_s"] == 1.5
         with pytest.raises(ValueError, match="in order"):
             ray_local.get(board.publish.remote(1, [], {}))
     finally:
