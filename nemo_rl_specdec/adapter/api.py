@@ -64,6 +64,8 @@ RUN_GRPO_SCRIPT = "examples/run_grpo.py"
 RUN_GRPO_MAIN = "examples.run_grpo.main"
 RUN_GRPO_CONFIGURE = "examples.run_grpo.configure_generation_config"
 CONFIGURE_GENERATION_CONFIG = "nemo_rl.models.generation.configure_generation_config"
+VLLM_UTILS = "nemo_rl.models.generation.vllm.utils"
+AGGREGATE_SPEC_COUNTERS = f"{VLLM_UTILS}.aggregate_spec_decode_counters"
 
 INSTALL_HINT = (
     "NeMo-RL is not importable in this Python environment. PyPI only has a placeholder "
@@ -171,9 +173,12 @@ REQUIRED_HOOKS = {
     (SYNC_WORKER_IMPL, "update_weights_from_collective"): "stages the step's rollouts before a non-colocated refit",
     (SYNC_WORKER_IMPL, "wake_up"): "after a wake-up, verifies (and restores) the drafter a sleep may have discarded",
     (VLLM_GENERATION, "generate"): "length-aware placement and per-request budgets",
-    (VLLM_GENERATION, "snapshot_step_metrics"): "reads the engines' counters where NeMo-RL's metrics window opens",
+    (VLLM_GENERATION, "_get_raw_spec_counters"): "NeMo-RL's read of the engines' counters, keeping their "
+                                                  "generated tokens from the same read",
+    (VLLM_GENERATION, "snapshot_step_metrics"): "where NeMo-RL's metrics window opens",
     (VLLM_GENERATION, "get_step_metrics"): "adds specdec/* step metrics",
-    (SYNC_WORKER_IMPL, "_get_raw_spec_counters"): "read for each engine's generated and drafted tokens",
+    (SYNC_WORKER_IMPL, "_get_raw_spec_counters"): "an engine's vLLM metrics (generated and drafted tokens)",
+    (VLLM_UTILS, "aggregate_spec_decode_counters"): "sums the engines' spec counters as NeMo-RL does",
     (VLLM_GENERATION, "finish_generation"): "stages the step's rollouts for a background store rebuild when "
                                              "generation ends",
     (RESOLVER_MODULE, RESOLVER_NAME): "chooses our worker actors",

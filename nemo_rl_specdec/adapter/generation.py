@@ -50,7 +50,8 @@ class SpecDecGenerationState:
         self._specdec_stages = self._specdec_spec is not None and translate.rollouts_wanted(self._specdec_spec)
         self._specdec_stage_reports: list = []  # what each engine staged at the last finish_generation
         self._specdec_generated = False  # a training batch went through this object since finish_generation
-        self._specdec_window_start: list[dict] | None = None  # engines' counters at snapshot_step_metrics
+        self._specdec_last_read: list[dict] = []  # each engine's counters at NeMo-RL's last read of them
+        self._specdec_window_start: list[dict] | None = None  # ... at its snapshot_step_metrics
 
     def _specdec_mark(self, data: Any, budgets=None, predicted=None) -> Any:
         """Add the driver's per-row keys (validation marker, budgets) to a generation batch."""
@@ -67,7 +68,7 @@ class SpecDecGenerationState:
     def _specdec_merge_metrics(self, base: dict, reports: list[dict]) -> dict:
         enabled = self._specdec_spec is not None
         start, self._specdec_window_start = self._specdec_window_start, None
-        counted = metrics.window(start or [], [r.get("counters") or {} for r in reports])
+        counted = metrics.window(start or [], self._specdec_last_read)
         extra = metrics.step_metrics(base, reports, self._specdec_tracker, self._specdec_placement_stats, enabled,
                                      counted)
         self._specdec_placement_stats = {}
@@ -189,12 +190,18 @@ def _build_generation() -> type:
             self._specdec_generated = False
             return super().finish_generation(*args, **kwargs)
 
+        def _get_raw_spec_counters(self):
+            # NeMo-RL's own read (every engine's vLLM metrics, its spec counters summed), keeping each
+            # engine's generated tokens from the same read: the two ends of NeMo-RL's metrics window
+            futures = self.worker_group.run_all_workers_single_data("_get_raw_spec_counters",
+                                                                    run_rank_0_only_axes=RANK0_ONLY)
+            raw = list(_ray_get(futures))
+            self._specdec_last_read = [metrics.engine_counters(r) for r in raw]
+            return api.resolve(api.AGGREGATE_SPEC_COUNTERS)(raw)
+
         def snapshot_step_metrics(self):
             super().snapshot_step_metrics()
-            if self._specdec_spec is not None:  # where NeMo-RL's window opens: what the engines generate in it
-                futures = self.worker_group.run_all_workers_single_data("specdec_counters",
-                                                                        run_rank_0_only_axes=RANK0_ONLY)
-                self._specdec_window_start = list(_ray_get(futures))
+            self._specdec_window_start = self._specdec_last_read
 
         def get_step_metrics(self):
             base = super().get_step_metrics()

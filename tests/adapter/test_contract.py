@@ -669,7 +669,8 @@ def test_step_metrics_carry_acceptance_per_position_and_drafts_from_nemo_rl(nemo
     position from NeMo-RL's own `vllm/spec_*` keys (metrics.py does not repeat them): vLLM's
     counters, read by NeMo-RL's worker (which our worker actors inherit), summed over engines and
     differenced over the step by NeMo-RL's code, come out of our SpecDecVllmGeneration's
-    get_step_metrics beside the `specdec/*` keys (versions, refresh time, acceptance by policy age)."""
+    get_step_metrics beside the `specdec/*` keys (versions, refresh time, acceptance by policy age,
+    and the tokens generated in the same window, from the same reads)."""
     import ray
     from nemo_rl.models.generation.vllm.vllm_worker import BaseVllmGenerationWorker
     from vllm.v1.metrics.reader import Counter, Vector
@@ -677,15 +678,16 @@ def test_step_metrics_carry_acceptance_per_position_and_drafts_from_nemo_rl(nemo
     from nemo_rl_specdec.adapter import generation, metrics
     from nemo_rl_specdec.metrics import PER_POS
 
-    def vllm_counters(drafts, draft_tokens, accepted, per_pos):
-        return [Counter("vllm:spec_decode_num_drafts", {}, drafts),
+    def vllm_counters(drafts, draft_tokens, accepted, per_pos, generated=0):
+        return [Counter("vllm:generation_tokens", {}, generated), Counter("vllm:spec_decode_num_drafts", {}, drafts),
                 Counter("vllm:spec_decode_num_draft_tokens", {}, draft_tokens),
                 Counter("vllm:spec_decode_num_accepted_tokens", {}, accepted), Vector(PER_POS, {}, per_pos)]
 
     # two engines, k = 3; over the step engine A adds 20 drafts (accepted per position 12, 10, 6)
     # and engine B 20 drafts (10, 6, 4)
-    start = [vllm_counters(10, 30, 12, [6, 4, 2]), vllm_counters(0, 0, 0, [0, 0, 0])]
-    end = [vllm_counters(30, 90, 40, [18, 14, 8]), vllm_counters(20, 60, 20, [10, 6, 4])]
+    # (generating 70 and 45 tokens)
+    start = [vllm_counters(10, 30, 12, [6, 4, 2], 30), vllm_counters(0, 0, 0, [0, 0, 0])]
+    end = [vllm_counters(30, 90, 40, [18, 14, 8], 100), vllm_counters(20, 60, 20, [10, 6, 4], 45)]
     now = {"counters": start}
     engines = [SimpleNamespace(llm=SimpleNamespace(get_metrics=lambda i=i: now["counters"][i])) for i in range(2)]
     report = {"state": {"policy_version": 3, "drafter_version": 2}, "last_update": {"refresh_s": 0.5}}
@@ -716,6 +718,7 @@ def test_step_metrics_carry_acceptance_per_position_and_drafts_from_nemo_rl(nemo
     assert m["specdec/drafter_version"] == 2 and m["specdec/drafter_lag"] == 1 and m["specdec/refresh_s"] == 0.5
     assert m["specdec/acceptance_length_by_lag/1"] == pytest.approx(1 + 48 / 40)
     assert m["specdec/acceptance_rate_by_lag/1"] == pytest.approx(48 / 120)
+    assert m["specdec/generated_tokens"] == 115 and m["specdec/no_drafts"] == 0.0  # from the same two reads
 
 
 # --------------------------------------------------------------------------- online distillation (policy side)

@@ -11,6 +11,7 @@ from fakes import (  # noqa: E402
     NEMO_RL_INSTALLED,
     STAND_INS,
     FakeVllmGeneration,
+    fake_aggregate_spec_decode_counters,
     fake_configure_generation_config,
     fake_validate,
     stand_in_module,
@@ -30,6 +31,7 @@ def fake_nemo_rl(monkeypatch, tmp_path):
     for name in ["nemo_rl", "nemo_rl.models", "nemo_rl.models.generation", "nemo_rl.models.generation.vllm",
                  "nemo_rl.models.generation.vllm.vllm_generation", "nemo_rl.models.generation.vllm.vllm_worker",
                  "nemo_rl.models.generation.vllm.vllm_worker_async", "nemo_rl.models.generation.vllm.vllm_backend",
+                 "nemo_rl.models.generation.vllm.utils",
                  "nemo_rl.distributed", "nemo_rl.distributed.batched_data_dict", "nemo_rl.distributed.worker_groups",
                  "nemo_rl.distributed.worker_group_utils", "nemo_rl.distributed.ray_actor_environment_registry",
                  "nemo_rl.utils", "nemo_rl.utils.venvs", "nemo_rl.utils.checkpoint", "nemo_rl.algorithms",
@@ -45,6 +47,7 @@ def fake_nemo_rl(monkeypatch, tmp_path):
     mods["nemo_rl.models.generation.vllm.vllm_generation"].resolve_generation_worker_cls = \
         lambda default_cls, config: default_cls
     mods["nemo_rl.models.generation"].configure_generation_config = fake_configure_generation_config
+    mods["nemo_rl.models.generation.vllm.utils"].aggregate_spec_decode_counters = fake_aggregate_spec_decode_counters
     mods["nemo_rl.distributed.worker_group_utils"].get_nsight_config_if_pattern_matches = lambda worker_name: {}
     mods["nemo_rl.distributed.ray_actor_environment_registry"].ACTOR_ENVIRONMENT_REGISTRY = {
         api.SYNC_WORKER: "uv run --locked --extra vllm --directory /nrl",

@@ -353,8 +353,9 @@ class FakeEngine:
         return {"state": dict(self.state), "last_update": {"refresh_s": 0.1, "tensors_applied": 0}, "ranks_agree": True,
                 "counters": dict(self.counters)}
 
-    def specdec_counters(self):
-        return dict(self.counters)
+    def _get_raw_spec_counters(self):
+        """This engine's vLLM metrics by name, as NeMo-RL's worker reads them."""
+        return {name: self.counters[key] for key, name in metrics.VLLM_COUNTERS.items()}
 
     def specdec_stage_generated(self):
         self.stage_calls = getattr(self, "stage_calls", 0) + 1
@@ -375,6 +376,7 @@ class FakeVllmGeneration:
         self.current_generate_dp_shard_idx = 0
         self.shards_used = []
         self.base_metrics = {}
+        self._step_metrics_snapshot = None
 
     def generate(self, data, greedy=False):
         n, e = len(data["input_ids"]), self.dp_size
@@ -403,10 +405,20 @@ class FakeVllmGeneration:
         self.current_generate_dp_shard_idx = (i + 1) % self.dp_size
         return i
 
+    def _get_raw_spec_counters(self):
+        read = self.worker_group.run_all_workers_single_data("_get_raw_spec_counters")
+        return fake_aggregate_spec_decode_counters(read)
+
     def snapshot_step_metrics(self):
-        pass
+        """As NeMo-RL's: the counters read where the step's window opens; `get_step_metrics` reads them again
+        (here it returns `base_metrics`, the step's delta as a test sets it)."""
+        self._step_metrics_snapshot = self._get_raw_spec_counters()
 
     def get_step_metrics(self):
+        if self._step_metrics_snapshot is None:
+            return {}
+        self._get_raw_spec_counters()
+        self._step_metrics_snapshot = None
         return dict(self.base_metrics)
 
     def update_weights_via_ipc_zmq(self):
@@ -419,6 +431,17 @@ class FakeVllmGeneration:
         """Sleeps (colocated) or resets the prefix cache on every engine, as the real one does."""
         self.finished = getattr(self, "finished", 0) + 1
         return True
+
+
+def fake_aggregate_spec_decode_counters(worker_metrics):
+    """Stands in for NeMo-RL's aggregate_spec_decode_counters (same on v0.7.0 and main): the metrics whose
+    name has `spec_decode`, summed over the workers."""
+    out: dict = {}
+    for report in worker_metrics:
+        for name, value in report.items():
+            if "spec_decode" in name:
+                out[name] = out.get(name, 0.0) + value
+    return out
 
 
 def fake_configure_generation_config(config, tokenizer, is_eval=False, has_refit_draft_weights=False, trains_mtp=False):
