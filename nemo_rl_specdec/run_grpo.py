@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -255,9 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     except (api.NeMoRLMissing, launch_errors.LaunchError) as e:
         return fail(e, EXIT_RUNTIME)
     config_path = Path(plan["config"])
-    if plan["base"].uses_nemo_rl_parent:
-        config_path = write_composed(plan["base"])
-        print(f"[specdec] composed run file (NeMo-RL base merged): {config_path}")
+    if not plan["base"].uses_nemo_rl_parent:
+        return launch(script, plan, config_path)
+    config_path = write_composed(plan["base"])
+    print(f"[specdec] composed run file (NeMo-RL base merged; removed when the run ends): {config_path}")
+    try:
+        return launch(script, plan, config_path)
+    finally:
+        shutil.rmtree(config_path.parent, ignore_errors=True)
+
+
+def launch(script: Any, plan: dict, config_path: Path) -> int:
+    """Step 3: install the block's substitutions and run NeMo-RL's `main` on `config_path`."""
     try:
         if plan["spec"] is not None:
             install(gen_cfg=plan["generation"], trains_mtp=plan["trains_mtp"], exports_draft=plan["exports_draft"])

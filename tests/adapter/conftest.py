@@ -32,6 +32,18 @@ import pytest
 
 ENV = "NEMO_RL_SRC"
 HERE = Path(__file__).resolve().parent
+# How much of the tier runs: `full` (every row) or `smoke` (the rows not marked `full_tier`: one
+# drafter per GRPO loop kind, on every route). docs/nemo_rl.md, "What each pair runs", says which
+# NeMo-RL x vLLM pair runs which, and why.
+SCOPE_ENV = "NEMO_RL_SPECDEC_TIER"
+SCOPES = ("full", "smoke")
+
+
+def _scope() -> str:
+    scope = os.environ.get(SCOPE_ENV, "full")
+    if scope not in SCOPES:
+        raise pytest.UsageError(f"{SCOPE_ENV}={scope!r}: allowed values are {', '.join(SCOPES)}")
+    return scope
 
 
 def _apply_typing_shim() -> None:
@@ -87,21 +99,33 @@ def _setup() -> tuple[Path | None, str | None]:
 ROOT, SKIP_REASON = _setup()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"full_tier: a real-source tier row skipped under {SCOPE_ENV}=smoke")
+    _scope()
+
+
 def pytest_report_header(config):
     if ROOT is None:
         return [f"nemo-rl real-source tier: SKIPPED ({SKIP_REASON})"]
+    import vllm
+
     from nemo_rl_specdec.adapter import api
 
-    return [f"nemo-rl real-source tier: {ROOT}", f"  {api.describe_nemo_rl()}"]
+    return [f"nemo-rl real-source tier ({_scope()}): {ROOT}", f"  {api.describe_nemo_rl()}",
+            f"  vllm {vllm.__version__}"]
 
 
 def pytest_collection_modifyitems(config, items):
-    if ROOT is not None:
-        return
-    skip = pytest.mark.skip(reason=SKIP_REASON)
-    for item in items:
-        if HERE in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(skip)
+    mine = [item for item in items if HERE in Path(str(item.fspath)).resolve().parents]
+    if ROOT is None:
+        for item in mine:
+            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+    elif _scope() == "smoke":
+        skip = pytest.mark.skip(reason=f"{SCOPE_ENV}=smoke: this row runs in the full tier only "
+                                       "(docs/nemo_rl.md, 'What each pair runs')")
+        for item in mine:
+            if item.get_closest_marker("full_tier"):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

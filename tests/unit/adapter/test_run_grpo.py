@@ -48,6 +48,7 @@ def test_run_grpo_installs_the_substitutions_and_calls_nemo_rls_main(fake_nemo_r
     out = json.loads(fake_nemo_rl.out.read_text())
     assert out["overrides"] == ["grpo.max_num_steps=2"]
     assert Path(out["argv"][1]).name == "composed_run.yaml"          # NeMo-RL base merged in
+    assert not Path(out["argv"][1]).parent.exists()                  # ... in a directory removed after the run
     gen = out["generation"]
     assert gen["vllm_kwargs"]["speculative_config"] == {"method": "custom_class",
                                                         "model": "nemo_rl_specdec.drafters.suffix.DASProposer",
