@@ -196,7 +196,7 @@ def _build_generation() -> type:
             futures = self.worker_group.run_all_workers_single_data("_get_raw_spec_counters",
                                                                     run_rank_0_only_axes=RANK0_ONLY)
             raw = list(_ray_get(futures))
-            self._specdec_last_read = [metrics.engine_counters(r) for r in raw]
+            self._specdec_last_read = [metrics.counters_of(r) for r in raw]
             return api.resolve(api.AGGREGATE_SPEC_COUNTERS)(raw)
 
         def snapshot_step_metrics(self):

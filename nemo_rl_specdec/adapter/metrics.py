@@ -75,6 +75,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from nemo_rl_specdec.metrics import COUNTERS
+
 PREFIX = "specdec/"
 NRL_DRAFTS = "vllm/spec_num_drafts"
 NRL_DRAFT_TOKENS = "vllm/spec_num_draft_tokens"
@@ -83,10 +85,8 @@ NRL_ACCEPTANCE_LENGTH = "vllm/spec_acceptance_length"
 NRL_ACCEPTANCE_RATE = "vllm/spec_acceptance_rate"
 NRL_ACCEPTANCE_RATE_AT_POSITION = "vllm/spec_acceptance_rate-pos-{}"  # .format(i), i = 1 for the first draft token
 NRL_KEYS = (NRL_DRAFTS, NRL_DRAFT_TOKENS, NRL_ACCEPTED, NRL_ACCEPTANCE_LENGTH, NRL_ACCEPTANCE_RATE)
-# an engine's cumulative counters (`engine_counters`) <- vLLM's metric names, as NeMo-RL's workers read them
-VLLM_COUNTERS = {"generated_tokens": "vllm:generation_tokens", "drafts": "vllm:spec_decode_num_drafts",
-                 "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-                 "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+# an engine's cumulative counters (`counters_of`) <- vLLM's metric names, as NeMo-RL's workers read them
+VLLM_COUNTERS = {"generated_tokens": "vllm:generation_tokens", **{key: name for name, key in COUNTERS.items()}}
 
 NO_DRAFTS_HINT = (
     "speculative decoding is enabled but vLLM reported 0 drafts this step. Check that the engine "
@@ -111,14 +111,14 @@ def acceptance(drafts: float, draft_tokens: float, accepted: float) -> tuple[flo
     return length, rate
 
 
-def engine_counters(raw: dict) -> dict[str, float]:
+def counters_of(raw: dict) -> dict[str, float]:
     """One engine's cumulative `VLLM_COUNTERS` from vLLM's metrics as NeMo-RL's worker reads them
     (`_get_raw_spec_counters`: metric name -> value)."""
     return {key: _num(raw.get(name)) or 0.0 for key, name in VLLM_COUNTERS.items()}
 
 
 def window(start: list[dict], end: list[dict]) -> dict[str, float] | None:
-    """The engines' `engine_counters` summed, end minus start; None unless both reads cover the
+    """The engines' `counters_of` summed, end minus start; None unless both reads cover the
     same engines (one entry per engine, in the worker group's order)."""
     if not start or len(start) != len(end):
         return None

@@ -341,9 +341,9 @@ class SpecDecEngineHooks(SpecDecWorkerState, Host):
     def specdec_counters(self) -> dict[str, float]:
         """This engine's cumulative generated, drafted and accepted tokens: vLLM's own counters, as
         NeMo-RL's worker reads them for its step metrics (`_get_raw_spec_counters`)."""
-        from nemo_rl_specdec.adapter.metrics import engine_counters
+        from nemo_rl_specdec.adapter.metrics import counters_of
 
-        return engine_counters(self._get_raw_spec_counters())
+        return counters_of(self._get_raw_spec_counters())
 
     def _create_engine(self, llm_kwargs):
         if self.specdec_enabled:

@@ -793,9 +793,18 @@ COLOCATED_BLOCKS = ("suffix_das", "eagle3_online")
 # (the default placement, where a sleep can lose what they hold), the others non-colocated, through
 # the collective refit; async_grpo_train (never colocated with vLLM) runs every block collective.
 COLLECTIVE_BLOCKS = tuple(n for n in BLOCKS if n not in COLOCATED_BLOCKS)
+# The one block per loop kind NEMO_RL_SPECDEC_TIER=smoke runs (tests/adapter/conftest.py): n-gram for
+# the non-colocated sync loop (it runs on every vLLM), eagle3 online for the others (a model drafter
+# distilled every step, its weights in every refit and lost at every sleep: the most machinery).
+SMOKE = {"sync": "ngram", "colocated": "eagle3_online", "async": "eagle3_online", "resume": "eagle3_online"}
 
 
-@pytest.mark.parametrize("name", COLLECTIVE_BLOCKS)
+def rows(kind: str, names: tuple, *rest) -> list:
+    """`names` as parametrize rows (each followed by `rest`), all but the smoke one marked `full_tier`."""
+    return [pytest.param(n, *rest, marks=() if n == SMOKE[kind] else pytest.mark.full_tier) for n in names]
+
+
+@pytest.mark.parametrize("name", rows("sync", COLLECTIVE_BLOCKS))
 def test_grpo_train_runs_three_steps_with_the_block(loop_ray, without_block, tmp_path, name):
     """NeMo-RL's grpo_train with the block, its generation not colocated (collective refit); the
     checks are `check_sync_loop`'s (or the preflight's refusal where this vLLM cannot run the block)."""
@@ -816,7 +825,7 @@ def check_wake_restores(out: dict, name: str) -> None:
             assert eng["state"]["restores"] == (refit if has_weights else 0), (refit, eng["state"])
 
 
-@pytest.mark.parametrize("name", COLOCATED_BLOCKS)
+@pytest.mark.parametrize("name", rows("colocated", COLOCATED_BLOCKS))
 def test_colocated_grpo_train_keeps_drafting_through_sleep_and_wake(loop_ray, without_block, tmp_path, name):
     """NeMo-RL's grpo_train with its default colocated generation: `finish_generation` sleeps the
     engines (the stand-in discards the KV cache and the drafter's weights, as NeMo-RL issue #2646
@@ -866,7 +875,7 @@ ASYNC_BLOCKS = ("suffix_das", "suffix_vllm", "ngram", "draft_model_online", "eag
 # carries a drafter refreshed for the policy it carries). Lag 1 (the drafter may trail one
 # version) ran here before; a second async run per block does not fit the tier's time budget, and
 # the default is the setting users get, so lag 0 replaced it.
-ASYNC_RUNS = [(n, 0) for n in ASYNC_BLOCKS]
+ASYNC_RUNS = rows("async", ASYNC_BLOCKS, 0)
 
 
 @pytest.fixture(scope="module")
@@ -1008,7 +1017,7 @@ def _acceptance(logged: list, step: int) -> tuple[float, float, float]:
     return drafted, accepted, accepted / drafted if drafted else 0.0
 
 
-@pytest.mark.parametrize("name", RESUME_BLOCKS)
+@pytest.mark.parametrize("name", rows("resume", RESUME_BLOCKS))
 def test_grpo_train_resumes_from_nemo_rls_checkpoint_with_the_block(loop_ray, tmp_path, name):
     """grpo_train with the block stops after step 2 (NeMo-RL's checkpoint at step 2, with our marker),
     and a second grpo_train resumes from it to step 3, against the same loop run 3 steps without

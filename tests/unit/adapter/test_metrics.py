@@ -77,16 +77,16 @@ def test_window_sums_each_engines_counter_delta():
     raw = {"vllm:generation_tokens": 40.0, "vllm:spec_decode_num_drafts": 9.0,
            "vllm:spec_decode_num_draft_tokens": 72.0, "vllm:spec_decode_num_accepted_tokens": 20.0,
            "vllm:num_requests_running": 3.0}
-    end = metrics.engine_counters(raw)
+    end = metrics.counters_of(raw)
     assert end == {"generated_tokens": 40.0, "drafts": 9.0, "draft_tokens": 72.0, "accepted_tokens": 20.0}
-    start = metrics.engine_counters({"vllm:generation_tokens": 10.0})   # before any draft
+    start = metrics.counters_of({"vllm:generation_tokens": 10.0})   # before any draft
     assert metrics.window([start, start], [end, start]) == {"generated_tokens": 30.0, "drafts": 9.0,
                                                              "draft_tokens": 72.0, "accepted_tokens": 20.0}
     assert metrics.window([], [end]) is None and metrics.window([start], [end, end]) is None
     idle = metrics.window([end], [end])
     assert "specdec/no_drafts" not in metrics.step_metrics(nrl_step(0, 0, 0), [], None, counted=idle)
     assert metrics.no_drafts_warning(nrl_step(0, 0, 0), True, idle) is None
-    busy = metrics.window([start], [metrics.engine_counters({"vllm:generation_tokens": 11.0})])
+    busy = metrics.window([start], [metrics.counters_of({"vllm:generation_tokens": 11.0})])
     assert metrics.step_metrics(nrl_step(0, 0, 0), [], None, counted=busy)["specdec/no_drafts"] == 1.0
     assert metrics.no_drafts_warning(nrl_step(0, 0, 0), False, busy) is None
 
