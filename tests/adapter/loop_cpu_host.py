@@ -182,6 +182,13 @@ def apply() -> None:
     ext.get_zmq_address = lambda self: ipc_address()
     if "_synchronize_before_ipc_data_ack" in vars(ext):  # a CUDA stream fence
         ext._synchronize_before_ipc_data_ack = lambda self: None
+    else:  # NeMo-RL v0.7.0 fences inline: torch.cuda.current_stream().synchronize()
+        import types
+
+        import torch
+
+        if not torch.cuda.is_available():
+            torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(synchronize=lambda: None)
     vllm_backend.rebuild_cuda_tensor_from_ipc = lambda handle, device_id: handle[0]
     import nemo_rl.models.policy.utils as policy_utils
 
