@@ -72,7 +72,10 @@ def train(policy_dir: str, data: list, args) -> tuple:
            "max_position_embeddings": c.max_position_embeddings, "rope_theta": head.theta,
            "vocab_size": c.vocab_size, "draft_vocab_size": draft_vocab, "target_hidden_size": H,
            "tie_word_embeddings": False, "torch_dtype": "float32",
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True}}
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
+           # the same ids where vLLM 0.20.0 reads them (later versions read eagle_config's); without them it
+           # would feed the head its model's default layers
+           "eagle_aux_hidden_state_layer_ids": list(layer_ids)}
     return head, cfg, info
 
 
