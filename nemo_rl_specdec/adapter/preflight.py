@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_rl_specdec.adapter import api, translate
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config import ConfigError, check_colocated_sleep
 from nemo_rl_specdec.engine import vllm_compat
 
 # Run in the workers' Python: what its vLLM's SpeculativeConfig accepts (vllm_compat.speculative_facts, by
@@ -99,6 +99,7 @@ def check(spec: Any, gen_cfg: dict, worker_fqn: str, run: Callable = subprocess.
         raise ImportError(translate.arctic_missing_message(
             f"the vLLM workers' Python ({facts.get('python', '?')})", facts["arctic"], spec.drafter))
     check_sleep_mode(gen_cfg, facts)
+    check_colocated_sleep(gen_cfg, spec)
     kwargs = gen_cfg.get("vllm_kwargs") or {}
     if kwargs.get("speculative_config"):
         kwargs = dict(kwargs)

@@ -16,6 +16,7 @@ from nemo_rl_specdec.config import (
     ConfigError,
     GenerationConfig,
     SpecDecConfig,
+    check_colocated_sleep,
     to_vllm_speculative_config,
     validate_run_dict,
 )
@@ -220,6 +221,7 @@ def check_run(raw: dict) -> SpecDecConfig | None:
     trainer_exports_draft = bool(dotted_get(policy, "draft.enabled", False))
     trains_mtp = bool(dotted_get(policy, "megatron_cfg.mtp_num_layers", 0) or 0)
     _check_generation_compat(gen, spec)
+    check_colocated_sleep({**gen, "model_name": gen.get("model_name") or policy["model_name"]}, spec)
     source = drafter_weight_source(spec, trainer_exports_draft, trains_mtp)
     check_refresh_mode(spec, source)
     if source == SOURCE_POLICY_DISTILL:

@@ -42,6 +42,7 @@ import asyncio
 import contextvars
 import functools
 import importlib
+import inspect
 import logging
 import sys
 import uuid
@@ -112,6 +113,25 @@ def wrap_engine_generate(llm: Any) -> None:
         return original(*argv, **kwargs)
 
     llm.generate = generate
+
+
+def guard_sleep(llm: Any) -> None:
+    """Before every `llm.sleep(level)` (NeMo-RL's colocated `finish_generation`), each vLLM worker checks
+    that its drafter can come back from that level (`specdec_check_restorable`: at level 2, a drafter
+    whose checkpoint is not a local path is refused by its key, before the sleep discards it)."""
+    original = llm.sleep
+    if inspect.iscoroutinefunction(original):
+        @functools.wraps(original)
+        async def sleep(level: int = 1, *args, **kwargs):
+            await _maybe_await(llm.collective_rpc("specdec_check_restorable", args=(level,)))
+            return await original(level, *args, **kwargs)
+    else:
+        @functools.wraps(original)
+        def sleep(level: int = 1, *args, **kwargs):
+            llm.collective_rpc("specdec_check_restorable", args=(level,))
+            return original(level, *args, **kwargs)
+
+    llm.sleep = sleep
 
 
 def preflight(spec: Any) -> None:
@@ -382,6 +402,7 @@ def _build_sync_impl() -> type:
             result = super().post_init()
             if self.specdec_enabled and self.llm is not None:
                 self.specdec_init_reports = self.llm.collective_rpc("specdec_init", args=(self._specdec_init_payload,))
+                guard_sleep(self.llm)
                 self._specdec_k_auto = attach_to_llm(self.llm, self._specdec_spec, f"engine {self._specdec_engine}")
                 join = self._specdec_join_ref()
                 if join is not None:
@@ -477,6 +498,7 @@ def _build_async_impl() -> type:
             if self.specdec_enabled and self.llm is not None:
                 self.specdec_init_reports = await _maybe_await(
                     self.llm.collective_rpc("specdec_init", args=(self._specdec_init_payload,)))
+                guard_sleep(self.llm)
                 join = self._specdec_join_ref()
                 if join is not None:
                     await join

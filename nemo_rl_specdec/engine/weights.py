@@ -186,13 +186,15 @@ _MAX_HASHED = 1 << 20
 
 def fingerprint(model: torch.nn.Module, exclude: set[str] | None = None) -> str:
     """Content fingerprint of a live model, readable on CPU where Linear weights are packed:
-    readable parameters are hashed (strided beyond 1M elements); Linear layers whose weight was
-    emptied are probed through their kernel with a fixed input (a random projection of W)."""
+    readable parameters and buffers (a rotary cache, a draft vocabulary map: what a level-2 sleep
+    discards beside the weights) are hashed (strided beyond 1M elements); Linear layers whose weight
+    was emptied are probed through their kernel with a fixed input (a random projection of W)."""
     exclude = exclude or set()
     h = hashlib.blake2b(digest_size=16)
     gen = torch.Generator().manual_seed(1234)
     for mname, mod in sorted(model.named_modules(), key=lambda kv: kv[0]):
-        for pname, p in sorted(mod.named_parameters(recurse=False), key=lambda kv: kv[0]):
+        tensors = [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
+        for pname, p in sorted(tensors, key=lambda kv: kv[0]):
             full = f"{mname}.{pname}" if mname else pname
             if full in exclude:
                 continue

@@ -137,6 +137,7 @@ class SpecDecWorkerExtension:
                 f"drafter '{spec.get('drafter')}' is configured but the engine has no drafter model "
                 "(get_draft_model(), model_runner.drafter.model, model_runner.speculator.model are all empty)")
         st.drafter_fingerprint = st.checkpoint_fingerprint = self._specdec_drafter_fp()
+        self._specdec_keep_buffers()
         return self.specdec_state()
 
     def specdec_state(self) -> dict:
@@ -259,6 +260,7 @@ class SpecDecWorkerExtension:
             report.drafter_tensors_applied = host_loaded
             if host_items:
                 self._specdec_keep_pushed(host_items, copy=False)
+            self._specdec_keep_buffers()
             st.drafter_version = st.drafter_built_from = pushed_version
             report.drafter_refreshed = True
         elif st.mode == "refit":
@@ -325,6 +327,7 @@ class SpecDecWorkerExtension:
                                       "new tensors were loaded but the drafter's content is unchanged")
         st.last_drafter_payload = digest
         self._specdec_keep_pushed(items)
+        self._specdec_keep_buffers()
         return res["loaded"]
 
     # ------------------------------------------------------------------ sleep / wake
@@ -332,6 +335,14 @@ class SpecDecWorkerExtension:
         """Keep the last pushed drafter tensors in host memory: what a restore reloads. `copy=False`
         for tensors the caller already copied (the NeMo-RL hooks copy what NeMo-RL loaded)."""
         self._specdec_pushed = [(n, t.detach().to("cpu", copy=True)) for n, t in items] if copy else list(items)
+
+    def _specdec_keep_buffers(self) -> None:
+        """Keep the drafter's buffers (a rotary cache, a draft vocabulary map) in host memory as they are
+        now, beside the pushed tensors: a level-2 sleep discards them too, and no checkpoint holds the
+        computed ones. A few MB at most."""
+        drafter = find_drafter_model(self)
+        self._specdec_buffers = {} if drafter is None else {
+            n: b.detach().to("cpu", copy=True) for n, b in drafter.named_buffers()}
 
     def _specdec_restore_items(self) -> list:
         """The last pushed drafter state: the tensors of the last refresh, else the drafter's checkpoint
@@ -345,11 +356,28 @@ class SpecDecWorkerExtension:
             return split_policy_and_drafter(items, self._specdec_num_layers())[1]
         return decode_weights(self.vllm_config.speculative_config.model)
 
+    def specdec_check_restorable(self, level: int) -> dict:
+        """Before a sleep at `level`: a level-2 sleep discards the drafter, and the wake-up restore
+        reloads its last pushed tensors or, before any push, its checkpoint. A checkpoint that is not
+        a local path (a hub id) cannot be reloaded there: ConfigError naming its key, before the sleep."""
+        from nemo_rl_specdec.config import check_sleep_restorable, drafter_weights_key
+
+        st = self._specdec()
+        source = None
+        if find_drafter_model(self) is not None and not st.disabled and not getattr(self, "_specdec_pushed", None):
+            owner = drafter_of(st.spec, Refreshable).weights_owner(st.spec)
+            source = (self.model_config.model if owner.weights_in_policy_checkpoint
+                      else self.vllm_config.speculative_config.model)
+            check_sleep_restorable(level, drafter_weights_key(owner), str(source))
+        return {"level": level, "source": source}
+
     def specdec_verify_drafter(self, restore: bool = True) -> dict:
-        """After a wake-up, prove the drafter is still the pushed version (its fingerprint). A deep
-        sleep discards weights, and NeMo-RL's refit brings back the policy but not a drafter it did
-        not stream (NeMo-RL issue #2646: acceptance 0 from step 2). With `restore`, reload the last
-        pushed drafter state and check the fingerprint again; without, or if that fails, raise."""
+        """After a wake-up, prove the drafter is still the pushed version (its fingerprint, buffers
+        included). A level-1 sleep (what NeMo-RL asks for) offloads vLLM's weights pool, the drafter
+        with it, and brings it back; a level-2 sleep discards it, and NeMo-RL's refit brings back
+        the policy, not a drafter it does not stream. With `restore`, reload the last pushed drafter
+        state (its tensors, else its checkpoint, and the buffers kept beside them) and check the
+        fingerprint again; without, or if that fails, raise."""
         st = self._specdec()
         drafter = find_drafter_model(self)
         report = {"checked": False, "restored": False, "drafter_version": st.drafter_version}
@@ -362,6 +390,10 @@ class SpecDecWorkerExtension:
                 "since; a sleep that discarded them?)")
         if not restore:
             raise DrafterRefreshError(what)
+        kept = getattr(self, "_specdec_buffers", {})
+        for name, buf in drafter.named_buffers():
+            if name in kept:
+                buf.data.copy_(kept[name])
         items = self._specdec_restore_items()
         shared = shared_parameter_names(drafter, self._specdec_target())
         cfg = self.vllm_config.speculative_config.draft_model_config

