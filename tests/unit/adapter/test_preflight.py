@@ -100,3 +100,44 @@ def test_a_config_the_preflight_fitted_is_still_ours_when_nemo_rl_resolves_the_w
     g["vllm_kwargs"]["speculative_config"]["num_speculative_tokens"] = 5   # a hand edit is still refused
     with pytest.raises(ConfigError, match=r"vllm_kwargs\.speculative_config: set by hand"):
         translate.select_worker_fqn(translate.api.SYNC_WORKER, g, lambda *a: "theirs")
+
+
+def test_a_colocated_level_2_sleep_of_a_drafter_with_no_local_checkpoint_is_refused_by_key_path(tmp_path):
+    """A level-2 sleep discards the drafter and our wake-up restore reloads it from its checkpoint until
+    its first refresh: a hub id (no local path) is refused before any engine starts, naming the sleep
+    level's key and the drafter's, at the launcher's check and at the preflight; level 1 (NeMo-RL's),
+    a local checkpoint, generation on its own resources and a drafter without weights go ahead. Nothing
+    of the run file is changed."""
+    import copy
+
+    from nemo_rl_specdec.adapter import preflight
+
+    facts = {**preflight.worker_facts(sys.executable), "sleep_mode": True}
+    hub = "org/eagle3-head"
+    g = gen_cfg(drafter="eagle3", eagle3={"model": hub}, refresh={"mode": "online"})
+    g["colocated"], g["vllm_cfg"] = {"enabled": True}, {"sleep_level": 2}
+    g, _ = translate.apply_to_generation_config(g)
+    before = copy.deepcopy(g)
+    want = (r"^policy\.generation\.vllm_cfg\.sleep_level: got 2 with "
+            r"policy\.generation\.speculative_decoding\.eagle3\.model='org/eagle3-head': a level-2 sleep discards.*"
+            r"allowed: 1 .*or policy\.generation\.speculative_decoding\.eagle3\.model as a local checkpoint directory")
+    def check_run(gen: dict):
+        return translate.check_run({"policy": {"model_name": "m", "dtensor_cfg": {"enabled": True}, "generation": gen}})
+
+    with pytest.raises(ConfigError, match=want):
+        preflight.check(translate.enabled_spec(g), g, "unused", facts=facts)
+    with pytest.raises(ConfigError, match=want):
+        check_run(g)
+    assert g == before
+    g["vllm_cfg"]["sleep_level"] = 3
+    with pytest.raises(ConfigError, match=r"^policy\.generation\.vllm_cfg\.sleep_level: got 3; allowed: 1 or 2"):
+        check_run(g)
+    for ok in ({"vllm_cfg": {"sleep_level": 1}}, {"vllm_cfg": {}}, {"colocated": {"enabled": False}}):
+        assert check_run({**before, **ok})
+    (tmp_path / "model.safetensors").touch()
+    local = gen_cfg(drafter="eagle3", eagle3={"model": str(tmp_path)}, refresh={"mode": "online"})
+    local.update(colocated={"enabled": True}, vllm_cfg={"sleep_level": 2})
+    assert check_run(local)
+    history = gen_cfg(drafter="ngram")
+    history.update(colocated={"enabled": True}, vllm_cfg={"sleep_level": 2})
+    assert check_run(history)
