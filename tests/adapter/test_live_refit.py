@@ -337,12 +337,13 @@ def test_one_refit_through_nemo_rls_methods_updates_policy_drafter_and_versions(
         assert state["drafter_version"] == 1 and fp_after != fp_before
         assert rep["last_update"]["drafter_tensors_applied"] > 0
         # a level-2 sleep discards the head (and the target): restored from what NeMo-RL streamed, and
-        # the target comes back with the next refit
+        # the target comes back with the next refit (its head a new one: a refit that carries drafter
+        # tensors which change nothing is refused)
         _on_engine(w, lambda self: vllm_sleep.sleep(self, 2))
         _on_engine(w, lambda self: vllm_sleep.wake_up(self, ["weights"]))
         assert _on_engine(w, lambda self: self.specdec_verify_drafter(True))["restored"] is True
         assert _on_engine(w, lambda self: self.specdec_drafter_fingerprint()) == fp_after
-        assert _refit(w, cpu_host, weights) is True
+        assert _refit(w, cpu_host, {**weights, **{f"draft.{k}": v + 0.02 for k, v in head.items()}}) is True
     elif drafter == "draft_model":  # frozen: verified untouched
         assert state["drafter_version"] == 0 and fp_after == fp_before
     assert not state["disabled"]

@@ -361,6 +361,16 @@ class FakeEngine:
         self.stage_calls = getattr(self, "stage_calls", 0) + 1
         return {"version": 2, "rollouts": 3, "stage_s": 0.01, "errors": 0}
 
+    wake_failure = ""  # why our drafter check failed at the last wake-up (SpecDecWorkerState.specdec_wake_error)
+
+    def wake_up(self, **kwargs):
+        if self.wake_failure:
+            raise RuntimeError(self.wake_failure)
+        return True
+
+    def specdec_wake_error(self):
+        return self.wake_failure
+
 
 class FakeVllmGeneration:
     """Stands in for NeMo-RL's VllmGeneration (NeMo-RL cannot be installed here): contiguous
@@ -426,6 +436,14 @@ class FakeVllmGeneration:
 
     def update_weights_from_collective(self):
         return []
+
+    def prepare_for_generation(self, *args, **kwargs):
+        """Wakes every engine as the real one does, which catches any error of theirs and only prints it."""
+        try:
+            return all(e.wake_up(**kwargs) for e in self.worker_group.engines)
+        except Exception as e:
+            print(f"Error during policy preparation: {e}")
+            return False
 
     def finish_generation(self, *args, **kwargs):
         """Sleeps (colocated) or resets the prefix cache on every engine, as the real one does."""

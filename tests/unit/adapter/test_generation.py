@@ -159,3 +159,29 @@ def test_finish_generation_stages_rollouts_on_every_engine_before_nemo_rls_sleep
     assert seen[-1] == [1, 1]                           # once per rollout phase
     plain = generation.SpecDecVllmGeneration([FakeEngine()], generation_cfg())  # ngram: takes no rollouts
     assert plain.finish_generation() is True and not hasattr(plain.worker_group.engines[0], "stage_calls")
+
+
+def test_a_drafter_check_that_fails_at_wake_up_stops_the_run_with_its_own_error(fake_nemo_rl, monkeypatch):
+    """NeMo-RL's VllmGeneration catches every error of its engines' wake-up and only prints it: the
+    worker keeps why our drafter check failed, and our generation raises it, named, before anything
+    drafts with that drafter; a wake-up whose check passed goes on."""
+    from nemo_rl_specdec.adapter import generation, workers
+    from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+    monkeypatch.setattr(generation, "_ray_get", lambda futures: futures)
+    state = workers.SpecDecWorkerState()
+    assert state.specdec_wake_error() == ""
+    with pytest.raises(DrafterRefreshError), state._specdec_wake_check():
+        raise DrafterRefreshError("the drafter is no longer the pushed version 3")
+    engines = [FakeEngine(), FakeEngine()]
+    cfg = worker_cfg(drafter="suffix")
+    cfg["_pad_token_id"] = 0
+    ours = generation.SpecDecVllmGeneration(engines, cfg)
+    assert ours.prepare_for_generation(tags=["weights"]) is True
+    engines[1].wake_failure = state.specdec_wake_error()
+    with pytest.raises(DrafterRefreshError, match=r"failed on 1 engine\(s\): DrafterRefreshError: the drafter is no "
+                                                  r"longer the pushed version 3$"):
+        ours.prepare_for_generation(tags=["weights"])
+    with state._specdec_wake_check():
+        pass
+    assert state.specdec_wake_error() == ""
