@@ -73,6 +73,30 @@ def policy_a(engine):
     return dict(decode_weights(engine.model_path))
 
 
+def _check_restorable_as(wrapper, source: str, level: int) -> dict:
+    """`specdec_check_restorable(level)` with the drafter's checkpoint given as `source` (put back after)."""
+    sc = getattr(wrapper, "worker", wrapper).vllm_config.speculative_config
+    real, sc.model = sc.model, source
+    try:
+        return getattr(wrapper, "worker", wrapper).specdec_check_restorable(level)
+    finally:
+        sc.model = real
+
+
+def test_a_level_2_sleep_of_a_drafter_the_restore_cannot_reload_is_refused_before_it(engine):
+    """Before any refresh the restore reloads the drafter from its checkpoint: a local one passes at
+    every level; a hub id passes at level 1 (the drafter is kept) and is refused at level 2 by its key,
+    before the sleep. Our NeMo-RL worker runs this check before every `llm.sleep(level)`."""
+    from nemo_rl_specdec.config import ConfigError
+
+    local = engine.llm.collective_rpc("specdec_check_restorable", args=(2,))[0]
+    assert local["source"] and not local["source"].startswith("org/")
+    assert engine.llm.collective_rpc(functools.partial(_check_restorable_as, source="org/draft", level=1))[0]
+    with pytest.raises(ConfigError, match=r"^policy\.generation\.vllm_cfg\.sleep_level: got 2 with policy\.generation"
+                                          r"\.speculative_decoding\.draft_model\.model='org/draft': a level-2 sleep"):
+        engine.llm.collective_rpc(functools.partial(_check_restorable_as, source="org/draft", level=2))
+
+
 def test_a_level_1_sleep_keeps_the_drafter_with_the_restore_off(engine, reqs, vllm_sleep):
     """Level 1 offloads the drafter with the target and brings it back: the check finds it intact, and
     it drafts as before, with nothing restored."""
