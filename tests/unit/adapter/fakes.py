@@ -76,6 +76,16 @@ class RecordingEngineMixin:
         self.verified = getattr(self, "verified", []) + [restore]
         return {"checked": True, "restored": False}
 
+    refuses_level = None  # the sleep level this rank's drafter cannot come back from (a hub id at level 2)
+
+    def specdec_check_restorable(self, level):
+        self.checked_levels = getattr(self, "checked_levels", []) + [level]
+        if self.refuses_level is not None and level >= self.refuses_level:
+            from nemo_rl_specdec.config import ConfigError
+
+            raise ConfigError(f"policy.generation.vllm_cfg.sleep_level: got {level} (fake rank)")
+        return {"level": level, "source": None}
+
     def specdec_after_policy_weights(self, update, loaded_names=None, loaded_drafter=None):
         version = update.version
         self.calls = getattr(self, "calls", []) + [("after", list(loaded_names), version, update.drafter_weights,
@@ -165,13 +175,20 @@ class FakeLLM:
     def generate(self, prompts, sampling_params=None, use_tqdm=True):
         self.requests.append((prompts, sampling_params))
 
+    def sleep(self, level: int = 1):
+        self.slept = getattr(self, "slept", []) + [level]
+
 
 class FakeAsyncLLM(FakeLLM):
-    """Stands in for vLLM's AsyncLLM: collective_rpc is awaited."""
+    """Stands in for vLLM's AsyncLLM: collective_rpc and sleep are awaited."""
 
     async def collective_rpc(self, method, args=()):
         await asyncio.sleep(0)
         return FakeLLM.collective_rpc(self, method, args)
+
+    async def sleep(self, level: int = 1):
+        await asyncio.sleep(0)
+        FakeLLM.sleep(self, level)
 
 
 def fake_generate_rows(data) -> dict:

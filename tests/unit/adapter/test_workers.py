@@ -203,6 +203,28 @@ def test_worker_verifies_the_drafter_after_every_wake_up_that_brings_weights_bac
     assert all(r.verified == [True, True] for r in w.llm.ranks) and w.woken == [["kv_cache"], ["weights"], None]
 
 
+def test_every_sleep_is_preceded_by_the_drafters_restorable_check_sync_and_async(fake_nemo_rl):
+    """NeMo-RL's `llm.sleep(level)` on our workers first has every vLLM worker check that its drafter
+    can come back from that level (`specdec_check_restorable`); a refusal raises before the sleep."""
+    import asyncio
+
+    from nemo_rl_specdec.adapter import workers
+    from nemo_rl_specdec.config import ConfigError
+
+    w = workers.SpecDecVllmGenerationWorkerImpl(worker_cfg(drafter="ngram"), bundle_indices=[0])
+    w.post_init()
+    w.llm.sleep(level=1)
+    assert all(r.checked_levels == [1] for r in w.llm.ranks) and w.llm.slept == [1]
+    w.llm.ranks[-1].refuses_level = 2
+    with pytest.raises(ConfigError, match=r"sleep_level: got 2"):
+        w.llm.sleep(level=2)
+    assert w.llm.slept == [1]                # refused before the sleep
+    a = workers.SpecDecVllmAsyncGenerationWorkerImpl(worker_cfg(drafter="ngram"), bundle_indices=[0])
+    asyncio.run(a.post_init_async())
+    asyncio.run(a.llm.sleep(level=1))
+    assert all(r.checked_levels == [1] for r in a.llm.ranks) and a.llm.slept == [1]
+
+
 def test_a_batch_the_worker_cannot_record_fails_the_next_refit_by_name(fake_nemo_rl, exchange):
     from nemo_rl_specdec.adapter import workers
     from nemo_rl_specdec.rollouts import RolloutError
