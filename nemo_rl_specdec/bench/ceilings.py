@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nemo_rl_specdec.cost.model import CostModel, Step
-from nemo_rl_specdec.cost.trace import Trace
+from nemo_rl_specdec.cost.trace import FORWARD_KINDS, Trace
 
 # ------------------------------------------------------------------------------------------- placement
 
@@ -360,7 +360,8 @@ def history_ceiling(spec, batches: Sequence[Sequence], max_model_len: int, tempe
     """The history hindsight ceiling of `batches` at `k` (default the block's): per batch the replay's
     figures (`bench/replay.py`, every request admitted at once) with the hindsight draft, and over
     all of them tokens per target forward, coverage (the share of decode request-steps whose draft
-    had an accepted token) and mean match length (accepted tokens per such step)."""
+    had an accepted token) and mean match length (accepted tokens per such step); ``by_batch``: the
+    same per batch-size bin of the ceiling's own steps (`bin_shape`)."""
     from nemo_rl_specdec.bench.replay import replay
 
     k = int(k or spec.num_speculative_tokens)
@@ -372,7 +373,8 @@ def history_ceiling(spec, batches: Sequence[Sequence], max_model_len: int, tempe
     return {"k": k, "min_match": min_match, "tokens_per_target_forward": gen / fwd if fwd else 0.0,
             "per_batch": [r["tokens_per_target_forward"] for r in rows],
             "coverage": h.matched / h.rows if h.rows else 0.0,
-            "match_length": h.accepted / h.matched if h.matched else 0.0}
+            "match_length": h.accepted / h.matched if h.matched else 0.0,
+            "by_batch": bin_shape([r["trace"] for r in rows])}
 
 
 def trace_shape(traces: Sequence) -> dict:
@@ -385,6 +387,50 @@ def trace_shape(traces: Sequence) -> dict:
             matched += sum(a > 0 for a in s["accepted"])
             accepted += sum(s["accepted"])
     return {"coverage": matched / rows if rows else 0.0, "match_length": accepted / matched if matched else 0.0}
+
+
+def bin_of(requests: int) -> str:
+    """The batch-size bin (`cost/price.py` BINS) of a decode step of `requests` requests, as printed."""
+    from nemo_rl_specdec.cost.price import BINS
+
+    lo, hi = next((lo, hi) for lo, hi in BINS if lo <= requests < hi)
+    return f"{lo}-{hi - 1}" if hi < 10 ** 9 else f">={lo}"
+
+
+def bin_shape(traces: Sequence) -> dict:
+    """Per batch-size bin (`bin_of`) of the decode steps of replay traces (`Trace`s or their dicts): the
+    request-steps, tokens committed per request-step, draft tokens verified per request-step, the share
+    of request-steps that verified a draft (``drafted``), coverage as `history_ceiling` counts it (the
+    share with at least one draft token accepted), the acceptance rate of the verified draft tokens, and
+    for a trace of a drafter with a model (hybrid, model) the share of decode steps that ran the model's
+    drafting forwards (``model_steps``: a hybrid's steps that ran its model half's drafts; a model
+    drafter's steps that drafted)."""
+    acc: dict = {}
+    for t in traces:
+        d = t.to_dict() if isinstance(t, Trace) else t
+        for s in d["steps"]:
+            n = len(s["rids"])
+            if not n:
+                continue
+            a = acc.setdefault(bin_of(n), {"steps": 0, "rows": 0, "committed": 0, "drafted_tokens": 0, "drafted": 0,
+                                           "matched": 0, "accepted": 0, "model_steps": 0, "counted": False})
+            a["steps"] += 1
+            a["rows"] += n
+            a["committed"] += n + sum(s["accepted"])
+            a["drafted_tokens"] += sum(s["drafts"])
+            a["drafted"] += sum(x > 0 for x in s["drafts"])
+            a["matched"] += sum(x > 0 for x in s["accepted"])
+            a["accepted"] += sum(s["accepted"])
+            if d["kind"] in FORWARD_KINDS:   # a step that counts none ran as many as its longest draft
+                a["counted"] = True
+                a["model_steps"] += s.get("model_forwards", 0) > 1 or (
+                    not s.get("model_forwards", 0) and d["kind"] == "model" and max(s["drafts"]) > 0)
+    return {b: {"steps": a["steps"], "request_steps": a["rows"], "tokens_per_request_step": a["committed"] / a["rows"],
+                "draft_tokens_per_request_step": a["drafted_tokens"] / a["rows"], "drafted": a["drafted"] / a["rows"],
+                "coverage": a["matched"] / a["rows"],
+                "acceptance": a["accepted"] / a["drafted_tokens"] if a["drafted_tokens"] else 0.0,
+                "model_steps": a["model_steps"] / a["steps"] if a["counted"] else None}
+            for b, a in acc.items()}
 
 
 def history_share(tokens_per_forward: float, shape: dict, ceiling: dict, target: float) -> dict:
@@ -505,6 +551,7 @@ class _Known:
         return x in self.history or x in self.prefix or self.held.get(x, 0) - (x in self.own) > 0
 
 
-__all__ = ["HISTORY_TARGET", "MIN_MATCH", "HindsightHistory", "PlacementPricer", "RequestSteps", "fewest_forwards",
+__all__ = ["HISTORY_TARGET", "MIN_MATCH", "HindsightHistory", "PlacementPricer", "RequestSteps", "bin_of", "bin_shape",
+           "fewest_forwards",
            "history_ceiling", "history_lines", "history_share", "hybrid_bound", "judge_history", "longest_known",
            "placement_ceiling", "request_steps", "share_verdict", "trace_shape"]

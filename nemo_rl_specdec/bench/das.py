@@ -41,13 +41,22 @@ replay compares the drafters on the same one. A DAS configuration with a per-ste
 (``auto_disable``, ``scheduling.budget: adaptive``) keeps it in the replay, deciding on the
 hardware profile's step cost (``cost/price.py`` ``PricedStepCost``).
 
-Priced (``priced x``, ``priced_*``): every replay's steps priced on the hardware profile
-(``bench.das.hardware``, default h100_qwen3_8b; docs/pricing.md) against the same text without
-drafts, the default DAS against vLLM's suffix at matched k and against the best of vLLM's
-built-ins (``bench/builtins.py``: suffix and n-gram, at matched k and at vLLM's own defaults) at
-each host speed, the DAS proposer's measured time per row and its share of the priced step by
-batch size, and where the default DAS's and the best built-in's priced time goes per batch-size bin
-(`by_batch`: the small bins are the rollouts' tail). ``engine priced x``: each engine's own steps priced.
+Priced: every replay's steps priced on the hardware profile (``bench.das.hardware``, default
+h100_qwen3_8b; docs/pricing.md) against the same text without drafts. The host term of every row
+(DAS and each of vLLM's built-ins, `bench/builtins.py`) is its own proposer's thread time on each
+step, measured in this run's replay on the same text (``measured_by_host_speed``, at host 1x as
+measured and 2x, a host twice as fast); the verdicts read it: the default DAS against vLLM's suffix
+at matched k and against the best of vLLM's built-ins (suffix and n-gram, at matched k and at vLLM's
+own defaults) at each host speed. The same priced with the profile's constants (``priced x``,
+``priced_*``: deterministic for a given text) is printed beside them, with how far each constant is
+from the run's measurement (``proposer_gap``: the summed host term both ways, and a fit on the run's
+steps) and the command that refits the profile on the run (`cost/refit.py`). Also: the DAS
+proposer's measured time per row and its share of the priced step by batch size, where the default
+DAS's and the best built-in's priced time goes per batch-size bin (`by_batch`: the small bins are
+the rollouts' tail), and the tail table (`print_tail`): per bin, tokens per request-step, drafted and
+covered request-steps, where the default DAS's drafts came from and the top-N oracle at the node it
+matched (`TailDiagnosis`, on a replay of its own), and the history hindsight ceiling on the same bin
+(`bench/ceilings.py`). ``engine priced x``: each engine's own steps priced.
 ``bench.das.engines: false`` runs phase 1, the replays and the priced figures only.
 
 Run-file knobs (all optional, under ``bench.das``): ``steps`` (default
@@ -240,7 +249,6 @@ def record_trajectory(cfg: RunConfig, opts: dict, baseline, report) -> tuple:
 
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:
-    from nemo_rl_specdec.bench.replay import replay
     from nemo_rl_specdec.engine.engine import Engine
 
     opts = _options(cfg)
@@ -248,7 +256,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     core = opts["core"]
     confs = configurations(cfg, opts)
     for c in confs:  # a profile that cannot price a configuration fails before any engine starts
-        opts["profile"].drafter(profile_key(c))
+        opts["profile"].drafter(profile_key(c, opts["profile"]))
     G = opts["generations"]
     _say(f"{len(confs)} speculative configurations vs no-spec, {opts['steps']} steps, "
          f"{opts['prompts']} problems x {G} samples, k={cfg.spec.num_speculative_tokens}, "
@@ -257,17 +265,7 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     baseline = Engine(cfg, spec_enabled=False, core=core, seed=opts["seed"], name="no_spec")
     try:
         reqs, warm_req, weights, train_log, recorded = record_trajectory(cfg, opts, baseline, _say)
-        # every configuration's drafter on phase 1's text (bench/replay.py): tokens per forward without
-        # the sampling noise between engines; seconds, and before any speculative engine starts
-        # our proposers keep their per-step rules (auto_disable, budget: adaptive), deciding on the profile's costs
-        from nemo_rl_specdec.cost.price import PricedStepCost
-
-        for c in confs:
-            spec = c["cfg"].spec
-            judged = c["backend"] == "das" and (spec.auto_disable or spec.scheduling.budget == "adaptive")
-            cost = PricedStepCost(opts["profile"], profile_key(c), spec.num_speculative_tokens) if judged else None
-            c["replay"] = replay(spec, recorded, g.vllm_cfg.max_model_len, g.temperature, step_cost=cost,
-                                 label=profile_key(c))
+        replay_all(cfg, opts, confs, recorded)
 
         # phase 2: one speculative engine at a time; at every step the baseline rolls out the same
         # batch on the same weights right before it (same machine load), then both get version t+1
@@ -296,21 +294,58 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     finally:
         baseline.close()
         release_memory()
-    results = [_summarize(c, per_step[c["name"]], opts["profile"]) for c in confs]
-    from nemo_rl_specdec.bench.ceilings import judge_history  # the history hindsight ceiling at each row's k
+    return judge(cfg, opts, confs, per_step, recorded, train_log, getattr(args, "json", None))
 
+
+def replay_all(cfg: RunConfig, opts: dict, confs: list, recorded: list) -> None:
+    """Every configuration's drafter on phase 1's text (`bench/replay.py`; ``c["replay"]``): tokens per
+    forward without the sampling noise between engines, and each proposer's thread time on every step,
+    measured here on the same text for every row; our proposers keep their per-step rules
+    (``auto_disable``, ``budget: adaptive``), deciding on the profile's costs. The default DAS is also
+    replayed once more under `TailDiagnosis` (``c["tail"]``)."""
+    from nemo_rl_specdec.bench.replay import replay
+    from nemo_rl_specdec.cost.price import PricedStepCost
+
+    g = cfg.generation
+    main = f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"
+    for c in confs:
+        spec = c["cfg"].spec
+        judged = c["backend"] == "das" and (spec.auto_disable or spec.scheduling.budget == "adaptive")
+        key = profile_key(c, opts["profile"])
+
+        def cost(judged=judged, key=key, spec=spec):
+            return PricedStepCost(opts["profile"], key, spec.num_speculative_tokens) if judged else None
+
+        c["replay"] = replay(spec, recorded, g.vllm_cfg.max_model_len, g.temperature, step_cost=cost(), label=key)
+        if c["name"] == main:
+            c["tail"] = diagnose_tail(spec, recorded, g.vllm_cfg.max_model_len, g.temperature, cost())
+
+
+def judge(cfg: RunConfig, opts: dict, confs: list, per_step: dict, recorded: list, train_log: list,
+          result_json: str | None = None) -> list[dict]:
+    """Every configuration summarized and priced (`_summarize`), the history ceiling at each row's k
+    (`bench/ceilings.py` `judge_history`), and the suite's tables and verdicts printed."""
+    from nemo_rl_specdec.bench.ceilings import judge_history
+
+    g = cfg.generation
+    results = [_summarize(c, per_step[c["name"]], opts["profile"]) for c in confs]
     judge_history(results, recorded, cfg.spec, g.vllm_cfg.max_model_len, g.temperature)
     for r in results:
         r["train"] = train_log
     _print(results, train_log)
-    _print_priced(results, cfg, opts["profile"])
+    _print_priced(results, cfg, opts["profile"], result_json)
     return results
 
 
-def profile_key(c: dict) -> str:
-    """The hardware profile's entry that prices a configuration's proposer."""
+def profile_key(c: dict, profile=None) -> str:
+    """The hardware profile's entry that prices a configuration's proposer: a built-in row's own entry
+    where `profile` has one (``vllm_suffix_default``: vLLM's suffix at its defaults, tree depth 24), else
+    its drafter's."""
+    from nemo_rl_specdec.bench.builtins import BUILTINS
     from nemo_rl_specdec.config import cost_entry
 
+    if profile is not None and c["name"] in BUILTINS and c["name"] in profile.drafters:
+        return c["name"]
     return cost_entry(c["cfg"].spec)[1]
 
 
@@ -401,6 +436,8 @@ def _summarize(c: dict, rows: list, profile) -> dict:
            "throughput_ratio_after_3": late["throughput_ratio"],
            "cpu_time_ratio_after_3": late["cpu_time_ratio"],
            "per_step": rows}
+    if c.get("tail") is not None:
+        out["tail"] = c["tail"]
     if c.get("replay"):
         def per_forward(rs: list):
             f = sum(r["target_forwards"] for r in rs)
@@ -424,7 +461,10 @@ def _summarize(c: dict, rows: list, profile) -> dict:
 
 def _priced(c: dict, profile) -> dict:
     """The configuration's replays priced on `profile` (`cost/price.py`): rollout time against the same
-    text without drafts, in all and after `AFTER_STEP` steps, and the proposer's measured time per
+    text without drafts, with the host term measured in this run (``measured_by_host_speed``: what the
+    verdicts read) and from the profile's constants (``priced_*``: deterministic for a given text), in
+    all and after `AFTER_STEP` steps; for a history drafter how far the profile's constants are from
+    this run's measurement (``proposer_gap``); the proposer's share of the step and the priced time per
     batch-size bin."""
     from nemo_rl_specdec.cost.price import HOST_SPEEDS, proposer_share, speedup
 
@@ -438,8 +478,21 @@ def _priced(c: dict, profile) -> dict:
     def at(h: float, key: str) -> float:   # summed over the replays at host speed h
         return sum(next(b for b in x["by_host_speed"] if b["host_speed"] == h)[key] for x in sp)
 
+    def measured(h: float, key: str) -> float:   # the same with the host term measured in this run
+        return sum(next(b for b in x["measured_by_host_speed"] if b["host_speed"] == h)[key] for x in sp)
+
     base = sum(x["baseline"]["rollout_s"] for x in sp)
-    return {"hardware": profile.name, "host": profile.host, "priced_speedup": ratio(sp),
+    gap = {}
+    if all(t.kind == "list" for t in traces):
+        from nemo_rl_specdec.cost.price import proposer_gap
+
+        gap = {"proposer_gap": proposer_gap(traces, profile, traces[0].drafter)}
+    return {**gap, "hardware": profile.name, "host": profile.host,
+            "measured_by_host_speed": [{"host_speed": h, "rollout_s": measured(h, "rollout_s"),
+                                        "proposer_s": measured(h, "proposer_s"),
+                                        "speedup": base / measured(h, "rollout_s") if measured(h, "rollout_s")
+                                        else None} for h in HOST_SPEEDS],
+            "priced_speedup": ratio(sp),
             "priced_speedup_after_3": ratio(sp[AFTER_STEP:]),
             "priced_rollout_s": sum(x["spec"]["rollout_s"] for x in sp), "priced_baseline_s": base,
             "priced_proposer_s": sum(x["spec"]["proposer_s"] for x in sp),
@@ -453,96 +506,130 @@ def _priced(c: dict, profile) -> dict:
 
 def by_batch(traces: list, profile) -> list[dict]:
     """Where a configuration's priced rollout time goes, per batch-size bin of its decode steps
-    (`cost/price.py` BINS): the bin's priced seconds (host 1x), steps, tokens committed per request
-    per step, and draft tokens verified per request per step (at a small batch, how deep the per-step
-    rule let the drafts go). A rollout's last steps run few requests: the small bins are its tail."""
+    (`cost/price.py` BINS): the bin's priced seconds at host 1x with the host term measured in this run
+    (``priced_s``) and from the profile's constants (``priced_s_profile``), and the bin's shape
+    (`bench/ceilings.py` `bin_shape`: steps, request-steps, tokens committed and draft tokens verified
+    per request-step, the request-steps drafted and covered, acceptance). A rollout's last steps run few
+    requests: the small bins are its tail."""
+    from nemo_rl_specdec.bench.ceilings import bin_of, bin_shape
     from nemo_rl_specdec.cost.price import BINS, step_costs
 
-    acc: dict = {}
+    secs: dict = {}
     for t in traces:
-        for s, c in zip(t.steps, step_costs(t, profile), strict=True):
-            n = len(s.rids)
-            if not n:
-                continue
-            b = next(j for j, (lo, hi) in enumerate(BINS) if lo <= n < hi)
-            a = acc.setdefault(b, [0.0, 0, 0, 0, 0])
-            a[0] += c.total_s
-            a[1] += 1
-            a[2] += n
-            a[3] += n + sum(s.accepted)
-            a[4] += sum(s.drafts)
-    out = []
-    for b in sorted(acc):
-        lo, hi = BINS[b]
-        s_, steps, rows, committed, drafted = acc[b]
-        out.append({"batch": f"{lo}-{hi - 1}" if hi < 10 ** 9 else f">={lo}", "priced_s": s_, "steps": steps,
-                    "tokens_per_request_step": committed / rows, "draft_tokens_per_request_step": drafted / rows})
-    return out
+        for s, c, m in zip(t.steps, step_costs(t, profile), step_costs(t, profile, host="measured"), strict=True):
+            if s.rids:
+                a = secs.setdefault(bin_of(len(s.rids)), [0.0, 0.0])
+                a[0] += m.total_s
+                a[1] += c.total_s
+    shape = bin_shape(traces)
+    order = [bin_of(lo) for lo, _ in BINS]
+    return [{"batch": b, "priced_s": secs[b][0], "priced_s_profile": secs[b][1], **shape[b]}
+            for b in sorted(shape, key=order.index)]
 
 
-def _print_priced(results: list, cfg: RunConfig, profile) -> None:
-    """The priced table, the DAS-over-vLLM-suffix ratio, the default DAS against the best of vLLM's
-    built-ins (`bench/builtins.py`) at each host speed, and the proposer's share by batch size."""
+def _print_priced(results: list, cfg: RunConfig, profile, result_json: str | None = None) -> None:
+    """The priced table; the default DAS against vLLM's suffix at matched k and against the best of
+    vLLM's built-ins (`bench/builtins.py`) at each host speed, every row's host term its proposer's time
+    measured in this run on the same text; the same with the profile's constants, and how far each
+    constant is from this run's measurement; the per-bin tail table and the history ceiling; the
+    proposer's share of the step by batch size."""
     from nemo_rl_specdec.bench import print_table
     from nemo_rl_specdec.bench.builtins import BUILTINS, verdict, verdict_lines
+    from nemo_rl_specdec.cost.price import HOST_SPEEDS
 
     rows = [r for r in results if r.get("priced_speedup") is not None]
     if not rows:
         return
     print(f"Priced on {profile.name} ({profile.hardware.name}): each configuration's replay (one text, every "
-          "step of it priced by the profile's cost model: target and proposer), against the same text without "
-          "drafts; deterministic for a given text")
+          "step of it priced by the profile's cost model: the target's forward, and the proposer's thread time "
+          "measured on that step in this run), against the same text without drafts; x 1x / x 2x: on this host "
+          "and on a host twice as fast; x const: the host term from the profile's constants instead")
     print_table([{"config": r["name"], "replay tok/fwd": r.get("replay_tokens_per_target_forward"),
-                  "priced x": r["priced_speedup"], f"priced x s>={AFTER_STEP}": r["priced_speedup_after_3"],
-                  "rollout s": r["priced_rollout_s"], "proposer s": r["priced_proposer_s"],
+                  "x 1x": _at(r, 1.0, True) and r["priced_baseline_s"] / _at(r, 1.0, True),
+                  "x 2x": _at(r, 2.0, True) and r["priced_baseline_s"] / _at(r, 2.0, True),
+                  "rollout s 1x": _at(r, 1.0, True), "proposer s": _proposer(r, True),
+                  "x const": r["priced_speedup"], "proposer s const": r["priced_proposer_s"],
+                  f"x const s>={AFTER_STEP}": r["priced_speedup_after_3"],
                   "engine priced x": r.get("engine_priced_throughput_ratio"),
                   "wall x": r.get("wall_clock_ratio"), "wall spread": r.get("wall_clock_spread")} for r in rows],
-                ["config", "replay tok/fwd", "priced x", f"priced x s>={AFTER_STEP}", "rollout s", "proposer s",
-                 "engine priced x", "wall x", "wall spread"])
+                ["config", "replay tok/fwd", "x 1x", "x 2x", "rollout s 1x", "proposer s", "x const",
+                 "proposer s const", f"x const s>={AFTER_STEP}", "engine priced x", "wall x", "wall spread"])
     print("engine priced x: each engine's own steps priced (tokens per priced second against the no-spec engine's, "
           "their texts differ at T > 0); wall x: no-spec wall seconds / spec wall seconds over the steps, spread: "
           "the per-step ratios' range (printed, not judged)")
-    host = profile.host or "an unnamed host"
-    print(f"proposer s: the history proposers' host time from the profile's constants, fitted on {host}; the "
-          "verdicts below are given there (1x) and on a host twice as fast (2x)")
     main = f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"
     by = {r["name"]: r for r in rows}
     if main in by and "vllm_suffix" in by:
-        for h in (1.0, 2.0):
-            x = _at(by["vllm_suffix"], h) / _at(by[main], h)
-            print(f"default DAS ({main}) vs vLLM suffix at matched k, priced rollout time, host {h:g}x: {x:.3f}x "
-                  f"(target >= 1.10: "
-                  f"{'met' if x >= 1.10 else 'MISSED'})")
+        for h in HOST_SPEEDS:
+            x = _at(by["vllm_suffix"], h, True) / _at(by[main], h, True)
+            print(f"default DAS ({main}) vs vLLM suffix at matched k, priced rollout time, proposer time measured in "
+                  f"this run, host {h:g}x: {x:.3f}x (target >= 1.10: {'met' if x >= 1.10 else 'MISSED'})")
     if main in by and set(by) & set(BUILTINS):
-        from nemo_rl_specdec.cost.price import HOST_SPEEDS
-
-        v = verdict({h: {n: _at(r, h) for n, r in by.items()} for h in HOST_SPEEDS}, main)
+        ks = {r["name"]: r["k"] for r in rows}
+        v = verdict({h: {n: _at(r, h, True) for n, r in by.items()} for h in HOST_SPEEDS}, main)
         by[main]["vs_best_builtin"] = v
-        for line in verdict_lines(v, "priced rollout time", {r["name"]: r["k"] for r in rows}):
-            print(line)
+        for x, line in zip(v, verdict_lines(v, "priced rollout time, proposer time measured in this run", ks),
+                           strict=True):
+            print(line + f" (target >= 1.10: {'met' if (x['ratio'] or 0) >= 1.10 else 'MISSED'})")
+        vp = verdict({h: {n: _at(r, h) for n, r in by.items()} for h in HOST_SPEEDS}, main)
+        by[main]["vs_best_builtin_profile_constants"] = vp
+        print("  the same with the profile's constants for the host term (a comparison, not the verdict): " + "; ".join(
+            f"host {x['host_speed']:g}x {x['ratio']:.3f}x against {x['best_builtin']}" for x in vp))
+    gaps = [r for r in rows if r.get("proposer_gap")]
+    if gaps:
+        print(f"proposer host time, the profile's constants against this run's measurement (same steps; constants "
+              f"fitted on {profile.host or 'an unnamed host'}): the summed host term and a fit on this run's steps")
+        for r in gaps:
+            g = r["proposer_gap"]
+            f, c = g["fit"], g["profile"]
+            fit = (f"{1e6 * f['step_overhead_s']:.1f} us/step + {1e6 * f['per_request_s']:.1f} us/request"
+                   if f else "no fit (one batch size)")
+            print(f"  {r['name']} (entry {g['entry']}): measured {g['measured_proposer_s']:.3f} s, constants "
+                  f"{g['profile_proposer_s']:.3f} s (constants / measured {g['profile_over_measured'] or 0:.2f}); "
+                  f"this run's fit {fit}, the profile's {1e6 * c['step_overhead_s']:.1f} us/step + "
+                  f"{1e6 * c['per_request_s']:.1f} us/request")
+        if result_json:
+            pairs = ",".join(f"{r['name']}={r['proposer_gap']['entry']}" for r in gaps   # one row per entry
+                             if r["name"] in (main, r["proposer_gap"]["entry"]) and r["proposer_gap"]["fit"])
+            print(f"  refit the profile on this run: python -m nemo_rl_specdec.cost.refit {result_json} "
+                  f"--hardware {profile.name} --rows {pairs}")
     if main in by and set(by) & set(BUILTINS) and "by_batch" in by[main]:
-        shown = [main, verdict({1.0: {n: _at(r, 1.0) for n, r in by.items()}}, main)[0]["best_builtin"]]
-        print("where the priced rollout time goes, per batch-size bin (host 1x; the small bins are the rollouts' "
-              "tail): priced s, steps, tokens per request-step, draft tokens verified per request-step")
+        best = by[main]["vs_best_builtin"][0]["best_builtin"]
+        shown = [main, best]
+        print("where the priced rollout time goes, per batch-size bin (host 1x, proposer time measured; the small "
+              "bins are the rollouts' tail): priced s, steps, tokens per request-step, draft tokens verified per "
+              "request-step")
         for n in (x for x in shown if "by_batch" in by[x]):
             print(f"  {n} (k={by[n]['k']}): " + "; ".join(
                 f"{b['batch']}: {b['priced_s']:.3f} s, {b['steps']}, {b['tokens_per_request_step']:.2f}, "
                 f"{b['draft_tokens_per_request_step']:.1f}" for b in by[n]["by_batch"]))
+        ceiling = (by[main].get("history_ceiling") or {}).get("ceiling") or {}
+        print_tail([by[n] for n in shown], ceiling.get("by_batch"), main)
     from nemo_rl_specdec.bench.ceilings import history_lines
 
     for line in history_lines(rows, main):
         print(line)
     if main in by:
         bins = by[main]["proposer_by_batch"]
-        for h, key in ((1.0, "share_of_step"), (2.0, "share_of_step_2x")):
-            print(f"{main} proposer (profile constants) per batch-size bin, host {h:g}x: " + "; ".join(
-                f"{b['batch']}: {b['proposer_us_per_row'] / h:.0f} us/row, {100 * b[key]:.1f}% of the priced step"
+        for h, key in ((1.0, "measured_share_of_step"), (2.0, "measured_share_of_step_2x")):
+            print(f"{main} proposer (measured in this run) per batch-size bin, host {h:g}x: " + "; ".join(
+                f"{b['batch']}: {b['measured_us_per_row'] / h:.0f} us/row, {100 * b[key]:.1f}% of the priced step"
                 for b in bins) + f" (target <= 5%: {'met' if all(b[key] <= 0.05 for b in bins) else 'MISSED'})")
+        print("  the profile's constants: " + "; ".join(
+            f"{b['batch']}: {b['proposer_us_per_row']:.0f} us/row, {100 * b['share_of_step']:.1f}%" for b in bins))
 
 
-def _at(result: dict, host_speed: float) -> float:
-    """A configuration's priced rollout time at `host_speed`."""
-    return next(b["rollout_s"] for b in result["priced_by_host_speed"] if b["host_speed"] == host_speed)
+def _at(result: dict, host_speed: float, measured: bool = False) -> float:
+    """A configuration's priced rollout time at `host_speed`, with the host term measured in this run
+    (`measured`) or from the profile's constants."""
+    bands = result["measured_by_host_speed" if measured else "priced_by_host_speed"]
+    return next(b["rollout_s"] for b in bands if b["host_speed"] == host_speed)
+
+
+def _proposer(result: dict, measured: bool = False) -> float:
+    """A configuration's priced host term at host 1x (measured in this run, or the profile's constants)."""
+    bands = result["measured_by_host_speed" if measured else "priced_by_host_speed"]
+    return next(b["proposer_s"] for b in bands if b["host_speed"] == 1.0)
 
 
 def _print(results: list, train_log: list) -> None:
@@ -577,3 +664,211 @@ def _print(results: list, train_log: list) -> None:
     print_table(rows, cols)
     print("GRPO: " + "  ".join(f"s{i} reward {t['mean_reward']:.3f} loss {t['loss']:+.4f}"
                                for i, t in enumerate(train_log)))
+
+
+# ------------------------------------------------------------------------------------------- the tail
+
+ORACLE_N = (1, 2, 4, 8)   # the top-N oracle: the target's next token among the matched node's first N children
+TAIL = 4                  # "the tail": decode steps of at most this many requests
+TAIL_TOKENS_TARGET = 2.2  # tokens committed per request-step the default DAS should reach there
+TAIL_SOURCES = ("problem", "in-flight", "global", "local")
+
+
+def node_children(tree, context, match_len: int, budget: int = 64) -> list[int]:
+    """The children of the node an arctic suffix tree reaches by matching the last `match_len` tokens of
+    `context`, most frequent first: the tree's own tree-shaped draft from that node alone (a draft of
+    ``budget`` tokens, shorter matches given none), whose first-level tokens are the node's children in
+    the tree's order of estimated probability; the budget grows until it holds `max(ORACLE_N)` children
+    or the node's whole subtree."""
+    import numpy as np
+
+    ctx = np.ascontiguousarray(context[len(context) - match_len - 1:], dtype=np.int32)
+    while True:   # arctic tries match lengths 1 .. len(ctx) - 1; only `match_len` gets a positive draft length
+        d = tree.speculate_ndarray(ctx, budget, float(budget), -(match_len - 1) * float(budget), 0.0, True)
+        kids = [int(t) for t, p in zip(d.token_ids, d.parents, strict=True) if p == -1]
+        if len(kids) >= max(ORACLE_N) or len(d.token_ids) < budget or budget >= 4096:
+            return kids
+        budget *= 4
+
+
+class TailDiagnosis:
+    """Where the default DAS's drafts come from and what its matched node held, per batch-size bin, read
+    from the real proposer's lookups during a replay (`replay(..., drafter=diag.drafter(...))`): for
+    every request-step, the source of the draft it proposed (``problem``: its problem's stored
+    rollouts; ``in-flight``: its problem tree while the problem has no stored rollouts, which then holds
+    only its running siblings' tokens; ``global``; ``local``: its own prompt and output), or none; and
+    at the node its draft was matched at (the tree and match length of the lookup that gave it), the
+    top-N oracle: whether the token the target generated next is among the node's first N children
+    (`node_children`, N in `ORACLE_N`) or among any of them. The wrappers record and never change a
+    lookup's result; the replay's proposer time is not read from this replay."""
+
+    def __init__(self, texts: dict):
+        self.texts = texts
+        self.proposer: Any = None
+        self._store: dict = {}   # (problem id, context bytes) -> the children of the node of the draft it gave
+        self._local: dict = {}   # id(request state) -> the same for the request's own tree
+        self.acc: dict = {}
+
+    def attach(self, p) -> None:
+        """Wrap the proposer `p`'s two lookups (the store's and the request's own tree's) to record nodes."""
+        self.proposer = p
+        store_lookup, local_lookup = p.store.speculate, p._local_draft
+
+        def speculate(ctx, problem_id, *args, **kwargs):
+            d = store_lookup(ctx, problem_id, *args, **kwargs)
+            if d.token_ids:
+                tree = p.store._problem_trees.get(problem_id) if d.source == "problem" else p.store._global_tree
+                self._store[(problem_id, ctx.tobytes())] = node_children(tree, ctx, d.match_len)
+            return d
+
+        def local_draft(st, row, n, ctx, limit):
+            d = local_lookup(st, row, n, ctx, limit)
+            if d.token_ids:
+                self._local[id(st)] = node_children(st.local, ctx, d.match_len)
+            return d
+
+        p.store.speculate = speculate
+        p._local_draft = local_draft
+
+    def drafter(self, propose, after_batch):
+        from nemo_rl_specdec.bench.replay import ReplayDrafter
+
+        def run(batch, sampled: list, requests: dict) -> list:
+            self._store.clear()
+            self._local.clear()
+            drafts = propose(batch, sampled, requests)
+            self._observe(batch, drafts)
+            return drafts
+
+        return ReplayDrafter(run, after_batch)
+
+    def _observe(self, batch, drafts: list) -> None:
+        from nemo_rl_specdec.bench.ceilings import bin_of
+        from nemo_rl_specdec.drafters.machinery.calibration import SOURCES
+
+        p = self.proposer
+        a = self.acc.setdefault(bin_of(len(batch.req_ids)), {"rows": 0, "none": 0, "nodes": 0, "child": 0,
+                                                             **{s: 0 for s in TAIL_SOURCES},
+                                                             **{f"top{n}": 0 for n in ORACLE_N}})
+        for i, rid in enumerate(batch.req_ids):
+            n = int(batch.num_tokens_no_spec[i])
+            _, v, j = rid.rsplit("-", 2)   # `replay` names request j of batch v "replay-v-j"
+            truth = int(self.texts[(int(v), int(j))][n])
+            a["rows"] += 1
+            st = p._reqs.get(rid)
+            if st is None or st.last_src < 0 or not len(drafts[i]):
+                a["none"] += 1
+                continue
+            source = SOURCES[st.last_src]
+            if source == "local":
+                kids = self._local.get(id(st))
+            else:
+                ctx = batch.token_ids_cpu[i, max(0, n - p.match_len):n]
+                kids = self._store.get((st.problem_id, ctx.tobytes()))
+            if source == "problem" and not p.store.has_history(st.problem_id):
+                source = "in-flight"
+            a[source] += 1
+            if kids is None:   # a lookup the wrappers did not see: not counted at a node
+                continue
+            a["nodes"] += 1
+            rank = kids.index(truth) if truth in kids else None
+            a["child"] += rank is not None
+            for m in ORACLE_N:
+                a[f"top{m}"] += rank is not None and rank < m
+
+    def by_batch(self) -> dict:
+        """Per bin: the share of request-steps drafted from each source (``sources``) or not at all
+        (``none``), and at the matched nodes the share whose next token is among the first N children
+        (``top1`` ...) or any child (``child``)."""
+        out = {}
+        for b, a in self.acc.items():
+            rows, nodes = a["rows"], a["nodes"]
+            out[b] = {"request_steps": rows, "none": a["none"] / rows if rows else 0.0,
+                      "sources": {s: a[s] / rows if rows else 0.0 for s in TAIL_SOURCES}, "nodes": nodes,
+                      **{f"top{m}": a[f"top{m}"] / nodes if nodes else None for m in ORACLE_N},
+                      "child": a["child"] / nodes if nodes else None}
+        return out
+
+
+def diagnose_tail(spec, recorded: list, max_model_len: int, temperature: float, step_cost) -> dict:
+    """`TailDiagnosis` of the DAS block `spec` replayed on `recorded` as its own replay is (the same
+    per-step rule and step cost): {bin: sources and oracle}."""
+    from nemo_rl_specdec.bench.ceilings import _texts
+    from nemo_rl_specdec.bench.replay import make_proposer, replay
+
+    diag = TailDiagnosis(_texts(recorded))
+    propose, after = make_proposer(spec, max_model_len, max(len(b) for b in recorded), temperature, step_cost,
+                                   attached=diag.attach)
+    replay(spec, recorded, max_model_len, temperature, drafter=diag.drafter(propose, after), label="tail")
+    return diag.by_batch()
+
+
+SOURCE_LABELS = {"problem": "prob", "in-flight": "live", "global": "glob", "local": "own"}
+TOPS = "top" + "/".join(str(n) for n in ORACLE_N) + "/child %"   # the tail table's oracle column
+
+
+def tail_table(rows: list, ceiling: dict | None) -> list[dict]:
+    """The per-bin table both `bench --suite das` and `bench --suite hybrid` print: for each row (a
+    result with ``by_batch``, and for the default DAS ``tail``, its `TailDiagnosis`) per batch-size bin,
+    tokens per request-step, the request-steps drafted and covered (a draft token accepted), acceptance,
+    where the drafts came from (`SOURCE_LABELS`), the top-N oracle at the matched node, and the history
+    ceiling at the same k on the same bin (``ceiling``: `history_ceiling`'s ``by_batch``). Shares are
+    printed as whole percents."""
+    def pct(x) -> str | None:
+        return None if x is None else f"{100 * x:.0f}"
+
+    out = []
+    for r in rows:
+        tail = r.get("tail") or {}
+        for b in r["by_batch"]:
+            name = b["batch"]
+            t = tail.get(name)
+            ce = (ceiling or {}).get(name)
+            if t is not None:
+                src = " ".join(f"{SOURCE_LABELS[s]} {100 * x:.0f}" for s, x in t["sources"].items() if x) or "-"
+            elif b.get("model_steps") is not None:
+                src = f"model {100 * b['model_steps']:.0f}% of steps"
+            else:
+                src = None
+            out.append({"config": r["name"], "batch": name, "req-steps": b["request_steps"],
+                        "tok/req-step": round(b["tokens_per_request_step"], 2), "drafted %": pct(b["drafted"]),
+                        "covered %": pct(b["coverage"]), "accept %": pct(b["acceptance"]), "from %": src,
+                        TOPS: "/".join(pct(t[x]) or "-" for x in (*(f"top{m}" for m in ORACLE_N), "child"))
+                        if t else None,
+                        "ceiling tok/req-step": round(ce["tokens_per_request_step"], 2) if ce else None,
+                        "ceiling covered %": pct(ce["coverage"]) if ce else None})
+    return out
+
+
+def print_tail(rows: list, ceiling: dict | None, *ours: str) -> None:
+    """`tail_table` printed, with the tail's figures of each row named in `ours` against their targets:
+    tokens per request-step at <= `TAIL` requests and its share of the ceiling's there."""
+    from nemo_rl_specdec.bench import print_table
+
+    table = tail_table(rows, ceiling)
+    if not table:
+        return
+    k = rows[0].get("k")
+    print(f"the tail, per batch-size bin (requests decoding in the step): tok/req-step = tokens committed per "
+          f"request-step; drafted / covered = request-steps that verified a draft / had a draft token accepted; "
+          f"from = where the drafts came from (% of request-steps: prob = the problem's stored rollouts, live = its "
+          f"problem tree while it has none, the siblings' in-flight tokens, glob = the global tree, own = the "
+          f"request's own text; model = a hybrid's steps that ran its model half); {TOPS[:-2]} = at the node the "
+          f"draft was matched at, the target's next token is among its N most frequent children, N = "
+          f"{', '.join(str(n) for n in ORACLE_N)}, / any child (% of the drafted request-steps); ceiling = the "
+          f"history hindsight ceiling at k={k} on the same bin")
+    print_table(table, list(table[0]))
+    for mine in (r for r in rows if r["name"] in ours):
+        small = [b for b in mine["by_batch"] if int(b["batch"].split("-")[0].lstrip(">=")) <= TAIL]
+        rs = sum(b["request_steps"] for b in small)
+        if not rs:
+            continue
+        tok = sum(b["tokens_per_request_step"] * b["request_steps"] for b in small) / rs
+        line = (f"{mine['name']} at <= {TAIL} requests: {tok:.2f} tokens per request-step (target >= "
+                f"{TAIL_TOKENS_TARGET}: {'met' if tok >= TAIL_TOKENS_TARGET else 'MISSED'})")
+        ce = [(ceiling or {}).get(b["batch"]) for b in small]
+        if ce and all(ce):
+            crs = sum(c["request_steps"] for c in ce)
+            ctok = sum(c["tokens_per_request_step"] * c["request_steps"] for c in ce) / crs
+            line += f"; the history ceiling there {ctok:.2f} ({100 * tok / ctok:.0f}% of it)"
+        print(line)

@@ -49,7 +49,14 @@ that takes, per request and step, the draft with more expected committed tokens 
    better half's. Every row carries ``coverage`` (the share of request-steps that verified a
    draft) and ``accepted_per_position`` (the share of those drafts whose j-th token was accepted),
    the simulator's acceptance input (`acceptance.bench_json`). The default DAS (``das``) and the
-   hybrid are also given against the best of vLLM's built-ins, priced, at each host speed.
+   hybrid are also given against the best of vLLM's built-ins, priced, at each host speed, every
+   row's host term its proposer's thread time measured in its own replay (the profile's constants
+   give a comparison beside it).
+5. The tail, per batch-size bin, in the table `bench --suite das` prints (`bench/das.py`
+   `print_tail`): for ``das``, ``eagle3`` and ``hybrid``, tokens per request-step, drafted and covered
+   request-steps, acceptance, where ``das``'s drafts come from and the top-N oracle at its matched
+   node (`TailDiagnosis`), the share of the hybrid's steps that ran its model half, and the history
+   hindsight ceiling on the same bin.
 
 The replays are deterministic for a given text; the wall clock printed beside them is each
 replay's own run on this host (proposer lookups, no target forward), the median of
@@ -303,6 +310,7 @@ def _counts(rows: list, proposer=None) -> dict:
 
 def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
     """One configuration's replay (`replay` rows) priced on `profile`, with its shares of drafts."""
+    from nemo_rl_specdec.bench.das import by_batch
     from nemo_rl_specdec.cost.price import HOST_SPEEDS, speedup
 
     traces = [r["trace"] for r in rows]
@@ -338,6 +346,10 @@ def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
             "priced_by_host_speed": [{"host_speed": h, "rollout_s": sum(next(
                 b["rollout_s"] for b in x["by_host_speed"] if b["host_speed"] == h) for x in sp)}
                 for h in HOST_SPEEDS],
+            "measured_by_host_speed": [{"host_speed": h, **{key: sum(next(
+                b[key] for b in x["measured_by_host_speed"] if b["host_speed"] == h) for x in sp)
+                for key in ("rollout_s", "proposer_s")}} for h in HOST_SPEEDS],
+            "by_batch": by_batch(traces, profile),
             "per_step": [{"step": v, "tokens_per_target_forward": r["tokens_per_target_forward"],
                           "priced_speedup": x["speedup"], "trace": r["trace"].to_dict()}
                          for v, (r, x) in enumerate(zip(rows, sp, strict=True))]}
@@ -372,7 +384,9 @@ def hindsight_bound(recorded: list, tables: dict, k: int, model_k: int) -> dict:
 def judge(results: list, bound: dict | None = None) -> dict:
     """The targets (module doc) on the priced and replayed figures, the reference row, the hybrid's
     share of the per-request hindsight `bound` (`hindsight_bound`), and the default DAS and the hybrid
-    against the best of vLLM's built-ins at each host speed."""
+    against the best of vLLM's built-ins at each host speed, every row's host term its proposer's time
+    measured in its replay (``*_vs_best_builtin``; with the profile's constants:
+    ``*_vs_best_builtin_profile_constants``, a comparison)."""
     from nemo_rl_specdec.bench.builtins import BUILTINS, verdict
 
     by = {r["name"]: r for r in results}
@@ -395,13 +409,14 @@ def judge(results: list, bound: dict | None = None) -> dict:
         out["target_priced_met"] = out["hybrid_vs_better_half_priced"] >= TARGET_SPEEDUP
         out["target_tokens_per_forward_met"] = out["hybrid_vs_better_half_tokens_per_forward"] >= 1.0
     if set(by) & set(BUILTINS):   # the default DAS and the hybrid against the best of vLLM's built-ins, priced
-        by_host = {b["host_speed"]: {} for r in results for b in r.get("priced_by_host_speed", [])}
-        for r in results:
-            for b in r.get("priced_by_host_speed", []):
-                by_host[b["host_speed"]][r["name"]] = b["rollout_s"]
-        for ours in (HISTORY_KEY, HYBRID_ROW):
-            if ours in by:
-                out[f"{ours}_vs_best_builtin"] = verdict(by_host, ours)
+        for bands, suffix in (("measured_by_host_speed", ""), ("priced_by_host_speed", "_profile_constants")):
+            by_host: dict = {b["host_speed"]: {} for r in results for b in r.get(bands, [])}
+            for r in results:
+                for b in r.get(bands, []):
+                    by_host[b["host_speed"]][r["name"]] = b["rollout_s"]
+            for ours in (HISTORY_KEY, HYBRID_ROW):
+                if ours in by:
+                    out[f"{ours}_vs_best_builtin{suffix}"] = verdict(by_host, ours)
     return out
 
 
@@ -445,9 +460,10 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: s
                 drafter = beside.drafter("hybrid", cost_parts(spec)) if both else beside.drafter("model")
                 rows = replay(spec, recorded, mml, g.temperature, drafter=drafter, label=name if both else MODEL_KEY)
                 counts = _counts(rows, beside.proposer)
-            else:
+            else:   # a built-in row with an entry of its own in the profile is priced by it (bench/das.py)
                 spec = cfg.with_spec(enabled=True, **builtin_changes(name, cfg)).spec
-                rows = replay(spec, recorded, mml, g.temperature, label=cost_entry(spec)[1])
+                rows = replay(spec, recorded, mml, g.temperature,
+                              label=name if name in profile.drafters else cost_entry(spec)[1])
             walls.append(time.perf_counter() - t0)
             figures = [(r["generated_tokens"], r["target_forwards"], r["draft_tokens"]) for r in rows]
             if first is not None and figures != first:
@@ -487,13 +503,31 @@ def run(cfg: RunConfig, args: Any) -> list[dict]:
     release_memory()
     results = replay_all(cfg, opts, recorded, tables, head)
     verdict = judge(results, hindsight_bound(recorded, tables, cfg.spec.num_speculative_tokens, opts["model_k"]))
+    tail = tail_figures(cfg, opts, recorded)
     for r in results:
         r.update(train=train_log, distill=distill_log, head=head, verdict=verdict)
-    _print(results, verdict, cfg, opts)
+        if r["name"] == HISTORY_KEY:
+            r["tail"] = tail["das"]
+    _print(results, verdict, cfg, opts, tail["ceiling"])
     return results
 
 
-def _print(results: list, verdict: dict, cfg: RunConfig, opts: dict) -> None:
+def tail_figures(cfg: RunConfig, opts: dict, recorded: list) -> dict:
+    """What the per-bin tail table (`bench/das.py` `print_tail`, as `bench --suite das` prints it) needs
+    beyond the rows' traces: the history hindsight ceiling at the run file's k (``ceiling``: its
+    figures per batch-size bin) and the ``das`` row's `TailDiagnosis` (``das``)."""
+    from nemo_rl_specdec.bench.ceilings import history_ceiling
+    from nemo_rl_specdec.bench.das import diagnose_tail
+    from nemo_rl_specdec.cost.price import PricedStepCost
+
+    g, k = cfg.generation, cfg.spec.num_speculative_tokens
+    mml = g.vllm_cfg.max_model_len
+    return {"ceiling": history_ceiling(das_spec(cfg), recorded, mml, g.temperature)["by_batch"],
+            "das": diagnose_tail(das_spec(cfg), recorded, mml, g.temperature,
+                                 PricedStepCost(opts["profile"], HISTORY_KEY, k))}
+
+
+def _print(results: list, verdict: dict, cfg: RunConfig, opts: dict, ceiling: dict | None = None) -> None:
     from nemo_rl_specdec.bench import print_table
 
     p = opts["profile"]
@@ -525,5 +559,13 @@ def _print(results: list, verdict: dict, cfg: RunConfig, opts: dict) -> None:
 
     ks = {r["name"]: r["k"] for r in results if "k" in r}
     for ours in (HISTORY_KEY, HYBRID_ROW):
-        for line in verdict_lines(v.get(f"{ours}_vs_best_builtin", []), "priced rollout time", ks):
+        for line in verdict_lines(v.get(f"{ours}_vs_best_builtin", []),
+                                  "priced rollout time, proposer time measured in this run", ks):
             print(line)
+        print("  the same with the profile's constants for the host term (a comparison, not the verdict): " + "; ".join(
+            f"host {x['host_speed']:g}x {x['ratio']:.3f}x against {x['best_builtin']}"
+            for x in v.get(f"{ours}_vs_best_builtin_profile_constants", [])))
+    from nemo_rl_specdec.bench.das import print_tail
+
+    shown = [r for r in results if r["name"] in (HISTORY_KEY, MODEL_ALONE, HYBRID_ROW) and r.get("by_batch")]
+    print_tail(shown, ceiling, HISTORY_KEY, HYBRID_ROW)

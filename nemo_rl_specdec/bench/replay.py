@@ -63,6 +63,10 @@ def _ngram(vc, k: int):
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
     p = NgramProposer(vc)
+    # its numba kernel compiles at the first call with a request to look up (vLLM's own warm-up call has none):
+    # compile it here, off the replay's clock, as an engine's warm-up generate does
+    warm = _Batch(["warm-up"], [4], [2], 8)
+    p.propose(k, [[0]], warm.num_tokens_no_spec, warm.token_ids_cpu)
     return lambda batch, sampled, requests: [list(d) for d in p.propose(k, sampled, batch.num_tokens_no_spec,
                                                                          batch.token_ids_cpu)]
 
@@ -72,12 +76,13 @@ _VLLM_PROPOSERS = {"suffix": _suffix, "ngram": _ngram}
 
 
 def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1024, temperature: float = 1.0,
-                  step_cost=None):
+                  step_cost=None, attached: Callable[[Any], None] | None = None):
     """(propose(batch, sampled) -> drafts, after_batch(rollouts, version)) for a list drafter's block.
 
     Without `step_cost` every draft is verified (there is no step time to judge by: `auto_disable`
     off, `scheduling.budget: uniform`). With one (`cost/price.py` `PricedStepCost`), our proposers keep
-    the block's per-step rules and decide on its costs."""
+    the block's per-step rules and decide on its costs. `attached(proposer)`: called with our
+    custom_class proposer once it is attached (a diagnosis reading its lookups); not for vLLM's own."""
     vc = _vllm_config(spec, max_model_len, max_num_seqs, temperature)
     method, k = vc.speculative_config.method, spec.num_speculative_tokens
     if method == "custom_class":
@@ -93,6 +98,8 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
         p.specdec_attach(runner, validate_spec_block(block))
         if step_cost is not None:
             p.judge.fit = step_cost
+        if attached is not None:
+            attached(p)
 
         def propose(batch: _Batch, sampled: list, requests: dict) -> list:
             runner.input_batch, runner.requests = batch, requests

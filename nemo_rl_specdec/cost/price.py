@@ -53,6 +53,9 @@ class PricedDrafter(Protocol):
 # the host speeds every priced verdict is given at: the host the profile's proposer constants were fitted on,
 # and a host twice as fast (a GPU node's CPU is faster than the development machines' two shared cores)
 HOST_SPEEDS = (1.0, 2.0)
+# where a priced step's host term comes from: the trace's own measured proposer times (what a verdict is given on),
+# or the hardware profile's constants (the simulator's, and a comparison)
+HOST_TERMS = ("measured", "profile")
 # batch-size bins of the proposer-share report: [lo, hi)
 BINS = ((1, 2), (2, 5), (5, 17), (17, 65), (65, 257), (257, 10 ** 9))
 
@@ -73,6 +76,7 @@ class Priced:
     rows: list = field(default_factory=list, repr=False)
     host: str = ""                  # the host the profile's proposer constants were fitted on
     host_speed: float = 1.0         # the host priced, relative to that one (the host term divides by it)
+    host_term: str = "profile"      # the host term from the profile's constants or the measured times
 
     def as_dict(self, steps: bool = False) -> dict:
         d = asdict(self)
@@ -146,33 +150,44 @@ def step_of(trace: Trace, i: int) -> Step:
 
 
 def step_costs(trace: Trace, profile: HardwareProfile, drafter: str | None = None,
-               host_speed: float = 1.0) -> list[StepCost]:
+               host_speed: float = 1.0, host: str = "profile") -> list[StepCost]:
     """Every step of the trace priced by `profile`'s cost function, in its three terms; a hybrid's
-    host term is its history part's proposer, its draft term its model part's forwards."""
+    host term is its history part's proposer, its draft term its model part's forwards. `host`: where
+    the host term comes from (`HOST_TERMS`): ``profile``, the profile's constants; ``measured``, the
+    trace's own proposer thread time of each step (the time measured in the run that made the trace),
+    divided by `host_speed` as the constants are."""
     check_host_speed(host_speed)
+    if host not in HOST_TERMS:
+        raise TraceError(f"host: {host!r}; allowed: {', '.join(HOST_TERMS)} (the host term from the profile's "
+                         "constants, or from the trace's measured proposer times)")
     key = _drafter_key(trace, profile, drafter)
-    host: CostModel | None
+    host_cm: CostModel | None
     if trace.kind == HYBRID:
         hist, model = _hybrid_parts(trace, profile, drafter)
-        cm, host = profile.cost_model(model), profile.cost_model(hist)
+        cm, host_cm = profile.cost_model(model), profile.cost_model(hist)
     else:
         cm = profile.cost_model(key)
-        host = cm if trace.kind == "list" else None
+        host_cm = cm if trace.kind == "list" else None
+    measured = host == "measured" and trace.kind in ("list", HYBRID)
     out = []
     for i in range(len(trace.steps)):
         step = step_of(trace, i)
         c = cm.cost(step, host_speed)
-        if host is not None and host is not cm:
-            c = StepCost(c.target_s, c.draft_s, host.cost(step, host_speed).proposer_s)
+        if host_cm is not None and host_cm is not cm:
+            c = StepCost(c.target_s, c.draft_s, host_cm.cost(step, host_speed).proposer_s)
+        if measured and trace.steps[i].rids:
+            c = StepCost(c.target_s, c.draft_s, float(trace.steps[i].proposer_s or 0.0) / host_speed)
         out.append(c)
     return out
 
 
-def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None, host_speed: float = 1.0) -> Priced:
+def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None, host_speed: float = 1.0,
+          host: str = "profile") -> Priced:
     """The trace's rollout time on `profile` (module doc); `host_speed`: the host's speed relative to
-    the one the profile's proposer constants were fitted on (`host:`), dividing the host term only."""
+    the one the host term was measured on, dividing the host term only; `host`: the host term from the
+    profile's constants or the trace's measured proposer times (`step_costs`)."""
     key = _drafter_key(trace, profile, drafter)
-    costs = step_costs(trace, profile, drafter, host_speed)
+    costs = step_costs(trace, profile, drafter, host_speed, host)
     step_s = [c.total_s for c in costs]
     rows = [len(s.rids) for s in trace.steps]
     t_target, t_draft, t_prop = (sum(getattr(c, f) for c in costs) for f in ("target_s", "draft_s", "proposer_s"))
@@ -180,7 +195,7 @@ def price(trace: Trace, profile: HardwareProfile, drafter: str | None = None, ho
     hist = (trace.parts or {}).get("history") if trace.kind == HYBRID else None
     return Priced(profile.name, key if hist is None else trace.drafter, total, t_target, t_draft, t_prop,
                   trace.proposer_s, trace.target_forwards, trace.generated_tokens, trace.tokens_per_forward(),
-                  step_s, rows, profile.host, float(host_speed))
+                  step_s, rows, profile.host, float(host_speed), host)
 
 
 def speedup(spec: Trace, profile: HardwareProfile, baseline: Trace | None = None,
@@ -193,33 +208,40 @@ def speedup(spec: Trace, profile: HardwareProfile, baseline: Trace | None = None
         raise TraceError(f"baseline: {base.generated_tokens} generated tokens against the trace's "
                          f"{spec.generated_tokens}; allowed: a rollout of the same requests to the same lengths")
     p_spec, p_base = price(spec, profile, drafter, host_speed), price(base, profile, host_speed=host_speed)
-    bands = []
-    for h in HOST_SPEEDS:   # the verdict at each host speed: only the host term moves
-        ps = p_spec if h == host_speed else price(spec, profile, drafter, h)
-        bands.append({"host_speed": h, "speedup": p_base.rollout_s / ps.rollout_s, "rollout_s": ps.rollout_s,
-                      "proposer_s": ps.proposer_s})
+
+    def bands(host: str) -> list:   # the verdict at each host speed: only the host term moves
+        out = []
+        for h in HOST_SPEEDS:
+            ps = p_spec if h == host_speed and host == "profile" else price(spec, profile, drafter, h, host)
+            out.append({"host_speed": h, "speedup": p_base.rollout_s / ps.rollout_s, "rollout_s": ps.rollout_s,
+                        "proposer_s": ps.proposer_s})
+        return out
+
     return {"hardware": profile.name, "drafter": p_spec.drafter, "host": profile.host, "host_speed": host_speed,
             "baseline": p_base.as_dict(), "spec": p_spec.as_dict(), "speedup": p_base.rollout_s / p_spec.rollout_s,
-            "by_host_speed": bands}
+            "by_host_speed": bands("profile"), "measured_by_host_speed": bands("measured")}
 
 
 def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None = None) -> list[dict]:
     """Per batch-size bin over the history drafter's `traces`: the proposer's host time per request-step
     (µs) and its share of the priced step, from the profile's constants at each of `HOST_SPEEDS`
     (deterministic: `share_of_step` on the host they were fitted on, `share_of_step_2x` on a host twice
-    as fast), beside the proposer's measured thread time per request-step (information, not judged)."""
+    as fast), and from the proposer's measured thread time in the traces (`measured_us_per_row`,
+    `measured_share_of_step` and `measured_share_of_step_2x`, each step priced with its measured host
+    term)."""
     acc: dict[int, dict[Any, Any]] = {}
     for t in traces:
         if t.kind not in ("list", HYBRID):
             raise TraceError(f"kind: {t.kind!r}; a proposer share is a history drafter's (kind 'list' or 'hybrid')")
-        by_speed = {h: step_costs(t, profile, drafter, h) for h in HOST_SPEEDS}
+        by_speed: dict = {h: step_costs(t, profile, drafter, h) for h in HOST_SPEEDS}
+        by_speed.update({("measured", h): step_costs(t, profile, drafter, h, "measured") for h in HOST_SPEEDS})
         for i, s in enumerate(t.steps):
             n = len(s.rids)
             if not n:
                 continue
             b = next(j for j, (lo, hi) in enumerate(BINS) if lo <= n < hi)
             a = acc.setdefault(b, {"steps": 0, "rows": 0, "measured": 0.0,
-                                   **{h: [0.0, 0.0] for h in HOST_SPEEDS}})   # h: [proposer, step]
+                                   **{h: [0.0, 0.0] for h in by_speed}})   # h: [proposer, step]
             a["steps"] += 1
             a["rows"] += n
             a["measured"] += s.proposer_s or 0.0
@@ -230,11 +252,13 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None =
     for b in sorted(acc):
         lo, hi = BINS[b]
         a = acc[b]
-        share = {h: a[h][0] / a[h][1] if a[h][1] > 0 else 0.0 for h in HOST_SPEEDS}
+        share = {h: a[h][0] / a[h][1] if a[h][1] > 0 else 0.0 for h in a if h not in ("steps", "rows", "measured")}
         out.append({"batch": f"{lo}-{hi - 1}" if hi < 10 ** 9 else f">={lo}", "steps": a["steps"], "rows": a["rows"],
                     "proposer_us_per_row": 1e6 * a[1.0][0] / a["rows"],
                     "measured_us_per_row": 1e6 * a["measured"] / a["rows"],
-                    "share_of_step": share[1.0], "share_of_step_2x": share[2.0], "host": profile.host})
+                    "share_of_step": share[1.0], "share_of_step_2x": share[2.0],
+                    "measured_share_of_step": share[("measured", 1.0)],
+                    "measured_share_of_step_2x": share[("measured", 2.0)], "host": profile.host})
     return out
 
 
@@ -265,6 +289,23 @@ def fit_proposer(traces: list) -> dict:
     fit = nnls_fit(X, y, refit=lambda keep: int(keep.sum()) >= 2 and len(set(X[keep, 1])) >= 2)
     return {"step_overhead_s": float(fit.coef[0]), "per_request_s": float(fit.coef[1]), "steps": len(y),
             "kept": fit.kept, "r2": fit.r2}
+
+
+def proposer_gap(traces: list, profile: HardwareProfile, key: str) -> dict:
+    """How far the profile's constants for the history proposer `key` are from the proposer time
+    measured in `traces` (one configuration's traces of one run): the host term summed over the traces'
+    decode steps from the constants and as measured, their ratio, the entry's constants, and the
+    constants fitted on these traces (`fit_proposer`; None where the traces' steps cannot fit two)."""
+    d = profile.drafter(key)
+    constants = sum(c.proposer_s for t in traces for c in step_costs(t, profile, key))
+    measured = sum(c.proposer_s for t in traces for c in step_costs(t, profile, key, host="measured"))
+    try:
+        fit: dict | None = fit_proposer(traces)
+    except TraceError:
+        fit = None
+    return {"entry": key, "profile_proposer_s": constants, "measured_proposer_s": measured,
+            "profile_over_measured": constants / measured if measured > 0 else None,
+            "profile": {"step_overhead_s": d.step_overhead_s, "per_request_s": d.per_request_s}, "fit": fit}
 
 
 class PricedStepCost:
@@ -324,6 +365,6 @@ class PricedHybridCost(PricedStepCost):
         return self._forwards(requests, k) - self._forwards(requests, 1)
 
 
-__all__ = ["BINS", "HOST_SPEEDS", "Priced", "PricedDrafter", "PricedHybridCost", "PricedStepCost",
-           "check_host_speed", "fit_proposer", "model_forward_s",
+__all__ = ["BINS", "HOST_SPEEDS", "HOST_TERMS", "Priced", "PricedDrafter", "PricedHybridCost", "PricedStepCost",
+           "check_host_speed", "fit_proposer", "model_forward_s", "proposer_gap",
            "price", "proposer_share", "speedup", "step_costs", "step_of"]

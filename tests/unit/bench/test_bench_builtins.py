@@ -73,19 +73,29 @@ def test_the_verdict_is_taken_at_each_host_speed_where_the_best_may_differ():
 
 
 def test_the_das_suite_prints_the_default_das_against_the_best_built_in_at_both_host_speeds(capsys):
+    """The verdict reads every row's rollout time priced with its measured proposer time; the same with the
+    profile's constants is printed beside it, as a comparison."""
     from nemo_rl_specdec.cost.profile import load_profile
 
     cfg = load_run_config(config_path("tiny_cpu.yaml"))
     main = f"das_w{cfg.spec.suffix.window_steps}_{cfg.spec.suffix.scope}"
-    times = {main: (2.0, 1.5), "vllm_suffix": (3.0, 2.4), "vllm_suffix_default": (2.6, 2.0), "ngram": (2.8, 2.7)}
+    measured = {main: (2.0, 1.5), "vllm_suffix": (3.0, 2.4), "vllm_suffix_default": (2.6, 2.0), "ngram": (2.8, 2.7)}
+    constants = {main: (2.0, 1.5), "vllm_suffix": (1.9, 1.4), "vllm_suffix_default": (2.6, 2.0), "ngram": (2.8, 2.7)}
+
+    def bands(t):
+        return [{"host_speed": 1.0, "rollout_s": t[0], "proposer_s": 0.1}, {"host_speed": 2.0, "rollout_s": t[1],
+                                                                             "proposer_s": 0.05}]
+
     results = [{"name": n, "k": 24 if n == "vllm_suffix_default" else 8, "priced_speedup": 1.0,
-                "priced_speedup_after_3": 1.0, "priced_rollout_s": t1, "priced_proposer_s": 0.0,
-                "proposer_by_batch": [],
-                "priced_by_host_speed": [{"host_speed": 1.0, "rollout_s": t1}, {"host_speed": 2.0, "rollout_s": t2}]}
-               for n, (t1, t2) in times.items()]
+                "priced_speedup_after_3": 1.0, "priced_rollout_s": constants[n][0], "priced_proposer_s": 0.0,
+                "priced_baseline_s": 4.0, "proposer_by_batch": [], "priced_by_host_speed": bands(constants[n]),
+                "measured_by_host_speed": bands(t)} for n, t in measured.items()]
     das._print_priced(results, cfg, load_profile("h100_qwen3_8b"))
     out = capsys.readouterr().out
-    assert (f"{main} vs the best vLLM built-in (vllm_suffix_default, k=24), priced rollout time, host 1x: 1.300x"
-            in out)
-    assert f"{main} vs the best vLLM built-in (vllm_suffix_default, k=24), priced rollout time, host 2x: 1.333x" in out
+    what = "priced rollout time, proposer time measured in this run"
+    assert f"{main} vs the best vLLM built-in (vllm_suffix_default, k=24), {what}, host 1x: 1.300x" in out
+    assert f"{main} vs the best vLLM built-in (vllm_suffix_default, k=24), {what}, host 2x: 1.333x" in out
     assert [r["best_builtin"] for r in results[0]["vs_best_builtin"]] == ["vllm_suffix_default"] * 2
+    # with the constants vLLM's suffix at matched k would be the best built-in, and faster than DAS
+    assert "host 1x 0.950x against vllm_suffix; host 2x 0.933x against vllm_suffix" in out
+    assert f"default DAS ({main}) vs vLLM suffix at matched k, {what}, host 1x: 1.500x (target >= 1.10: met)" in out

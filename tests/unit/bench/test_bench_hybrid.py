@@ -10,6 +10,7 @@ from nemo_rl_specdec.bench import hybrid  # noqa: E402
 from nemo_rl_specdec.bench.builtins import BUILTINS, vllm_defaults  # noqa: E402
 from nemo_rl_specdec.config import load_run_config  # noqa: E402
 from nemo_rl_specdec.cost.profile import load_profile  # noqa: E402
+from nemo_rl_specdec.cost.trace import Trace  # noqa: E402
 from nemo_rl_specdec.resources import config_path  # noqa: E402
 
 K = 4
@@ -172,7 +173,45 @@ def test_the_default_das_and_the_hybrid_are_judged_against_the_best_built_in_at_
     for ours in ("das", "hybrid"):
         rows = verdict[f"{ours}_vs_best_builtin"]
         assert [r["host_speed"] for r in rows] == [1.0, 2.0]
-        for i, r in enumerate(rows):
-            at = {n: results[n]["priced_by_host_speed"][i]["rollout_s"] for n in BUILTINS}
-            assert r["best_builtin_figure"] == min(at.values()) == at[r["best_builtin"]]
-            assert r["ratio"] == pytest.approx(min(at.values()) / results[ours]["priced_by_host_speed"][i]["rollout_s"])
+        for bands, suffix in (("measured_by_host_speed", ""), ("priced_by_host_speed", "_profile_constants")):
+            for i, r in enumerate(verdict[f"{ours}_vs_best_builtin{suffix}"]):
+                at = {n: results[n][bands][i]["rollout_s"] for n in BUILTINS}
+                assert r["best_builtin_figure"] == min(at.values()) == at[r["best_builtin"]]
+                assert r["ratio"] == pytest.approx(min(at.values()) / results[ours][bands][i]["rollout_s"])
+    # the verdict's host term is each row's measured proposer time: a built-in's, summed over its own traces
+    for name in BUILTINS:
+        measured = sum(s.proposer_s or 0.0 for x in results[name]["per_step"] for s in
+                       Trace.from_dict(x["trace"]).steps if s.rids)
+        assert results[name]["measured_by_host_speed"][0]["proposer_s"] == pytest.approx(measured)
+        assert results[name]["measured_by_host_speed"][1]["proposer_s"] == pytest.approx(measured / 2)
+    assert results["vllm_suffix_default"]["per_step"][0]["trace"]["drafter"] == "vllm_suffix_default"
+
+
+def test_the_hybrid_prints_the_das_suites_tail_table_with_its_model_steps(results, capsys):
+    from nemo_rl_specdec.bench.das import print_tail, tail_table
+
+    rows = [results[n] for n in ("das", "eagle3", "hybrid")]
+    for r in rows:
+        assert sum(b["request_steps"] for b in r["by_batch"]) == sum(
+            len(s["rids"]) for x in r["per_step"] for s in x["trace"]["steps"])
+    assert all(b["model_steps"] is None for b in results["das"]["by_batch"])
+    assert all(b["model_steps"] == 1.0 for b in results["eagle3"]["by_batch"])   # drafts on every step
+    assert any(b["model_steps"] for b in results["hybrid"]["by_batch"])
+    table = {(t["config"], t["batch"]): t for t in tail_table(rows, None)}
+    assert all(t["from %"].startswith("model ") for (name, _), t in table.items() if name != "das")
+    print_tail(rows, None, "das", "hybrid")
+    out = capsys.readouterr().out
+    assert "hybrid at <= 4 requests:" in out and "das at <= 4 requests:" in out
+
+
+def test_the_hybrid_suite_diagnoses_its_das_row_and_bins_the_ceiling_as_the_das_suite_does():
+    cfg = load_run_config(config_path("tiny_cpu.yaml"),
+                          [f"policy.generation.speculative_decoding.num_speculative_tokens={K}"])
+    recorded = _recorded()
+    tail = hybrid.tail_figures(cfg, {"profile": load_profile("h100_qwen3_8b")}, recorded)
+    # two requests at once, then one: every decode request-step in one of two bins, counted once
+    steps = sum(len(r["token_ids"]) - 1 for b in recorded for r in b)
+    assert set(tail["das"]) <= {"1-1", "2-4"} and set(tail["ceiling"]) <= {"1-1", "2-4"}
+    assert sum(b["request_steps"] for b in tail["das"].values()) <= steps
+    assert all(b["tokens_per_request_step"] >= 1.0 for b in tail["ceiling"].values())
+    assert sum(t["sources"]["problem"] for t in tail["das"].values()) > 0   # problem A repeats: stored rollouts

@@ -249,3 +249,39 @@ def test_the_verdict_is_given_at_two_host_speeds_and_the_proposer_shares_are_the
     assert all(b["share_of_step_2x"] < b["share_of_step"] for b in proposer_share([t], h100))
     priced = _priced({"replay": [{"trace": t}]}, h100)
     assert [b["speedup"] for b in priced["priced_by_host_speed"]] == pytest.approx([one["speedup"], two["speedup"]])
+
+
+def test_a_verdict_prices_the_host_term_from_the_proposer_time_measured_in_the_trace(h100):
+    """`host="measured"`: every decode step's host term is the trace's own proposer time (over the host
+    speed), the other terms unchanged; the profile's constants give the other figure, and how far they
+    are from the measurement is reported with a fit on the same steps."""
+    from nemo_rl_specdec.cost.price import proposer_gap, step_costs
+
+    slow, fast = _trace(8, 4, 3, proposer_s=9e-4), _trace(8, 4, 3, proposer_s=1e-4)
+    for t in (slow, fast):
+        decode = [s for s in t.steps if s.rids]
+        for h in (1.0, 2.0):
+            p = price(t, h100, host_speed=h, host="measured")
+            assert p.proposer_s == pytest.approx(sum(s.proposer_s for s in decode) / h) and p.host_term == "measured"
+        assert [c.target_s for c in step_costs(t, h100, host="measured")] == [c.target_s for c in step_costs(t, h100)]
+    # the constants price both alike; the measurement tells them apart
+    assert price(slow, h100).rollout_s == price(fast, h100).rollout_s
+    assert price(slow, h100, host="measured").rollout_s > price(fast, h100, host="measured").rollout_s
+    r = speedup(slow, h100)
+    m1, m2 = r["measured_by_host_speed"]
+    assert m1["proposer_s"] == pytest.approx(2 * m2["proposer_s"]) and m1["speedup"] < m2["speedup"]
+    assert m1["rollout_s"] != r["by_host_speed"][0]["rollout_s"]
+    gap = proposer_gap([slow], h100, "das")
+    assert gap["measured_proposer_s"] == pytest.approx(price(slow, h100, host="measured").proposer_s)
+    assert gap["profile_proposer_s"] == pytest.approx(price(slow, h100).proposer_s)
+    assert gap["profile_over_measured"] == pytest.approx(gap["profile_proposer_s"] / gap["measured_proposer_s"])
+    assert gap["fit"] is None   # every decode step ran the same 8 requests: no two constants fit on them
+    mixed = Trace("list", 4, [TraceStep(list(range(n)), [10] * n, [2] * n, [1] * n, 0, 1e-5 + 2e-5 * n)
+                              for n in (1, 2, 4, 8)], "das")
+    fit = proposer_gap([mixed], h100, "das")["fit"]
+    assert (fit["step_overhead_s"], fit["per_request_s"]) == pytest.approx((1e-5, 2e-5), rel=1e-6)
+    with pytest.raises(TraceError, match="host: 'wall'"):
+        price(slow, h100, host="wall")
+    # a model drafter's trace has no host term to measure: both ways price it alike
+    model = _trace(8, 3, 2, kind="model")
+    assert price(model, h100, host="measured").rollout_s == price(model, h100).rollout_s
