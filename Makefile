@@ -25,11 +25,14 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -c "import vllm, torch, arctic_inference, nemo_rl_specdec; print('env ok: vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $(STAMP)
 
-# The main job on the embedded default: every CPU drafter A/B'd against no speculation, then the
-# GRPO loop with speculative rollouts (artifacts in runs/tiny_cpu/).
+# The main job on the embedded default: every CPU drafter compared on one text (priced) and run in its
+# own engine (this machine's wall clock), then the GRPO loop with speculative rollouts, priced on its own
+# text (artifacts and the engines' log in runs/tiny_cpu/).
 demo: venv
-	$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite drafters --json runs/tiny_cpu/drafters.json
-	$(VENV)/bin/nemo-rl-specdec demo configs/tiny_cpu.yaml --out runs/tiny_cpu
+	@echo "== nemo-rl-specdec bench configs/tiny_cpu.yaml --suite drafters"
+	@$(VENV)/bin/nemo-rl-specdec bench configs/tiny_cpu.yaml --suite drafters --json runs/tiny_cpu/drafters.json
+	@echo "== nemo-rl-specdec demo configs/tiny_cpu.yaml --out runs/tiny_cpu"
+	@$(VENV)/bin/nemo-rl-specdec demo configs/tiny_cpu.yaml --out runs/tiny_cpu
 
 # The same on a real pretrained model, SmolLM2-135M-Instruct (converted on first use and cached; docs/smollm2.md).
 demo-smollm2: venv

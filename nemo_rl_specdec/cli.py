@@ -177,9 +177,10 @@ def _generate(args) -> int:
 # --------------------------------------------------------------------------- demo, bench
 
 def _demo(args) -> int:
+    from nemo_rl_specdec.bench.onetext import LoopPricer
     from nemo_rl_specdec.demo.run import run
 
-    return run(args)
+    return run(args, LoopPricer())   # the loop priced on its own text (bench/onetext.py)
 
 
 def _bench(args) -> int:

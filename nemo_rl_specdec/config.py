@@ -390,7 +390,7 @@ def validate_spec_block(block: dict | None) -> dict:
 # suite, each checked by its suite (bench/__init__.py).
 RUN_SECTIONS: dict[str, tuple[str, ...]] = {
     "grpo": ("mode", "max_num_steps", "num_prompts_per_step", "num_generations_per_prompt", "learning_rate", "seed"),
-    "demo": ("problem_pool", "task_families", "compare_frozen_drafter", "prompt_format", "reward"),
+    "demo": ("problem_pool", "task_families", "compare_frozen_drafter", "prompt_format", "reward", "hardware"),
     "cluster": ("num_engines",),
 }
 # `name` becomes a folder (`demo` writes to runs/<name>/): one plain path part

@@ -30,11 +30,12 @@ REQUIRED = ("name", "drafter", "tokens_per_target_forward", "acceptance_rate", "
 
 
 def say(suite: str, msg: str) -> None:
-    """A timestamped progress line on stderr (stdout carries the tables)."""
-    import sys
+    """A timestamped progress line on the terminal's stderr (stdout carries the tables; `demo/console.py`)."""
     import time
 
-    print(f"[bench {suite} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    from nemo_rl_specdec.demo.console import err, line
+
+    print(line(f"[bench {suite} {time.strftime('%H:%M:%S')}] {msg}"), file=err(), flush=True)
 
 
 def release_memory() -> None:
@@ -89,16 +90,9 @@ DEFAULT_HARDWARE = "h100_qwen3_8b"
 def hardware_option(b: dict, suite: str):
     """`bench.<suite>.hardware`: the hardware profile the suite prices its traces on (`cost/profile.py`;
     default h100_qwen3_8b), loaded before any engine starts."""
-    from nemo_rl_specdec.config import ConfigError
-    from nemo_rl_specdec.cost.profile import load_profile, profile_names
+    from nemo_rl_specdec.demo.run import named_profile
 
-    name = b.get("hardware", DEFAULT_HARDWARE)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"bench.{suite}.hardware: got {name!r}; allowed: {profile_names()} or a profile's path")
-    try:
-        return load_profile(name)
-    except ConfigError as e:
-        raise ConfigError(f"bench.{suite}.hardware: {e}") from None
+    return named_profile(b.get("hardware", DEFAULT_HARDWARE), f"bench.{suite}.hardware")
 
 
 def print_table(results: list[dict], columns: list[str]) -> None:

@@ -1,25 +1,31 @@
-"""Bench suite `drafters`: every CPU drafter vs no speculation on the bundled workload.
+"""Bench suite `drafters`: every CPU drafter on the bundled workload, judged on one text.
 
-One process, the same prompts and weights for every engine. Each drafter engine is measured
-against the no-spec engine twice in ABBA order (baseline, spec, spec, baseline) so slow drift
-of a shared machine does not favour either side. The suffix drafters first see one previous
-step of rollouts for the same problems (as in RL, where problems recur every epoch): DAS via
-its lockstep rebuild update, vLLM's suffix via its own cache.
+    nemo-rl-specdec bench configs/tiny_cpu.yaml --suite drafters --json runs/tiny_cpu/drafters.json
 
-Run-file knobs (optional): `bench.drafters.repeats` (default 3), the ABBA rounds per drafter;
-`bench.drafters.hardware` (default h100_qwen3_8b), the hardware profile the engines' traces are
-priced on. Beside the registry's rows (vLLM's suffix and n-gram at the run file's k), vLLM's
-built-ins at their own defaults (`bench/builtins.py`); DAS is judged against the best of the four
-by priced throughput ratio, at each host speed (``vs_best_builtin``). A row's `wall_clock_ratio` is
-the median of its rounds' ratios (`wall_clock_ratios` lists them, the table prints their spread):
-on a 2-core machine one round's ratio moves by up to 17% between two quiet runs, so the wall clock
-is printed, not judged. The judge is `priced_throughput_ratio`: every engine's trace
-(`engine/tracing.py`) priced on the profile (`cost/price.py`), the speculative engine's generated
-tokens per priced second over the no-spec engine's (at T > 0 the two sample different texts; `bench
---suite das` replays one text). A model drafter is priced at the profile's shape for it (an Eagle3
-head of Qwen3-8B, ...), so the figure is what this acceptance would give at that shape. vLLM's
-suffix caches its own finished requests, so its later rounds draft with more history than its
-first. Each row keeps its first round's traces (`trace`, `baseline_trace`).
+Two measurements per row, from one process, the same prompts and weights for every row:
+
+- **One text, priced (the verdict).** A no-spec engine rolls out the batch twice: the first
+  rollout is the "previous step" the history drafters learn from (as in RL, where problems recur
+  every epoch), the second is the text every row drafts over (`bench/onetext.py`: each history
+  drafter replayed over it, every draft verified against the recorded tokens, priced on
+  `bench.drafters.hardware` with the proposer's host time measured in the replay, against the same
+  text without drafts). DAS (`OURS`) is judged against the best of vLLM's built-ins
+  (`bench/builtins.py`) by priced rollout time at each host speed (``vs_best_builtin``). A drafter
+  whose drafts need its model (draft_model, dflash, hybrid) gets no one-text figure.
+- **Engines, on this machine.** Each row's engine runs against the no-spec engine in ABBA order
+  (baseline, spec, spec, baseline) `bench.drafters.repeats` times: the drafter runs for real
+  (lossless sampling is `tests/engine/test_lossless.py`'s), and the wall-clock ratio is the median
+  of the rounds' ratios with its spread. At T > 0 each engine samples its own text, so these
+  figures are this machine's and are not compared between rows; each engine's steps priced
+  (``engine_priced_throughput_ratio``, its own text against the no-spec engine's) stay in the JSON.
+  The suffix drafters' engines first see the previous step's rollouts too: DAS via its lockstep
+  rebuild update, vLLM's suffix via its own cache.
+
+vLLM's and torch's own output goes to a log beside the JSON (``drafters.log``); the table fits a
+100-column terminal, and the acceptance per draft position is in the JSON.
+
+Run-file knobs (optional): `bench.drafters.repeats` (default 3), `bench.drafters.hardware`
+(default h100_qwen3_8b). A model drafter is priced at the profile's shape for it.
 """
 from __future__ import annotations
 
@@ -28,14 +34,16 @@ import operator
 import statistics
 import time
 
+from nemo_rl_specdec.bench import say
 from nemo_rl_specdec.bench.builtins import changes as builtin_changes, verdict_lines
-from nemo_rl_specdec.cost.price import HOST_SPEEDS, PricedDrafter
+from nemo_rl_specdec.cost.price import PricedDrafter
 from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered
 from nemo_rl_specdec.lockstep import Refreshable
 from nemo_rl_specdec.update import PolicyUpdate
 
 BLOCK = "policy.generation.speculative_decoding"
+_say = functools.partial(say, "drafters")
 OURS = "suffix (DAS)"   # the row judged against vLLM's built-ins
 # vLLM's built-ins at their own defaults (`bench/builtins.py`), added to the registry's rows
 DEFAULT_ROWS = {"suffix (vLLM defaults)": "vllm_suffix_default", "ngram (vLLM defaults)": "ngram_default"}
@@ -103,8 +111,24 @@ def _timed(engine, reqs):
 
 
 def run(cfg, args) -> list:
-    from nemo_rl_specdec.bench import print_table
-    from nemo_rl_specdec.config import load_run_config
+    from pathlib import Path
+
+    from nemo_rl_specdec.demo.console import engine_output
+
+    _options(cfg)   # a bad option fails before anything is written
+    log = Path(args.json).with_suffix(".log") if getattr(args, "json", None) else \
+        Path("runs") / str(cfg.raw.get("name", "run")) / "drafters.log"
+    log.unlink(missing_ok=True)
+    with engine_output(log):
+        results, profile, repeats = measure(cfg, args)
+    report(results, profile, repeats, log)
+    return results
+
+
+def measure(cfg, args) -> tuple[list, object, int]:
+    """Every row's engine A/B and one-text replay (module doc); (results, profile, repeats)."""
+    from nemo_rl_specdec.bench.onetext import replay_row, replayable
+    from nemo_rl_specdec.config import cost_entry, load_run_config
     from nemo_rl_specdec.engine.engine import Engine
 
     grpo = cfg.raw.get("grpo", {})
@@ -112,7 +136,6 @@ def run(cfg, args) -> list:
     n_samp = int(grpo.get("num_generations_per_prompt", 4))
     opts = _options(cfg)
     repeats, profile = opts["repeats"], opts["profile"]
-    from nemo_rl_specdec.config import cost_entry
 
     rows = {name: load_run_config(cfg.source, list(args.overrides) + ov) for name, ov in cpu_drafters(cfg.spec).items()}
     # vLLM's built-ins as they come (bench/builtins.py), beside the registry's rows at the run file's k
@@ -122,6 +145,8 @@ def run(cfg, args) -> list:
     base = Engine(cfg, spec_enabled=False, name="no-spec")
     reqs = workload(cfg, base.tokenizer(), n_prob, n_samp, seed=int(grpo.get("seed", 0)))
     history = base.generate(reqs).rollouts  # the "previous step" for history-based drafters; also the warm-up
+    text = base.generate(reqs).rollouts     # the one text every row drafts over
+    _say(f"text: {sum(len(r.token_ids) for r in text)} tokens in {len(text)} rollouts; engines: {len(rows)} rows")
     results = []
     for name, dcfg in rows.items():
         eng = Engine(dcfg, name=name)
@@ -144,52 +169,96 @@ def run(cfg, args) -> list:
         finally:
             eng.close()
         m, mb = functools.reduce(operator.add, spec_m), functools.reduce(operator.add, base_m)
-        results.append({
+        row = {
             "name": name, "drafter": dcfg.spec.drafter, "k": dcfg.spec.num_speculative_tokens,
+            # the engine's figures: its own text, this machine's clock
             "tokens_per_target_forward": m.acceptance_length, "acceptance_rate": m.acceptance_rate,
             "accepted_per_position": [round(x, 3) for x in m.accepted_per_position],
             "tokens_per_s": m.generated_tokens / ts, "baseline_tokens_per_s": mb.generated_tokens / tb,
             # same prompts and weights; at T>0 the sampled lengths differ, so also the throughput ratio
             "wall_clock_ratio": statistics.median(ratios), "wall_clock_ratios": ratios,
             "wall_clock_spread": f"{min(ratios):.2f}-{max(ratios):.2f}",
-            "hardware": profile.name, "priced_throughput_ratio": priced_ratio(profile, spec_t, base_t),
-            "priced_by_host_speed": [{"host_speed": h, "priced_throughput_ratio": priced_ratio(profile, spec_t,
-                                                                                               base_t, h)}
-                                     for h in HOST_SPEEDS],
+            "hardware": profile.name, "engine_priced_throughput_ratio": priced_ratio(profile, spec_t, base_t),
             "trace": spec_t[0].to_dict(), "baseline_trace": base_t[0].to_dict(),
             "throughput_ratio": (m.generated_tokens / ts) / (mb.generated_tokens / tb),
             "accepted_per_draft_step": m.accepted_per_draft_step,
             "lengths": lengths,
             "drafts": m.drafts, "per_step": [],
-        })
+        }
+        why = replayable(dcfg.spec)
+        if why is None:   # the verdict's figures: this row's drafter over the one text
+            one = replay_row(name, dcfg.spec, [history, text], dcfg, profile, measure_from=1)
+            row.update({"one_text_tokens_per_target_forward": one["tokens_per_target_forward"],
+                        "one_text_acceptance_rate": one["acceptance_rate"],
+                        "one_text_accepted_per_position": [round(x, 3) for x in one["accepted_per_position"]],
+                        "priced_speedup": one["priced"]["by_host_speed"][0]["speedup"],
+                        "priced_by_host_speed": one["priced"]["by_host_speed"],
+                        "priced_baseline_s": one["priced"]["baseline_s"],
+                        "priced_measured_host_s": one["priced"]["measured_host_s"],
+                        "one_text_trace": one["traces"][0].to_dict()})
+        else:
+            row["one_text_unavailable"] = why
+        results.append(row)
+        _say(f"{name}: engine {m.acceptance_length:.2f} tok/fwd, wall {row['wall_clock_ratio']:.2f}x"
+             + (f"; one text {row['one_text_tokens_per_target_forward']:.2f} tok/fwd, priced "
+                f"{row['priced_speedup']:.2f}x" if why is None else ""))
     base.close()
-    table = [dict(r, accepted_per_position=" ".join(f"{x:.2f}" for x in r["accepted_per_position"])) for r in results]
-    print_table(table, ["name", "k", "tokens_per_s", "baseline_tokens_per_s", "tokens_per_target_forward",
-                        "acceptance_rate", "accepted_per_position", "priced_throughput_ratio", "wall_clock_ratio",
-                        "wall_clock_spread", "throughput_ratio"])
-    print(f"priced_throughput_ratio: generated tokens per second with each engine's steps priced on {profile.name} "
-          f"({profile.hardware.name}), speculative over no-spec (the judge); wall_clock_ratio: the median of "
-          f"{repeats} ABBA rounds on this machine, with its spread (printed, not judged)")
-    for line in verdict_lines(judge(results), "priced throughput ratio", {BUILTIN_ROWS[r["name"]]: r["k"]
-                                                                          for r in results
-                                                                          if r["name"] in BUILTIN_ROWS}):
-        print(line)
-    return results
+    judge(results)
+    return results, profile, repeats
+
+
+def report(results: list, profile, repeats: int, log) -> None:
+    """The table (one text, priced; then this machine's engines) and the verdict, fitting the terminal."""
+    from rich.table import Table
+
+    from nemo_rl_specdec.demo.console import show, table_box
+
+    lines: list = []
+
+    def f(x, fmt: str = "{:.2f}") -> str:
+        return "-" if x is None else fmt.format(x)
+
+    hosts = [b["host_speed"] for b in next((r["priced_by_host_speed"] for r in results if "priced_by_host_speed" in r),
+                                           [])]
+    t = Table(box=table_box(), title=f"Drafters on one text, priced on {profile.name}", title_justify="left")
+    for c in ["drafter", "k", "tok/fwd", *[f"priced {h:g}x" for h in hosts], "CPU tok/fwd", "CPU wall",
+              "spread"]:
+        t.add_column(c, justify="left" if c == "drafter" else "right", no_wrap=c == "drafter")
+    for r in results:
+        priced = [f(b["speedup"], "{:.3f}") for b in r["priced_by_host_speed"]] if "priced_by_host_speed" in r \
+            else ["-"] * len(hosts)
+        t.add_row(r["name"], str(r["k"]), f(r.get("one_text_tokens_per_target_forward")), *priced,
+                  f(r["tokens_per_target_forward"]), f(r["wall_clock_ratio"]), r["wall_clock_spread"])
+    lines.append(t)
+    lines.append(f"tok/fwd, priced: each drafter over one recorded text (the no-spec engine's), every draft checked "
+                 f"against it; rollout speedup priced on {profile.name} ({profile.hardware.name}) with the proposer's "
+                 "host time measured here (1x) and on a host twice as fast (2x), over the same text without drafts.")
+    lines.append(f"CPU tok/fwd, CPU wall: each drafter's own engine on this machine (its own text at T > 0; wall: "
+                 f"no-spec s / spec s, median of {repeats} ABBA rounds, with their spread), not compared between rows.")
+    missing = [r["name"] for r in results if "one_text_unavailable" in r]
+    if missing:
+        lines.append(f"no one-text figure (their drafts need the model run teacher-forced): {', '.join(missing)}")
+    ks = {BUILTIN_ROWS[r["name"]]: r["k"] for r in results if r["name"] in BUILTIN_ROWS}
+    v = next((r["vs_best_builtin"] for r in results if r["name"] == OURS and "vs_best_builtin" in r), None)
+    for line in verdict_lines(v or [], "one text", ks):
+        lines.append(line)
+    lines.append(f"per-position acceptance: in the JSON; vLLM's and torch's output: {log}")
+    show(*lines)
 
 
 def judge(results: list) -> list[dict]:
-    """DAS (`OURS`) against the best of vLLM's built-ins (`BUILTIN_ROWS`) by priced throughput ratio,
-    at each host speed; each result row gains it as ``vs_best_builtin`` where the rows are there."""
+    """DAS (`OURS`) against the best of vLLM's built-ins (`BUILTIN_ROWS`) by priced rollout time on the one
+    text, at each host speed; DAS's result row gains it as ``vs_best_builtin`` where the rows are there."""
     from nemo_rl_specdec.bench.builtins import verdict
 
-    by = {r["name"]: r for r in results}
+    by = {r["name"]: r for r in results if "priced_by_host_speed" in r}
     if OURS not in by or not set(by) & set(BUILTIN_ROWS):
         return []
     figures: dict = {}
     for name, r in by.items():
         if name == OURS or name in BUILTIN_ROWS:
             for b in r["priced_by_host_speed"]:
-                figures.setdefault(b["host_speed"], {})[BUILTIN_ROWS.get(name, name)] = b["priced_throughput_ratio"]
-    v = verdict(figures, OURS, higher=True)
+                figures.setdefault(b["host_speed"], {})[BUILTIN_ROWS.get(name, name)] = b["rollout_s"]
+    v = verdict(figures, OURS)
     by[OURS]["vs_best_builtin"] = v
     return v

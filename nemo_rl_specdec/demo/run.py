@@ -9,9 +9,18 @@ problems to show a stale parametric drafter decaying (tokens per target forward;
 `grpo.mode: async` overlaps the next batch's rollouts with training; the update then lands in
 flight and rollouts carry the versions of each stretch of tokens.
 
+Priced (`price_loop`, given by the command line: `bench/onetext.py` `LoopPricer`): after the loop,
+the run's drafter and vLLM's built-ins are replayed over the speculative engine's rollouts of every
+step (one text, the one the policy trained on), every draft checked against it, and priced on
+`demo.hardware` (default h100_qwen3_8b) with the proposers' host time measured in the replay:
+each step's priced speedup over the same text without drafts, and the run's against no
+speculation and against the best built-in. The wall-clock ratio of the two engines is this
+machine's, printed beside it.
+
 Artifacts in --out (default runs/<name>/): metrics.jsonl (one line per step), summary.json,
-TensorBoard events (tb/), PNG plots. A rerun into an existing folder replaces these artifacts (tb/
-is written anew) and leaves any other file there alone.
+TensorBoard events (tb/), PNG plots, and engines.log: vLLM's and torch's own output, which the
+terminal does not show. A rerun into an existing folder replaces these artifacts (tb/ is written
+anew) and leaves any other file there alone. The report fits a 100-column terminal.
 """
 from __future__ import annotations
 
@@ -19,7 +28,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
@@ -37,6 +46,27 @@ def _section(cfg: RunConfig, name: str) -> dict:
     if not isinstance(sec, dict):
         raise ConfigError(f"{name}: got {sec!r}; allowed: a mapping of settings")
     return sec
+
+
+DEFAULT_HARDWARE = "h100_qwen3_8b"
+
+
+def named_profile(name, key: str):
+    """The hardware profile `name` (`cost/profile.py`: a name in configs/hardware/ or a path), read from
+    the run file's `key`; errors name the key."""
+    from nemo_rl_specdec.cost.profile import load_profile, profile_names
+
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{key}: got {name!r}; allowed: {profile_names()} or a profile's path")
+    try:
+        return load_profile(name)
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def hardware_profile(cfg: RunConfig):
+    """`demo.hardware` (default h100_qwen3_8b): the profile the loop's rollouts are priced on."""
+    return named_profile(_section(cfg, "demo").get("hardware", DEFAULT_HARDWARE), "demo.hardware")
 
 
 # the CPU loop's sizes: beyond these a run takes hours on a few cores
@@ -63,6 +93,7 @@ class DemoSettings:
         self.lr = cfg.setting("grpo.learning_rate", 1e-4, 0, 1, float, lo_open=True)
         self.seed = cfg.setting("grpo.seed", 0, 0, 2**32 - 1)
         self.pool = cfg.setting("demo.problem_pool", 2 * self.prompts, self.prompts, MAX_POOL)
+        self.profile = hardware_profile(cfg)   # demo.hardware: checked before any engine
         self.compare_frozen = d.get("compare_frozen_drafter", False)
         if not isinstance(self.compare_frozen, bool):
             raise ConfigError(f"demo.compare_frozen_drafter: got {self.compare_frozen!r}; allowed: true or false")
@@ -104,6 +135,7 @@ class RLLoop:
                                    temperature=cfg.generation.temperature)
         self.tok = self.spec.tokenizer()
         self.rows: list = []
+        self.texts: list = []   # the speculative engine's rollouts of every step: the text the loop is priced on
         # online drafter training (train/distill.py)
         self.distiller: Distiller | None = None
         self.distill_stats: dict | None = None
@@ -166,8 +198,13 @@ class RLLoop:
     def run(self) -> list:
         from tqdm import tqdm
 
+        from nemo_rl_specdec.demo.console import err, line, width
+
         self.warm_up()
-        bar = tqdm(range(self.s.steps), desc=f"GRPO ({self.s.mode})", unit="step", disable=not self.progress)
+        # a bar on a terminal; a line per step in a log (a bar's redraws would make one long line there)
+        live = self.progress and err().isatty()
+        bar = tqdm(range(self.s.steps), desc=f"GRPO ({self.s.mode})", unit="step", disable=not live, file=err(),
+                   ncols=width())
         pending: tuple | None = None  # async: (thread, box, probs, reqs) of the batch in flight
         for step in bar:
             probs, reqs = self.batch(step)
@@ -200,8 +237,11 @@ class RLLoop:
             rep = self.push(step + 1, spec_out.rollouts)
             row = self._row(step, spec_out, base_out, frozen_out, spec_s, base_s, train_s, r_spec, r_base, stats, rep)
             self.rows.append(row)
-            bar.set_postfix(acc_len=f"{row['acceptance_length']:.2f}", ratio=f"{row['wall_clock_ratio']:.2f}",
-                            reward=f"{row['reward_mean']:.2f}")
+            self.texts.append(spec_out.rollouts)
+            bar.set_postfix(tok_fwd=f"{row['acceptance_length']:.2f}", reward=f"{row['reward_mean']:.2f}")
+            if self.progress and not live:
+                print(line(f"GRPO step {step + 1}/{self.s.steps}: {row['acceptance_length']:.2f} tokens per target "
+                           f"forward, reward {row['reward_mean']:.3f}"), file=err(), flush=True)
         if pending is not None and pending[0].is_alive():
             pending[0].join()
         return self.rows
@@ -277,7 +317,8 @@ def per_pass(rows: list, steps_per_pass: int, key: str = "acceptance_length", to
     return out
 
 
-def summarize(rows: list, steps_per_pass: int = 1) -> dict:
+def summarize(rows: list, steps_per_pass: int = 1, priced: dict | None = None) -> dict:
+    """The run's figures (summary.json); `priced`: the loop's priced figures (`price_loop`), kept as given."""
     from nemo_rl_specdec.stats import reward_comparison
 
     acc = [r["acceptance_length"] for r in rows]
@@ -292,7 +333,10 @@ def summarize(rows: list, steps_per_pass: int = 1) -> dict:
            "steps_per_pass": steps_per_pass, "acceptance_length_per_pass": passes,
            "last_pass_over_peak_pass": passes[-1] / max(passes) if max(passes) else 0.0,
            "drafter_refreshed_every_step": all(r["drafter_refreshed"] for r in rows),
+           "max_policy_age": max(r.get("policy_age", 0) for r in rows),
            "reward_comparison": reward_comparison(flat_spec, flat_base) if len(flat_spec) > 1 else None}
+    if priced is not None:
+        out["priced"] = priced
     if "frozen_acceptance_length" in rows[0]:
         f = [r["frozen_acceptance_length"] for r in rows]
         out.update(frozen_acceptance_first=f[0], frozen_acceptance_last=f[-1],
@@ -333,51 +377,121 @@ def tensorboard_scalars(row: dict) -> dict:
     return out
 
 
-def print_report(rows: list, summary: dict, out: Path) -> None:
-    from rich.console import Console
+def add_priced(rows: list, priced: dict | None) -> None:
+    """Each step row gains its priced speedup at each host speed (``priced_speedup``: this machine's host
+    time, ``priced_speedup_2x``: a host twice as fast) from the loop's priced figures, where there are some."""
+    for row, bands in zip(rows, (priced or {}).get("per_step") or [], strict=False):
+        for b in bands:
+            row["priced_speedup" if b["host_speed"] == 1.0 else f"priced_speedup_{b['host_speed']:g}x"] = b["speedup"]
+
+
+def _at(bands: list, host_speed: float):
+    return next((b for b in bands if b["host_speed"] == host_speed), None)
+
+
+def summary_lines(summary: dict, out: Path, log: Path | None = None) -> list[tuple[str, str]]:
+    """(label, text) lines of the report's summary, in the order a newcomer reads them."""
+    lines = []
+    rc = summary.get("reward_comparison") or {}
+    if rc:
+        lines.append(("lossless", f"mean reward {rc['mean_spec']:.3f} with speculation, {rc['mean_baseline']:.3f} "
+                                  f"without (Welch t-test p = {rc['p_value']:.2f}; speculation must not change "
+                                  "rewards)"))
+    pr = summary.get("priced") or {}
+    if pr.get("unavailable"):
+        lines.append(("priced", f"no priced figure: {pr['unavailable']}"))
+    elif pr:
+        one, two = _at(pr["by_host_speed"], 1.0), _at(pr["by_host_speed"], 2.0)
+        text = (f"rollout {one['speedup']:.2f}x faster than no speculation on {pr['hardware']} ({pr['gpu']}), "
+                f"{pr['drafter']} replayed on the loop's text, host time measured here")
+        if two:
+            text += f" ({two['speedup']:.2f}x on a host twice as fast)"
+        lines.append(("priced", text))
+        for v in pr.get("vs_best_builtin") or []:
+            k = (pr.get("builtins") or {}).get(v["best_builtin"], {}).get("k")
+            lines.append(("", f"{v['ratio']:.3f}x the best vLLM built-in ({v['best_builtin']}"
+                              + (f", k={k}" if k else "") + f") on the same text, host {v['host_speed']:g}x"))
+    lines.append(("this CPU", f"rollout wall clock {summary['wall_clock_ratio']:.2f}x (no-spec s / spec s on this "
+                              "machine's CPU: not a GPU figure)"))
+    acc = (f"{summary['acceptance_length_mean']:.2f} tokens per target forward (mean of steps); per pass over "
+           "the problem pool: " + ", ".join(f"{x:.2f}" for x in summary["acceptance_length_per_pass"]))
+    if "frozen_acceptance_length_per_pass" in summary:
+        acc += "; a frozen draft model: " + ", ".join(f"{x:.2f}" for x in summary["frozen_acceptance_length_per_pass"])
+    lines.append(("acceptance", acc))
+    age = summary.get("max_policy_age", 0)
+    lines.append(("freshness", ("drafter refreshed at every step" if summary["drafter_refreshed_every_step"]
+                                else "drafter not refreshed at every step")
+                  + ("; it drafted for the policy version it was built from at every step" if age == 0 else
+                     f"; it drafted at most {age} policy version{'s' if age != 1 else ''} behind the policy")))
+    lines.append(("artifacts", f"{out}/ (metrics.jsonl, summary.json, *.png)"))
+    lines.append(("", f"tensorboard --logdir {out / 'tb'}"))
+    if log is not None:
+        lines.append(("engine log", f"{log} (vLLM's and torch's own output)"))
+    return lines
+
+
+def print_report(rows: list, summary: dict, out: Path, log: Path | None = None) -> None:
+    """The per-step table and the summary, within the terminal's width (`demo/console.py`)."""
     from rich.table import Table
 
-    t = Table(title=f"GRPO with speculative rollouts ({summary['mode']}, drafter={summary['drafter']})")
+    from nemo_rl_specdec.demo.console import show, table_box
+
+    hw = (summary.get("priced") or {}).get("hardware")
+    t = Table(title=f"GRPO with speculative rollouts ({summary['mode']}, drafter {summary['drafter']})",
+              box=table_box(), title_justify="left")
     heads = {"step": "step", "policy_version": "policy v", "drafter_version": "drafter v", "reward_mean": "reward",
-             "reward_mean_baseline": "reward (no spec)", "acceptance_length": "tok/fwd", "rollout_s": "rollout s",
-             "rollout_s_baseline": "rollout s (no spec)", "wall_clock_ratio": "speedup",
-             "frozen_acceptance_length": "tok/fwd frozen draft"}
-    cols = [c for c in heads if c in rows[0]]
+             "reward_mean_baseline": "no-spec reward", "acceptance_length": "tok/fwd",
+             "priced_speedup": "priced x", "wall_clock_ratio": "CPU wall x",
+             "frozen_acceptance_length": "frozen tok/fwd"}
+    cols = [c for c in heads if any(c in r for r in rows)]
     for c in cols:
         t.add_column(heads[c], justify="right")
     for r in rows:
-        t.add_row(*[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols])
-    con = Console(width=max(120, Console().width))
-    con.print(t)
-    rc = summary.get("reward_comparison") or {}
-    con.print(
-        f"rollout wall-clock ratio (no-spec / spec, same batches and weights): "
-        f"{summary['wall_clock_ratio']:.2f}x; acceptance length mean {summary['acceptance_length_mean']:.2f}, "
-        f"last/peak {summary['last_over_peak']:.2f} per step, "
-        f"{summary['last_pass_over_peak_pass']:.2f} per pass over the problem pool "
-        f"({summary['steps_per_pass']} steps: "
-        + " ".join(f"{x:.2f}" for x in summary["acceptance_length_per_pass"])
-        + ")"
-    )
-    if "frozen_acceptance_length_per_pass" in summary:
-        con.print("frozen draft model, tokens per target forward per pass: "
-                  + " ".join(f"{x:.2f}" for x in summary["frozen_acceptance_length_per_pass"]))
-    if rc:
-        con.print(f"reward spec {rc['mean_spec']:.3f} vs baseline {rc['mean_baseline']:.3f} "
-                  f"(Welch t-test p={rc['p_value']:.3f}; speculation must not change rewards)")
-    con.print(f"artifacts: {out}")
+        t.add_row(*["-" if r.get(c) is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])
+                    for c in cols])
+    notes = ["tok/fwd: tokens per target forward."]
+    if "priced_speedup" in cols:
+        notes.append(f"priced x: the step's rollout priced on {hw} against the same text without drafts (host time "
+                     "measured here).")
+    notes.append("CPU wall x: no-spec wall s / spec wall s on this machine.")
+    if "frozen_acceptance_length" in cols:
+        notes.append("frozen tok/fwd: a frozen draft model on one sample per problem.")
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for label, text in summary_lines(summary, out, log):
+        grid.add_row(label, text)
+    show(t, " ".join(notes), "", "Summary", grid)
 
 
-def run(args) -> int:
-    cfg = load_run_config(args.run_yaml, args.overrides)
-    DemoSettings(cfg)  # validate before any engine starts
+def run(args, price_loop: Any = None) -> int:
+    """The demo: the loop, then (with `price_loop`: `check(cfg)` before any engine, `price_loop(cfg, texts)`
+    after the loop) its priced figures, the artifacts and the report."""
+    import tempfile
+
+    from nemo_rl_specdec.demo.console import engine_output
+
+    with tempfile.TemporaryDirectory() as tmp:   # vLLM talks as it is imported: into the log, once there is one
+        early = Path(tmp) / "early.log"
+        with engine_output(early):
+            cfg = load_run_config(args.run_yaml, args.overrides)
+            settings = DemoSettings(cfg)  # validate before any engine starts
+            if price_loop is not None:
+                price_loop.check(cfg)
+        said = early.read_text()
     out = Path(args.out or Path("runs") / str(cfg.raw.get("name", "run")))
-    loop = RLLoop(cfg, out)
-    try:
-        rows = loop.run()
-    finally:
-        loop.close()
-    summary = summarize(rows, steps_per_pass=loop.s.steps_per_pass)
-    write_artifacts(rows, summary, out)
-    print_report(rows, summary, out)
+    log = out / "engines.log"
+    out.mkdir(parents=True, exist_ok=True)
+    log.write_text(said)
+    with engine_output(log):
+        loop = RLLoop(cfg, out)
+        try:
+            rows = loop.run()
+        finally:
+            loop.close()
+        priced = price_loop(cfg, loop.texts) if price_loop is not None else None
+        add_priced(rows, priced)
+        summary = summarize(rows, steps_per_pass=settings.steps_per_pass, priced=priced)
+        write_artifacts(rows, summary, out)
+    print_report(rows, summary, out, log)
     return 0

@@ -7,7 +7,7 @@
 - Every bundled run file loads, validates and composes with an empty cache and without the
   `smollm2` extra, and converts or writes nothing while doing so.
 
-The full proof is the one in README.md (Tests): a fresh clone, `HOME=$(mktemp -d)`, `make test`.
+The full proof is the one in docs/manual.md (Tests): a fresh clone, `HOME=$(mktemp -d)`, `make test`.
 """
 from __future__ import annotations
 

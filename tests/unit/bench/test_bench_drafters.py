@@ -39,18 +39,46 @@ def test_priced_ratio_is_tokens_per_priced_second():
     assert 1.0 < r < 3.0
 
 
-def test_das_is_judged_against_the_best_built_in_by_priced_throughput_at_each_host_speed():
+def test_das_is_judged_against_the_best_built_in_by_priced_rollout_time_on_one_text_at_each_host_speed():
     from nemo_rl_specdec.bench import drafters
     from nemo_rl_specdec.bench.builtins import BUILTINS
 
     assert set(drafters.BUILTIN_ROWS.values()) == set(BUILTINS)
-    ratios = {drafters.OURS: (2.0, 2.2), "suffix (vLLM)": (1.5, 1.6), "suffix (vLLM defaults)": (1.6, 1.7),
-              "ngram": (1.2, 1.9), "ngram (vLLM defaults)": (1.1, 1.2), "eagle3": (9.0, 9.0)}
-    results = [{"name": n, "priced_by_host_speed": [{"host_speed": 1.0, "priced_throughput_ratio": a},
-                                                    {"host_speed": 2.0, "priced_throughput_ratio": b}]}
-               for n, (a, b) in ratios.items()]
-    v = drafters.judge(results)   # the model drafter is no built-in: left out
-    assert [(r["best_builtin"], r["ratio"]) for r in v] == [("vllm_suffix_default", 2.0 / 1.6),
-                                                           ("ngram", 2.2 / 1.9)]
+    times = {drafters.OURS: (2.0, 1.8), "suffix (vLLM)": (3.0, 2.9), "suffix (vLLM defaults)": (2.5, 2.4),
+             "ngram": (2.8, 2.0), "ngram (vLLM defaults)": (3.5, 3.4), "eagle3": (0.1, 0.1)}
+    results = [{"name": n, "priced_by_host_speed": [{"host_speed": 1.0, "rollout_s": a},
+                                                    {"host_speed": 2.0, "rollout_s": b}]}
+               for n, (a, b) in times.items()]
+    results.append({"name": "draft_model", "one_text_unavailable": "its drafts need the model"})
+    v = drafters.judge(results)   # the model drafter is no built-in, and a row without a one-text figure is left out
+    assert [(r["best_builtin"], r["ratio"]) for r in v] == [("vllm_suffix_default", 2.5 / 2.0),
+                                                           ("ngram", 2.0 / 1.8)]
     assert results[0]["vs_best_builtin"] == v
     assert drafters.judge(results[1:]) == []   # no DAS row: nothing to judge
+
+
+def test_the_report_fits_100_columns_and_keeps_per_position_acceptance_out(capsys, monkeypatch):
+    from nemo_rl_specdec.bench import drafters
+
+    monkeypatch.setenv("COLUMNS", "100")
+    profile = load_profile("h100_qwen3_8b")
+    rows = []
+    for i, name in enumerate(["suffix (DAS)", "suffix (vLLM)", "suffix (vLLM defaults)", "ngram (judged)",
+                              "hybrid (DAS + eagle3)"]):
+        r = {"name": name, "k": 24, "tokens_per_target_forward": 3.5, "wall_clock_ratio": 1.1,
+             "wall_clock_spread": "0.92-1.94", "accepted_per_position": [0.912345] * 24}
+        if "hybrid" in name:
+            r["one_text_unavailable"] = "its drafts need the model"
+        else:
+            r.update(one_text_tokens_per_target_forward=3.0 + i,
+                     priced_by_host_speed=[{"host_speed": 1.0, "rollout_s": 1.0 + i, "speedup": 2.0 / (1 + i)},
+                                           {"host_speed": 2.0, "rollout_s": 0.9 + i, "speedup": 2.1 / (1 + i)}])
+        rows.append(r)
+    drafters.judge(rows)
+    drafters.report(rows, profile, 3, "runs/x/drafters.log")
+    out = capsys.readouterr().out
+    assert out and max(len(line) for line in out.splitlines()) <= 100
+    assert "0.912" not in out   # per-position acceptance: the JSON's
+    assert "suffix (DAS) vs the best vLLM built-in (vllm_suffix, k=24), one text, host 1x: 2.000x" in out
+    assert "no one-text figure" in out and "hybrid (DAS + eagle3)" in out
+    assert "runs/x/drafters.log" in out
