@@ -359,11 +359,18 @@ class SpecDecWorkerExtension:
         pushed = getattr(self, "_specdec_pushed", None)
         if pushed:
             return pushed
+        owner, source = self._specdec_checkpoint()
+        if owner.weights_in_policy_checkpoint:
+            return split_policy_and_drafter(decode_weights(source), self._specdec_num_layers())[1]
+        return decode_weights(source)
+
+    def _specdec_checkpoint(self):
+        """(the drafter owning the weights, the checkpoint its weights were loaded from): the policy's for
+        MTP layers, else the drafter's own."""
         st = self._specdec()
-        if drafter_of(st.spec, Refreshable).weights_owner(st.spec).weights_in_policy_checkpoint:
-            items = decode_weights(self.model_config.model)
-            return split_policy_and_drafter(items, self._specdec_num_layers())[1]
-        return decode_weights(self.vllm_config.speculative_config.model)
+        owner = drafter_of(st.spec, Refreshable).weights_owner(st.spec)
+        return owner, (self.model_config.model if owner.weights_in_policy_checkpoint
+                       else self.vllm_config.speculative_config.model)
 
     def specdec_check_restorable(self, level: int) -> dict:
         """Before a sleep at `level`: a level-2 sleep discards the drafter, and the wake-up restore
@@ -374,9 +381,7 @@ class SpecDecWorkerExtension:
         st = self._specdec()
         source = None
         if find_drafter_model(self) is not None and not st.disabled and not getattr(self, "_specdec_pushed", None):
-            owner = drafter_of(st.spec, Refreshable).weights_owner(st.spec)
-            source = (self.model_config.model if owner.weights_in_policy_checkpoint
-                      else self.vllm_config.speculative_config.model)
+            owner, source = self._specdec_checkpoint()
             check_sleep_restorable(level, drafter_weights_key(owner), str(source))
         return {"level": level, "source": source}
 
