@@ -9,9 +9,13 @@ Two measurements per row, from one process, the same prompts and weights for eve
   every epoch), the second is the text every row drafts over (`bench/onetext.py`: each history
   drafter replayed over it, every draft verified against the recorded tokens, priced on
   `bench.drafters.hardware` with the proposer's host time measured in the replay, against the same
-  text without drafts). DAS (`OURS`) is judged against the best of vLLM's built-ins
-  (`bench/builtins.py`) by priced rollout time at each host speed (``vs_best_builtin``). A drafter
-  whose drafts need its model (draft_model, dflash, hybrid) gets no one-text figure.
+  text without drafts). The model drafters draft over the same text teacher-forced: the policy
+  that wrote it runs over each rollout and the drafter's greedy k-token draft at every position is
+  verified against the recorded tokens (`bench/onetext.py` `TeacherForced`; at T > 0 their
+  engines sample their drafts instead), priced with the profile's draft forwards for them (a
+  hybrid: its proposer's host time measured in the replay too). DAS (`OURS`) is judged against
+  the best of vLLM's built-ins (`bench/builtins.py`) by priced rollout time at each host speed
+  (``vs_best_builtin``). A drafter with no teacher-forced mirror gets no one-text figure.
 - **Engines, on this machine.** Each row's engine runs against the no-spec engine in ABBA order
   (baseline, spec, spec, baseline) `bench.drafters.repeats` times: the drafter runs for real
   (lossless sampling is `tests/engine/test_lossless.py`'s), and the wall-clock ratio is the median
@@ -127,7 +131,7 @@ def run(cfg, args) -> list:
 
 def measure(cfg, args) -> tuple[list, object, int]:
     """Every row's engine A/B and one-text replay (module doc); (results, profile, repeats)."""
-    from nemo_rl_specdec.bench.onetext import replay_row, replayable
+    from nemo_rl_specdec.bench.onetext import load_policy, one_text_why, replay_row, replayable
     from nemo_rl_specdec.config import cost_entry, load_run_config
     from nemo_rl_specdec.engine.engine import Engine
 
@@ -148,6 +152,7 @@ def measure(cfg, args) -> tuple[list, object, int]:
     text = base.generate(reqs).rollouts     # the one text every row drafts over
     _say(f"text: {sum(len(r.token_ids) for r in text)} tokens in {len(text)} rollouts; engines: {len(rows)} rows")
     results = []
+    policy = None   # the policy that wrote the text, for the model drafters' teacher-forced drafts
     for name, dcfg in rows.items():
         eng = Engine(dcfg, name=name)
         spec_m, base_m, ratios, lengths, spec_t, base_t = [], [], [], [], [], []
@@ -185,10 +190,13 @@ def measure(cfg, args) -> tuple[list, object, int]:
             "lengths": lengths,
             "drafts": m.drafts, "per_step": [],
         }
-        why = replayable(dcfg.spec)
+        why = one_text_why(dcfg.spec)
         if why is None:   # the verdict's figures: this row's drafter over the one text
-            one = replay_row(name, dcfg.spec, [history, text], dcfg, profile, measure_from=1)
-            row.update({"one_text_tokens_per_target_forward": one["tokens_per_target_forward"],
+            if policy is None and replayable(dcfg.spec) is not None:   # a model drafter
+                policy = load_policy(cfg)
+            one = replay_row(name, dcfg.spec, [history, text], dcfg, profile, measure_from=1, policy=policy)
+            row.update({"one_text_drafts": one["draft_source"], "teacher_forced_s": one["teacher_forced_s"],
+                        "one_text_tokens_per_target_forward": one["tokens_per_target_forward"],
                         "one_text_acceptance_rate": one["acceptance_rate"],
                         "one_text_accepted_per_position": [round(x, 3) for x in one["accepted_per_position"]],
                         "priced_speedup": one["priced"]["by_host_speed"][0]["speedup"],
@@ -235,9 +243,14 @@ def report(results: list, profile, repeats: int, log) -> None:
                  "host time measured here (1x) and on a host twice as fast (2x), over the same text without drafts.")
     lines.append(f"CPU tok/fwd, CPU wall: each drafter's own engine on this machine (its own text at T > 0; wall: "
                  f"no-spec s / spec s, median of {repeats} ABBA rounds, with their spread), not compared between rows.")
+    forced = [r["name"] for r in results if r.get("one_text_drafts") == "greedy, teacher-forced"]
+    if forced:
+        lines.append(f"{', '.join(forced)}: greedy drafts from the policy's and drafter's forwards over the same "
+                     "text (teacher-forced; their engines sample drafts at T > 0), priced with the profile's draft "
+                     "forwards.")
     missing = [r["name"] for r in results if "one_text_unavailable" in r]
     if missing:
-        lines.append(f"no one-text figure (their drafts need the model run teacher-forced): {', '.join(missing)}")
+        lines.append(f"no one-text figure (no teacher-forced mirror of their drafts): {', '.join(missing)}")
     ks = {BUILTIN_ROWS[r["name"]]: r["k"] for r in results if r["name"] in BUILTIN_ROWS}
     v = next((r["vs_best_builtin"] for r in results if r["name"] == OURS and "vs_best_builtin" in r), None)
     for line in verdict_lines(v or [], "one text", ks):

@@ -13,26 +13,72 @@ would on that GPU.
 
 Rows: the run file's drafter (`OURS`) and vLLM's built-ins (`bench/builtins.py`: suffix and n-gram
 at the run file's k and at vLLM's own defaults); a verdict is ours against the best of them at each
-host speed. A drafter whose drafts need its model (draft_model, eagle3, dflash, mtp, hybrid) is no
-row here: `replayable` says why.
+host speed. The loop's drafter must be a history drafter (`replayable`): a model drafter's drafts
+on the loop's text would need every step's policy and drafter weights.
+
+Model drafters on one text (`bench --suite drafters`, `replay_row`), teacher-forced: the policy that
+wrote the text runs once over each recorded rollout, and the drafter's **greedy** k-token draft at
+every position is made from it as vLLM's proposer makes it (`TeacherForced`, in each drafter's file:
+`draft_model.greedy_drafts`, `eagle3.greedy_drafts`, `dflash.greedy_drafts`); the replay verifies those
+drafts against the recorded tokens like any other. At T > 0 the engines draw their model drafts by
+sampling (`draft_sample_method: probabilistic`), so the engines' acceptance differs from these greedy
+drafts'. Priced as every row is: the target forwards from the trace, the draft forwards from the
+profile's entry for the drafter (k sequential forwards, or one block forward, per step); a hybrid's
+host term is its proposer's thread time measured in the replay (the model part's drafts are read
+from the teacher-forced table where vLLM would run it: `bench/replay.py` `BesideReplay`), its draft
+forwards the ones each step ran. A drafter with no teacher-forced mirror (mtp) is no row:
+`one_text_why` says why.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 OURS = "ours"   # the run file's drafter among the rows
 
 
+@runtime_checkable
+class TeacherForced(Protocol):
+    """A model drafter as the one-text comparison asks it: ``teacher_forced(spec, policy)`` loads the block's
+    checkpoint and gives ``drafts(ids, first, k)``, its greedy k-token drafts at every position of one recorded
+    sequence `ids` (an [len(ids) - first, k] int array; row r drafts text indices first + r, ... when tokens
+    0 .. first + r - 1 are verified), reading `policy`'s (an HF causal LM) hidden states of it where it reads
+    the policy's."""
+
+    def teacher_forced(self, spec: Any, policy: Any) -> Callable[[Sequence[int], int, int], Any]: ...
+
+
 def replayable(spec) -> str | None:
-    """None when `spec`'s drafter can be replayed on a recorded text (a history drafter), else why not."""
+    """None when `spec`'s drafter drafts from the text alone (a history drafter), so that it can be replayed on
+    any recorded text (the loop's, whose policy moves every step), else why not."""
     from nemo_rl_specdec.config import cost_entry
 
     kind, _ = cost_entry(spec)
     if kind == "list":
         return None
-    return (f"drafter {spec.drafter!r} drafts with a model ({kind}): its drafts on a recorded text need that model "
-            "run teacher-forced, which this comparison does not do")
+    return (f"drafter {spec.drafter!r} drafts with a model ({kind}): its drafts on the loop's text would need each "
+            "step's policy and drafter run teacher-forced; bench --suite drafters compares it on one text")
+
+
+def model_part(spec) -> str:
+    """The drafter whose model makes `spec`'s model drafts: the drafter, or a hybrid's model part."""
+    from nemo_rl_specdec.config import cost_parts
+
+    return spec.hybrid.model if cost_parts(spec) else spec.drafter
+
+
+def one_text_why(spec) -> str | None:
+    """None when `spec`'s drafter has a one-text row (`replay_row`: a history drafter, or a model drafter
+    teacher-forced, `TeacherForced`), else why not."""
+    from nemo_rl_specdec.drafters.registry import registered
+
+    if replayable(spec) is None:
+        return None
+    part = model_part(spec)
+    if part in registered(TeacherForced):
+        return None
+    return f"drafter {part!r} has no teacher-forced mirror here (its drafts on a recorded text need its model run)"
 
 
 def priced(traces: Sequence, profile) -> dict:
@@ -62,30 +108,90 @@ def rows(cfg) -> dict:
     return {OURS: cfg.spec, **{b: cfg.with_spec(enabled=True, **changes(b, cfg)).spec for b in BUILTINS}}
 
 
-def replay_row(name: str, spec, batches: Sequence[Sequence[Any]], cfg, profile, measure_from: int = 0) -> dict:
+def teacher_forced_drafts(spec, batches: Sequence[Sequence[Any]], policy) -> Callable[[Any], list]:
+    """The model drafts of `spec`'s drafter (or of a hybrid's model part) on `batches`, teacher-forced on
+    `policy` (`TeacherForced`), as `bench/replay.py` asks a drafter for a replayed batch: drafts(batch) ->
+    per row, the k-token greedy draft at that request's position (k = num_speculative_tokens)."""
+    import numpy as np
+
+    from nemo_rl_specdec.bench.replay import _field
+    from nemo_rl_specdec.drafters.registry import drafter
+
+    k = spec.num_speculative_tokens
+    make = drafter(model_part(spec), TeacherForced).teacher_forced(spec, policy)
+    tables, plen = {}, {}
+    for v, rollouts in enumerate(batches):
+        for i, r in enumerate(rollouts):
+            prompt, tokens = list(_field(r, "prompt_token_ids")), list(_field(r, "token_ids"))
+            plen[(v, i)] = len(prompt)
+            # a response of one token has no decode step: nothing is drafted for it
+            tables[(v, i)] = make(prompt + tokens, len(prompt) + 1, k) if len(tokens) >= 2 else \
+                np.zeros((0, k), dtype=np.int64)
+
+    def drafts(batch) -> list:
+        out = []
+        for i, rid in enumerate(batch.req_ids):
+            _, v, j = rid.rsplit("-", 2)   # `replay` names request j of batch v "replay-v-j"
+            key = (int(v), int(j))
+            out.append([int(x) for x in tables[key][int(batch.num_tokens_no_spec[i]) - plen[key] - 1]])
+        return out
+
+    return drafts
+
+
+def load_policy(cfg):
+    """The run file's policy as an HF causal LM in float32 (the engines' precision on CPU), for teacher forcing."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32).eval()
+
+
+def replay_row(name: str, spec, batches: Sequence[Sequence[Any]], cfg, profile, measure_from: int = 0,
+               policy=None) -> dict:
     """One row's replay over `batches` (its state carried from batch to batch, as an engine's across RL
     steps), measured and priced on `batches[measure_from:]`, the batches before it only feeding its
-    history."""
-    from nemo_rl_specdec.bench.replay import replay
-    from nemo_rl_specdec.config import cost_entry, to_vllm_speculative_config
-    from nemo_rl_specdec.cost.price import PricedStepCost
+    history. A model drafter's drafts are teacher-forced on `policy` (default: the run file's, `load_policy`),
+    which must be the policy that wrote `batches` (module doc)."""
+    from nemo_rl_specdec.bench.replay import BesideReplay, ReplayDrafter, replay
+    from nemo_rl_specdec.config import cost_entry, cost_parts, to_vllm_speculative_config
+    from nemo_rl_specdec.cost.price import PricedHybridCost, PricedStepCost
+    from nemo_rl_specdec.cost.trace import HYBRID
 
-    why = replayable(spec)
+    why = one_text_why(spec)
     if why is not None:
         raise ValueError(f"one-text row {name!r}: {why}")
     g = cfg.generation
-    key = cost_entry(spec)[1]
-    ours = (to_vllm_speculative_config(spec, g.temperature) or {}).get("method") == "custom_class"
-
-    cost = PricedStepCost(profile, key, spec.num_speculative_tokens) if ours else None
-    out = replay(spec, batches, g.vllm_cfg.max_model_len, g.temperature, step_cost=cost, label=key)[measure_from:]
+    kind, key = cost_entry(spec)
+    k = spec.num_speculative_tokens
+    mml = g.vllm_cfg.max_model_len
+    teacher_s = None
+    if kind == "list":
+        ours = (to_vllm_speculative_config(spec, g.temperature) or {}).get("method") == "custom_class"
+        cost = PricedStepCost(profile, key, k) if ours else None
+        out = replay(spec, batches, mml, g.temperature, step_cost=cost, label=key)
+    else:
+        t0 = time.perf_counter()
+        drafts = teacher_forced_drafts(spec, batches, load_policy(cfg) if policy is None else policy)
+        teacher_s = time.perf_counter() - t0
+        if kind == HYBRID:   # the engine's proposer beside the model part, its drafts read from the table
+            parts = cost_parts(spec)
+            cost = PricedHybridCost(profile, parts["history"], parts["model"], k)
+            beside = BesideReplay(spec, mml, drafts, cost=cost, temperature=g.temperature)
+            drafter, label = beside.drafter(HYBRID, parts), spec.drafter
+        else:   # vLLM's model method: every step drafts k tokens for every request
+            drafter, label = ReplayDrafter(lambda batch, sampled, requests: drafts(batch),
+                                           lambda rollouts, version: None, kind), key
+        out = replay(spec, batches, mml, g.temperature, drafter=drafter, label=label)
+    out = out[measure_from:]
     traces = [r["trace"] for r in out]
     gen = sum(r["generated_tokens"] for r in out)
     fwd = sum(r["target_forwards"] for r in out)
     dt = sum(r["draft_tokens"] for r in out)
     accepted = [a for t in traces for s in t.steps for d, a in zip(s.drafts, s.accepted, strict=True) if d]
-    k = spec.num_speculative_tokens
-    return {"name": name, "drafter": spec.drafter, "k": k, "profile_entry": key,
+    return {"name": name, "drafter": spec.drafter, "k": k, "profile_entry": key, "kind": kind,
+            "draft_source": "greedy, teacher-forced" if kind != "list" else "the proposer's",
+            "teacher_forced_s": teacher_s,
             "tokens_per_target_forward": gen / fwd if fwd else None,
             "acceptance_rate": sum(r["accepted_draft_tokens"] for r in out) / dt if dt else 0.0,
             "accepted_per_position": [sum(1 for a in accepted if a > j) / len(accepted) for j in range(k)]
@@ -166,5 +272,5 @@ class LoopPricer:
                 "vs_best_builtin": res["verdict"]}
 
 
-__all__ = ["OURS", "LoopPricer", "compare", "priced", "replay_row", "replayable", "rows", "speedup_at",
-           "verdict"]
+__all__ = ["OURS", "LoopPricer", "TeacherForced", "compare", "load_policy", "model_part", "one_text_why", "priced",
+           "replay_row", "replayable", "rows", "speedup_at", "teacher_forced_drafts", "verdict"]

@@ -85,6 +85,23 @@ class DFlash(CheckpointDrafter):
     def distiller_class(self):
         return DFlashDistiller
 
+    def teacher_forced(self, spec, policy):
+        """`bench/onetext.py` `TeacherForced`: (ids, first, k) -> the draft's greedy k-token blocks at every
+        position of a recorded sequence, on `policy`'s (an HF causal LM) hidden states of it (`greedy_drafts`)."""
+        import torch
+
+        draft, cfg = load_draft(self.checkpoint(spec))
+        draft.eval()
+        layers, mask_id = cfg["dflash_config"]["target_layer_ids"], int(cfg["dflash_config"]["mask_token_id"])
+        embed, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
+
+        def drafts(ids, first: int, k: int):
+            t = torch.tensor([list(ids)])
+            aux, _ = target_hidden(policy, t, layers)
+            return greedy_drafts(draft, aux[0], embed, head, t[0], k, first, mask_id).numpy()
+
+        return drafts
+
 
 def read_config(path) -> dict:
     """The draft's config.json, checked for the architecture and the fields the mirror and vLLM need
@@ -260,6 +277,27 @@ def load_draft(draft_dir) -> tuple:
         raise ValueError(f"{draft_dir}: not a qwen3_dflash draft without biases (missing {missing[:4]}, "
                          f"unexpected {unexpected[:4]})")
     return draft, cfg
+
+
+def greedy_drafts(draft, aux, embed, lm_head, ids, k: int, first: int, mask_token_id: int):
+    """The draft's greedy k-token blocks at every decode position of one recorded sequence `ids` [T], as
+    vLLM's dflash proposer makes them: row r of the returned [T - first, k] tensor is the block for text
+    indices m, ..., m + k - 1 made when tokens 0 .. m - 1 are verified (m = first + r, 2 <= first < T):
+    anchor n = m - 1 (the token just sampled) embedded, then k mask tokens, attending to the context
+    positions p < n of `aux` [T, n*H] (the policy's target-layer states of the sequence, `target_hidden`);
+    offset j's argmax under the policy's `lm_head` [V, H] drafts x_{m+j-1}. `embed`: the policy's input
+    embedding [V, H]. All anchors in one forward (each sees only its own block, `DFlashDraft.forward`)."""
+    import torch
+
+    T = int(ids.shape[0])
+    if not 2 <= first < T or k < 1:
+        raise ValueError(f"greedy_drafts: first={first}, k={k} for a sequence of {T} tokens; allowed: 2 <= first < T "
+                         "and k >= 1")
+    anchors = torch.arange(first - 1, T - 1).unsqueeze(0)
+    with torch.no_grad():
+        query = query_blocks(embed, ids.unsqueeze(0), anchors, k + 1, mask_token_id)
+        out = draft(aux.unsqueeze(0), query.to(aux.dtype), anchors, torch.ones_like(anchors, dtype=torch.bool))
+        return (out[0, :, 1:] @ lm_head.t().to(out.dtype)).argmax(-1)
 
 
 def check_target_layers(target_layer_ids, num_layers: int) -> None:

@@ -30,6 +30,55 @@ class DraftModel(CheckpointDrafter):
     def distiller_class(self):
         return DraftModelDistiller
 
+    def teacher_forced(self, spec, policy):
+        """`bench/onetext.py` `TeacherForced`: (ids, first, k) -> the draft model's greedy k-token drafts at every
+        position of a recorded sequence (`greedy_drafts`); `policy` is not read (the draft sees tokens only)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.checkpoint(spec), dtype=torch.float32).eval()
+        return lambda ids, first, k: greedy_drafts(model, torch.tensor(ids), k, first).numpy()
+
+
+def greedy_drafts(model, ids, k: int, first: int):
+    """The draft model's greedy k-token drafts at every decode position of one recorded sequence `ids` [T],
+    as vLLM's draft_model proposer makes them with greedy drafts: row r of the returned [T - first, k]
+    tensor is the draft for text indices m, ..., m + k - 1 made when tokens 0 .. m - 1 are verified
+    (m = first + r, 1 <= first < T): its first token is the draft's argmax after x_0 .. x_{m-1}, each next
+    one its argmax after those and its own draft so far.
+
+    One forward per draft position for every row at once: the text, then the rows' draft tokens so far,
+    each at its own position (m - 1 + j), under a mask that lets it see the text up to x_{m-1} and its own
+    row's earlier draft tokens (the draft's KV cache in vLLM: the verified tokens, then the draft's)."""
+    import torch
+
+    T = int(ids.shape[0])
+    if not 1 <= first < T or k < 1:
+        raise ValueError(f"greedy_drafts: first={first}, k={k} for a sequence of {T} tokens; allowed: 1 <= first < T "
+                         "and k >= 1")
+    R = T - first
+    m = torch.arange(first, T)
+    dtype = next(model.parameters()).dtype
+    with torch.no_grad():
+        tok = model(input_ids=ids[None], use_cache=False).logits[0, m - 1].argmax(-1)
+        out, chain = [tok], []
+        for j in range(1, k):
+            chain.append(tok)
+            Q, idx = T + j * R, torch.arange(T + j * R)
+            pos = torch.cat([torch.arange(T), *[m - 1 + i for i in range(1, j + 1)]])
+            row = torch.cat([torch.full((T,), -1), torch.arange(R).repeat(j)])          # a draft token's row
+            step = torch.cat([torch.zeros(T, dtype=torch.long), torch.arange(1, j + 1).repeat_interleave(R)])
+            text = step == 0
+            seen = torch.where(text, idx + 1, m[row.clamp(min=0)])   # text keys a query sees: 0 .. seen - 1
+            allow = text[None, :] & (idx[None, :] < seen[:, None])
+            allow |= ~text[:, None] & ~text[None, :] & (row[:, None] == row[None, :]) & (step[None, :] <= step[:, None])
+            mask = torch.zeros(Q, Q, dtype=dtype).masked_fill(~allow, torch.finfo(dtype).min)
+            logits = model(input_ids=torch.cat([ids, *chain])[None], position_ids=pos[None],
+                           attention_mask=mask[None, None], use_cache=False).logits[0]
+            tok = logits[T + (j - 1) * R:].argmax(-1)
+            out.append(tok)
+        return torch.stack(out, -1)
+
 
 class DraftModelDistiller(Distiller):
     """Online trainer of an external draft model (any HF causal LM sharing the policy's vocab).

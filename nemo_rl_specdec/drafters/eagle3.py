@@ -83,6 +83,24 @@ class Eagle3(CheckpointDrafter):
         kw.setdefault("draft_vocab_size", spec.eagle3.draft_vocab_size)
         return super().build_distiller(spec, temperature=temperature, seed=seed, model_path=model_path, **kw)
 
+    def teacher_forced(self, spec, policy):
+        """`bench/onetext.py` `TeacherForced`: (ids, first, k) -> the head's greedy k-token drafts at every position
+        of a recorded sequence, on `policy`'s (an HF causal LM) hidden states of it (`greedy_drafts`)."""
+        import torch
+
+        head, cfg = load_head(self.checkpoint(spec))
+        head.eval()
+        layer_ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        embed, L = policy.get_input_embeddings(), policy.config.num_hidden_layers
+
+        def drafts(ids, first: int, k: int):
+            with torch.no_grad():
+                out = policy(input_ids=torch.tensor([list(ids)]), output_hidden_states=True, logits_to_keep=1)
+                aux = torch.cat(aux_hidden(out.hidden_states, layer_ids, L), -1)[0]
+                return greedy_drafts(head, aux, out.hidden_states[0][0], embed, k, first).numpy()
+
+        return drafts
+
     def check_nemo_rl(self, spec, policy):
         draft = policy.get("draft") or {}
         trained = draft.get("model_name") if draft.get("enabled") else None

@@ -64,13 +64,14 @@ def test_the_report_fits_100_columns_and_keeps_per_position_acceptance_out(capsy
     profile = load_profile("h100_qwen3_8b")
     rows = []
     for i, name in enumerate(["suffix (DAS)", "suffix (vLLM)", "suffix (vLLM defaults)", "ngram (judged)",
-                              "hybrid (DAS + eagle3)"]):
+                              "hybrid (DAS + eagle3)", "mtp"]):
         r = {"name": name, "k": 24, "tokens_per_target_forward": 3.5, "wall_clock_ratio": 1.1,
              "wall_clock_spread": "0.92-1.94", "accepted_per_position": [0.912345] * 24}
-        if "hybrid" in name:
-            r["one_text_unavailable"] = "its drafts need the model"
+        if name == "mtp":
+            r["one_text_unavailable"] = "no teacher-forced mirror"
         else:
-            r.update(one_text_tokens_per_target_forward=3.0 + i,
+            r.update(one_text_drafts="greedy, teacher-forced" if "hybrid" in name else "the proposer's",
+                     one_text_tokens_per_target_forward=3.0 + i,
                      priced_by_host_speed=[{"host_speed": 1.0, "rollout_s": 1.0 + i, "speedup": 2.0 / (1 + i)},
                                            {"host_speed": 2.0, "rollout_s": 0.9 + i, "speedup": 2.1 / (1 + i)}])
         rows.append(r)
@@ -80,5 +81,8 @@ def test_the_report_fits_100_columns_and_keeps_per_position_acceptance_out(capsy
     assert out and max(len(line) for line in out.splitlines()) <= 100
     assert "0.912" not in out   # per-position acceptance: the JSON's
     assert "suffix (DAS) vs the best vLLM built-in (vllm_suffix, k=24), one text, host 1x: 2.000x" in out
-    assert "no one-text figure" in out and "hybrid (DAS + eagle3)" in out
+    hybrid = next(line for line in out.splitlines() if line.lstrip().startswith("hybrid (DAS + eagle3)"))
+    assert "-" not in hybrid.split()[5:8]   # a model drafter's row is priced on the one text too
+    assert "hybrid (DAS + eagle3): greedy drafts" in out and "teacher-forced" in out
+    assert "no one-text figure" in out and out.split("no one-text figure")[1].split("\n")[0].endswith("mtp")
     assert "runs/x/drafters.log" in out

@@ -19,12 +19,92 @@ def _batches(n=2, samples=2):
             for _ in range(n)]
 
 
-def test_a_model_drafter_is_no_row_and_says_why():
+def test_a_model_drafter_is_no_row_of_the_loop_and_says_why():
     cfg = load_run_config(TINY, ["policy.generation.speculative_decoding.drafter=draft_model"])
     assert "draft_model" in onetext.replayable(cfg.spec) and "teacher-forced" in onetext.replayable(cfg.spec)
     assert onetext.replayable(load_run_config(TINY, []).spec) is None
     assert onetext.LoopPricer()(cfg, _batches()) == {"hardware": "h100_qwen3_8b",
                                                       "unavailable": onetext.replayable(cfg.spec)}
+
+
+def _spec(*over):
+    return load_run_config(TINY, [f"policy.generation.speculative_decoding.{o}" for o in over])
+
+
+def test_every_bench_row_has_a_one_text_figure_and_a_drafter_without_a_mirror_says_why():
+    from nemo_rl_specdec.bench.drafters import cpu_drafters
+
+    for name, over in cpu_drafters(load_run_config(TINY, []).spec).items():
+        assert onetext.one_text_why(load_run_config(TINY, over).spec) is None, name
+    mtp = load_run_config("configs/tiny_mtp_cpu.yaml", [])
+    assert mtp.spec.drafter == "mtp"
+    why = onetext.one_text_why(mtp.spec)
+    assert "'mtp'" in why and "teacher-forced" in why
+    with pytest.raises(ValueError, match="one-text row 'm'.*'mtp'"):
+        onetext.replay_row("m", mtp.spec, _batches(), mtp, load_profile("h100_qwen3_8b"))
+
+
+def _own_text(cfg, n: int = 23):
+    """The bundled draft model's own greedy continuation of PROMPT: the text its greedy drafts reproduce."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(cfg.spec.draft_model.model, dtype=torch.float32).eval()
+    seq = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(m(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(PROMPT):]
+
+
+def test_a_model_drafter_drafting_its_own_text_is_accepted_everywhere_and_priced_by_the_cost_function():
+    cfg = _spec("drafter=draft_model", "num_speculative_tokens=4", "refresh.mode=frozen")
+    h100 = load_profile("h100_qwen3_8b")
+    text = _own_text(cfg)
+    batches = [[{"problem_id": "A", "prompt_token_ids": PROMPT, "token_ids": text}] * 2]
+    row = onetext.replay_row("draft_model", cfg.spec, batches, cfg, h100)
+    (trace,) = row["traces"]
+    assert row["kind"] == trace.kind == "model" and row["draft_source"] == "greedy, teacher-forced"
+    # every draft accepted: the prefill, then k + 1 tokens per forward until the text ends
+    per_request = 1 + -(-(len(text) - 1) // 5)
+    assert row["tokens_per_target_forward"] == pytest.approx(len(text) / per_request)
+    assert row["accepted_per_position"][0] == 1.0
+    # priced as every row: the target and the draft's k forwards per step from the profile, no host term
+    p = row["priced"]
+    assert p["measured_host_s"] == 0.0
+    costs = step_costs(trace, h100)
+    assert p["forwards_s"] == pytest.approx(sum(c.target_s + c.draft_s for c in costs))
+    assert all(c.draft_s > 0 for c, s in zip(costs, trace.steps, strict=True) if s.rids)
+    assert p["baseline_s"] == pytest.approx(sum(c.total_s for c in step_costs(trace.without_drafts(), h100)))
+    assert all(b["rollout_s"] == pytest.approx(p["forwards_s"]) for b in p["by_host_speed"])
+    # a text the draft does not write: fewer tokens per forward, the same baseline
+    other = onetext.replay_row("draft_model", cfg.spec, _batches(1), cfg, h100)
+    assert other["tokens_per_target_forward"] < row["tokens_per_target_forward"]
+
+
+def test_dflash_and_the_hybrid_are_rows_priced_from_their_traces():
+    from nemo_rl_specdec.config import cost_parts
+
+    h100 = load_profile("h100_qwen3_8b")
+    base = load_run_config(TINY, [])
+    policy = onetext.load_policy(base)
+    block = _spec("drafter=dflash", "num_speculative_tokens=4", "refresh.mode=frozen")
+    row = onetext.replay_row("dflash", block.spec, _batches(), block, h100, measure_from=1, policy=policy)
+    assert row["traces"][0].kind == "block" and row["priced"]["measured_host_s"] == 0.0
+    assert all(d == 4 for s in row["traces"][0].steps if s.rids for d in s.drafts)
+
+    hyb = _spec("drafter=hybrid", "hybrid.model=eagle3", "num_speculative_tokens=4", "refresh.mode=online")
+    a, b = (onetext.replay_row("hybrid", hyb.spec, _batches(), hyb, h100, measure_from=1, policy=policy)
+            for _ in range(2))
+    (trace,) = a["traces"]
+    assert trace.kind == "hybrid" and trace.parts == cost_parts(hyb.spec)
+    # the history half rebuilt from the first batch drafts the repeat; its proposer's host time is measured
+    assert a["tokens_per_target_forward"] > 3.0 and a["priced"]["measured_host_s"] > 0
+    costs = step_costs(trace, h100)
+    assert a["priced"]["forwards_s"] == pytest.approx(sum(c.target_s + c.draft_s for c in costs))
+    # the same text: the target side repeats exactly
+    assert a["priced"]["forwards_s"] == b["priced"]["forwards_s"]
+    assert a["priced"]["baseline_s"] == b["priced"]["baseline_s"] == row["priced"]["baseline_s"]
 
 
 def test_the_forwards_are_the_cost_functions_and_the_host_term_is_the_measured_time_over_the_host_speed():
