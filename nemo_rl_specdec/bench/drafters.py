@@ -91,8 +91,12 @@ def prepare(eng, dcfg, reqs, history) -> None:
 
 def _options(cfg) -> dict:
     from nemo_rl_specdec.bench import MAX_REPEATS, hardware_option, option, suite_options
+    from nemo_rl_specdec.config import ConfigError
 
     b = suite_options(cfg, "drafters", known=("repeats", "hardware"))
+    if not cfg.spec.enabled:   # the registry's rows would run without speculation beside vLLM's built-ins with it
+        raise ConfigError(f"{BLOCK}.enabled: got false; the drafters suite compares every drafter with speculation "
+                          "on, on one text, so allowed: true")
     return {"repeats": option(b, "drafters", "repeats", 3, 1, MAX_REPEATS), "profile": hardware_option(b, "drafters")}
 
 

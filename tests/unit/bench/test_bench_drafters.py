@@ -27,6 +27,12 @@ def test_an_unknown_option_or_profile_is_refused():
         _options(load_run_config("configs/tiny_cpu.yaml", ["bench.drafters.hardware=tpu"]))
 
 
+def test_speculation_off_is_refused_by_its_key_before_any_engine():
+    """Off, the registry's rows would run without speculation beside vLLM's built-ins with it: unequal rows."""
+    with pytest.raises(ConfigError, match=r"policy\.generation\.speculative_decoding\.enabled: got false"):
+        _options(load_run_config("configs/tiny_cpu.yaml", ["policy.generation.speculative_decoding.enabled=false"]))
+
+
 def test_priced_ratio_is_tokens_per_priced_second():
     """Two engines on different texts: the ratio is of their priced throughputs, not their times."""
     h100 = load_profile("h100_qwen3_8b")
