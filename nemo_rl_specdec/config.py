@@ -103,6 +103,9 @@ class _SpecDecBlock(_Strict):
     # per step, draft nothing where the drafts are predicted to lose (drafters/machinery/step_judge.py); unset: on
     # for drafters that judge each step themselves (DAS), off for the others
     auto_disable: bool | None = None
+    # at a resume from NeMo-RL's checkpoint: carry: restore the drafter's state saved with it (versions, DAS
+    # window, online drafter and its optimizer); fresh: start the drafter over on purpose (adapter/checkpoint.py)
+    resume: Literal["carry", "fresh"] = "carry"
 
     @model_validator(mode="after")
     def _coherent(self):

@@ -109,12 +109,18 @@ def make_validate_wrapper(original: Callable) -> Callable:
     return validate
 
 
+_ABSENT = object()  # an attribute `install` added (uninstall deletes it)
+
+
 def install(env: dict | None = None, gen_cfg: dict | None = None,
-            trains_mtp: bool = False, exports_draft: bool = False) -> list[tuple[Any, str, Any]]:
+            trains_mtp: bool = False, exports_draft: bool = False, resume_from: Path | None = None,
+            run: dict | None = None) -> list[tuple[Any, str, Any]]:
     """Check support for `gen_cfg` (NeMo-RL's `policy.generation` with our block), then apply the
     substitutions; returns (object, attribute, previous value) for `uninstall`. Raises
     `api.UnsupportedNeMoRL` (nothing patched) when a hook the run needs is missing.
-    `exports_draft`: `policy.draft.enabled` (the trainer streams an Eagle head)."""
+    `exports_draft`: `policy.draft.enabled` (the trainer streams an Eagle head). `resume_from`: the
+    checkpoint NeMo-RL resumes from (`checkpoint.check_resume`), whose drafter state the engines and
+    the policy workers restore; `run`: the whole run file (the policy's vocabulary it names)."""
     env = os.environ if env is None else env
     gen_cfg = gen_cfg if gen_cfg is not None else {}
     spec = translate.enabled_spec(gen_cfg)
@@ -123,7 +129,7 @@ def install(env: dict | None = None, gen_cfg: dict | None = None,
     undo: list[tuple[Any, str, Any]] = []
 
     def setattr_undo(obj: Any, name: str, value: Any) -> None:
-        undo.append((obj, name, getattr(obj, name)))
+        undo.append((obj, name, getattr(obj, name, _ABSENT)))
         setattr(obj, name, value)
 
     entry = str(translate.package_import_root())
@@ -148,9 +154,10 @@ def install(env: dict | None = None, gen_cfg: dict | None = None,
     setattr_undo(script, "configure_generation_config", make_configure_wrapper(script.configure_generation_config))
 
     if spec is not None:
+        checkpoint.SESSION = checkpoint.Session(spec, resume_from, run)
         manager = api.resolve(api.CHECKPOINT_MANAGER)
         setattr_undo(manager, "init_tmp_checkpoint",
-                     checkpoint.wrap_init_tmp_checkpoint(manager.init_tmp_checkpoint, spec))
+                     checkpoint.wrap_init_tmp_checkpoint(manager.init_tmp_checkpoint, checkpoint.SESSION))
 
     if distills:
         from nemo_rl_specdec.adapter.policy_workers import wrap_policy
@@ -172,8 +179,11 @@ def uninstall(undo: list[tuple[Any, str, Any]]) -> None:
                 obj.pop(name, None)
             else:
                 obj[name] = old
+        elif old is _ABSENT:
+            delattr(obj, name)
         else:
             setattr(obj, name, old)
+    checkpoint.SESSION = None
 
 
 def write_composed(composed: config_loader.Composed, out_dir: str | None = None) -> Path:
@@ -198,6 +208,7 @@ def prepare(argv: list[str]) -> tuple[int, dict | None]:
     """Steps 1-2 (no NeMo-RL import). Returns (exit code or -1 to continue, launch plan)."""
     args, overrides = parse_args(argv)
     root = api.find_nemo_rl_root()
+    resume_from = None
     try:
         base = config_loader.compose(args.config, [], root)
         full = config_loader.compose(args.config, overrides, root)
@@ -214,7 +225,7 @@ def prepare(argv: list[str]) -> tuple[int, dict | None]:
             spec = None
         else:
             spec = translate.check_run(full.resolved())
-            checkpoint.check_resume(full.resolved(), spec)
+            resume_from = checkpoint.check_resume(full.resolved(), spec)
     except ConfigError as e:
         return fail(e, EXIT_CONFIG), None
     if not api.nemo_rl_available():
@@ -237,7 +248,7 @@ def prepare(argv: list[str]) -> tuple[int, dict | None]:
     exports_draft = bool((policy.get("draft") or {}).get("enabled"))
     return -1, {"config": args.config, "overrides": overrides, "spec": spec, "base": base,
                 "resolved": full.resolved(), "generation": policy.get("generation"), "trains_mtp": trains_mtp,
-                "exports_draft": exports_draft}
+                "exports_draft": exports_draft, "resume_from": resume_from}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,7 +281,8 @@ def launch(script: Any, plan: dict, config_path: Path) -> int:
     """Step 3: install the block's substitutions and run NeMo-RL's `main` on `config_path`."""
     try:
         if plan["spec"] is not None:
-            install(gen_cfg=plan["generation"], trains_mtp=plan["trains_mtp"], exports_draft=plan["exports_draft"])
+            install(gen_cfg=plan["generation"], trains_mtp=plan["trains_mtp"], exports_draft=plan["exports_draft"],
+                    resume_from=plan.get("resume_from"), run=plan["resolved"])
             spec = plan["spec"]
             print(f"[specdec] speculative decoding on: drafter={spec.drafter} k={spec.num_speculative_tokens} "
                   f"refresh={spec.refresh.mode} placement={spec.scheduling.placement}")

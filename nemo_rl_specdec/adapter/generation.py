@@ -22,6 +22,8 @@ On top of NeMo-RL's behaviour it:
   engine swap its rollouts and stage them for a background rebuild of the DAS store (workers.py,
   `specdec_stage_generated`), then runs NeMo-RL's (sleep when colocated, else a prefix-cache reset);
   the refit then installs the rebuilt store instead of rebuilding it;
+- NeMo-RL's checkpoint (adapter/checkpoint.py): `specdec_export_state` gives every engine's state to
+  the save; at a resume, `__init__` restores it into the engines once they are up;
 - `get_step_metrics`: NeMo-RL's `vllm/spec_*` counters plus our `specdec/*` metrics (versions,
   refresh time, acceptance by drafter lag, placement balance; see metrics.py).
 """
@@ -31,7 +33,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any
 
-from nemo_rl_specdec.adapter import api, metrics, payload, preflight, sharding, translate
+from nemo_rl_specdec.adapter import api, checkpoint, metrics, payload, preflight, sharding, translate
 from nemo_rl_specdec.lockstep import DrafterRefreshError
 
 REQUIRED_OUTPUT_KEYS = ("output_ids", "generation_lengths", "unpadded_sequence_lengths", "logprobs")
@@ -126,6 +128,25 @@ def _build_generation() -> type:
                     config[translate.EXCHANGE_KEY] = name
             super().__init__(cluster, config, name_prefix=name_prefix, workers_per_node=workers_per_node,
                              defer_model_load=defer_model_load)
+            session = checkpoint.session()
+            if spec is not None and session is not None:
+                session.attach_generation(self)
+                saved = session.engines_state()
+                if saved is not None:
+                    self.specdec_restored = self._specdec_restore(saved)
+
+        def specdec_export_state(self) -> list[dict]:
+            """Every engine's part of NeMo-RL's checkpoint (workers.py `_specdec_saved`), in engine order."""
+            futures = self.worker_group.run_all_workers_single_data("specdec_export_state",
+                                                                    run_rank_0_only_axes=RANK0_ONLY)
+            return [r for r in _ray_get(futures) if r]
+
+        def _specdec_restore(self, saved: list[dict]) -> list[dict]:
+            """Engine i takes saved engine i's state (i modulo the saved engines, on a resume with more)."""
+            per_engine = [saved[i % len(saved)] for i in range(self.dp_size)]
+            futures = self.worker_group.run_all_workers_multiple_data(
+                "specdec_restore_state", run_rank_0_only_axes=RANK0_ONLY, saved=per_engine)
+            return [r for r in _ray_get(futures) if r]
 
         def generate(self, data, greedy=False):
             planner = self._specdec_planner

@@ -58,6 +58,10 @@ class RolloutStash:
             self._tokens -= old.num_tokens
             self.dropped += len(old)
 
+    def peek(self) -> RolloutBatch:
+        """What `drain` would return, left in place (a checkpoint saves it)."""
+        return RolloutBatch.concat(list(self._chunks))
+
     def drain(self) -> RolloutBatch:
         out = RolloutBatch.concat(list(self._chunks))
         self._chunks.clear()

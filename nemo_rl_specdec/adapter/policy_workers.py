@@ -32,6 +32,7 @@ from typing import Any
 
 from nemo_rl_specdec.adapter import api
 from nemo_rl_specdec.adapter.host import Host
+from nemo_rl_specdec.lockstep import DrafterRefreshError
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,36 @@ class SpecDecDistillMixin(Host):
         return out
 
 
+    def specdec_distill_state(self) -> dict | None:
+        """Rank 0's part of NeMo-RL's checkpoint (adapter/checkpoint.py): the distiller's state and this
+        worker's counters; other ranks hold the same replica and return only its fingerprint."""
+        import torch
+
+        from nemo_rl_specdec.engine.weights import fingerprint
+
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        out: dict = {"rank": rank, "fingerprint": fingerprint(self._specdec_distiller.module)}
+        if rank == 0:
+            out.update(seq=self._specdec_seq, steps=self._specdec_steps, stats=dict(self._specdec_stats),
+                       distiller=self._specdec_distiller.checkpoint_state())
+        return out
+
+    def specdec_distill_restore(self, saved: dict) -> dict:
+        """At a resume, before the first drafter is published: the distiller as saved, and the counters
+        (the next publication is the saved drafter, which the first refit pushes to the engines)."""
+        from nemo_rl_specdec.engine.weights import fingerprint
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+        from nemo_rl_specdec.train.distill import DistillInputError
+
+        try:
+            self._specdec_distiller.load_checkpoint_state(saved["distiller"])
+        except DistillInputError as e:
+            raise DrafterRefreshError(f"the online drafter saved in the checkpoint does not restore: {e}") from None
+        self._specdec_seq, self._specdec_steps = int(saved["seq"]), int(saved["steps"])
+        self._specdec_stats, self._specdec_taken = dict(saved["stats"]), -1
+        return {"fingerprint": fingerprint(self._specdec_distiller.module), "seq": self._specdec_seq}
+
+
 def combine_takes(takes: list) -> dict | None:
     """One publication from every rank's `specdec_take_drafter` result; raises when the replicas differ."""
     from nemo_rl_specdec.lockstep import DrafterRefreshError
@@ -185,6 +216,19 @@ def wrap_policy(policy_cls: Any, spec: Any, temperature: float, seed: int = 0) -
             "specdec_distill_setup", spec=spec_json, temperature=temperature, seed=seed))
         logger.info("[specdec] online %s distillation in %d policy workers: %s", spec.drafter, len(setup), setup[0])
         self._specdec_train_started = None
+        from nemo_rl_specdec.adapter import checkpoint
+
+        session = checkpoint.session()
+        if session is not None:
+            session.attach_policy(self)
+            saved = session.distiller_state()
+            if saved is not None:
+                ref = ray.put(saved)
+                done = ray.get(self.worker_group.run_all_workers_single_data("specdec_distill_restore", saved=ref))
+                if len({d["fingerprint"] for d in done}) != 1:
+                    raise DrafterRefreshError("the policy workers restored different online drafters from the "
+                                              "checkpoint")
+                self.specdec_restored = done[0]
         _publish(self)  # drafter 0: the checkpoint as loaded; a refit before any policy step confirms it
 
     def train(self, *args, **kwargs):
@@ -197,7 +241,17 @@ def wrap_policy(policy_cls: Any, spec: Any, temperature: float, seed: int = 0) -
         _publish(self, period)
         return out
 
-    return {"__init__": __init__, "train": train}
+    def specdec_export_state(self) -> dict:
+        """The online drafter's part of NeMo-RL's checkpoint (rank 0's; every rank's replica checked equal)."""
+        import ray
+
+        states = ray.get(self.worker_group.run_all_workers_single_data("specdec_distill_state"))
+        first = next(s for s in states if "distiller" in s)
+        if any(s["fingerprint"] != first["fingerprint"] for s in states):
+            raise DrafterRefreshError("the policy workers' drafter replicas differ: there is no one drafter to save")
+        return {k: v for k, v in first.items() if k not in ("rank", "fingerprint")}
+
+    return {"__init__": __init__, "train": train, "specdec_export_state": specdec_export_state}
 
 
 def _build_worker(name: str) -> type:

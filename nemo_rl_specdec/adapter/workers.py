@@ -304,6 +304,30 @@ class SpecDecWorkerState:
         reps = [r for r in (per_rank or []) if r]
         self._specdec_engine_state = dict((reps[0] or {}).get("state") or {}) if reps else {}
 
+    def _specdec_saved(self, per_rank: list) -> dict:
+        """This engine's part of NeMo-RL's checkpoint (adapter/checkpoint.py): the actor's policy version,
+        the rollouts it holds for the next update (async GRPO: generated since the last refit), the
+        version a store rebuild is staged for, and its vLLM workers' state (rank 0's; the ranks of one
+        engine hold the same)."""
+        from nemo_rl_specdec.drafter_state import from_bytes
+
+        pending = self._specdec_stash.peek() if self._specdec_stash is not None else None
+        return {"version": self._specdec_version, "staged_for": self._specdec_staged_for,
+                "pending": None if pending is None or not len(pending) else
+                {k: getattr(pending, k) for k in RolloutBatch.__slots__},
+                "worker": from_bytes(per_rank[0])}
+
+    def _specdec_restore(self, saved: dict, per_rank: list) -> dict:
+        """After the vLLM workers restored `saved["worker"]` (`per_rank`: their states): the actor
+        continues from the saved version, with the saved rollouts waiting for the next update."""
+        self._specdec_version = int(saved["version"])
+        if saved.get("pending") is not None and self._specdec_stash is not None:
+            self._specdec_stash.add(RolloutBatch(**saved["pending"]))
+        state = dict(per_rank[0])
+        restored = state.pop("restored_entries", 0)
+        self._specdec_engine_state = state
+        return {"version": self._specdec_version, "restored_entries": restored}
+
     def _specdec_check_lag(self) -> None:
         """Refuse to generate with a drafter that trails the policy more than refresh.max_policy_lag
         (lockstep.check_versions; names both versions)."""
@@ -488,6 +512,15 @@ def _build_sync_impl() -> type:
                 return {}
             return self._specdec_combine(self.llm.collective_rpc("specdec_report"), self.specdec_counters())
 
+        def specdec_export_state(self) -> dict:
+            return self._specdec_saved(self.llm.collective_rpc("specdec_export_state"))
+
+        def specdec_restore_state(self, saved: dict) -> dict:
+            from nemo_rl_specdec.drafter_state import to_bytes
+
+            return self._specdec_restore(saved, self.llm.collective_rpc("specdec_restore_state",
+                                                                        args=(to_bytes(saved["worker"]),)))
+
     def nccl_reshard_refit(self):
         return self._specdec_refit(super(SpecDecVllmGenerationWorkerImpl, self).nccl_reshard_refit)
 
@@ -584,6 +617,16 @@ def _build_async_impl() -> type:
                 return {}
             return self._specdec_combine(await _maybe_await(self.llm.collective_rpc("specdec_report")),
                                         self.specdec_counters())
+
+        async def specdec_export_state(self) -> dict:
+            return self._specdec_saved(await _maybe_await(self.llm.collective_rpc("specdec_export_state")))
+
+        async def specdec_restore_state(self, saved: dict) -> dict:
+            from nemo_rl_specdec.drafter_state import to_bytes
+
+            blob = await asyncio.to_thread(to_bytes, saved["worker"])
+            return self._specdec_restore(saved, await _maybe_await(self.llm.collective_rpc("specdec_restore_state",
+                                                                                           args=(blob,))))
 
     async def nccl_reshard_refit_async(self):
         return await self._specdec_refit(super(SpecDecVllmAsyncGenerationWorkerImpl, self).nccl_reshard_refit_async)

@@ -96,6 +96,26 @@ class StepCostFit:
         idle = np.zeros(requests)
         return cm.cost(Step.of(idle, idle, forwards=k)).draft_s - cm.cost(Step.of(idle, idle, forwards=1)).draft_s
 
+    def state_dict(self) -> dict:
+        """What a checkpoint carries: the samples in the window and the fit made from them."""
+        return {"columns": list(self.columns), "x": np.asarray(self._x, np.float64).reshape(-1, len(self.columns)),
+                "y": np.asarray(self._y, np.float64), "since": self._since,
+                "coef": None if self.coef is None else np.asarray(self.coef, np.float64), "r2": self.r2,
+                "samples": self.samples, "kept": self.kept}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A `state_dict` of a fit with the same columns (its window is cut to this one's length)."""
+        if list(state["columns"]) != list(self.columns):
+            raise ValueError(f"the saved step-cost fit has columns {list(state['columns'])}; "
+                             f"this one {list(self.columns)}")
+        self._x.clear()
+        self._y.clear()
+        self._x.extend(np.asarray(row, np.float64) for row in np.asarray(state["x"]))
+        self._y.extend(float(v) for v in np.asarray(state["y"]))
+        self._since, self.samples, self.kept = int(state["since"]), int(state["samples"]), int(state["kept"])
+        self.coef = None if state["coef"] is None else np.asarray(state["coef"], np.float64)
+        self.r2 = None if state["r2"] is None else float(state["r2"])
+
     def metrics(self) -> dict:
         coef = [None] * len(self.columns) if self.coef is None else [float(v) for v in self.coef]
         return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(self.columns, coef, strict=True))}

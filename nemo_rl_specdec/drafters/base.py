@@ -87,6 +87,15 @@ class Declared(Protocol):
 
 
 @runtime_checkable
+class CarriesState(Protocol):
+    """A proposer of ours whose own state NeMo-RL's checkpoint carries (DAS: its rollout window, its
+    calibration, its per-step rule); the engine worker saves and restores it by this contract."""
+
+    def specdec_export_state(self) -> dict: ...
+    def specdec_restore_state(self, state: dict) -> int: ...
+
+
+@runtime_checkable
 class VllmMapping(Protocol):
     """A drafter as vLLM runs it: config.py's `speculative_config`, the engine and its worker."""
 

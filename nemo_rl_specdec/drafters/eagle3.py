@@ -475,6 +475,30 @@ class Eagle3Distiller(HiddenStateDistiller):
         self.pending_vocab = None
         self.config = {**self.config, "draft_vocab_size": int(ids.numel())}
 
+    def _draft_vocab(self) -> int | None:
+        return None if self.module.draft_ids() is None else int(self.module.lm_head.out_features)
+
+    def _before_load(self, state: dict) -> None:
+        """A saved head with a draft vocabulary: this one drafts from the same ids (its d2t map) before
+        the tensors load, and the optimizer starts on the new lm_head (its saved state then loads)."""
+        saved = state.get("draft_vocab_size")
+        want = self.pending_vocab or self.want_draft_vocab
+        if saved is not None and want is not None and int(want) != int(saved):
+            raise DistillInputError(f"eagle3.draft_vocab_size: the saved head drafts from {saved} tokens; this run "
+                                    f"asks for {want}")
+        d2t = state["module"].get("d2t")
+        if d2t is None or (self.module.draft_ids() is not None and self.pending_vocab is None):
+            return
+        ids = (self.torch.arange(d2t.numel()) + d2t.long()).to(self.device)
+        head = self.module
+        head.set_draft_vocab(ids)
+        settle(head, self.device, self.dtype)
+        head.train()
+        self.opt = self.torch.optim.AdamW(head.parameters(), **{k: v for k, v in self.opt.defaults.items()
+                                                               if k in ("lr", "weight_decay", "betas", "eps")})
+        self.pending_vocab = None
+        self.config = {**self.config, "draft_vocab_size": int(ids.numel())}
+
     def _teacher_side(self, teacher) -> None:
         """Per step: the policy's output projection, and its rows of the draft vocabulary (the loss's
         target is the policy's distribution over the draft vocabulary, as the head drafts from it)."""

@@ -386,6 +386,42 @@ class DASProposer(SpecdecProposer):
         if job is not None:
             job.wait()
 
+    def specdec_export_state(self) -> dict:
+        """What a checkpoint carries of this proposer: the store's window as the next update installs it
+        (a staged rebuild is waited for, and the version it is for kept), the policy version the store
+        serves, the acceptance calibration and the per-step rule's state."""
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+        job = self._staged
+        if job is not None:
+            job.wait()
+            if job.error is not None:
+                raise DrafterRefreshError(f"DAS: the store rebuild staged for policy version {job.version} failed "
+                                          f"({job.error!r}): there is no window to save")
+        return {"version": self.version, "staged_version": None if job is None else job.version,
+                "depth": self.depth, "store": self.store.export(), "calibration": self.calibration.state_dict(),
+                "judge": self.judge.state_dict()}
+
+    def specdec_restore_state(self, state: dict) -> int:
+        """Restore `specdec_export_state` (at a resume, before anything drafts): the window, calibration
+        and rule; the store serves the saved version, and rollouts staged then are part of the window
+        (the first update installs nothing new for them). Returns the entries restored."""
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+        if int(state["depth"]) != self.depth:
+            raise DrafterRefreshError(f"DAS: the saved window was built with tree depth {state['depth']}, this "
+                                      f"engine's is {self.depth} (suffix.max_tree_depth, max_match_len, k)")
+        self._drop_staged()
+        try:
+            n = self.store.restore(state["store"])
+            self.calibration.load_state_dict(state["calibration"])
+            self.judge.load_state_dict(state["judge"])
+        except (StoreInputError, ValueError, KeyError) as e:
+            raise DrafterRefreshError(f"DAS: the saved state does not restore: {e}") from e
+        self.version = int(state["version"])
+        self._reqs.clear()
+        return n
+
     def specdec_disable(self, reason: str) -> None:
         """Stop proposing for good (on_refresh_error=disable): every later step drafts nothing, so
         vLLM verifies no drafts and the engine runs as without speculation."""

@@ -152,6 +152,40 @@ class SpecDecWorkerExtension:
             out["metrics"] = proposer.specdec_metrics()
         return out
 
+    # ------------------------------------------------------------------ checkpoint (adapter/checkpoint.py)
+    _CARRIED = ("policy_version", "drafter_version", "drafter_built_from", "updates", "disabled", "disabled_reason")
+
+    def specdec_export_state(self) -> bytes:
+        """What NeMo-RL's checkpoint carries of this engine: its versions and, when our proposer has
+        state of its own (`CarriesState`), that state. Bytes, as vLLM's engine core RPC takes them."""
+        from nemo_rl_specdec.drafter_state import to_bytes
+        from nemo_rl_specdec.drafters.base import CarriesState
+
+        st = self._specdec()
+        proposer = self._specdec_our_proposer()
+        return to_bytes({"state": {k: getattr(st, k) for k in self._CARRIED},
+                         "proposer": proposer.specdec_export_state() if isinstance(proposer, CarriesState) else None})
+
+    def specdec_restore_state(self, blob: bytes) -> dict:
+        """Restore `specdec_export_state` at a resume, before the first update and generate: the
+        versions continue from the saved ones, and our proposer takes its saved state. Raises
+        DrafterRefreshError when the saved state has proposer state this engine's drafter cannot take."""
+        from nemo_rl_specdec.drafter_state import from_bytes
+        from nemo_rl_specdec.drafters.base import CarriesState
+
+        saved = from_bytes(blob)
+        st = self._specdec()
+        proposer = self._specdec_our_proposer()
+        restored = 0
+        if saved.get("proposer") is not None:
+            if not isinstance(proposer, CarriesState):
+                raise DrafterRefreshError(f"the saved drafter state has proposer state, but this engine's proposer "
+                                          f"({type(proposer).__name__}) keeps none")
+            restored = proposer.specdec_restore_state(saved["proposer"])
+        for k in self._CARRIED:
+            setattr(st, k, saved["state"][k])
+        return {**self.specdec_state(), "restored_entries": restored}
+
     def specdec_mark_disabled(self, reason: str) -> dict:
         """Record that speculation was turned off for this engine (on_refresh_error=disable)."""
         st = self._specdec()

@@ -329,6 +329,46 @@ class Distiller:
         """The drafter's tensors, as its checkpoint names them."""
         raise NotImplementedError
 
+    def checkpoint_state(self) -> dict:
+        """What NeMo-RL's checkpoint carries of this trainer (CPU copies): the drafter's parameters and
+        buffers, the AdamW state, the step counter and per-step stats. The loop has no LR schedule and
+        keeps no data between steps (each step trains on that step's rollouts), so nothing else is."""
+        def cpu(x):
+            if isinstance(x, dict):
+                return {k: cpu(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [cpu(v) for v in x]
+            return x.detach().to("cpu", copy=True) if hasattr(x, "detach") else x
+
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "draft_vocab_size": self._draft_vocab(),
+                "module": cpu(dict(self.module.state_dict())), "optimizer": cpu(self.opt.state_dict()),
+                "steps": self.steps, "history": [dict(h) for h in self.history]}
+
+    def _draft_vocab(self) -> int | None:
+        """The vocabulary the drafter drafts from, when it is not the policy's (Eagle3's draft vocabulary)."""
+        return None
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Restore `checkpoint_state` of a trainer of the same kind and vocabularies: the drafter's
+        tensors (strictly, by name and shape), then the AdamW state over them. Raises
+        DistillInputError naming what differs, before anything changes."""
+        if state.get("kind") != self.kind or int(state.get("vocab_size", -1)) != self.vocab_size:
+            raise DistillInputError(f"the saved drafter state is a {state.get('kind')} over a vocabulary of "
+                                    f"{state.get('vocab_size')}; this one is a {self.kind} over {self.vocab_size}")
+        self._before_load(state)
+        mine = self.module.state_dict()
+        saved = state["module"]
+        if set(saved) != set(mine) or any(tuple(saved[k].shape) != tuple(mine[k].shape) for k in mine):
+            diff = sorted(set(saved) ^ set(mine)) or [k for k in mine if tuple(saved[k].shape) != tuple(mine[k].shape)]
+            raise DistillInputError(f"the saved {self.kind} drafter's tensors do not match this one's "
+                                    f"(e.g. {diff[0]!r})")
+        self.module.load_state_dict(saved, strict=True)
+        self.opt.load_state_dict(state["optimizer"])
+        self.steps, self.history = int(state["steps"]), [dict(h) for h in state["history"]]
+
+    def _before_load(self, state: dict) -> None:
+        """Shape the drafter as the saved one before its tensors load (Eagle3: the draft vocabulary)."""
+
     def twin(self) -> Distiller:
         """Another distiller made as this one was (same checkpoint and settings, no memory budget)."""
         args, kwargs = self._made_with

@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[2] / "nemo_rl_specdec"
 # bottom -> top; a unit imports only units of lower layers, never its own layer's
 LAYERS = [
     {"resources"},      # the package's files: bundled configs and assets, the cache directory
-    {"schema", "rollouts", "lockstep", "metrics", "stats", "openmp", "update", "models"},
+    {"schema", "rollouts", "lockstep", "metrics", "stats", "openmp", "update", "models", "drafter_state"},
     {"yaml_loader"},    # YAML files with overrides (run files, scenarios, NeMo-RL run files)
     {"config_loader"},  # the one door for run files: `defaults:` composition, NeMo-RL's checkout found
     {"cost"},           # the one step-cost function, hardware profiles, traces, their fits and pricing

@@ -131,6 +131,24 @@ class AcceptanceCalibration:
                 self._accepted[s] *= keep
         self._refresh()
 
+    def state_dict(self) -> dict:
+        """What a checkpoint carries: the counts behind the rates (pending feedback folded in first)."""
+        self.flush()
+        return {"sources": list(self.sources), "proposed": self._proposed.copy(), "accepted": self._accepted.copy(),
+                "observed_drafts": self.observed_drafts}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Counts saved by `state_dict` of a calibration with the same sources and bins."""
+        proposed, accepted = np.asarray(state["proposed"], np.float64), np.asarray(state["accepted"], np.float64)
+        if list(state["sources"]) != list(self.sources) or proposed.shape != self._proposed.shape \
+                or accepted.shape != self._accepted.shape:
+            raise ValueError(f"the saved calibration has sources {list(state['sources'])} and {proposed.shape} bins; "
+                             f"this one {list(self.sources)} and {self._proposed.shape}")
+        self._pending = []
+        self._proposed, self._accepted = proposed.copy(), accepted.copy()
+        self.observed_drafts = int(state["observed_drafts"])
+        self._refresh()
+
     def table(self) -> dict:
         """{source: {"rates": [...], "tokens": [...]}} as of the last flush (prior included in tokens),
         for stats and docs. Does not flush: safe to call from another thread than the proposer's."""

@@ -210,6 +210,17 @@ class StepJudge:
                         "step_cost shows the fit", self.name, "adaptive" if self.adaptive else "auto_disable",
                         self.fit.samples)
 
+    def state_dict(self) -> dict:
+        """What a checkpoint carries: the step-cost fit and which batch-size bins the rule turned off."""
+        return {"fit": self.fit.state_dict(), "off_by_batch": dict(self.off_by_batch), "streak": dict(self._streak),
+                "seen": dict(self._seen), "drafting": self._drafting}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.fit.load_state_dict(state["fit"])
+        self.off_by_batch, self._streak = dict(state["off_by_batch"]), dict(state["streak"])
+        self._seen, self._drafting = dict(state["seen"]), bool(state["drafting"])
+        self._last = None  # the time since the last call before the resume is no step
+
     def stats(self) -> dict:
         return {"adaptive": self.adaptive, "auto_disable": self.auto_disable,
                 "off_by_batch": dict(self.off_by_batch), "off_bins": sorted(b for b, n in self._streak.items()

@@ -68,6 +68,7 @@ class Entry:
     in_problem_tree: bool
     in_global_tree: bool
     live: list | None = None  # in-flight entry: its token chunks, until the next rebuild settles it
+    tokens: np.ndarray | None = None  # a settled entry's sequence (int32): what `export` saves
 
 
 @dataclass
@@ -196,7 +197,7 @@ class RolloutStore:
             self._global_entries += 1
             self._dirty.add(_GLOBAL)
         self._entries[seq_id] = Entry(seq_id, problem_id, version, int(len(seq)), in_p, in_g,
-                                      [seq.copy()] if live else None)
+                                      [seq.copy()] if live else None, None if live else seq.copy())
         if not live:
             self._history[problem_id] = self._history.get(problem_id, 0) + 1
         self._bytes = None
@@ -260,7 +261,7 @@ class RolloutStore:
             ids = live.get((pid, seq.tobytes())) if live else None
             if ids and (self.min_version is None or v >= self.min_version):
                 e = self._entries[ids.pop()]
-                e.version, e.live = v, None
+                e.version, e.live, e.tokens = v, None, seq.copy()
                 self._history[pid] = self._history.get(pid, 0) + 1
                 matched += 1
             else:
@@ -533,6 +534,42 @@ class RolloutStore:
     def clear(self) -> None:
         for sid in list(self._entries):
             self.remove(sid)
+
+    # ------------------------------------------------------------------ checkpoint
+    def export(self) -> dict:
+        """The window as a checkpoint carries it: every settled entry (problem id, version, stored
+        sequence) in eviction order, and the window's newest version. In-flight entries are not
+        carried (a resumed run regenerates what was in flight). Plain lists and one int32 array."""
+        kept = sorted((e for e in self._entries.values() if e.live is None), key=lambda e: (e.version, e.seq_id))
+        seqs = [e.tokens for e in kept]
+        return {"max_tree_depth": self.max_tree_depth, "scope": self.scope, "window_steps": self.window_steps,
+                "newest_version": self.newest_version, "problem_ids": [e.problem_id for e in kept],
+                "versions": [e.version for e in kept], "lengths": [len(t) for t in seqs],
+                "tokens": np.concatenate(seqs) if seqs else np.zeros(0, np.int32)}
+
+    def restore(self, state: dict) -> int:
+        """Replace the content with an `export` of a store with the same `max_tree_depth` (a sequence
+        stores the last max_tree_depth - 1 prompt tokens, so another depth's entries are not this
+        store's): its entries in their order, its newest version, then this store's window and
+        memory cap. Returns the entries kept. Raises StoreInputError on another depth or a malformed
+        state, before anything changes."""
+        if int(state.get("max_tree_depth", -1)) != self.max_tree_depth:
+            raise StoreInputError(f"the saved window was built with max_tree_depth {state.get('max_tree_depth')}, "
+                                  f"this store's is {self.max_tree_depth}")
+        tokens = np.ascontiguousarray(np.asarray(state["tokens"]), dtype=np.int32)
+        lengths, versions, pids = list(state["lengths"]), list(state["versions"]), list(state["problem_ids"])
+        if not (len(lengths) == len(versions) == len(pids)) or sum(lengths) != len(tokens):
+            raise StoreInputError(f"the saved window is inconsistent: {len(pids)} problem ids, {len(versions)} "
+                                  f"versions, {len(lengths)} lengths over {len(tokens)} tokens")
+        self.clear()
+        self.newest_version = None
+        ends = np.cumsum(lengths, dtype=np.int64)
+        for pid, v, a, e in zip(pids, versions, ends - np.asarray(lengths, dtype=np.int64), ends, strict=True):
+            self._insert(tokens[int(a):int(e)], pid, _check_version(int(v), "version"), live=False)
+        if state.get("newest_version") is not None:
+            self.slide(int(state["newest_version"]))
+        self.enforce_memory()
+        return len(self._entries)
 
     # ------------------------------------------------------------------ reads
     def speculate(self, context: np.ndarray, problem_id: str | None, max_spec_tokens: int,

@@ -25,10 +25,21 @@ def _run(ckpt_dir) -> dict:
     return {"checkpointing": {"enabled": True, "checkpoint_dir": str(ckpt_dir)}}
 
 
+class _Generation:
+    """The engines' side of a save (our VllmGeneration's `specdec_export_state`): one engine's versions."""
+
+    def specdec_export_state(self):
+        return [{"version": 2, "staged_for": None, "pending": None,
+                 "worker": {"state": {"policy_version": 2, "drafter_version": 2}, "proposer": None}}]
+
+
 def _saved(tmp_path, block, step=2):
     """A checkpoint as NeMo-RL's CheckpointManager leaves it, written with our hook installed for `block`."""
     manager_cls = STAND_INS[api.CHECKPOINT_MANAGER]
-    hooked = checkpoint.wrap_init_tmp_checkpoint(manager_cls.init_tmp_checkpoint, _spec(block))
+    session = checkpoint.Session(_spec(block))
+    generation = _Generation()
+    session.attach_generation(generation)
+    hooked = checkpoint.wrap_init_tmp_checkpoint(manager_cls.init_tmp_checkpoint, session)
     manager = manager_cls({"checkpoint_dir": str(tmp_path / "ckpt")})
     path = hooked(manager, step, {"current_step": step})
     manager.finalize_checkpoint(path)
@@ -39,14 +50,17 @@ def test_install_marks_every_checkpoint_and_uninstall_removes_the_hook(fake_nemo
     manager_cls = STAND_INS[api.CHECKPOINT_MANAGER]
     original = manager_cls.init_tmp_checkpoint
     undo = run_grpo.install({}, gen_cfg(**EAGLE, refresh={"mode": "frozen"}))  # online needs policy hooks
+    generation = _Generation()
+    checkpoint.session().attach_generation(generation)
     try:
         path = manager_cls({"checkpoint_dir": str(tmp_path)}).init_tmp_checkpoint(3, {"current_step": 3})
     finally:
         run_grpo.uninstall(undo)
-    assert manager_cls.init_tmp_checkpoint is original
+    assert manager_cls.init_tmp_checkpoint is original and checkpoint.session() is None
     marker = json.loads((path / checkpoint.MARKER).read_text())
     assert marker == {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "drafter": "eagle3",
-                      "model": EAGLE["eagle3"]["model"]}
+                      "model": EAGLE["eagle3"]["model"], "state": checkpoint.STATE_DIR}
+    assert (path / checkpoint.STATE_DIR / checkpoint.ENGINES).is_file()
     assert (path / "training_info.json").exists()  # NeMo-RL's own files are untouched
 
 
@@ -103,7 +117,7 @@ def test_a_marker_that_is_not_ours_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint_dir: .*speculative_decoding\.json is not readable"):
         checkpoint.check_resume(_run(tmp_path / "ckpt"), _spec(DAS))
     (step / checkpoint.MARKER).write_text(json.dumps({"format": "other"}))
-    with pytest.raises(ConfigError, match="is not a nemo-rl-specdec/checkpoint version 1 marker"):
+    with pytest.raises(ConfigError, match="is not a nemo-rl-specdec/checkpoint marker of a version this package reads"):
         checkpoint.check_resume(_run(tmp_path / "ckpt"), _spec(DAS))
 
 
