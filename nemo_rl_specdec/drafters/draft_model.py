@@ -36,7 +36,7 @@ class DraftModel(CheckpointDrafter):
         import torch
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.checkpoint(spec), dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(self.checkpoint(spec)), dtype=torch.float32).eval()
         return lambda ids, first, k: greedy_drafts(model, torch.tensor(ids), k, first).numpy()
 
 
