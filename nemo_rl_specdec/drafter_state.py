@@ -28,20 +28,60 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def to_bytes(obj: Any) -> bytes:
-    """`obj` (dicts, lists, numbers, strings, numpy arrays, tensors) as bytes for an RPC or a file."""
+def save(obj: Any, f: Any) -> None:
+    """`obj` (dicts, lists, numbers, strings, numpy arrays, tensors) into the binary file `f`."""
     import torch
 
+    torch.save(_plain(obj), f)
+
+
+def load(f: Any) -> Any:
+    """What `save` wrote into `f` (tensors, never code)."""
+    import torch
+
+    return torch.load(f, weights_only=True)
+
+
+def to_bytes(obj: Any) -> bytes:
+    """`obj` as bytes for an RPC."""
     buf = io.BytesIO()
-    torch.save(_plain(obj), buf)
+    save(obj, buf)
     return buf.getvalue()
 
 
 def from_bytes(blob: bytes) -> Any:
+    return load(io.BytesIO(blob))
+
+
+def digest(obj: Any) -> str:
+    """A content digest of a state (tensors by dtype, shape and bytes; other leaves by repr), equal
+    exactly when two states are bit-identical: what a resume's restore is checked against."""
+    import hashlib
+
     import torch
 
-    return torch.load(io.BytesIO(blob), weights_only=True)
+    h = hashlib.blake2b(digest_size=16)
+
+    def walk(x: Any) -> None:
+        x = _plain(x)
+        if isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(f"<{k!s}>".encode())
+                walk(x[k])
+        elif isinstance(x, (list, tuple)):
+            h.update(b"[")
+            for v in x:
+                walk(v)
+            h.update(b"]")
+        elif isinstance(x, torch.Tensor):
+            t = x.detach().to("cpu").contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()
 
 
-
-__all__ = ["from_bytes", "to_bytes"]
+__all__ = ["digest", "from_bytes", "load", "save", "to_bytes"]

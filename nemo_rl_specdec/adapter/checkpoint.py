@@ -44,8 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_specdec import drafter_state
 from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
-from nemo_rl_specdec.drafter_state import from_bytes, to_bytes
 from nemo_rl_specdec.drafters.base import Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 
@@ -220,7 +220,7 @@ def write_state(checkpoint_path: Any, manifest: dict, parts: dict[str, Any]) -> 
         for name, obj in parts.items():
             path = tmp / name
             with open(path, "wb") as f:
-                f.write(to_bytes(obj))
+                drafter_state.save(obj, f)
                 f.flush()
                 os.fsync(f.fileno())
             files[name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
@@ -275,7 +275,8 @@ def read_state(checkpoint_path: Any, spec: Any, run: dict | None = None, load: b
     if load:
         for name in manifest.get("files") or {}:
             try:
-                manifest.setdefault("parts", {})[name] = from_bytes((root / name).read_bytes())
+                with open(root / name, "rb") as f:
+                    manifest.setdefault("parts", {})[name] = drafter_state.load(f)
             except Exception as e:  # a file that passed its digest but does not load: another writer's
                 refuse(f"has {name} that does not load ({type(e).__name__}: {e})")
     return manifest

@@ -147,6 +147,7 @@ class SpecDecDistillMixin(Host):
     def specdec_distill_restore(self, saved: dict) -> dict:
         """At a resume, before the first drafter is published: the distiller as saved, and the counters
         (the next publication is the saved drafter, which the first refit pushes to the engines)."""
+        from nemo_rl_specdec.drafter_state import digest
         from nemo_rl_specdec.engine.weights import fingerprint
         from nemo_rl_specdec.lockstep import DrafterRefreshError
         from nemo_rl_specdec.train.distill import DistillInputError
@@ -157,7 +158,9 @@ class SpecDecDistillMixin(Host):
             raise DrafterRefreshError(f"the online drafter saved in the checkpoint does not restore: {e}") from None
         self._specdec_seq, self._specdec_steps = int(saved["seq"]), int(saved["steps"])
         self._specdec_stats, self._specdec_taken = dict(saved["stats"]), -1
-        return {"fingerprint": fingerprint(self._specdec_distiller.module), "seq": self._specdec_seq}
+        state = self._specdec_distiller.checkpoint_state()
+        return {"fingerprint": fingerprint(self._specdec_distiller.module), "seq": self._specdec_seq,
+                "module": digest(state["module"]), "optimizer": digest(state["optimizer"])}
 
 
 def combine_takes(takes: list) -> dict | None:
