@@ -112,6 +112,19 @@ class RecordingEngineMixin:
         return {"policy_version": self.policy_version, "drafter_version": self.drafter_version,
                 "drafter_fingerprint": "f", "disabled": False}
 
+    def specdec_export_state(self) -> bytes:
+        from nemo_rl_specdec.drafter_state import to_bytes
+
+        return to_bytes({"state": {"policy_version": self.policy_version, "drafter_version": self.drafter_version},
+                         "proposer": None})
+
+    def specdec_restore_state(self, blob: bytes) -> dict:
+        from nemo_rl_specdec.drafter_state import from_bytes
+
+        saved = from_bytes(blob)
+        self.policy_version, self.drafter_version = saved["state"]["policy_version"], saved["state"]["drafter_version"]
+        return {**self.specdec_state(), "restored_entries": 0}
+
 
 class FakeHostExtension:
     """Stands in for NeMo-RL's VllmInternalWorkerExtension where NeMo-RL cannot be imported (CI):

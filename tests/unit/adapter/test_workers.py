@@ -332,3 +332,53 @@ def test_worker_actor_classes_export_their_methods_by_reference(fake_nemo_rl):
         for attr, fn in ours.items():
             blob = cloudpickle.dumps(fn)
             assert pickle.loads(blob) is fn, f"{name}.{attr} is pickled by value"
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_checkpoint_carries_the_engines_versions_and_the_rollouts_waiting_for_the_next_update(
+        fake_nemo_rl, ray_local, kind):
+    """What a worker actor saves (workers.py `_specdec_saved`) and a new one restores: its version, its
+    vLLM workers' state, and the rollouts generated since the last refit, which the resumed engine's
+    first refit hands to the drafter with the next version, as the engine that stopped would have."""
+    from nemo_rl_specdec.adapter import workers
+
+    impl = workers.SpecDecVllmGenerationWorkerImpl if kind == "sync" else workers.SpecDecVllmAsyncGenerationWorkerImpl
+
+    async def call(x):
+        return await x if asyncio.iscoroutine(x) else x
+
+    async def gen(w, rows):
+        if kind == "sync":
+            return w.generate(batch(rows))
+        return [item async for item in w.generate_async(batch(rows))]
+
+    from nemo_rl_specdec.adapter.exchange import exchange_actor_class
+
+    names = [f"test_exchange_{kind}_{i}" for i in range(2)]  # the stopped run's and the resumed run's
+    actors = [exchange_actor_class().options(name=n).remote(timeout_s=60) for n in names]
+
+    async def scenario():
+        w = impl(worker_cfg(names[0], drafter="suffix"), bundle_indices=[0])
+        await call(w.post_init() if kind == "sync" else w.post_init_async())
+        await gen(w, [[7, 8, 9]])
+        await call(w.update_weights_from_collective() if kind == "sync" else w.update_weights_from_collective_async())
+        await gen(w, [[3, 4]])  # generated after the last refit: the next update's
+        saved = await call(w.specdec_export_state())
+        w2 = impl(worker_cfg(names[1], drafter="suffix"), bundle_indices=[0])
+        await call(w2.post_init() if kind == "sync" else w2.post_init_async())
+        restored = await call(w2.specdec_restore_state(saved))
+        ok = await call(w2.update_weights_from_collective() if kind == "sync"
+                        else w2.update_weights_from_collective_async())
+        return saved, restored, ok, w2
+
+    try:
+        saved, restored, ok, w2 = asyncio.run(scenario())
+    finally:
+        for a in actors:
+            ray_local.kill(a)
+    assert saved["version"] == 1 and saved["worker"]["state"]["policy_version"] == 1
+    assert saved["pending"]["problem_ids"] == [problem_id([3, 4])]
+    assert restored == {"version": 1, "restored_entries": 0} and ok is True
+    _, _, version, _, rollouts = w2.llm.ranks[0].calls[-1]
+    assert version == 2 and [r.prompt_token_ids.tolist() for r in rollouts] == [[3, 4]]
+    assert w2._specdec_version == 2
