@@ -415,6 +415,15 @@ class HybridProposer:
     def specdec_wait_staged(self, timeout: float | None = None) -> bool:
         return self.das.specdec_wait_staged(timeout)
 
+    def specdec_export_state(self) -> dict:
+        """What NeMo-RL's checkpoint carries of the hybrid: its history half's (DAS's window, calibration
+        and rule); the model half's weights travel as the model drafter's, its acceptance by position
+        and the step-cost fit are measured again within the first steps."""
+        return {"das": self.das.specdec_export_state()}
+
+    def specdec_restore_state(self, state: dict) -> int:
+        return self.das.specdec_restore_state(state["das"])
+
     @property
     def last_install(self) -> dict | None:
         return self.das.last_install
