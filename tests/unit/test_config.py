@@ -113,6 +113,7 @@ EXPECTED_DEFAULTS = {
                    "long_fraction": 0.25, "short_fraction": 0.25},
     "on_refresh_error": "raise",
     "auto_disable": True,  # resolved per drafter: on for DAS (the default drafter)
+    "resume": "carry",
 }
 
 
@@ -249,6 +250,8 @@ ALLOWED = [
     ("auto_disable", False, {"enabled": True, "drafter": "ngram"}),
     ("auto_disable", True, {"enabled": True, "drafter": "ngram", "ngram": {"backend": "specdec"}}),
     ("on_refresh_error", "disable", {}),
+    ("resume", "carry", {}),
+    ("resume", "fresh", {}),
 ]
 
 
