@@ -17,8 +17,9 @@ Per engine step, :meth:`HybridProposer.propose`:
   verified (`ModelAcceptance`);
 - takes the step's costs from the engine's step-cost fit (`StepCostFit(draft_forwards=True)`,
   fitted online on the time between calls, with the model's draft forwards as columns of their
-  own): t0, c_tok, and the cost of the model half's skippable draft forwards for this batch. A
-  cost object set as `cost` in their place (`split`, and `forward_s(requests, k)`) prices them
+  own): t0, c_tok (per verified token, up to the draft tokens the step holds), and the cost of the
+  model half's skippable draft forwards for this batch. A cost object set as `cost` in their place
+  (`split(requests, ctx_sum, draft_tokens=...)`, and `forward_s(requests, k)`) prices them
   instead;
 - decides with `drafters/machinery/hybrid_choice.py` `choose`: history drafts only, or run the
   model half and let each request take the better of its two drafts, drafts cut to what pays;
@@ -29,6 +30,13 @@ Per engine step, :meth:`HybridProposer.propose`:
   forwards (eagle3, draft_model, mtp) or DFlash's sampling of its block (its one forward is the
   context forward), so DFlash saves least;
 - hands vLLM one draft per request, of the length chosen (0 to k), from either half.
+
+The model half can be kept to the rollout's tail (`hybrid.tail_requests`): on a step with more
+requests decoding than that, it offers no draft, its draft forwards do not run, and the step is the
+history half's, cut by the same choice. Its KV forward (vLLM's k = 0 first forward) still runs
+there: an Eagle3 or MTP drafter's KV of a position is computed from the target's hidden states at
+that position, which vLLM keeps for the step alone, so a drafter that skipped it could catch up
+only by keeping them or by running the target again (docs/drafters.md, "The model half at the tail").
 
 Until the step-cost fit is ready (warm-up), the model half runs at every step but one in
 `PROBE_EVERY` (steps with and without its draft forwards are what the fit tells its cost from),
@@ -67,6 +75,10 @@ class HybridConfig(DrafterSettings):
                        "and settings come from its own sub-block)")
     model_k: int | None = Field(None, ge=1, description="the model part's draft depth (at most "
                                 "num_speculative_tokens, the history part's); null: num_speculative_tokens")
+    tail_requests: int | None = Field(None, ge=1, description="the model part drafts only on steps with at most "
+                                      "this many requests decoding (the rollout's tail); a step with more is the "
+                                      "history part's alone. The model part's KV forward still runs on every step "
+                                      "(vLLM's k = 0 first forward). null: on every step, the per-step choice decides")
 
 
 class Hybrid(Drafter):
@@ -81,7 +93,12 @@ class Hybrid(Drafter):
     trainer_stream = "the model part's (hybrid.model) trainer stream"
     # `online` with no trainer: the model part stays its checkpoint (an update says so), the store rebuilds
     variants = (("hybrid (DAS + eagle3)", ("hybrid.model=eagle3", "num_speculative_tokens=4", "refresh.mode=online",
-                                           "suffix.max_match_len=8")),)
+                                           "suffix.max_match_len=8")),
+                # the model half at the rollout's tail only (at most 4 requests decoding: the tail of the das
+                # and hybrid bench tables); a batch of more is the history half's alone
+                ("hybrid (DAS + eagle3 at the tail)", ("hybrid.model=eagle3", "num_speculative_tokens=4",
+                                                       "refresh.mode=online", "suffix.max_match_len=8",
+                                                       "hybrid.tail_requests=4")))
 
     def __init__(self, parts: tuple[Drafter, ...]):
         """`parts`: the other registered drafters, the candidates for either part."""
@@ -225,7 +242,10 @@ class HybridProposer:
 
         self.runner = runner
         self.k = int(runner.vllm_config.speculative_config.num_speculative_tokens)
-        self.model_k = int((spec.get("hybrid") or {}).get("model_k") or self.k)  # the model half's depth
+        part = spec.get("hybrid") or {}
+        self.model_k = int(part.get("model_k") or self.k)  # the model half's depth
+        # the model half drafts only on steps of at most this many decoding requests (None: every step)
+        self.tail_requests = None if part.get("tail_requests") is None else int(part["tail_requests"])
         self.das = DASProposer(runner.vllm_config)
         # the hybrid cuts the history drafts itself: DAS's own per-step rule stays off
         scheduling = {**(spec.get("scheduling") or {}), "budget": "uniform"}
@@ -247,12 +267,15 @@ class HybridProposer:
         self.counters = {"steps": 0, "rows": 0, "from_history": 0, "from_model": 0, "from_none": 0,
                          "history_draft_tokens": 0, "history_accepted": 0, "model_draft_tokens": 0,
                          "model_accepted": 0, "model_runs": 0, "model_skipped": 0, "skipped_draft_forwards": 0,
-                         "warmup_steps": 0, "model_s": 0.0, "propose_s": 0.0}
+                         "above_tail_steps": 0, "warmup_steps": 0, "model_s": 0.0, "propose_s": 0.0}
 
     # ------------------------------------------------------------------ costs
-    def costs(self, requests: int, ctx_sum: int, k: int) -> tuple[float, float, float] | None:
-        """(t0, c_tok, the model half's skippable draft forwards' cost) for this step, or None (warm-up)."""
-        split = self.cost.split(requests, ctx_sum)
+    def costs(self, requests: int, ctx_sum: int, k: int, draft_tokens: float) -> tuple[float, float, float] | None:
+        """(t0, c_tok, the model half's skippable draft forwards' cost) for this step, or None (warm-up).
+        c_tok is the cost's per-token secant up to `draft_tokens`, the drafts the step holds (as DAS's own
+        per-step rule asks it: a cost that is not linear, a GPU's roofline, prices a token by how many
+        the step verifies)."""
+        split = self.cost.split(requests, ctx_sum, draft_tokens=draft_tokens)
         if split is None:
             return None
         t0, c_tok = split
@@ -277,6 +300,11 @@ class HybridProposer:
         """Per decode row: the acceptance probability of each position of its model draft (measured on
         the model drafts this engine verified; the same for every request)."""
         return [self.model.rates()[:k]] * len(decode)
+
+    def model_offered(self, requests: int) -> bool:
+        """Whether the model half may draft on a step of `requests` decoding requests: at or below
+        `hybrid.tail_requests` (every step when it is null)."""
+        return self.tail_requests is None or requests <= self.tail_requests
 
     # ------------------------------------------------------------------ a step
     def propose(self, call_model, scheduler_output, sampled_token_ids, num_tokens=None) -> list:
@@ -330,13 +358,18 @@ class HybridProposer:
             return [[] for _ in range(rows)]
         hist_by_row = {p[0]: p for p in step.pending}
         history_rows = self.history_gains(step.pending, decode, k_step)
-        model_rows = self.model_gains(decode, k_model)
+        offered = self.model_offered(len(decode))
+        # above the tail the model half has no draft to offer: the choice is the history half's cut alone
+        model_rows = self.model_gains(decode, k_model) if offered else [np.zeros(0)] * len(decode)
+        if not offered:
+            c["above_tail_steps"] += 1
         ctx_sum = step.ctx_sum
-        cost = self.costs(len(decode), ctx_sum, k_model)
+        held = sum(max(len(h), len(m)) for h, m in zip(history_rows, model_rows, strict=True))
+        cost = self.costs(len(decode), ctx_sum, k_model, float(held))
         self.steps += 1
         if cost is None:  # warm-up: the model runs but one step in PROBE_EVERY; no cuts
             c["warmup_steps"] += 1
-            run_model = self.steps % PROBE_EVERY != 0
+            run_model = offered and self.steps % PROBE_EVERY != 0
             sources, lengths = [], []
             for h, m in zip(history_rows, model_rows, strict=True):
                 if run_model and float(m.sum()) >= float(h.sum()):
@@ -450,6 +483,7 @@ class HybridProposer:
             if c.get(f"{half}_draft_tokens"):
                 out[f"{half}_acceptance"] = c[f"{half}_accepted"] / c[f"{half}_draft_tokens"]
         out["model_skipped"] = c.get("model_skipped", 0)
+        out["above_tail_steps"] = c.get("above_tail_steps", 0)
         out["skipped_draft_forwards"] = c.get("skipped_draft_forwards", 0)
         return out
 

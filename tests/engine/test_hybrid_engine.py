@@ -41,7 +41,7 @@ def _mode(mode: str):
         class Cost:
             coef = True
 
-            def split(self, requests, ctx_sum):
+            def split(self, requests, ctx_sum, draft_tokens=None):
                 return 1e-2, 1e-5
 
             def forward_s(self, requests, k):

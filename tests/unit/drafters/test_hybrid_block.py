@@ -32,6 +32,8 @@ def _cfg(*over: str):
     (["draft_sample_method=probabilistic"], "draft_sample_method", "history drafts have none"),
     (["scheduling.k=auto", "scheduling.budget=uniform"], "scheduling.k", "null with drafter 'hybrid'"),
     (["num_speculative_tokens=4", "hybrid.model_k=5"], "hybrid.model_k", "at most num_speculative_tokens (4)"),
+    (["hybrid.tail_requests=0"], "hybrid.tail_requests", "an integer >= 1 or null"),
+    (["hybrid.tail_requests=2.5"], "hybrid.tail_requests", "an integer >= 1 or null"),
     (["hybrid.model=dflash", "refresh.mode=refit"], "refresh.mode", "model part 'dflash'"),
 ])
 def test_parts_that_cannot_be_combined_are_refused_with_the_key_path(over, path, why):

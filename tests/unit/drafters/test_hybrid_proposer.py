@@ -49,7 +49,7 @@ class _Cost:
     def __init__(self, fwd_s: float):
         self.fwd_s, self.coef = fwd_s, True
 
-    def split(self, requests, ctx_sum):
+    def split(self, requests, ctx_sum, draft_tokens=None):
         return 1e-2, 1e-4
 
     def forward_s(self, requests, k):
@@ -96,6 +96,34 @@ def test_a_costly_model_forward_is_skipped_but_vllm_still_runs_its_kv_forward():
     assert model.calls == [0]  # k = 0: the drafter's KV for the verified tokens is written, no draft forwards
     assert out[0] == [1, 2, 3, 4] and out[1] == []
     assert h.counters["model_skipped"] == 1 and h.counters["skipped_draft_forwards"] == K - 1
+
+
+def test_above_the_tail_the_model_half_offers_nothing_but_its_kv_forward_runs():
+    h, _ = _hybrid(fwd_s=1e-6, tail_requests=1)  # two requests decode: above the tail
+    model = _Model(2)
+    out = _step(h, model, [[4], [16]])
+    assert model.calls == [0]  # no draft forwards; the KV forward of the verified tokens still runs
+    assert out[0] == [1, 2, 3, 4] and out[1] == []  # the history half's drafts alone
+    c = h.counters
+    assert c["above_tail_steps"] == 1 and c["from_model"] == 0 and c["model_skipped"] == 1
+    assert h.last_forwards == 1
+
+
+def test_at_the_tail_the_model_half_drafts_as_without_a_threshold():
+    h, _ = _hybrid(fwd_s=1e-6, tail_requests=2)
+    model = _Model(2)
+    out = _step(h, model, [[4], [16]])
+    assert model.calls == [K] and out[1] and out[1] == [99] * len(out[1])
+    assert h.counters["above_tail_steps"] == 0 and h.counters["from_model"] == 1
+
+
+def test_above_the_tail_the_warm_up_does_not_run_the_model_either():
+    h, _ = _hybrid(tail_requests=1)  # the online fit: warm-up
+    model = _Model(2)
+    for _ in range(PROBE_EVERY):
+        _step(h, model, [[4], [16]])
+    assert model.calls == [0] * PROBE_EVERY
+    assert h.counters["above_tail_steps"] == PROBE_EVERY
 
 
 def test_feedback_goes_to_the_half_that_drafted():
