@@ -38,6 +38,10 @@ that takes, per request and step, the draft with more expected committed tokens 
      skips the model half still runs its first forward (it writes the head's KV and hidden states
      of the verified tokens, which later drafts attend to): the trace charges 1 model forward on
      such a step, `model_k` on a step that runs it, and DAS's proposer on every step;
+   - ``hybrid_tail``: the same with `hybrid.tail_requests` = ``tail_requests`` (its model half drafts
+     only on steps of at most that many requests; its KV forward still runs on every step). What
+     that KV forward costs both hybrid rows is printed (`kv_forward_s`), and a projection of
+     ``hybrid_tail`` with a KV catch-up in its place (`catch_up_projection`, not an engine path);
    - ``reference``: the same proposer choosing with hindsight (`hindsight_class`: each draft token's
      gain 1 if the target accepts it, else 0), on the same cost: a reference, not a bound (the
      per-request hindsight bound, `hindsight_bound`, is the bound);
@@ -66,7 +70,9 @@ Run-file knobs (under ``bench.hybrid``, all optional): ``steps`` (default ``grpo
 ``hardware``, ``repeats`` (default 3), ``core``, ``problem_seed``, ``head`` (an Eagle3 head to
 start from, default the run file's ``eagle3.model``), ``distill`` (default true: the head refreshes
 every step), ``model_k`` (the model half's depth, default 3), ``head_problems``, ``head_epochs``
-(the problems and epochs a head is built with where none is given, default 48 and 4).
+(the problems and epochs a head is built with where none is given, default 48 and 4),
+``tail_requests`` (``hybrid_tail``'s `hybrid.tail_requests`, default 4: the tail of the tail table).
+Every hybrid row runs at the run file's k, as the DAS rows do.
 """
 from __future__ import annotations
 
@@ -87,7 +93,9 @@ HISTORY_KEY, MODEL_KEY = "das", "eagle3"   # the hardware profile's entries of t
 # the replayed rows that draft with a model half: alone, alone under the per-step rule, and with the history half
 # chosen per request by the hybrid's rule or with hindsight
 MODEL_ALONE, MODEL_RULE, HYBRID_ROW, REFERENCE_ROW = "eagle3", "eagle3_rule", "hybrid", "reference"
-BOTH_HALVES = (HYBRID_ROW, REFERENCE_ROW)
+TAIL_ROW = "hybrid_tail"   # the hybrid with its model half at the tail only (`hybrid.tail_requests`)
+CATCH_UP = "hybrid_tail_catch_up"   # the same, priced with a KV catch-up in place of its KV forwards (projection)
+BOTH_HALVES = (HYBRID_ROW, TAIL_ROW, REFERENCE_ROW)
 BUILTIN_KEYS = ("vllm_suffix", "ngram")   # the profile's entries of vLLM's built-ins (`bench/builtins.py`)
 MODEL_K = 3   # the model half's default depth: an Eagle3 head is trained for a few positions (TTT), run at k=3
 
@@ -95,8 +103,10 @@ _say = functools.partial(say, "hybrid")
 
 
 def _options(cfg: RunConfig) -> dict:
+    from nemo_rl_specdec.bench.das import TAIL
+
     b = suite_options(cfg, "hybrid", known=("steps", "hardware", "repeats", "core", "problem_seed", "head",
-                                            "distill", "head_problems", "head_epochs", "model_k"))
+                                            "distill", "head_problems", "head_epochs", "model_k", "tail_requests"))
     seed = cfg.setting("grpo.seed", 0, 0, 2**32 - 1)
     distill = b.get("distill", True)
     if not isinstance(distill, bool):
@@ -114,6 +124,7 @@ def _options(cfg: RunConfig) -> dict:
             "head_epochs": option(b, "hybrid", "head_epochs", 4, 1, 100),
             "model_k": option(b, "hybrid", "model_k", min(MODEL_K, cfg.spec.num_speculative_tokens), 1,
                               cfg.spec.num_speculative_tokens),
+            "tail_requests": option(b, "hybrid", "tail_requests", TAIL, 1, MAX_PROMPTS * MAX_SAMPLES),
             "prompts": cfg.setting("grpo.num_prompts_per_step", 16, 1, MAX_PROMPTS),
             "generations": cfg.setting("grpo.num_generations_per_prompt", 4, 2, MAX_SAMPLES),
             "lr": cfg.setting("grpo.learning_rate", 1e-4, 1e-12, 1.0, float)}
@@ -218,18 +229,21 @@ def model_drafts(cfg: RunConfig, opts: dict, head_dir: str, weights: list, recor
 
 # --------------------------------------------------------------------------- the replayed drafters
 
-def hybrid_spec(cfg: RunConfig, head: str, model_k: int, history: bool = True):
+def hybrid_spec(cfg: RunConfig, head: str, model_k: int, history: bool = True, tail_requests: int | None = None):
     """The hybrid the engine would run: the run file's DAS beside the Eagle3 head `head` at depth
     `model_k`, both refreshed every step (`history=False`: refresh frozen and no in-flight sharing,
-    so the store stays empty: the model half under the hybrid's rule alone)."""
+    so the store stays empty: the model half under the hybrid's rule alone); `tail_requests`: its
+    `hybrid.tail_requests` (the model half drafts only on steps of at most that many requests)."""
     from nemo_rl_specdec.drafters.suffix import for_backend
 
     suffix = for_backend(cfg.spec.suffix.model_dump(), "das")
     if not history:
         suffix["share_in_flight"] = "off"
     sched = {**(cfg.get("policy.generation.speculative_decoding.scheduling") or {}), "budget": "uniform"}
-    return cfg.with_spec(enabled=True, drafter="hybrid", hybrid={"history": "suffix", "model": "eagle3",
-                                                                "model_k": model_k},
+    # the run file's k, as the das rows run at (the hybrid's own default k is not DAS's)
+    return cfg.with_spec(enabled=True, drafter="hybrid", num_speculative_tokens=cfg.spec.num_speculative_tokens,
+                         hybrid={"history": "suffix", "model": "eagle3", "model_k": model_k,
+                                 "tail_requests": tail_requests},
                          suffix=suffix, eagle3={"model": head}, refresh={"mode": "online" if history else "frozen"},
                          auto_disable=False, scheduling=sched).spec
 
@@ -355,6 +369,58 @@ def summarize(name: str, rows: list, profile, counts: dict | None) -> dict:
                          for v, (r, x) in enumerate(zip(rows, sp, strict=True))]}
 
 
+def kv_forward_s(result: dict, profile) -> float:
+    """The priced draft side of the steps of a hybrid row whose model half ran its KV forward alone
+    (vLLM's k = 0 first forward, ``model_forwards`` 1): what drafting beside the model costs on the
+    steps the model half did not draft."""
+    from nemo_rl_specdec.cost.price import step_costs
+    from nemo_rl_specdec.cost.trace import Trace
+
+    out = 0.0
+    for st in result["per_step"]:
+        t = Trace.from_dict(st["trace"])
+        out += sum(c.draft_s for s, c in zip(t.steps, step_costs(t, profile), strict=True)
+                   if s.rids and s.model_forwards == 1)
+    return out
+
+
+def catch_up_projection(result: dict, tail: int, profile, model_key: str) -> dict:
+    """The hybrid at the tail (`TAIL_ROW`) as it would price if its model half skipped its KV forward
+    on every step of more than `tail` requests and caught its KV up in one forward when the tail
+    begins (the first step at or below `tail` after steps above it), over every context token of the
+    requests then decoding, priced as the model part's forward over that many prefilled tokens. A
+    projection from the row's own trace, not an engine path: the engine keeps the KV forward
+    (`drafters/hybrid.py`). ``above_tail_kv_s``: what the KV forwards above the tail cost;
+    ``catch_up_s``, ``catch_ups``, ``catch_up_tokens``: the catch-up forwards; ``measured_by_host_speed``:
+    the row's rollout time with the one replaced by the other, at each host speed."""
+    import numpy as np
+
+    from nemo_rl_specdec.cost.model import Step
+    from nemo_rl_specdec.cost.price import step_costs
+    from nemo_rl_specdec.cost.trace import Trace
+
+    cm = profile.cost_model(model_key)
+    above = catch = 0.0
+    events = tokens = 0
+    for st in result["per_step"]:
+        t = Trace.from_dict(st["trace"])
+        was_above = False
+        for s, c in zip(t.steps, step_costs(t, profile), strict=True):
+            if not s.rids:
+                continue
+            if len(s.rids) > tail:
+                above += c.draft_s
+                was_above = True
+            elif was_above:
+                n = int(sum(s.ctx))
+                catch += cm.cost(Step.of(np.zeros(0), np.zeros(0), float(n), 1)).draft_s
+                events, tokens, was_above = events + 1, tokens + n, False
+    return {"tail_requests": tail, "above_tail_kv_s": above, "catch_up_s": catch, "catch_ups": events,
+            "catch_up_tokens": tokens, "projection": True,
+            "measured_by_host_speed": [{"host_speed": b["host_speed"], "rollout_s": b["rollout_s"] - above + catch}
+                                       for b in result["measured_by_host_speed"]]}
+
+
 def hindsight_bound(recorded: list, tables: dict, k: int, model_k: int) -> dict:
     """The per-request hindsight bound on tokens per target forward (`bench/ceilings.py`
     `hybrid_bound`): at every position the better of the history hindsight at `k` and the model
@@ -401,7 +467,7 @@ def judge(results: list, bound: dict | None = None) -> dict:
                                                                 / best_tpf["tokens_per_target_forward"])
     if bound is not None:
         out["hindsight_bound_tokens_per_forward"] = bound["tokens_per_target_forward"]
-        for name in (HYBRID_ROW, REFERENCE_ROW, *HALVES):
+        for name in (HYBRID_ROW, TAIL_ROW, REFERENCE_ROW, *HALVES):
             if name in by:
                 out[f"{name}_share_of_hindsight_bound"] = (by[name]["tokens_per_target_forward"]
                                                            / bound["tokens_per_target_forward"])
@@ -414,15 +480,28 @@ def judge(results: list, bound: dict | None = None) -> dict:
             for r in results:
                 for b in r.get(bands, []):
                     by_host[b["host_speed"]][r["name"]] = b["rollout_s"]
-            for ours in (HISTORY_KEY, HYBRID_ROW):
+            for ours in (HISTORY_KEY, HYBRID_ROW, TAIL_ROW):
                 if ours in by:
                     out[f"{ours}_vs_best_builtin{suffix}"] = verdict(by_host, ours)
+        projected = by.get(TAIL_ROW, {}).get("catch_up")
+        if projected:   # the tail row with a catch-up in place of its KV forwards above the tail (a projection)
+            by_host = {}
+            for r in results:
+                for b in r.get("measured_by_host_speed", []):
+                    by_host.setdefault(b["host_speed"], {})[r["name"]] = b["rollout_s"]
+            for b in projected["measured_by_host_speed"]:
+                by_host[b["host_speed"]][CATCH_UP] = b["rollout_s"]
+            out[f"{CATCH_UP}_vs_best_builtin"] = verdict(by_host, CATCH_UP)
     return out
 
 
-def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: str) -> list[dict]:
-    """Every configuration's replay, `opts["repeats"]` times (the figures must repeat exactly; the
-    wall clock is the median), summarized and priced."""
+ROWS = ("das", "das_all", MODEL_ALONE, MODEL_RULE, *BOTH_HALVES)   # the replayed rows before vLLM's built-ins
+
+
+def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: str,
+               names: tuple | None = None) -> list[dict]:
+    """Every configuration's replay (`names`: only those rows), `opts["repeats"]` times (the figures
+    must repeat exactly; the wall clock is the median), summarized and priced."""
     from nemo_rl_specdec.bench.builtins import BUILTINS, changes as builtin_changes
     from nemo_rl_specdec.bench.replay import BesideReplay, _field, replay
     from nemo_rl_specdec.config import cost_entry, cost_parts
@@ -435,7 +514,7 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: s
     drafts = table_drafts(tables, recorded, model_k)
     mml = g.vllm_cfg.max_model_len
     results = []
-    for name in ("das", "das_all", MODEL_ALONE, MODEL_RULE, *BOTH_HALVES, *BUILTINS):
+    for name in (n for n in (*ROWS, *BUILTINS) if names is None or n in names):
         walls, first = [], None
         for _ in range(opts["repeats"]):
             t0 = time.perf_counter()
@@ -449,7 +528,8 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: s
                 rows = replay(history, recorded, mml, g.temperature, drafter=model_alone(drafts), label=MODEL_KEY)
                 counts = _counts(rows)
             elif name in (MODEL_RULE, *BOTH_HALVES):   # the engine's HybridProposer on the replayed steps
-                spec = hybrid_spec(cfg, head, model_k, history=name != MODEL_RULE)
+                spec = hybrid_spec(cfg, head, model_k, history=name != MODEL_RULE,
+                                   tail_requests=opts["tail_requests"] if name == TAIL_ROW else None)
                 both = name in BOTH_HALVES
                 cost = (PricedHybridCost(profile, HISTORY_KEY, MODEL_KEY, k) if both
                         else PricedHybridCost(profile, MODEL_KEY, MODEL_KEY, model_k))
@@ -471,6 +551,10 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: s
                                    "deterministic")
             first = figures
         r = summarize(name, rows, profile, counts)
+        if name in BOTH_HALVES:
+            r["kv_forward_s"] = kv_forward_s(r, profile)
+        if name == TAIL_ROW:
+            r["catch_up"] = catch_up_projection(r, opts["tail_requests"], profile, MODEL_KEY)
         r.update(replay_wall_s=statistics.median(walls), replay_wall_spread=f"{min(walls):.2f}-{max(walls):.2f}",
                  repeats=len(walls))
         results.append(r)
@@ -558,14 +642,30 @@ def _print(results: list, verdict: dict, cfg: RunConfig, opts: dict, ceiling: di
     from nemo_rl_specdec.bench.builtins import verdict_lines
 
     ks = {r["name"]: r["k"] for r in results if "k" in r}
-    for ours in (HISTORY_KEY, HYBRID_ROW):
+    for ours in (HISTORY_KEY, HYBRID_ROW, TAIL_ROW):
         for line in verdict_lines(v.get(f"{ours}_vs_best_builtin", []),
                                   "priced rollout time, proposer time measured in this run", ks):
             print(line)
         print("  the same with the profile's constants for the host term (a comparison, not the verdict): " + "; ".join(
             f"host {x['host_speed']:g}x {x['ratio']:.3f}x against {x['best_builtin']}"
             for x in v.get(f"{ours}_vs_best_builtin_profile_constants", [])))
+    by = {r["name"]: r for r in results}
+    for name in (HYBRID_ROW, TAIL_ROW):
+        if "kv_forward_s" in by.get(name, {}):
+            print(f"{name}: its model half's KV forward alone (vLLM's k = 0 forward, on the steps it did not draft) "
+                  f"costs {by[name]['kv_forward_s']:.3f} s of its priced {by[name]['priced_rollout_s']:.3f} s")
+    cu = by.get(TAIL_ROW, {}).get("catch_up")
+    if cu:
+        one = next(b for b in cu["measured_by_host_speed"] if b["host_speed"] == 1.0)
+        print(f"{TAIL_ROW} (model half at <= {cu['tail_requests']} requests): its KV forwards above the tail cost "
+              f"{cu['above_tail_kv_s']:.3f} s; skipped there and caught up in one forward when the tail begins "
+              f"({cu['catch_ups']} forwards over {cu['catch_up_tokens']} context tokens, {cu['catch_up_s']:.4f} s), "
+              f"the row would price at {one['rollout_s']:.3f} s at host 1x (a projection from its trace, not an "
+              "engine path: the engine keeps the KV forward)")
+        for line in verdict_lines(v.get(f"{CATCH_UP}_vs_best_builtin", []),
+                                  "projected priced rollout time, proposer time measured in this run", ks):
+            print("  " + line)
     from nemo_rl_specdec.bench.das import print_tail
 
-    shown = [r for r in results if r["name"] in (HISTORY_KEY, MODEL_ALONE, HYBRID_ROW) and r.get("by_batch")]
-    print_tail(shown, ceiling, HISTORY_KEY, HYBRID_ROW)
+    shown = [r for r in results if r["name"] in (HISTORY_KEY, MODEL_ALONE, HYBRID_ROW, TAIL_ROW) and r.get("by_batch")]
+    print_tail(shown, ceiling, HISTORY_KEY, HYBRID_ROW, TAIL_ROW)

@@ -80,6 +80,7 @@ CASES = [
     (["validate", TINY, f"{B}.num_speculative_tokens=true"], f"{B}.num_speculative_tokens"),
     (["validate", TINY, f"{B}.refresh.every_n_steps=-2"], f"{B}.refresh.every_n_steps"),
     (["validate", TINY, f"{B}.drafter=hybrid", f"{B}.hybrid.tail_requests=0"], f"{B}.hybrid.tail_requests"),
+    (["bench", TINY, "--suite", "hybrid", "+bench.hybrid.tail_requests=0"], "bench.hybrid.tail_requests"),
     (["validate", TINY, f"{B}.nonsense=1"], f"{B}.nonsense"),
     (["validate", TINY, "policy.generation.speculative_decodng.enabled=true"], "speculative_decodng"),
     # an override that indexes into a value: a plain string, and one an interpolation makes (a path)

@@ -47,7 +47,8 @@ def _tables(recorded):
 def results():
     cfg = load_run_config(config_path("tiny_cpu.yaml"), [
         f"policy.generation.speculative_decoding.num_speculative_tokens={K}", "bench.hybrid.repeats=2"])
-    opts = {"profile": load_profile("h100_qwen3_8b"), "repeats": 2, "model_k": K}
+    # the tail: one request (problem A's history drafts end it first; B decodes alone after)
+    opts = {"profile": load_profile("h100_qwen3_8b"), "repeats": 2, "model_k": K, "tail_requests": 1}
     recorded = _recorded()
     return {r["name"]: r for r in hybrid.replay_all(cfg, opts, recorded, _tables(recorded), cfg.spec.eagle3.model)}
 
@@ -66,7 +67,8 @@ def _beside(cfg, recorded, tables, profile, history=True):
 
 
 def test_every_configuration_is_replayed_shared_and_priced(results):
-    assert set(results) == {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "reference", *BUILTINS}
+    assert set(results) == {"das", "das_all", "eagle3", "eagle3_rule", "hybrid", "hybrid_tail", "reference",
+                            *BUILTINS}
     for r in results.values():
         assert r["share_history"] + r["share_model"] + r["share_none"] == pytest.approx(1.0)
         for key in ("priced_speedup", "priced_rollout_s", "priced_baseline_s", "tokens_per_target_forward"):
@@ -215,3 +217,41 @@ def test_the_hybrid_suite_diagnoses_its_das_row_and_bins_the_ceiling_as_the_das_
     assert sum(b["request_steps"] for b in tail["das"].values()) <= steps
     assert all(b["tokens_per_request_step"] >= 1.0 for b in tail["ceiling"].values())
     assert sum(t["sources"]["problem"] for t in tail["das"].values()) > 0   # problem A repeats: stored rollouts
+
+
+def test_the_tail_row_drafts_with_its_model_half_only_at_the_tail_and_keeps_its_kv_forward(results):
+    """`hybrid_tail` is the engine's proposer with `hybrid.tail_requests` 1: on every step of two
+    requests the model half offers no draft and runs its KV forward alone; at one request it drafts."""
+    t = results["hybrid_tail"]
+    steps = [s for x in t["per_step"] for s in Trace.from_dict(x["trace"]).steps if s.rids]
+    assert steps and all(s.model_forwards == 1 for s in steps if len(s.rids) > 1)
+    assert any(s.model_forwards == K for s in steps if len(s.rids) == 1)
+    assert t["share_model"] > 0 and t["kv_forward_s"] > 0
+    assert any(len(s.rids) > 1 for s in steps)
+
+
+def test_the_catch_up_projection_replaces_the_kv_forwards_above_the_tail_by_one_forward_at_its_start(results):
+    from nemo_rl_specdec.cost.model import Step
+    from nemo_rl_specdec.cost.price import step_costs
+
+    profile = load_profile("h100_qwen3_8b")
+    t = results["hybrid_tail"]
+    cu = t["catch_up"]
+    above, catch, events = 0.0, 0.0, 0
+    for x in t["per_step"]:
+        tr = Trace.from_dict(x["trace"])
+        decode = [(s, c) for s, c in zip(tr.steps, step_costs(tr, profile), strict=True) if s.rids]
+        above += sum(c.draft_s for s, c in decode if len(s.rids) > 1)
+        first = next((s for s, _ in decode if len(s.rids) == 1), None)   # the tail begins: all its context
+        if first is not None:   # (a batch whose two requests end on the same step has no tail)
+            catch += profile.cost_model("eagle3").cost(Step.of(np.zeros(0), np.zeros(0), float(sum(first.ctx)),
+                                                               1)).draft_s
+            events += 1
+    assert cu["catch_ups"] == events > 0 and cu["above_tail_kv_s"] == pytest.approx(above)
+    assert cu["catch_up_s"] == pytest.approx(catch) and 0 < catch < above
+    for b, m in zip(cu["measured_by_host_speed"], t["measured_by_host_speed"], strict=True):
+        assert b["rollout_s"] == pytest.approx(m["rollout_s"] - above + catch)
+    verdict = hybrid.judge(list(results.values()))
+    for r, b in zip(verdict["hybrid_tail_catch_up_vs_best_builtin"], cu["measured_by_host_speed"], strict=True):
+        assert r["ratio"] == pytest.approx(r["best_builtin_figure"] / b["rollout_s"])
+    assert verdict["hybrid_tail_vs_best_builtin"]
