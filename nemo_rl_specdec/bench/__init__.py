@@ -3,7 +3,7 @@
 Each suite is one module with `run(cfg, args) -> list[dict]`; every result dict carries at least
 `name`, `drafter`, `tokens_per_target_forward`, `acceptance_rate`, `wall_clock_ratio`
 (no-spec time / spec time on the same prompts and weights) and `per_step` (may be empty for
-single-batch suites); a suite that measures no speedup (`refresh`, `costmodel`, `distill`) names its own
+single-batch suites); a suite that measures no speedup (`refresh`, `costmodel`, `distill`, `resume`) names its own
 `REQUIRED` keys in its module. This module loads the run file, dispatches, prints a table, writes JSON.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ SUITES = {
     "adaptive": "nemo_rl_specdec.bench.adaptive",      # fixed k vs auto per drafter and load regime, vs no-spec
     "distill": "nemo_rl_specdec.bench.distill",        # online distillers' step time and peak memory, full vocabulary
     "hybrid": "nemo_rl_specdec.bench.hybrid",          # history (DAS) vs model (Eagle3) vs the hybrid's choice, priced
+    "resume": "nemo_rl_specdec.bench.resume",          # the drafter's checkpoint state: size, save and restore time
 }
 # bounds of the suites' sizes: beyond them a suite runs for many hours on a few CPU cores
 MAX_STEPS, MAX_PROMPTS, MAX_SAMPLES, MAX_ENGINES, MAX_REPEATS = 100, 1024, 64, 16, 100
