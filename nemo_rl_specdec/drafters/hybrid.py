@@ -270,16 +270,18 @@ class HybridProposer:
                          "above_tail_steps": 0, "warmup_steps": 0, "model_s": 0.0, "propose_s": 0.0}
 
     # ------------------------------------------------------------------ costs
-    def costs(self, requests: int, ctx_sum: int, k: int, draft_tokens: float) -> tuple[float, float, float] | None:
+    def costs(self, requests: int, ctx_sum: int, k: int, draft_tokens: float,
+              model: bool = True) -> tuple[float, float, float] | None:
         """(t0, c_tok, the model half's skippable draft forwards' cost) for this step, or None (warm-up).
         c_tok is the cost's per-token secant up to `draft_tokens`, the drafts the step holds (as DAS's own
         per-step rule asks it: a cost that is not linear, a GPU's roofline, prices a token by how many
-        the step verifies)."""
+        the step verifies). `model=False`: the model half offers no draft this step, its forwards are
+        not priced (0)."""
         split = self.cost.split(requests, ctx_sum, draft_tokens=draft_tokens)
         if split is None:
             return None
         t0, c_tok = split
-        return t0, c_tok, float(self.cost.forward_s(requests, k))
+        return t0, c_tok, float(self.cost.forward_s(requests, k)) if model else 0.0
 
     def _sample(self, start: float, requests: int, verified_tokens: int, ctx_sum: int, forwards: int,
                 prefilled: bool) -> None:
@@ -365,7 +367,7 @@ class HybridProposer:
             c["above_tail_steps"] += 1
         ctx_sum = step.ctx_sum
         held = sum(max(len(h), len(m)) for h, m in zip(history_rows, model_rows, strict=True))
-        cost = self.costs(len(decode), ctx_sum, k_model, float(held))
+        cost = self.costs(len(decode), ctx_sum, k_model, float(held), model=offered)
         self.steps += 1
         if cost is None:  # warm-up: the model runs but one step in PROBE_EVERY; no cuts
             c["warmup_steps"] += 1

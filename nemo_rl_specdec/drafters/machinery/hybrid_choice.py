@@ -73,6 +73,10 @@ def choose(history_gains, model_gains, t0: float, c_tok: float, model_forward_s:
     n_rows = len(history_gains)
     if not model_forward_s >= 0:
         raise ValueError(f"model_forward_s: need >= 0 seconds, got {model_forward_s!r}")
+    if len(model_gains) == n_rows and not any(len(r) for r in model_gains):   # no model draft: history's cut alone
+        lengths = draft_lengths(history_gains, t0, c_tok, requests)
+        return HybridChoice(source=["history" if d else "none" for d in lengths], lengths=[int(d) for d in lengths],
+                            run_model=False)
     hist = _rows(history_gains, n_rows, "history_gains")
     model = _rows(model_gains, n_rows, "model_gains")
     h_len = draft_lengths(hist, t0, c_tok, requests)  # checks t0, c_tok and requests
