@@ -76,7 +76,7 @@ def digest(obj: Any) -> str:
         elif isinstance(x, torch.Tensor):
             t = x.detach().to("cpu").contiguous()
             h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         else:
             h.update(repr(x).encode())
 

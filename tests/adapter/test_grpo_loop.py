@@ -96,19 +96,37 @@ def _probe_store(wrapper):
     return None if store is None else dict(store._problem_entries)
 
 
+def _probe_window(wrapper):
+    """Inside the vLLM worker: the DAS store's content, [(problem id, policy version, stored tokens)]
+    sorted (None for other drafters); two stores with equal windows hold exactly the same rollouts."""
+    worker = getattr(wrapper, "worker", wrapper)
+    store = getattr(getattr(worker.model_runner, "drafter", None), "store", None)
+    if store is None:
+        return None
+    return sorted((e.problem_id, e.version, e.tokens.tolist()) for e in store.entries() if e.live is None)
+
+
 def add_probe(impl) -> None:
-    """`loop_probe_store` on NeMo-RL's sync worker: the DAS store of every vLLM worker of the engine.
-    Added in the driver (Ray reads an actor's methods there) and in each actor (loop_cpu_host)."""
+    """`loop_probe_store` / `loop_probe_window` on NeMo-RL's sync worker: the DAS store of every vLLM
+    worker of the engine. Added in the driver (Ray reads an actor's methods there) and in each actor
+    (loop_cpu_host)."""
     impl.loop_probe_store = lambda self: self.llm.collective_rpc(_probe_store)
+    impl.loop_probe_window = lambda self: self.llm.collective_rpc(_probe_window)
 
 
 async def _async_probe_store(self):
     return await self.llm.collective_rpc(_probe_store)
 
 
+async def _async_probe_window(self):
+    return await self.llm.collective_rpc(_probe_window)
+
+
 def add_async_probe(impl) -> None:
-    """`loop_probe_store` on NeMo-RL's async worker: the same probe, run by vLLM's engine-core process."""
+    """`loop_probe_store` / `loop_probe_window` on NeMo-RL's async worker: the same probes, run by vLLM's
+    engine-core process."""
     impl.loop_probe_store = _async_probe_store
+    impl.loop_probe_window = _async_probe_window
 
 
 def _ray_env() -> dict:
@@ -560,7 +578,12 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
     registry = actor_registry.ACTOR_ENVIRONMENT_REGISTRY
     saved_registry = {k: registry[k] for k in LOOP_ACTORS if k in registry}
     registry.update({k: sys.executable for k in saved_registry})
-    undo = run_grpo.install(gen_cfg=gen_cfg) if block is not None else []
+    resume_from = None
+    if block is not None:  # the launcher's prepare(): the checkpoint NeMo-RL resumes from, checked
+        from nemo_rl_specdec.adapter import checkpoint
+
+        resume_from = checkpoint.check_resume(cfg, translate.enabled_spec(gen_cfg))
+    undo = run_grpo.install(gen_cfg=gen_cfg, resume_from=resume_from, run=cfg) if block is not None else []
     add_probe(api.resolve(api.SYNC_WORKER_IMPL))
     add_async_probe(api.resolve(api.ASYNC_WORKER_IMPL))
     script = api.load_run_grpo_module()
@@ -650,7 +673,8 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
             workers = generation.worker_group.workers
             reports.append({"policy_steps": policy.steps,
                             "engines": ray.get([w.specdec_report.remote() for w in workers]) if block else [],
-                            "stores": ray.get([w.loop_probe_store.remote() for w in workers]) if block else []})
+                            "stores": ray.get([w.loop_probe_store.remote() for w in workers]) if block else [],
+                            "windows": ray.get([w.loop_probe_window.remote() for w in workers]) if block else []})
             return out
 
         grpo.refit_policy_generation = refit_and_report
@@ -665,8 +689,11 @@ def run_loop(tmp_path, block: dict | None, train_fn: str = "grpo_train", extra: 
             read_final()
         finally:
             grpo.refit_policy_generation = refit
+        session = checkpoint.session() if block is not None else None
         return {"logged": logged, "reports": reports, "final": final, "policy_steps": policy.steps,
-                "generated": generated, "jsonl": jsonl}
+                "generated": generated, "jsonl": jsonl, "saves": list(session.saves) if session else [],
+                "restored": {"engines": getattr(generation, "specdec_restored", None),
+                             "policy": getattr(policy, "specdec_restored", None)}}
     finally:
         for fn in stop:
             try:
@@ -1133,7 +1160,7 @@ def test_async_grpo_train_logs_drafts_in_nemo_rls_step_metrics(async_runs, name,
 
 # grpo_train saves a checkpoint at step 2 (save_period), the first run stops there
 CHECKPOINTED = ("checkpointing.enabled=true", "checkpointing.save_period=2")
-RESUME_BLOCKS = ("suffix_das", "eagle3_online")
+RESUME_BLOCKS = ("suffix_das", "eagle3_online", "draft_model_online")
 
 
 def _acceptance(logged: list, step: int) -> tuple[float, float, float]:
@@ -1147,15 +1174,25 @@ def _acceptance(logged: list, step: int) -> tuple[float, float, float]:
 
 
 @pytest.mark.parametrize("name", rows("resume", RESUME_BLOCKS))
-def test_grpo_train_resumes_from_nemo_rls_checkpoint_with_the_block(loop_ray, tmp_path, name):
-    """grpo_train with the block stops after step 2 (NeMo-RL's checkpoint at step 2, with our marker),
-    and a second grpo_train resumes from it to step 3, against the same loop run 3 steps without
-    stopping. NeMo-RL's resume of the policy, the dataloader and the step counters with our block in
-    place: step 3 trains on the same greedy tokens as the run that did not stop, and drafts and
-    accepts. Our state starts cold (docs/nemo_rl.md, "Checkpoint and resume"): the resumed engines
-    count versions from 1 again, the DAS store holds nothing at the first resumed refit, the online
-    drafter is its initial checkpoint again; the acceptance at step 3 of both runs is printed."""
+def test_grpo_train_resumes_from_nemo_rls_checkpoint_with_the_drafter_it_saved(loop_ray, tmp_path, name):
+    """grpo_train with the block stops after step 2 (NeMo-RL's checkpoint at step 2, with our marker and
+    the drafter's state), and a second grpo_train resumes from it to step 3, against the same loop run 3
+    steps without stopping, greedy. NeMo-RL resumes the policy, the dataloader and the step counters:
+    step 3 trains on the same tokens. Ours resumes the drafter (adapter/checkpoint.py), asserted
+    against the run that did not stop, at the refit before step 3:
+
+    - the engines' versions continue from the stopped run's last (not from 1), drafter and policy equal;
+    - DAS: the store holds exactly the uninterrupted run's rollouts (by content: problem, version,
+      tokens);
+    - online drafters: the distiller the policy workers restored is bit-identical to the one saved
+      (weights and AdamW state digests), and the drafter the refit pushes to the engines is
+      bit-identical to the uninterrupted run's (the engines' content fingerprint), as is its sequence;
+    - step 3 drafts and accepts exactly as many tokens as the uninterrupted run (greedy on CPU: the
+      same drafter over the same text drafts the same tokens; the bound is equality)."""
+    import torch
+
     from nemo_rl_specdec.adapter import checkpoint, translate
+    from nemo_rl_specdec.drafter_state import digest
 
     block = BLOCKS[name]
     if refusal(name):
@@ -1168,6 +1205,7 @@ def test_grpo_train_resumes_from_nemo_rls_checkpoint_with_the_block(loop_ray, tm
     saved = checkpoint.check_resume(run, translate.enabled_spec(run["policy"]["generation"]))
     assert saved is not None and saved.name == "step_2"
     assert checkpoint.read_marker(saved)["drafter"] == block["drafter"]
+    assert [Path(s["path"]).name for s in first["saves"]] == ["tmp_step_2"]  # saved into NeMo-RL's own step
     other = "ngram" if name != "ngram" else "suffix_vllm"
     with pytest.raises(ConfigError, match=rf"would resume from {re.escape(str(saved))}, which was written with "):
         checkpoint.check_resume(run, translate.enabled_spec({"speculative_decoding": {"enabled": True,
@@ -1178,15 +1216,28 @@ def test_grpo_train_resumes_from_nemo_rls_checkpoint_with_the_block(loop_ray, tm
     assert sorted(map(str, resumed["jsonl"][f"train_data_step{STEPS}.jsonl"])) == \
         sorted(map(str, through["jsonl"][f"train_data_step{STEPS}.jsonl"]))
     assert resumed["generated"][-1] == through["generated"][-1]  # step 3's training batch, token for token
-    drafted, accepted, rate = _acceptance(resumed["logged"], STEPS)
-    assert drafted > 0 and accepted > 0
-    ref = _acceptance(through["logged"], STEPS)
-    print(f"[resume] {name}: acceptance at step {STEPS}: resumed {rate:.3f} ({accepted:.0f}/{drafted:.0f}) vs "
-          f"without stopping {ref[2]:.3f} ({ref[1]:.0f}/{ref[0]:.0f})")
     (refit,) = resumed["reports"]  # the one refit of the resumed run, before step 3
-    for eng in refit["engines"]:
-        assert eng["state"]["policy_version"] == 1, eng  # versions start over in the new engines
+    (want,) = [r for r in through["reports"] if r["policy_steps"] == STEPS - 1]
+    for eng, ref, before in zip(refit["engines"], want["engines"], first["reports"][-1]["engines"], strict=True):
+        # versions count the updates an engine received: the stopped run's validation at its last step
+        # refits too, so the resumed run's first update is the one after the stopped run's last
+        state = eng["state"]
+        assert state["policy_version"] == before["state"]["policy_version"] + 1 > STEPS - 1, (state, before)
+        assert state["policy_version"] - state["drafter_version"] == 0 == \
+            ref["state"]["policy_version"] - ref["state"]["drafter_version"], (state, ref)
         if eng["state"]["mode"] == "online":
-            assert eng["distill"]["drafter_seq"] == 0, eng  # the drafter as loaded from its checkpoint
+            assert eng["distill"]["drafter_seq"] == ref["distill"]["drafter_seq"] == STEPS - 1, eng
+            assert eng["state"]["drafter_fingerprint"] == ref["state"]["drafter_fingerprint"], eng
     if block.get("suffix", {}).get("backend") == "das":
-        assert all(store == {} for per_rank in refit["stores"] for store in per_rank)  # nothing rebuilt yet
+        assert refit["windows"] == want["windows"] and refit["windows"][0][0], "the DAS window differs"
+    if MODES[name] == "online":
+        state = torch.load(saved / checkpoint.STATE_DIR / checkpoint.DISTILLER, weights_only=True)["distiller"]
+        restored = resumed["restored"]["policy"]
+        assert restored["module"] == digest(state["module"]) and restored["optimizer"] == digest(state["optimizer"])
+        assert restored["seq"] == STEPS - 1
+    drafted, accepted, rate = _acceptance(resumed["logged"], STEPS)
+    ref_drafted, ref_accepted, ref_rate = _acceptance(through["logged"], STEPS)
+    print(f"[resume] {name}: acceptance at step {STEPS}: resumed {rate:.3f} ({accepted:.0f}/{drafted:.0f}) vs "
+          f"without stopping {ref_rate:.3f} ({ref_accepted:.0f}/{ref_drafted:.0f}); saved "
+          f"{first['saves'][0]['bytes']} bytes in {first['saves'][0]['seconds']:.2f} s")
+    assert drafted > 0 and (drafted, accepted) == (ref_drafted, ref_accepted)

@@ -132,10 +132,11 @@ class AcceptanceCalibration:
         self._refresh()
 
     def state_dict(self) -> dict:
-        """What a checkpoint carries: the counts behind the rates (pending feedback folded in first)."""
-        self.flush()
+        """What a checkpoint carries: the counts behind the rates, and the feedback not yet folded into
+        them (folded at the same draft as in a run that did not stop)."""
         return {"sources": list(self.sources), "proposed": self._proposed.copy(), "accepted": self._accepted.copy(),
-                "observed_drafts": self.observed_drafts}
+                "observed_drafts": self.observed_drafts,
+                "pending": [[int(src), [float(p) for p in probs], int(acc)] for src, probs, acc in self._pending]}
 
     def load_state_dict(self, state: dict) -> None:
         """Counts saved by `state_dict` of a calibration with the same sources and bins."""
@@ -144,7 +145,7 @@ class AcceptanceCalibration:
                 or accepted.shape != self._accepted.shape:
             raise ValueError(f"the saved calibration has sources {list(state['sources'])} and {proposed.shape} bins; "
                              f"this one {list(self.sources)} and {self._proposed.shape}")
-        self._pending = []
+        self._pending = [(int(src), list(probs), int(acc)) for src, probs, acc in state.get("pending", [])]
         self._proposed, self._accepted = proposed.copy(), accepted.copy()
         self.observed_drafts = int(state["observed_drafts"])
         self._refresh()

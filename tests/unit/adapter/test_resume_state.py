@@ -12,7 +12,7 @@ from fakes import STAND_INS, gen_cfg
 
 from nemo_rl_specdec.adapter import api, checkpoint, translate
 from nemo_rl_specdec.config import ConfigError
-from nemo_rl_specdec.drafter_state import from_bytes, to_bytes
+from nemo_rl_specdec.drafter_state import digest, from_bytes, to_bytes
 from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
 from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
 from nemo_rl_specdec.drafters.machinery.step_judge import StepJudge
@@ -80,6 +80,10 @@ def test_calibration_and_the_per_step_rule_restore_exactly():
     other = AcceptanceCalibration(flush_every=4)
     other.load_state_dict(from_bytes(to_bytes(cal.state_dict())))
     assert other.rates == cal.rates and other.observed_drafts == cal.observed_drafts
+    assert cal._pending  # feedback not yet folded travels as it is, and is folded at the same draft
+    cal.flush()
+    other.flush()
+    assert other.rates == cal.rates
     judge = StepJudge("DAS", {}, adaptive=True, auto_disable=True)
     for i in range(80):
         judge.fit.add(4 + i % 5, 4 + i % 5 + (i * 7) % 11, 100 * (i % 5 + 1), 1e-3 * (1 + i % 5 + 0.1 * ((i * 7) % 11)))
@@ -126,6 +130,7 @@ def test_an_online_eagle3_head_restores_bit_identical_and_trains_on_as_the_unint
     for i, st in sa["state"].items():
         assert all(torch.equal(st[k], sb["state"][i][k]) for k in st if torch.is_tensor(st[k])), i
     assert b.steps == a.steps == 1 and (draft_vocab is None) == (b.module.draft_ids() is None)
+    assert digest(b.opt.state_dict()) == digest(a.opt.state_dict()) == digest(saved["optimizer"])
     nxt = _rollouts(vocab, seed=2)
     a.step(teacher, nxt)
     b.step(teacher, nxt)
