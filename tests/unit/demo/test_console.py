@@ -32,3 +32,22 @@ def test_the_width_follows_columns_up_to_100(monkeypatch):
     assert console.width() == 80
     monkeypatch.setenv("COLUMNS", "250")
     assert console.width() == console.MAX_WIDTH == 100
+
+
+def test_our_errors_reach_the_terminal_while_the_engines_output_stays_in_the_log(tmp_path, capfd):
+    """Our own errors are not hidden: the descriptors are given back before the error is reported, and a
+    demo that fails on bad input says so on the terminal, not in the log."""
+    import pytest
+
+    from nemo_rl_specdec.cli import main
+    from nemo_rl_specdec.config import ConfigError
+
+    log = tmp_path / "engines.log"
+    with pytest.raises(ConfigError, match="grpo.mode"):
+        with console.engine_output(log):
+            os.write(2, b"vllm warning\n")
+            raise ConfigError("grpo.mode: got 'fast'")
+    os.write(2, b"the error line\n")
+    assert "the error line" in capfd.readouterr().err and "the error line" not in log.read_text()
+    assert main(["demo", "configs/tiny_cpu.yaml", "grpo.mode=fast", "--out", str(tmp_path / "d")]) == 2
+    assert "error: grpo.mode: got 'fast'" in capfd.readouterr().err
