@@ -13,9 +13,10 @@ setup, `grpo.setup` resumes from the `step_N` with the highest N in that directo
   would read (and NeMo-RL never finalises the `tmp_step_N` it was in). It holds `state.json` (what
   the files are, their sizes and SHA-256, and what the state was saved for: drafter, vocabularies,
   DAS tree depth) and, as the run has them:
-  - `engines.pt`: per engine, its policy and drafter versions and the rollouts its worker actor holds
-    for the next update; per engine, its proposer's state (DAS: the rollout window by policy version,
-    the acceptance calibration, the per-step rule's step-cost fit);
+  - `engines.pt`: per engine, its policy and drafter versions, the rollouts its worker actor holds
+    for the next update, and its proposer's state (DAS: the rollout window by policy version, the
+    acceptance calibration, the per-step rule's step-cost fit); the driver's planner (the lengths
+    each problem produced, the acceptance the budgets assume);
   - `distiller.pt` (`refresh.mode: online`): the drafter replica of policy rank 0 (every rank holds
     the same), its AdamW state, the distiller's step counters and history, and the policy workers'
     counters (policy steps, drafters made).
@@ -323,7 +324,7 @@ class Session:
         if policy is not None:
             parts[DISTILLER] = policy.specdec_export_state()
         manifest = expected(self.spec, self.run)
-        manifest.update(engines=len(parts[ENGINES]), saved_s=None)
+        manifest["engines"] = len(parts[ENGINES]["engines"])
         if DISTILLER in parts:
             d = parts[DISTILLER]["distiller"]
             manifest["vocab_size"] = int(d["vocab_size"])
@@ -335,7 +336,7 @@ class Session:
         self.saves.append({"path": str(checkpoint_path), "bytes": size, "seconds": time.perf_counter() - t0})
         return path
 
-    def engines_state(self) -> list | None:
+    def engines_state(self) -> dict | None:
         state = self.loaded()
         return None if state is None else state["parts"][ENGINES]
 

@@ -135,17 +135,21 @@ def _build_generation() -> type:
                 if saved is not None:
                     self.specdec_restored = self._specdec_restore(saved)
 
-        def specdec_export_state(self) -> list[dict]:
-            """Every engine's part of NeMo-RL's checkpoint (workers.py `_specdec_saved`), in engine order."""
+        def specdec_export_state(self) -> dict:
+            """This generation's part of NeMo-RL's checkpoint: every engine's (workers.py `_specdec_saved`),
+            in engine order, and the driver's planner (the lengths each problem produced, the acceptance)."""
             futures = self.worker_group.run_all_workers_single_data("specdec_export_state",
                                                                     run_rank_0_only_axes=RANK0_ONLY)
-            return [r for r in _ray_get(futures) if r]
+            return {"engines": [r for r in _ray_get(futures) if r], "planner": self._specdec_planner.state_dict()}
 
-        def _specdec_restore(self, saved: list[dict]) -> list[dict]:
-            """Engine i takes saved engine i's state (i modulo the saved engines, on a resume with more)."""
-            per_engine = [saved[i % len(saved)] for i in range(self.dp_size)]
+        def _specdec_restore(self, saved: dict) -> list[dict]:
+            """Engine i takes saved engine i's state (i modulo the saved engines, on a resume with more);
+            the planner takes the saved one."""
+            engines = saved["engines"]
+            per_engine = [engines[i % len(engines)] for i in range(self.dp_size)]
             futures = self.worker_group.run_all_workers_multiple_data(
                 "specdec_restore_state", run_rank_0_only_axes=RANK0_ONLY, saved=per_engine)
+            self._specdec_planner.load_state_dict(saved["planner"])
             return [r for r in _ray_get(futures) if r]
 
         def generate(self, data, greedy=False):

@@ -124,6 +124,17 @@ class Planner:
         hints = [preds[i] if b is not None and fixed[i] is None else None for i, b in enumerate(budgets)]
         return Plan(placement, budget, assignment, preds, budgets, hints)
 
+    def state_dict(self) -> dict:
+        """What NeMo-RL's checkpoint carries of the driver's planner: the lengths each problem produced
+        (the predictor) and the acceptance last measured, which the budgets are made from."""
+        acc = self.acceptance
+        return {"predictor": self.predictor.to_dict(),
+                "acceptance": None if acc is None else (float(acc) if isinstance(acc, (int, float)) else list(acc))}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.predictor = LengthPredictor.from_dict(state["predictor"])
+        self.acceptance = state["acceptance"]
+
     def observe(self, problem_ids: Sequence[Hashable], lengths: Sequence[float]) -> None:
         """Record finished rollouts' lengths per problem id (the next plans' predictions)."""
         self.predictor.observe_many(zip(problem_ids, (float(x) for x in lengths), strict=True))

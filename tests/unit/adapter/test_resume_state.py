@@ -159,9 +159,10 @@ class _Generation:
         self.store = store
 
     def specdec_export_state(self):
-        return [{"version": 6, "staged_for": None, "pending": None,
-                 "worker": {"state": {"policy_version": 6, "drafter_version": 6},
-                            "proposer": {"depth": self.store.max_tree_depth, "store": self.store.export()}}}]
+        proposer = {"depth": self.store.max_tree_depth, "store": self.store.export()}
+        return {"engines": [{"version": 6, "staged_for": None, "pending": None,
+                             "worker": {"state": {"policy_version": 6, "drafter_version": 6}, "proposer": proposer}}],
+                "planner": {"predictor": {}, "acceptance": 0.5}}
 
 
 def _ckpt(tmp_path, block=DAS, step=2):
@@ -187,7 +188,7 @@ def test_a_saved_checkpoint_restores_what_was_saved(tmp_path):
     assert json.loads((step / checkpoint.MARKER).read_text())["state"] == checkpoint.STATE_DIR
     assert checkpoint.check_resume(_run(tmp_path), _spec(DAS)) == step
     resumed = checkpoint.Session(_spec(DAS), step)
-    (engine,) = resumed.engines_state()
+    (engine,) = resumed.engines_state()["engines"]
     b = RolloutStore(window_steps=3, max_tree_depth=24)
     b.restore(engine["worker"]["proposer"]["store"])
     assert _content(b) == _content(store) and engine["version"] == 6
@@ -259,3 +260,15 @@ def test_a_checkpoint_of_an_older_package_is_refused_unless_the_drafter_starts_f
 def test_resume_is_validated_by_key_path():
     with pytest.raises(ConfigError, match=r"speculative_decoding\.resume: got 'fersh'"):
         _spec({**DAS, "resume": "fersh"})
+
+
+def test_the_drivers_planner_restores_its_predictions_and_acceptance():
+    from nemo_rl_specdec.scheduling.planner import Planner
+    from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+
+    a = Planner(LengthPredictor(), budget="das", k=8)
+    a.observe(["p0", "p1", "p0"], [120.0, 40.0, 90.0])
+    a.acceptance = 0.62
+    b = Planner(LengthPredictor(), budget="das", k=8)
+    b.load_state_dict(from_bytes(to_bytes(a.state_dict())))
+    assert b.predict(["p0", "p1", "p2"]) == a.predict(["p0", "p1", "p2"]) and b.acceptance == 0.62
