@@ -233,14 +233,18 @@ def report(results: list, profile, repeats: int, log) -> None:
     hosts = [b["host_speed"] for b in next((r["priced_by_host_speed"] for r in results if "priced_by_host_speed" in r),
                                            [])]
     t = Table(box=table_box(), title=f"Drafters on one text, priced on {profile.name}", title_justify="left")
-    for c in ["drafter", "k", "tok/fwd", *[f"priced {h:g}x" for h in hosts], "CPU tok/fwd", "CPU wall",
-              "spread"]:
-        t.add_column(c, justify="left" if c == "drafter" else "right", no_wrap=c == "drafter")
+    heads = ["drafter", "k", "tok/fwd", *[f"priced\n{h:g}x" for h in hosts], "CPU\ntok/fwd", "CPU\nwall", "spread"]
+    cells = []
     for r in results:
         priced = [f(b["speedup"], "{:.3f}") for b in r["priced_by_host_speed"]] if "priced_by_host_speed" in r \
             else ["-"] * len(hosts)
-        t.add_row(r["name"], str(r["k"]), f(r.get("one_text_tokens_per_target_forward")), *priced,
-                  f(r["tokens_per_target_forward"]), f(r["wall_clock_ratio"]), r["wall_clock_spread"])
+        cells.append([r["name"], str(r["k"]), f(r.get("one_text_tokens_per_target_forward")), *priced,
+                      f(r["tokens_per_target_forward"]), f(r["wall_clock_ratio"]), r["wall_clock_spread"]])
+    for i, c in enumerate(heads):   # no cell is cut or wrapped: a column is as wide as its widest cell or header line
+        wide = max([len(x) for x in c.split("\n")] + [len(row[i]) for row in cells])
+        t.add_column(c, justify="left" if i == 0 else "right", no_wrap=True, min_width=wide)
+    for row in cells:
+        t.add_row(*row)
     lines.append(t)
     lines.append(f"tok/fwd, priced: each drafter over one recorded text (the no-spec engine's), every draft checked "
                  f"against it; rollout speedup priced on {profile.name} ({profile.hardware.name}) with the proposer's "

@@ -70,7 +70,7 @@ def test_the_report_fits_100_columns_and_keeps_per_position_acceptance_out(capsy
     profile = load_profile("h100_qwen3_8b")
     rows = []
     for i, name in enumerate(["suffix (DAS)", "suffix (vLLM)", "suffix (vLLM defaults)", "ngram (judged)",
-                              "hybrid (DAS + eagle3)", "mtp"]):
+                              "hybrid (DAS + eagle3)", "hybrid (DAS + eagle3 at the tail)", "mtp"]):
         r = {"name": name, "k": 24, "tokens_per_target_forward": 3.5, "wall_clock_ratio": 1.1,
              "wall_clock_spread": "0.92-1.94", "accepted_per_position": [0.912345] * 24}
         if name == "mtp":
@@ -85,10 +85,14 @@ def test_the_report_fits_100_columns_and_keeps_per_position_acceptance_out(capsy
     drafters.report(rows, profile, 3, "runs/x/drafters.log")
     out = capsys.readouterr().out
     assert out and max(len(line) for line in out.splitlines()) <= 100
+    assert "…" not in out   # no cell or header cut to fit
+    assert any("0.92-1.94" in line and "hybrid (DAS + eagle3 at the tail)" in line for line in out.splitlines())
     assert "0.912" not in out   # per-position acceptance: the JSON's
     assert "suffix (DAS) vs the best vLLM built-in (vllm_suffix, k=24), one text, host 1x: 2.000x" in out
     hybrid = next(line for line in out.splitlines() if line.lstrip().startswith("hybrid (DAS + eagle3)"))
     assert "-" not in hybrid.split()[5:8]   # a model drafter's row is priced on the one text too
-    assert "hybrid (DAS + eagle3): greedy drafts" in out and "teacher-forced" in out
+    flat = " ".join(out.split())
+    assert "hybrid (DAS + eagle3), hybrid (DAS + eagle3 at the tail): greedy drafts" in flat
+    assert "teacher-forced" in flat
     assert "no one-text figure" in out and out.split("no one-text figure")[1].split("\n")[0].endswith("mtp")
     assert "runs/x/drafters.log" in out
