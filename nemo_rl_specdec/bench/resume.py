@@ -16,8 +16,8 @@ No engine, no NeMo-RL. Rows (``drafters``, all by default):
 exactly from the shapes: the distiller is built as NeMo-RL's policy workers build it
 (``bench/distill.py`` ``make_distiller``) under ``train.estimate.fake_tensors()`` from config-only
 checkpoints (``write_checkpoints(..., device="meta")``), nothing allocated; its bytes are the
-module's state (parameters and persistent buffers, one copy per name as ``checkpoint_state``
-takes them: a tied weight, the draft model's embedding and ``lm_head``, is saved twice) plus the AdamW state
+module's state (parameters and persistent buffers as ``checkpoint_state`` takes them: a tied weight,
+the draft model's embedding and ``lm_head``, once) plus the AdamW state
 AdamW keeps per trainable parameter (``exp_avg`` and ``exp_avg_sq`` of the parameter's shape and
 dtype, and a scalar ``step``), which assumes every trainable parameter gets a gradient in a step.
 The DAS window's size depends on the rollouts' content (the store keeps what its memory cap holds,
@@ -214,8 +214,8 @@ def adamw_step_bytes() -> int:
 
 def layout(distiller) -> dict:
     """A distiller's checkpoint state by shapes: every tensor of its module's state as
-    `Distiller.checkpoint_state` saves it (one copy per name: a tied weight is saved under each of its
-    names), with its index among the optimizer's parameters where it is a trainable parameter's first
+    `Distiller.checkpoint_state` saves it (a tied weight once, whatever its names), with its index
+    among the optimizer's parameters where it is a trainable parameter's first
     name, and the bytes of it and of AdamW's state. Works on fake tensors (nothing is read)."""
     params = list(distiller.module.parameters())
     index = {id(p): i for i, p in enumerate(params)}
@@ -229,7 +229,7 @@ def layout(distiller) -> dict:
                         "bytes": t.numel() * t.element_size(), "param": index.get(id(t)) if trainable else None,
                         "tied": not first})
     step_b = adamw_step_bytes()
-    module_b = sum(t["bytes"] for t in tensors)
+    module_b = sum(t["bytes"] for t in tensors if not t["tied"])
     adam_b = sum(2 * t["bytes"] + step_b for t in tensors if t["param"] is not None)
     group = {k: v for k, v in distiller.opt.state_dict()["param_groups"][0].items() if k != "params"}
     return {"kind": distiller.kind, "vocab_size": int(distiller.vocab_size),
@@ -351,7 +351,8 @@ def online_row(drafter: str, o: dict, root: Path) -> dict:
 def online_row_from(drafter: str, spec, lay: dict, o: dict, root: Path) -> dict:
     from nemo_rl_specdec.bench import release_memory
 
-    chosen = pick(lay["tensors"], int(o["measure_mb"]) << 20, lay["step_bytes"])
+    saved = [t for t in lay["tensors"] if not t["tied"]]  # a tied weight is saved once
+    chosen = pick(saved, int(o["measure_mb"]) << 20, lay["step_bytes"])
     if not chosen:
         raise ConfigError(f"bench.resume.measure_mb: got {o['measure_mb']}; allowed: at least "
                           f"{math.ceil(min(3 * t['bytes'] for t in lay['tensors']) / 2**20)} for {drafter} (its "
@@ -359,9 +360,9 @@ def online_row_from(drafter: str, spec, lay: dict, o: dict, root: Path) -> dict:
     state = real_state(lay, chosen, seed=o["seed"])
     measured = state["_bytes"]
     full = lay["state_bytes"]
-    whole = len(chosen) == len(lay["tensors"])
+    whole = len(chosen) == len(saved)
     _say(f"{drafter}: state {full / GiB:.2f} GiB exact ({lay['params'] / 1e6:.1f}M trainable parameters + AdamW); "
-         f"measuring {measured / GiB:.2f} GiB of it ({len(chosen)} of {len(lay['tensors'])} tensors), "
+         f"measuring {measured / GiB:.2f} GiB of it ({len(chosen)} of {len(saved)} tensors), "
          f"{o['repeats']} repeats{', cold reads' if o['cold'] else ''}")
     m = measure_online(spec, lay, state, o, Path(root))
     del state

@@ -333,12 +333,19 @@ class Distiller:
         """What NeMo-RL's checkpoint carries of this trainer (CPU copies): the drafter's parameters and
         buffers, the AdamW state, the step counter and per-step stats. The loop has no LR schedule and
         keeps no data between steps (each step trains on that step's rollouts), so nothing else is."""
+        copies: dict = {}  # one copy per tensor, so tied weights (a draft model's embedding and lm_head) stay tied
+
         def cpu(x):
             if isinstance(x, dict):
                 return {k: cpu(v) for k, v in x.items()}
             if isinstance(x, list):
                 return [cpu(v) for v in x]
-            return x.detach().to("cpu", copy=True) if hasattr(x, "detach") else x
+            if not hasattr(x, "detach"):
+                return x
+            key = (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype)
+            if key not in copies:
+                copies[key] = x.detach().to("cpu", copy=True)
+            return copies[key]
 
         return {"kind": self.kind, "vocab_size": self.vocab_size, "draft_vocab_size": self._draft_vocab(),
                 "module": cpu(dict(self.module.state_dict())), "optimizer": cpu(self.opt.state_dict()),
