@@ -217,3 +217,29 @@ def test_the_hybrid_verifies_drafts_of_both_halves_in_one_run(case, problems, en
     # the steps the trace charges the KV forward alone against the proposer's count of skipped steps:
     # on a loaded machine the two have differed by one step (cause not yet found), so within one
     assert abs(sum(s.model_forwards == 1 for s in decode) - c["model_skipped"]) <= 1, c
+
+
+@pytest.mark.parametrize("case", ["hybrid_das_eagle3_at_the_tail"], indirect=True)
+def test_the_hybrid_at_the_tail_runs_no_draft_forward_above_it(case, problems, encode):
+    """`hybrid.tail_requests`: on every step with more requests decoding than the tail, the model
+    half's draft forwards do not run (its KV forward alone, 1 in the trace) and no model draft is
+    verified; the output stays the policy's own."""
+    spec = case.spec
+    tail = spec.cfg.spec.hybrid.tail_requests
+    tok = spec.tokenizer()
+    reqs = [Request(encode(tok, p.prompt), problem_id=p.problem_id) for p in problems[:12]]
+    want = [r.token_ids for r in case.base.generate(reqs, temperature=0.0).rollouts]
+
+    def counters(worker):
+        return dict(worker.model_runner.specdec_beside.counters)
+
+    before = spec.llm.collective_rpc(counters)[0]
+    got = spec.generate(reqs, temperature=0.0)
+    assert [r.token_ids for r in got.rollouts] == want
+    c = {k: v - before[k] for k, v in spec.llm.collective_rpc(counters)[0].items()}
+    decode = [s for s in got.trace.steps if s.rids]
+    above = [s for s in decode if len(s.rids) > tail]
+    assert above and any(len(s.rids) <= tail for s in decode)
+    assert all(s.model_forwards == 1 for s in above)
+    # the trace's steps against the proposer's count: within one, as the hybrid's own test allows above
+    assert abs(c["above_tail_steps"] - len(above)) <= 1 and c["from_history"] > 0, c
