@@ -49,6 +49,7 @@ from nemo_rl_specdec import drafter_state
 from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
 from nemo_rl_specdec.drafters.base import Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.lockstep import Refreshable
 
 MARKER = "speculative_decoding.json"
 FORMAT = "nemo-rl-specdec/checkpoint"
@@ -185,16 +186,20 @@ def expected(spec: Any, run: dict | None = None) -> dict:
     drafter, its Eagle3 draft vocabulary setting, DAS's tree depth, the policy's vocabulary (from
     `run`, when its model config is readable here)."""
     out: dict = {"identity": identity(spec)}
-    sub = getattr(spec, spec.drafter, None)
-    if spec.drafter == "eagle3":
-        out["draft_vocab_size"] = getattr(sub, "draft_vocab_size", None)
-    suffix = getattr(spec, "suffix", None)
-    if spec.drafter in ("suffix", "hybrid") and getattr(suffix, "backend", None) == "das":
-        out["max_tree_depth"] = int(suffix.max_tree_depth)
+    settings = drafter_of(spec, VllmMapping).settings(spec)
+    if hasattr(settings, "draft_vocab_size"):  # a head that drafts from a vocabulary of its own
+        out["draft_vocab_size"] = settings.draft_vocab_size
+    if rollout_prompt_tail(spec) is not None:  # a store of rollouts: its sequences depend on the tree depth
+        out["max_tree_depth"] = int(spec.suffix.max_tree_depth)
     vocab = _policy_vocab(run)
     if vocab is not None:
         out["vocab_size"] = vocab
     return out
+
+
+def rollout_prompt_tail(spec: Any) -> int | None:
+    """The prompt tail rollouts carry to the drafter (None: the drafter keeps no rollouts)."""
+    return drafter_of(spec, Refreshable).rollout_prompt_tail(spec)
 
 
 def _policy_vocab(run: dict | None) -> int | None:
@@ -346,7 +351,7 @@ class Session:
             return None
         part = state["parts"].get(DISTILLER)
         if part is None and self.spec.refresh.mode == "online":
-            raise ConfigError(f"{DIR_KEY}: the drafter state in {self.resume_from / STATE_DIR} holds no online "
+            raise ConfigError(f"{DIR_KEY}: the drafter state in {self.resume_from} holds no online "
                               f"drafter ({DISTILLER}), but this run distils one (refresh.mode: online); "
                               f"{BLOCK_PATH}.resume: fresh starts it over instead")
         return part

@@ -371,7 +371,8 @@ class Distiller:
                                     f"(e.g. {diff[0]!r})")
         self.module.load_state_dict(saved, strict=True)
         self.opt.load_state_dict(state["optimizer"])
-        self.steps, self.history = int(state["steps"]), [dict(h) for h in state["history"]]
+        self.steps = int(state["steps"])
+        self.history[:] = [dict(h) for h in state["history"]]
 
     def _before_load(self, state: dict) -> None:
         """Shape the drafter as the saved one before its tensors load (Eagle3: the draft vocabulary)."""

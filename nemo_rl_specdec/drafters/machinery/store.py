@@ -541,7 +541,7 @@ class RolloutStore:
         sequence) in eviction order, and the window's newest version. In-flight entries are not
         carried (a resumed run regenerates what was in flight). Plain lists and one int32 array."""
         kept = sorted((e for e in self._entries.values() if e.live is None), key=lambda e: (e.version, e.seq_id))
-        seqs = [e.tokens for e in kept]
+        seqs = [e.tokens for e in kept if e.tokens is not None]  # every settled entry keeps its tokens
         return {"max_tree_depth": self.max_tree_depth, "scope": self.scope, "window_steps": self.window_steps,
                 "newest_version": self.newest_version, "problem_ids": [e.problem_id for e in kept],
                 "versions": [e.version for e in kept], "lengths": [len(t) for t in seqs],
