@@ -103,7 +103,8 @@ def workload(engines, problems, encode):
     lens = [len(r.token_ids) for r in full]
     longs = sorted(range(N_REQUESTS), key=lambda i: -lens[i])[:N_LONG]
     assert min(lens[i] for i in longs) >= SHORT + 48, f"response lengths {lens}: too short for a tail after k 0"
-    assert sorted(lens)[-N_LONG - 1] > SHORT, "a capped request stops before the k-0 phase ends"
+    assert min(n for i, n in enumerate(lens) if i not in longs) >= SHORT, \
+        f"response lengths {lens}: a capped request would stop before its cap, shortening the k-0 phase"
     capped = [Request(r.prompt_token_ids, problem_id=r.problem_id, max_new_tokens=None if i in longs else SHORT)
               for i, r in enumerate(reqs)]
     want = [full[i].token_ids if i in longs else full[i].token_ids[:SHORT] for i in range(N_REQUESTS)]
