@@ -229,6 +229,17 @@ class ModelAcceptance:
         r = (self.accepted + self.prior) / (self.drafted + 1.0)
         return np.minimum.accumulate(r)
 
+    def optimistic(self) -> np.ndarray:
+        """The rates the per-step choice weighs: each one standard error above its estimate. A model
+        half verified on few drafts (at the tail only, `hybrid.tail_requests`, a few dozen a rollout)
+        keeps being tried until its drafts show that it loses, instead of being dropped for good
+        after one early miss (nothing it does not draft is measured); with many drafts the bonus
+        vanishes and the choice weighs the estimate itself."""
+        n = self.drafted + 1.0
+        r = (self.accepted + self.prior) / n
+        bonus = np.where(self.drafted > 0, np.sqrt(r * (1.0 - r) / n), 0.0)  # the prior alone: as it is
+        return np.minimum.accumulate(np.minimum(1.0, r + bonus))
+
 
 class HybridProposer:
     """The per-step choice between the history half (a `DASProposer`) and the model half (vLLM's
@@ -300,8 +311,9 @@ class HybridProposer:
 
     def model_gains(self, decode: list, k: int) -> list:
         """Per decode row: the acceptance probability of each position of its model draft (measured on
-        the model drafts this engine verified; the same for every request)."""
-        return [self.model.rates()[:k]] * len(decode)
+        the model drafts this engine verified, optimistic while they are few; the same for every
+        request)."""
+        return [self.model.optimistic()[:k]] * len(decode)
 
     def model_offered(self, requests: int) -> bool:
         """Whether the model half may draft on a step of `requests` decoding requests: at or below

@@ -90,3 +90,20 @@ def test_model_acceptance_is_the_marginal_by_position_and_never_rises():
     r = m.rates()
     assert r[0] == pytest.approx(10.5 / 11) and r[1] == pytest.approx(1.5 / 11)
     assert r[2] <= r[1]  # position 3 was drafted 9 times, never accepted: and cut to the running minimum
+
+
+def test_the_choice_keeps_trying_a_model_half_verified_on_few_drafts_and_drops_one_that_keeps_missing():
+    """The weights the per-step choice reads (`optimistic`): one early miss (a tail-only model half
+    sees a few dozen drafts a rollout) leaves the first position above the prior's 0.5, where the
+    plain estimate falls to 0.25 and the model would never be drafted, so never measured, again;
+    twenty misses bring it near its estimate; with many drafts the two agree."""
+    m = ModelAcceptance(2)
+    m.record(2, 0)
+    assert m.rates()[0] == pytest.approx(0.25) and m.optimistic()[0] > 0.5
+    for _ in range(19):
+        m.record(2, 0)
+    assert m.optimistic()[0] < 0.1 and m.optimistic()[0] >= m.rates()[0]
+    many = ModelAcceptance(1)
+    for i in range(2000):
+        many.record(1, i % 2)
+    assert many.optimistic()[0] - many.rates()[0] < 0.02
