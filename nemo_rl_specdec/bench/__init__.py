@@ -85,6 +85,19 @@ def option(b: dict, suite: str, key: str, default, lo, hi, kind: type = int):
     return int_setting(v, path, lo, hi) if kind is int else float_setting(v, path, lo, hi)
 
 
+def names_option(o: dict, suite: str, key: str, allowed) -> list:
+    """`bench.<suite>.<key>`: a list (or comma-separated string) of names from `allowed`, at least one;
+    ConfigError naming the key otherwise."""
+    from nemo_rl_specdec.config import ConfigError
+
+    names = o[key]
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n]
+    if not isinstance(names, list) or not names or any(n not in allowed for n in names):
+        raise ConfigError(f"bench.{suite}.{key}: got {o[key]!r}; allowed: a non-empty subset of {list(allowed)}")
+    return names
+
+
 DEFAULT_HARDWARE = "h100_qwen3_8b"
 
 

@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.bench import option, say, suite_options
+from nemo_rl_specdec.bench import names_option, option, say, suite_options
 from nemo_rl_specdec.bench.memory import GB, PeakMemory, split_memory, state_bytes, tensor_bytes
 from nemo_rl_specdec.bench.random_models import DRAFTERS, in_policy
 from nemo_rl_specdec.config import ConfigError, DistillConfig
@@ -90,13 +90,7 @@ def options(cfg) -> dict:
         if k == "max_tokens" and o[k] is None:  # null: every rollout token, as refresh.distill.max_tokens
             continue
         option(o, "distill", k, None, lo, hi)
-    drafters = o["drafters"]
-    if isinstance(drafters, str):
-        drafters = [d for d in drafters.split(",") if d]
-    if not isinstance(drafters, list) or not drafters or any(d not in DRAFTERS for d in drafters):
-        raise ConfigError(f"bench.distill.drafters: got {o['drafters']!r}; allowed: a non-empty subset of "
-                          f"{list(DRAFTERS)}")
-    o["drafters"] = drafters
+    o["drafters"] = names_option(o, "distill", "drafters", DRAFTERS)
     if o["teacher_dtype"] not in TEACHER_DTYPES:
         raise ConfigError(f"bench.distill.teacher_dtype: got {o['teacher_dtype']!r}; allowed: {list(TEACHER_DTYPES)}")
     share = o["prompt_share"]

@@ -76,7 +76,7 @@ import time
 import traceback
 from pathlib import Path
 
-from nemo_rl_specdec.bench import option, say, suite_options
+from nemo_rl_specdec.bench import names_option, option, say, suite_options
 from nemo_rl_specdec.config import ConfigError
 
 # what every result dict carries (the dispatcher checks it; this suite measures no speedup)
@@ -106,13 +106,7 @@ def options(cfg) -> dict:
     o = {**DEFAULTS, **b}
     for k, (lo, hi) in INTS.items():
         o[k] = option(o, "resume", k, None, lo, hi)
-    drafters = o["drafters"]
-    if isinstance(drafters, str):
-        drafters = [d for d in drafters.split(",") if d]
-    if not isinstance(drafters, list) or not drafters or any(d not in DRAFTERS for d in drafters):
-        raise ConfigError(f"bench.resume.drafters: got {o['drafters']!r}; allowed: a non-empty subset of "
-                          f"{list(DRAFTERS)}")
-    o["drafters"] = list(dict.fromkeys(drafters))
+    o["drafters"] = list(dict.fromkeys(names_option(o, "resume", "drafters", DRAFTERS)))
     if o["draft_vocab_size"] is not None:
         o["draft_vocab_size"] = option(o, "resume", "draft_vocab_size", None, 1, o["vocab_size"])
     if o["shape"] not in SHAPES:
