@@ -158,9 +158,9 @@ class SpecDecDistillMixin(Host):
             raise DrafterRefreshError(f"the online drafter saved in the checkpoint does not restore: {e}") from None
         self._specdec_seq, self._specdec_steps = int(saved["seq"]), int(saved["steps"])
         self._specdec_stats, self._specdec_taken = dict(saved["stats"]), -1
-        state = self._specdec_distiller.checkpoint_state()
-        return {"fingerprint": fingerprint(self._specdec_distiller.module), "seq": self._specdec_seq,
-                "module": digest(state["module"]), "optimizer": digest(state["optimizer"])}
+        d = self._specdec_distiller
+        return {"fingerprint": fingerprint(d.module), "seq": self._specdec_seq,
+                "module": digest(d.module.state_dict()), "optimizer": digest(d.opt.state_dict())}
 
 
 def combine_takes(takes: list) -> dict | None:

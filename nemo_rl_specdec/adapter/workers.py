@@ -306,13 +306,13 @@ class SpecDecWorkerState:
 
     def _specdec_saved(self, per_rank: list) -> dict:
         """This engine's part of NeMo-RL's checkpoint (adapter/checkpoint.py): the actor's policy version,
-        the rollouts it holds for the next update (async GRPO: generated since the last refit), the
-        version a store rebuild is staged for, and its vLLM workers' state (rank 0's; the ranks of one
-        engine hold the same)."""
+        the rollouts it holds for the next update (async GRPO: generated since the last refit), and its
+        vLLM workers' state (rank 0's; the ranks of one engine hold the same). A store rebuild staged
+        for the next version is part of the workers' window (the proposer waits for it)."""
         from nemo_rl_specdec.drafter_state import from_bytes
 
         pending = self._specdec_stash.peek() if self._specdec_stash is not None else None
-        return {"version": self._specdec_version, "staged_for": self._specdec_staged_for,
+        return {"version": self._specdec_version,
                 "pending": None if pending is None or not len(pending) else
                 {k: getattr(pending, k) for k in RolloutBatch.__slots__},
                 "worker": from_bytes(per_rank[0])}

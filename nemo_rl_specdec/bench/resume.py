@@ -188,7 +188,7 @@ def medians(runs: list[dict]) -> dict:
 def engine_entry(proposer: dict | None) -> dict:
     """One engine's entry of `engines.pt` (adapter/workers.py `_specdec_saved` of the worker
     extension's `specdec_export_state`): the actor's versions and its worker's state."""
-    return {"version": 1, "staged_for": None, "pending": None,
+    return {"version": 1, "pending": None,
             "worker": {"state": {"policy_version": 1, "drafter_version": 1, "drafter_built_from": 1, "updates": 1,
                                  "disabled": False, "disabled_reason": None}, "proposer": proposer}}
 

@@ -29,7 +29,7 @@ class _Generation:
     """The engines' side of a save (our VllmGeneration's `specdec_export_state`): one engine's versions."""
 
     def specdec_export_state(self):
-        return {"engines": [{"version": 2, "staged_for": None, "pending": None,
+        return {"engines": [{"version": 2, "pending": None,
                              "worker": {"state": {"policy_version": 2, "drafter_version": 2}, "proposer": None}}],
                 "planner": {"predictor": {}, "acceptance": None}}
 

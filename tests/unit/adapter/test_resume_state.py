@@ -160,7 +160,7 @@ class _Generation:
 
     def specdec_export_state(self):
         proposer = {"depth": self.store.max_tree_depth, "store": self.store.export()}
-        return {"engines": [{"version": 6, "staged_for": None, "pending": None,
+        return {"engines": [{"version": 6, "pending": None,
                              "worker": {"state": {"policy_version": 6, "drafter_version": 6}, "proposer": proposer}}],
                 "planner": {"predictor": {}, "acceptance": 0.5}}
 
