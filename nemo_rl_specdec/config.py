@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from nemo_rl_specdec import config_loader
-from nemo_rl_specdec.cost.price import PricedDrafter
-from nemo_rl_specdec.drafters.base import LIST, MODEL, Declared, RefreshMode, VllmMapping
+from nemo_rl_specdec.drafters.base import LIST, MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of, registered
-from nemo_rl_specdec.lockstep import Refreshable
+from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, RefreshMode, VllmMapping
 from nemo_rl_specdec.schema import (
     ConfigError,
     PathError as _PathError,
@@ -517,7 +516,7 @@ SLEEP_LEVEL_PATH = "policy.generation.vllm_cfg.sleep_level"
 
 def drafter_weights_key(owner: Any) -> str:
     """The key path of the checkpoint a model drafter's weights come from (`owner`: the drafter that
-    owns the weights, `Refreshable.weights_owner`): MTP layers ride in the policy's."""
+    owns the weights, `ModelWeights.weights_owner`): MTP layers ride in the policy's."""
     return "policy.model_name" if owner.weights_in_policy_checkpoint else f"{BLOCK_PATH}.{owner.name}.model"
 
 
@@ -545,6 +544,6 @@ def check_colocated_sleep(gen_cfg: dict, spec: SpecDecConfig) -> None:
     declared = drafter_of(spec, Declared)
     if declared.kind != MODEL:
         return
-    owner = drafter_of(spec, Refreshable).weights_owner(spec)
+    owner = drafter_of(spec, ModelWeights).weights_owner(spec)
     source = gen_cfg.get("model_name") if owner.weights_in_policy_checkpoint else declared.checkpoint(spec)
     check_sleep_restorable(level, drafter_weights_key(owner), source)

@@ -7,30 +7,9 @@ drafter disabled by `on_refresh_error: disable` is reported rather than checked.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from nemo_rl_specdec.config import SpecDecConfig
-    from nemo_rl_specdec.train.distill import Distiller
-
 # `rollouts` value of an update whose rollouts were handed over earlier (Engine.stage_rollouts): the
 # rollout-store drafter installs the rebuild it staged for exactly that version, or refuses
 STAGED_ROLLOUTS = "staged"
-
-
-@runtime_checkable
-class Refreshable(Protocol):
-    """A drafter as its weights and refresh see it (the engine worker's loads, the online trainers,
-    the rollouts an update carries): `drafters/base.py` `RefreshDefaults` has the shared behaviour."""
-
-    refresh_modes: tuple[str, ...]  # the first is the default
-    weights_in_policy_checkpoint: bool
-
-    def distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int = 0,
-                  model_path: str | None = None, **kw: Any) -> Distiller: ...
-    def weights_owner(self, spec: Any) -> Refreshable: ...
-    def after_inplace_load(self, model: Any) -> None: ...
-    def rollout_prompt_tail(self, spec: SpecDecConfig) -> int | None: ...
 
 
 class DrafterRefreshError(RuntimeError):

@@ -15,8 +15,7 @@ import importlib.util
 from typing import Any
 
 from nemo_rl_specdec.config_loader import find_nemo_rl_root
-from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-from nemo_rl_specdec.lockstep import Refreshable
+from nemo_rl_specdec.drafters.registry import weights_in_policy
 
 SUPPORTED = "NeMo-RL v0.7.0 (81aa43d) and main (7ea279a)"
 
@@ -283,7 +282,7 @@ def required_hooks(gen_cfg: dict, spec: Any, trains_mtp: bool = False, distills:
         if spec is not None and spec.scheduling.placement != "contiguous":
             need[ASYNC_PLACEMENT_HOOK] = (f"scheduling.placement={spec.scheduling.placement} with async_engine: "
                                           "routes each request to the chosen engine")
-    if spec is not None and drafter_of(spec, Refreshable).weights_in_policy_checkpoint and (
+    if spec is not None and weights_in_policy(spec) and (
             trains_mtp or gen_cfg.get("_mtp_weights_from_refit")):
         need[MTP_REFIT_HOOK] = "drafter=mtp refreshed from the policy stream (megatron_cfg.mtp_num_layers > 0)"
     transport = gen_cfg.get("refit_transport")

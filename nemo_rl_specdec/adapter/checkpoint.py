@@ -47,9 +47,8 @@ from typing import Any
 
 from nemo_rl_specdec import drafter_state
 from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
-from nemo_rl_specdec.drafters.base import Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-from nemo_rl_specdec.lockstep import Refreshable
+from nemo_rl_specdec.drafters.roles import Declared, Refreshable, VllmMapping
 
 MARKER = "speculative_decoding.json"
 FORMAT = "nemo-rl-specdec/checkpoint"

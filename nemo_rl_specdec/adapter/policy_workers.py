@@ -70,12 +70,12 @@ class SpecDecDistillMixin(Host):
 
         from nemo_rl_specdec.config import SpecDecConfig
         from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-        from nemo_rl_specdec.lockstep import Refreshable
+        from nemo_rl_specdec.drafters.roles import ModelWeights
         from nemo_rl_specdec.train.distill import DataParallel
 
         block = SpecDecConfig.model_validate(spec)
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        self._specdec_distiller = drafter_of(block, Refreshable).distiller(block, temperature=temperature, seed=seed,
+        self._specdec_distiller = drafter_of(block, ModelWeights).distiller(block, temperature=temperature, seed=seed,
                                                                            device=device)
         mesh = getattr(self, "dp_mesh", None)
         self._specdec_dp = DataParallel(mesh.get_group() if mesh is not None else None, device=device)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from nemo_rl_specdec import resources
 from nemo_rl_specdec.adapter import api
@@ -27,30 +27,12 @@ from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, 
     SOURCE_NONE,
     SOURCE_POLICY_DISTILL,
     SOURCE_REFIT_STREAM,
-    Declared,
-    TrainerStreams,
-    VllmMapping,
 )
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.drafters.roles import Declared, NemoRLRules, Refreshable, TrainerStreams, VllmMapping
 from nemo_rl_specdec.engine import vllm_compat
-from nemo_rl_specdec.lockstep import Refreshable
 from nemo_rl_specdec.scheduling.budget import set_at_submission
 from nemo_rl_specdec.schema import dotted_get
-
-
-@runtime_checkable
-class NemoRLRules(Protocol):
-    """A drafter as a NeMo-RL run sees it: where its weights come from, what a `refit` needs of the
-    trainer, its rules against the run's `policy`, the libraries the vLLM workers import
-    (`drafters/base.py` `NemoRLDefaults` has the shared behaviour)."""
-
-    refit_hint: str  # why `refit` is refused
-    trainer_stream: str  # the NeMo-RL policy setting that makes the trainer stream its weights
-    worker_modules: tuple[str, ...]
-
-    def weight_source(self, spec: SpecDecConfig, streams: TrainerStreams) -> str: ...
-    def check_nemo_rl(self, spec: SpecDecConfig, policy: dict) -> None: ...
-
 
 GEN_PATH = "policy.generation"
 SPEC_KWARGS_PATH = "policy.generation.vllm_kwargs.speculative_config"

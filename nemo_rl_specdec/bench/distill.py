@@ -3,7 +3,7 @@
     nemo-rl-specdec bench configs/tiny_cpu.yaml --suite distill --json OUT.json [bench.distill.KEY=VALUE ...]
 
 No engine. Per drafter (draft_model, eagle3, dflash, mtp), the distiller is built as NeMo-RL's
-policy workers build it (``drafter_of(spec, Refreshable).distiller(spec, temperature=..., seed=..., device=...,
+policy workers build it (``drafter_of(spec, ModelWeights).distiller(spec, temperature=..., seed=..., device=...,
 model_path=...)``, the ``refresh.distill`` settings from this suite's options) and trained with
 ``distiller.step(teacher, rollouts)``: ``warmup`` steps, then ``steps`` timed ones, each on the
 same rollouts.
@@ -169,11 +169,11 @@ def make_distiller(drafter: str, drafter_dir: str, *, device: Any, temperature: 
     """The drafter's online distiller, built through the public API as the policy workers build it;
     for mtp, `drafter_dir` is the policy checkpoint (`model_path`)."""
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-    from nemo_rl_specdec.lockstep import Refreshable
+    from nemo_rl_specdec.drafters.roles import ModelWeights
 
     spec = distill_spec(drafter, drafter_dir, micro_batch_tokens=micro_batch_tokens, max_tokens=max_tokens,
                         epochs=epochs)
-    return drafter_of(spec, Refreshable).distiller(spec, temperature=temperature, seed=seed, device=device,
+    return drafter_of(spec, ModelWeights).distiller(spec, temperature=temperature, seed=seed, device=device,
                                       model_path=drafter_dir if in_policy(drafter) else None)
 
 

@@ -40,10 +40,9 @@ import time
 
 from nemo_rl_specdec.bench import say
 from nemo_rl_specdec.bench.builtins import changes as builtin_changes, verdict_lines
-from nemo_rl_specdec.cost.price import PricedDrafter
-from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
+from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered
-from nemo_rl_specdec.lockstep import Refreshable
+from nemo_rl_specdec.drafters.roles import Declared, PricedDrafter, Refreshable, VllmMapping
 from nemo_rl_specdec.update import PolicyUpdate
 
 BLOCK = "policy.generation.speculative_decoding"

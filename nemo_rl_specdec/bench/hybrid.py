@@ -188,11 +188,11 @@ def model_drafts(cfg: RunConfig, opts: dict, head_dir: str, weights: list, recor
 
     from nemo_rl_specdec.drafters.eagle3 import aux_hidden, greedy_drafts
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-    from nemo_rl_specdec.lockstep import Refreshable
+    from nemo_rl_specdec.drafters.roles import ModelWeights
 
     k = opts["model_k"]
     spec = cfg.with_spec(enabled=True, drafter="eagle3", eagle3={"model": head_dir}, refresh={"mode": "online"}).spec
-    distiller = drafter_of("eagle3", Refreshable).distiller(spec, temperature=max(cfg.generation.temperature, 1e-3),
+    distiller = drafter_of("eagle3", ModelWeights).distiller(spec, temperature=max(cfg.generation.temperature, 1e-3),
                                              seed=opts["seed"], model_path=str(cfg.model_path))
     head, layer_ids = distiller.module, distiller.layer_ids
     policy = AutoModelForCausalLM.from_pretrained(str(cfg.model_path), dtype=torch.float32).eval()

@@ -49,13 +49,13 @@ def _options(cfg) -> dict:
     from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, suite_options
     from nemo_rl_specdec.bench.parametric import _available
     from nemo_rl_specdec.config import ConfigError
-    from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered
-    from nemo_rl_specdec.lockstep import Refreshable
+    from nemo_rl_specdec.drafters.registry import registered, weights_in_policy
+    from nemo_rl_specdec.drafters.roles import Refreshable
 
     b = suite_options(cfg, "lockstep", known=("nemo_rl_steps", "drafters", "distill"))
     # layers that ride in the policy checkpoint (MTP) are refused online in NeMo-RL (nothing there trains
     # them), so they have no row here; list drafters that rebuild from rollouts do
-    avail = ([d for d in _available(cfg, {}) if not drafter_of(d, Refreshable).weights_in_policy_checkpoint]
+    avail = ([d for d in _available(cfg, {}) if not weights_in_policy(d)]
              + [n for n, d in registered(Refreshable).items() if "rebuild" in d.refresh_modes])
     drafters = b.get("drafters", avail)
     if not isinstance(drafters, list) or not drafters or any(d not in avail for d in drafters):
@@ -168,8 +168,8 @@ def nemo_rl_shaped(cfg, args, opts: dict) -> list:
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+    from nemo_rl_specdec.drafters.roles import Refreshable
     from nemo_rl_specdec.engine.engine import Engine
-    from nemo_rl_specdec.lockstep import Refreshable
 
     steps, drafters = opts["nemo_rl_steps"], opts["drafters"]
     n_prob, G = opts["prompts"], opts["samples"]

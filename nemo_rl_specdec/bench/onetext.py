@@ -18,7 +18,7 @@ on the loop's text would need every step's policy and drafter weights.
 
 Model drafters on one text (`bench --suite drafters`, `replay_row`), teacher-forced: the policy that
 wrote the text runs once over each recorded rollout, and the drafter's **greedy** k-token draft at
-every position is made from it as vLLM's proposer makes it (`TeacherForced`, in each drafter's file:
+every position is made from it as vLLM's proposer makes it (`drafters/roles.py` `TeacherForced`, in each drafter's file:
 `draft_model.greedy_drafts`, `eagle3.greedy_drafts`, `dflash.greedy_drafts`); the replay verifies those
 drafts against the recorded tokens like any other. At T > 0 the engines draw their model drafts by
 sampling (`draft_sample_method: probabilistic`), so the engines' acceptance differs from these greedy
@@ -33,20 +33,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
+
+from nemo_rl_specdec.drafters.roles import TeacherForced
 
 OURS = "ours"   # the run file's drafter among the rows
-
-
-@runtime_checkable
-class TeacherForced(Protocol):
-    """A model drafter as the one-text comparison asks it: ``teacher_forced(spec, policy)`` loads the block's
-    checkpoint and gives ``drafts(ids, first, k)``, its greedy k-token drafts at every position of one recorded
-    sequence `ids` (an [len(ids) - first, k] int array; row r drafts text indices first + r, ... when tokens
-    0 .. first + r - 1 are verified), reading `policy`'s (an HF causal LM) hidden states of it where it reads
-    the policy's."""
-
-    def teacher_forced(self, spec: Any, policy: Any) -> Callable[[Sequence[int], int, int], Any]: ...
 
 
 def replayable(spec) -> str | None:
@@ -272,5 +263,5 @@ class LoopPricer:
                 "vs_best_builtin": res["verdict"]}
 
 
-__all__ = ["OURS", "LoopPricer", "TeacherForced", "compare", "load_policy", "model_part", "one_text_why", "priced",
+__all__ = ["OURS", "LoopPricer", "compare", "load_policy", "model_part", "one_text_why", "priced",
            "replay_row", "replayable", "rows", "speedup_at", "teacher_forced_drafts", "verdict"]

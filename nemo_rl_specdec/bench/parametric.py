@@ -42,10 +42,9 @@ from typing import Any
 
 from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, say, suite_options
 from nemo_rl_specdec.config import ConfigError, RunConfig
-from nemo_rl_specdec.cost.price import PricedDrafter
-from nemo_rl_specdec.drafters.base import MODEL, Declared
-from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered
-from nemo_rl_specdec.lockstep import Refreshable
+from nemo_rl_specdec.drafters.base import MODEL
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered, weights_in_policy
+from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, Refreshable
 from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.update import PolicyUpdate
 
@@ -83,7 +82,7 @@ def _available(cfg: RunConfig, b: dict) -> list:
     for name, d in registered(Declared).items():
         if d.kind != MODEL or drafter_of(name, PricedDrafter).cost_parts(cfg.spec) is not None:
             continue
-        if drafter_of(name, Refreshable).weights_in_policy_checkpoint:
+        if weights_in_policy(name):
             m = _mtp_model(cfg, b)
             ok = bool(m and _has_mtp_layers(m))
         else:
@@ -132,7 +131,7 @@ def _mtp_policy_cfg(cfg: RunConfig, model: str) -> RunConfig:
 def configurations(cfg: RunConfig, opts: dict) -> list:
     """Groups of configurations sharing one policy: [(policy cfg, [conf, ...]), ...]."""
     main, mtp = [], []
-    in_policy = {d for d in opts["drafters"] if drafter_of(d, Refreshable).weights_in_policy_checkpoint}
+    in_policy = {d for d in opts["drafters"] if weights_in_policy(d)}
     mtp_cfg = _mtp_policy_cfg(cfg, opts["mtp_model"]) if in_policy else None
     for d in opts["drafters"]:
         base = mtp_cfg if d in in_policy else cfg
@@ -177,7 +176,7 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
             engines.append(Engine(c["cfg"], core=opts["core"], seed=opts["seed"], name=c["name"]))
             if c["mode"] == "online":
                 spec = c["cfg"].spec
-                distillers[c["name"]] = drafter_of(spec, Refreshable).distiller(
+                distillers[c["name"]] = drafter_of(spec, ModelWeights).distiller(
                     spec, temperature=g.temperature, seed=opts["seed"], model_path=c["cfg"].model_path,
                                                                    lr=opts["distill_lr"], epochs=opts["distill_epochs"])
         tok = baseline.tokenizer()

@@ -109,10 +109,9 @@ def _qwen(arch: str, shape: dict, **extra) -> Any:
 
 def in_policy(drafter: str) -> bool:
     """Whether the drafter's layers are the policy checkpoint's (MTP): then its teacher is that checkpoint."""
-    from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-    from nemo_rl_specdec.lockstep import Refreshable
+    from nemo_rl_specdec.drafters.registry import weights_in_policy
 
-    return drafter_of(drafter, Refreshable).weights_in_policy_checkpoint
+    return weights_in_policy(drafter)
 
 
 def teacher_config(shapes: dict, drafter: str) -> Any:

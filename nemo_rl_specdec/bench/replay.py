@@ -30,6 +30,7 @@ import numpy as np
 
 from nemo_rl_specdec.config import SpecDecConfig, to_vllm_speculative_config, validate_spec_block
 from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceStep
+from nemo_rl_specdec.drafters.roles import RolloutStore
 
 
 class _Batch:
@@ -108,7 +109,7 @@ def make_proposer(spec: SpecDecConfig, max_model_len: int, max_num_seqs: int = 1
         def after_batch(rollouts: list, version: int) -> None:
             runner.input_batch, runner.requests = _Batch([], [], [], 1), {}
             p.propose([], np.zeros(0, dtype=np.int32), np.zeros((0, 1), dtype=np.int32))  # requests finished
-            if hasattr(p, "specdec_rebuild") and spec.refresh.mode == "rebuild":
+            if isinstance(p, RolloutStore) and spec.refresh.mode == "rebuild":
                 p.specdec_rebuild(rollouts, version)
 
         return propose, after_batch
@@ -158,8 +159,8 @@ class BesideReplay:
 
     def __init__(self, spec: SpecDecConfig, max_model_len: int, model_drafts: Callable[[Any], list], *, cost=None,
                  max_num_seqs: int = 1024, temperature: float = 1.0, proposer_class: type | None = None):
-        from nemo_rl_specdec.drafters.base import VllmMapping
         from nemo_rl_specdec.drafters.registry import drafter
+        from nemo_rl_specdec.drafters.roles import VllmMapping
 
         self.k = spec.num_speculative_tokens
         self.runner = SimpleNamespace(vllm_config=_vllm_config(spec, max_model_len, max_num_seqs, temperature),

@@ -24,7 +24,7 @@ printed beside the profile's (the profile's constants are fitted on such traces:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -32,23 +32,6 @@ from nemo_rl_specdec.cost.fit import nnls_fit
 from nemo_rl_specdec.cost.model import CostModel, Step, StepCost
 from nemo_rl_specdec.cost.profile import HardwareProfile
 from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceError
-
-if TYPE_CHECKING:
-    from nemo_rl_specdec.config import SpecDecConfig
-
-
-@runtime_checkable
-class PricedDrafter(Protocol):
-    """A drafter as pricing and the benches see it: how its drafting scales (`draft_cost`: host,
-    sequential, parallel), the profile entry that prices it (and its parts'), its configurations
-    worth running side by side (`drafters/base.py` `CostDefaults` has the shared behaviour)."""
-
-    draft_cost: str
-    variants: tuple[tuple[str, tuple[str, ...]], ...]
-
-    def cost_entry(self, spec: SpecDecConfig) -> str: ...
-    def cost_parts(self, spec: SpecDecConfig) -> dict | None: ...
-
 
 # the host speeds every priced verdict is given at: the host the profile's proposer constants were fitted on,
 # and a host twice as fast (a GPU node's CPU is faster than the development machines' two shared cores)
@@ -365,6 +348,6 @@ class PricedHybridCost(PricedStepCost):
         return self._forwards(requests, k) - self._forwards(requests, 1)
 
 
-__all__ = ["BINS", "HOST_SPEEDS", "HOST_TERMS", "Priced", "PricedDrafter", "PricedHybridCost", "PricedStepCost",
+__all__ = ["BINS", "HOST_SPEEDS", "HOST_TERMS", "Priced", "PricedHybridCost", "PricedStepCost",
            "check_host_speed", "fit_proposer", "model_forward_s", "proposer_gap",
            "price", "proposer_share", "speedup", "step_costs", "step_of"]

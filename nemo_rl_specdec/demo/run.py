@@ -141,9 +141,9 @@ class RLLoop:
         self.distill_stats: dict | None = None
         if cfg.spec.enabled and cfg.spec.refresh.mode == "online":
             from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-            from nemo_rl_specdec.lockstep import Refreshable
+            from nemo_rl_specdec.drafters.roles import ModelWeights
 
-            self.distiller = drafter_of(cfg.spec, Refreshable).distiller(
+            self.distiller = drafter_of(cfg.spec, ModelWeights).distiller(
                 cfg.spec, temperature=cfg.generation.temperature, seed=self.s.seed, model_path=cfg.model_path)
 
     # ------------------------------------------------------------------ pieces
@@ -169,7 +169,7 @@ class RLLoop:
         """One lockstep update: new policy weights everywhere, the drafter refreshed by its mode."""
         sd = self.trainer.state_dict()
         from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-        from nemo_rl_specdec.lockstep import Refreshable
+        from nemo_rl_specdec.drafters.roles import Refreshable
 
         spec = self.spec.spec
         mode = spec.refresh.mode

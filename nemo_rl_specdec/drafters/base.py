@@ -1,39 +1,17 @@
-"""The drafter contract, as the layers that ask a drafter see it.
-
-A drafter is one class, one file, listed once in `drafters/registry.py`. Each layer that asks a
-drafter something sees it through a small `typing.Protocol` of its own, defined where that layer
-is (the registry hands a drafter out as one of them: `registry.drafter(spec, Role)`):
-
-- `Declared` (here; config.py validates the block with it): `name`, `kind` (`list`: any draft
-  length per request, per-step host work; `model`: k fixed at engine start, a module in the
-  engine), `config` (its sub-block `speculative_decoding.<name>`), `refresh_modes_for(block)`,
-  `check(spec)`, `check_policy(spec, policy_dir)`, `checkpoint(spec)`, `judges_steps(spec)` (our
-  proposer cuts each step's drafts);
-- `VllmMapping` (here; config.py's `speculative_config` and the engine): `vllm_config`,
-  `draft_sample_method`, `engine_args`, `settings`, `takes_request_budgets`,
-  `caches_own_requests`, `engine_proposer(runner, spec)` (a proposer of ours beside the engine's
-  model drafter), `needs_vllm_methods`;
-- `lockstep.Refreshable` (weights and refresh): `refresh_modes`, `weights_in_policy_checkpoint`,
-  `distiller(spec, ...)`, `weights_owner(spec)`, `after_inplace_load(model)`,
-  `rollout_prompt_tail(spec)`;
-- `adapter.translate.NemoRLRules` (NeMo-RL): `weight_source(spec, streams)`, `refit_hint`,
-  `trainer_stream`, `check_nemo_rl(spec, policy)`, `worker_modules`;
-- `cost.price.PricedDrafter` (pricing and benches): `draft_cost`, `variants`, `cost_entry(spec)`,
-  `cost_parts(spec)`.
-
-The defaults a drafter shares live in one mixin per protocol below; `Drafter` is all of them.
-`CheckpointDrafter` is the common model drafter: a checkpoint of its own in `<name>.model`,
-vLLM's method of the same name, the distiller `distiller_class()`.
+"""The shared behaviour of the drafter roles (`drafters/roles.py` declares them): one mixin per role,
+and the base classes a drafter starts from. A list drafter (`Drafter`) plays every role but
+`ModelWeights`; a model drafter (`ModelDrafter`) plays that one too. `CheckpointDrafter` is the
+common model drafter: a checkpoint of its own in `<name>.model`, vLLM's method of the same name,
+the distiller `distiller_class()`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from nemo_rl_specdec.schema import PathError, Strict
+from nemo_rl_specdec.drafters.roles import BesideProposer, Block, DrafterSettings, RefreshMode, TrainerStreams
+from nemo_rl_specdec.schema import PathError
 
 if TYPE_CHECKING:
-    from nemo_rl_specdec.config import SpecDecConfig
     from nemo_rl_specdec.train.distill import Distiller
 
 LIST, MODEL = "list", "model"
@@ -47,98 +25,36 @@ SOURCE_CHECKPOINT = "checkpoint"      # read from the drafter's own checkpoint a
 SOURCE_POLICY_DISTILL = "policy_distill"  # ... and distilled online in the policy workers
 
 
-# How a drafter keeps up with the policy (`refresh.mode`): see docs/configuration.md.
-RefreshMode = Literal["frozen", "refit", "online", "rebuild"]
-
-
-@dataclass(frozen=True)
-class TrainerStreams:
-    """What a NeMo-RL trainer streams to the engines at every refit besides the policy: an Eagle head
-    (`draft`: `policy.draft.enabled`) and MTP layers (`mtp`: `policy.megatron_cfg.mtp_num_layers > 0`)."""
-
-    draft: bool = False
-    mtp: bool = False
-
-
-class DrafterSettings(Strict):
-    """A drafter's sub-block of the block. `default_k`: `num_speculative_tokens` when the block leaves
-    it unset."""
-
-    default_k: ClassVar[int] = 8
-
-
 class NoConfig(DrafterSettings):
     """A drafter without settings of its own."""
 
 
-@runtime_checkable
-class Declared(Protocol):
-    """A drafter as the block's validation (config.py) sees it."""
-
-    name: str
-    kind: str
-    config: type[DrafterSettings]
-
-    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]: ...
-    def check(self, spec: SpecDecConfig) -> None: ...
-    def check_policy(self, spec: SpecDecConfig, policy_dir: Any) -> None: ...
-    def checkpoint(self, spec: SpecDecConfig) -> str | None: ...
-    def judges_steps(self, spec: SpecDecConfig) -> bool: ...
-
-
-@runtime_checkable
-class CarriesState(Protocol):
-    """A proposer of ours whose own state NeMo-RL's checkpoint carries (DAS: its rollout window, its
-    calibration, its per-step rule); the engine worker saves and restores it by this contract."""
-
-    def specdec_export_state(self) -> dict: ...
-    def specdec_restore_state(self, state: dict) -> int: ...
-
-
-@runtime_checkable
-class VllmMapping(Protocol):
-    """A drafter as vLLM runs it: config.py's `speculative_config`, the engine and its worker."""
-
-    needs_vllm_methods: tuple[str, ...]
-
-    def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict: ...
-    def draft_sample_method(self, spec: SpecDecConfig, temperature: float) -> str: ...
-    def engine_args(self, spec: SpecDecConfig) -> dict: ...
-    def settings(self, spec: SpecDecConfig) -> Any: ...
-    def takes_request_budgets(self, spec: SpecDecConfig) -> bool: ...
-    def caches_own_requests(self, spec: SpecDecConfig) -> bool: ...
-    def engine_proposer(self, runner: Any, spec: dict) -> Any: ...
-
-
 class DeclaredDefaults:
-    """`Declared`'s shared behaviour: a model drafter needs a checkpoint unless its weights ride in the
-    policy's; refresh modes from `refresh_modes` (the first is the default)."""
+    """`Declared`'s shared behaviour: a list drafter, refresh modes from `refresh_modes` (the first is the
+    default)."""
 
     name: ClassVar[str]
-    kind: ClassVar[str] = MODEL
+    kind: ClassVar[str] = LIST
     config: ClassVar[type[DrafterSettings]] = NoConfig
     refresh_modes: ClassVar[tuple[RefreshMode, ...]]  # RefreshDefaults
-    weights_in_policy_checkpoint: ClassVar[bool]
 
     def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]:
         """The refresh modes this drafter takes with its sub-block `block` (the first is the default),
         and what they are allowed for, as an error message says it."""
         return self.refresh_modes, f"drafter '{self.name}'"
 
-    def checkpoint(self, spec: SpecDecConfig) -> str | None:
+    def checkpoint(self, spec: Block) -> str | None:
         """Path of the drafter's own checkpoint (None: it has none, or it lives in the policy's)."""
         return None
 
-    def check(self, spec: SpecDecConfig) -> None:
+    def check(self, spec: Block) -> None:
         """Cross-field rules of an enabled block; raise PathError (relative to the block)."""
-        if self.kind == MODEL and not self.weights_in_policy_checkpoint and not self.checkpoint(spec):
-            raise PathError(f"{self.name}.model", None, f"a checkpoint path when drafter is '{self.name}'")
 
-    def check_policy(self, spec: SpecDecConfig, policy_dir: Any) -> None:
+    def check_policy(self, spec: Block, policy_dir: Any) -> None:
         """Rules against the policy checkpoint, a local directory with its config.json (PathError
         relative to the block); run before any engine starts."""
 
-    def judges_steps(self, spec: SpecDecConfig) -> bool:
+    def judges_steps(self, spec: Block) -> bool:
         """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/machinery/step_judge.py`:
         `auto_disable`, `scheduling.budget: adaptive`)."""
         return False
@@ -151,46 +67,56 @@ class VllmDefaults:
     kind: ClassVar[str]
     needs_vllm_methods: ClassVar[tuple[str, ...]] = ()  # vLLM methods whose absence marks a vLLM too old for it
 
-    def settings(self, spec: SpecDecConfig) -> Any:
+    def settings(self, spec: Block) -> Any:
         """The drafter's sub-block of `spec` (an instance of its `config`)."""
         return getattr(spec, self.name)
 
-    def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
+    def vllm_config(self, spec: Block, temperature: float) -> dict:
         """vLLM's `speculative_config` for this drafter (the k schedule is added by config.py)."""
         raise NotImplementedError
 
-    def engine_args(self, spec: SpecDecConfig) -> dict:
+    def engine_args(self, spec: Block) -> dict:
         """vLLM engine arguments (beside `speculative_config`) the drafter needs; none for most."""
         return {}
 
-    def draft_sample_method(self, spec: SpecDecConfig, temperature: float) -> str:
+    def draft_sample_method(self, spec: Block, temperature: float) -> str:
         """`auto`: probabilistic drafts for model drafters at T>0 (lossless and far better accepted)."""
         if spec.draft_sample_method != "auto":
             return spec.draft_sample_method
         return "probabilistic" if (self.kind == MODEL and temperature > 0) else "greedy"
 
-    def takes_request_budgets(self, spec: SpecDecConfig) -> bool:
+    def takes_request_budgets(self, spec: Block) -> bool:
         """Whether per-request draft budgets (`extra_args["specdec_budget"]`) reach this drafter."""
         return False
 
-    def caches_own_requests(self, spec: SpecDecConfig) -> bool:
+    def caches_own_requests(self, spec: Block) -> bool:
         """Whether the drafter learns from the engine's own finished requests (vLLM's suffix cache)."""
         return False
 
-    def engine_proposer(self, runner: Any, spec: dict) -> Any:
+    def engine_proposer(self, runner: Any, spec: dict) -> BesideProposer | None:
         """A proposer of ours that drafts beside the engine's model drafter, built in the vLLM worker
         for its model runner `runner` from the validated block `spec`; None: vLLM's proposer alone."""
         return None
 
 
 class RefreshDefaults:
-    """`lockstep.Refreshable`'s shared behaviour: frozen, no online trainer, its own module, no rollouts."""
+    """`Refreshable`'s shared behaviour: frozen, no rollouts."""
+
+    refresh_modes: ClassVar[tuple[RefreshMode, ...]] = ("frozen",)  # the first is the default
+
+    def rollout_prompt_tail(self, spec: Block) -> int | None:
+        """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
+        return None
+
+
+class ModelWeightsDefaults:
+    """`ModelWeights`' shared behaviour: a checkpoint of its own, no online trainer, its own module,
+    nothing derived from it."""
 
     name: ClassVar[str]
-    refresh_modes: ClassVar[tuple[RefreshMode, ...]] = ("frozen",)  # the first is the default
     weights_in_policy_checkpoint: ClassVar[bool] = False  # MTP layers ride in the policy's checkpoint
 
-    def distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int = 0,
+    def distiller(self, spec: Block, *, temperature: float, seed: int = 0,
                   model_path: str | None = None, **kw: Any) -> Distiller:
         """The online trainer of this drafter (`refresh.mode: online`) with the hyper-parameters of
         `refresh.distill` (keyword arguments override them); `model_path` is the policy checkpoint."""
@@ -199,7 +125,7 @@ class RefreshDefaults:
               "max_tokens": d.max_tokens, "max_transient_gb": d.max_transient_gb, **kw}
         return self.build_distiller(spec, temperature=temperature, seed=seed, model_path=model_path, **kw)
 
-    def build_distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int,
+    def build_distiller(self, spec: Block, *, temperature: float, seed: int,
                         model_path: str | None, **kw: Any) -> Distiller:
         from nemo_rl_specdec.train.distill import DistillInputError
 
@@ -215,13 +141,9 @@ class RefreshDefaults:
         or a restore): bring up to date what the module derived from its weights at engine start. The
         drafters here keep nothing derived, except the ones that say so."""
 
-    def rollout_prompt_tail(self, spec: SpecDecConfig) -> int | None:
-        """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
-        return None
-
 
 class NemoRLDefaults:
-    """`adapter.translate.NemoRLRules`' shared behaviour: a list drafter has no weights; a model
+    """`NemoRLRules`' shared behaviour: a list drafter has no weights; a model
     drafter's come from its checkpoint, or from the policy workers' online distillation."""
 
     kind: ClassVar[str]
@@ -229,18 +151,18 @@ class NemoRLDefaults:
     trainer_stream: ClassVar[str] = ""  # the NeMo-RL policy setting that makes the trainer stream its weights
     worker_modules: ClassVar[tuple[str, ...]] = ()  # libraries the vLLM workers must import
 
-    def weight_source(self, spec: SpecDecConfig, streams: TrainerStreams) -> str:
+    def weight_source(self, spec: Block, streams: TrainerStreams) -> str:
         """Where the drafter's weights come from in a NeMo-RL run whose trainer streams `streams`."""
         if self.kind == LIST:
             return SOURCE_NONE
         return SOURCE_POLICY_DISTILL if spec.refresh.mode == "online" else SOURCE_CHECKPOINT
 
-    def check_nemo_rl(self, spec: SpecDecConfig, policy: dict) -> None:
+    def check_nemo_rl(self, spec: Block, policy: dict) -> None:
         """Drafter-specific rules against the rest of a NeMo-RL run's `policy` (ConfigError)."""
 
 
 class CostDefaults:
-    """`cost.price.PricedDrafter`'s shared behaviour: the profile entry named after the drafter."""
+    """`PricedDrafter`'s shared behaviour: the profile entry named after the drafter."""
 
     name: ClassVar[str]
     draft_cost: ClassVar[str] = SEQUENTIAL
@@ -248,29 +170,40 @@ class CostDefaults:
     # relative to the block): the lossless engine suite runs each, `bench --suite drafters` compares them
     variants: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
 
-    def cost_entry(self, spec: SpecDecConfig) -> str:
+    def cost_entry(self, spec: Block) -> str:
         """The hardware profile's entry that prices this drafter as the block configures it
         (configs/hardware/: a history drafter's entry names its proposer)."""
         return self.name
 
-    def cost_parts(self, spec: SpecDecConfig) -> dict | None:
+    def cost_parts(self, spec: Block) -> dict | None:
         """A drafter made of a history and a model part: their hardware-profile entries
         ({"history": ..., "model": ...}; its traces are of kind `hybrid`); None for the others."""
         return None
 
 
 class Drafter(DeclaredDefaults, VllmDefaults, RefreshDefaults, NemoRLDefaults, CostDefaults):
-    """A registered drafter: the defaults of every protocol; a drafter overrides what is its own."""
+    """A list drafter: the defaults of every role but `ModelWeights`; a drafter overrides what is its own."""
 
 
-class CheckpointDrafter(Drafter):
+class ModelDrafter(Drafter, ModelWeightsDefaults):
+    """A model drafter: a module in the engine, which needs a checkpoint unless its weights ride in the
+    policy's."""
+
+    kind: ClassVar[str] = MODEL
+
+    def check(self, spec: Block) -> None:
+        if not self.weights_in_policy_checkpoint and not self.checkpoint(spec):
+            raise PathError(f"{self.name}.model", None, f"a checkpoint path when drafter is '{self.name}'")
+
+
+class CheckpointDrafter(ModelDrafter):
     """A model drafter with its own checkpoint in `<name>.model`, run by vLLM's method of the same
     name, and trained online by the `Distiller` that `distiller_class()` returns."""
 
-    def checkpoint(self, spec: SpecDecConfig) -> str | None:
+    def checkpoint(self, spec: Block) -> str | None:
         return self.settings(spec).model
 
-    def vllm_config(self, spec: SpecDecConfig, temperature: float) -> dict:
+    def vllm_config(self, spec: Block, temperature: float) -> dict:
         return {
             "method": self.name,
             "model": self.checkpoint(spec),
@@ -281,7 +214,7 @@ class CheckpointDrafter(Drafter):
     def distiller_class(self) -> type:
         raise NotImplementedError
 
-    def build_distiller(self, spec: SpecDecConfig, *, temperature: float, seed: int,
+    def build_distiller(self, spec: Block, *, temperature: float, seed: int,
                         model_path: str | None, **kw: Any) -> Distiller:
         from nemo_rl_specdec.train.distill import DistillInputError
 

@@ -36,8 +36,9 @@ from typing import Any
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter, DrafterSettings
+from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
+from nemo_rl_specdec.drafters.roles import DrafterSettings
 from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
@@ -86,7 +87,7 @@ class DFlash(CheckpointDrafter):
         return DFlashDistiller
 
     def teacher_forced(self, spec, policy):
-        """`bench/onetext.py` `TeacherForced`: (ids, first, k) -> the draft's greedy k-token blocks at every
+        """`roles.TeacherForced`: (ids, first, k) -> the draft's greedy k-token blocks at every
         position of a recorded sequence, on `policy`'s (an HF causal LM) hidden states of it (`greedy_drafts`)."""
         import torch
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import CheckpointDrafter, DrafterSettings
+from nemo_rl_specdec.drafters.base import CheckpointDrafter
+from nemo_rl_specdec.drafters.roles import DrafterSettings
 from nemo_rl_specdec.train.distill import TRAINABLE_DTYPES, Distiller, DistillInputError, estimating, final_hidden
 from nemo_rl_specdec.train.kl import linear_forward_kl
 
@@ -31,7 +32,7 @@ class DraftModel(CheckpointDrafter):
         return DraftModelDistiller
 
     def teacher_forced(self, spec, policy):
-        """`bench/onetext.py` `TeacherForced`: (ids, first, k) -> the draft model's greedy k-token drafts at every
+        """`roles.TeacherForced`: (ids, first, k) -> the draft model's greedy k-token drafts at every
         position of a recorded sequence (`greedy_drafts`); `policy` is not read (the draft sees tokens only)."""
         import torch
         from transformers import AutoModelForCausalLM

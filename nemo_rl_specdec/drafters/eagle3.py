@@ -23,9 +23,10 @@ from typing import Any
 
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter, DrafterSettings
+from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
 from nemo_rl_specdec.drafters.machinery.layers import rope
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
+from nemo_rl_specdec.drafters.roles import DrafterSettings
 from nemo_rl_specdec.schema import ConfigError, PathError
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
@@ -84,7 +85,7 @@ class Eagle3(CheckpointDrafter):
         return super().build_distiller(spec, temperature=temperature, seed=seed, model_path=model_path, **kw)
 
     def teacher_forced(self, spec, policy):
-        """`bench/onetext.py` `TeacherForced`: (ids, first, k) -> the head's greedy k-token drafts at every position
+        """`roles.TeacherForced`: (ids, first, k) -> the head's greedy k-token drafts at every position
         of a recorded sequence, on `policy`'s (an HF causal LM) hidden states of it (`greedy_drafts`)."""
         import torch
 

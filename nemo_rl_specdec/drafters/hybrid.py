@@ -55,12 +55,13 @@ update (`engine/worker_extension.py`).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pydantic import Field
 
-from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter, DrafterSettings
+from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter, ModelDrafter
+from nemo_rl_specdec.drafters.roles import DrafterSettings
 from nemo_rl_specdec.schema import PathError
 
 _HISTORY, _MODEL = "history", "model"  # the sources of `hybrid_choice.HybridChoice`
@@ -81,9 +82,8 @@ class HybridConfig(DrafterSettings):
                                       "(vLLM's k = 0 first forward). null: on every step, the per-step choice decides")
 
 
-class Hybrid(Drafter):
+class Hybrid(ModelDrafter):
     name = "hybrid"
-    kind = MODEL  # k fixed at engine start, a module in the engine (the model part)
     draft_cost = SEQUENTIAL
     config = HybridConfig
     worker_modules = ("arctic_inference.suffix_decoding",)  # the history part's suffix trees
@@ -105,9 +105,9 @@ class Hybrid(Drafter):
         self.parts = {d.name: d for d in parts}
 
     # ------------------------------------------------------------------ the parts
-    def model_part(self, spec) -> Drafter:
+    def model_part(self, spec) -> ModelDrafter:
         """The model part's drafter (validated by `check`); `spec`: the block, or the block as plain data."""
-        return self.parts[spec["hybrid"]["model"] if isinstance(spec, dict) else spec.hybrid.model]
+        return cast(ModelDrafter, self.parts[spec["hybrid"]["model"] if isinstance(spec, dict) else spec.hybrid.model])
 
     def history_part(self, spec) -> Drafter:
         return self.parts[spec.hybrid.history]
@@ -138,7 +138,7 @@ class Hybrid(Drafter):
         if mp.kind != MODEL:
             raise PathError("hybrid.model", m, f"one of {allowed}: {m!r} is a history drafter, and a hybrid takes "
                             "one history part (hybrid.history)")
-        if not mp.weights_in_policy_checkpoint and not mp.checkpoint(spec):
+        if not cast(ModelDrafter, mp).weights_in_policy_checkpoint and not mp.checkpoint(spec):
             raise PathError(f"{m}.model", None, f"a checkpoint path: hybrid.model is {m!r}, whose weights are a "
                             "checkpoint of its own")
         mp.check(spec)
@@ -181,8 +181,8 @@ class Hybrid(Drafter):
     def engine_proposer(self, runner, spec):
         return HybridProposer(runner, spec)
 
-    # ---------------------------------------------------------- Refreshable: the model part's weights, DAS's rollouts
-    def weights_owner(self, spec) -> Drafter:
+    # ------------------------------------ ModelWeights, Refreshable: the model part's weights, DAS's rollouts
+    def weights_owner(self, spec) -> ModelDrafter:
         return self.model_part(spec)
 
     def build_distiller(self, spec, *, temperature, seed, model_path, **kw):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, Drafter
+from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, ModelDrafter
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
@@ -31,7 +31,7 @@ from nemo_rl_specdec.train.kl import linear_forward_kl
 MTP_PREFIX = "model.mtp_layers.0."
 
 
-class MTP(Drafter):
+class MTP(ModelDrafter):
     name = "mtp"
     refresh_modes = ("refit", "online", "frozen")
     weights_in_policy_checkpoint = True

@@ -16,9 +16,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter, DrafterSettings
+from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
+from nemo_rl_specdec.drafters.roles import DrafterSettings
 from nemo_rl_specdec.schema import PathError
 
 

@@ -66,11 +66,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter, DrafterSettings
+from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.machinery.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.machinery.staging import StagedRebuild
 from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError
+from nemo_rl_specdec.drafters.roles import DrafterSettings
 from nemo_rl_specdec.rollouts import RolloutBatch
 from nemo_rl_specdec.schema import PathError
 
@@ -421,13 +422,6 @@ class DASProposer(SpecdecProposer):
         self.version = int(state["version"])
         self._reqs.clear()
         return n
-
-    def specdec_disable(self, reason: str) -> None:
-        """Stop proposing for good (on_refresh_error=disable): every later step drafts nothing, so
-        vLLM verifies no drafts and the engine runs as without speculation."""
-        self.k = 0
-        self.disabled_reason = str(reason)
-        self._reqs.clear()
 
     def specdec_stats(self) -> dict:
         """Store contents, counters, settings. While a staged rebuild is still running on its thread

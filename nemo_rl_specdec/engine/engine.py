@@ -29,8 +29,8 @@ from nemo_rl_specdec.config import (
     to_vllm_speculative_config,
 )
 from nemo_rl_specdec.cost.trace import Trace
-from nemo_rl_specdec.drafters.base import Declared, VllmMapping
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.drafters.roles import Declared, VllmMapping
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.engine.tracing import StepTracer
 from nemo_rl_specdec.lockstep import check_versions

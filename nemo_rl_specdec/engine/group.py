@@ -50,9 +50,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nemo_rl_specdec.config import ConfigError, RunConfig
-from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
+from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.drafters.roles import Declared, VllmMapping
 from nemo_rl_specdec.engine.engine import GenerateResult
+from nemo_rl_specdec.engine.vllm_compat import our_proposer
 from nemo_rl_specdec.metrics import SpecMetrics
 from nemo_rl_specdec.models import ensure
 from nemo_rl_specdec.rollouts import Request, Rollout, RolloutRecord
@@ -200,13 +202,13 @@ class _EngineActor:
         return dict(self.engine.refresh_state())
 
     def drafter_stats(self) -> dict | None:
-        """The DAS drafter's counters and store statistics (None for other drafters)."""
+        """Our proposer's counters and statistics (DAS: its store too); None where vLLM's proposer drafts alone."""
         if not self.engine.spec_active:
             return None
 
         def stats(worker):
-            d = getattr(getattr(worker, "model_runner", None), "drafter", None)
-            return d.specdec_stats() if d is not None and hasattr(d, "specdec_stats") else None
+            d = our_proposer(worker)
+            return d.specdec_stats() if d is not None else None
 
         return self.engine.llm.collective_rpc(stats)[0]
 

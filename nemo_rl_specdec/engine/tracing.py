@@ -26,7 +26,7 @@ import threading
 import time
 
 from nemo_rl_specdec.cost.trace import Trace, TraceStep
-from nemo_rl_specdec.engine.vllm_compat import BESIDE
+from nemo_rl_specdec.engine.vllm_compat import beside_proposer
 
 
 class StepTracer:
@@ -58,7 +58,7 @@ class StepTracer:
         llm.collective_rpc(self._wrap_proposer)
 
     def _wrap_proposer(self, worker) -> None:
-        beside = getattr(worker.model_runner, BESIDE, None)
+        beside = beside_proposer(worker)
         if beside is not None:  # it times its own host work and counts the model's forwards it ran
             inner_beside = beside.propose
 
@@ -70,10 +70,10 @@ class StepTracer:
                         self._proposer_s += beside.last_host_s
                         self._forwards += beside.last_forwards
 
-            beside.propose = propose_beside
+            beside.propose = propose_beside  # type: ignore[method-assign]  # timed in place, per worker
             return
-        drafter = getattr(worker.model_runner, "drafter", None)
-        if drafter is None or not hasattr(drafter, "propose"):
+        drafter = getattr(worker.model_runner, "drafter", None)  # vLLM's proposer, or ours in its slot
+        if drafter is None:
             return
         inner = drafter.propose
 

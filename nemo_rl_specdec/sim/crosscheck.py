@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from nemo_rl_specdec.drafters.base import LIST, Declared
+from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of
+from nemo_rl_specdec.drafters.roles import Declared
 from nemo_rl_specdec.sim.acceptance import monotone_curve
 from nemo_rl_specdec.sim.scenario import ScenarioError
 

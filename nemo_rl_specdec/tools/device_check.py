@@ -8,7 +8,7 @@ pydantic and safetensors (no vLLM, no Ray, no network). It imports the package's
 drafters, train and bench modules, which import neither vLLM nor Ray.
 
 (a) ``tiny``: each online distiller (draft_model, eagle3, dflash, mtp), built as NeMo-RL's policy
-    workers build it (``Refreshable.distiller(spec, ..., device=...)``) from the bundled tiny assets,
+    workers build it (``ModelWeights.distiller(spec, ..., device=...)``) from the bundled tiny assets,
     takes two ``step``\\ s towards the bundled policy (``tiny/policy``; ``tiny_mtp`` for mtp) on
     ``--device``, once with the policy in float32 and once in bfloat16: per cell ``ok`` (both steps
     ran and their KLs are finite) or the error.

@@ -3,7 +3,7 @@ online trainer runs (:class:`Distiller`), its data parallelism (:class:`DataPara
 
 Each model drafter subclasses :class:`Distiller` (or :class:`HiddenStateDistiller`, for a draft
 with its own checkpoint that reads the policy's hidden states) in its own file under `drafters/`
-with how the teacher side is prepared, its loss and its export; `Refreshable.distiller(spec, ...)`
+with how the teacher side is prepared, its loss and its export; `ModelWeights.distiller(spec, ...)`
 builds it with the `refresh.distill` settings.
 
 After every policy update (or every ``refresh.every_n_steps``), the drafter is trained to imitate
@@ -33,7 +33,7 @@ as the policy weights:
   model: its checkpoint names; Eagle3: ``midlayer.*``, ``fc``, ``norm``, ``lm_head``; MTP:
   ``model.mtp_layers.0.*``), which the worker extension loads in place (layerwise reload):
 
-      distiller = drafter_of(cfg.spec, Refreshable).distiller(cfg.spec, temperature=1.0)
+      distiller = drafter_of(cfg.spec, ModelWeights).distiller(cfg.spec, temperature=1.0)
       stats = distiller.step(grpo_trainer.model, rollouts)          # after the GRPO step
       engine.update(PolicyUpdate(v, grpo_trainer.state_dict(), drafter_weights=distiller.state_dict(),
                     drafter_version=v))

@@ -39,12 +39,12 @@ def drafter_cases() -> dict:
     a model drafter the suite's run file names no checkpoint for is left out (e.g. none is bundled
     for SmolLM2), as in `bench --suite drafters`."""
     from nemo_rl_specdec.drafters.base import MODEL
-    from nemo_rl_specdec.drafters.registry import DRAFTERS
+    from nemo_rl_specdec.drafters.registry import DRAFTERS, weights_in_policy
 
     spec = load_run_config(RUN_FILE).spec
     out = {}
     for name, d in DRAFTERS.items():
-        if d.weights_in_policy_checkpoint:
+        if weights_in_policy(name):
             out[name] = (name, IN_POLICY_RUN_FILE, [])
             continue
         if d.kind == MODEL and not d.checkpoint(spec):

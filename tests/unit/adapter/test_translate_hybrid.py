@@ -51,8 +51,8 @@ def test_preflight_refuses_the_hybrid_on_a_vllm_without_custom_class():
 def test_the_model_parts_nemo_rl_rules_apply_to_the_hybrid():
     # eagle3's rule: the trainer's Eagle head must be the engines' checkpoint
     with pytest.raises(ConfigError, match=r"eagle3\.model: got '/ckpt/eagle3'.*policy\.draft\.model_name"):
-        from nemo_rl_specdec.adapter.translate import NemoRLRules
         from nemo_rl_specdec.drafters.registry import drafter
+        from nemo_rl_specdec.drafters.roles import NemoRLRules
 
         s = spec(drafter="hybrid", eagle3=EAGLE)
         drafter(s, NemoRLRules).check_nemo_rl(s, {"draft": {"enabled": True, "model_name": "/other"}})

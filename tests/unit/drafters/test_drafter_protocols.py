@@ -1,25 +1,25 @@
-"""The drafter contract is a few small protocols, one per layer that asks a drafter, each defined
-in that layer: every one has at most 8 members, together they cover everything a drafter
-declares, and every registered drafter takes part in each one its layers ask it."""
+"""The drafter contract is one page, `drafters/roles.py`: small roles a layer asks of a drafter's
+declaration (each at most 8 members; together they cover everything a drafter declares; a drafter
+plays only the roles it has, and a lookup as a role it does not play is refused), and the runtime
+contracts the engine checks by type on our proposers inside a vLLM worker."""
 from __future__ import annotations
 
 import ast
 import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from nemo_rl_specdec.adapter.translate import NemoRLRules
-from nemo_rl_specdec.cost.price import PricedDrafter
-from nemo_rl_specdec.drafters import base
+from nemo_rl_specdec.drafters import base, roles
+from nemo_rl_specdec.drafters.base import LIST, MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter, registered
-from nemo_rl_specdec.lockstep import Refreshable
 
 PKG = Path(__file__).resolve().parents[3] / "nemo_rl_specdec"
-# protocol -> the module of the layer that asks it (config.py and the engine share base.py's two)
-PROTOCOLS = {base.Declared: "nemo_rl_specdec.drafters.base", base.VllmMapping: "nemo_rl_specdec.drafters.base",
-             Refreshable: "nemo_rl_specdec.lockstep", NemoRLRules: "nemo_rl_specdec.adapter.translate",
-             PricedDrafter: "nemo_rl_specdec.cost.price"}
+ROLES = [roles.Declared, roles.VllmMapping, roles.Refreshable, roles.ModelWeights, roles.NemoRLRules,
+         roles.PricedDrafter]
+OPTIONAL = [roles.TeacherForced]
+RUNTIME = [roles.EngineProposer, roles.ListProposer, roles.BesideProposer, roles.RolloutStore, roles.CarriesState]
 MAX_MEMBERS = 8
 
 
@@ -29,48 +29,126 @@ def members(proto) -> set:
     return set(get_protocol_members(proto))
 
 
-@pytest.mark.parametrize("proto", list(PROTOCOLS), ids=lambda p: p.__name__)
-def test_each_protocol_is_small_and_lives_in_its_layer(proto):
-    assert typing.Protocol in proto.__mro__ and proto.__module__ == PROTOCOLS[proto]
+def plays(d) -> set:
+    """The roles a drafter of this kind must play: every one, but a list drafter has no weights."""
+    return {r for r in ROLES if not (d.kind == LIST and r is roles.ModelWeights)}
+
+
+@pytest.mark.parametrize("proto", ROLES + OPTIONAL + RUNTIME, ids=lambda p: p.__name__)
+def test_each_contract_is_small_and_on_the_one_page(proto):
+    assert typing.Protocol in proto.__mro__ and proto.__module__ == "nemo_rl_specdec.drafters.roles"
     assert 1 <= len(members(proto)) <= MAX_MEMBERS, sorted(members(proto))
 
 
-def test_the_protocols_cover_what_a_drafter_declares_once():
+def test_the_roles_cover_what_a_drafter_declares_once():
     seen: dict = {}
-    for proto in PROTOCOLS:
+    for proto in ROLES:
         for m in members(proto):
             assert m not in seen, f"{m} is in {seen.get(m)} and {proto.__name__}"
             seen[m] = proto.__name__
-    # the base's public members: every one is some protocol's (helpers of the defaults excepted)
+    # a model drafter's public members: every one is some role's (helpers of the defaults excepted)
     helpers = {"build_distiller"}
-    public = ({m for m in dir(base.Drafter) if not m.startswith("_")} - helpers) | {"name"}  # each drafter's own
+    public = ({m for m in dir(base.ModelDrafter) if not m.startswith("_")} - helpers) | {"name"}  # each one's own
     assert public - set(seen) == set() and set(seen) - public == set()
 
 
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
-@pytest.mark.parametrize("proto", list(PROTOCOLS), ids=lambda p: p.__name__)
-def test_every_drafter_takes_part_in_each_layers_protocol(name, proto):
-    d = drafter(name, proto)  # the lookup checks it (runtime_checkable)
-    assert isinstance(d, proto) and registered(proto)[name] is d
-    for m in members(proto):
-        assert getattr(d, m) is not None, m
+def test_every_drafter_plays_the_roles_of_its_kind_and_no_other(name):
+    d = DRAFTERS[name]
+    assert d.kind in (LIST, MODEL)
+    for role in ROLES:
+        if role in plays(d):
+            assert drafter(name, role) is d and registered(role)[name] is d  # the lookup checks it
+            for m in members(role):
+                assert getattr(d, m) is not None, m
+        else:
+            assert not isinstance(d, role) and name not in registered(role)
 
 
-def test_a_lookup_as_a_protocol_the_drafter_misses_is_refused():
-    @typing.runtime_checkable
-    class Medusa(typing.Protocol):
-        def heads(self) -> int: ...
+@pytest.mark.parametrize("name", sorted(n for n, d in DRAFTERS.items() if d.kind == LIST))
+def test_a_list_drafter_has_no_weights_and_its_lookup_as_one_is_refused(name):
+    """A real lookup of a real drafter: the online trainer is asked of a drafter without weights."""
+    assert not hasattr(DRAFTERS[name], "distiller")
+    with pytest.raises(TypeError, match=f"'{name}' takes no part in ModelWeights"):
+        drafter(name, roles.ModelWeights)
+    with pytest.raises(TypeError, match="takes no part in ModelWeights"):
+        drafter({"drafter": name}, roles.ModelWeights)
 
-    with pytest.raises(TypeError, match="'suffix' takes no part in Medusa"):
-        drafter("suffix", Medusa)
-    assert registered(Medusa) == {}
+
+def test_the_model_drafters_are_exactly_those_with_weights():
+    assert set(registered(roles.ModelWeights)) == {n for n, d in DRAFTERS.items() if d.kind == MODEL}
+    assert {"draft_model", "eagle3", "mtp", "dflash", "hybrid"} <= set(registered(roles.ModelWeights))
 
 
-def test_no_layer_outside_drafters_types_against_the_base_class():
-    """Consumers see a drafter as their layer's protocol: none imports `Drafter` or `CheckpointDrafter`."""
+# ------------------------------------------------------------------------------ runtime contracts
+
+def _das():
+    from nemo_rl_specdec.drafters.suffix import DASProposer
+
+    return DASProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                                       model_config=SimpleNamespace(max_model_len=64)))
+
+
+def _ngram():
+    pytest.importorskip("vllm.v1.spec_decode.ngram_proposer")
+    from nemo_rl_specdec.drafters.ngram import NgramProposer
+
+    return NgramProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                                         model_config=SimpleNamespace(max_model_len=64),
+                                         scheduler_config=SimpleNamespace(max_num_seqs=8)))
+
+
+def _hybrid():
+    from nemo_rl_specdec.config import validate_spec_block
+    from nemo_rl_specdec.drafters.hybrid import HybridProposer
+
+    vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                         model_config=SimpleNamespace(max_model_len=64))
+    runner = SimpleNamespace(vllm_config=vc, input_batch=SimpleNamespace(req_ids=[]), requests={})
+    return HybridProposer(runner, validate_spec_block({"enabled": True, "drafter": "hybrid",
+                                                      "num_speculative_tokens": 4, "eagle3": {"model": "/ckpt"}}))
+
+
+@pytest.mark.parametrize("build, contracts", [
+    (_das, {roles.EngineProposer, roles.ListProposer, roles.RolloutStore, roles.CarriesState}),
+    (_ngram, {roles.EngineProposer, roles.ListProposer}),
+    (_hybrid, {roles.EngineProposer, roles.BesideProposer, roles.RolloutStore, roles.CarriesState}),
+], ids=["das", "ngram", "hybrid"])
+def test_our_proposers_keep_the_runtime_contracts_the_engine_checks(build, contracts):
+    p = build()
+    assert {c for c in RUNTIME if isinstance(p, c)} == contracts
+
+
+def test_a_disabled_list_proposer_drafts_nothing():
+    """`EngineProposer.specdec_disable`, which the worker extension calls on every proposer of ours."""
+    p = _ngram()
+    p.specdec_attach(SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a"])), {"ngram": {"backend": "specdec"}})
+    p.specdec_disable("refresh failed")
+    import numpy as np
+
+    row = np.array([[1, 2, 3, 4, 5, 1, 2, 3]], dtype=np.int32)
+    assert p.propose([[3]], np.array([8]), row) == [[]] and p.disabled_reason == "refresh failed"
+
+
+def test_the_engine_finds_our_proposers_by_type_never_by_probing_members():
+    """engine/ and bench/replay.py ask our proposers through the runtime contracts: no `hasattr` on a
+    contract member (and the runner's proposers are found by `vllm_compat.our_proposer`)."""
+    names = set().union(*(members(c) for c in RUNTIME))
+    bad = []
+    for p in [*(PKG / "engine").glob("*.py"), PKG / "bench" / "replay.py"]:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("hasattr", "getattr") \
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in names:
+                bad.append(f"{p.name}:{node.lineno} {ast.unparse(node)}")
+    assert bad == []
+
+
+def test_no_layer_outside_drafters_types_against_the_base_classes():
+    """Consumers see a drafter as their layer's role: none imports `Drafter`, `ModelDrafter` or
+    `CheckpointDrafter`."""
     bad = []
     for p in PKG.rglob("*.py"):
-        if p.parent.name == "drafters" or "drafters" in p.relative_to(PKG).parts[:1]:
+        if "drafters" in p.relative_to(PKG).parts[:1]:
             continue
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == "nemo_rl_specdec.drafters.base":

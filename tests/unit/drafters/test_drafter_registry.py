@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_specdec.config import SpecDecConfig, load_run_config, to_vllm_speculative_config
-from nemo_rl_specdec.drafters.base import HOST, LIST, MODEL, PARALLEL, SEQUENTIAL, Declared, Drafter
+from nemo_rl_specdec.drafters.base import HOST, LIST, MODEL, PARALLEL, SEQUENTIAL, Drafter
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter
+from nemo_rl_specdec.drafters.roles import Declared
 from nemo_rl_specdec.schema import Strict
 
 PKG = Path(__file__).resolve().parents[3] / "nemo_rl_specdec"

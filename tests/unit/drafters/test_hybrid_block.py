@@ -8,10 +8,9 @@ import json
 import pytest
 
 from nemo_rl_specdec.config import BLOCK_PATH as B, ConfigError, load_run_config, to_vllm_speculative_config
-from nemo_rl_specdec.drafters.base import Declared, VllmMapping
 from nemo_rl_specdec.drafters.hybrid import ModelAcceptance
 from nemo_rl_specdec.drafters.registry import drafter
-from nemo_rl_specdec.lockstep import Refreshable
+from nemo_rl_specdec.drafters.roles import Declared, Refreshable, VllmMapping
 
 RUN = "configs/tiny_cpu.yaml"
 

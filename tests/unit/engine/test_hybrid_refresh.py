@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from nemo_rl_specdec.config import validate_spec_block  # noqa: E402
-from nemo_rl_specdec.drafters.suffix import DASProposer  # noqa: E402
+from nemo_rl_specdec.drafters.hybrid import HybridProposer  # noqa: E402
 from nemo_rl_specdec.engine.worker_extension import SpecDecWorkerExtension  # noqa: E402
 from nemo_rl_specdec.lockstep import DrafterRefreshError  # noqa: E402
 from nemo_rl_specdec.update import PolicyUpdate  # noqa: E402
@@ -19,15 +19,20 @@ HEAD = [("fc.weight", object())]
 
 
 def _worker(mode: str, load=None):
-    """A worker whose engine runs the hybrid: `specdec_beside` is the history half's store (a real
-    DASProposer), the model half's load is `load` (records what it was given)."""
-    history = DASProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                                          model_config=SimpleNamespace(max_model_len=256)))
+    """A worker whose engine runs the hybrid: `specdec_beside` is a real HybridProposer, whose history
+    half is returned (its DASProposer); the model half's load is `load` (records what it was given)."""
+    spec = validate_spec_block({"enabled": True, "drafter": "hybrid", "eagle3": {"model": "/ckpt/eagle3"},
+                                "refresh": {"mode": mode}})
+    vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                         model_config=SimpleNamespace(max_model_len=256))
+    runner = SimpleNamespace(drafter=None, model=None, vllm_config=vc, input_batch=SimpleNamespace(req_ids=[]),
+                             requests={})
+    runner.specdec_beside = HybridProposer(runner, spec)
+    history = runner.specdec_beside.das
     w = SpecDecWorkerExtension()
-    w.model_runner = SimpleNamespace(drafter=None, specdec_beside=history, model=None)
+    w.model_runner = runner
     st = w._specdec()
-    st.spec = validate_spec_block({"enabled": True, "drafter": "hybrid", "eagle3": {"model": "/ckpt/eagle3"},
-                                   "refresh": {"mode": mode}})
+    st.spec = spec
     st.mode = mode
     loaded: list = []
 
