@@ -24,8 +24,8 @@ batch of 64 requests decoded at once here), and runs against the no-spec group i
 of no-spec makespan / spec makespan.
 An auto row also reports ``vs_best_fixed`` (its ratio over the best fixed k's of the same drafter
 and regime, in hindsight), what it chose (``chosen``: the k-by-batch-size schedule, or the steps
-the per-step rule cut), and the engines' step-cost fit (``cost_fit``). The closing lines check
-the targets: auto >= 0.97 x no-spec and >= 0.97 x the best fixed k, per regime.
+the per-step rule cut), and the engines' step-cost fit (``cost_fit``). The closing lines state,
+per regime, auto's ratio over no-spec and over the best fixed k.
 
 Priced first (`priced`): fixed k in ``priced_ks`` (default 1, 2, 3, 4, 6, 8) against auto for the
 history drafters, replayed on one recorded text per regime (8 requests at once, the whole batch,
@@ -59,7 +59,6 @@ DRAFTERS = {  # name -> (overrides of every configuration, overrides of a fixed 
 }
 REGIMES = {"seqs8": (1, 8, "contiguous"), "all": (1, None, "contiguous"),
            "2eng_length_aware": (2, None, "length_aware")}
-TARGET = 0.97
 # the priced replays: fixed k against auto, per history drafter and concurrency regime
 PRICED_KS = (1, 2, 3, 4, 6, 8)
 LARGE_BATCH = 256   # requests decoded at once in the large-batch regime (compute-bound on a GPU)
@@ -214,7 +213,6 @@ def priced(cfg, opts: dict) -> list:
         best = max(fixed_rows, key=lambda x: x["priced_speedup"])
         r["best"] = best["config"] if best["priced_speedup"] > 1.0 else "no-spec"
         r["vs_best_fixed"] = r["priced_speedup"] / max(1.0, best["priced_speedup"])
-        r["meets_target"] = r["vs_best_fixed"] >= TARGET
     return rows
 
 
@@ -310,9 +308,8 @@ def run(cfg, args) -> list:
           f"median of {opts['repeats']} ABBA rounds on this machine, with its spread (printed, not judged)")
     for r in results:
         if r["config"] == "auto" and r["wall_clock_ratio"] is not None:
-            print(f"{r['name']}: {r['wall_clock_ratio']:.3f}x no-spec (target >= {TARGET}), "
-                  f"{r['vs_best_fixed']:.3f}x the best fixed k ({r['best_fixed']}, target >= {TARGET}); chosen: "
-                  f"{r['chosen']}")
+            print(f"{r['name']}: {r['wall_clock_ratio']:.3f}x no-spec, "
+                  f"{r['vs_best_fixed']:.3f}x the best fixed k ({r['best_fixed']}); chosen: {r['chosen']}")
     return results
 
 
@@ -325,14 +322,14 @@ def _print_priced(rows: list, profile) -> None:
     from nemo_rl_specdec.bench import print_table
 
     print(f"Priced on {profile.name} ({profile.hardware.name}): fixed k and auto replayed on one recorded text per "
-          "regime, each against the same text without drafts; auto's target: >= "
-          f"{TARGET} x the best of no-spec and every fixed k")
+          "regime, each against the same text without drafts; auto against the best of no-spec and every "
+          "fixed k")
     print_table(rows, ["name", "requests", "max_num_seqs", "priced_speedup", "vs_best_fixed", "best",
                        "tokens_per_target_forward", "acceptance_rate"])
     for r in rows:
         if r["config"] == "auto":
             print(f"{r['name']}: {r['priced_speedup']:.3f}x no-spec, {r['vs_best_fixed']:.3f}x the best of no-spec "
-                  f"and fixed k ({r['best']}): {'met' if r['meets_target'] else 'MISSED'}")
+                  f"and fixed k ({r['best']})")
 
 
 def _judge(results: list) -> None:
@@ -346,4 +343,3 @@ def _judge(results: list) -> None:
         best = max(fixed, key=lambda x: x["wall_clock_ratio"])
         r["best_fixed"] = best["config"]
         r["vs_best_fixed"] = r["wall_clock_ratio"] / best["wall_clock_ratio"]
-        r["meets_targets"] = r["wall_clock_ratio"] >= TARGET and r["vs_best_fixed"] >= TARGET

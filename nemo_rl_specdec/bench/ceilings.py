@@ -260,16 +260,6 @@ def placement_ceiling(pricer: PlacementPricer, engines: int, placements: dict,
             "search_between_bound_and": {n: (s - b) / (v - b) if v > b else 0.0 for n, v in spans.items()}}
 
 
-def share_verdict(share_of_bound: float, share_of_search: float, target: float) -> str:
-    """'met' when even the bound's share reaches `target`, 'MISSED' when even the search's does not,
-    else 'open' (the optimum lies between them)."""
-    if share_of_bound >= target:
-        return "met"
-    if share_of_search < target:
-        return "MISSED"
-    return "open"
-
-
 # ------------------------------------------------------------------------------------ history hindsight
 
 def _grams_ending(grams: set, text: Sequence[int], start: int, end: int, k: int) -> None:
@@ -433,19 +423,16 @@ def bin_shape(traces: Sequence) -> dict:
             for b, a in acc.items()}
 
 
-def history_share(tokens_per_forward: float, shape: dict, ceiling: dict, target: float) -> dict:
-    """A history drafter's tokens per forward as a share of the ceiling at the same k, and where the
-    share is under `target`, the workload property that sets it: coverage (the drafter finds no match
-    where the text held one) or match length (its matches are shorter than the text's), whichever of
-    the two falls further below the ceiling's."""
+def history_share(tokens_per_forward: float, shape: dict, ceiling: dict) -> dict:
+    """A history drafter's tokens per forward as a share of the ceiling at the same k, and the workload
+    property that limits it most (``limited_by``): coverage (the drafter finds no match where the text
+    held one) or match length (its matches are shorter than the text's), whichever of the two falls
+    further below the ceiling's."""
     share = tokens_per_forward / ceiling["tokens_per_target_forward"] if ceiling["tokens_per_target_forward"] else 0.0
     cov = shape["coverage"] / ceiling["coverage"] if ceiling["coverage"] else 1.0
     length = shape["match_length"] / ceiling["match_length"] if ceiling["match_length"] else 1.0
-    return {"share": share, "met": share >= target, "coverage_ratio": cov, "match_length_ratio": length,
-            "set_by": None if share >= target else ("coverage" if cov <= length else "match length")}
-
-
-HISTORY_TARGET = 0.90   # a history drafter's tokens per forward against the ceiling at its k
+    return {"share": share, "coverage_ratio": cov, "match_length_ratio": length,
+            "limited_by": "coverage" if cov <= length else "match length"}
 
 
 def judge_history(results: list, batches: Sequence[Sequence], spec, max_model_len: int,
@@ -460,14 +447,13 @@ def judge_history(results: list, batches: Sequence[Sequence], spec, max_model_le
     for r in rows:
         c = ceilings[int(r["k"])]
         shape = trace_shape([x["trace"] for x in r["replay_per_step"]])
-        r["history_ceiling"] = {"ceiling": c, **shape, **history_share(r["replay_tokens_per_target_forward"], shape,
-                                                                        c, HISTORY_TARGET)}
+        r["history_ceiling"] = {"ceiling": c, **shape, **history_share(r["replay_tokens_per_target_forward"], shape, c)}
     return ceilings
 
 
 def history_lines(results: list, ours: str) -> list[str]:
-    """The ceiling rows a suite prints: per k the ceiling, and every replayed row's share of it; the
-    verdict on `ours` (target HISTORY_TARGET), with the property that sets a missed one."""
+    """The ceiling rows a suite prints: per k the ceiling, and every replayed row's share of it; for
+    `ours`, the property that limits its share most."""
     rows = [r for r in results if r.get("history_ceiling")]
     out = []
     for k in sorted({r["k"] for r in rows}):
@@ -482,8 +468,7 @@ def history_lines(results: list, ours: str) -> list[str]:
                     f"the ceiling (coverage {100 * h['coverage_ratio']:.0f}%, match length "
                     f"{100 * h['match_length_ratio']:.0f}% of the ceiling's)")
             if r["name"] == ours:
-                line += (f" (target >= {HISTORY_TARGET:.0%}: " + ("met)" if h["met"] else
-                                                                  f"MISSED; set by {h['set_by']})"))
+                line += f"; its share is limited most by {h['limited_by']}"
             out.append(line)
     return out
 
@@ -551,7 +536,7 @@ class _Known:
         return x in self.history or x in self.prefix or self.held.get(x, 0) - (x in self.own) > 0
 
 
-__all__ = ["HISTORY_TARGET", "MIN_MATCH", "HindsightHistory", "PlacementPricer", "RequestSteps", "bin_of", "bin_shape",
+__all__ = ["MIN_MATCH", "HindsightHistory", "PlacementPricer", "RequestSteps", "bin_of", "bin_shape",
            "fewest_forwards",
            "history_ceiling", "history_lines", "history_share", "hybrid_bound", "judge_history", "longest_known",
-           "placement_ceiling", "request_steps", "share_verdict", "trace_shape"]
+           "placement_ceiling", "request_steps", "trace_shape"]

@@ -23,7 +23,7 @@ No model and no vLLM: ``engines`` Ray actors stand in for NeMo-RL's vLLM engines
 Reported per step: transport seconds old and new and their ratio, rebuild seconds per engine (max
 and median, wall and CPU), store bytes per engine (``store.stats()``) against ``suffix.max_memory_mb``,
 the share of the step the store kept, window and memory evictions, and refresh = new transport +
-slowest rebuild against ``target_s`` (default 5 s: 5% of a 100 s rollout). With fewer cores than
+slowest rebuild (``refresh_s``). With fewer cores than
 engines the engines' wall times include waiting for a core; the CPU column is what an engine
 with a core of its own would take.
 
@@ -40,7 +40,7 @@ Problems differ from step to step.
 Run-file knobs, under ``bench.refresh`` (all optional): ``rollouts`` (2048), ``problems`` (512;
 must divide ``rollouts``), ``tokens`` (8000 response tokens per rollout), ``prompt_tokens`` (512),
 ``engines`` (4), ``steps`` (3, at least 2), ``vocab`` (32000), ``share`` (0.8), ``segment`` (160),
-``mutation`` (0.005), ``seed`` (0), ``target_s`` (5.0), ``object_store_mb`` (2048).
+``mutation`` (0.005), ``seed`` (0), ``object_store_mb`` (2048).
 """
 from __future__ import annotations
 
@@ -58,14 +58,14 @@ from nemo_rl_specdec.config import ConfigError
 
 # what every result dict carries (the dispatcher checks it; this suite measures no drafter)
 REQUIRED = ("name", "transport_old_s", "transport_new_s", "transport_ratio", "rebuild_s_max",
-            "rebuild_s_median", "store_bytes_per_engine", "max_memory_bytes", "refresh_s", "target_s")
+            "rebuild_s_median", "store_bytes_per_engine", "max_memory_bytes", "refresh_s")
 PHRASES_GLOBAL = 4096
 PHRASES_PER_PROBLEM = 256
 PHRASE_LEN = (3, 12)
 OWN_BANK_P = 0.7
 
 DEFAULTS = {"rollouts": 2048, "problems": 512, "tokens": 8000, "prompt_tokens": 512, "engines": 4, "steps": 3,
-            "vocab": 32000, "share": 0.8, "segment": 160, "mutation": 0.005, "seed": 0, "target_s": 5.0,
+            "vocab": 32000, "share": 0.8, "segment": 160, "mutation": 0.005, "seed": 0,
             "object_store_mb": 2048}
 INTS = ("rollouts", "problems", "tokens", "prompt_tokens", "engines", "steps", "vocab", "segment", "seed",
         "object_store_mb")
@@ -80,7 +80,7 @@ def options(cfg) -> dict:
     for k in INTS:
         if isinstance(o[k], bool) or not isinstance(o[k], int):
             raise ConfigError(f"bench.refresh.{k}: got {o[k]!r}; allowed: an int")
-    for k in ("share", "mutation", "target_s"):
+    for k in ("share", "mutation"):
         if isinstance(o[k], bool) or not isinstance(o[k], (int, float)):
             raise ConfigError(f"bench.refresh.{k}: got {o[k]!r}; allowed: a number")
         o[k] = float(o[k])
@@ -96,8 +96,6 @@ def options(cfg) -> dict:
     for k in ("share", "mutation"):
         if not 0.0 <= o[k] <= 1.0:
             raise ConfigError(f"bench.refresh.{k}: got {o[k]}; allowed: 0 <= x <= 1")
-    if o["target_s"] <= 0:
-        raise ConfigError(f"bench.refresh.target_s: got {o['target_s']}; allowed: > 0")
     s = cfg.spec.suffix
     o["samples"] = o["rollouts"] // o["problems"]
     o["suffix"] = {"window_steps": s.window_steps, "scope": s.scope, "max_tree_depth": s.max_tree_depth,
@@ -357,8 +355,7 @@ def refresh_step(engines: list, o: dict, step: int) -> dict:
         "evicted_window": max(r["stats"]["evicted_window"] for r in reps),
         "evicted_memory": max(r["stats"]["evicted_memory"] for r in reps),
         "rss_mb_max": max(r["rss_mb"] for r in reps),
-        "refresh_s": refresh_cpu, "refresh_wall_s": new_s + max(walls), "target_s": o["target_s"],
-        "target_met": refresh_cpu <= o["target_s"] and all(m <= cap for m in mem),
+        "refresh_s": refresh_cpu, "refresh_wall_s": new_s + max(walls),
         "per_engine": [{k: v for k, v in r.items() if k != "stats"} | {"bytes": r["stats"]["bytes"],
                                                                        "entries": r["stats"]["entries"]}
                        for r in reps],
@@ -367,13 +364,12 @@ def refresh_step(engines: list, o: dict, step: int) -> dict:
 
 # (header, key): transport old/new seconds and ratio; rebuild wall/CPU seconds, slowest and median
 # engine; store MB (largest engine) and cap; share of the step kept; evictions; refresh = new transport
-# + slowest rebuild CPU (wall: + slowest rebuild wall, cores shared); target seconds; met
+# + slowest rebuild CPU (wall: + slowest rebuild wall, cores shared)
 TABLE = [("step", "step"), ("n", "rollouts"), ("old s", "transport_old_s"), ("new s", "transport_new_s"),
          ("old/new", "transport_ratio"), ("rb max", "rebuild_s_max"), ("rb med", "rebuild_s_median"),
          ("cpu max", "rebuild_cpu_s_max"), ("cpu med", "rebuild_cpu_s_median"), ("MB", "store_mb_max"),
          ("cap MB", "cap_mb"), ("kept", "kept_fraction_min"), ("ev win", "evicted_window"),
-         ("ev mem", "evicted_memory"), ("refresh", "refresh_s"), ("wall", "refresh_wall_s"),
-         ("target", "target_s"), ("met", "target_met")]
+         ("ev mem", "evicted_memory"), ("refresh", "refresh_s"), ("wall", "refresh_wall_s")]
 
 
 def run(cfg, args, engines: Any = None) -> list:

@@ -22,7 +22,7 @@ decoded at once per engine; ``null`` = vLLM's default, 256 on CPU, i.e. every re
 batch runs at once; a small cap makes requests queue, as on a GPU whose KV cache holds only a
 few long responses). The engines are rebuilt per regime; each regime has its own warm-up.
 
-Placement is judged against its ceiling on the priced placements (`priced_placement`, before the
+Placement is compared with its ceiling on the priced placements (`priced_placement`, before the
 engine groups): the placement ceiling of `bench/ceilings.py` (a lower bound on the priced makespan
 and the best placement a search finds) per draw, every draw counted. The engine rows are compared
 with a reference: every measured batch is replayed in the simulator under the reference placement
@@ -152,7 +152,6 @@ def with_max_num_seqs(cfg: RunConfig, max_num_seqs: int | None) -> RunConfig:
 
 
 PRICED_DRAWS = 5  # problem draws of the priced placements
-PRICED_TARGET = 0.90  # length_aware's share of the placement ceiling's speed, priced makespan
 SEARCH_EVALUATIONS = 300  # engine timings the placement ceiling's local search may run per batch
 
 
@@ -237,10 +236,8 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
 
 def _priced_summary(rows: list, opts: dict) -> list[dict]:
     """Per regime and placement: its share of the placement ceiling over every draw (none dropped),
-    between the share of the bound and the share of the search (`bench/ceilings.py`), the verdict
-    on length_aware, and its cut against contiguous, as suite results."""
-    from nemo_rl_specdec.bench.ceilings import share_verdict
-
+    between the share of the bound and the share of the search (`bench/ceilings.py`), and its cut
+    against contiguous, as suite results."""
     if not rows:
         return []
     out = []
@@ -254,7 +251,6 @@ def _priced_summary(rows: list, opts: dict) -> list[dict]:
                         "placement": placement, "max_num_seqs": seqs, "hardware": opts["profile"].name,
                         "share_of_ceiling_bound": lo_m, "share_of_ceiling_search": hi_m,
                         "share_of_ceiling_bound_per_draw": lo, "share_of_ceiling_search_per_draw": hi,
-                        "verdict": share_verdict(lo_m, hi_m, PRICED_TARGET) if placement == "length_aware" else None,
                         "search_between_bound_and_placement_per_draw": [
                             r["ceiling"]["search_between_bound_and"][placement] for r in rs],
                         "ceiling_set_by_per_draw": [r["ceiling"]["set_by"] for r in rs],
@@ -276,17 +272,15 @@ def _print_priced(summary: list, opts: dict) -> None:
           "lower bound / makespan (the optimum is no faster) and search / makespan (a placement that fast exists); "
           "between = where the search sits from the bound (0) to the placement (1)")
     for r in summary:
-        verdict = "" if r["verdict"] is None else (
-            f" (target >= {PRICED_TARGET:.0%}: {r['verdict']}"
-            + ("; set by " + "/".join(sorted(set(r["ceiling_set_by_per_draw"]))) if r["verdict"] != "met" else "")
-            + ")")
+        bound = ("" if r["placement"] != "length_aware" else
+                 "; the ceiling's bound set by " + "/".join(sorted(set(r["ceiling_set_by_per_draw"]))))
         print(f"  {r['name']}: cut per draw " + ", ".join(f"{c:.1f}%" for c in r["cut_pct_per_draw"])
               + f"; share of the ceiling {100 * r['share_of_ceiling_bound']:.1f}%-"
                 f"{100 * r['share_of_ceiling_search']:.1f}% (per draw "
               + ", ".join(f"{100 * a:.0f}-{100 * b:.0f}%" for a, b in zip(
                   r["share_of_ceiling_bound_per_draw"], r["share_of_ceiling_search_per_draw"], strict=True))
               + "; search between " + ", ".join(f"{x:.2f}" for x in r["search_between_bound_and_placement_per_draw"])
-              + ")" + verdict)
+              + ")" + bound)
 
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:

@@ -49,5 +49,5 @@ def test_auto_is_judged_against_the_best_fixed_k_of_its_drafter_and_regime():
     _judge(rows)
     auto = rows[2]
     assert auto["best_fixed"] == "k2" and auto["vs_best_fixed"] == pytest.approx(0.95 / 0.9)
-    assert auto["meets_targets"] is False  # 0.95 < 0.97 x no-spec
+    assert "meets_targets" not in auto
     assert rows[0]["vs_best_fixed"] is None
