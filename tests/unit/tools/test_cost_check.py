@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_specdec.cost.profile import load_profile
-from nemo_rl_specdec.tools import cost_check
+from tools import cost_check
 
 REPO = Path(__file__).resolve().parents[3]
 

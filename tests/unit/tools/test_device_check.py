@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nemo_rl_specdec.tools.device_check import COLUMNS, format_table
+from tools.device_check import COLUMNS, format_table
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -24,7 +24,7 @@ class NoServingStack(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoServingStack())
-from nemo_rl_specdec.tools import device_check
+from tools import device_check
 rc = device_check.main(sys.argv[1:])
 left = sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "ray"))
 assert not left, left

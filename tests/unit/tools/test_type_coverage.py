@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from nemo_rl_specdec.tools.type_coverage import coverage
+from tools.type_coverage import coverage
 
 ROOT = Path(__file__).resolve().parents[3]
 

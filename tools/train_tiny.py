@@ -1,6 +1,6 @@
 """Train the bundled default workload: a tiny Qwen3 policy and a smaller Qwen3 draft model.
 
-    python -m nemo_rl_specdec.tools.train_tiny --out nemo_rl_specdec/assets/tiny --seed 0
+    python -m tools.train_tiny --out nemo_rl_specdec/assets/tiny --seed 0
 
 The bundled assets were made in two runs: the command above (the sum family alone), then
 ``--families sum,sort,base --init-from <that output> --min-steps 200`` on the three-family pool
@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from nemo_rl_specdec.demo import task
 from nemo_rl_specdec.resources import asset_path
+from nemo_rl_specdec.tools.draft_training import families_arg, optimizer_step
 
 SCRIPT_VERSION = "1.0"
 
@@ -223,14 +224,6 @@ def _by_family(families: list, scores: list) -> dict:
     }
 
 
-def families_arg(text: str) -> tuple:
-    """The trainers' ``--families``: comma-separated task families (``task.check_families``)."""
-    try:
-        return task.check_families(text.split(","))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def evaluate(model, tok, problems, **gen_kw) -> dict:
     texts = generate(model, tok, problems, **gen_kw)
     scores = [task.verify(p, t) for p, t in zip(problems, texts, strict=True)]
@@ -255,17 +248,6 @@ def lr_at(step: int, peak: float, warmup: int) -> float:
 
 def _adamw(model, lr: float):
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-
-
-def optimizer_step(model, opt, loss, lr: float) -> float:
-    """One AdamW step at `lr` with gradient-norm clipping; returns the loss."""
-    for g in opt.param_groups:
-        g["lr"] = lr
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return loss.item()
 
 
 def sft_loss(model, ids, labels):
@@ -515,7 +497,7 @@ def main(argv=None) -> dict:
     save(policy, tok, out / "policy")
     save(draft, tok, out / "draft")
     manifest = {
-        "script": "nemo_rl_specdec.tools.train_tiny",
+        "script": "tools.train_tiny",
         "script_version": SCRIPT_VERSION,
         "seed": args.seed,
         "args": vars(args) | {"out": None, "init_from": args.init_from and Path(args.init_from).name},

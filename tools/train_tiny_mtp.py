@@ -1,6 +1,6 @@
 """Train the bundled MTP workload: a tiny Qwen2 policy with one MiMo-style MTP layer.
 
-    python -m nemo_rl_specdec.tools.train_tiny_mtp --out nemo_rl_specdec/assets/tiny_mtp --seed 0 \\
+    python -m tools.train_tiny_mtp --out nemo_rl_specdec/assets/tiny_mtp --seed 0 \\
         --families sum,sort,base --steps 1500
 
 vLLM runs ``method: mtp`` on CPU for ``MiMoForCausalLM`` (Qwen2 + ``model.mtp_layers.*``) in fp32
@@ -19,7 +19,7 @@ position 0, and the MTP layer's RoPE position is t (the drafter runs on the targ
 
 Training (deterministic given --seed, CPU, one thread): the policy and the MTP layer are trained
 together by supervised learning on the task's worked solutions (reuses the tokenizer, task and
-data stream of :mod:`nemo_rl_specdec.tools.train_tiny`): loss = CE(next token) + CE(token after
+data stream of :mod:`tools.train_tiny`): loss = CE(next token) + CE(token after
 next, MTP). The hidden state fed to the MTP layer is detached, so the MTP loss does not shape the
 decoder layers; the shared (tied) embedding/lm_head receive both losses, as in joint MTP training.
 """
@@ -37,7 +37,8 @@ import torch.nn.functional as F
 
 from nemo_rl_specdec.drafters.mtp import MTPLayer, mtp_loss, pre_norm_hidden
 from nemo_rl_specdec.resources import asset_path
-from nemo_rl_specdec.tools import train_tiny
+from nemo_rl_specdec.tools.draft_training import families_arg
+from tools import train_tiny
 
 POLICY_ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=320)
@@ -111,7 +112,7 @@ def save(tok, policy, mtp, out: Path, info: dict, args) -> None:
     cfg = json.loads((out / "config.json").read_text())
     cfg.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    manifest = {"script": "nemo_rl_specdec.tools.train_tiny_mtp", "seed": args.seed, "args": vars(args) | {"out": None},
+    manifest = {"script": "tools.train_tiny_mtp", "seed": args.seed, "args": vars(args) | {"out": None},
                 "arch": POLICY_ARCH | {"mtp_layers": 1, "architecture": "MiMoForCausalLM (model_type qwen2)"},
                 "policy_params": sum(p.numel() for p in policy.parameters()),
                 "mtp_params": sum(p.numel() for p in mtp.parameters()), "training": info,
@@ -129,7 +130,7 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--families", type=train_tiny.families_arg, default=("sum",),
+    ap.add_argument("--families", type=families_arg, default=("sum",),
                     help="comma-separated task families of the training problems")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,7 +1,7 @@
 """The device check: the online distillers on a GPU, with a float32 and a bfloat16 teacher, and their
 step time and peak memory at Qwen3-8B shapes.
 
-    python -m nemo_rl_specdec.tools.device_check --out device_check.json
+    python -m tools.device_check --out device_check.json
 
 For a machine with a GPU but none of our serving stack: it needs only torch, transformers,
 pydantic and safetensors (no vLLM, no Ray, no network). It imports the package's config,
@@ -24,7 +24,7 @@ drafters, train and bench modules, which import neither vLLM nor Ray.
     measured and estimated state, transient and peak print in one table.
 
 (c) ``forwards``: forward times of the target and of each drafter's forward at the shapes they have
-    beside Qwen3-8B (``tools/time_forward.py``, one process per shape, each within its time budget):
+    beside Qwen3-8B (``nemo_rl_specdec/tools/time_forward.py``, one process per shape, each within its time budget):
     the Qwen3-8B target over requests x tokens per request x context, one token per request for the
     Eagle3 head, the MTP layer and the Qwen3-0.6B draft model, a block of 8 or 16 per request for the
     DFlash draft. Each shape's samples go to ``forward_<shape>.json`` beside ``--out``; the cost
@@ -54,7 +54,7 @@ TINY_CELLS = {  # drafter: (its checkpoint, the policy it drafts for), bundled a
 }
 DTYPES = ("float32", "bfloat16")
 DRAFTERS_8B = ("draft_model", "eagle3", "dflash", "mtp")
-# part (c), per `tools/time_forward.py` shape: contexts, requests, tokens per request, time budget (s)
+# part (c), per `nemo_rl_specdec/tools/time_forward.py` shape: contexts, requests, tokens per request, time budget (s)
 FORWARDS = {
     "qwen3-8b": ("1024,4096,16384", "1,4,16,64,256", "1,2,4,8", 90),
     "eagle3-qwen3-8b": ("1024,4096,16384", "1,4,16,64,256", "1", 25),
@@ -162,7 +162,7 @@ def run_8b(args, device: str, shapes: dict, on_row=None, memory: str = "measured
 
 
 def run_forwards(shapes: list, device: str, out_dir: Path, reps: int) -> list[dict]:
-    """Part (c): `tools/time_forward.py` once per shape, each in a process of its own (a model and its
+    """Part (c): `nemo_rl_specdec/tools/time_forward.py` once per shape, each in a process of its own (a model and its
     KV buffers are gone with it); one summary row per shape."""
     import subprocess
 

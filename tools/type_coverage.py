@@ -1,7 +1,7 @@
 """The share of the package's lines that mypy checks: the files named by `[tool.mypy] files` in
 pyproject.toml (a folder counts with every .py below it) over every .py line of the package.
 
-    python -m nemo_rl_specdec.tools.type_coverage [--pyproject pyproject.toml]
+    python -m tools.type_coverage [--pyproject pyproject.toml]
 
 Lines are physical lines (blank lines and comments included), as `wc -l` counts them.
 """
@@ -42,7 +42,7 @@ def coverage(pyproject: Path) -> tuple[int, int, dict[str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pyproject", default=str(Path(__file__).resolve().parents[2] / "pyproject.toml"))
+    ap.add_argument("--pyproject", default=str(Path(__file__).resolve().parents[1] / "pyproject.toml"))
     args = ap.parse_args(argv)
     covered, total, per_area = coverage(Path(args.pyproject))
     for area, n in sorted(per_area.items()):

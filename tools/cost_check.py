@@ -1,6 +1,6 @@
 """Check a hardware profile's one step-cost function: the cost paths' agreement, and its error on timed forwards.
 
-    python -m nemo_rl_specdec.tools.cost_check [--hardware h200_qwen3_8b] [--json OUT]
+    python -m tools.cost_check [--hardware h200_qwen3_8b] [--json OUT]
 
 Two tables, deterministic for a profile (no wall clock is measured):
 
@@ -12,7 +12,7 @@ Two tables, deterministic for a profile (no wall clock is measured):
    requests). The ratio of the largest to the smallest is the disagreement. The rules see a step's
    sums (its contexts taken alike), and the online fit is a linear fit of a roofline: those two are
    the only departures left.
-2. **Profile error.** Each timed forward of `--samples` (`tools/time_forward.py` files: the target's
+2. **Profile error.** Each timed forward of `--samples` (`nemo_rl_specdec/tools/time_forward.py` files: the target's
    and the drafts' forwards on one GPU, as the device check writes them) priced as the profile prices
    that forward (the roofline, and for a draft its fixed time per layer by width), against the time
    measured: median and largest relative error per file, and for a draft the median error with the
@@ -103,7 +103,7 @@ def profile_error(profile, samples_dir: Path) -> list[dict]:
 def main(argv=None) -> int:
     from nemo_rl_specdec.cost.profile import load_profile
 
-    ap = argparse.ArgumentParser(prog="python -m nemo_rl_specdec.tools.cost_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.cost_check", description=__doc__.split("\n")[0])
     ap.add_argument("--hardware", default="h200_qwen3_8b", help="a hardware profile (configs/hardware/NAME.yaml)")
     ap.add_argument("--samples", default="benchmarks/device_check/h200",
                     help="a folder of time_forward files (forward_<shape>.json) timed on the profile's GPU")
