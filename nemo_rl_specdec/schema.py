@@ -105,11 +105,17 @@ class _Cut(str):
         return str(self)
 
 
+def cut(text: str, limit: int) -> str:
+    """`text`, or its first `limit` - 3 characters and "..." when it is longer than `limit` (the
+    package's one cutter of text for messages, errors and reports)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def short(value: Any, limit: int = 80) -> Any:
     """`value`, or its repr cut to `limit` characters when that is longer (error messages quote
     values, and a whole block or a long list would bury the message)."""
     text = repr(value)
-    return value if len(text) <= limit else _Cut(text[: limit - 3] + "...")
+    return value if len(text) <= limit else _Cut(cut(text, limit))
 
 
 def _num(x: float) -> str:

@@ -22,6 +22,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from nemo_rl_specdec.schema import cut
+
 IN_NEMO_RL_ENV = ("run the entry point inside NeMo-RL's own environment (`uv run python -m nemo_rl_specdec.run_grpo "
                   "...` from the NeMo-RL checkout, or the NGC container nvcr.io/nvidia/nemo-rl), where its pinned "
                   "versions are installed")
@@ -40,8 +42,7 @@ def debug() -> bool:
 
 
 def _flat(text: object, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return cut(" ".join(str(text).split()), limit)
 
 
 def _raised_at(exc: BaseException) -> str:

@@ -60,6 +60,7 @@ from nemo_rl_specdec.bench import names_option, option, say, suite_options
 from nemo_rl_specdec.bench.memory import GB, PeakMemory, split_memory, state_bytes, tensor_bytes
 from nemo_rl_specdec.bench.random_models import DRAFTERS, in_policy
 from nemo_rl_specdec.config import ConfigError, DistillConfig
+from nemo_rl_specdec.schema import cut
 
 # what every result dict carries (the dispatcher checks it; this suite measures no speedup)
 REQUIRED = ("name", "drafter", "status", "error", "device", "teacher_dtype", "step_s", "step_s_min", "step_s_max",
@@ -223,7 +224,7 @@ def error_text(e: BaseException, limit: int = 600) -> str:
     tb = traceback.extract_tb(e.__traceback__)
     where = f" [at {Path(tb[-1].filename).name}:{tb[-1].lineno}]" if tb else ""
     msg = " ".join(f"{type(e).__name__}: {e}".split())
-    return (msg if len(msg) <= limit else msg[: limit - 3] + "...") + where
+    return cut(msg, limit) + where
 
 
 def failed_row(job: dict, error: str) -> dict:

@@ -73,10 +73,10 @@ import shutil
 import statistics
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 from nemo_rl_specdec.bench import names_option, option, say, suite_options
+from nemo_rl_specdec.bench.distill import error_text
 from nemo_rl_specdec.config import ConfigError
 
 # what every result dict carries (the dispatcher checks it; this suite measures no speedup)
@@ -492,12 +492,6 @@ def das_rows(o: dict, root: Path) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- the suite
-def error_text(e: BaseException) -> str:
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" [at {Path(tb[-1].filename).name}:{tb[-1].lineno}]" if tb else ""
-    return " ".join(f"{type(e).__name__}: {e}".split())[:600] + where
-
-
 def failed_row(drafter: str, error: str) -> dict:
     return {"name": drafter, "drafter": drafter, "status": "failed", "error": error,
             **{k: None for k in REQUIRED if k not in ("name", "drafter", "status", "error")}}

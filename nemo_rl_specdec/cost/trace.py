@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from nemo_rl_specdec.schema import short
+
 FORMAT = "nemo-rl-specdec/trace"
 VERSION = 2
 READS = (1, 2)  # trace versions this package reads
@@ -143,7 +145,7 @@ class Trace:
         if hybrid != (self.parts is not None) or hybrid and (
                 not isinstance(self.parts, dict) or sorted(self.parts) != sorted(PARTS)
                 or not all(isinstance(v, str) and v for v in self.parts.values())):
-            raise TraceError(f"parts: {_short(self.parts)}; allowed: with kind 'hybrid' (only), a mapping of "
+            raise TraceError(f"parts: {short(self.parts, 60)!r}; allowed: with kind 'hybrid' (only), a mapping of "
                              f"{list(PARTS)} to the hardware profile's entries that price them")
         for i, s in enumerate(self.steps):
             where = f"steps[{i}]"
@@ -151,11 +153,12 @@ class Trace:
             for name in ("ctx", "drafts", "accepted"):
                 v = getattr(s, name)
                 if not isinstance(v, list) or len(v) != n:
-                    raise TraceError(f"{where}.{name}: {_short(v)}; allowed: one integer per request in rids ({n})")
+                    raise TraceError(f"{where}.{name}: {short(v, 60)!r}; allowed: one integer per request in rids "
+                                     f"({n})")
                 if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
-                    raise TraceError(f"{where}.{name}: {_short(v)}; allowed: integers >= 0")
+                    raise TraceError(f"{where}.{name}: {short(v, 60)!r}; allowed: integers >= 0")
             if any(isinstance(r, bool) or not isinstance(r, (int, str)) for r in s.rids):
-                raise TraceError(f"{where}.rids: {_short(s.rids)}; allowed: request ids (integers or strings)")
+                raise TraceError(f"{where}.rids: {short(s.rids, 60)!r}; allowed: request ids (integers or strings)")
             if len(set(s.rids)) != n:
                 raise TraceError(f"{where}.rids: a request appears twice in one step")
             bad = [j for j in range(n) if s.accepted[j] > s.drafts[j] or s.drafts[j] > self.k]
@@ -195,7 +198,8 @@ class Trace:
     @classmethod
     def from_dict(cls, d: Any) -> Trace:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise TraceError(f"format: {_short(d.get('format') if isinstance(d, dict) else d)}; allowed: {FORMAT!r} "
+            got = d.get("format") if isinstance(d, dict) else d
+            raise TraceError(f"format: {short(got, 60)!r}; allowed: {FORMAT!r} "
                              "(a file written by a bench or `Trace.save`)")
         if d.get("version") not in READS:
             raise TraceError(f"version: {d.get('version')!r}; this package reads trace versions {list(READS)} "
@@ -208,23 +212,23 @@ class Trace:
                              f"{', '.join(sorted(top - {'format', 'version'}))}")
         raw = d.get("steps")
         if not isinstance(raw, list):
-            raise TraceError(f"steps: {_short(raw)}; allowed: a list of steps")
+            raise TraceError(f"steps: {short(raw, 60)!r}; allowed: a list of steps")
         keys = {"rids", "ctx", "drafts", "accepted", "prefill_tokens", "prefill_requests", "proposer_s"} | (
             {"model_forwards"} if d["version"] >= 2 else set())
         steps = []
         for i, s in enumerate(raw):
             if not isinstance(s, dict) or set(s) - keys:
                 extra = sorted(set(s) - keys) if isinstance(s, dict) else s
-                raise TraceError(f"steps[{i}]: {_short(extra)}; allowed keys: {sorted(keys)}")
+                raise TraceError(f"steps[{i}]: {short(extra, 60)!r}; allowed keys: {sorted(keys)}")
             rids = s.get("rids", [])
             if not isinstance(rids, list):
-                raise TraceError(f"steps[{i}].rids: {_short(rids)}; allowed: a list of request ids")
+                raise TraceError(f"steps[{i}].rids: {short(rids, 60)!r}; allowed: a list of request ids")
             steps.append(TraceStep(list(rids), s.get("ctx", []), s.get("drafts", []), s.get("accepted", []),
                                    s.get("prefill_tokens", 0), s.get("proposer_s"), s.get("prefill_requests", 0),
                                    s.get("model_forwards", 0)))
         meta = d.get("meta") or {}
         if not isinstance(meta, dict):
-            raise TraceError(f"meta: {_short(meta)}; allowed: a mapping")
+            raise TraceError(f"meta: {short(meta, 60)!r}; allowed: a mapping")
         return cls(cast(str, d.get("kind")), cast(int, d.get("k")), steps, d.get("drafter"), d.get("source", "replay"),
                    meta, d.get("parts"))
 
@@ -251,11 +255,6 @@ def read_json(path) -> Any:
         raise TraceError(f"{path}: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
         raise TraceError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
-
-
-def _short(v: Any, limit: int = 60) -> str:
-    s = repr(v)
-    return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
 __all__ = ["FORMAT", "KINDS", "PARTS", "READS", "SOURCES", "VERSION", "Trace", "TraceError", "TraceStep", "read_json"]
