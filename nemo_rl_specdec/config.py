@@ -23,13 +23,13 @@ from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of, r
 from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, RefreshMode, VllmMapping
 from nemo_rl_specdec.schema import (
     ConfigError,
+    KByBatchSize,
     PathError as _PathError,
     Strict as _Strict,
     dotted_get,
     float_setting,
     format_errors,
     int_setting,
-    k_by_batch_size_table,
 )
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
@@ -63,17 +63,12 @@ class SchedulingConfig(_Strict):
     # ngram.backend: specdec), else uniform
     budget: Literal["uniform", "length_aware", "das", "adaptive"] | None = None
     # [[batch_lo, batch_hi, k], ...] -> vLLM num_speculative_tokens_per_batch_size
-    k_by_batch_size: list[tuple[int, int, int]] | None = None
+    k_by_batch_size: KByBatchSize = None
     # auto: a model drafter's k by batch size, chosen and re-checked from the engine's steps
     # (scheduling/k_auto.py), up to num_speculative_tokens
     k: Literal["auto"] | None = None
     long_fraction: float = Field(0.25, gt=0, le=1, description="share of requests counted as long")
     short_fraction: float = Field(0.25, ge=0, lt=1, description="share of requests that never speculate")
-
-    @field_validator("k_by_batch_size", mode="before")
-    @classmethod
-    def _k_table(cls, v):
-        return k_by_batch_size_table(v)
 
     @model_validator(mode="after")
     def _fractions(self):

@@ -10,9 +10,9 @@ import functools
 import operator
 import types
 import typing
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 
 class ConfigError(ValueError):
@@ -74,6 +74,11 @@ def k_by_batch_size_table(v: Any) -> list[tuple[int, int, int]] | None:
         raise ValueError(f"entry 0 {out[0]}: the first range must start at batch size 1 (vLLM rejects "
                          "a schedule that leaves small batches without a k)")
     return out
+
+
+# the field type of a `k_by_batch_size` key (the run config's and the scenarios' scheduling blocks):
+# the table checked by `k_by_batch_size_table`
+KByBatchSize = Annotated[list[tuple[int, int, int]] | None, BeforeValidator(k_by_batch_size_table)]
 
 
 def int_setting(value: Any, path: str, lo: int, hi: int) -> int:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from nemo_rl_specdec.cost.schema import MAX_NUM_SEQS, _Strict
-from nemo_rl_specdec.schema import PathError, k_by_batch_size_table, short
+from nemo_rl_specdec.schema import KByBatchSize, PathError, short
 from nemo_rl_specdec.sim.scenario.limits import MAX_BUDGET_INTERVAL, MAX_K
 
 
@@ -18,7 +18,7 @@ class SpecScheduling(_Strict):
     placement: Literal["contiguous", "round_robin", "length_aware"] = "contiguous"
     budget: Literal["uniform", "length_aware", "das", "adaptive"] = "uniform"
     # [[batch_lo, batch_hi, k], ...], as the run config's
-    k_by_batch_size: list[tuple[int, int, int]] | None = None
+    k_by_batch_size: KByBatchSize = None
     # auto: k by batch size, the best for each batch size under the cost model (the run config's
     # k: auto, with the model as the oracle); per_step: every d = 0..k priced at every event
     k: Literal["auto", "per_step"] | None = None
@@ -27,11 +27,6 @@ class SpecScheduling(_Strict):
     medium_k: int | None = Field(None, ge=0, le=MAX_K)
     budget_interval_steps: int = Field(64, ge=1, le=MAX_BUDGET_INTERVAL, description="recompute budgets at least "
                                        "this often")
-
-    @field_validator("k_by_batch_size", mode="before")
-    @classmethod
-    def _k_table(cls, v):
-        return k_by_batch_size_table(v)
 
     @property
     def k_schedule(self) -> None | str | list[tuple[int, int, int]]:
