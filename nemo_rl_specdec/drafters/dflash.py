@@ -37,13 +37,13 @@ from typing import Any
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter
+from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 from nemo_rl_specdec.drafters.roles import DrafterSettings
 from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
     HiddenStateDistiller,
-    check_trainable,
     estimating,
     last_layer_output,
     settle,
@@ -243,7 +243,7 @@ def _build_torch_modules() -> dict:
             return self.norm(x).view(B, A, blk, H)
 
         def checkpoint_tensors(self) -> dict:
-            return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
+            return state_tensors(self)
 
     return {"DFlashLayer": DFlashLayer, "DFlashDraft": DFlashDraft}
 
@@ -255,7 +255,6 @@ __getattr__ = torch_modules.module_getattr
 def load_draft(draft_dir) -> tuple:
     """(DFlashDraft with the checkpoint's tensors, its config dict) from a DFlash checkpoint directory."""
     import torch
-    from safetensors.torch import load_file
 
     draft_dir = Path(draft_dir)
     cfg = read_config(draft_dir)
@@ -269,14 +268,7 @@ def load_draft(draft_dir) -> tuple:
     settle(draft, dtype=torch.float32)
     if estimating():  # shapes only (train/estimate.py): there are no values to load
         return draft, cfg
-    tensors = {}
-    for f in sorted(draft_dir.glob("*.safetensors")):
-        tensors.update(load_file(str(f)))
-    check_trainable(tensors, draft_dir)
-    missing, unexpected = draft.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{draft_dir}: not a qwen3_dflash draft without biases (missing {missing[:4]}, "
-                         f"unexpected {unexpected[:4]})")
+    load_checkpoint(draft, read_safetensors(draft_dir), draft_dir, "not a qwen3_dflash draft without biases")
     return draft, cfg
 
 

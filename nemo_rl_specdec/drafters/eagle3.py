@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
+from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.layers import rope
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 from nemo_rl_specdec.drafters.roles import DrafterSettings
@@ -31,7 +32,6 @@ from nemo_rl_specdec.schema import ConfigError, PathError
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
     HiddenStateDistiller,
-    check_trainable,
     estimating,
     settle,
     whole,
@@ -207,7 +207,7 @@ def _build_torch_modules() -> dict:
             return self.norm(h), h
 
         def checkpoint_tensors(self) -> dict:
-            return {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
+            return state_tensors(self)
 
     return {"MidLayer": MidLayer, "Eagle3Head": Eagle3Head}
 
@@ -231,7 +231,6 @@ def load_head(head_dir) -> tuple:
     """(Eagle3Head with the checkpoint's tensors, its config dict) from an EAGLE/HF-layout directory
     (with a draft vocabulary: its d2t map checked against the config, `check_vocab_map`)."""
     import torch
-    from safetensors.torch import load_file
 
     head_dir = Path(head_dir)
     cfg = json.loads((head_dir / "config.json").read_text())
@@ -251,16 +250,10 @@ def load_head(head_dir) -> tuple:
     settle(head, dtype=torch.float32)
     if estimating():  # shapes only (train/estimate.py): there are no values to load
         return head, cfg
-    tensors = {}
-    for f in sorted(head_dir.glob("*.safetensors")):
-        tensors.update(load_file(str(f)))
+    tensors = read_safetensors(head_dir)
     if draft_vocab < vocab:
         check_vocab_map(tensors, vocab, draft_vocab, head_dir)
-    check_trainable({k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}, head_dir)
-    missing, unexpected = head.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{head_dir}: not a one-layer llama_eagle3 head (missing {missing[:4]}, "
-                         f"unexpected {unexpected[:4]})")
+    load_checkpoint(head, tensors, head_dir, "not a one-layer llama_eagle3 head", untrained=("d2t", "t2d"))
     return head, cfg
 
 

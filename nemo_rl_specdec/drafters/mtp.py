@@ -16,12 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, ModelDrafter
+from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     Distiller,
     DistillInputError,
-    check_trainable,
     estimating,
     last_layer_output,
     settle,
@@ -90,11 +90,7 @@ def _build_torch_modules() -> dict:
             return self.final_layernorm(out)
 
         def checkpoint_tensors(self) -> dict:
-            out = {}
-            for k, v in self.state_dict().items():
-                k = k.replace("block.", "", 1)
-                out[MTP_PREFIX + k] = v.detach().clone().contiguous()
-            return out
+            return {MTP_PREFIX + k.replace("block.", "", 1): v for k, v in state_tensors(self).items()}
 
     return {"MTPLayer": MTPLayer}
 
@@ -110,7 +106,6 @@ def load_mtp_layer(model_dir) -> tuple:
     """(MTPLayer with layer 0's tensors, the policy's HF config) read from the checkpoint's safetensors
     (transformers' Qwen2ForCausalLM drops ``model.mtp_layers.*`` on load, so they are read here)."""
     import torch
-    from safetensors import safe_open
     from transformers import AutoConfig
 
     model_dir = Path(model_dir)
@@ -121,22 +116,20 @@ def load_mtp_layer(model_dir) -> tuple:
     cfg._attn_implementation = "sdpa"  # causal with attention_mask=None
     if estimating():  # shapes only (train/estimate.py): there are no values to load
         return settle(torch_modules().MTPLayer(cfg), dtype=torch.float32), cfg
-    tensors = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as fh:
-            for k in fh.keys():
-                if k.startswith(MTP_PREFIX):
-                    rest = k[len(MTP_PREFIX):]
-                    tensors[rest if rest.startswith(MTP_OWN) else "block." + rest] = fh.get_tensor(k)
+    tensors = read_safetensors(model_dir, _mtp_name)
     if not tensors:
         raise ValueError(f"{model_dir}: no {MTP_PREFIX}* tensors in its safetensors files")
-    check_trainable(tensors, model_dir)
     mtp = settle(torch_modules().MTPLayer(cfg), dtype=torch.float32)
-    missing, unexpected = mtp.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{model_dir}: MTP layer 0 does not match the MiMo layout (missing {missing[:4]}, "
-                         f"unexpected {unexpected[:4]})")
+    load_checkpoint(mtp, tensors, model_dir, "MTP layer 0 does not match the MiMo layout")
     return mtp, cfg
+
+
+def _mtp_name(key: str) -> str | None:
+    """A policy checkpoint's tensor name as the MTP layer's module names it (None: not the MTP layer's)."""
+    if not key.startswith(MTP_PREFIX):
+        return None
+    rest = key[len(MTP_PREFIX):]
+    return rest if rest.startswith(MTP_OWN) else "block." + rest
 
 
 def pre_norm_hidden(policy, ids):
@@ -232,7 +225,7 @@ class MTPDistiller(Distiller):
         non-MTP tensors) plus the current MTP layer, config and tokenizer files copied."""
         import shutil
 
-        from safetensors.torch import load_file, save_file
+        from safetensors.torch import save_file
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -240,9 +233,7 @@ class MTPDistiller(Distiller):
             if f.is_file() and f.suffix != ".safetensors":
                 shutil.copy(f, path / f.name)
         if policy_state_dict is None:
-            policy_state_dict = {}
-            for f in sorted(Path(self.model_dir).glob("*.safetensors")):
-                policy_state_dict.update(load_file(str(f)))
+            policy_state_dict = read_safetensors(self.model_dir)
         tensors = {k: v.detach().contiguous() for k, v in policy_state_dict.items()
                    if not k.startswith("model.mtp_layers.")}
         if self.config.tie_word_embeddings:

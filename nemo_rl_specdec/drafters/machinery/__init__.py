@@ -9,4 +9,6 @@
 - `hybrid_choice`: the hybrid drafter's per-step rule (history drafts only, or the model half's
   forward too, and per request the better of the two drafts);
 - `proposer`: what our vLLM custom_class proposers (DAS, the judged n-gram) share.
+- `checkpoint`: a model drafter's checkpoint read from safetensors, loaded into its module and
+  checked (DFlash, Eagle3, MTP).
 """
