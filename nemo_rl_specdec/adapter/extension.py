@@ -36,27 +36,6 @@ SPECDEC_MIXIN = "nemo_rl_specdec.engine.worker_extension.SpecDecWorkerExtension"
 REFIT_RPCS = ("update_weights_via_ipc_zmq", "update_weights_from_collective", "nccl_reshard_refit")
 
 
-def find_drafter_model(worker: Any) -> Any | None:
-    """The live drafter module, wherever this vLLM version keeps it.
-
-    vLLM >= 0.32 has `worker.get_draft_model()`; the V1 runner keeps it at
-    `model_runner.drafter.model`; model runner v2 (the default for Eagle/MTP in vLLM 0.25.1,
-    NeMo-RL's pin) at `model_runner.speculator.model`, which NeMo-RL 0.6.0 does not look at.
-    """
-    getter = getattr(type(worker), "get_draft_model", None)
-    if callable(getter):
-        model = getter(worker)
-        if model is not None:
-            return model
-    runner = getattr(worker, "model_runner", None)
-    for attr in ("drafter", "speculator"):
-        owner = getattr(runner, attr, None)
-        model = getattr(owner, "model", None)
-        if model is not None and callable(getattr(model, "load_weights", None)):
-            return model
-    return None
-
-
 class SpecDecHostHooks(Host):
     """Sits in front of NeMo-RL's host extension in the MRO; calls it with `super()`.
 
@@ -190,6 +169,8 @@ def _refit_wrapper(owner: type, name: str):
 
 
 def _get_drafter_model(self) -> Any:
+    from nemo_rl_specdec.engine.weights import find_drafter_model
+
     model = super(type(self)._specdec_hooks, self)._get_drafter_model()
     return model if model is not None else find_drafter_model(self)
 

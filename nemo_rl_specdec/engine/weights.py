@@ -80,9 +80,13 @@ def unwrap(model):
     return model.unwrap() if hasattr(model, "unwrap") else model
 
 
-def find_drafter_model(worker) -> torch.nn.Module | None:
-    """The drafter nn.Module of a live engine: get_draft_model(), else runner.drafter.model,
-    else runner.speculator.model. None for model-free drafters (ngram, suffix, custom)."""
+def find_drafter_model(worker) -> Any | None:
+    """The drafter model of a live vLLM worker, unwrapped, wherever this vLLM version keeps it:
+    `worker.get_draft_model()` (vLLM >= 0.32), else the V1 runner's `model_runner.drafter.model`,
+    else model runner v2's `model_runner.speculator.model` (the default for Eagle/MTP in vLLM
+    0.25.1, which NeMo-RL 0.6.0's own lookup does not look at); a holder's `model` counts when it
+    is an nn.Module or has `load_weights`. None for model-free drafters (ngram, suffix, custom).
+    Our engine's worker extension and the NeMo-RL adapter's drafter lookup both use it."""
     getter = getattr(worker, "get_draft_model", None)
     if callable(getter):
         try:
@@ -95,7 +99,7 @@ def find_drafter_model(worker) -> torch.nn.Module | None:
     for attr in ("drafter", "speculator"):
         holder = getattr(runner, attr, None)
         m = getattr(holder, "model", None)
-        if isinstance(m, torch.nn.Module):
+        if isinstance(m, torch.nn.Module) or callable(getattr(m, "load_weights", None)):
             return unwrap(m)
     return None
 

@@ -295,6 +295,8 @@ class _Model:
 
 
 def test_drafter_lookup_falls_back_to_the_model_runner_v2_speculator():
+    from nemo_rl_specdec.engine.weights import find_drafter_model
+
     eagle = _Model()
     w = make_engine_worker()
     w.model_runner = SimpleNamespace(speculator=SimpleNamespace(model=eagle))
@@ -303,12 +305,12 @@ def test_drafter_lookup_falls_back_to_the_model_runner_v2_speculator():
     w.model_runner = SimpleNamespace(drafter=SimpleNamespace(model=v1), speculator=SimpleNamespace(model=eagle))
     assert w._get_drafter_model() is v1
     runner = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace()))
-    assert extension.find_drafter_model(runner) is None
+    assert find_drafter_model(runner) is None
 
     class WorkerWithGetter:
         def get_draft_model(self):
             return eagle
-    assert extension.find_drafter_model(WorkerWithGetter()) is eagle
+    assert find_drafter_model(WorkerWithGetter()) is eagle
 
 
 def test_hook_names_do_not_clash_with_vllms_worker():
