@@ -88,21 +88,6 @@ def fit_cost_model(samples: Sequence[Sequence[float]], pin: bool = True) -> tupl
     return float(c_base), float(c_tok)
 
 
-def fit_quality(samples: Sequence[Sequence[float]]) -> dict[str, float]:
-    """The fit plus its R^2 and largest relative residual, for reports."""
-    n, t = _check(samples)
-    c_base, c_tok = fit_cost_model(samples)
-    pred = c_base + c_tok * n
-    ss_res = float(((t - pred) ** 2).sum())
-    ss_tot = float(((t - t.mean()) ** 2).sum())
-    return {
-        "c_base_s": c_base,
-        "c_tok_s": c_tok,
-        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
-        "max_rel_residual": float(np.max(np.abs(pred - t) / t)),
-    }
-
-
 def samples_from_throughput(batch: int, tokens_per_s: float, k: int = 0,
                             mean_accepted_length: float = 1.0) -> tuple[float, float]:
     """One (n_tokens_in_step, seconds) sample from a decode throughput measurement: `batch`

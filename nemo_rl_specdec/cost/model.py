@@ -447,11 +447,5 @@ class CostModel:
         return max(1e-12, t1 - c_tok * b - c_ctx * b * ctx), c_tok, c_draft, c_ctx
 
 
-def kv_slots(ctx: np.ndarray, lookahead: int) -> float:
-    """KV cache tokens held by requests at contexts `ctx`, each reserving `lookahead` slots
-    for the drafts it verifies (vLLM's lookahead slots)."""
-    return float(np.sum(ctx)) + lookahead * len(ctx)
-
-
-__all__ = ["LINEAR_TERMS", "CostModel", "ModelShape", "Roofline", "Step", "StepCost", "StepTime", "kv_slots",
+__all__ = ["LINEAR_TERMS", "CostModel", "ModelShape", "Roofline", "Step", "StepCost", "StepTime",
            "linear_columns", "vllm_capture_sizes"]

@@ -245,15 +245,6 @@ def proposer_share(traces: list, profile: HardwareProfile, drafter: str | None =
     return out
 
 
-def profile_proposer(profile: HardwareProfile, key: str | None, rows: int, host_speed: float = 1.0) -> float:
-    """A history proposer's host time for a decode step of `rows` requests, from the profile's entry
-    `key` (0 for other drafters and for a step without decode requests): the host term of the one
-    cost function."""
-    if key is None or rows == 0 or profile.drafter(key).kind != "list":
-        return 0.0
-    return profile.cost_model(key).cost(Step.of(np.zeros(rows), np.zeros(rows), proposer=True), host_speed).proposer_s
-
-
 def fit_proposer(traces: list) -> dict:
     """(step_overhead_s, per_request_s) of a history proposer: non-negative least squares of its
     measured time per decode step on the step's requests, over the traces' steps, refitted once
