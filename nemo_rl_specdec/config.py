@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from nemo_rl_specdec import config_loader
-from nemo_rl_specdec.drafters.base import LIST, MODEL
+from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of, registered
 from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, RefreshMode, VllmMapping
 from nemo_rl_specdec.schema import (
@@ -176,11 +176,6 @@ class _SpecDecBlock(_Strict):
             raise _PathError("scheduling.budget", self.scheduling.budget,
                              "uniform with scheduling.k: auto (a model drafter's per-request budgets become a "
                              "k-by-batch-size schedule, which k: auto chooses itself)")
-
-    @property
-    def is_list_drafter(self) -> bool:
-        """Drafters that may return any draft length per request (per-request budgets apply)."""
-        return drafter_of(self.drafter, Declared).kind == LIST
 
 
 if TYPE_CHECKING:

@@ -43,7 +43,3 @@ def check_versions(state: dict, *, mode: str, max_policy_lag: int, enabled: bool
             f"{state['drafter_version']} (lag {lag} > refresh.max_policy_lag={max_policy_lag}, mode={mode}). "
             "Refresh the drafter in the same update as the policy, or raise max_policy_lag for async pipelines.")
 
-
-def policy_age(policy_version: int, drafter_built_from: int) -> int:
-    """Age of the drafter relative to the policy that generated a rollout."""
-    return int(policy_version) - int(drafter_built_from)

@@ -3,7 +3,7 @@
 - `two_sample_chi2`: homogeneity of two samples of categorical outcomes (e.g. the joint of the
   first generated tokens with and without speculation), rare categories pooled.
 - `pooled_chi2`: several independent tables (one per prompt) combined by summing statistics
-  and degrees of freedom; `first_tokens_chi2` builds those tables from two rollout lists.
+  and degrees of freedom.
 - `reward_comparison`: Welch's t-test on two reward samples (spec vs baseline RL runs).
 """
 from __future__ import annotations
@@ -48,18 +48,6 @@ def pooled_chi2(tables: Sequence[tuple[Iterable[Hashable], Iterable[Hashable]]],
         stat, dof = stat + s, dof + d
     p = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
     return {"statistic": stat, "dof": dof, "p_value": p}
-
-
-def first_tokens_chi2(rollouts_a: Sequence, rollouts_b: Sequence, per_prompt: int, min_expected: float = 5.0) -> dict:
-    """Pooled chi-square over prompts of the joint of each rollout's generated tokens; both lists
-    hold `per_prompt` consecutive samples of each prompt, in the same prompt order."""
-    if len(rollouts_a) != len(rollouts_b) or len(rollouts_a) % per_prompt:
-        raise ValueError("both rollout lists need the same prompts with `per_prompt` samples each")
-    tables = []
-    for i in range(0, len(rollouts_a), per_prompt):
-        tables.append(([tuple(r.token_ids) for r in rollouts_a[i:i + per_prompt]],
-                       [tuple(r.token_ids) for r in rollouts_b[i:i + per_prompt]]))
-    return pooled_chi2(tables, min_expected)
 
 
 def reward_comparison(spec: Sequence[float], baseline: Sequence[float]) -> dict:

@@ -121,11 +121,6 @@ def resolve(fqn: str) -> Any:
     raise NeMoRLMissing(f"cannot import {fqn}")
 
 
-def split_fqn(fqn: str) -> tuple[str, str]:
-    module, _, name = fqn.rpartition(".")
-    return module, name
-
-
 _RUN_GRPO_MODULE: Any = None
 RUN_GRPO_MODULE_NAME = "nemo_rl_specdec_examples_run_grpo"
 

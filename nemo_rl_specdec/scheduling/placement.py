@@ -104,12 +104,6 @@ def place(requests: Sequence[Any], num_engines: int, policy: str = "contiguous")
     return out
 
 
-def engine_loads(requests: Sequence[Any], assignment: list[list[int]]) -> list[float]:
-    """Total predicted tokens per engine for an assignment (for reporting and tests)."""
-    by_index = {r.index: r.predicted_len for r in _normalize(requests)}
-    return [sum(by_index[i] for i in eng) for eng in assignment]
-
-
 def restore_order(per_engine_outputs: Sequence[Sequence[Any]], assignment: list[list[int]]) -> list[Any]:
     """Outputs in request-index order. `per_engine_outputs[j][m]` is the result of request
     `assignment[j][m]`; indices must be exactly 0..n-1. Raises ValueError naming the engine on
@@ -133,4 +127,4 @@ def restore_order(per_engine_outputs: Sequence[Sequence[Any]], assignment: list[
     return out
 
 
-__all__ = ["PLACEMENTS", "Request", "place", "engine_loads", "restore_order"]
+__all__ = ["PLACEMENTS", "Request", "place", "restore_order"]

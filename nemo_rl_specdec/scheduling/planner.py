@@ -42,10 +42,6 @@ class Plan:
     hints: list[float | None]  # per request: the predicted length sent with a planner-set budget
 
     @property
-    def sent_order(self) -> list[int]:
-        return [i for eng in self.assignment for i in eng]
-
-    @property
     def restore(self) -> list[int]:
         """For each request index, its row in the engine-ordered concatenation of the results."""
         rows, pos = [], 0

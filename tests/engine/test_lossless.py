@@ -11,17 +11,31 @@ no-spec samples of the chi-square test are drawn once per run file and compared 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
 
 from nemo_rl_specdec.config import to_vllm_speculative_config
 from nemo_rl_specdec.engine.engine import SpeculationInactiveWarning
 from nemo_rl_specdec.rollouts import Request
-from nemo_rl_specdec.stats import first_tokens_chi2
+from nemo_rl_specdec.stats import pooled_chi2
 
 CHI2_PROMPTS = 8
 CHI2_SAMPLES_PER_PROMPT = 300  # 2,400 samples per engine
 CHI2_TOKENS = 3
+
+
+def first_tokens_chi2(rollouts_a: Sequence, rollouts_b: Sequence, per_prompt: int, min_expected: float = 5.0) -> dict:
+    """Pooled chi-square over prompts of the joint of each rollout's generated tokens; both lists
+    hold `per_prompt` consecutive samples of each prompt, in the same prompt order."""
+    if len(rollouts_a) != len(rollouts_b) or len(rollouts_a) % per_prompt:
+        raise ValueError("both rollout lists need the same prompts with `per_prompt` samples each")
+    tables = []
+    for i in range(0, len(rollouts_a), per_prompt):
+        tables.append(([tuple(r.token_ids) for r in rollouts_a[i:i + per_prompt]],
+                       [tuple(r.token_ids) for r in rollouts_b[i:i + per_prompt]]))
+    return pooled_chi2(tables, min_expected)
 
 
 def _partial_solution_prompts(tok, problems, encode_prompt, lines: int = 2):

@@ -27,6 +27,8 @@ from nemo_rl_specdec.config import (
     to_vllm_speculative_config,
     validate_run_dict,
 )
+from nemo_rl_specdec.drafters.base import LIST, Declared
+from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.resources import asset_path, config_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -414,18 +416,23 @@ def test_explicit_draft_sampling_wins_over_auto(drafter, method, temperature):
     assert to_vllm_speculative_config(spec, temperature)["draft_sample_method"] == method
 
 
+def _is_list_drafter(spec) -> bool:
+    """A drafter that may return any draft length per request (per-request budgets apply)."""
+    return drafter_of(spec.drafter, Declared).kind == LIST
+
+
 @pytest.mark.parametrize("drafter", ["suffix", "ngram"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_list_drafters_draft_greedily_and_pass_no_sample_method(drafter, temperature):
     spec = spec_of({"enabled": True, "drafter": drafter})
-    assert spec.is_list_drafter
+    assert _is_list_drafter(spec)
     assert draft_sample_method(spec, temperature) == "greedy"
     assert "draft_sample_method" not in to_vllm_speculative_config(spec, temperature)
 
 
 def test_model_drafters_are_not_list_drafters():
     for block in MODEL_BLOCKS.values():
-        assert not spec_of(block).is_list_drafter
+        assert not _is_list_drafter(spec_of(block))
 
 
 @pytest.mark.parametrize("block", [

@@ -42,7 +42,7 @@ def fake_nemo_rl(monkeypatch, tmp_path):
         if parent:
             setattr(mods[parent], leaf, mods[name])
     for fqn, cls in STAND_INS.items():
-        mod, name = api.split_fqn(fqn)
+        mod, _, name = fqn.rpartition(".")
         setattr(mods[mod], name, cls)
     mods["nemo_rl.models.generation.vllm.vllm_generation"].resolve_generation_worker_cls = \
         lambda default_cls, config: default_cls

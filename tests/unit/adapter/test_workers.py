@@ -308,7 +308,7 @@ def test_ray_actor_classes_build_by_fqn(fake_nemo_rl):
     ray = pytest.importorskip("ray")
     from nemo_rl_specdec.adapter import workers
 
-    mod, name = api.split_fqn(translate.OUR_SYNC_WORKER)
+    mod, _, name = translate.OUR_SYNC_WORKER.rpartition(".")
     actor = getattr(importlib.import_module(mod), name)
     assert isinstance(actor, ray.actor.ActorClass)
     assert getattr(importlib.import_module(mod), name) is actor  # built once

@@ -19,8 +19,9 @@ def test_plan_predicts_places_and_restores():
     p.observe(pids, [lengths[x] for x in pids])
     plan = p.plan(pids, 2)
     assert plan.predicted == [float(lengths[x]) for x in pids]
-    assert sorted(plan.sent_order) == list(range(16))
-    assert [plan.sent_order[r] for r in plan.restore] == list(range(16))
+    sent_order = [i for eng in plan.assignment for i in eng]
+    assert sorted(sent_order) == list(range(16))
+    assert [sent_order[r] for r in plan.restore] == list(range(16))
     assert plan.loads() == [1790.0 * 2, 1790.0 * 2]  # LPT balances the groups
     assert [plan.engine_of[i] for i in plan.assignment[1]] == [1] * 8
     assert plan.budgets == [None] * 16 and plan.hints == [None] * 16  # uniform: the drafter's k
