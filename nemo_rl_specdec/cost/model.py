@@ -49,7 +49,8 @@ per-step rules, `best_drafts` and the scheduling bound all call it with a step's
 (`Step`: each decode request's context and drafts, the prefill tokens, the draft forwards it ran
 and whether a history proposer ran). `CostModel.cost(step)` gives the same time in its three
 terms (`StepCost`: target, draft forwards, host proposer); `CostModel.split` the per-step rules'
-linear view of it (`drafters/machinery/step_judge.py`).
+linear view of it (`drafters/machinery/step_judge.py`); `CostModel.draft_forwards` a model
+drafter's forwards split into the first (run at every step) and the rest (a step may skip them).
 
 The host term (a history proposer's CPU time: ``spec_step_overhead + draft_per_request x
 requests`` for a list drafter) was measured on one host; ``host_speed`` (the host's speed relative
@@ -421,6 +422,16 @@ class CostModel:
             return t0.target_s + t0.proposer_s, 0.0
         tk = self.cost(Step.of(ctx, np.full(b, float(draft_tokens) / b), proposer=True), host_speed)
         return t0.target_s + t0.proposer_s, max(0.0, tk.target_s - t0.target_s) / float(draft_tokens)
+
+    def draft_forwards(self, ctx, k: int) -> tuple[float, float]:
+        """A model drafter's forwards in a step of requests at contexts `ctx` that drafts `k` tokens each,
+        split as the hybrid's rule weighs them: (the first, which the engine runs at every step, since it
+        writes the drafter's KV of the step's verified tokens; the k - 1 after it, which a step may
+        skip). Both are this function's draft term (`cost`), the first of a step of one forward and
+        a draft token each, the rest the step of k forwards less that first."""
+        c = np.asarray(ctx, dtype=float)
+        first = self.cost(Step.of(c, np.ones(c.size), forwards=1)).draft_s
+        return first, self.cost(Step.of(c, np.full(c.size, float(k)), forwards=k)).draft_s - first
 
     def mean_step_time(self, batch: int, drafts: float, ctx: float) -> float:
         """Time of one step of `batch` requests each drafting `drafts` tokens at context `ctx`

@@ -26,7 +26,7 @@ from collections import deque
 import numpy as np
 
 from nemo_rl_specdec.cost.fit import nnls_fit
-from nemo_rl_specdec.cost.model import CostModel, Step, linear_columns
+from nemo_rl_specdec.cost.model import CostModel, linear_columns
 
 COLUMNS = ("c_base_s", "c_seq_s", "c_tok_s", "c_ctx_s")   # the metrics' names of LINEAR_TERMS
 FORWARD_COLUMNS = ("c_fwd_s", "c_fwd_seq_s")
@@ -93,8 +93,7 @@ class StepCostFit:
         cm = self.cost_model()
         if cm is None or not self.draft_forwards:
             return 0.0
-        idle = np.zeros(requests)
-        return cm.cost(Step.of(idle, idle, forwards=k)).draft_s - cm.cost(Step.of(idle, idle, forwards=1)).draft_s
+        return cm.draft_forwards(np.zeros(requests), k)[1]
 
     def state_dict(self) -> dict:
         """What a checkpoint carries: the samples in the window and the fit made from them."""

@@ -319,24 +319,26 @@ class PricedHybridCost(PricedStepCost):
     its proposer's host time is in t0; a model entry: none) with the model part's first draft
     forward added to t0, which the engine runs at every step (it writes the drafter's KV of the
     verified tokens); ``forward_s(requests, k)`` is the model part's k - 1 forwards after it, the
-    ones a step may skip. The forwards are priced at the context of the last ``split`` (the step's
-    mean, as `CostModel.split` takes contexts), which the proposer calls first in every step."""
+    ones a step may skip (both `CostModel.draft_forwards`). The forwards are priced at the context of
+    the last ``split`` (the step's mean, as `CostModel.split` takes contexts), which the proposer calls
+    first in every step."""
 
     def __init__(self, profile: HardwareProfile, step_entry: str, model_entry: str, k: int, host_speed: float = 1.0):
         super().__init__(profile, step_entry, k, host_speed)
         self.model_entry = model_entry
+        self.model_cost = profile.cost_model(model_entry)
         self._ctx = 0.0
 
-    def _forwards(self, requests: int, forwards: int) -> float:
-        return model_forward_s(self.profile, self.model_entry, forwards, np.full(max(1, int(requests)), self._ctx))
+    def _forwards(self, requests: int, k: int) -> tuple[float, float]:
+        return self.model_cost.draft_forwards(np.full(max(1, int(requests)), self._ctx), k)
 
     def split(self, requests: int, ctx_sum: int, draft_tokens: float | None = None) -> tuple[float, float]:
         t0, c_tok = super().split(requests, ctx_sum, draft_tokens)
         self._ctx = float(ctx_sum) / max(1, int(requests))
-        return t0 + self._forwards(requests, 1), c_tok
+        return t0 + self._forwards(requests, 1)[0], c_tok
 
     def forward_s(self, requests: int, k: int) -> float:
-        return self._forwards(requests, k) - self._forwards(requests, 1)
+        return self._forwards(requests, k)[1]
 
 
 __all__ = ["BINS", "HOST_SPEEDS", "HOST_TERMS", "Priced", "PricedHybridCost", "PricedStepCost",

@@ -297,11 +297,9 @@ class EngineSim:
         with_history = int(round(h.coverage * M))
         # the one cost function: the target with the history proposer (t0, the secant to k drafts a request)
         t0, c_tok = self.cost.split(n, float(self._ctx.sum()), float(n * k))
-        first = h.model_cost.cost(Step.of(self._ctx, np.ones(n), forwards=1)).draft_s   # run at every step
+        # the model half's first forward runs at every step; the rule can skip the model_k - 1 after it
+        first, forward = h.model_cost.draft_forwards(self._ctx, h.model_k)
         t0 += first
-        # what the rule can skip: the model_k - 1 forwards after the first
-        full = Step.of(self._ctx, np.full(n, float(h.model_k)), forwards=h.model_k)
-        forward = h.model_cost.cost(full).draft_s - first
         g_model = np.diff(self._A, axis=1)[:, :h.model_k]
         g_hist = list(h.history[:k])
         same = bool(np.all(g_model == g_model[:1]))

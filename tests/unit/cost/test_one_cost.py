@@ -8,7 +8,7 @@ import pytest
 
 from nemo_rl_specdec.cost.model import CostModel, Step
 from nemo_rl_specdec.cost.online import StepCostFit
-from nemo_rl_specdec.cost.price import PricedStepCost, model_forward_s, price, step_costs
+from nemo_rl_specdec.cost.price import PricedHybridCost, PricedStepCost, model_forward_s, price, step_costs
 from nemo_rl_specdec.cost.profile import load_profile
 from nemo_rl_specdec.cost.trace import Trace, TraceError, TraceStep
 
@@ -82,6 +82,38 @@ def test_the_online_fit_is_a_fit_of_the_functions_linear_parameters():
     t0, c_tok = fit.split(10, 5000)
     assert (t0, c_tok) == pytest.approx(truth.split(10, 5000, 10))
     assert fit.forward_s(10, 3) == pytest.approx(2 * (3e-4 + 2e-6 * 10))
+
+
+def test_the_hybrids_first_forward_and_the_skippable_rest_are_one_split_of_the_function(h100):
+    """`CostModel.draft_forwards` is what the priced hybrid cost, the online fit and the simulator weigh:
+    the numbers each of them computed on its own before, bit for bit."""
+    cm = h100.cost_model("eagle3")
+    for n, k in ((1, 1), (8, 3), (64, 8)):
+        ctx = np.linspace(500, 3000, n)
+        first, rest = cm.draft_forwards(ctx, k)
+        old_first = cm.cost(Step.of(ctx, np.ones(n), forwards=1)).draft_s   # sim/engine_sim.py
+        assert (first, rest) == (old_first, cm.cost(Step.of(ctx, np.full(n, float(k)), forwards=k)).draft_s - old_first)
+        # cost/price.py PricedHybridCost: model_forward_s at the step's mean context
+        priced = PricedHybridCost(h100, "das", "eagle3", K)
+        t0, _ = priced.split(n, int(ctx.sum()))
+        mean = np.full(n, int(ctx.sum()) / n)
+        t0_history, _ = PricedStepCost(h100, "das", K).split(n, int(ctx.sum()))
+        assert t0 == t0_history + model_forward_s(h100, "eagle3", 1, mean)
+        assert priced.forward_s(n, k) == (model_forward_s(h100, "eagle3", k, mean)
+                                          - model_forward_s(h100, "eagle3", 1, mean))
+    # cost/online.py: the fitted linear form's forwards over idle requests
+    fit = StepCostFit(min_samples=8, refit_every=8, draft_forwards=True)
+    truth = CostModel(c_base=2e-3, c_seq=5e-6, c_tok=4e-5, draft_fwd_base=3e-4, draft_fwd_seq=2e-6, draft_kind="model")
+    for i in range(16):
+        n, f = 1 + i % 5, 1 + i % 3
+        step = Step.of(np.full(n, 100.0), np.full(n, float(f)), forwards=f)
+        fit.add(n, n * (1 + f), 100 * n, truth.cost(step).total_s, forwards=f)
+    online = fit.cost_model()
+    assert online is not None
+    for n, k in ((0, 2), (1, 1), (7, 3), (300, 8)):
+        idle = np.zeros(n)
+        assert fit.forward_s(n, k) == (online.cost(Step.of(idle, idle, forwards=k)).draft_s
+                                       - online.cost(Step.of(idle, idle, forwards=1)).draft_s)
 
 
 def test_best_drafts_and_the_scheduling_bound_price_with_the_function():
