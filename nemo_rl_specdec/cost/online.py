@@ -22,6 +22,7 @@ with f = max(k, 1) the step's draft forwards (`scheduling/k_auto.py`).
 from __future__ import annotations
 
 from collections import deque
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -30,6 +31,52 @@ from nemo_rl_specdec.cost.model import CostModel, linear_columns
 
 COLUMNS = ("c_base_s", "c_seq_s", "c_tok_s", "c_ctx_s")   # the metrics' names of LINEAR_TERMS
 FORWARD_COLUMNS = ("c_fwd_s", "c_fwd_seq_s")
+
+
+@runtime_checkable
+class StepCostSource(Protocol):
+    """What a per-step rule reads of a step's cost (`drafters/machinery/step_judge.py` `StepJudge.fit`):
+    the engine's online fit (`StepCostFit`) or a hardware profile's prices (`cost/price.py`
+    `PricedStepCost`, for a replayed rule)."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether `split` answers (False during an online fit's warm-up)."""
+        ...
+
+    @property
+    def samples(self) -> int:
+        """Decode steps seen (`add`)."""
+        ...
+
+    @property
+    def r2(self) -> float | None:
+        """The fit's R^2 (None: not fitted, or nothing fitted)."""
+        ...
+
+    def split(self, requests: int, ctx_sum: int, draft_tokens: float | None = None) -> tuple[float, float] | None:
+        """(t0, c_tok) of a step (`CostModel.split`), or None while not `ready`."""
+        ...
+
+    def add(self, requests: int, verified_tokens: int, ctx_sum: int, seconds: float, forwards: int = 0) -> None:
+        """One decode step the engine ran, and its time."""
+        ...
+
+    def metrics(self) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@runtime_checkable
+class HybridStepCost(StepCostSource, Protocol):
+    """What the hybrid's per-step choice reads (`drafters/hybrid.py` `HybridProposer.cost`): a
+    `StepCostSource` that also prices the model half's draft forwards a step may skip."""
+
+    def forward_s(self, requests: int, k: int) -> float:
+        """The model drafter's k - 1 draft forwards after the first (`CostModel.draft_forwards`)."""
+        ...
 
 
 class StepCostFit:
@@ -73,6 +120,11 @@ class StepCostFit:
             return
         fit = nnls_fit(X, y, refit=lambda keep: int(keep.sum()) >= self.min_samples)
         self.coef, self.kept, self.r2 = fit.coef, fit.kept, fit.r2
+
+    @property
+    def ready(self) -> bool:
+        """Whether the fit is made (after the warm-up): `split` answers."""
+        return self.coef is not None
 
     def cost_model(self) -> CostModel | None:
         """The one step-cost function with the fitted constants (None during the warm-up)."""
@@ -120,4 +172,4 @@ class StepCostFit:
         return {"samples": self.samples, "kept": self.kept, "r2": self.r2, **dict(zip(self.columns, coef, strict=True))}
 
 
-__all__ = ["COLUMNS", "FORWARD_COLUMNS", "StepCostFit"]
+__all__ = ["COLUMNS", "FORWARD_COLUMNS", "HybridStepCost", "StepCostFit", "StepCostSource"]

@@ -283,12 +283,17 @@ def proposer_gap(traces: list, profile: HardwareProfile, key: str) -> dict:
 
 
 class PricedStepCost:
-    """The per-step rules' step cost (`drafters/machinery/step_judge.py` reads ``split``) from a hardware profile
-    instead of the engine's online fit, so a replayed rule decides on the costs of that GPU: the one
-    cost function's `CostModel.split` of the step, ``t0`` the step's target forward without drafts plus
-    the proposer's host time, ``c_tok`` the secant of the target forward from no drafts to the drafts
-    the step holds (`draft_tokens`; without them, `k` per request), so that ``t0 + c_tok x draft
-    tokens`` is the priced step with every draft verified."""
+    """The per-step rules' step cost (`cost/online.py` `StepCostSource`, what
+    `drafters/machinery/step_judge.py` reads) from a hardware profile instead of the engine's online
+    fit, so a replayed rule decides on the costs of that GPU: the one cost function's `CostModel.split`
+    of the step, ``t0`` the step's target forward without drafts plus the proposer's host time,
+    ``c_tok`` the secant of the target forward from no drafts to the drafts the step holds
+    (`draft_tokens`; without them, `k` per request), so that ``t0 + c_tok x draft tokens`` is the
+    priced step with every draft verified. Nothing is fitted: it is `ready` from the start, has no
+    R^2, and counts the steps it is shown (`samples`)."""
+
+    ready = True    # nothing to fit: the profile's costs answer from the first step
+    r2: float | None = None
 
     def __init__(self, profile: HardwareProfile, drafter: str, k: int, host_speed: float = 1.0):
         self.profile, self.drafter, self.k = profile, drafter, max(1, int(k))
@@ -297,19 +302,23 @@ class PricedStepCost:
         # the rule weighs verification and the host proposer: a model drafter's forwards are priced apart
         self.cost = profile.cost_model(drafter if d.kind == "list" else None)
         self.samples = 0
-        self.coef = True   # always ready: nothing to fit
-        self.r2 = None
 
     def split(self, requests: int, ctx_sum: int, draft_tokens: float | None = None) -> tuple[float, float]:
         b = max(1, int(requests))
         tokens = float(self.k * b) if draft_tokens is None else float(draft_tokens)
         return self.cost.split(b, ctx_sum, tokens, self.host_speed)
 
-    def add(self, *args, **kwargs) -> None:
+    def add(self, requests: int, verified_tokens: int, ctx_sum: int, seconds: float, forwards: int = 0) -> None:
         self.samples += 1   # a step the rule saw; the profile's costs do not change with it
 
     def metrics(self) -> dict:
         return {"samples": self.samples, "priced_on": self.profile.name}
+
+    def state_dict(self) -> dict:
+        return {"samples": self.samples}   # the profile's costs are not learned: only the steps seen
+
+    def load_state_dict(self, state: dict) -> None:
+        self.samples = int(state["samples"])
 
 
 class PricedHybridCost(PricedStepCost):

@@ -55,7 +55,7 @@ update (`engine/worker_extension.py`).
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from pydantic import Field
@@ -63,6 +63,9 @@ from pydantic import Field
 from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter, ModelDrafter
 from nemo_rl_specdec.drafters.roles import DrafterSettings
 from nemo_rl_specdec.schema import PathError
+
+if TYPE_CHECKING:
+    from nemo_rl_specdec.cost.online import HybridStepCost
 
 _HISTORY, _MODEL = "history", "model"  # the sources of `hybrid_choice.HybridChoice`
 PROBE_EVERY = 4  # warm-up: one step in this many skips the model's draft forwards (the fit needs both kinds)
@@ -263,7 +266,7 @@ class HybridProposer:
         das_spec = {**spec, "auto_disable": False, "scheduling": scheduling}
         self.das.specdec_attach(runner, das_spec)
         self.model = ModelAcceptance(self.model_k)
-        self.cost: Any = StepCostFit(draft_forwards=True)
+        self.cost: HybridStepCost = StepCostFit(draft_forwards=True)
         self._last: tuple | None = None  # (start, requests, verified tokens, ctx_sum, forwards, prefilled)
         self._model_rows: dict = {}  # request id -> length of the model draft proposed for it last step
         self._history_rows: dict = {}  # request id -> length of the history draft proposed for it last step

@@ -39,7 +39,7 @@ def _mode(mode: str):
             return mode != "always" and calls["n"] % 2 == 1
 
         class Cost:
-            coef = True
+            ready = True
 
             def split(self, requests, ctx_sum, draft_tokens=None):
                 return 1e-2, 1e-5

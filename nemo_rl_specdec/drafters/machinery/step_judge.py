@@ -46,7 +46,7 @@ import logging
 
 import numpy as np
 
-from nemo_rl_specdec.cost.online import StepCostFit
+from nemo_rl_specdec.cost.online import StepCostFit, StepCostSource
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -133,7 +133,7 @@ class StepJudge:
         for rule in ("adaptive", "auto_disable"):
             for what in ("steps", "off_steps", "cut_tokens"):
                 counters.setdefault(f"{rule}_{what}", 0)
-        self.fit = StepCostFit()
+        self.fit: StepCostSource = StepCostFit()  # a replay sets a profile's prices (`PricedStepCost`)
         self.off_by_batch: dict = {}  # steps the rule turned speculation off, by batch-size bin
         self._last: tuple | None = None  # (start time, requests, verified tokens, context) of the last call
         self._drafting = True  # whether the last judged step drafted (switches are logged)
@@ -203,7 +203,7 @@ class StepJudge:
         if last is None or prefilled or skipped or last[4]:
             return
         self.fit.add(last[1], last[2], last[3], start - last[0])
-        if self.active and not self._unfit_warned and self.fit.coef is None and self.fit.samples >= UNFIT_WARN_STEPS:
+        if self.active and not self._unfit_warned and not self.fit.ready and self.fit.samples >= UNFIT_WARN_STEPS:
             self._unfit_warned = True
             log.warning("%s %s: the step-cost fit is not ready after %d decode steps (the steps' draft-token counts "
                         "did not vary enough to tell a draft token's cost), so every draft is kept; the stats' "

@@ -100,10 +100,11 @@ def test_a_model_drafter_is_refused_with_its_name():
 
 
 class _Cost:
-    """A step cost the per-step rule reads (`split`), fixed: t0 and the cost of one more draft token."""
+    """A step cost the per-step rule reads (`cost/online.py` `StepCostSource`), fixed: t0 and the cost of one
+    more draft token."""
 
     def __init__(self, c_tok):
-        self.c_tok, self.samples, self.coef, self.r2 = c_tok, 0, True, None
+        self.c_tok, self.samples, self.ready, self.r2 = c_tok, 0, True, None
 
     def split(self, requests, ctx_sum, draft_tokens=None):
         return 1.0, self.c_tok

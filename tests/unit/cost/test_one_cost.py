@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from nemo_rl_specdec.cost.model import CostModel, Step
-from nemo_rl_specdec.cost.online import StepCostFit
+from nemo_rl_specdec.cost.online import HybridStepCost, StepCostFit, StepCostSource
 from nemo_rl_specdec.cost.price import PricedHybridCost, PricedStepCost, model_forward_s, price, step_costs
 from nemo_rl_specdec.cost.profile import load_profile
 from nemo_rl_specdec.cost.trace import Trace, TraceError, TraceStep
@@ -114,6 +114,21 @@ def test_the_hybrids_first_forward_and_the_skippable_rest_are_one_split_of_the_f
         idle = np.zeros(n)
         assert fit.forward_s(n, k) == (online.cost(Step.of(idle, idle, forwards=k)).draft_s
                                        - online.cost(Step.of(idle, idle, forwards=1)).draft_s)
+
+
+def test_the_per_step_rules_step_costs_say_when_they_answer(h100):
+    """The online fit and the profile's prices are both what the rules read (`StepCostSource`; the hybrid's
+    `HybridStepCost`); the fit is `ready` after its warm-up, the prices from the start."""
+    fit, priced = StepCostFit(), PricedStepCost(h100, "das", K)
+    assert isinstance(fit, StepCostSource) and isinstance(priced, StepCostSource)
+    assert isinstance(StepCostFit(draft_forwards=True), HybridStepCost)
+    assert isinstance(PricedHybridCost(h100, "das", "eagle3", K), HybridStepCost)
+    assert not fit.ready and fit.split(8, 800) is None
+    assert priced.ready and priced.r2 is None and priced.split(8, 800) is not None
+    priced.add(8, 16, 800, 1e-3)
+    again = PricedStepCost(h100, "das", K)
+    again.load_state_dict(priced.state_dict())
+    assert again.samples == priced.samples == 1
 
 
 def test_best_drafts_and_the_scheduling_bound_price_with_the_function():

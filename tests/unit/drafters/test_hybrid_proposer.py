@@ -47,7 +47,7 @@ class _Cost:
     """A step cost with a fixed model forward (`split`, `forward_s`), in place of the online fit."""
 
     def __init__(self, fwd_s: float):
-        self.fwd_s, self.coef = fwd_s, True
+        self.fwd_s, self.ready = fwd_s, True
 
     def split(self, requests, ctx_sum, draft_tokens=None):
         return 1e-2, 1e-4
