@@ -50,7 +50,8 @@ per-step rules, `best_drafts` and the scheduling bound all call it with a step's
 and whether a history proposer ran). `CostModel.cost(step)` gives the same time in its three
 terms (`StepCost`: target, draft forwards, host proposer); `CostModel.split` the per-step rules'
 linear view of it (`drafters/machinery/step_judge.py`); `CostModel.draft_forwards` a model
-drafter's forwards split into the first (run at every step) and the rest (a step may skip them).
+drafter's forwards split into the first (run at every step) and the rest (a step may skip them);
+`CostModel.request_s` one request's share of a step of the linear form (the DAS budgets).
 
 The host term (a history proposer's CPU time: ``spec_step_overhead + draft_per_request x
 requests`` for a list drafter) was measured on one host; ``host_speed`` (the host's speed relative
@@ -432,6 +433,20 @@ class CostModel:
         c = np.asarray(ctx, dtype=float)
         first = self.cost(Step.of(c, np.ones(c.size), forwards=1)).draft_s
         return first, self.cost(Step.of(c, np.full(c.size, float(k)), forwards=k)).draft_s - first
+
+    def request_s(self, drafts, ctx) -> np.ndarray:
+        """What one decode request adds to a step of the linear form with a list drafter, for a grid of
+        draft tokens and contexts (arrays broadcast): its verified tokens (1 + d), its context and its
+        draft tokens; the step's fixed cost (c_base) is not in it. It is `cost(Step.of([ctx], [d]))`'s
+        total at c_base = 0 and no host term, all grid points at once: the budget policies that
+        separate a step over its requests price with it (`scheduling/budget.py` `das_budgets`)."""
+        if self.roofline is not None or self.draft_kind != "list" or self.draft_per_request \
+                or self.spec_step_overhead:
+            raise ValueError("request_s: a request's share of a step is the linear form's, with a list drafter "
+                             "and no host term (roofline, draft_kind, draft_per_request, spec_step_overhead)")
+        d, c = np.broadcast_arrays(np.asarray(drafts, dtype=float), np.asarray(ctx, dtype=float))
+        out = linear_columns(1.0, 1.0 + d, c) @ replace(self, c_base=0.0).linear_coef + self.draft_tok * d
+        return out + self.draft_ctx * c * d if self.draft_ctx else out
 
     def mean_step_time(self, batch: int, drafts: float, ctx: float) -> float:
         """Time of one step of `batch` requests each drafting `drafts` tokens at context `ctx`

@@ -190,7 +190,11 @@ def das_budgets(predicted_remaining: Sequence[float], k: int, acceptance: Accept
     ds = np.arange(k + 1)
     pos = R > 0
     Rp, cr = R[pos], creq[pos]
-    w = (cr[:, None] + c_tok * (1.0 + ds)[None, :] + c_draft * ds[None, :]) / A[None, :]   # (m, k+1)
+    # a request's share of a step, from the one step-cost function's linear form (cost/model.py): c_tok per
+    # verified token, c_draft per draft token, and c_req_i as the form's context term (a context of c_req_i
+    # at c_ctx = 1: the cost of reading request i's KV cache)
+    share = CostModel(c_tok=c_tok, c_ctx=1.0, draft_tok=c_draft).request_s(ds[None, :], cr[:, None])
+    w = share / A[None, :]   # (m, k+1)
     # best feasible choice when at least d drafts are required: suffix argmin of w over d' >= d
     best_from = np.empty_like(w, dtype=int)
     best_from[:, k] = k

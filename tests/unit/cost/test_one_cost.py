@@ -116,6 +116,16 @@ def test_the_hybrids_first_forward_and_the_skippable_rest_are_one_split_of_the_f
                                        - online.cost(Step.of(idle, idle, forwards=1)).draft_s)
 
 
+def test_a_requests_share_of_a_step_is_the_function_without_its_fixed_cost():
+    cm = CostModel(c_base=0.0, c_seq=3e-6, c_tok=4e-5, c_ctx=1e-8, draft_tok=2e-6, draft_ctx=1e-9)
+    share = cm.request_s(np.arange(5)[None, :], np.array([0.0, 100.0, 3000.0])[:, None])
+    for i, c in enumerate((0.0, 100.0, 3000.0)):
+        for d in range(5):
+            assert share[i, d] == pytest.approx(cm.cost(Step.of([c], [float(d)])).total_s, rel=1e-12)
+    with pytest.raises(ValueError, match="request_s"):
+        CostModel(draft_kind="model").request_s(1, 100.0)
+
+
 def test_the_per_step_rules_step_costs_say_when_they_answer(h100):
     """The online fit and the profile's prices are both what the rules read (`StepCostSource`; the hybrid's
     `HybridStepCost`); the fit is `ready` after its warm-up, the prices from the start."""

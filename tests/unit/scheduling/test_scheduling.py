@@ -481,3 +481,29 @@ def test_reference_share_judges_each_draw_against_its_own_reference_cut():
     assert reference_share(runs, draws, co, {0: 20.0})["share_of_reference_cut"] is None
     # a draw with no placement headroom is not judged: its share would be noise over nearly nothing
     assert reference_share(runs, draws, la, {0: 1.0, 1: 25.0})["share_of_reference_cut_per_draw"] == [0.5]
+
+
+def test_das_prices_a_request_through_the_cost_model_as_its_old_formula_did():
+    """`das_budgets` prices a request's share of a step with `CostModel.request_s`; it gives the numbers
+    of the formula das_budgets wrote itself before, bit for bit, and the same budgets."""
+    from nemo_rl_specdec.cost.model import CostModel
+
+    rng = np.random.default_rng(5)
+    ds = np.arange(9)
+    for c_tok, c_draft in ((1 / 64, 0.0), (1.0, 0.5), (4e-5, 1e-5), (0.0, 0.0), (0.1, 1 / 3)):
+        cr = np.concatenate([[0.0, 1e-3, 5.0], rng.random(20) * rng.choice([1e-6, 1e-3, 1.0], 20)])
+        old = cr[:, None] + c_tok * (1.0 + ds)[None, :] + c_draft * ds[None, :]
+        new = CostModel(c_tok=c_tok, c_ctx=1.0, draft_tok=c_draft).request_s(ds[None, :], cr[:, None])
+        assert np.array_equal(new, old)
+    # budgets computed by the old formula's das_budgets (the commit before this test)
+    cases = [
+        (([10, 500, 2000], 4, 0.7, 1.0, 1 / 64, 0.01, [0.0, 1e-3, 5.0]), [0, 0, 4]),
+        (([300, 300, 300, 1200, 40], 8, 1.0, 1.0, 1.0 / 64, 0.0, 0.0), [2, 2, 2, 8, 0]),
+        (([300, 300, 300, 1200, 40], 8, 1.0, 1.0, 0.1, 0.0, 0.0), [3, 3, 3, 8, 0]),
+        (([5, 80, 800, 3000, 3000, 0], 6, [0.9, 0.7, 0.5, 0.3], 2e-3, 4e-5, 1e-5,
+          [1e-4, 0.0, 2e-3, 1e-3, 0.0, 0.0]), [2, 0, 6, 6, 6, 0]),
+        (([100, 900, 1500, 2500], 5, 0.3, 1.0, 1.0, 0.5, 0.25), [0, 0, 0, 0]),
+        (([1000] * 6 + [4000], 3, 0.6, 1.0, 1 / 3, 0.0, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), [0, 0, 0, 1, 1, 1, 2]),
+    ]
+    for args, want in cases:
+        assert das_budgets(*args) == want
