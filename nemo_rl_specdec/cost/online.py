@@ -7,8 +7,8 @@ own time per step folded into c_base and c_seq (a list drafter runs for every re
 `StepCostFit` keeps the engine's most recent decode steps, refits them every `refit_every` steps
 with `cost/fit.py`'s `nnls_fit` (non-negative least squares, refitted once without the steps whose
 residual is more than `OUTLIER_MADS` robust deviations out: a step the engine was held up in,
-another engine on the core, a pause between calls; on the CPU bench they were 1% of the samples at
-up to 100x the median and left R^2 near 0), and answers what a step would cost with more or fewer
+another engine on the core, a pause between calls; docs/measurements/scheduling.md has what they
+did to the fit on the CPU bench), and answers what a step would cost with more or fewer
 draft tokens through the `CostModel` of those constants (`cost_model`). Until it has `min_samples`
 steps with at least two different draft-token counts it answers None, and the caller drafts as
 without it (the warm-up). Its

@@ -11,7 +11,7 @@ A profile (``configs/hardware/<name>.yaml``, named by ``--hardware NAME``) holds
   drafter gives its ``model`` shape; its fixed time per draft forward, ``fwd_base_s``, is the
   target's fitted fixed time per layer times the draft's layers unless the entry sets it (the
   device check timed the drafts' forwards beside the target's: the fixed time of a forward grows
-  with its layers, about 0.16 ms a layer on the H100 and the H200). A history drafter (``suffix``,
+  with its layers; docs/pricing.md lists each profile's time per layer). A history drafter (``suffix``,
   ``ngram``) gives its proposer's host CPU time: ``step_overhead_s`` per decode step and
   ``per_request_s`` per request in it, fitted on traces' measured proposer times
   (``nemo-rl-specdec price TRACE --fit-proposer``) on the host named by ``host``.

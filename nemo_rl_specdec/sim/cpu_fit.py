@@ -54,9 +54,9 @@ from nemo_rl_specdec.resources import config_path
 MEASURED = config_path("sim", "measured")
 SCENARIO = str(MEASURED / "cpu_tiny_measured.yaml")
 # RL steps simulated per prediction. Each step draws its problems' lengths from the measured
-# groups with replacement; one 16-problem batch is a noisy draw of that pool (four
-# measured steps had a mean response length of 84 where the pool's is 65), and with acceptance by
-# response position that noise moves a prediction by up to 15%. 64 steps give the expectation.
+# groups with replacement; one 16-problem batch is a noisy draw of that pool, and with acceptance by
+# response position that noise moves a prediction (docs/measurements/simulator_cpu_crosscheck.md
+# has by how much). 64 steps give the expectation.
 PREDICTION_STEPS = 64
 HEADER = """\
 # CPU profile fitted on engine-step samples of the machine that ran the bench. WRITTEN BY

@@ -31,11 +31,11 @@ In-flight entries. While a problem has no stored rollouts (cold start), its runn
 kept as that rollout (no re-insertion), every other one is removed, so after a rebuild the
 store holds exactly the window's rollouts.
 
-Costs measured with the installed arctic-inference 0.3.0 (CPU time per token, one tree):
-insertion grows with the tree depth (about 2 us at depth 8, 6 us at 24, 11 us at 64 on
-similar sequences) and removal costs about the same as insertion, so evicting a version costs
-about as much as adding one; rebuilding a tree from scratch is never cheaper than removing
-the evicted sequences unless most of the tree goes. Memory is ~110-340 bytes per token.
+Costs (arctic-inference's CPU time per token): removing a sequence costs about as much as
+inserting it, so evicting a version costs about as much as adding one, and rebuilding a tree
+from scratch is never cheaper than removing the evicted sequences unless most of the tree goes.
+What insertion, freeing trees and a token's memory cost on a refresh is measured in
+docs/measurements/refresh.md.
 """
 from __future__ import annotations
 
