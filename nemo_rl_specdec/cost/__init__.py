@@ -8,7 +8,8 @@
 - `price`: a trace's rollout time on a profile, and the per-step rules' costs from a profile;
 - `fit`: the fits of the function's parameters (the roofline on timed forwards, the linear form's
   non-negative least squares with its outlier refit);
-- `online`: the engine's online fit of the linear form on its own steps.
+- `online`: the engine's online fit of the linear form on its own steps, and what the per-step
+  rules read of a step cost (`StepCostSource`: that fit, or `price`'s `PricedStepCost`).
 
 It sits below drafters/, scheduling/ and sim/, which all call it.
 """
