@@ -14,7 +14,7 @@ that takes, per request and step, the draft with more expected committed tokens 
    The head refreshes in lockstep with the policy (`refresh.mode: online`): step t drafts with the
    head distilled (the drafter's `refresh.distill` settings) on the rollouts of steps < t towards
    the policy that followed each. Its start: the run file's `eagle3.model` (the bundled tiny head),
-   else a head built for the policy by `tools/train_eagle3.py` on rollouts of other problems,
+   else a head built for the policy by `nemo_rl_specdec/tools/train_eagle3.py` on rollouts of other problems,
    cached under the cache directory (the command is printed).
 3. Replays (`bench/replay.py`), every draft verified against the recorded tokens, each request
    advancing by what its verified draft commits:
@@ -143,7 +143,7 @@ def das_spec(cfg: RunConfig, rule: bool = True):
 # --------------------------------------------------------------------------- the model half's drafts
 
 def head_command(cfg: RunConfig, out, problems: int, epochs: int) -> list[str]:
-    """The `tools/train_eagle3.py` command that builds a head for the run file's policy."""
+    """The `nemo_rl_specdec/tools/train_eagle3.py` command that builds a head for the run file's policy."""
     from nemo_rl_specdec.demo.task import run_task_families
 
     return ["python", "-m", "nemo_rl_specdec.tools.train_eagle3", "--policy", str(cfg.model_path), "--out", str(out),

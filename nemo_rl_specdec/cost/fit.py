@@ -104,7 +104,7 @@ MAX_ROOFLINE_SAMPLES = 2_000      # the fit prices every sample at every iterati
 
 def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -> dict:
     """The roofline constants (`ROOFLINE_FITTED`) that best explain measured forward times, in
-    relative error: samples are `tools/time_forward.py`'s (tokens, ctx_sum, attn_ctx, seconds; a
+    relative error: samples are `nemo_rl_specdec/tools/time_forward.py`'s (tokens, ctx_sum, attn_ctx, seconds; a
     step past the largest capture size ran eagerly), `shape` the timed model's `ModelShape`. The
     model is `costmodel.Roofline.forward` plus `overhead_per_seq_s` per request, as `CostModel` prices a step.
     Returns the constants, R^2 of log time, and the median and largest relative residuals."""
@@ -144,7 +144,7 @@ def fit_roofline(samples: Sequence[dict], shape, capture_sizes: Sequence[int]) -
 
 
 def _samples_file(path: str) -> tuple:
-    """(ModelShape, samples, graph_max) of a `tools/time_forward.py` samples file, or a ValueError."""
+    """(ModelShape, samples, graph_max) of a `nemo_rl_specdec/tools/time_forward.py` samples file, or a ValueError."""
     import json
     from pathlib import Path
 
@@ -165,7 +165,7 @@ def _samples_file(path: str) -> tuple:
 
 
 def roofline_from_file(path: str) -> dict:
-    """`fit_roofline` over a `tools/time_forward.py` samples file: its recorded model shape, and
+    """`fit_roofline` over a `nemo_rl_specdec/tools/time_forward.py` samples file: its recorded model shape, and
     vLLM's capture sizes up to the largest size it replayed from a CUDA graph."""
     from nemo_rl_specdec.cost.model import vllm_capture_sizes
 

@@ -5,7 +5,7 @@ A profile (``configs/hardware/<name>.yaml``, named by ``--hardware NAME``) holds
 - ``model``: the target's shape (bytes a forward reads, FLOPs per token, KV bytes per token,
   attention FLOPs per context token; ``cost/model.py`` ``ModelShape``);
 - ``hardware``: the scenario ``hardware`` block of the same GPU, normally ``roofline.measured``:
-  the roofline fitted on timed target forwards (``tools/time_forward.py``, the device check);
+  the roofline fitted on timed target forwards (``nemo_rl_specdec/tools/time_forward.py``, the device check);
 - ``drafters``: one scenario ``drafter`` block per drafter the profile prices, under the label a
   trace names it by (``das``, ``vllm_suffix``, ``ngram``, ``eagle3``, ...; ``name`` is the drafter). A model or block
   drafter gives its ``model`` shape; its fixed time per draft forward, ``fwd_base_s``, is the

@@ -109,7 +109,7 @@ class ModelSpec(_Strict):
 class RooflineSpec(_Strict):
     """Per-GPU effective bandwidth and FLOP rate (data sheet x achievable share), the fixed
     overhead of a forward, the CUDA-graph capture sizes and the tensor-parallel link; or
-    `measured`: the first five fitted on timed forwards (`tools/time_forward.py`, cost/fit.py)."""
+    `measured`: the first five fitted on timed forwards (`nemo_rl_specdec/tools/time_forward.py`, cost/fit.py)."""
 
     measured: str | None = Field(
         None, description="a time_forward samples JSON (a path, or a name below configs/sim/): mem_bw_Bps, "

@@ -3,7 +3,7 @@ the policy's aux hidden states; vLLM's `eagle3` method runs it.
 
 Owns its `eagle3:` sub-block, its vLLM mapping, the plain-torch mirror of vLLM's ``llama_eagle3``
 forward (same parameter names, so a checkpoint needs no conversion), its training loss and its
-online distiller. The bundled head is built by `tools/train_eagle3.py`.
+online distiller. The bundled head is built by `nemo_rl_specdec/tools/train_eagle3.py`.
 
 Checkpoint layout (what vLLM's ``eagle3`` loads; reference/drafters_cpu.md §1.1): ``config.json``
 with ``architectures: ["LlamaForCausalLMEagle3"]`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``;
