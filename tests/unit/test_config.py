@@ -27,8 +27,9 @@ from nemo_rl_specdec.config import (
     to_vllm_speculative_config,
     validate_run_dict,
 )
-from nemo_rl_specdec.drafters.base import LIST, Declared
+from nemo_rl_specdec.drafters.base import LIST
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
+from nemo_rl_specdec.drafters.roles import Declared
 from nemo_rl_specdec.resources import asset_path, config_path
 
 REPO = Path(__file__).resolve().parents[2]
