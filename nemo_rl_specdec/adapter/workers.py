@@ -47,10 +47,12 @@ import inspect
 import logging
 import sys
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from nemo_rl_specdec.adapter import api, payload, translate
 from nemo_rl_specdec.adapter.host import Host
+from nemo_rl_specdec.lockstep import LockstepState
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
 from nemo_rl_specdec.scheduling.k_auto import KAuto, attach_to_llm
 from nemo_rl_specdec.update import PolicyUpdate
@@ -152,7 +154,7 @@ class SpecDecWorkerState:
     def _specdec_setup(self, config: dict, stash_tokens: int = 16_000_000) -> None:
         self._specdec_spec = translate.enabled_spec(config)
         self._specdec_init_payload = translate.engine_init_payload(config)
-        self._specdec_version = 0
+        self._specdec_lockstep = LockstepState()  # its engine's, from every update's report
         self._specdec_k_auto: KAuto | None = None  # on the sync engine with scheduling.k: auto
         self._specdec_last_staged = 0  # rollouts this engine handed to the drafters for the last update
         self._specdec_pending_staged = 0  # ... and for the next one, so far
@@ -218,12 +220,17 @@ class SpecDecWorkerState:
         try:
             self._specdec_stash.add(RolloutBatch.from_generation(
                 data["input_ids"], data["input_lengths"], output["output_ids"], output["generation_lengths"],
-                self._specdec_version, prompt_tail=self._specdec_prompt_tail))
+                self._specdec_lockstep.policy_version, prompt_tail=self._specdec_prompt_tail))
         except Exception as e:  # the generation itself is fine: return it, fail the next refit instead
             self._specdec_observe_errors += 1
             if self._specdec_observe_errors == 1:
                 self._specdec_observe_first = f"{type(e).__name__}: {e}"
                 logger.exception("[specdec] could not record rollouts for the drafter; the next refit fails")
+
+    @property
+    def _specdec_next_version(self) -> int:
+        """The policy version the next update brings this engine to."""
+        return self._specdec_lockstep.policy_version + 1
 
     def _specdec_refreshes(self, version: int) -> bool:
         """Whether the update to `version` refreshes the drafter (refresh.every_n_steps; 1 = the first)."""
@@ -260,15 +267,15 @@ class SpecDecWorkerState:
         rebuild) whose next update refreshes it (refresh.every_n_steps; off-cadence rollouts wait)."""
         return (self._specdec_stash is not None and self._specdec_spec is not None
                 and self._specdec_spec.refresh.mode == "rebuild"
-                and self._specdec_refreshes(self._specdec_version + 1))
+                and self._specdec_refreshes(self._specdec_next_version))
 
     def _specdec_stage_target(self, refs: list) -> int | None:
         """After the end-of-generation swap: the version to stage `refs` (all engines' rollouts) for, or
         None. Every engine sees the same refs, so all stage or none do (a validation phase: no refs);
         an engine whose drafter was disabled after a refresh error swaps but stages nothing."""
-        if not refs or (getattr(self, "_specdec_engine_state", None) or {}).get("disabled"):
+        if not refs or self._specdec_lockstep.disabled:
             return None
-        return self._specdec_version + 1
+        return self._specdec_next_version
 
     def _specdec_staged(self, version: int, per_rank: list, t0: float) -> dict:
         """Record a staging into every vLLM worker of this engine (a failed rank's error is kept there and
@@ -294,15 +301,26 @@ class SpecDecWorkerState:
         return STAGED_ROLLOUTS, (refs or None)
 
     def _specdec_record_refit(self, ok: bool, version: int, per_rank: list, published: Any = None) -> None:
-        """Record the engine's versions after a refit; the next generate checks them."""
-        if ok:
-            self._specdec_version = version
-            self._specdec_staged_for = None
-            self._specdec_last_staged, self._specdec_pending_staged = self._specdec_pending_staged, 0
-            if published is not None:
-                self._specdec_drafter_seq, self._specdec_distill_stats = published[0], dict(published[2])
+        """Record the engine's lockstep after a refit to `version` (its vLLM workers' report, rank 0's;
+        the next generate checks it). A refit that succeeded left the engine at `version`, or its report
+        says otherwise and the refit is refused."""
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
         reps = [r for r in (per_rank or []) if r]
-        self._specdec_engine_state = dict((reps[0] or {}).get("state") or {}) if reps else {}
+        state = (reps[0] or {}).get("state") if reps else None
+        if state:
+            self._specdec_lockstep = LockstepState.of(state)
+        elif ok:
+            self._specdec_lockstep = replace(self._specdec_lockstep, policy_version=version)
+        if not ok:
+            return
+        if self._specdec_lockstep.policy_version != version:
+            raise DrafterRefreshError(f"engine {self._specdec_engine}: the refit to policy version {version} "
+                                      f"succeeded, but the engine reports {self._specdec_lockstep.policy_version}")
+        self._specdec_staged_for = None
+        self._specdec_last_staged, self._specdec_pending_staged = self._specdec_pending_staged, 0
+        if published is not None:
+            self._specdec_drafter_seq, self._specdec_distill_stats = published[0], dict(published[2])
 
     def _specdec_saved(self, per_rank: list) -> dict:
         """This engine's part of NeMo-RL's checkpoint (adapter/checkpoint.py): the actor's policy version,
@@ -312,7 +330,7 @@ class SpecDecWorkerState:
         from nemo_rl_specdec.drafter_state import from_bytes
 
         pending = self._specdec_stash.peek() if self._specdec_stash is not None else None
-        return {"version": self._specdec_version,
+        return {"version": self._specdec_lockstep.policy_version,
                 "pending": None if pending is None or not len(pending) else
                 {k: getattr(pending, k) for k in RolloutBatch.__slots__},
                 "worker": from_bytes(per_rank[0])}
@@ -320,26 +338,28 @@ class SpecDecWorkerState:
     def _specdec_restore(self, saved: dict, per_rank: list) -> dict:
         """After the vLLM workers restored `saved["worker"]` (`per_rank`: their states): the actor
         continues from the saved version, with the saved rollouts waiting for the next update."""
-        self._specdec_version = int(saved["version"])
-        if saved.get("pending") is not None and self._specdec_stash is not None:
-            self._specdec_stash.add(RolloutBatch(**saved["pending"]))
+        from nemo_rl_specdec.lockstep import DrafterRefreshError
+
         state = dict(per_rank[0])
         restored = state.pop("restored_entries", 0)
-        self._specdec_engine_state = state
-        return {"version": self._specdec_version, "restored_entries": restored}
+        lockstep = LockstepState.of(state)
+        if lockstep.policy_version != int(saved["version"]):
+            raise DrafterRefreshError(f"engine {self._specdec_engine}: the saved engine is at policy version "
+                                      f"{saved['version']}, its restored vLLM workers at {lockstep.policy_version}")
+        self._specdec_lockstep = lockstep
+        if saved.get("pending") is not None and self._specdec_stash is not None:
+            self._specdec_stash.add(RolloutBatch(**saved["pending"]))
+        return {"version": lockstep.policy_version, "restored_entries": restored}
 
     def _specdec_check_lag(self) -> None:
         """Refuse to generate with a drafter that trails the policy more than refresh.max_policy_lag
-        (lockstep.check_versions; names both versions)."""
-        from nemo_rl_specdec.lockstep import check_versions
-
-        state = getattr(self, "_specdec_engine_state", None)
-        if self._specdec_spec is None or not state:
+        (`LockstepState.check`; names both versions)."""
+        if self._specdec_spec is None:
             return
         r = self._specdec_spec.refresh
         assert r.mode is not None   # validation fills in the drafter's default
-        check_versions(state, mode=r.mode, max_policy_lag=r.max_policy_lag, enabled=True,
-                       engine=f"engine {self._specdec_engine}")
+        self._specdec_lockstep.check(mode=r.mode, max_policy_lag=r.max_policy_lag, enabled=True,
+                                     engine=f"engine {self._specdec_engine}")
 
     def _specdec_swap_ref(self) -> Any:
         """Put this engine's rollouts in the object store and start the swap (a ref to all engines' refs).
@@ -358,7 +378,7 @@ class SpecDecWorkerState:
         batch = self._specdec_stash.drain()
         self._specdec_pending_staged += len(batch)
         refs = [ray.put(batch)] if len(batch) else []
-        return self._specdec_exchange().swap.remote(self._specdec_engine, self._specdec_version + 1, refs)
+        return self._specdec_exchange().swap.remote(self._specdec_engine, self._specdec_next_version, refs)
 
     def _specdec_combine(self, per_rank: list, counters: dict[str, float]) -> dict:
         """One report per engine from the per-TP/PP-rank `specdec_report` results, with the engine's
@@ -374,7 +394,7 @@ class SpecDecWorkerState:
         first["rollouts_dropped"] = self._specdec_stash.dropped if self._specdec_stash is not None else 0
         first["rollout_record_errors"] = self._specdec_observe_errors
         first["validation_rollouts_skipped"] = self._specdec_skipped_validation
-        first["actor_policy_version"] = self._specdec_version
+        first["actor_policy_version"] = self._specdec_lockstep.policy_version
         first["staged_for"] = self._specdec_staged_for
         first["last_stage"] = dict(self._specdec_last_stage)
         first["counters"] = counters
@@ -482,7 +502,7 @@ def _build_sync_impl() -> type:
                 return call(*args)
             import ray
 
-            version = self._specdec_version + 1
+            version = self._specdec_next_version
             swap = self._specdec_stash is not None and self._specdec_refreshes(version)  # off-cadence: they wait
             rollouts, more = self._specdec_refit_rollouts(version, ray.get(self._specdec_swap_ref()) if swap else None)
             if more:  # generated after the store was staged: appended to it
@@ -583,7 +603,7 @@ def _build_async_impl() -> type:
         async def _specdec_refit(self, call, *args):
             if not self.specdec_enabled or self.llm is None:
                 return await call(*args)
-            version = self._specdec_version + 1
+            version = self._specdec_next_version
             swap = self._specdec_stash is not None and self._specdec_refreshes(version)  # off-cadence: they wait
             rollouts, more = self._specdec_refit_rollouts(version, await self._specdec_swap_ref() if swap else None)
             if more:  # generated after the store was staged: appended to it

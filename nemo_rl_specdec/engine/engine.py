@@ -33,7 +33,7 @@ from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.drafters.roles import Declared, VllmMapping
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.engine.tracing import StepTracer
-from nemo_rl_specdec.lockstep import check_versions
+from nemo_rl_specdec.lockstep import LockstepState
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 from nemo_rl_specdec.rollouts import Request, Rollout
 from nemo_rl_specdec.scheduling.k_auto import attach_to_llm
@@ -157,6 +157,7 @@ class Engine:
         vllm_compat.quiet_benign_vllm_warnings()
         vllm_compat.LIVE_ENGINES.add(self)
         self.state = self.llm.collective_rpc("specdec_init", args=(spec.model_dump(mode="json"),))[0]
+        self.lockstep = LockstepState.of(self.state)
         self.tracer = StepTracer(self.llm)  # after specdec_init: it wraps the proposer that init attaches
         self.spec = spec
         self.k_auto = attach_to_llm(self.llm, spec, self.name)  # scheduling.k: auto, else None
@@ -166,13 +167,15 @@ class Engine:
 
     @property
     def spec_active(self) -> bool:
-        return bool(self.spec.enabled and not self.state.get("disabled"))
+        return bool(self.spec.enabled and not self.lockstep.disabled)
 
     def tokenizer(self):
         return self.llm.get_tokenizer()
 
     def refresh_state(self) -> dict:
+        """The worker extension's report of its state; `lockstep` keeps its lockstep part."""
         self.state = self.llm.collective_rpc("specdec_state")[0]
+        self.lockstep = LockstepState.of(self.state)
         return self.state
 
     # ------------------------------------------------------------------ generation
@@ -207,10 +210,10 @@ class Engine:
         return current_platform.is_cpu()
 
     def check_lockstep(self) -> None:
-        state = self.refresh_state()
+        self.refresh_state()
         assert self.spec.refresh.mode is not None   # validation fills in the drafter's default
-        check_versions(state, mode=self.spec.refresh.mode, max_policy_lag=self.spec.refresh.max_policy_lag,
-                       enabled=self.spec.enabled, engine=self.name)
+        self.lockstep.check(mode=self.spec.refresh.mode, max_policy_lag=self.spec.refresh.max_policy_lag,
+                            enabled=self.spec.enabled, engine=self.name)
 
     def generate(self, requests: Sequence[Request], *, max_new_tokens: int | None = None,
                  temperature: float | None = None, ignore_eos: bool = False,
@@ -234,7 +237,7 @@ class Engine:
                 sp = self.sampling_params(r, max_new_tokens=max_new_tokens, temperature=temperature,
                                           ignore_eos=ignore_eos)
                 lv = _Live(i, r, sp, rid="")
-                lv.segments.append((0, self.state["policy_version"], self.state["drafter_version"]))
+                lv.segments.append((0, self.lockstep.policy_version, self.lockstep.drafter_version))
                 self._add(lv, sp)
                 live.append(lv)
             self._generating.set()
@@ -253,17 +256,19 @@ class Engine:
                 self._drain_pending(live=None)  # updates that arrived as the last request finished
         dt = time.perf_counter() - t0
         after = self._counters()
-        st = self.state
+        built_from = self.lockstep.drafter_built_from
         rollouts = [Rollout(lv.index, lv.request.problem_id, list(lv.request.prompt_token_ids), lv.all_tokens,
                             lv.logprobs + lv.cur_logprobs, lv.finish_reason, lv.segments[0][1], lv.segments[0][2],
-                            st["drafter_built_from"], list(lv.segments)) for lv in live]
+                            built_from, list(lv.segments)) for lv in live]
         generated = sum(len(r.token_ids) for r in rollouts)
         metrics = SpecMetrics.delta(before, after, generated, dt)
         self._guard(metrics)
+        st = self.state
         state = dict(st) if self.k_auto is None else {**st, "k_auto": self.k_auto.stats()}
         kind, entry = cost_entry(self.spec) if self.spec_active else ("none", None)
         trace = self.tracer.take(kind, self.spec.num_speculative_tokens, entry,
-                                 {"engine": self.name, "requests": len(live), "policy_version": st["policy_version"]},
+                                 {"engine": self.name, "requests": len(live),
+                                  "policy_version": self.lockstep.policy_version},
                                  parts=cost_parts(self.spec) if self.spec_active else None)
         return GenerateResult(rollouts, metrics, state, trace)
 
@@ -348,7 +353,7 @@ class Engine:
             if remaining <= 0:
                 lv.finish_reason = "length"
                 continue
-            lv.segments.append((len(lv.tokens), self.state["policy_version"], self.state["drafter_version"]))
+            lv.segments.append((len(lv.tokens), self.lockstep.policy_version, self.lockstep.drafter_version))
             sp = lv.sp.clone()
             sp.max_tokens = remaining
             self._add(lv, sp)

@@ -32,7 +32,7 @@ from nemo_rl_specdec.engine.weights import (
     shared_parameter_names,
     split_policy_and_drafter,
 )
-from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError
+from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError, LockstepState
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -43,20 +43,17 @@ fit_cpu_kernels_in_worker()
 
 
 @dataclass
-class _EngineState:
+class _EngineState(LockstepState):
+    """The engine's lockstep (versions, broken policy, disabled drafter) and what the worker keeps to
+    apply updates: the block, the refresh mode, fingerprints, counts."""
+
     spec: dict = field(default_factory=dict)
     mode: str = "frozen"
     on_error: str = "raise"
     drafter_kind: str = "none"  # model | list | none
-    policy_version: int = 0
-    drafter_version: int = 0
-    drafter_built_from: int = 0  # policy version the drafter's weights/rollouts came from
     drafter_fingerprint: str = ""
     checkpoint_fingerprint: str = ""  # the drafter as the engine loaded it
     last_drafter_payload: str = ""
-    policy_broken: str = ""  # why the last policy load failed part-way; generation refuses until fixed
-    disabled: bool = False
-    disabled_reason: str = ""
     updates: int = 0
     restores: int = 0  # times the drafter was found changed after a wake-up and restored
     stage_error: str = ""  # why staging rollouts for `stage_error_version` failed; that update's refresh fails

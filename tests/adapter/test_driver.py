@@ -24,6 +24,7 @@ import pytest
 
 from nemo_rl_specdec import run_grpo
 from nemo_rl_specdec.adapter import payload, translate
+from nemo_rl_specdec.lockstep import LockstepState
 from nemo_rl_specdec.resources import config_path
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
 
@@ -263,7 +264,7 @@ def test_rollouts_from_the_real_batches_rebuild_the_real_das_store_over_three_re
         added = proposer.specdec_rebuild(recs, step + 1)
         assert added == PROMPTS * GROUP
         for w in workers:
-            w._specdec_version = step + 1  # what a successful refit does (workers._specdec_refit)
+            w._specdec_lockstep = LockstepState(policy_version=step + 1)  # what a successful refit records
         # the per-problem tree holds every sibling of every problem of this step
         for pid in by_pid:
             assert len(proposer.store.entries(problem_id=pid, version=step)) == GROUP

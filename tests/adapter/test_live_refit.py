@@ -445,7 +445,7 @@ def test_a_refresh_error_fails_nemo_rls_refit(cpu_host, exchange):
     rep = w.specdec_report()
     # the engine says what happened: policy weights of version 1 landed, the drafter did not
     assert (rep["state"]["policy_version"], rep["state"]["drafter_version"]) == (1, 0)
-    assert rep["updates"] == 0 and w._specdec_version == 0
+    assert rep["updates"] == 0 and w._specdec_lockstep.policy_version == 0
 
 
 def test_support_policy_on_this_nemo_rl(capabilities):

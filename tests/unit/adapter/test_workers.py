@@ -17,6 +17,7 @@ from fakes import (  # noqa: E402
 )
 
 from nemo_rl_specdec.adapter import api, payload, translate
+from nemo_rl_specdec.lockstep import LockstepState
 from nemo_rl_specdec.rollouts import problem_id
 
 
@@ -55,7 +56,7 @@ def test_sync_worker_injects_extension_stages_rollouts_and_versions_refits(fake_
     t.start()
     assert w.update_weights_from_collective() is True
     t.join(30)
-    assert results["other"] is True and w._specdec_version == 1
+    assert results["other"] is True and w._specdec_lockstep.policy_version == 1
     for rank in w.llm.ranks + other.llm.ranks:
         _, names, version, _, rollouts = rank.calls[-1]
         assert version == 1
@@ -71,7 +72,7 @@ def test_sync_worker_injects_extension_stages_rollouts_and_versions_refits(fake_
     t.start()
     assert w.update_weights_from_collective() is False
     t.join(30)
-    assert w._specdec_version == 1
+    assert w._specdec_lockstep.policy_version == 1
     rep = w.specdec_report()
     assert rep["ranks_agree"] is False and rep["actor_policy_version"] == 1
 
@@ -86,7 +87,7 @@ def test_sync_worker_with_the_block_disabled_is_nemo_rls_worker(fake_nemo_rl):
     w.post_init()
     assert not hasattr(w.llm.ranks[0], "calls")
     assert w.update_weights_from_collective() is True
-    assert w._specdec_version == 0 and w.specdec_report() == {}
+    assert w._specdec_lockstep.policy_version == 0 and w.specdec_report() == {}
 
 
 def test_worker_refreshes_every_n_steps_and_refuses_a_drafter_past_max_policy_lag(fake_nemo_rl, exchange):
@@ -119,7 +120,7 @@ def test_worker_refreshes_every_n_steps_and_refuses_a_drafter_past_max_policy_la
     strict = workers.SpecDecVllmGenerationWorkerImpl(
         worker_cfg(exchange, drafter="suffix", refresh={"mode": "rebuild", "max_policy_lag": 0}), bundle_indices=[0])
     strict.post_init()
-    strict._specdec_engine_state = {"policy_version": 3, "drafter_version": 1}
+    strict._specdec_lockstep = LockstepState(policy_version=3, drafter_version=1)
     with pytest.raises(StaleDrafterError,
                        match=r"policy_version=3 drafter_version=1 \(lag 2 > refresh.max_policy_lag=0"):
         strict.generate(batch([[1, 2]]))
@@ -154,7 +155,7 @@ def test_rollouts_are_staged_when_generation_ends_and_the_refit_installs_them(fa
     assert got["version"] == got_other["version"] == 1 and got["rollouts"] == 2 and got["errors"] == 0
     for rank in w.llm.ranks + other.llm.ranks:
         assert rank.staged == [(1, [[1, 2, 3], [4, 5]])]
-    assert w._specdec_version == 0 and w.specdec_report()["staged_for"] == 1
+    assert w._specdec_lockstep.policy_version == 0 and w.specdec_report()["staged_for"] == 1
     w.generate(batch([[6, 7]]))                         # after the staging, before the refit
     assert _both(w.update_weights_from_collective, other.update_weights_from_collective) == (True, True)
     for rank in w.llm.ranks + other.llm.ranks:
@@ -179,15 +180,14 @@ def test_the_end_of_generation_stages_nothing_off_cadence_or_for_a_disabled_draf
     cfg = worker_cfg(exchange, drafter="suffix", refresh={"mode": "rebuild", "every_n_steps": 2, "max_policy_lag": 1})
     w = workers.SpecDecVllmGenerationWorkerImpl(cfg, bundle_indices=[0])
     w.post_init()
-    w._specdec_version = 1                                # the next update (2) does not refresh
+    w._specdec_lockstep = LockstepState(policy_version=1)  # the next update (2) does not refresh
     w.generate(batch([[1, 2]]))
     assert w.specdec_stage_generated() == {} and len(w._specdec_stash) == 1  # they wait for update 3
     frozen = workers.SpecDecVllmGenerationWorkerImpl(worker_cfg(exchange, drafter="suffix", refresh={"mode": "frozen"}),
                                                      bundle_indices=[0])
     frozen.generate(batch([[1, 2]]))
     assert frozen.specdec_stage_generated() == {}
-    w._specdec_version = 2
-    w._specdec_engine_state = {"policy_version": 2, "drafter_version": 2, "disabled": True}
+    w._specdec_lockstep = LockstepState(policy_version=2, drafter_version=2, disabled=True)
     assert w.specdec_stage_generated() == {} and len(w._specdec_stash) == 0  # swapped, not staged
     assert not hasattr(w.llm.ranks[0], "staged")
 
@@ -300,7 +300,7 @@ def test_async_worker_stages_and_versions_like_the_sync_one(fake_nemo_rl, exchan
     assert version == 1 and r.prompt_token_ids.tolist() == [7, 8, 9] and len(r.token_ids) == (7 + 8 + 9) % 5 + 1
     assert rep["state"]["policy_version"] == 1 and rep["rollouts_staged"] == 1
     assert passthrough == ("passthrough", "finalize_checkpoint_engine")
-    assert staged["version"] == 2 and ok2 is True and w._specdec_version == 2
+    assert staged["version"] == 2 and ok2 is True and w._specdec_lockstep.policy_version == 2
     assert w.llm.ranks[0].staged == [(2, [[3, 4]])] and w.llm.ranks[0].calls[-1][2:5:2] == (2, "staged")
 
 
@@ -381,4 +381,4 @@ def test_a_checkpoint_carries_the_engines_versions_and_the_rollouts_waiting_for_
     assert restored == {"version": 1, "restored_entries": 0} and ok is True
     _, _, version, _, rollouts = w2.llm.ranks[0].calls[-1]
     assert version == 2 and [r.prompt_token_ids.tolist() for r in rollouts] == [[3, 4]]
-    assert w2._specdec_version == 2
+    assert w2._specdec_lockstep.policy_version == 2
