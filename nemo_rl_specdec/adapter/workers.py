@@ -308,12 +308,13 @@ class SpecDecWorkerState:
 
         reps = [r for r in (per_rank or []) if r]
         state = (reps[0] or {}).get("state") if reps else None
-        if state:
-            self._specdec_lockstep = LockstepState.of(state)
-        elif ok:
-            self._specdec_lockstep = replace(self._specdec_lockstep, policy_version=version)
-        if not ok:
+        if not ok:  # the engine stays at its version, and refuses to generate until an update lands whole
+            broken = (state or {}).get("policy_broken") or "its vLLM workers did not all apply it"
+            self._specdec_lockstep = replace(self._specdec_lockstep,
+                                             policy_broken=f"the refit to policy version {version} failed: {broken}")
             return
+        self._specdec_lockstep = (LockstepState.of(state) if state
+                                  else replace(self._specdec_lockstep, policy_version=version, policy_broken=""))
         if self._specdec_lockstep.policy_version != version:
             raise DrafterRefreshError(f"engine {self._specdec_engine}: the refit to policy version {version} "
                                       f"succeeded, but the engine reports {self._specdec_lockstep.policy_version}")

@@ -17,7 +17,7 @@ from fakes import (  # noqa: E402
 )
 
 from nemo_rl_specdec.adapter import api, payload, translate
-from nemo_rl_specdec.lockstep import LockstepState
+from nemo_rl_specdec.lockstep import LockstepState, StaleDrafterError
 from nemo_rl_specdec.rollouts import problem_id
 
 
@@ -75,6 +75,8 @@ def test_sync_worker_injects_extension_stages_rollouts_and_versions_refits(fake_
     assert w._specdec_lockstep.policy_version == 1
     rep = w.specdec_report()
     assert rep["ranks_agree"] is False and rep["actor_policy_version"] == 1
+    with pytest.raises(StaleDrafterError, match="the refit to policy version 2 failed"):  # until one lands whole
+        w.generate(batch([[1, 2]]))
 
 
 def test_sync_worker_with_the_block_disabled_is_nemo_rls_worker(fake_nemo_rl):
