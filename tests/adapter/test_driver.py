@@ -264,7 +264,9 @@ def test_rollouts_from_the_real_batches_rebuild_the_real_das_store_over_three_re
         added = proposer.specdec_rebuild(recs, step + 1)
         assert added == PROMPTS * GROUP
         for w in workers:
-            w._specdec_lockstep = LockstepState(policy_version=step + 1)  # what a successful refit records
+            # what a successful refit to step + 1 records: the store rebuilt from this step's rollouts
+            w._specdec_lockstep = LockstepState(policy_version=step + 1, drafter_version=step + 1,
+                                                drafter_built_from=step + 1)
         # the per-problem tree holds every sibling of every problem of this step
         for pid in by_pid:
             assert len(proposer.store.entries(problem_id=pid, version=step)) == GROUP
