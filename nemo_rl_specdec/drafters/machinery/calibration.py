@@ -30,6 +30,7 @@ folded in by batches (``flush_every`` drafts) with numpy; counts halve once a so
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
 
 import numpy as np
@@ -71,14 +72,14 @@ class AcceptanceCalibration:
         assert flat is not None   # the callers read the probabilities unless bins are positions
         return np.minimum((flat * BINS).astype(np.int64), BINS)
 
-    def token_rates(self, source: int, probs) -> list:
+    def token_rates(self, source: int, probs: Sequence[float]) -> list:
         """Calibrated acceptance of each token of a path draft from `source` with these path probabilities."""
         if self.positions is not None:
             r = self.rates[source]
             return [r[min(j, self.positions - 1)] for j in range(len(probs))]
         return list(map(self.rates[source].__getitem__, map(int, map(float(BINS).__mul__, probs))))
 
-    def rate_matrix(self, sources, probs, k: int) -> np.ndarray:
+    def rate_matrix(self, sources: Sequence[int], probs: Sequence[Sequence[float]], k: int) -> np.ndarray:
         """`token_rates` of many drafts at once: row i holds the rates of draft i (from `sources[i]`,
         with path probabilities `probs[i]`, at most k tokens), NaN past its end."""
         n = len(probs)
@@ -94,11 +95,11 @@ class AcceptanceCalibration:
         out[mask] = self._rate_arr[src, bins]
         return out
 
-    def expected(self, source: int, probs) -> float:
+    def expected(self, source: int, probs: Sequence[float]) -> float:
         """Calibrated expected accepted tokens of a path draft from `source` with these path probabilities."""
         return sum(self.token_rates(source, probs))
 
-    def record(self, source: int, probs, accepted: int) -> None:
+    def record(self, source: int, probs: Sequence[float], accepted: int) -> None:
         """The target accepted `accepted` leading tokens of a draft from `source` with these probabilities."""
         self._pending.append((source, probs, accepted))
         if len(self._pending) >= self.flush_every:

@@ -31,6 +31,7 @@ forward. A request whose chosen prefix is empty is `none`: it verifies nothing t
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,19 +48,21 @@ class HybridChoice:
     run_model: bool        # whether this step runs the model half's draft forward(s)
 
 
-def _rate(rows: np.ndarray, lengths, n: int, seconds: float, c_tok: float) -> float:
+def _rate(rows: np.ndarray, lengths: Sequence[int], n: int, seconds: float, c_tok: float) -> float:
     taken = sum(float(rows[i, :d].sum()) for i, d in enumerate(lengths))
     return (n + taken) / (seconds + c_tok * sum(lengths))
 
 
-def _rows(gains, n: int, name: str) -> list:
+def _rows(gains: np.ndarray | Sequence[Sequence[float] | np.ndarray], n: int, name: str) -> list:
     if len(gains) != n:
         raise ValueError(f"{name}: one row per request, {n} requests, got {len(gains)} rows")
     a, _ = gain_matrix(gains)
     return [a[i][a[i] > 0] if a.size else np.zeros(0) for i in range(n)]  # the running minimum: zeros only trail
 
 
-def choose(history_gains, model_gains, t0: float, c_tok: float, model_forward_s: float,
+def choose(history_gains: np.ndarray | Sequence[Sequence[float] | np.ndarray],
+           model_gains: np.ndarray | Sequence[Sequence[float] | np.ndarray],
+           t0: float, c_tok: float, model_forward_s: float,
            requests: int | None = None) -> HybridChoice:
     """history_gains[i]: calibrated acceptance probability of each token of request i's history draft
     (a possibly empty row); model_gains[i]: the model half's acceptance probability by draft position
@@ -83,7 +86,7 @@ def choose(history_gains, model_gains, t0: float, c_tok: float, model_forward_s:
     n = n_rows if requests is None else int(requests)
     width = max([len(r) for r in hist + model], default=0)
 
-    def matrix(rows) -> np.ndarray:
+    def matrix(rows: Sequence[np.ndarray]) -> np.ndarray:
         m = np.zeros((n_rows, width))
         for i, r in enumerate(rows):
             m[i, :len(r)] = r

@@ -6,7 +6,12 @@ not use these.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _build_torch_modules() -> dict:
@@ -20,7 +25,7 @@ def _build_torch_modules() -> dict:
             self.weight = torch.nn.Parameter(torch.ones(n))
             self.eps = eps
 
-        def forward(self, x):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
     class SwiGLU(torch.nn.Module):
@@ -32,7 +37,7 @@ def _build_torch_modules() -> dict:
             self.up_proj = torch.nn.Linear(H, inter, bias=False)
             self.down_proj = torch.nn.Linear(inter, H, bias=False)
 
-        def forward(self, x):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     return {"RMSNorm": RMSNorm, "SwiGLU": SwiGLU}
@@ -42,7 +47,7 @@ torch_modules = LazyTorchModules(__name__, ("RMSNorm", "SwiGLU"), _build_torch_m
 __getattr__ = torch_modules.module_getattr
 
 
-def rope(x, pos, theta: float):
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """Neox-style rotary embedding on [B, heads, T, hd] at integer positions [B, T] (on x's device; the
     tables in fp32, applied in x's dtype)."""
     import torch

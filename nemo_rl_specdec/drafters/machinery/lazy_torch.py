@@ -37,7 +37,7 @@ class LazyTorchModules:
             self._classes = SimpleNamespace(**classes)
         return self._classes
 
-    def module_getattr(self, name: str):
+    def module_getattr(self, name: str) -> type:
         """The module's `__getattr__`: its lazily built classes by name."""
         if name in self.names:
             return getattr(self(), name)

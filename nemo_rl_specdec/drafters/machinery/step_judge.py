@@ -43,6 +43,7 @@ steps costs its per-request time and delays the requests queued behind it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,7 +56,7 @@ OFF_STREAK = 8  # judged steps in a row with no draft kept, in one batch-size bi
 PROBE_EVERY = 16  # in a bin that is off, one step in this many still computes (and withholds) its drafts
 
 
-def gain_matrix(gains) -> tuple[np.ndarray, int]:
+def gain_matrix(gains: np.ndarray | Sequence[Sequence[float] | np.ndarray]) -> tuple[np.ndarray, int]:
     """(values, draft tokens): `gains` as an (n, k) array clipped to [0, 1] and cut to each row's
     running minimum, with 0 where a row has no token, and the number of real draft tokens. A 2-D
     array marks "no token" with NaN (rows are padded at their end); a sequence of rows may be ragged."""
@@ -72,7 +73,8 @@ def gain_matrix(gains) -> tuple[np.ndarray, int]:
     return np.minimum.accumulate(a, axis=1) if a.size else a, int(real.sum())
 
 
-def _check(gains, t0: float, c_tok: float, requests: int | None) -> int:
+def _check(gains: np.ndarray | Sequence[Sequence[float] | np.ndarray], t0: float, c_tok: float,
+           requests: int | None) -> int:
     if not t0 > 0 or not c_tok >= 0:
         raise ValueError(f"step cost: need t0 > 0 and c_tok >= 0, got t0={t0!r}, c_tok={c_tok!r}")
     if requests is None:
@@ -82,7 +84,8 @@ def _check(gains, t0: float, c_tok: float, requests: int | None) -> int:
     return int(requests)
 
 
-def draft_lengths(gains, t0: float, c_tok: float, requests: int | None = None) -> list[int]:
+def draft_lengths(gains: np.ndarray | Sequence[Sequence[float] | np.ndarray], t0: float, c_tok: float,
+                  requests: int | None = None) -> list[int]:
     """Draft tokens to verify per request (a prefix of each request's draft; see module doc).
     gains[i][j]: probability that request i's draft token j + 1 is accepted (rows of any length,
     or a NaN-padded 2-D array); t0 > 0 seconds: the step without drafts; c_tok >= 0 seconds per
@@ -104,7 +107,8 @@ def draft_lengths(gains, t0: float, c_tok: float, requests: int | None = None) -
     return np.bincount(row[order[:m]], minlength=rows_n).tolist()
 
 
-def drafts_pay(gains, t0: float, c_tok: float, requests: int | None = None) -> bool:
+def drafts_pay(gains: np.ndarray | Sequence[Sequence[float] | np.ndarray], t0: float, c_tok: float,
+               requests: int | None = None) -> bool:
     """Whether verifying every draft of the step commits more tokens per second than verifying
     none (arguments as for `draft_lengths`)."""
     n = _check(gains, t0, c_tok, requests)
@@ -146,7 +150,8 @@ class StepJudge:
     def active(self) -> bool:
         return self.adaptive or self.auto_disable
 
-    def choose(self, gains, lengths: list, requests: int, ctx_sum: int) -> list | None:
+    def choose(self, gains: np.ndarray | Sequence[Sequence[float] | np.ndarray], lengths: list, requests: int,
+               ctx_sum: int) -> list | None:
         """Draft tokens to keep of each pending draft (`lengths` tokens each; `gains` their calibrated
         acceptance, a NaN-padded matrix or ragged rows), or None: keep every draft (the rule is off,
         or the step-cost fit is still in its warm-up). `requests`: the step's requests, with or

@@ -40,14 +40,17 @@ docs/measurements/refresh.md.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from types import EllipsisType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nemo_rl_specdec.rollouts import RolloutBatch, RolloutError, as_record
+
+if TYPE_CHECKING:
+    from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration
 
 SCOPES = ("problem", "global", "both")
 _MAX_SEQ_ID = 0x7FFFFFFF  # arctic's sequence ids are int32
@@ -84,7 +87,7 @@ class StoreDraft:
 _EMPTY = StoreDraft([], [], 0.0, 0, "")
 
 
-def as_token_array(tokens, what: str) -> np.ndarray:
+def as_token_array(tokens: object, what: str) -> np.ndarray:
     """Validate a token sequence and return it as a contiguous int32 array."""
     if isinstance(tokens, np.ndarray):
         arr = tokens
@@ -145,10 +148,10 @@ class RolloutStore:
         self._history: dict = {}  # problem id (None included) -> stored (settled) entries
 
     # ------------------------------------------------------------------ placement
-    def _in_problem(self, problem_id) -> bool:
+    def _in_problem(self, problem_id: str | None) -> bool:
         return problem_id is not None and self.scope in ("problem", "both")
 
-    def _in_global(self, problem_id) -> bool:
+    def _in_global(self, problem_id: str | None) -> bool:
         return problem_id is None or self.scope in ("global", "both")
 
     @property
@@ -157,8 +160,8 @@ class RolloutStore:
         return None if self.newest_version is None else self.newest_version - self.window_steps + 1
 
     # ------------------------------------------------------------------ writes
-    def add(self, token_ids, *, version: int, problem_id: str | None = None,
-            prompt_token_ids=()) -> int | None:
+    def add(self, token_ids: Sequence[int] | np.ndarray, *, version: int, problem_id: str | None = None,
+            prompt_token_ids: Sequence[int] | np.ndarray = ()) -> int | None:
         """Add one rollout; returns its sequence id, or None when its version is already outside
         the window (it would be evicted at once). Does not slide the window or enforce the cap."""
         version = _check_version(version, "version")
@@ -180,7 +183,8 @@ class RolloutStore:
             return resp if resp.flags.writeable else resp.copy()
         return np.concatenate([prompt[len(prompt) - min(len(prompt), self.prompt_tail):], resp])
 
-    def _insert(self, seq: np.ndarray, problem_id, version: int, live: bool, seq_id: int | None = None) -> int:
+    def _insert(self, seq: np.ndarray, problem_id: str | None, version: int, live: bool,
+                seq_id: int | None = None) -> int:
         seq_id = self._new_seq_id() if seq_id is None else seq_id
         in_p, in_g = self._in_problem(problem_id), self._in_global(problem_id)
         if in_p:
@@ -272,7 +276,7 @@ class RolloutStore:
         self._live_tokens = 0
         return rest, matched
 
-    def _new_seq_id(self, reserved=frozenset()) -> int:
+    def _new_seq_id(self, reserved: Collection[int] = frozenset()) -> int:
         """A free sequence id (not stored, not in `reserved`), increasing until 2^31 wraps."""
         if self._next_seq_id > _MAX_SEQ_ID:  # 2^31 insertions: restart at the lowest free id
             used = set(self._entries) | set(reserved)
@@ -355,7 +359,7 @@ class RolloutStore:
         self.evicted_memory += removed
         return removed
 
-    def rebuild(self, rollouts, version: int) -> int:
+    def rebuild(self, rollouts: RolloutBatch | Iterable[Any], version: int) -> int:
         """One refresh step: validate all rollouts first (nothing changes on bad input), slide the
         window to the newest producing version (at least `version - 1`, the policy that generated
         the step's rollouts in a sync pipeline), admit the rollouts inside the window within the
@@ -383,7 +387,7 @@ class RolloutStore:
         self.enforce_memory()  # settled in-flight entries and older entries may still exceed the cap
         return added
 
-    def _check_rollouts(self, rollouts, version: int) -> list:
+    def _check_rollouts(self, rollouts: RolloutBatch | Iterable[Any], version: int) -> list:
         """[(problem id, stored sequence (prompt tail + response, int32), version)] or StoreInputError."""
         if isinstance(rollouts, RolloutBatch):
             return self._check_batch(rollouts, version)
@@ -394,7 +398,7 @@ class RolloutStore:
         return out
 
     @staticmethod
-    def _check_rollout(i: int, r, version: int):
+    def _check_rollout(i: int, r: Any, version: int) -> tuple:
         try:
             rec = as_record(r, i)
         except RolloutError as e:
@@ -573,7 +577,8 @@ class RolloutStore:
 
     # ------------------------------------------------------------------ reads
     def speculate(self, context: np.ndarray, problem_id: str | None, max_spec_tokens: int,
-                  max_spec_factor: float = 1.0, min_token_prob: float = 0.1, calibration=None) -> StoreDraft:
+                  max_spec_factor: float = 1.0, min_token_prob: float = 0.1,
+                  calibration: AcceptanceCalibration | None = None) -> StoreDraft:
         """Best draft for `context` (int32, its last max_tree_depth tokens are used) from the trees
         the request may see: its problem tree (scope problem|both) and/or the global tree.
 
@@ -640,7 +645,7 @@ class RolloutStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, seq_id) -> bool:
+    def __contains__(self, seq_id: object) -> bool:
         return seq_id in self._entries
 
     def stats(self) -> dict:
@@ -668,7 +673,7 @@ class RolloutStore:
         }
 
 
-def _check_version(v, what: str) -> int:
+def _check_version(v: object, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise StoreInputError(f"{what}: expected an int policy version, got {v!r} ({type(v).__name__})")
     if v < 0:
@@ -676,7 +681,7 @@ def _check_version(v, what: str) -> int:
     return int(v)
 
 
-def _as_list(rollouts) -> list:
+def _as_list(rollouts: object) -> list:
     if rollouts is None or isinstance(rollouts, (str, bytes, dict)) or not isinstance(rollouts, Iterable):
         raise StoreInputError(f"rollouts: expected a list of rollout dicts, got {type(rollouts).__name__}")
     return list(rollouts)
