@@ -31,15 +31,16 @@ NeMo-RL trainer streams a DFlash draft, so there is no `refit`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter
 from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
-from nemo_rl_specdec.drafters.roles import DrafterSettings
+from nemo_rl_specdec.drafters.roles import Block, DrafterSettings
 from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
@@ -49,7 +50,11 @@ from nemo_rl_specdec.train.distill import (
     settle,
     whole,
 )
-from nemo_rl_specdec.train.kl import linear_forward_kl
+from nemo_rl_specdec.train.kl import KL, linear_forward_kl
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -68,7 +73,7 @@ class DFlash(CheckpointDrafter):
                   "or 'frozen'")
     variants = (("dflash", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
 
-    def check(self, spec):
+    def check(self, spec: Block) -> None:
         super().check(spec)
         path = Path(spec.dflash.model)
         if not (path / "config.json").is_file():  # a hub id or a path on the cluster: checked at engine start
@@ -80,23 +85,23 @@ class DFlash(CheckpointDrafter):
                             f"<= {int(block) - 1} with this DFlash draft (block_size {block} in "
                             f"{path / 'config.json'}: one token plus block_size - 1 drafts)")
 
-    def after_inplace_load(self, model):
+    def after_inplace_load(self, model: Any) -> None:
         rebuild_context_kv(model)
 
-    def distiller_class(self):
+    def distiller_class(self) -> type[DFlashDistiller]:
         return DFlashDistiller
 
-    def teacher_forced(self, spec, policy):
+    def teacher_forced(self, spec: Block, policy: Any) -> Callable[[Sequence[int], int, int], np.ndarray]:
         """`roles.TeacherForced`: (ids, first, k) -> the draft's greedy k-token blocks at every
         position of a recorded sequence, on `policy`'s (an HF causal LM) hidden states of it (`greedy_drafts`)."""
         import torch
 
-        draft, cfg = load_draft(self.checkpoint(spec))
+        draft, cfg = load_draft(cast(str, self.checkpoint(spec)))  # set: `check` refuses a block without it
         draft.eval()
         layers, mask_id = cfg["dflash_config"]["target_layer_ids"], int(cfg["dflash_config"]["mask_token_id"])
         embed, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
 
-        def drafts(ids, first: int, k: int):
+        def drafts(ids: Sequence[int], first: int, k: int) -> np.ndarray:
             t = torch.tensor([list(ids)])
             aux, _ = target_hidden(policy, t, layers)
             return greedy_drafts(draft, aux[0], embed, head, t[0], k, first, mask_id).numpy()
@@ -104,7 +109,7 @@ class DFlash(CheckpointDrafter):
         return drafts
 
 
-def read_config(path) -> dict:
+def read_config(path: str | Path) -> dict:
     """The draft's config.json, checked for the architecture and the fields the mirror and vLLM need
     (PathError on `dflash.model`, naming the file and the field)."""
     f = Path(path) / "config.json"
@@ -121,7 +126,7 @@ def read_config(path) -> dict:
     return cfg
 
 
-def rebuild_context_kv(model) -> None:
+def rebuild_context_kv(model: Any) -> None:
     """Rebuild the copies vLLM's DFlash draft makes of its weights for the context keys/values (the
     fused k/v projection of all layers, the stacked k norms) after an in-place load.
 
@@ -183,7 +188,7 @@ def _build_torch_modules() -> dict:
             self.input_layernorm = RMSNorm(H, eps)
             self.post_attention_layernorm = RMSNorm(H, eps)
 
-        def keys_values(self, x, pos, theta: float):
+        def keys_values(self, x: torch.Tensor, pos: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
             """Rotated, normed keys and values [B, nkv, T, hd] of inputs x [B, T, H] at positions [B, T]."""
             a = self.self_attn
             B, T, _ = x.shape
@@ -191,7 +196,8 @@ def _build_torch_modules() -> dict:
             v = a.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
             return rope(k, pos, theta), v
 
-        def forward(self, x, pos, ctx_k, ctx_v, ctx_mask, block: int, theta: float):
+        def forward(self, x: torch.Tensor, pos: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
+                    ctx_mask: torch.Tensor, block: int, theta: float) -> torch.Tensor:
             """x [B, Q, H]: query blocks of `block` tokens (Q = A * block) at positions pos [B, Q];
             ctx_k/ctx_v [B, nkv, T, hd]; ctx_mask [B, Q, T] True where a query sees a context key."""
             a = self.self_attn
@@ -224,7 +230,8 @@ def _build_torch_modules() -> dict:
             self.layers: Any = torch.nn.ModuleList(DFlashLayer(H, nh, nkv, hd, inter, eps) for _ in range(layers))
             self.norm = RMSNorm(H, eps)
 
-        def forward(self, aux, query, anchors, valid):
+        def forward(self, aux: torch.Tensor, query: torch.Tensor, anchors: torch.Tensor,
+                    valid: torch.Tensor) -> torch.Tensor:
             """aux [B, T, n*H]: the policy's hidden states at the target layers (context); query
             [B, A, blk, H]: embedded blocks (x_n then masks) at anchors n [B, A] (valid [B, A]);
             returns the normed outputs [B, A, blk, H] (the policy's lm_head makes them logits)."""
@@ -252,7 +259,7 @@ torch_modules = LazyTorchModules(__name__, ("DFlashLayer", "DFlashDraft"), _buil
 __getattr__ = torch_modules.module_getattr
 
 
-def load_draft(draft_dir) -> tuple:
+def load_draft(draft_dir: str | Path) -> tuple:
     """(DFlashDraft with the checkpoint's tensors, its config dict) from a DFlash checkpoint directory."""
     import torch
 
@@ -272,7 +279,8 @@ def load_draft(draft_dir) -> tuple:
     return draft, cfg
 
 
-def greedy_drafts(draft, aux, embed, lm_head, ids, k: int, first: int, mask_token_id: int):
+def greedy_drafts(draft: Any, aux: torch.Tensor, embed: torch.Tensor, lm_head: torch.Tensor, ids: torch.Tensor,
+                  k: int, first: int, mask_token_id: int) -> torch.Tensor:
     """The draft's greedy k-token blocks at every decode position of one recorded sequence `ids` [T], as
     vLLM's dflash proposer makes them: row r of the returned [T - first, k] tensor is the block for text
     indices m, ..., m + k - 1 made when tokens 0 .. m - 1 are verified (m = first + r, 2 <= first < T):
@@ -293,14 +301,15 @@ def greedy_drafts(draft, aux, embed, lm_head, ids, k: int, first: int, mask_toke
         return (out[0, :, 1:] @ lm_head.t().to(out.dtype)).argmax(-1)
 
 
-def check_target_layers(target_layer_ids, num_layers: int) -> None:
+def check_target_layers(target_layer_ids: Iterable[int], num_layers: int) -> None:
     bad = [i for i in target_layer_ids if not 0 <= int(i) < num_layers]
     if bad:
         raise DistillInputError(f"dflash_config.target_layer_ids: {bad} outside [0, {num_layers}) for a "
                                 f"{num_layers}-layer policy")
 
 
-def target_states(hidden_states, last, target_layer_ids, num_layers: int):
+def target_states(hidden_states: Sequence[torch.Tensor], last: torch.Tensor, target_layer_ids: Sequence[int],
+                  num_layers: int) -> torch.Tensor:
     """The outputs of the policy's layers `target_layer_ids` concatenated [B, T, n*H], from a forward's
     ``hidden_states`` and its last layer's pre-norm output `last` (`last_layer_output`): layer i's
     output is ``hidden_states[i + 1]``, except for the last layer's (transformers' last entry is after
@@ -312,7 +321,7 @@ def target_states(hidden_states, last, target_layer_ids, num_layers: int):
                       for i in target_layer_ids], -1)
 
 
-def target_hidden(policy, ids, target_layer_ids):
+def target_hidden(policy: Any, ids: torch.Tensor, target_layer_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
     """(the target layers' outputs [B, T, n*H] (`target_states`), the forward's output with every
     hidden state) from one no-grad forward."""
     import torch
@@ -324,7 +333,8 @@ def target_hidden(policy, ids, target_layer_ids):
     return target_states(out.hidden_states, box["last"], target_layer_ids, L), out
 
 
-def pick_anchors(mask, max_anchors: int | None, generator=None):
+def pick_anchors(mask: torch.Tensor, max_anchors: int | None,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Block starts to train on: positions n whose token x_n is a response token with a response token
     after it (mask [B, T-1] as pad_batch: logits at t predict response token t+1). At most
     `max_anchors` per sequence (a random subset, in order). Returns (anchors [B, A], valid [B, A])."""
@@ -348,7 +358,8 @@ def pick_anchors(mask, max_anchors: int | None, generator=None):
     return anchors, valid
 
 
-def query_blocks(embed, ids, anchors, block: int, mask_token_id: int):
+def query_blocks(embed: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor, block: int,
+                 mask_token_id: int) -> torch.Tensor:
     """The embedded query blocks [B, A, block, H]: the policy's embedding of x_n, then of the mask token."""
     import torch
 
@@ -357,7 +368,8 @@ def query_blocks(embed, ids, anchors, block: int, mask_token_id: int):
     return torch.cat([first.unsqueeze(2), rest], 2)
 
 
-def teacher_rows(mask, anchors, valid, block: int):
+def teacher_rows(mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,
+                 block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Where block offset j = 1..block-1 of anchor n is trained: the teacher position n+j-1 (clamped to
     the batch, [B, A, block-1]) and whether it predicts a response token of that rollout."""
     import torch
@@ -369,7 +381,8 @@ def teacher_rows(mask, anchors, valid, block: int):
     return tc, rows
 
 
-def dflash_loss(draft, item, s_out, t_out, *, temperature: float = 1.0, decay: float = 4.0):
+def dflash_loss(draft: Any, item: dict, s_out: torch.Tensor, t_out: torch.Tensor, *, temperature: float = 1.0,
+                decay: float = 4.0) -> KL:
     """DFlash training loss on one padded batch, as vLLM runs the draft (a `KL`, train/kl.py).
 
     item: aux [B, T, n*H] (target_hidden, in the draft's dtype), t_hidden [B, T, H] (the policy's
@@ -423,18 +436,18 @@ class DFlashDistiller(HiddenStateDistiller):
         self.block = int(config.get("block_size") or 16)
         return draft, config, [int(i) for i in d["target_layer_ids"]], int(config["vocab_size"])
 
-    def _teacher_side(self, teacher) -> None:
+    def _teacher_side(self, teacher: Any) -> None:
         """Per step: the policy's output projection and its input embeddings, whole and detached. The
         draft's logits go through the policy's projection as it is (vLLM shares it, in the policy's
         dtype); no copy of it in the draft's dtype is made (2.5 GB in fp32 at Qwen3-8B shapes)."""
         super()._teacher_side(teacher)
         self.embed = whole(teacher.get_input_embeddings().weight).detach()
 
-    def _hidden_wanted(self, teacher) -> set:
+    def _hidden_wanted(self, teacher: Any) -> set:
         check_target_layers(self.layer_ids, teacher.config.num_hidden_layers)
         return {int(i) + 1 for i in self.layer_ids}  # layer i's output (the last one's before the final norm)
 
-    def _prepare(self, teacher, ids, mask) -> dict:
+    def _prepare(self, teacher: Any, ids: torch.Tensor, mask: torch.Tensor) -> dict:
         kept, h = self._teacher_forward(teacher, ids)
         aux = self.torch.cat([whole(kept[int(i) + 1]) for i in self.layer_ids], -1)
         anchors, valid = pick_anchors(mask, self.max_anchors)
@@ -443,5 +456,5 @@ class DFlashDistiller(HiddenStateDistiller):
         item["n"] = int(teacher_rows(mask, anchors, valid, self.block)[1].sum())
         return item
 
-    def _loss(self, item):
+    def _loss(self, item: dict) -> KL:
         return dflash_loss(self.module, item, self.t_out, self.t_out, temperature=self.temperature, decay=self.decay)

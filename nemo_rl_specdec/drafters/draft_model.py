@@ -7,14 +7,20 @@ or kept frozen; NeMo-RL has no trainer that streams it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import CheckpointDrafter
-from nemo_rl_specdec.drafters.roles import DrafterSettings
+from nemo_rl_specdec.drafters.roles import Block, DrafterSettings
 from nemo_rl_specdec.train.distill import TRAINABLE_DTYPES, Distiller, DistillInputError, estimating, final_hidden
-from nemo_rl_specdec.train.kl import linear_forward_kl
+from nemo_rl_specdec.train.kl import KL, linear_forward_kl
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 class DraftModelConfig(DrafterSettings):
@@ -28,10 +34,10 @@ class DraftModel(CheckpointDrafter):
     variants = (("draft_model", ("num_speculative_tokens=4", "refresh.mode=frozen")),)
     refit_hint = "NeMo-RL trains no external draft model; use 'online' (distilled in the policy workers) or 'frozen'"
 
-    def distiller_class(self):
+    def distiller_class(self) -> type[DraftModelDistiller]:
         return DraftModelDistiller
 
-    def teacher_forced(self, spec, policy):
+    def teacher_forced(self, spec: Block, policy: Any) -> Callable[[Sequence[int], int, int], np.ndarray]:
         """`roles.TeacherForced`: (ids, first, k) -> the draft model's greedy k-token drafts at every
         position of a recorded sequence (`greedy_drafts`); `policy` is not read (the draft sees tokens only)."""
         import torch
@@ -41,7 +47,7 @@ class DraftModel(CheckpointDrafter):
         return lambda ids, first, k: greedy_drafts(model, torch.tensor(ids), k, first).numpy()
 
 
-def greedy_drafts(model, ids, k: int, first: int):
+def greedy_drafts(model: Any, ids: torch.Tensor, k: int, first: int) -> torch.Tensor:
     """The draft model's greedy k-token drafts at every decode position of one recorded sequence `ids` [T],
     as vLLM's draft_model proposer makes them with greedy drafts: row r of the returned [T - first, k]
     tensor is the draft for text indices m, ..., m + k - 1 made when tokens 0 .. m - 1 are verified
@@ -111,14 +117,14 @@ class DraftModelDistiller(Distiller):
         self.pad_id = int(self.model.config.pad_token_id or 0)
         return self.model, self.model.config.vocab_size
 
-    def _pad_id(self, teacher) -> int:
+    def _pad_id(self, teacher: Any) -> int:
         return self.pad_id
 
-    def _prepare(self, teacher, ids, mask) -> dict:
+    def _prepare(self, teacher: Any, ids: torch.Tensor, mask: torch.Tensor) -> dict:
         _, h = self._teacher_forward(teacher, ids)
         return {"ids": ids, "mask": mask, "t_hidden": h[:, :-1][mask], "n": int(mask.sum())}
 
-    def _loss(self, item):
+    def _loss(self, item: dict) -> KL:
         proj = self.model.get_output_embeddings().weight
         out = self.model(input_ids=item["ids"], output_hidden_states=True, logits_to_keep=1, use_cache=False)
         h = final_hidden(out, proj, "the drafter")[:, :-1][item["mask"]]

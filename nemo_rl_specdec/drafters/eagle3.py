@@ -18,8 +18,9 @@ trainer that trains it (`policy.draft.enabled`, `refresh.mode: refit`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import Field
 
@@ -27,16 +28,23 @@ from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
 from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.layers import rope
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
-from nemo_rl_specdec.drafters.roles import DrafterSettings
+from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, TrainerStreams
 from nemo_rl_specdec.schema import ConfigError, PathError
 from nemo_rl_specdec.train.distill import (
+    Distiller,
     DistillInputError,
     HiddenStateDistiller,
     estimating,
     settle,
     whole,
 )
-from nemo_rl_specdec.train.kl import linear_forward_kl
+from nemo_rl_specdec.train.kl import KL, linear_forward_kl
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from nemo_rl_specdec.rollouts import TokenSequence
 
 DEFAULT_DRAFT_VOCAB = 32000  # the draft vocabulary of Eagle3 heads as published, for larger vocabularies
 
@@ -57,13 +65,13 @@ class Eagle3(CheckpointDrafter):
     refit_hint = "refit needs the trainer to stream the Eagle head: policy.draft.enabled=true (Megatron policy)"
     trainer_stream = "policy.draft.enabled=true"
 
-    def distiller_class(self):
+    def distiller_class(self) -> type[Eagle3Distiller]:
         return Eagle3Distiller
 
-    def weight_source(self, spec, streams):
+    def weight_source(self, spec: Block, streams: TrainerStreams) -> str:
         return SOURCE_REFIT_STREAM if streams.draft else super().weight_source(spec, streams)
 
-    def check(self, spec):
+    def check(self, spec: Block) -> None:
         super().check(spec)
         want = spec.eagle3.draft_vocab_size
         path = Path(spec.eagle3.model)
@@ -80,21 +88,22 @@ class Eagle3(CheckpointDrafter):
                             "draft_vocab_size: vLLM sizes the live head from it); a head with another draft "
                             "vocabulary is made by python -m nemo_rl_specdec.tools.train_eagle3 --draft-vocab-size N")
 
-    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+    def build_distiller(self, spec: Block, *, temperature: float, seed: int,
+                        model_path: str | None, **kw: Any) -> Distiller:
         kw.setdefault("draft_vocab_size", spec.eagle3.draft_vocab_size)
         return super().build_distiller(spec, temperature=temperature, seed=seed, model_path=model_path, **kw)
 
-    def teacher_forced(self, spec, policy):
+    def teacher_forced(self, spec: Block, policy: Any) -> Callable[[Sequence[int], int, int], np.ndarray]:
         """`roles.TeacherForced`: (ids, first, k) -> the head's greedy k-token drafts at every position
         of a recorded sequence, on `policy`'s (an HF causal LM) hidden states of it (`greedy_drafts`)."""
         import torch
 
-        head, cfg = load_head(self.checkpoint(spec))
+        head, cfg = load_head(cast(str, self.checkpoint(spec)))  # set: `check` refuses a block without it
         head.eval()
         layer_ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
         embed, L = policy.get_input_embeddings(), policy.config.num_hidden_layers
 
-        def drafts(ids, first: int, k: int):
+        def drafts(ids: Sequence[int], first: int, k: int) -> np.ndarray:
             with torch.no_grad():
                 out = policy(input_ids=torch.tensor([list(ids)]), output_hidden_states=True, logits_to_keep=1)
                 aux = torch.cat(aux_hidden(out.hidden_states, layer_ids, L), -1)[0]
@@ -102,7 +111,7 @@ class Eagle3(CheckpointDrafter):
 
         return drafts
 
-    def check_nemo_rl(self, spec, policy):
+    def check_nemo_rl(self, spec: Block, policy: dict) -> None:
         draft = policy.get("draft") or {}
         trained = draft.get("model_name") if draft.get("enabled") else None
         if trained and trained != spec.eagle3.model:
@@ -151,7 +160,8 @@ def _build_torch_modules() -> dict:
             self.set_draft_vocab(None if draft_vocab is None or draft_vocab >= vocab
                                  else torch.arange(int(draft_vocab)), H)
 
-        def set_draft_vocab(self, draft_ids, H: int | None = None, rows=None) -> None:
+        def set_draft_vocab(self, draft_ids: torch.Tensor | None, H: int | None = None,
+                            rows: torch.Tensor | None = None) -> None:
             """The head drafts from the policy ids `draft_ids` (ascending; None: the whole vocabulary):
             lm_head gets one row per draft token (`rows` [n, H], default: left as made) and the maps
             vLLM's Eagle3 reads, d2t (draft id -> policy id minus draft id) and t2d (policy id -> in
@@ -171,23 +181,25 @@ def _build_torch_modules() -> dict:
                 t2d[draft_ids] = True
                 self.register_buffer("t2d", t2d)
 
-        def draft_ids(self):
+        def draft_ids(self) -> torch.Tensor | None:
             """The policy ids of the draft vocabulary (None: the whole vocabulary)."""
             d2t = self._buffers.get("d2t")
             return None if d2t is None else torch.arange(d2t.numel(), device=d2t.device) + d2t
 
-        def to_policy_ids(self, tok):
+        def to_policy_ids(self, tok: torch.Tensor) -> torch.Tensor:
             """Draft-vocabulary ids (argmaxes of lm_head) as the policy's token ids."""
             d2t = self._buffers.get("d2t")
             return tok if d2t is None else tok + d2t[tok]
 
-        def forward(self, embeds, hidden, pos):
+        def forward(self, embeds: torch.Tensor, hidden: torch.Tensor,
+                    pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """embeds = emb(x_{t+1}), hidden = g_t (or the head's own pre-norm output) [B, T, H].
             Returns (logits, pre-norm output)."""
             normed, h = self.hidden(embeds, hidden, pos)
             return self.lm_head(normed), h
 
-        def hidden(self, embeds, hidden, pos):
+        def hidden(self, embeds: torch.Tensor, hidden: torch.Tensor,
+                   pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """As `forward`, with the normed output (what lm_head reads) in place of the logits."""
             L = self.midlayer
             B, T, _ = embeds.shape
@@ -216,7 +228,7 @@ torch_modules = LazyTorchModules(__name__, ("MidLayer", "Eagle3Head"), _build_to
 __getattr__ = torch_modules.module_getattr
 
 
-def aux_hidden(hidden_states, layer_ids, num_layers: int) -> list:
+def aux_hidden(hidden_states: Sequence[Any], layer_ids: Iterable[int], num_layers: int) -> list:
     """The aux hidden states (id i = residual stream after i decoder layers, 0 = embeddings) among a
     forward's ``hidden_states`` (entry i < num_layers is the input of layer i; the last entry is after
     the final norm, so ids must stay below the layer count)."""
@@ -227,7 +239,7 @@ def aux_hidden(hidden_states, layer_ids, num_layers: int) -> list:
     return [hidden_states[int(i)] for i in layer_ids]
 
 
-def load_head(head_dir) -> tuple:
+def load_head(head_dir: str | Path) -> tuple:
     """(Eagle3Head with the checkpoint's tensors, its config dict) from an EAGLE/HF-layout directory
     (with a draft vocabulary: its d2t map checked against the config, `check_vocab_map`)."""
     import torch
@@ -257,7 +269,7 @@ def load_head(head_dir) -> tuple:
     return head, cfg
 
 
-def check_vocab_map(tensors: dict, vocab: int, draft_vocab: int, where) -> None:
+def check_vocab_map(tensors: dict, vocab: int, draft_vocab: int, where: str | Path) -> None:
     """A head with a draft vocabulary carries ``d2t`` ([draft_vocab] offsets: draft id i drafts policy
     id i + d2t[i], distinct ids below `vocab`) and may carry ``t2d`` ([vocab] booleans, True at those
     ids); anything else is refused, naming the checkpoint and what was found."""
@@ -284,7 +296,7 @@ def check_vocab_map(tensors: dict, vocab: int, draft_vocab: int, where) -> None:
                              "the policy ids d2t maps to")
 
 
-def token_counts(seqs, vocab: int):
+def token_counts(seqs: Iterable[TokenSequence], vocab: int) -> torch.Tensor:
     """How often each policy id appears in the responses of `seqs` (TokenSequence) [vocab]."""
     import torch
 
@@ -295,7 +307,7 @@ def token_counts(seqs, vocab: int):
     return counts
 
 
-def choose_draft_vocab(counts, size: int):
+def choose_draft_vocab(counts: torch.Tensor, size: int) -> torch.Tensor:
     """The `size` most frequent policy ids of `counts` [vocab] (ties: the smaller id), ascending."""
     import torch
 
@@ -307,7 +319,8 @@ def choose_draft_vocab(counts, size: int):
     return order.sort().values
 
 
-def greedy_drafts(head, aux, emb, embed, k: int, first: int):
+def greedy_drafts(head: Any, aux: torch.Tensor, emb: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor],
+                  k: int, first: int) -> torch.Tensor:
     """The head's greedy k-token drafts at every decode position of one recorded sequence, as vLLM's
     eagle3 proposer makes them (teacher-forced: the policy's hidden states of the recorded tokens).
 
@@ -330,14 +343,15 @@ def greedy_drafts(head, aux, emb, embed, k: int, first: int):
     nh, nkv, hd = L.nh, L.nkv, L.hd
     rep = nh // nkv
 
-    def project(embeds, hidden, pos):
+    def project(embeds: torch.Tensor, hidden: torch.Tensor,
+                pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = torch.cat([L.input_layernorm(embeds), L.hidden_norm(hidden)], -1)
         q = rope(a.q_proj(x).view(-1, nh, hd).transpose(0, 1).unsqueeze(0), pos.unsqueeze(0), head.theta)[0]
         kk = rope(a.k_proj(x).view(-1, nkv, hd).transpose(0, 1).unsqueeze(0), pos.unsqueeze(0), head.theta)[0]
         v = a.v_proj(x).view(-1, nkv, hd).transpose(0, 1)
         return q, kk.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)  # [heads, rows, hd]
 
-    def finish(o, residual):
+    def finish(o: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = a.o_proj(o.transpose(0, 1).reshape(o.shape[1], -1)) + residual
         h = L.mlp(L.post_attention_layernorm(h)) + h
         return head.to_policy_ids(head.lm_head(head.norm(h)).argmax(-1)), h
@@ -370,7 +384,7 @@ def greedy_drafts(head, aux, emb, embed, k: int, first: int):
         return torch.stack(out, -1)
 
 
-def eagle3_loss(head, item, t_out, *, ttt: bool = True, temperature: float = 1.0):
+def eagle3_loss(head: Any, item: dict, t_out: torch.Tensor, *, ttt: bool = True, temperature: float = 1.0) -> KL:
     """Eagle3 training loss on one padded batch, as vLLM runs the head (a `KL`, train/kl.py).
 
     item: mask [B, T-1] (pad_batch: logits at t predict a response token), aux = cat of the aux hidden
@@ -384,7 +398,7 @@ def eagle3_loss(head, item, t_out, *, ttt: bool = True, temperature: float = 1.0
     import torch
     from torch.utils.checkpoint import checkpoint
 
-    def layer(*args):
+    def layer(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # with gradients, the layer's activations are recomputed in backward instead of kept (at
         # Qwen3-8B shapes its MLP alone keeps 0.8 GB per step of a 4,096-token micro-batch)
         if torch.is_grad_enabled():
@@ -493,32 +507,32 @@ class Eagle3Distiller(HiddenStateDistiller):
         self.pending_vocab = None
         self.config = {**self.config, "draft_vocab_size": int(ids.numel())}
 
-    def _teacher_side(self, teacher) -> None:
+    def _teacher_side(self, teacher: Any) -> None:
         """Per step: the policy's output projection, and its rows of the draft vocabulary (the loss's
         target is the policy's distribution over the draft vocabulary, as the head drafts from it)."""
         super()._teacher_side(teacher)
         ids = self.module.draft_ids()
         self.t_draft = self.t_out if ids is None else self.t_out[ids.to(self.t_out.device)]
 
-    def _teacher_forward(self, teacher, ids):
+    def _teacher_forward(self, teacher: Any, ids: torch.Tensor) -> tuple[dict, torch.Tensor]:
         out, h = super()._teacher_forward(teacher, ids)
         if self.t_draft.dtype != self.t_out.dtype:  # cast with the projection (mixed precision)
             self.t_draft = self.t_draft.to(self.t_out.dtype)
         return out, h
 
-    def _hidden_wanted(self, teacher) -> set:
+    def _hidden_wanted(self, teacher: Any) -> set:
         # the embeddings are the forward's input of layer 0: a separate call of a sharded (FSDP)
         # policy's embedding module would see its weight still sharded
         aux_hidden(range(teacher.config.num_hidden_layers), self.layer_ids, teacher.config.num_hidden_layers)
         return {0, *self.layer_ids}
 
-    def _prepare(self, teacher, ids, mask) -> dict:
+    def _prepare(self, teacher: Any, ids: torch.Tensor, mask: torch.Tensor) -> dict:
         kept, h = self._teacher_forward(teacher, ids)
         aux = self.torch.cat([whole(kept[int(i)]) for i in self.layer_ids], -1)
         return {"mask": mask, "aux": self._cast(aux), "emb": self._cast(kept[0]), "t_hidden": h,
                 "n": int(mask[:, 1:].sum())}
 
-    def _loss(self, item):
+    def _loss(self, item: dict) -> KL:
         return eagle3_loss(self.module, item, self.t_draft, ttt=self.ttt, temperature=self.temperature)
 
     def save(self, path: Any) -> None:

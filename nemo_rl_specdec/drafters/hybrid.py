@@ -55,17 +55,18 @@ update (`engine/worker_extension.py`).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter, ModelDrafter
-from nemo_rl_specdec.drafters.roles import DrafterSettings
+from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, RefreshMode, TrainerStreams
 from nemo_rl_specdec.schema import PathError
 
 if TYPE_CHECKING:
     from nemo_rl_specdec.cost.online import HybridStepCost
+    from nemo_rl_specdec.train.distill import Distiller
 
 _HISTORY, _MODEL = "history", "model"  # the sources of `hybrid_choice.HybridChoice`
 PROBE_EVERY = 4  # warm-up: one step in this many skips the model's draft forwards (the fit needs both kinds)
@@ -108,15 +109,15 @@ class Hybrid(ModelDrafter):
         self.parts = {d.name: d for d in parts}
 
     # ------------------------------------------------------------------ the parts
-    def model_part(self, spec) -> ModelDrafter:
+    def model_part(self, spec: Any) -> ModelDrafter:
         """The model part's drafter (validated by `check`); `spec`: the block, or the block as plain data."""
         return cast(ModelDrafter, self.parts[spec["hybrid"]["model"] if isinstance(spec, dict) else spec.hybrid.model])
 
-    def history_part(self, spec) -> Drafter:
+    def history_part(self, spec: Block) -> Drafter:
         return self.parts[spec.hybrid.history]
 
     # ------------------------------------------------------------------ Declared: the model part's modes, checkpoint
-    def refresh_modes_for(self, block):
+    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]:
         part = self.parts.get(block.model)
         if part is None or part.kind != MODEL:
             return ("frozen",), f"drafter 'hybrid' with hybrid.model {block.model!r}"
@@ -124,7 +125,7 @@ class Hybrid(ModelDrafter):
         return modes, (f"drafter 'hybrid' (the model part {block.model!r}'s modes; every refresh that is not frozen "
                        "also rebuilds the history part's store from the step's rollouts)")
 
-    def check(self, spec) -> None:
+    def check(self, spec: Block) -> None:
         drafters = self.parts
         h, m = spec.hybrid.history, spec.hybrid.model
         hp, mp = drafters.get(h), drafters.get(m)
@@ -156,7 +157,7 @@ class Hybrid(ModelDrafter):
             raise PathError("draft_sample_method", "probabilistic", "auto or greedy with drafter 'hybrid': vLLM's "
                             "rejection sampler takes one draft distribution per step, and history drafts have none")
 
-    def check_policy(self, spec, policy_dir) -> None:
+    def check_policy(self, spec: Block, policy_dir: Any) -> None:
         try:
             self.model_part(spec).check_policy(spec, policy_dir)
         except PathError as e:
@@ -165,50 +166,51 @@ class Hybrid(ModelDrafter):
             raise PathError("hybrid.model", spec.hybrid.model, e.allowed.replace("a drafter other than",
                                                                                    "a model part other than")) from None
 
-    def checkpoint(self, spec) -> str | None:
+    def checkpoint(self, spec: Block) -> str | None:
         return self.model_part(spec).checkpoint(spec)
 
     # ------------------------------------------------------------------ VllmMapping: the model part's method, greedy
-    def vllm_config(self, spec, temperature):
+    def vllm_config(self, spec: Block, temperature: float) -> dict:
         out = self.model_part(spec).vllm_config(spec, temperature)
         out["draft_sample_method"] = "greedy"
         return out
 
-    def draft_sample_method(self, spec, temperature):
+    def draft_sample_method(self, spec: Block, temperature: float) -> str:
         return "greedy"
 
-    def engine_args(self, spec):
+    def engine_args(self, spec: Block) -> dict:
         # per-request drafts of any length take vLLM's list path, which needs synchronous scheduling
         return {"async_scheduling": False}
 
-    def engine_proposer(self, runner, spec):
+    def engine_proposer(self, runner: Any, spec: dict) -> HybridProposer:
         return HybridProposer(runner, spec)
 
     # ------------------------------------ ModelWeights, Refreshable: the model part's weights, DAS's rollouts
-    def weights_owner(self, spec) -> ModelDrafter:
+    def weights_owner(self, spec: Any) -> ModelDrafter:
         return self.model_part(spec)
 
-    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+    def build_distiller(self, spec: Block, *, temperature: float, seed: int,
+                        model_path: str | None, **kw: Any) -> Distiller:
         return self.model_part(spec).build_distiller(spec, temperature=temperature, seed=seed,
                                                      model_path=model_path, **kw)
 
-    def rollout_prompt_tail(self, spec):
+    def rollout_prompt_tail(self, spec: Block) -> int | None:
         return self.history_part(spec).rollout_prompt_tail(spec)
 
     # ------------------------------------------------------------------ NemoRLRules: the model part's
     refit_hint = "refit needs the trainer to stream the model part's weights (see hybrid.model's drafter)"
 
-    def weight_source(self, spec, streams):
+    def weight_source(self, spec: Block, streams: TrainerStreams) -> str:
         return self.model_part(spec).weight_source(spec, streams)
 
-    def check_nemo_rl(self, spec, policy):
+    def check_nemo_rl(self, spec: Block, policy: dict) -> None:
         self.model_part(spec).check_nemo_rl(spec, policy)
 
     # ------------------------------------------------------------------ PricedDrafter: the two parts' entries
-    def cost_entry(self, spec):
+    def cost_entry(self, spec: Block) -> str:
         return self.model_part(spec).cost_entry(spec)
 
-    def cost_parts(self, spec):
+    def cost_parts(self, spec: Block) -> dict:
         return {"history": self.history_part(spec).cost_entry(spec), "model": self.model_part(spec).cost_entry(spec)}
 
 
@@ -250,7 +252,7 @@ class HybridProposer:
 
     metrics_prefix = "hybrid"
 
-    def __init__(self, runner, spec: dict):
+    def __init__(self, runner: Any, spec: dict):
         from nemo_rl_specdec.cost.online import StepCostFit
         from nemo_rl_specdec.drafters.suffix import DASProposer
 
@@ -324,7 +326,8 @@ class HybridProposer:
         return self.tail_requests is None or requests <= self.tail_requests
 
     # ------------------------------------------------------------------ a step
-    def propose(self, call_model, scheduler_output, sampled_token_ids, num_tokens=None) -> list:
+    def propose(self, call_model: Any, scheduler_output: Any, sampled_token_ids: Any,
+                num_tokens: Any = None) -> list:
         """One step's drafts (a list per request). `sampled_token_ids`: the tokens each request's last
         step verified; `num_tokens`: each request's tokens with them (default: the input batch's
         `num_tokens_no_spec`); `call_model()` runs vLLM's proposer of the model part as the model
@@ -453,10 +456,10 @@ class HybridProposer:
         return out
 
     # ------------------------------------------------------------------ the history half's refresh
-    def specdec_rebuild(self, rollouts, version: int) -> int:
+    def specdec_rebuild(self, rollouts: Any, version: int) -> int:
         return self.das.specdec_rebuild(rollouts, version)
 
-    def specdec_stage(self, rollouts, version: int) -> dict:
+    def specdec_stage(self, rollouts: Any, version: int) -> dict:
         return self.das.specdec_stage(rollouts, version)
 
     def specdec_install_staged(self, version: int) -> int:

@@ -13,11 +13,14 @@ stay the checkpoint's.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, ModelDrafter
 from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
+from nemo_rl_specdec.drafters.roles import Block, TrainerStreams
 from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     Distiller,
@@ -26,7 +29,10 @@ from nemo_rl_specdec.train.distill import (
     last_layer_output,
     settle,
 )
-from nemo_rl_specdec.train.kl import linear_forward_kl
+from nemo_rl_specdec.train.kl import KL, linear_forward_kl
+
+if TYPE_CHECKING:
+    import torch
 
 MTP_PREFIX = "model.mtp_layers.0."
 
@@ -38,12 +44,12 @@ class MTP(ModelDrafter):
     refit_hint = "refit needs the trainer to train and stream the MTP layers: policy.megatron_cfg.mtp_num_layers > 0"
     trainer_stream = "policy.megatron_cfg.mtp_num_layers > 0"
 
-    def vllm_config(self, spec, temperature):
+    def vllm_config(self, spec: Block, temperature: float) -> dict:
         # the drafter is read from the target checkpoint
         return {"method": "mtp", "num_speculative_tokens": spec.num_speculative_tokens,
                 "draft_sample_method": self.draft_sample_method(spec, temperature)}
 
-    def check_policy(self, spec, policy_dir):
+    def check_policy(self, spec: Block, policy_dir: Any) -> None:
         import json
 
         cfg = json.loads((Path(policy_dir) / "config.json").read_text())
@@ -51,12 +57,13 @@ class MTP(ModelDrafter):
             raise PathError("drafter", self.name, f"a drafter other than 'mtp': the policy {policy_dir} has no MTP "
                             "layers (its config.json has no num_nextn_predict_layers)")
 
-    def build_distiller(self, spec, *, temperature, seed, model_path, **kw):
+    def build_distiller(self, spec: Block, *, temperature: float, seed: int,
+                        model_path: str | None, **kw: Any) -> Distiller:
         if not model_path:
             raise DistillInputError("drafter 'mtp' trains the MTP layers of the policy checkpoint: pass model_path")
         return MTPDistiller(model_path, temperature=temperature, seed=seed, **kw)
 
-    def weight_source(self, spec, streams):
+    def weight_source(self, spec: Block, streams: TrainerStreams) -> str:
         return SOURCE_REFIT_STREAM if streams.mtp else SOURCE_CHECKPOINT_ONCE
 
 
@@ -69,7 +76,7 @@ def _build_torch_modules() -> dict:
     class MTPLayer(torch.nn.Module):
         """HF-module mirror of vLLM's MiMoMultiTokenPredictorLayer (same parameter names)."""
 
-        def __init__(self, config):
+        def __init__(self, config: Any):
             super().__init__()
             from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
@@ -80,7 +87,8 @@ def _build_torch_modules() -> dict:
             self.block = Qwen2DecoderLayer(config, layer_idx=config.num_hidden_layers - 1)  # a full-attention layer
             self.final_layernorm = Qwen2RMSNorm(H, eps=eps)
 
-        def forward(self, hidden, embeds, position_ids, rotary):
+        def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor,
+                    rotary: Callable[[torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
             embeds = torch.where((position_ids == 0).unsqueeze(-1), torch.zeros_like(embeds), embeds)
             x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(embeds)], -1))
             out = self.block(
@@ -102,7 +110,7 @@ __getattr__ = torch_modules.module_getattr
 MTP_OWN = ("token_layernorm.", "hidden_layernorm.", "input_proj.", "final_layernorm.")
 
 
-def load_mtp_layer(model_dir) -> tuple:
+def load_mtp_layer(model_dir: str | Path) -> tuple:
     """(MTPLayer with layer 0's tensors, the policy's HF config) read from the checkpoint's safetensors
     (transformers' Qwen2ForCausalLM drops ``model.mtp_layers.*`` on load, so they are read here)."""
     import torch
@@ -132,14 +140,15 @@ def _mtp_name(key: str) -> str | None:
     return rest if rest.startswith(MTP_OWN) else "block." + rest
 
 
-def pre_norm_hidden(policy, ids):
+def pre_norm_hidden(policy: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, last decoder layer output before the final norm) for ids [B, T]."""
     with last_layer_output(policy) as box:
         logits = policy(input_ids=ids).logits
     return logits, box["last"]
 
 
-def mtp_inputs(ids, hidden, embeds):
+def mtp_inputs(ids: torch.Tensor, hidden: torch.Tensor,
+               embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the MTP layer reads at positions t = 0..T-2: (h_t [B, T-1, H], emb(x_{t+1}), positions t),
     from the last layer's pre-norm outputs `hidden` and the token embeddings `embeds` of ids [B, T]."""
     import torch
@@ -149,13 +158,14 @@ def mtp_inputs(ids, hidden, embeds):
     return hidden[:, :-1], embeds[:, 1:], pos
 
 
-def mtp_logits(policy, mtp, ids, hidden):
+def mtp_logits(policy: Any, mtp: Any, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """MTP logits at positions 0..T-2 (predicting ids[:, 2:] at 0..T-3)."""
     h, emb, pos = mtp_inputs(ids, hidden, policy.model.embed_tokens(ids))
     return policy.lm_head(mtp(h, emb, pos, policy.model.rotary_emb))
 
 
-def mtp_loss(policy, mtp, ids, labels, hidden):
+def mtp_loss(policy: Any, mtp: Any, ids: torch.Tensor, labels: torch.Tensor,
+             hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     import torch.nn.functional as F
 
     lg = mtp_logits(policy, mtp, ids, hidden)[:, :-1]  # position t predicts x_{t+2}
@@ -185,7 +195,7 @@ class MTPDistiller(Distiller):
             raise DistillInputError(str(e)) from None
         return self.mtp, self.config.vocab_size
 
-    def _check_teacher(self, teacher) -> None:
+    def _check_teacher(self, teacher: Any) -> None:
         super()._check_teacher(teacher)
         if teacher.config.hidden_size != self.config.hidden_size:
             raise DistillInputError(f"the policy's hidden_size {teacher.config.hidden_size} is not the MTP layer's "
@@ -195,10 +205,10 @@ class MTPDistiller(Distiller):
                 raise DistillInputError(f"the teacher has no .{attr}: expected an HF causal LM (Qwen2ForCausalLM)")
 
 
-    def _hidden_wanted(self, teacher) -> set:
+    def _hidden_wanted(self, teacher: Any) -> set:
         return {0, teacher.config.num_hidden_layers}  # the embeddings, the last layer's output before the norm
 
-    def _prepare(self, teacher, ids, mask) -> dict:
+    def _prepare(self, teacher: Any, ids: torch.Tensor, mask: torch.Tensor) -> dict:
         kept, final = self._teacher_forward(teacher, ids)
         L = teacher.config.num_hidden_layers
         h, emb, pos = mtp_inputs(ids, self._cast(kept[L]), self._cast(kept[0]))
@@ -206,7 +216,7 @@ class MTPDistiller(Distiller):
         return {"mask": mask, "h": h, "emb": emb, "pos": pos, "rope": (cos.detach(), sin.detach()),
                 "t_hidden": final, "n": int(mask[:, 1:].sum())}
 
-    def _loss(self, item):
+    def _loss(self, item: dict) -> KL:
         rope = item["rope"]
         out = self.mtp(item["h"], item["emb"], item["pos"], lambda x, p: rope)[:, :-1]  # t predicts x_{t+2}
         T1 = out.shape[1]

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
-from nemo_rl_specdec.drafters.roles import DrafterSettings
+from nemo_rl_specdec.drafters.roles import Block, DrafterSettings
 from nemo_rl_specdec.schema import PathError
 
 
@@ -29,7 +29,7 @@ class NgramConfig(DrafterSettings):
     prompt_lookup_max: int = Field(4, ge=1)
 
     @model_validator(mode="after")
-    def _order(self):
+    def _order(self) -> NgramConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise PathError(
                 "prompt_lookup_min", self.prompt_lookup_min,
@@ -46,7 +46,7 @@ class Ngram(Drafter):
     refresh_modes = ("frozen",)
     variants = (("ngram", ("ngram.backend=vllm",)), ("ngram (judged)", ("ngram.backend=specdec",)))
 
-    def vllm_config(self, spec, temperature):
+    def vllm_config(self, spec: Block, temperature: float) -> dict:
         c = spec.ngram
         if c.backend == "specdec":
             return {"method": "custom_class", "model": f"{__name__}.NgramProposer",
@@ -54,10 +54,10 @@ class Ngram(Drafter):
         return {"method": "ngram", "num_speculative_tokens": spec.num_speculative_tokens,
                 "prompt_lookup_min": c.prompt_lookup_min, "prompt_lookup_max": c.prompt_lookup_max}
 
-    def judges_steps(self, spec):
+    def judges_steps(self, spec: Block) -> bool:
         return spec.ngram.backend == "specdec"
 
-    def cost_entry(self, spec):
+    def cost_entry(self, spec: Block) -> str:
         return "ngram_specdec" if spec.ngram.backend == "specdec" else "ngram"
 
 
@@ -66,7 +66,7 @@ class NgramProposer(SpecdecProposer):
 
     metrics_prefix = "ngram"
 
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config: Any):
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         sched = getattr(vllm_config, "scheduler_config", None)
@@ -89,7 +89,7 @@ class NgramProposer(SpecdecProposer):
         self.judge = self.make_judge("n-gram", spec)
         self._reqs.clear()
 
-    def _matcher(self, c: NgramConfig):
+    def _matcher(self, c: NgramConfig) -> Any:
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer as VllmNgram
 
         # vLLM's proposer reads only these fields of its config; building it runs a warm-up lookup
@@ -108,7 +108,8 @@ class NgramProposer(SpecdecProposer):
         """By draft position: `pos<j>`, j = 1 for the first draft token."""
         return {f"pos{j + 1}": r for j, r in enumerate(self.calibration.rates[0])}
 
-    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list:
+    def propose(self, sampled_token_ids: Any, num_tokens_no_spec: Any, token_ids_cpu: Any,
+                slot_mappings: Any = None) -> list:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         rows = len(sampled_token_ids)
         c = self.counters

@@ -60,6 +60,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -71,7 +72,7 @@ from nemo_rl_specdec.drafters.machinery.calibration import SOURCES, AcceptanceCa
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.machinery.staging import StagedRebuild
 from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError
-from nemo_rl_specdec.drafters.roles import DrafterSettings
+from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, RefreshMode
 from nemo_rl_specdec.rollouts import RolloutBatch
 from nemo_rl_specdec.schema import PathError
 
@@ -101,12 +102,12 @@ class SuffixConfig(DrafterSettings):
 
     @field_validator("share_in_flight", mode="before")
     @classmethod
-    def _yaml_off(cls, v):
+    def _yaml_off(cls, v: Any) -> Any:
         # YAML 1.1 (OmegaConf, Hydra) reads an unquoted `off` as the boolean false
         return "off" if v is False else v
 
     @model_validator(mode="after")
-    def _read_by_backend(self):
+    def _read_by_backend(self) -> SuffixConfig:
         """A key the chosen backend does not read keeps its default: set otherwise, it would do nothing."""
         for other, keys in _READ_ONLY_BY.items():
             for key in keys if other != self.backend else ():
@@ -145,12 +146,12 @@ class Suffix(Drafter):
     variants = (("suffix (DAS)", _backend_overrides("das")),
                   ("suffix (vLLM)", (*_backend_overrides("vllm"), "refresh.mode=frozen")))
 
-    def refresh_modes_for(self, block):
+    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]:
         if block.backend == "vllm":  # vLLM's suffix cache learns from the engine's own finished requests
             return ("frozen",), "drafter 'suffix' with suffix.backend 'vllm' (it takes no rollouts; DAS does)"
         return super().refresh_modes_for(block)
 
-    def vllm_config(self, spec, temperature):
+    def vllm_config(self, spec: Block, temperature: float) -> dict:
         s, k = spec.suffix, spec.num_speculative_tokens
         if s.backend == "das":
             return {"method": "custom_class", "model": f"{__name__}.DASProposer", "num_speculative_tokens": k}
@@ -160,19 +161,19 @@ class Suffix(Drafter):
                 "suffix_decoding_max_spec_factor": s.max_spec_factor,
                 "suffix_decoding_min_token_prob": s.min_token_prob}
 
-    def takes_request_budgets(self, spec):
+    def takes_request_budgets(self, spec: Block) -> bool:
         return spec.suffix.backend == "das"
 
-    def judges_steps(self, spec):
+    def judges_steps(self, spec: Block) -> bool:
         return spec.suffix.backend == "das"
 
-    def caches_own_requests(self, spec):
+    def caches_own_requests(self, spec: Block) -> bool:
         return spec.suffix.backend == "vllm"
 
-    def cost_entry(self, spec):
+    def cost_entry(self, spec: Block) -> str:
         return "das" if spec.suffix.backend == "das" else "vllm_suffix"
 
-    def rollout_prompt_tail(self, spec):
+    def rollout_prompt_tail(self, spec: Block) -> int | None:
         # the store keeps a prompt's last max_tree_depth - 1 tokens: a match never reaches further back
         return spec.suffix.max_tree_depth - 1 if spec.suffix.backend == "das" else None
 
@@ -215,7 +216,7 @@ class _Step:
     cpu0: float
 
 
-def _rollout_rows(rollouts):
+def _rollout_rows(rollouts: Any) -> RolloutBatch | list:
     """The rollouts as the store reads them: a RolloutBatch in place, else a list of records, engine
     rollouts or dicts (`rollouts.as_record`); the store validates them."""
     if rollouts is None or isinstance(rollouts, (dict, str, bytes)):
@@ -223,7 +224,7 @@ def _rollout_rows(rollouts):
     return rollouts if isinstance(rollouts, RolloutBatch) else list(rollouts)
 
 
-def _k_lookup(table, k: int) -> list | None:
+def _k_lookup(table: Sequence[Sequence[int]] | None, k: int) -> list | None:
     """`scheduling.k_by_batch_size` (validated `[[lo, hi, k], ...]`) as a dense lookup by batch size,
     index 0 unused, with vLLM's semantics: gaps and batches past the last range keep the previous k; at
     most `k`. None: no table."""
@@ -250,7 +251,7 @@ class DASProposer(SpecdecProposer):
 
     metrics_prefix = "das"
 
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config: Any):
         sc = vllm_config.speculative_config
         self.k = int(sc.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -294,7 +295,7 @@ class DASProposer(SpecdecProposer):
         self.k_by_batch = _k_lookup(((spec or {}).get("scheduling") or {}).get("k_by_batch_size"), self.k)
         self._reqs.clear()
 
-    def specdec_rebuild(self, rollouts, version: int) -> int:
+    def specdec_rebuild(self, rollouts: Any, version: int) -> int:
         """Refresh (rebuild mode): add the step's rollouts, slide the window to the new policy version,
         enforce the memory cap. Rollouts: a RolloutBatch, or records, engine `Rollout`s or dicts
         {problem_id, prompt_token_ids, token_ids, policy_version}. Returns the number added."""
@@ -319,7 +320,7 @@ class DASProposer(SpecdecProposer):
         self.counters["rebuilds"] += 1
         self.counters["rollouts_added"] += added
 
-    def specdec_stage(self, rollouts, version: int) -> dict:
+    def specdec_stage(self, rollouts: Any, version: int) -> dict:
         """Start rebuilding the store for policy `version` from a step's final rollouts on a background
         thread (see :mod:`~nemo_rl_specdec.drafters.machinery.staging`); :meth:`specdec_install_staged` at the
         update installs it. From now until then the store is fenced: no draft reads it. More rollouts
@@ -499,7 +500,7 @@ class DASProposer(SpecdecProposer):
             return True
         return False
 
-    def _local_draft(self, st: _ReqState, row: np.ndarray, n: int, ctx: np.ndarray, limit: int):
+    def _local_draft(self, st: _ReqState, row: np.ndarray, n: int, ctx: np.ndarray, limit: int) -> Any:
         if st.local is None:
             st.local = self.store._Tree(self.depth)
         if st.local_upto < n:
@@ -522,7 +523,8 @@ class DASProposer(SpecdecProposer):
                 self.withhold(entry)
         return kept
 
-    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list:
+    def propose(self, sampled_token_ids: Any, num_tokens_no_spec: Any, token_ids_cpu: Any,
+                slot_mappings: Any = None) -> list:
         step = self.lookup(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         if step is None:
             return [[] for _ in range(len(sampled_token_ids))]
@@ -530,7 +532,7 @@ class DASProposer(SpecdecProposer):
             step.pending = self._cut(step.pending, step.verified, step.ctx_sum)
         return self.emit(step)
 
-    def lookup(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> _Step | None:
+    def lookup(self, sampled_token_ids: Any, num_tokens_no_spec: Any, token_ids_cpu: Any) -> _Step | None:
         """The first half of a step (`propose` = lookup, the per-step rule, `emit`): feed back what the
         last drafts got, and look up every request's draft. None: nothing to draft (no runner, k = 0)."""
         t0, cpu0 = time.perf_counter(), time.thread_time()
