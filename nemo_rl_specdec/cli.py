@@ -132,7 +132,7 @@ def _generate(args) -> int:
     drafter_version. The last stdout line is one JSON object of spec metrics for the run — the
     contract other tools rely on."""
     from nemo_rl_specdec.config import load_run_config
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
     from nemo_rl_specdec.rollouts import Request
 
     if args.n < 1:

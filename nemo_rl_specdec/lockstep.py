@@ -27,7 +27,7 @@ class StaleDrafterError(RuntimeError):
 class LockstepState:
     """One engine's lockstep: the one class the vLLM worker extension keeps (its state is one), the
     NeMo-RL worker actor holds (its engine's, from every update's report) and our driver holds
-    (`engine.Engine.lockstep`). `policy_version` is the one version count: the policy the engine
+    (`driver.engine.Engine.lockstep`). `policy_version` is the one version count: the policy the engine
     generates with, which tags its rollouts and names the next update (`policy_version + 1`)."""
 
     policy_version: int = 0

@@ -162,7 +162,7 @@ def priced(cfg, opts: dict) -> list:
     from nemo_rl_specdec.bench.replay import replay
     from nemo_rl_specdec.cost.price import PricedStepCost, speedup
     from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
 
     profile, T, max_new = opts["profile"], cfg.generation.temperature, opts["max_new_tokens"]
     problems = task.run_problems(cfg, opts["problems"], seed=opts["problem_seed"])
@@ -224,7 +224,7 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.bench.drafters import priced_ratio
     from nemo_rl_specdec.bench.scheduling import with_max_num_seqs
     from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.engine.group import EngineGroup
+    from nemo_rl_specdec.driver.group import EngineGroup
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
     opts = _options(cfg)

@@ -114,7 +114,7 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
     from nemo_rl_specdec.bench.drafters import cpu_drafters, prepare, workload
     from nemo_rl_specdec.config import load_run_config
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
     from nemo_rl_specdec.metrics import SpecMetrics
     from nemo_rl_specdec.sim.cpu_fit import coverage
 

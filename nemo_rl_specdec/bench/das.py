@@ -249,7 +249,7 @@ def record_trajectory(cfg: RunConfig, opts: dict, baseline, report) -> tuple:
 
 
 def run(cfg: RunConfig, args: Any) -> list[dict]:
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
 
     opts = _options(cfg)
     g = cfg.generation

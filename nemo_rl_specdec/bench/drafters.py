@@ -136,7 +136,7 @@ def measure(cfg, args) -> tuple[list, object, int]:
     """Every row's engine A/B and one-text replay (module doc); (results, profile, repeats)."""
     from nemo_rl_specdec.bench.onetext import load_policy, one_text_why, replay_row, replayable
     from nemo_rl_specdec.config import cost_entry, load_run_config
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
 
     grpo = cfg.raw.get("grpo", {})
     n_prob = int(grpo.get("num_prompts_per_step", 16))

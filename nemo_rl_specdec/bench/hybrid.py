@@ -562,7 +562,7 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: s
 def run(cfg: RunConfig, args: Any) -> list[dict]:
     from nemo_rl_specdec.bench import release_memory
     from nemo_rl_specdec.bench.das import record_trajectory
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
 
     opts = _options(cfg)
     for key in (HISTORY_KEY, MODEL_KEY, *BUILTIN_KEYS):   # a profile that cannot price a row fails before any engine

@@ -75,7 +75,7 @@ def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo.task import run_problems, run_requests
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
 
     opts = _options(cfg)
     steps = opts["grpo_steps"]
@@ -168,7 +168,7 @@ def nemo_rl_shaped(cfg, args, opts: dict) -> list:
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
     from nemo_rl_specdec.drafters.roles import Refreshable
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
 
     steps, drafters = opts["nemo_rl_steps"], opts["drafters"]
     n_prob, G = opts["prompts"], opts["samples"]

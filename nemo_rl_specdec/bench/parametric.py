@@ -164,7 +164,7 @@ def _run_group(cfg: RunConfig, confs: list, opts: dict) -> list[dict]:
     """Baseline + the group's engines on one policy, interleaved step by step."""
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
     from nemo_rl_specdec.rollouts import Request
     from nemo_rl_specdec.train.distill import refresh_due
 

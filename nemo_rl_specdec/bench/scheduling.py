@@ -171,7 +171,7 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
     from nemo_rl_specdec.bench.replay import replay
     from nemo_rl_specdec.cost.price import price
     from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
     from nemo_rl_specdec.scheduling.placement import Request as Placed, place
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
@@ -286,7 +286,7 @@ def _print_priced(summary: list, opts: dict) -> None:
 def run(cfg: RunConfig, args: Any) -> list[dict]:
     import ray
 
-    from nemo_rl_specdec.engine.group import budget_route
+    from nemo_rl_specdec.driver.group import budget_route
 
     opts = _options(cfg)
     priced_summary = _priced_summary(priced_placement(cfg, opts), opts)
@@ -352,7 +352,7 @@ def _measure(cfg: RunConfig, opts: dict, per_request: bool, seqs: int | None) ->
     from transformers import AutoTokenizer
 
     from nemo_rl_specdec.demo import task
-    from nemo_rl_specdec.engine.group import EngineGroup
+    from nemo_rl_specdec.driver.group import EngineGroup
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
     E, T, max_new = opts["engines"], opts["temperature"], opts["max_new_tokens"]
@@ -507,7 +507,7 @@ def placement_reference(runs: dict, draws: dict, engines: int, max_num_seqs: int
     import numpy as np
 
     from nemo_rl_specdec.cost.model import CostModel
-    from nemo_rl_specdec.engine.group import DEFAULT_COST_MODEL
+    from nemo_rl_specdec.driver.group import DEFAULT_COST_MODEL
     from nemo_rl_specdec.scheduling.placement import Request as Placed, place
     from nemo_rl_specdec.sim.engine_sim import EngineSim, SimRequest
 

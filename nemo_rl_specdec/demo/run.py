@@ -118,7 +118,7 @@ class RLLoop:
     def __init__(self, cfg: RunConfig, out_dir: Path, progress: bool = True):
         from nemo_rl_specdec.demo.grpo import GRPOTrainer
         from nemo_rl_specdec.demo.task import make_problems
-        from nemo_rl_specdec.engine.engine import Engine
+        from nemo_rl_specdec.driver.engine import Engine
 
         self.cfg, self.s, self.out, self.progress = cfg, DemoSettings(cfg), out_dir, progress
         self.problems = make_problems(self.s.pool, self.s.seed, self.s.families)

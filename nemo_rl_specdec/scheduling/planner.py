@@ -1,6 +1,6 @@
 """Request planning for data-parallel engines: predict → place → budget, in one place.
 
-`Planner` is what both the CPU engine group (`engine/group.py`) and the NeMo-RL adapter's
+`Planner` is what both the CPU engine group (`driver/group.py`) and the NeMo-RL adapter's
 sharding (`adapter/sharding.py`, `adapter/generation.py`) plan a batch with:
 
 1. predict each request's output length from its problem id (`LengthPredictor`: per problem id,

@@ -41,7 +41,7 @@ def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens:
     of the task `families`."""
     from nemo_rl_specdec.config import load_run_config
     from nemo_rl_specdec.demo.task import make_problems
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
     from nemo_rl_specdec.resources import config_path
     from nemo_rl_specdec.rollouts import Request
 

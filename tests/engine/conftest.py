@@ -105,7 +105,7 @@ def case(request, engines):
     case are done, and the no-spec engine of its run file (`name`, `drafter`, `run_file`, `spec`, `base`)."""
     from types import SimpleNamespace
 
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
 
     drafter, run_file, overrides = {**drafter_cases(), **rule_cases()}[request.param]
     spec = Engine(run_cfg(*overrides, run_file=run_file), name=request.param)
@@ -153,7 +153,7 @@ class _Engines:
         return self.baseline(RUN_FILE)
 
     def baseline(self, run_file: str = RUN_FILE):
-        from nemo_rl_specdec.engine.engine import Engine
+        from nemo_rl_specdec.driver.engine import Engine
 
         name = "baseline" if run_file == RUN_FILE else f"baseline:{run_file}"
         if name not in self._engines:
@@ -191,7 +191,7 @@ def start_engine():
     """The engine factory: start_engine(*overrides, name=..., cfg=None, spec_enabled=None, seed=0,
     run_file=..., greedy=False, **block) starts an Engine on `cfg` or on run_cfg(...) of the other
     arguments; every engine it started is closed when the module ends."""
-    from nemo_rl_specdec.engine.engine import Engine
+    from nemo_rl_specdec.driver.engine import Engine
 
     started = []
 

@@ -1,4 +1,4 @@
-"""engine/tracing.py: an engine's own steps, read from vLLM's scheduler, are the replay's steps draft for
+"""driver/tracing.py: an engine's own steps, read from vLLM's scheduler, are the replay's steps draft for
 draft (greedy, DAS without in-flight sharing, as test_replay_against_engine.py), and a no-spec
 engine's trace is its rollout one token per request per step."""
 import pytest

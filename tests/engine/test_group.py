@@ -29,7 +29,7 @@ MAX_NEW = 64
 
 @pytest.fixture(scope="module")
 def group(tiny_cfg_fn):
-    from nemo_rl_specdec.engine.group import EngineGroup
+    from nemo_rl_specdec.driver.group import EngineGroup
 
     g = EngineGroup(tiny_cfg_fn(), num_engines=2)
     yield g
@@ -238,7 +238,7 @@ def test_update_reaches_both_engines_while_they_generate(group, batch):
 # --------------------------------------------------------------------------- failures (last: kills an engine)
 
 def test_errors_name_the_engine_and_a_dead_actor_stops_the_group(group, batch):
-    from nemo_rl_specdec.engine.group import EngineDiedError
+    from nemo_rl_specdec.driver.group import EngineDiedError
 
     with pytest.raises(ValueError, match="placement='fastest'"):
         group.generate(batch, placement="fastest")

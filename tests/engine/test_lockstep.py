@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import Engine
+from nemo_rl_specdec.driver.engine import Engine
 from nemo_rl_specdec.engine.weights import WeightLoadError
 from nemo_rl_specdec.lockstep import DrafterRefreshError, StaleDrafterError
 from nemo_rl_specdec.rollouts import Request

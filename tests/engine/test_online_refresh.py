@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_specdec.drafters.registry import DRAFTERS
-from nemo_rl_specdec.engine.engine import Engine
+from nemo_rl_specdec.driver.engine import Engine
 from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
 

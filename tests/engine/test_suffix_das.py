@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from nemo_rl_specdec.engine.engine import SpeculationInactiveWarning
+from nemo_rl_specdec.driver.engine import SpeculationInactiveWarning
 from nemo_rl_specdec.lockstep import DrafterRefreshError
 from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate

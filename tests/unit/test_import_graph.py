@@ -24,7 +24,8 @@ LAYERS = [
     {"drafters"},       # one file per drafter, the registry, and machinery/ they are built from
     {"config"},         # the YAML block, built from the registry
     {"scheduling"},
-    {"engine"},
+    {"engine"},         # what runs inside a vLLM worker (NeMo-RL's and our driver's)
+    {"driver"},         # our local CPU driver: Engine, EngineGroup, their traces (never on the NeMo-RL path)
     {"sim"},
     {"demo"},
     {"adapter"},      # the NeMo-RL adapter

@@ -388,7 +388,7 @@ def _cfg(**spec):
 
 def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters():
     from nemo_rl_specdec.config import to_vllm_speculative_config, validate_run_dict
-    from nemo_rl_specdec.engine.group import budget_route, scheduled_config
+    from nemo_rl_specdec.driver.group import budget_route, scheduled_config
 
     # DAS suffix: per-request budgets, the vLLM config is untouched
     das = _cfg(drafter="suffix", suffix={"backend": "das"}, scheduling={"budget": "length_aware"})
@@ -430,7 +430,7 @@ def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters()
 # --------------------------------------------------------------------------- bench: simulated bound
 
 def _measured_batch(lengths, problem_ids, predicted):
-    from nemo_rl_specdec.engine.group import GroupGenerateResult
+    from nemo_rl_specdec.driver.group import GroupGenerateResult
     from nemo_rl_specdec.metrics import SpecMetrics
     from nemo_rl_specdec.rollouts import Rollout
 
@@ -466,7 +466,7 @@ def test_placement_reference_replays_every_measured_batch():
 
 def test_reference_share_judges_each_draw_against_its_own_reference_cut():
     from nemo_rl_specdec.bench.scheduling import reference_share
-    from nemo_rl_specdec.engine.group import GroupGenerateResult
+    from nemo_rl_specdec.driver.group import GroupGenerateResult
     from nemo_rl_specdec.metrics import SpecMetrics
 
     def run(makespan):

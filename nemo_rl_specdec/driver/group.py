@@ -53,7 +53,7 @@ from nemo_rl_specdec.config import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.drafters.roles import Declared, VllmMapping
-from nemo_rl_specdec.engine.engine import GenerateResult
+from nemo_rl_specdec.driver.engine import GenerateResult
 from nemo_rl_specdec.engine.vllm_compat import our_proposer
 from nemo_rl_specdec.metrics import SpecMetrics
 from nemo_rl_specdec.models import ensure
@@ -157,7 +157,7 @@ class _EngineActor:
 
     def __init__(self, cfg: RunConfig, spec_enabled: bool | None, core: int | None, seed: int, name: str,
                  niceness: int | None = None):
-        from nemo_rl_specdec.engine.engine import Engine
+        from nemo_rl_specdec.driver.engine import Engine
 
         self.core, self.name, self.niceness = core, name, niceness
         _pin_all_threads(core, niceness)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from nemo_rl_specdec.config import load_run_config
-from nemo_rl_specdec.engine.group import EngineGroup
+from nemo_rl_specdec.driver.group import EngineGroup
 
 B = "policy.generation.speculative_decoding"
 

@@ -5,7 +5,7 @@ Owns: the engine's environment (CPU pinning, KV space, in-process mode), the `LL
 sampling params (problem id and speculation budget travel in `extra_args`), counter deltas
 per call, the zero-drafts guard, the lockstep check before every generate, and
 `reset_prefix_cache` after every update. The patches to vLLM's process-global objects that
-in-process engines need live in `vllm_compat.py`. No NeMo-RL import.
+in-process engines need live in `engine/vllm_compat.py`. No NeMo-RL import.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from nemo_rl_specdec.config import (
 from nemo_rl_specdec.cost.trace import Trace
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.drafters.roles import Declared, VllmMapping
+from nemo_rl_specdec.driver.tracing import StepTracer
 from nemo_rl_specdec.engine import vllm_compat
-from nemo_rl_specdec.engine.tracing import StepTracer
 from nemo_rl_specdec.lockstep import LockstepState
 from nemo_rl_specdec.metrics import SpecMetrics, engine_counters, read_counters
 from nemo_rl_specdec.rollouts import Request, Rollout
@@ -54,7 +54,7 @@ class GenerateResult:
     rollouts: list
     metrics: SpecMetrics
     state: dict = field(default_factory=dict)
-    trace: Trace | None = None   # the engine's steps (engine/tracing.py), priced by `nemo-rl-specdec price`
+    trace: Trace | None = None   # the engine's steps (driver/tracing.py), priced by `nemo-rl-specdec price`
 
 
 def _prepare_env(cfg: RunConfig, core: int | None) -> None:
