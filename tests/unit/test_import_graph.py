@@ -137,6 +137,24 @@ def test_arrows_point_down(graph):
     assert up == [], "imports that point up (or sideways) the layers:\n" + "\n".join(up)
 
 
+def test_the_nemo_rl_path_never_imports_our_driver():
+    """engine/ (what runs inside NeMo-RL's vLLM workers) and adapter/ never import the local driver
+    (driver/): counting lazy imports, those under `if TYPE_CHECKING:`, and dotted names in strings
+    (`importlib.import_module`, a class vLLM or Ray resolves by name)."""
+    found = []
+    for name, path in _modules().items():
+        if _unit(name) not in ("engine", "adapter"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else
+                     [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else [])
+            found += [f"{name} -> {n}" for n in names
+                      if n == "nemo_rl_specdec.driver" or n.startswith("nemo_rl_specdec.driver.")]
+    assert found == [], "the NeMo-RL path imports our local driver:\n" + "\n".join(found)
+
+
 def test_the_package_never_imports_the_development_tools(graph):
     """The repository's top-level tools/ is not in the wheel: no module of the package imports it."""
     mods, _ = graph
