@@ -476,6 +476,12 @@ class Eagle3Distiller(HiddenStateDistiller):
         ids = choose_draft_vocab(counts, self.pending_vocab).to(self.device)
         head = self.module
         head.set_draft_vocab(ids, rows=head.lm_head.weight.detach()[ids])
+        self._adopt_draft_vocab(ids)
+
+    def _adopt_draft_vocab(self, ids: Any) -> None:
+        """After the head took the draft vocabulary `ids`: its tensors settle on the device, it trains, and
+        the optimizer starts over on the new lm_head with the same hyper-parameters."""
+        head = self.module
         settle(head, self.device, self.dtype)
         head.train()
         self.opt = self.torch.optim.AdamW(head.parameters(), **{k: v for k, v in self.opt.defaults.items()
@@ -498,14 +504,8 @@ class Eagle3Distiller(HiddenStateDistiller):
         if d2t is None or (self.module.draft_ids() is not None and self.pending_vocab is None):
             return
         ids = (self.torch.arange(d2t.numel()) + d2t.long()).to(self.device)
-        head = self.module
-        head.set_draft_vocab(ids)
-        settle(head, self.device, self.dtype)
-        head.train()
-        self.opt = self.torch.optim.AdamW(head.parameters(), **{k: v for k, v in self.opt.defaults.items()
-                                                               if k in ("lr", "weight_decay", "betas", "eps")})
-        self.pending_vocab = None
-        self.config = {**self.config, "draft_vocab_size": int(ids.numel())}
+        self.module.set_draft_vocab(ids)
+        self._adopt_draft_vocab(ids)
 
     def _teacher_side(self, teacher: Any) -> None:
         """Per step: the policy's output projection, and its rows of the draft vocabulary (the loss's
