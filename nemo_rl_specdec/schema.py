@@ -81,6 +81,21 @@ def k_by_batch_size_table(v: Any) -> list[tuple[int, int, int]] | None:
 KByBatchSize = Annotated[list[tuple[int, int, int]] | None, BeforeValidator(k_by_batch_size_table)]
 
 
+def schedule_lookup(schedule: typing.Sequence[typing.Sequence[int]] | None, batch: int, default_k: int) -> int:
+    """k for a batch size under a [(lo, hi, k), ...] schedule, with vLLM's semantics: gaps and
+    batches past the last range carry the previous k forward; capped at default_k."""
+    if not schedule:
+        return default_k
+    k = default_k
+    for lo, hi, kk in schedule:
+        if batch < lo:
+            break
+        k = kk
+        if batch <= hi:
+            break
+    return min(k, default_k)
+
+
 def int_setting(value: Any, path: str, lo: int, hi: int) -> int:
     """A setting that must be an integer in [lo, hi] (`true`, 2.5 and "8" are not): the value, or a
     ConfigError naming `path`."""

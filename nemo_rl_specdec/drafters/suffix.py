@@ -74,7 +74,7 @@ from nemo_rl_specdec.drafters.machinery.staging import StagedRebuild
 from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, RefreshMode
 from nemo_rl_specdec.rollouts import RolloutBatch
-from nemo_rl_specdec.schema import PathError
+from nemo_rl_specdec.schema import PathError, schedule_lookup
 
 log = logging.getLogger("nemo_rl_specdec")
 
@@ -225,19 +225,12 @@ def _rollout_rows(rollouts: Any) -> RolloutBatch | list:
 
 
 def _k_lookup(table: Sequence[Sequence[int]] | None, k: int) -> list | None:
-    """`scheduling.k_by_batch_size` (validated `[[lo, hi, k], ...]`) as a dense lookup by batch size,
-    index 0 unused, with vLLM's semantics: gaps and batches past the last range keep the previous k; at
-    most `k`. None: no table."""
+    """`scheduling.k_by_batch_size` (validated `[[lo, hi, k], ...]`) as a dense lookup by batch size up
+    to its last range, index 0 unused (`schema.schedule_lookup` at each size, capped at `k`). None: no
+    table."""
     if not table:
         return None
-    out = [0] * (max(int(hi) for _, hi, _ in table) + 1)
-    last = 0
-    for b in range(1, len(out)):
-        for lo, hi, kk in table:
-            if lo <= b <= hi:
-                last = int(kk)
-        out[b] = min(last, k)
-    return out
+    return [0] + [schedule_lookup(table, b, k) for b in range(1, max(int(hi) for _, hi, _ in table) + 1)]
 
 
 def _suffix_settings(spec: dict | None) -> dict:

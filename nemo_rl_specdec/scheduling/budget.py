@@ -336,16 +336,3 @@ def schedule_ranges(lookup: Sequence[int]) -> list[tuple[int, int, int]]:
     return [tuple(x) for x in out]  # type: ignore[misc]
 
 
-def schedule_lookup(schedule: Sequence[Sequence[int]] | None, batch: int, default_k: int) -> int:
-    """k for a batch size under a [(lo, hi, k), ...] schedule, with vLLM's semantics: gaps and
-    batches past the last range carry the previous k forward; capped at default_k."""
-    if not schedule:
-        return default_k
-    k = default_k
-    for lo, hi, kk in schedule:
-        if batch < lo:
-            break
-        k = kk
-        if batch <= hi:
-            break
-    return min(k, default_k)

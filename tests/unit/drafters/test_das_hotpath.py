@@ -443,3 +443,31 @@ def test_trees_are_as_deep_as_a_draft_can_reach():
     assert _proposer(k=8, max_spec_factor=1.0, **deep).depth == 15 + 8     # k binds
     assert _proposer(k=24, max_spec_factor=2.0, **deep).depth == 15 + 24
     assert _proposer(k=24, max_spec_factor=2.0, max_tree_depth=20, max_match_len=16).depth == 20
+
+
+def test_the_dense_k_table_is_the_schedules_lookup_at_every_batch_size():
+    """DAS reads `scheduling.k_by_batch_size` as a dense table built from `schema.schedule_lookup`
+    (the one lookup, also the simulator's); on valid tables (from batch 1, ranges in order, gaps
+    allowed) it equals the scan it replaced: the last range holding the batch size, a gap or what
+    lies past the last range keeping the previous k, capped at k."""
+    from nemo_rl_specdec.drafters.suffix import _k_lookup
+
+    def scan(table, k):
+        out, last = [0] * (max(hi for _, hi, _ in table) + 1), 0
+        for b in range(1, len(out)):
+            for lo, hi, kk in table:
+                if lo <= b <= hi:
+                    last = kk
+            out[b] = min(last, k)
+        return out
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        table, lo = [], 1
+        for _ in range(int(rng.integers(1, 5))):
+            hi = lo + int(rng.integers(0, 9))
+            table.append((lo, hi, int(rng.integers(0, 12))))
+            lo = hi + 1 + int(rng.integers(0, 3))  # a gap, sometimes
+        k = int(rng.integers(1, 12))
+        assert _k_lookup(table, k) == scan(table, k)
+    assert _k_lookup(None, 4) is None and _k_lookup([], 4) is None

@@ -18,10 +18,10 @@ from nemo_rl_specdec.scheduling.budget import (
     k_by_batch_size_schedule,
     k_for_batch,
     length_aware_budgets,
-    schedule_lookup,
 )
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS, Request, place, restore_order
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
+from nemo_rl_specdec.schema import schedule_lookup
 
 # --------------------------------------------------------------------------- helpers
 
