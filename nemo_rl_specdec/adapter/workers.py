@@ -52,7 +52,7 @@ from typing import Any
 
 from nemo_rl_specdec.adapter import api, payload, translate
 from nemo_rl_specdec.adapter.host import Host
-from nemo_rl_specdec.lockstep import LockstepState
+from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS, DrafterRefreshError, LockstepState
 from nemo_rl_specdec.rollouts import RolloutBatch, problem_id
 from nemo_rl_specdec.scheduling.k_auto import KAuto, attach_to_llm
 from nemo_rl_specdec.update import PolicyUpdate
@@ -243,8 +243,6 @@ class SpecDecWorkerState:
         if not self._specdec_distilled:
             return None
         from nemo_rl_specdec.adapter.exchange import drafter_board
-        from nemo_rl_specdec.lockstep import DrafterRefreshError
-
         try:
             board = drafter_board()
         except ValueError:
@@ -294,8 +292,6 @@ class SpecDecWorkerState:
         """(the update's rollouts, refs still to stage before the refit): `STAGED_ROLLOUTS` when the
         store for `version` was staged when generation ended (rollouts generated since are appended to
         it), else the refs as they are (a refit that no end of generation staged)."""
-        from nemo_rl_specdec.lockstep import STAGED_ROLLOUTS
-
         if self._specdec_staged_for != version:
             return refs, None
         return STAGED_ROLLOUTS, (refs or None)
@@ -304,10 +300,8 @@ class SpecDecWorkerState:
         """Record the engine's lockstep after a refit to `version` (its vLLM workers' report, rank 0's;
         the next generate checks it). A refit that succeeded left the engine at `version`, or its report
         says otherwise and the refit is refused."""
-        from nemo_rl_specdec.lockstep import DrafterRefreshError
-
         reps = [r for r in (per_rank or []) if r]
-        state = (reps[0] or {}).get("state") if reps else None
+        state = reps[0].get("state") if reps else None
         if not ok:  # the engine stays at its version, and refuses to generate until an update lands whole
             broken = (state or {}).get("policy_broken") or "its vLLM workers did not all apply it"
             self._specdec_lockstep = replace(self._specdec_lockstep,
@@ -339,8 +333,6 @@ class SpecDecWorkerState:
     def _specdec_restore(self, saved: dict, per_rank: list) -> dict:
         """After the vLLM workers restored `saved["worker"]` (`per_rank`: their states): the actor
         continues from the saved version, with the saved rollouts waiting for the next update."""
-        from nemo_rl_specdec.lockstep import DrafterRefreshError
-
         state = dict(per_rank[0])
         restored = state.pop("restored_entries", 0)
         lockstep = LockstepState.of(state)

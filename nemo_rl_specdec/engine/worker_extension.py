@@ -168,7 +168,7 @@ class SpecDecWorkerExtension:
         if saved.get("proposer") is not None:
             if not isinstance(proposer, CarriesState):
                 raise DrafterRefreshError(f"the saved drafter state has proposer state, but this engine's proposer "
-                                          f"({type(proposer).__name__}) keeps none")
+                                          f"({self._specdec_proposer_name()}) keeps none")
             restored = proposer.specdec_restore_state(saved["proposer"])
         for k in self._CARRIED:
             setattr(st, k, saved["state"][k])
@@ -449,12 +449,18 @@ class SpecDecWorkerExtension:
         if proposer is not None:
             proposer.specdec_new_policy(version)
 
+    def _specdec_proposer_name(self) -> str:
+        """The class of the proposer drafting in this engine, ours or vLLM's, for errors ('missing': none)."""
+        runner = getattr(self, "model_runner", None)
+        p = our_proposer(self) or getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+        return type(p).__name__ if p is not None else "missing"
+
     def _specdec_proposer(self, what: str, version: int) -> RolloutStore:
         proposer = our_proposer(self)
         if not isinstance(proposer, RolloutStore):
             raise DrafterRefreshError(
                 f"refresh.mode=rebuild needs a rollout-store drafter to {what} version {version}; the engine's "
-                f"drafter is {type(proposer).__name__ if proposer is not None else 'missing'}")
+                f"drafter is {self._specdec_proposer_name()}")
         return proposer
 
     def _specdec_rebuild(self, rollouts, version: int) -> int:

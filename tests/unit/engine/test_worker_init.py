@@ -42,3 +42,20 @@ def test_the_proposer_gets_the_block_with_the_schemas_defaults(monkeypatch):
     assert proposer.runner is w.model_runner and proposer.settings["window_steps"] == 2
     # DAS's defaults: auto_disable on and, with it, adaptive draft lengths (config.py)
     assert proposer.judge.auto_disable and proposer.judge.adaptive
+
+
+def test_a_rebuild_or_restore_on_vllms_own_proposer_names_it():
+    """Our proposers are found by type; an error about one that is missing names the proposer vLLM runs."""
+    from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+    class SuffixDecodingProposer:  # stands for vLLM's own suffix proposer: none of our contracts
+        def propose(self, *a):
+            return []
+
+    w = SpecDecWorkerExtension()
+    w.model_runner = SimpleNamespace(drafter=SuffixDecodingProposer(), model=None)
+    with pytest.raises(DrafterRefreshError, match="needs a rollout-store drafter .* drafter is SuffixDecodingProposer"):
+        w._specdec_rebuild([], 1)
+    w.model_runner = SimpleNamespace(drafter=None, model=None)
+    with pytest.raises(DrafterRefreshError, match="drafter is missing"):
+        w._specdec_rebuild([], 1)
