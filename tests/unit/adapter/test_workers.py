@@ -384,3 +384,22 @@ def test_a_checkpoint_carries_the_engines_versions_and_the_rollouts_waiting_for_
     _, _, version, _, rollouts = w2.llm.ranks[0].calls[-1]
     assert version == 2 and [r.prompt_token_ids.tolist() for r in rollouts] == [[3, 4]]
     assert w2._specdec_lockstep.policy_version == 2
+
+
+def test_the_actors_version_is_its_engines_and_a_report_that_disagrees_is_refused(fake_nemo_rl, exchange):
+    """One lockstep state: a refit the workers report at another version, and a restore whose workers
+    disagree with the saved engine, are refused naming both versions."""
+    from nemo_rl_specdec.adapter import workers
+    from nemo_rl_specdec.lockstep import DrafterRefreshError
+
+    w = workers.SpecDecVllmGenerationWorkerImpl(worker_cfg(exchange, drafter="suffix"), bundle_indices=[0])
+    w.post_init()
+    state = {"policy_version": 1, "drafter_version": 1, "drafter_built_from": 1}
+    w._specdec_record_refit(True, 1, [{"state": state}])
+    assert w._specdec_lockstep == LockstepState(1, 1, 1)
+    with pytest.raises(DrafterRefreshError, match="refit to policy version 2 succeeded, but the engine reports 1"):
+        w._specdec_record_refit(True, 2, [{"state": state}])
+    disagree = "saved engine is at policy version 3, its restored vLLM workers at 1"
+    with pytest.raises(DrafterRefreshError, match=disagree):
+        w._specdec_restore({"version": 3}, [state])
+    assert w._specdec_lockstep == LockstepState(1, 1, 1)
