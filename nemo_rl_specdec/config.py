@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from nemo_rl_specdec import config_loader
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of, registered
-from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, RefreshMode, VllmMapping
+from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, Refreshable, RefreshMode, VllmMapping
 from nemo_rl_specdec.schema import (
     ConfigError,
     KByBatchSize,
@@ -103,14 +103,14 @@ class _SpecDecBlock(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self):
-        declared = drafter_of(self.drafter, Declared)
+        declared = drafter_of(self, Declared)  # the block's backend, or a hybrid of its parts
         if "num_speculative_tokens" not in self.model_fields_set:
             self.num_speculative_tokens = declared.config.default_k
-        allowed, what = declared.refresh_modes_for(getattr(self, self.drafter))
+        allowed = drafter_of(self, Refreshable).refresh_modes
         if self.refresh.mode is None:
             self.refresh.mode = allowed[0]
         elif self.refresh.mode not in allowed:
-            raise _PathError("refresh.mode", self.refresh.mode, f"one of {list(allowed)} for {what}")
+            raise _PathError("refresh.mode", self.refresh.mode, f"one of {list(allowed)} for {declared.described}")
         changed = [k for k, v in self.refresh.distill if v != DistillConfig.model_fields[k].default]
         if changed and self.refresh.mode != "online":
             raise _PathError(f"refresh.distill.{changed[0]}", getattr(self.refresh.distill, changed[0]),
@@ -123,8 +123,7 @@ class _SpecDecBlock(_Strict):
                 f">= {lag_needed}: refresh.every_n_steps={self.refresh.every_n_steps} lets the drafter fall "
                 f"{lag_needed} version(s) behind between refreshes",
             )
-        spec = cast("SpecDecConfig", self)  # the block is only ever built as a SpecDecConfig
-        per_step = drafter_of(self.drafter, Declared).judges_steps(spec)  # our proposer cuts each step's drafts
+        per_step = declared.judges_steps  # our proposer cuts each step's drafts
         k_auto = self.scheduling.k == "auto"
         if self.auto_disable is None:
             self.auto_disable = per_step or k_auto
@@ -133,7 +132,7 @@ class _SpecDecBlock(_Strict):
         if k_auto:
             self._check_k_auto()
         if self.enabled:
-            drafter_of(self.drafter, Declared).check(spec)
+            declared.check(cast("SpecDecConfig", self))  # the block is only ever built as a SpecDecConfig
             if self.scheduling.budget == "adaptive" and not per_step:
                 raise _PathError(
                     "scheduling.budget", "adaptive",
@@ -163,7 +162,7 @@ class _SpecDecBlock(_Strict):
         return self
 
     def _check_k_auto(self) -> None:
-        if drafter_of(self.drafter, Declared).kind != MODEL:
+        if drafter_of(self, Declared).kind != MODEL:
             raise _PathError(
                 "scheduling.k", "auto",
                 f"null for drafter {self.drafter!r}: k: auto chooses a model drafter's k by batch size "
@@ -472,12 +471,12 @@ def cost_entry(spec: SpecDecConfig) -> tuple[str, str | None]:
     if not spec.enabled:
         return "none", None
     d = drafter_of(spec, PricedDrafter)
-    return (HYBRID if d.cost_parts(spec) else TRACE_KIND[d.draft_cost]), d.cost_entry(spec)
+    return (HYBRID if d.cost_parts else TRACE_KIND[d.draft_cost]), d.cost_entry
 
 
 def cost_parts(spec: SpecDecConfig) -> dict | None:
     """The profile entries of the block's drafter's parts (a hybrid trace's `parts`), or None."""
-    return drafter_of(spec, PricedDrafter).cost_parts(spec) if spec.enabled else None
+    return drafter_of(spec, PricedDrafter).cost_parts if spec.enabled else None
 
 
 def draft_sample_method(spec: SpecDecConfig, temperature: float) -> str:
@@ -505,8 +504,8 @@ SLEEP_LEVEL_PATH = "policy.generation.vllm_cfg.sleep_level"
 
 
 def drafter_weights_key(owner: Any) -> str:
-    """The key path of the checkpoint a model drafter's weights come from (`owner`: the drafter that
-    owns the weights, `ModelWeights.weights_owner`): MTP layers ride in the policy's."""
+    """The key path of the checkpoint a model drafter's weights come from (`owner`: the drafter as
+    `ModelWeights`, a hybrid's model part): MTP layers ride in the policy's."""
     return "policy.model_name" if owner.weights_in_policy_checkpoint else f"{BLOCK_PATH}.{owner.name}.model"
 
 
@@ -534,6 +533,6 @@ def check_colocated_sleep(gen_cfg: dict, spec: SpecDecConfig) -> None:
     declared = drafter_of(spec, Declared)
     if declared.kind != MODEL:
         return
-    owner = drafter_of(spec, ModelWeights).weights_owner(spec)
+    owner = drafter_of(spec, ModelWeights)
     source = gen_cfg.get("model_name") if owner.weights_in_policy_checkpoint else declared.checkpoint(spec)
     check_sleep_restorable(level, drafter_weights_key(owner), source)

@@ -82,7 +82,7 @@ def prepare(eng, dcfg, reqs, history) -> None:
         eng.update(PolicyUpdate(1, rollouts=[{"problem_id": r.problem_id, "prompt_token_ids": r.prompt_token_ids,
                                        "token_ids": r.token_ids, "policy_version": 0} for r in history],
                                 drafter_checkpoint=drafter_of(spec, Declared).kind == MODEL))
-    elif drafter_of(spec, VllmMapping).caches_own_requests(spec):
+    elif drafter_of(spec, VllmMapping).caches_own_requests:
         eng.generate(reqs)  # vLLM's suffix cache learns from its own finished requests
     else:
         eng.generate(reqs[: len(reqs) // 4])

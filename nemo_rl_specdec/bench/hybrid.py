@@ -532,7 +532,7 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: s
                 beside = BesideReplay(spec, mml, drafts, cost=cost, temperature=g.temperature,
                                       proposer_class=hindsight_class(texts, drafts) if name == REFERENCE_ROW else None)
                 if not both:   # no per-request tree either: the history half drafts nothing
-                    beside.proposer.das.use_local = False
+                    beside.proposer.history.use_local = False
                 drafter = beside.drafter("hybrid", cost_parts(spec)) if both else beside.drafter("model")
                 rows = replay(spec, recorded, mml, g.temperature, drafter=drafter, label=name if both else MODEL_KEY)
                 counts = _counts(rows, beside.proposer)

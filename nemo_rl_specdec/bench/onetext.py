@@ -52,24 +52,17 @@ def replayable(spec) -> str | None:
             "step's policy and drafter run teacher-forced; bench --suite drafters compares it on one text")
 
 
-def model_part(spec) -> str:
-    """The drafter whose model makes `spec`'s model drafts: the drafter, or a hybrid's model part."""
-    from nemo_rl_specdec.config import cost_parts
-
-    return spec.hybrid.model if cost_parts(spec) else spec.drafter
-
-
 def one_text_why(spec) -> str | None:
     """None when `spec`'s drafter has a one-text row (`replay_row`: a history drafter, or a model drafter
-    teacher-forced, `TeacherForced`), else why not."""
-    from nemo_rl_specdec.drafters.registry import registered
+    teacher-forced, `TeacherForced`: a hybrid's model part), else why not."""
+    from nemo_rl_specdec.drafters.registry import resolve
 
     if replayable(spec) is None:
         return None
-    part = model_part(spec)
-    if part in registered(TeacherForced):
+    part = resolve(spec).as_role(TeacherForced)
+    if isinstance(part, TeacherForced):
         return None
-    return f"drafter {part!r} has no teacher-forced mirror here (its drafts on a recorded text need its model run)"
+    return f"drafter {part.name!r} has no teacher-forced mirror here (its drafts on a recorded text need its model run)"
 
 
 def priced(traces: Sequence, profile) -> dict:
@@ -109,7 +102,7 @@ def teacher_forced_drafts(spec, batches: Sequence[Sequence[Any]], policy) -> Cal
     from nemo_rl_specdec.drafters.registry import drafter
 
     k = spec.num_speculative_tokens
-    make = drafter(model_part(spec), TeacherForced).teacher_forced(spec, policy)
+    make = drafter(spec, TeacherForced).teacher_forced(spec, policy)
     tables, plen = {}, {}
     for v, rollouts in enumerate(batches):
         for i, r in enumerate(rollouts):
@@ -263,5 +256,5 @@ class LoopPricer:
                 "vs_best_builtin": res["verdict"]}
 
 
-__all__ = ["OURS", "LoopPricer", "compare", "load_policy", "model_part", "one_text_why", "priced",
+__all__ = ["OURS", "LoopPricer", "compare", "load_policy", "one_text_why", "priced",
            "replay_row", "replayable", "rows", "speedup_at", "teacher_forced_drafts", "verdict"]

@@ -80,7 +80,7 @@ def _available(cfg: RunConfig, b: dict) -> list:
     hybrid) is not one: its model part is benched here on its own."""
     out = []
     for name, d in registered(Declared).items():
-        if d.kind != MODEL or drafter_of(name, PricedDrafter).cost_parts(cfg.spec) is not None:
+        if d.kind != MODEL or drafter_of(name, PricedDrafter).cost_parts is not None:
             continue
         if weights_in_policy(name):
             m = _mtp_model(cfg, b)

@@ -190,7 +190,7 @@ class BesideReplay:
 
     def after_batch(self, rollouts: list, version: int) -> None:
         if self.rebuilds:
-            self.proposer.specdec_rebuild(rollouts, version)
+            self.proposer.history.specdec_rebuild(rollouts, version)
 
     def drafter(self, kind: str, parts: dict | None = None) -> ReplayDrafter:
         """As `replay` drives it: a trace of `kind` (`hybrid`, with its `parts`' profile entries; `model`

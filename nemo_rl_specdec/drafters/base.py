@@ -30,18 +30,18 @@ class NoConfig(DrafterSettings):
 
 
 class DeclaredDefaults:
-    """`Declared`'s shared behaviour: a list drafter, refresh modes from `refresh_modes` (the first is the
-    default)."""
+    """`Declared`'s shared behaviour: a list drafter without backends, that cuts no step's drafts."""
 
     name: ClassVar[str]
     kind: ClassVar[str] = LIST
     config: ClassVar[type[DrafterSettings]] = NoConfig
-    refresh_modes: ClassVar[tuple[RefreshMode, ...]]  # RefreshDefaults
+    backend: ClassVar[str | None] = None  # the `<name>.backend` this drafter is (suffix, ngram); None: no backends
+    judges_steps: ClassVar[bool] = False  # its proposer is ours and cuts each step's drafts (step_judge.py)
 
-    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]:
-        """The refresh modes this drafter takes with its sub-block `block` (the first is the default),
-        and what they are allowed for, as an error message says it."""
-        return self.refresh_modes, f"drafter '{self.name}'"
+    @property
+    def described(self) -> str:
+        """How an error about the block names this drafter as configured."""
+        return f"drafter '{self.name}'" + (f" with {self.name}.backend '{self.backend}'" if self.backend else "")
 
     def checkpoint(self, spec: Block) -> str | None:
         """Path of the drafter's own checkpoint (None: it has none, or it lives in the policy's)."""
@@ -54,10 +54,9 @@ class DeclaredDefaults:
         """Rules against the policy checkpoint, a local directory with its config.json (PathError
         relative to the block); run before any engine starts."""
 
-    def judges_steps(self, spec: Block) -> bool:
-        """Whether the drafter's proposer is ours and cuts each step's drafts (`drafters/machinery/step_judge.py`:
-        `auto_disable`, `scheduling.budget: adaptive`)."""
-        return False
+    def as_role(self, role: type) -> Any:
+        """What plays `role` for this drafter: itself (a drafter made of parts may name a part)."""
+        return self
 
 
 class VllmDefaults:
@@ -66,6 +65,8 @@ class VllmDefaults:
     name: ClassVar[str]
     kind: ClassVar[str]
     needs_vllm_methods: ClassVar[tuple[str, ...]] = ()  # vLLM methods whose absence marks a vLLM too old for it
+    takes_request_budgets: ClassVar[bool] = False  # per-request draft budgets (`extra_args["specdec_budget"]`) reach it
+    caches_own_requests: ClassVar[bool] = False  # it learns from the engine's own finished requests (vLLM's suffix)
 
     def settings(self, spec: Block) -> Any:
         """The drafter's sub-block of `spec` (an instance of its `config`)."""
@@ -85,14 +86,6 @@ class VllmDefaults:
             return spec.draft_sample_method
         return "probabilistic" if (self.kind == MODEL and temperature > 0) else "greedy"
 
-    def takes_request_budgets(self, spec: Block) -> bool:
-        """Whether per-request draft budgets (`extra_args["specdec_budget"]`) reach this drafter."""
-        return False
-
-    def caches_own_requests(self, spec: Block) -> bool:
-        """Whether the drafter learns from the engine's own finished requests (vLLM's suffix cache)."""
-        return False
-
     def engine_proposer(self, runner: Any, spec: dict) -> BesideProposer | None:
         """A proposer of ours that drafts beside the engine's model drafter, built in the vLLM worker
         for its model runner `runner` from the validated block `spec`; None: vLLM's proposer alone."""
@@ -102,7 +95,7 @@ class VllmDefaults:
 class RefreshDefaults:
     """`Refreshable`'s shared behaviour: frozen, no rollouts."""
 
-    refresh_modes: ClassVar[tuple[RefreshMode, ...]] = ("frozen",)  # the first is the default
+    refresh_modes: tuple[RefreshMode, ...] = ("frozen",)  # the first is the default
 
     def rollout_prompt_tail(self, spec: Block) -> int | None:
         """Prompt tokens (the tail) each rollout must carry to the drafter; None: it takes no rollouts."""
@@ -110,8 +103,8 @@ class RefreshDefaults:
 
 
 class ModelWeightsDefaults:
-    """`ModelWeights`' shared behaviour: a checkpoint of its own, no online trainer, its own module,
-    nothing derived from it."""
+    """`ModelWeights`' shared behaviour: a checkpoint of its own, no online trainer, nothing derived
+    from its weights."""
 
     name: ClassVar[str]
     weights_in_policy_checkpoint: ClassVar[bool] = False  # MTP layers ride in the policy's checkpoint
@@ -130,11 +123,6 @@ class ModelWeightsDefaults:
         from nemo_rl_specdec.train.distill import DistillInputError
 
         raise DistillInputError(f"drafter {self.name!r} has no online trainer")
-
-    def weights_owner(self, spec: Any) -> Any:
-        """The drafter whose module the engine's drafter weights are (`spec`: the block, or the block as
-        plain data): this one, or the model part of a drafter made of parts."""
-        return self
 
     def after_inplace_load(self, model: Any) -> None:
         """Called after new tensors were loaded in place into the live drafter module `model` (a refresh
@@ -162,23 +150,21 @@ class NemoRLDefaults:
 
 
 class CostDefaults:
-    """`PricedDrafter`'s shared behaviour: the profile entry named after the drafter."""
+    """`PricedDrafter`'s shared behaviour: the profile entry named after the drafter, no parts."""
 
     name: ClassVar[str]
     draft_cost: ClassVar[str] = SEQUENTIAL
     # the drafter's configurations worth running side by side, (label, block overrides `key=value`
     # relative to the block): the lossless engine suite runs each, `bench --suite drafters` compares them
     variants: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
+    # a drafter made of a history and a model part: their hardware-profile entries ({"history": ...,
+    # "model": ...}; its traces are of kind `hybrid`)
+    cost_parts: dict | None = None
 
-    def cost_entry(self, spec: Block) -> str:
-        """The hardware profile's entry that prices this drafter as the block configures it
-        (configs/hardware/: a history drafter's entry names its proposer)."""
+    @property
+    def cost_entry(self) -> str:
+        """The hardware profile's entry that prices this drafter (configs/hardware/)."""
         return self.name
-
-    def cost_parts(self, spec: Block) -> dict | None:
-        """A drafter made of a history and a model part: their hardware-profile entries
-        ({"history": ..., "model": ...}; its traces are of kind `hybrid`); None for the others."""
-        return None
 
 
 class Drafter(DeclaredDefaults, VllmDefaults, RefreshDefaults, NemoRLDefaults, CostDefaults):

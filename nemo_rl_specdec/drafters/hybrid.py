@@ -55,18 +55,17 @@ update (`engine/worker_extension.py`).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import Field
 
 from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter, ModelDrafter
-from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, RefreshMode, TrainerStreams
+from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, ModelWeights, TeacherForced, TrainerStreams
 from nemo_rl_specdec.schema import PathError
 
 if TYPE_CHECKING:
     from nemo_rl_specdec.cost.online import HybridStepCost
-    from nemo_rl_specdec.train.distill import Distiller
 
 _HISTORY, _MODEL = "history", "model"  # the sources of `hybrid_choice.HybridChoice`
 PROBE_EVERY = 4  # warm-up: one step in this many skips the model's draft forwards (the fit needs both kinds)
@@ -86,8 +85,13 @@ class HybridConfig(DrafterSettings):
                                       "(vLLM's k = 0 first forward). null: on every step, the per-step choice decides")
 
 
-class Hybrid(ModelDrafter):
+class Hybrid(Drafter):
+    """A hybrid composed of its two parts, as the registry resolves a block's `hybrid:` sub-block
+    (`registry.resolve`): the history part (DAS) and the model part. Its weights are the model
+    part's: the registry hands the model part to whoever asks for `ModelWeights` or `TeacherForced`."""
+
     name = "hybrid"
+    kind = MODEL
     draft_cost = SEQUENTIAL
     config = HybridConfig
     worker_modules = ("arctic_inference.suffix_decoding",)  # the history part's suffix trees
@@ -95,6 +99,7 @@ class Hybrid(ModelDrafter):
     # model method, the k = 0 KV-only forward) came with vLLM's custom_class; NeMo-RL v0.7.0's vLLM has neither
     needs_vllm_methods = ("custom_class",)
     trainer_stream = "the model part's (hybrid.model) trainer stream"
+    refit_hint = "refit needs the trainer to stream the model part's weights (see hybrid.model's drafter)"
     # `online` with no trainer: the model part stays its checkpoint (an update says so), the store rebuilds
     variants = (("hybrid (DAS + eagle3)", ("hybrid.model=eagle3", "num_speculative_tokens=4", "refresh.mode=online",
                                            "suffix.max_match_len=8")),
@@ -104,48 +109,39 @@ class Hybrid(ModelDrafter):
                                                        "refresh.mode=online", "suffix.max_match_len=8",
                                                        "hybrid.tail_requests=4")))
 
-    def __init__(self, parts: tuple[Drafter, ...]):
-        """`parts`: the other registered drafters, the candidates for either part."""
-        self.parts = {d.name: d for d in parts}
+    def __init__(self, history: Drafter, model: ModelDrafter):
+        """`history`, `model`: the registered drafters the block names (a model drafter as the model part:
+        the registry refuses any other; `check` refuses a history part other than DAS)."""
+        self.history, self.model = history, model
+        self.refresh_modes = model.refresh_modes  # the model part's modes govern both halves
+        self.cost_parts = {"history": history.cost_entry, "model": model.cost_entry}
 
-    # ------------------------------------------------------------------ the parts
-    def model_part(self, spec: Any) -> ModelDrafter:
-        """The model part's drafter (validated by `check`); `spec`: the block, or the block as plain data."""
-        return cast(ModelDrafter, self.parts[spec["hybrid"]["model"] if isinstance(spec, dict) else spec.hybrid.model])
+    def as_role(self, role: type) -> Any:
+        return self.model if role in (ModelWeights, TeacherForced) else self
 
-    def history_part(self, spec: Block) -> Drafter:
-        return self.parts[spec.hybrid.history]
+    @property
+    def described(self) -> str:
+        return (f"drafter 'hybrid' (the model part {self.model.name!r}'s modes; every refresh that is not frozen "
+                "also rebuilds the history part's store from the step's rollouts)")
 
-    # ------------------------------------------------------------------ Declared: the model part's modes, checkpoint
-    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]:
-        part = self.parts.get(block.model)
-        if part is None or part.kind != MODEL:
-            return ("frozen",), f"drafter 'hybrid' with hybrid.model {block.model!r}"
-        modes, _ = part.refresh_modes_for(None)
-        return modes, (f"drafter 'hybrid' (the model part {block.model!r}'s modes; every refresh that is not frozen "
-                       "also rebuilds the history part's store from the step's rollouts)")
+    @property
+    def cost_entry(self) -> str:
+        return self.model.cost_entry
 
+    # ------------------------------------------------------------------ Declared
     def check(self, spec: Block) -> None:
-        drafters = self.parts
-        h, m = spec.hybrid.history, spec.hybrid.model
-        hp, mp = drafters.get(h), drafters.get(m)
-        if h != "suffix":
-            why = (f"{h!r} is a model drafter: it belongs in hybrid.model" if hp is not None and hp.kind == MODEL
+        h, m = self.history, self.model
+        if h.name != "suffix":
+            why = (f"{h.name!r} is a model drafter: it belongs in hybrid.model" if h.kind == MODEL
                    else "only DAS drafts carry the calibrated acceptance the per-step choice prices")
-            raise PathError("hybrid.history", h, f"'suffix' (DAS, suffix.backend: das): {why}")
-        if spec.suffix.backend != "das":
-            raise PathError("suffix.backend", spec.suffix.backend, "'das' with drafter 'hybrid': vLLM's own suffix "
+            raise PathError("hybrid.history", h.name, f"'suffix' (DAS, suffix.backend: das): {why}")
+        if h.backend != "das":
+            raise PathError("suffix.backend", h.backend, "'das' with drafter 'hybrid': vLLM's own suffix "
                             "proposer cannot run beside a model method in one engine")
-        allowed = [n for n, d in drafters.items() if d.kind == MODEL]
-        if mp is None:
-            raise PathError("hybrid.model", m, f"one of {allowed}")
-        if mp.kind != MODEL:
-            raise PathError("hybrid.model", m, f"one of {allowed}: {m!r} is a history drafter, and a hybrid takes "
-                            "one history part (hybrid.history)")
-        if not cast(ModelDrafter, mp).weights_in_policy_checkpoint and not mp.checkpoint(spec):
-            raise PathError(f"{m}.model", None, f"a checkpoint path: hybrid.model is {m!r}, whose weights are a "
-                            "checkpoint of its own")
-        mp.check(spec)
+        if not m.weights_in_policy_checkpoint and not m.checkpoint(spec):
+            raise PathError(f"{m.name}.model", None, f"a checkpoint path: hybrid.model is {m.name!r}, whose "
+                            "weights are a checkpoint of its own")
+        m.check(spec)
         if spec.hybrid.model_k is not None and spec.hybrid.model_k > spec.num_speculative_tokens:
             raise PathError("hybrid.model_k", spec.hybrid.model_k, f"at most num_speculative_tokens "
                             f"({spec.num_speculative_tokens}), the engine's k, or null")
@@ -159,21 +155,19 @@ class Hybrid(ModelDrafter):
 
     def check_policy(self, spec: Block, policy_dir: Any) -> None:
         try:
-            self.model_part(spec).check_policy(spec, policy_dir)
+            self.model.check_policy(spec, policy_dir)
         except PathError as e:
             if e.rel_path != "drafter":
                 raise
-            raise PathError("hybrid.model", spec.hybrid.model, e.allowed.replace("a drafter other than",
-                                                                                   "a model part other than")) from None
+            raise PathError("hybrid.model", self.model.name, e.allowed.replace("a drafter other than",
+                                                                                "a model part other than")) from None
 
     def checkpoint(self, spec: Block) -> str | None:
-        return self.model_part(spec).checkpoint(spec)
+        return self.model.checkpoint(spec)
 
     # ------------------------------------------------------------------ VllmMapping: the model part's method, greedy
     def vllm_config(self, spec: Block, temperature: float) -> dict:
-        out = self.model_part(spec).vllm_config(spec, temperature)
-        out["draft_sample_method"] = "greedy"
-        return out
+        return {**self.model.vllm_config(spec, temperature), "draft_sample_method": "greedy"}
 
     def draft_sample_method(self, spec: Block, temperature: float) -> str:
         return "greedy"
@@ -185,33 +179,16 @@ class Hybrid(ModelDrafter):
     def engine_proposer(self, runner: Any, spec: dict) -> HybridProposer:
         return HybridProposer(runner, spec)
 
-    # ------------------------------------ ModelWeights, Refreshable: the model part's weights, DAS's rollouts
-    def weights_owner(self, spec: Any) -> ModelDrafter:
-        return self.model_part(spec)
-
-    def build_distiller(self, spec: Block, *, temperature: float, seed: int,
-                        model_path: str | None, **kw: Any) -> Distiller:
-        return self.model_part(spec).build_distiller(spec, temperature=temperature, seed=seed,
-                                                     model_path=model_path, **kw)
-
+    # ------------------------------------------------------------------ Refreshable: DAS's rollouts
     def rollout_prompt_tail(self, spec: Block) -> int | None:
-        return self.history_part(spec).rollout_prompt_tail(spec)
+        return self.history.rollout_prompt_tail(spec)
 
-    # ------------------------------------------------------------------ NemoRLRules: the model part's
-    refit_hint = "refit needs the trainer to stream the model part's weights (see hybrid.model's drafter)"
-
+    # ------------------------------------------------------------------ NemoRLRules: the model part's weights
     def weight_source(self, spec: Block, streams: TrainerStreams) -> str:
-        return self.model_part(spec).weight_source(spec, streams)
+        return self.model.weight_source(spec, streams)
 
     def check_nemo_rl(self, spec: Block, policy: dict) -> None:
-        self.model_part(spec).check_nemo_rl(spec, policy)
-
-    # ------------------------------------------------------------------ PricedDrafter: the two parts' entries
-    def cost_entry(self, spec: Block) -> str:
-        return self.model_part(spec).cost_entry(spec)
-
-    def cost_parts(self, spec: Block) -> dict:
-        return {"history": self.history_part(spec).cost_entry(spec), "model": self.model_part(spec).cost_entry(spec)}
+        self.model.check_nemo_rl(spec, policy)
 
 
 class ModelAcceptance:
@@ -247,8 +224,11 @@ class ModelAcceptance:
 
 
 class HybridProposer:
-    """The per-step choice between the history half (a `DASProposer`) and the model half (vLLM's
-    proposer of the model part); see the module doc. Built and attached by the worker extension."""
+    """The per-step choice between the history half (`history`, a `DASProposer`) and the model half
+    (vLLM's proposer of the model part); see the module doc. Built and attached by the worker
+    extension, which refreshes, saves and restores the history half itself (`vllm_compat.rollout_store`);
+    the model half's weights travel as the model drafter's, and its acceptance by position and the
+    step-cost fit are measured again within the first steps of a resumed run."""
 
     metrics_prefix = "hybrid"
 
@@ -262,11 +242,11 @@ class HybridProposer:
         self.model_k = int(part.get("model_k") or self.k)  # the model half's depth
         # the model half drafts only on steps of at most this many decoding requests (None: every step)
         self.tail_requests = None if part.get("tail_requests") is None else int(part["tail_requests"])
-        self.das = DASProposer(runner.vllm_config)
+        self.history = DASProposer(runner.vllm_config)
         # the hybrid cuts the history drafts itself: DAS's own per-step rule stays off
         scheduling = {**(spec.get("scheduling") or {}), "budget": "uniform"}
         das_spec = {**spec, "auto_disable": False, "scheduling": scheduling}
-        self.das.specdec_attach(runner, das_spec)
+        self.history.specdec_attach(runner, das_spec)
         self.model = ModelAcceptance(self.model_k)
         self.cost: HybridStepCost = StepCostFit(draft_forwards=True)
         self._last: tuple | None = None  # (start, requests, verified tokens, ctx_sum, forwards, prefilled)
@@ -309,7 +289,7 @@ class HybridProposer:
     def history_gains(self, pending: list, decode: list, k: int) -> list:
         """Per decode row: the acceptance probability of each token of its history draft (DAS's
         calibration; an empty row where DAS found none). `pending`: DAS's drafts of the step."""
-        gains = self.das.gains(pending)
+        gains = self.history.gains(pending)
         at = {p[0]: j for j, p in enumerate(pending)}
         rows = [gains[at[i]] if i in at else np.zeros(0) for i in decode]
         return [r[~np.isnan(r)][:k] for r in rows]
@@ -338,7 +318,7 @@ class HybridProposer:
         c = self.counters
         batch = self.runner.input_batch
         counts = batch.num_tokens_no_spec if num_tokens is None else num_tokens
-        step = self.das.lookup(sampled_token_ids, counts, batch.token_ids_cpu)
+        step = self.history.lookup(sampled_token_ids, counts, batch.token_ids_cpu)
         rows = len(sampled_token_ids)
         req_ids = batch.req_ids
         k_step = int(getattr(scheduler_output, "num_spec_tokens_to_schedule", self.k) or 0)  # this batch's k
@@ -364,9 +344,9 @@ class HybridProposer:
         if step is None or k_model <= 0 or self.k <= 0:  # nothing to draft: the model still writes its KV
             if step is not None:  # the history drafts are scored against what the target produces
                 for entry in step.pending:
-                    self.das.withhold(entry)
+                    self.history.withhold(entry)
                 step.pending = []
-                self.das.emit(step)
+                self.history.emit(step)
             saved = scheduler_output.num_spec_tokens_to_schedule
             scheduler_output.num_spec_tokens_to_schedule = 0
             cpu_model = time.thread_time()
@@ -427,7 +407,7 @@ class HybridProposer:
                 c["history_draft_tokens"] += d
                 continue
             if h is not None:
-                self.das.withhold(h)
+                self.history.withhold(h)
             if src == _MODEL and d and run_model:
                 out[i] = [int(t) for t in model_drafts[i][:d]]
                 self._model_rows[req_ids[i]] = len(out[i])
@@ -437,7 +417,7 @@ class HybridProposer:
                 c["from_none"] += 1
         step.pending = kept
         model_tokens = sum(len(r) for r in out)
-        history_out = self.das.emit(step, extra_tokens=model_tokens)
+        history_out = self.history.emit(step, extra_tokens=model_tokens)
         for i, r in enumerate(history_out):
             if r:
                 out[i] = list(r)
@@ -455,35 +435,9 @@ class HybridProposer:
         self.last_forwards = k_model if run_model else 1
         return out
 
-    # ------------------------------------------------------------------ the history half's refresh
-    def specdec_rebuild(self, rollouts: Any, version: int) -> int:
-        return self.das.specdec_rebuild(rollouts, version)
-
-    def specdec_stage(self, rollouts: Any, version: int) -> dict:
-        return self.das.specdec_stage(rollouts, version)
-
-    def specdec_install_staged(self, version: int) -> int:
-        return self.das.specdec_install_staged(version)
-
-    def specdec_wait_staged(self, timeout: float | None = None) -> bool:
-        return self.das.specdec_wait_staged(timeout)
-
-    def specdec_export_state(self) -> dict:
-        """What NeMo-RL's checkpoint carries of the hybrid: its history half's (DAS's window, calibration
-        and rule); the model half's weights travel as the model drafter's, its acceptance by position
-        and the step-cost fit are measured again within the first steps."""
-        return {"das": self.das.specdec_export_state()}
-
-    def specdec_restore_state(self, state: dict) -> int:
-        return self.das.specdec_restore_state(state["das"])
-
-    @property
-    def last_install(self) -> dict | None:
-        return self.das.last_install
-
     def specdec_disable(self, reason: str) -> None:
         """Stop drafting from both halves (on_refresh_error=disable)."""
-        self.das.specdec_disable(reason)
+        self.history.specdec_disable(reason)
         self.k = 0
 
     # ------------------------------------------------------------------ metrics
@@ -508,7 +462,7 @@ class HybridProposer:
         return out
 
     def specdec_stats(self) -> dict:
-        return {"counters": dict(self.counters), "history": self.das.specdec_stats(),
+        return {"counters": dict(self.counters), "history": self.history.specdec_stats(),
                 "model_acceptance": self.model.rates().tolist(), "step_cost": self.cost.metrics()}
 
     def specdec_metrics(self) -> dict:
@@ -522,7 +476,7 @@ class HybridProposer:
         out.update({f"{p}/{k}": float(v) for k, v in self._shares(c).items()})
         if self.last_window.get("steps"):
             out.update({f"{p}/step/{k}": float(v) for k, v in self._shares(self.last_window).items()})
-        das = self.das.counters
+        das = self.history.counters
         for j, r in enumerate(self.model.rates()):
             out[f"{p}/model_acceptance_by_pos/{j + 1}"] = float(r)
         out.update({f"{p}/step_cost/{k}": float(v) for k, v in self.cost.metrics().items()

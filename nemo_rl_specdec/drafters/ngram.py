@@ -39,26 +39,38 @@ class NgramConfig(DrafterSettings):
 
 
 class Ngram(Drafter):
+    """What both n-gram backends share: the sub-block."""
+
     name = "ngram"
     kind = LIST
     draft_cost = HOST
     config = NgramConfig
-    refresh_modes = ("frozen",)
     variants = (("ngram", ("ngram.backend=vllm",)), ("ngram (judged)", ("ngram.backend=specdec",)))
+
+
+class VllmNgram(Ngram):
+    """`ngram.backend: vllm`: vLLM's own `ngram` method."""
+
+    backend = "vllm"
+    cost_entry = "ngram"
 
     def vllm_config(self, spec: Block, temperature: float) -> dict:
         c = spec.ngram
-        if c.backend == "specdec":
-            return {"method": "custom_class", "model": f"{__name__}.NgramProposer",
-                    "num_speculative_tokens": spec.num_speculative_tokens}
         return {"method": "ngram", "num_speculative_tokens": spec.num_speculative_tokens,
                 "prompt_lookup_min": c.prompt_lookup_min, "prompt_lookup_max": c.prompt_lookup_max}
 
-    def judges_steps(self, spec: Block) -> bool:
-        return spec.ngram.backend == "specdec"
 
-    def cost_entry(self, spec: Block) -> str:
-        return "ngram_specdec" if spec.ngram.backend == "specdec" else "ngram"
+class SpecdecNgram(Ngram):
+    """`ngram.backend: specdec`: the same matcher in our proposer (`NgramProposer`), which cuts each
+    step's drafts."""
+
+    backend = "specdec"
+    judges_steps = True
+    cost_entry = "ngram_specdec"
+
+    def vllm_config(self, spec: Block, temperature: float) -> dict:
+        return {"method": "custom_class", "model": f"{__name__}.NgramProposer",
+                "num_speculative_tokens": spec.num_speculative_tokens}
 
 
 class NgramProposer(SpecdecProposer):

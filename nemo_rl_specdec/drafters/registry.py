@@ -1,24 +1,56 @@
 """The one list of drafters. Everything else looks a drafter up here and asks it as the role of its
 own layer (`drafter(spec, Role)`, the roles on `drafters/roles.py`), which refuses a drafter that
-does not play it."""
+does not play it.
+
+A lookup resolves the block to the registered drafter it configures: the backend's
+(`suffix.backend`: `DAS` or `VllmSuffix`; `ngram.backend`: `VllmNgram` or `SpecdecNgram`), or a
+`Hybrid` composed of the two parts its `hybrid:` sub-block names. A name alone stands for the block of
+that drafter with its defaults.
+"""
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, TypeVar
 
-from nemo_rl_specdec.drafters.base import Drafter
+from nemo_rl_specdec.drafters.base import Drafter, ModelDrafter
 from nemo_rl_specdec.drafters.dflash import DFlash
 from nemo_rl_specdec.drafters.draft_model import DraftModel
 from nemo_rl_specdec.drafters.eagle3 import Eagle3
-from nemo_rl_specdec.drafters.hybrid import Hybrid
+from nemo_rl_specdec.drafters.hybrid import Hybrid, HybridConfig
 from nemo_rl_specdec.drafters.mtp import MTP
-from nemo_rl_specdec.drafters.ngram import Ngram
+from nemo_rl_specdec.drafters.ngram import SpecdecNgram, VllmNgram
 from nemo_rl_specdec.drafters.roles import ModelWeights
-from nemo_rl_specdec.drafters.suffix import Suffix
+from nemo_rl_specdec.drafters.suffix import DAS, VllmSuffix
+from nemo_rl_specdec.schema import PathError
 
 Role = TypeVar("Role")
 
-_SINGLE = (Ngram(), Suffix(), DraftModel(), Eagle3(), DFlash(), MTP())
-DRAFTERS: dict[str, Drafter] = {d.name: d for d in (*_SINGLE, Hybrid(_SINGLE))}
+# every drafter of one part; a drafter with backends once per backend
+_PARTS: tuple[Drafter, ...] = (VllmNgram(), SpecdecNgram(), DAS(), VllmSuffix(), DraftModel(), Eagle3(), DFlash(),
+                               MTP())
+BACKENDS: dict[str, dict[str, Drafter]] = {}  # name -> backend -> its drafter
+for _d in _PARTS:
+    if _d.backend is not None:
+        BACKENDS.setdefault(_d.name, {})[_d.backend] = _d
+
+
+def _default(name: str) -> Drafter:
+    first = next(d for d in _PARTS if d.name == name)
+    return BACKENDS[name][first.config.model_fields["backend"].default] if name in BACKENDS else first
+
+
+_SINGLE = {d.name: _default(d.name) for d in _PARTS}
+_MODEL_PARTS = {n: d for n, d in _SINGLE.items() if isinstance(d, ModelDrafter)}
+
+
+@cache
+def _hybrid(history: Drafter, model: ModelDrafter) -> Hybrid:
+    return Hybrid(history, model)
+
+
+# name -> the drafter a block of that name configures with its defaults
+DRAFTERS: dict[str, Drafter] = {**_SINGLE, "hybrid": _hybrid(_SINGLE[HybridConfig().history],
+                                                              _MODEL_PARTS[HybridConfig().model])}
 
 
 def _name(name_or_spec: Any) -> Any:
@@ -26,26 +58,67 @@ def _name(name_or_spec: Any) -> Any:
         name_or_spec.get("drafter") if isinstance(name_or_spec, dict) else name_or_spec.drafter)
 
 
-def drafter(name_or_spec: Any, role: type[Role]) -> Role:
-    """The drafter named `name_or_spec` (a name, or a block with a `.drafter` / `["drafter"]`), as
-    `role`: the runtime-checkable protocol of the layer that asks (a TypeError if it takes no part)."""
+def _setting(spec: Any, block: str, key: str) -> Any:
+    """`spec`'s `<block>.<key>` (a validated block or the block as plain data); None where unset."""
+    sub = spec.get(block) if isinstance(spec, dict) else getattr(spec, block, None)
+    return sub.get(key) if isinstance(sub, dict) else getattr(sub, key, None)
+
+
+def _part(name: str, spec: Any) -> Drafter:
+    """The registered drafter `name` as `spec` configures it: its backend's, if it has backends."""
+    backends = BACKENDS.get(name)
+    if backends is None:
+        return _SINGLE[name]
+    chosen = _setting(spec, name, "backend")
+    if chosen is None:
+        return _SINGLE[name]
+    if chosen not in backends:
+        raise PathError(f"{name}.backend", chosen, f"one of {list(backends)}")
+    return backends[chosen]
+
+
+def resolve(name_or_spec: Any) -> Drafter:
+    """The registered drafter that `name_or_spec` configures: a name (its defaults), or a block with a
+    `.drafter` / `["drafter"]`. A bad name is a KeyError; a bad part or backend, a PathError."""
     name = _name(name_or_spec)
-    try:
-        d = DRAFTERS[name]
-    except KeyError:
-        raise KeyError(f"drafter {name!r}: allowed: {list(DRAFTERS)}") from None
+    if name not in DRAFTERS:
+        raise KeyError(f"drafter {name!r}: allowed: {list(DRAFTERS)}")
+    if isinstance(name_or_spec, str):
+        return DRAFTERS[name]
+    if name != "hybrid":
+        return _part(name, name_or_spec)
+    history = _setting(name_or_spec, "hybrid", "history") or HybridConfig().history
+    model = _setting(name_or_spec, "hybrid", "model") or HybridConfig().model
+    if history not in _SINGLE:
+        raise PathError("hybrid.history", history, "'suffix' (DAS, suffix.backend: das)")
+    if model not in _MODEL_PARTS:
+        why = (f": {model!r} is a history drafter, and a hybrid takes one history part (hybrid.history)"
+               if model in _SINGLE else "")
+        raise PathError("hybrid.model", model, f"one of {list(_MODEL_PARTS)}{why}")
+    return _hybrid(_part(history, name_or_spec), _MODEL_PARTS[model])
+
+
+def drafter(name_or_spec: Any, role: type[Role]) -> Role:
+    """The drafter `name_or_spec` configures (`resolve`), as `role`: the runtime-checkable protocol of
+    the layer that asks (a TypeError if it takes no part). A drafter made of parts may hand a part
+    (a hybrid's weights are its model part's)."""
+    d = resolve(name_or_spec).as_role(role)
     if not isinstance(d, role):
-        raise TypeError(f"drafter {name!r} takes no part in {role.__name__}")
+        raise TypeError(f"drafter {_name(name_or_spec)!r} takes no part in {role.__name__}")
     return d
 
 
 def registered(role: type[Role]) -> dict[str, Role]:
-    """Every registered drafter that takes part in `role`, by name."""
-    return {n: d for n, d in DRAFTERS.items() if isinstance(d, role)}
+    """Every registered drafter that takes part in `role`, by name, as its defaults configure it."""
+    out = {n: d.as_role(role) for n, d in DRAFTERS.items()}
+    return {n: d for n, d in out.items() if isinstance(d, role)}
 
 
 def weights_in_policy(name_or_spec: Any) -> bool:
     """Whether the drafter's weights ride in the policy's checkpoint (MTP layers); a list drafter has no
     weights."""
-    d = registered(ModelWeights).get(_name(name_or_spec))
-    return d is not None and d.weights_in_policy_checkpoint
+    d = resolve(name_or_spec).as_role(ModelWeights)
+    return isinstance(d, ModelWeights) and d.weights_in_policy_checkpoint
+
+
+__all__ = ["BACKENDS", "DRAFTERS", "drafter", "registered", "resolve", "weights_in_policy"]

@@ -1,8 +1,9 @@
 """Every contract between a drafter and the rest of the package, on one page.
 
 **Roles**: what a layer asks of a registered drafter's declaration. A layer looks the drafter up as
-its role (`registry.drafter(spec, Role)`), which refuses a drafter that does not play it. Each role
-is small, and a drafter plays only the roles it has (`drafters/base.py` holds their shared defaults):
+its role (`registry.drafter(spec, Role)`, which resolves the block to its backend's drafter or to a
+hybrid of its parts), and the lookup refuses a drafter that does not play it. Each role is small,
+and a drafter plays only the roles it has (`drafters/base.py` holds their shared defaults):
 
 - `Declared`: the block's validation (config.py);
 - `VllmMapping`: vLLM's `speculative_config` and the engine's arguments (config.py, the engine);
@@ -83,12 +84,13 @@ class Declared(Protocol):
     name: str
     kind: str  # `list`: any draft length per request, host work per step; `model`: a module in the engine
     config: type[DrafterSettings]
+    judges_steps: bool  # its proposer is ours and cuts each step's drafts (`auto_disable`, `budget: adaptive`)
 
-    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]: ...
+    @property
+    def described(self) -> str: ...  # how an error names the drafter as configured
     def check(self, spec: Block) -> None: ...
     def check_policy(self, spec: Block, policy_dir: Any) -> None: ...
     def checkpoint(self, spec: Block) -> str | None: ...
-    def judges_steps(self, spec: Block) -> bool: ...
 
 
 @runtime_checkable
@@ -100,9 +102,10 @@ class VllmMapping(Protocol):
     def vllm_config(self, spec: Block, temperature: float) -> dict: ...
     def draft_sample_method(self, spec: Block, temperature: float) -> str: ...
     def engine_args(self, spec: Block) -> dict: ...
+    takes_request_budgets: bool  # per-request draft budgets (`extra_args["specdec_budget"]`) reach it
+    caches_own_requests: bool  # it learns from the engine's own finished requests (vLLM's suffix cache)
+
     def settings(self, spec: Block) -> Any: ...
-    def takes_request_budgets(self, spec: Block) -> bool: ...
-    def caches_own_requests(self, spec: Block) -> bool: ...
     def engine_proposer(self, runner: Any, spec: dict) -> BesideProposer | None: ...
 
 
@@ -111,7 +114,7 @@ class Refreshable(Protocol):
     """A drafter as its refresh sees it: the modes it takes (the first is the default), and the prompt
     tail each rollout carries to it."""
 
-    refresh_modes: tuple[str, ...]
+    refresh_modes: tuple[RefreshMode, ...]
 
     def rollout_prompt_tail(self, spec: Block) -> int | None: ...
 
@@ -119,14 +122,13 @@ class Refreshable(Protocol):
 @runtime_checkable
 class ModelWeights(Protocol):
     """A drafter with weights, as the engine worker's loads and the online trainers see it: whether they
-    ride in the policy's checkpoint (MTP layers), its online trainer, the drafter that owns the engine's
-    drafter module (itself, or a hybrid's model part), what to redo after an in-place load."""
+    ride in the policy's checkpoint (MTP layers), its online trainer, what to redo after an in-place
+    load. A hybrid's is its model part's."""
 
     weights_in_policy_checkpoint: bool
 
     def distiller(self, spec: Block, *, temperature: float, seed: int = 0,
                   model_path: str | None = None, **kw: Any) -> Distiller: ...
-    def weights_owner(self, spec: Any) -> ModelWeights: ...
     def after_inplace_load(self, model: Any) -> None: ...
 
 
@@ -151,9 +153,10 @@ class PricedDrafter(Protocol):
 
     draft_cost: str
     variants: tuple[tuple[str, tuple[str, ...]], ...]
+    cost_parts: dict | None  # a drafter made of parts: their entries ({"history": ..., "model": ...})
 
-    def cost_entry(self, spec: Block) -> str: ...
-    def cost_parts(self, spec: Block) -> dict | None: ...
+    @property
+    def cost_entry(self) -> str: ...
 
 
 @runtime_checkable
@@ -197,6 +200,7 @@ class BesideProposer(EngineProposer, Protocol):
 
     last_host_s: float
     last_forwards: int
+    history: Any  # its history half, a proposer of ours that is a RolloutStore and CarriesState
 
     def propose(self, call_model: Any, scheduler_output: Any, sampled_token_ids: Any,
                 num_tokens: Any = None) -> list: ...

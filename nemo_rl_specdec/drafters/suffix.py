@@ -72,7 +72,7 @@ from nemo_rl_specdec.drafters.machinery.calibration import SOURCES, AcceptanceCa
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.machinery.staging import StagedRebuild
 from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError
-from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, RefreshMode
+from nemo_rl_specdec.drafters.roles import Block, DrafterSettings
 from nemo_rl_specdec.rollouts import RolloutBatch
 from nemo_rl_specdec.schema import PathError, schedule_lookup
 
@@ -137,45 +137,53 @@ def _backend_overrides(backend: str) -> tuple:
 
 
 class Suffix(Drafter):
+    """What both suffix backends share: the sub-block, arctic's suffix trees in the workers."""
+
     name = "suffix"
     kind = LIST
     draft_cost = HOST
     config = SuffixConfig
-    refresh_modes = ("rebuild", "frozen")
     worker_modules = ("arctic_inference.suffix_decoding",)  # both backends build arctic's suffix trees
     variants = (("suffix (DAS)", _backend_overrides("das")),
-                  ("suffix (vLLM)", (*_backend_overrides("vllm"), "refresh.mode=frozen")))
+                ("suffix (vLLM)", (*_backend_overrides("vllm"), "refresh.mode=frozen")))
 
-    def refresh_modes_for(self, block: Any) -> tuple[tuple[RefreshMode, ...], str]:
-        if block.backend == "vllm":  # vLLM's suffix cache learns from the engine's own finished requests
-            return ("frozen",), "drafter 'suffix' with suffix.backend 'vllm' (it takes no rollouts; DAS does)"
-        return super().refresh_modes_for(block)
+
+class DAS(Suffix):
+    """`suffix.backend: das`: our proposer (`DASProposer`) over a store of recent rollouts."""
+
+    backend = "das"
+    refresh_modes = ("rebuild", "frozen")
+    judges_steps = True
+    takes_request_budgets = True
+    cost_entry = "das"
 
     def vllm_config(self, spec: Block, temperature: float) -> dict:
-        s, k = spec.suffix, spec.num_speculative_tokens
-        if s.backend == "das":
-            return {"method": "custom_class", "model": f"{__name__}.DASProposer", "num_speculative_tokens": k}
-        return {"method": "suffix", "num_speculative_tokens": k,
+        return {"method": "custom_class", "model": f"{__name__}.DASProposer",
+                "num_speculative_tokens": spec.num_speculative_tokens}
+
+    def rollout_prompt_tail(self, spec: Block) -> int | None:
+        # the store keeps a prompt's last max_tree_depth - 1 tokens: a match never reaches further back
+        return spec.suffix.max_tree_depth - 1
+
+
+class VllmSuffix(Suffix):
+    """`suffix.backend: vllm`: vLLM's suffix decoding, whose cache learns from the engine's own finished
+    requests (it takes no rollouts)."""
+
+    backend = "vllm"
+    described = "drafter 'suffix' with suffix.backend 'vllm' (it takes no rollouts; DAS does)"
+    refresh_modes = ("frozen",)
+    caches_own_requests = True
+    cost_entry = "vllm_suffix"
+
+    def vllm_config(self, spec: Block, temperature: float) -> dict:
+        s = spec.suffix
+        return {"method": "suffix", "num_speculative_tokens": spec.num_speculative_tokens,
                 "suffix_decoding_max_tree_depth": s.max_tree_depth,
                 "suffix_decoding_max_cached_requests": s.max_cached_requests,
                 "suffix_decoding_max_spec_factor": s.max_spec_factor,
                 "suffix_decoding_min_token_prob": s.min_token_prob}
 
-    def takes_request_budgets(self, spec: Block) -> bool:
-        return spec.suffix.backend == "das"
-
-    def judges_steps(self, spec: Block) -> bool:
-        return spec.suffix.backend == "das"
-
-    def caches_own_requests(self, spec: Block) -> bool:
-        return spec.suffix.backend == "vllm"
-
-    def cost_entry(self, spec: Block) -> str:
-        return "das" if spec.suffix.backend == "das" else "vllm_suffix"
-
-    def rollout_prompt_tail(self, spec: Block) -> int | None:
-        # the store keeps a prompt's last max_tree_depth - 1 tokens: a match never reaches further back
-        return spec.suffix.max_tree_depth - 1 if spec.suffix.backend == "das" else None
 
 TRACE_LIMIT = 1_000_000  # drafts kept when tracing is on (tests, debugging)
 _SOURCE_INDEX = {s: i for i, s in enumerate(SOURCES)}

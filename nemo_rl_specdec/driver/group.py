@@ -104,7 +104,7 @@ def budget_route(spec) -> str:
     `k_by_batch_size` (model drafters), `none` (speculation off; vLLM's ngram / suffix)."""
     if not spec.enabled:
         return "none"
-    if drafter_of(spec, VllmMapping).takes_request_budgets(spec):
+    if drafter_of(spec, VllmMapping).takes_request_budgets:
         return "per_request"
     if drafter_of(spec, Declared).kind == MODEL:
         return "k_by_batch_size"

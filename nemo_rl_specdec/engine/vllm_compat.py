@@ -276,6 +276,14 @@ def our_proposer(worker: Any) -> EngineProposer | None:
     return drafter if isinstance(drafter, EngineProposer) else None
 
 
+def rollout_store(worker: Any) -> Any:
+    """The proposer of ours in this worker that keeps a store of rollouts, checked by type by its callers
+    (`RolloutStore`, `CarriesState`): the history half of the proposer beside the model's, else our
+    proposer itself."""
+    beside = beside_proposer(worker)
+    return beside.history if beside is not None else our_proposer(worker)
+
+
 def draft_beside(runner: Any, proposer: BesideProposer) -> Callable[[], None]:
     """Have `runner` draft through `proposer`, a proposer of ours that runs beside the model's own, and
     return the undo. Applied to this runner alone (an instance attribute over vLLM's

@@ -22,7 +22,7 @@ from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.drafters.roles import CarriesState, Declared, ListProposer, ModelWeights, RolloutStore, VllmMapping
 from nemo_rl_specdec.engine.cpu_fixes import fit_cpu_kernels_in_worker
-from nemo_rl_specdec.engine.vllm_compat import beside_proposer, draft_beside, our_proposer
+from nemo_rl_specdec.engine.vllm_compat import beside_proposer, draft_beside, our_proposer, rollout_store
 from nemo_rl_specdec.engine.weights import (
     WeightLoadError,
     decode_weights,
@@ -151,7 +151,7 @@ class SpecDecWorkerExtension:
         from nemo_rl_specdec.drafter_state import to_bytes
 
         st = self._specdec()
-        proposer = our_proposer(self)
+        proposer = rollout_store(self)
         return to_bytes({"state": {k: getattr(st, k) for k in self._CARRIED},
                          "proposer": proposer.specdec_export_state() if isinstance(proposer, CarriesState) else None})
 
@@ -163,7 +163,7 @@ class SpecDecWorkerExtension:
 
         saved = from_bytes(blob)
         st = self._specdec()
-        proposer = our_proposer(self)
+        proposer = rollout_store(self)
         restored = 0
         if saved.get("proposer") is not None:
             if not isinstance(proposer, CarriesState):
@@ -344,7 +344,7 @@ class SpecDecWorkerExtension:
         digest = _payload_digest(items)
         cfg = self.vllm_config.speculative_config.draft_model_config
         res = load_inplace(drafter, cfg, items, skip_shared=shared, what="drafter")
-        drafter_of(st.spec, ModelWeights).weights_owner(st.spec).after_inplace_load(drafter)
+        drafter_of(st.spec, ModelWeights).after_inplace_load(drafter)
         before, st.drafter_fingerprint = st.drafter_fingerprint, self._specdec_drafter_fp()
         if digest != st.last_drafter_payload and before == st.drafter_fingerprint:
             raise DrafterRefreshError(f"drafter weights for version {version} did not land: "
@@ -390,7 +390,7 @@ class SpecDecWorkerExtension:
         """(the drafter owning the weights, the checkpoint its weights were loaded from): the policy's for
         MTP layers, else the drafter's own."""
         st = self._specdec()
-        owner = drafter_of(st.spec, ModelWeights).weights_owner(st.spec)
+        owner = drafter_of(st.spec, ModelWeights)
         return owner, (self.model_config.model if owner.weights_in_policy_checkpoint
                        else self.vllm_config.speculative_config.model)
 
@@ -430,7 +430,7 @@ class SpecDecWorkerExtension:
         shared = shared_parameter_names(drafter, self._specdec_target())
         cfg = self.vllm_config.speculative_config.draft_model_config
         load_inplace(drafter, cfg, items, skip_shared=shared, require_complete=False, what="drafter restore")
-        drafter_of(st.spec, ModelWeights).weights_owner(st.spec).after_inplace_load(drafter)
+        drafter_of(st.spec, ModelWeights).after_inplace_load(drafter)
         kept = getattr(self, "_specdec_kept", {})
         with torch.no_grad():
             for name, t in [*drafter.named_parameters(), *drafter.named_buffers()]:
@@ -456,7 +456,7 @@ class SpecDecWorkerExtension:
         return type(p).__name__ if p is not None else "missing"
 
     def _specdec_proposer(self, what: str, version: int) -> RolloutStore:
-        proposer = our_proposer(self)
+        proposer = rollout_store(self)
         if not isinstance(proposer, RolloutStore):
             raise DrafterRefreshError(
                 f"refresh.mode=rebuild needs a rollout-store drafter to {what} version {version}; the engine's "

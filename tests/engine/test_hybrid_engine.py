@@ -32,7 +32,7 @@ def _mode(mode: str):
         from nemo_rl_specdec.drafters.hybrid import ModelAcceptance
 
         h = worker.model_runner.specdec_beside
-        h.das.use_local = False  # with the store empty and sharing off: no history drafts
+        h.history.use_local = False  # with the store empty and sharing off: no history drafts
         calls = {"n": 0}
 
         def skipping() -> bool:
@@ -129,7 +129,7 @@ def test_one_update_refreshes_both_halves_of_a_live_engine(start_engine, problem
     head = load_file(os.path.join(eng.cfg.spec.eagle3.model, "model.safetensors"))
 
     def stats(worker):
-        return worker.model_runner.specdec_beside.das.store.stats()
+        return worker.model_runner.specdec_beside.history.store.stats()
 
     before = eng.llm.collective_rpc(stats)[0]
     rep = eng.update(PolicyUpdate(1, drafter_weights={k: v * 1.01 for k, v in head.items()}, rollouts=rollouts))

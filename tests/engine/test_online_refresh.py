@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_specdec.drafters.registry import DRAFTERS
+from nemo_rl_specdec.drafters.registry import DRAFTERS, weights_in_policy
 from nemo_rl_specdec.driver.engine import Engine
 from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.update import PolicyUpdate
@@ -34,11 +34,12 @@ ROUNDS = 2
 SETTINGS = {"draft_model": (0.8, 0.10, 48, 128, 16), "eagle3": (0.8, 0.10, 24, 96, 12),
             "mtp": (0.8, 0.10, 48, 128, 12)}
 DEFAULT = (0.8, 0.10, 24, 96, 12)
-ONLINE = sorted(n for n, d in DRAFTERS.items() if "online" in d.refresh_modes)
+# a drafter of one part (the hybrid's online refresh: tests/unit/engine/test_hybrid_refresh.py)
+ONLINE = sorted(n for n, d in DRAFTERS.items() if "online" in d.refresh_modes and d.cost_parts is None)
 
 
 def _cfg(run_cfg, name: str, mode: str, *extra: str, **block):
-    if DRAFTERS[name].weights_in_policy_checkpoint:  # the tiny MTP policy carries its layers (k=1 there)
+    if weights_in_policy(name):  # the tiny MTP policy carries its layers (k=1 there)
         return run_cfg(*extra, run_file="configs/tiny_mtp_cpu.yaml", greedy=True, refresh={"mode": mode}, **block)
     return run_cfg(*extra, greedy=True, enabled=True, drafter=name, num_speculative_tokens=4, refresh={"mode": mode},
                    **block)

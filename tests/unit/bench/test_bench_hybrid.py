@@ -62,7 +62,7 @@ def _beside(cfg, recorded, tables, profile, history=True):
     beside = BesideReplay(spec, 256, hybrid.table_drafts(tables, recorded, K),
                           cost=PricedHybridCost(profile, "das" if history else "eagle3", "eagle3", K))
     if not history:
-        beside.proposer.das.use_local = False
+        beside.proposer.history.use_local = False
     return spec, beside
 
 

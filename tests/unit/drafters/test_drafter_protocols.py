@@ -47,7 +47,8 @@ def test_the_roles_cover_what_a_drafter_declares_once():
             assert m not in seen, f"{m} is in {seen.get(m)} and {proto.__name__}"
             seen[m] = proto.__name__
     # a model drafter's public members: every one is some role's (helpers of the defaults excepted)
-    helpers = {"build_distiller"}
+    # (and the registry's resolution: which backend a drafter is, the part that plays a role for it)
+    helpers = {"build_distiller", "backend", "as_role"}
     public = ({m for m in dir(base.ModelDrafter) if not m.startswith("_")} - helpers) | {"name"}  # each one's own
     assert public - set(seen) == set() and set(seen) - public == set()
 
@@ -58,9 +59,11 @@ def test_every_drafter_plays_the_roles_of_its_kind_and_no_other(name):
     assert d.kind in (LIST, MODEL)
     for role in ROLES:
         if role in plays(d):
-            assert drafter(name, role) is d and registered(role)[name] is d  # the lookup checks it
+            part = d.as_role(role)  # itself, or the part that plays it (a hybrid's weights: its model part's)
+            assert drafter(name, role) is part and registered(role)[name] is part  # the lookup checks it
+            assert part is d or (d.cost_parts is not None and role is roles.ModelWeights)
             for m in members(role):
-                assert getattr(d, m) is not None, m
+                assert hasattr(part, m), m
         else:
             assert not isinstance(d, role) and name not in registered(role)
 
@@ -112,11 +115,13 @@ def _hybrid():
 @pytest.mark.parametrize("build, contracts", [
     (_das, {roles.EngineProposer, roles.ListProposer, roles.RolloutStore, roles.CarriesState}),
     (_ngram, {roles.EngineProposer, roles.ListProposer}),
-    (_hybrid, {roles.EngineProposer, roles.BesideProposer, roles.RolloutStore, roles.CarriesState}),
+    (_hybrid, {roles.EngineProposer, roles.BesideProposer}),
 ], ids=["das", "ngram", "hybrid"])
 def test_our_proposers_keep_the_runtime_contracts_the_engine_checks(build, contracts):
     p = build()
     assert {c for c in RUNTIME if isinstance(p, c)} == contracts
+    if roles.BesideProposer in contracts:  # its history half is the store the engine refreshes, saves, restores
+        assert {c for c in RUNTIME if isinstance(p.history, c)} >= {roles.RolloutStore, roles.CarriesState}
 
 
 def test_a_disabled_list_proposer_drafts_nothing():

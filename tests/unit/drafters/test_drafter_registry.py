@@ -9,7 +9,7 @@ import pytest
 
 from nemo_rl_specdec.config import SpecDecConfig, load_run_config, to_vllm_speculative_config
 from nemo_rl_specdec.drafters.base import HOST, LIST, MODEL, PARALLEL, SEQUENTIAL, Drafter
-from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter
+from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter, weights_in_policy
 from nemo_rl_specdec.drafters.roles import Declared
 from nemo_rl_specdec.schema import Strict
 
@@ -35,7 +35,7 @@ def test_each_drafter_maps_to_a_vllm_speculative_config(name, tmp_path):
     block = {"enabled": True, "drafter": name, "num_speculative_tokens": 3}
     # the hybrid's checkpoint is its model part's (hybrid.model: eagle3 by default)
     owner = "eagle3" if name == "hybrid" else name
-    if d.kind == MODEL and not d.weights_in_policy_checkpoint:
+    if d.kind == MODEL and not weights_in_policy(name):
         block[owner] = {"model": str(tmp_path)}
     spec = SpecDecConfig.model_validate(block)
     out = to_vllm_speculative_config(spec, temperature=1.0)
@@ -46,7 +46,7 @@ def test_each_drafter_maps_to_a_vllm_speculative_config(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(n for n, d in DRAFTERS.items()
-                                        if d.kind == MODEL and not d.weights_in_policy_checkpoint and n != "hybrid"))
+                                        if d.kind == MODEL and not weights_in_policy(n) and n != "hybrid"))
 def test_a_model_drafter_without_its_checkpoint_is_refused_with_the_key_path(name):
     from nemo_rl_specdec.config import ConfigError
 
@@ -91,3 +91,66 @@ def test_the_name_check_finds_comparisons():
     text = 'if spec.drafter == "eagle3" or d in ("suffix", "x") or d == "medusa":\n    pass\n'
     assert [h.split(": ", 1)[1] for h in _name_comparisons(text, "t")] == ["spec.drafter == 'eagle3'",
                                                                            "d in ('suffix', 'x')"]
+
+
+# ------------------------------------------------------------------------------ resolution at lookup
+
+@pytest.mark.parametrize("name, backend, judges, budgets, own, entry", [
+    ("suffix", "das", True, True, False, "das"),
+    ("suffix", "vllm", False, False, True, "vllm_suffix"),
+    ("ngram", "vllm", False, False, False, "ngram"),
+    ("ngram", "specdec", True, False, False, "ngram_specdec"),
+])
+def test_a_backend_resolves_to_its_own_registered_drafter_whose_answers_are_constants(name, backend, judges, budgets,
+                                                                                      own, entry):
+    from nemo_rl_specdec.drafters.registry import BACKENDS, resolve
+    from nemo_rl_specdec.drafters.roles import PricedDrafter, VllmMapping
+
+    spec = SpecDecConfig.model_validate({"enabled": True, "drafter": name, name: {"backend": backend}})
+    d = resolve(spec)
+    assert d is BACKENDS[name][backend] and d is resolve(spec.model_dump(mode="json"))  # the block as plain data
+    assert (d.judges_steps, d.takes_request_budgets, d.caches_own_requests) == (judges, budgets, own)
+    assert drafter(spec, PricedDrafter).cost_entry == entry and drafter(spec, VllmMapping) is d
+    assert resolve(name) is resolve({"drafter": name})  # a name is the block with its defaults
+
+
+def test_no_drafter_asks_the_block_which_backend_it_is():
+    """The registry picks the backend's drafter once, at lookup: nothing in drafters/ reads `<x>.backend`
+    of a block (only a sub-block's own validator reads its field)."""
+    bad = []
+    for p in (PKG / "drafters").glob("*.py"):
+        if p.name == "registry.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr == "backend" and isinstance(node.value, ast.Attribute)
+                    and node.value.attr in DRAFTERS):
+                bad.append(f"{p.name}:{node.lineno}: {ast.unparse(node)}")
+    assert bad == []
+
+
+@pytest.mark.parametrize("model", ["eagle3", "dflash", "draft_model", "mtp"])
+def test_a_hybrid_is_composed_of_the_registered_parts_its_block_names(model, tmp_path):
+    from nemo_rl_specdec.drafters.registry import resolve
+    from nemo_rl_specdec.drafters.roles import ModelWeights, NemoRLRules
+
+    block = {"drafter": "hybrid", "hybrid": {"model": model}}
+    h = resolve(block)
+    assert h.history is resolve({"drafter": "suffix"}) and h.model is DRAFTERS[model]
+    assert resolve(block) is h  # one composition per pair of parts
+    assert h.refresh_modes == DRAFTERS[model].refresh_modes and h.cost_parts == {"history": "das", "model": model}
+    assert drafter(block, ModelWeights) is DRAFTERS[model] and drafter(block, NemoRLRules) is h
+
+
+@pytest.mark.parametrize("block, path", [
+    ({"drafter": "hybrid", "hybrid": {"model": "suffix"}}, "hybrid.model"),
+    ({"drafter": "hybrid", "hybrid": {"model": "medusa"}}, "hybrid.model"),
+    ({"drafter": "hybrid", "hybrid": {"history": "lookahead"}}, "hybrid.history"),
+    ({"drafter": "suffix", "suffix": {"backend": "arctic"}}, "suffix.backend"),
+])
+def test_a_part_or_backend_that_is_not_registered_is_refused_at_lookup_with_its_path(block, path):
+    from nemo_rl_specdec.drafters.registry import resolve
+    from nemo_rl_specdec.schema import PathError
+
+    with pytest.raises(PathError) as e:
+        resolve(block)
+    assert e.value.rel_path == path

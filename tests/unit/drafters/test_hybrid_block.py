@@ -10,7 +10,7 @@ import pytest
 from nemo_rl_specdec.config import BLOCK_PATH as B, ConfigError, load_run_config, to_vllm_speculative_config
 from nemo_rl_specdec.drafters.hybrid import ModelAcceptance
 from nemo_rl_specdec.drafters.registry import drafter
-from nemo_rl_specdec.drafters.roles import Declared, Refreshable, VllmMapping
+from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, Refreshable, VllmMapping
 
 RUN = "configs/tiny_cpu.yaml"
 
@@ -67,7 +67,7 @@ def test_the_block_maps_to_the_model_parts_method_greedy_and_synchronous(model):
     assert d_args(spec) == {"async_scheduling": False}  # list drafts need synchronous scheduling
     d = drafter(spec, Refreshable)
     assert drafter(spec, Declared).checkpoint(spec) == getattr(spec, model).model
-    assert d.weights_owner(spec) is drafter(model, Refreshable)
+    assert drafter(spec, ModelWeights) is drafter(model, ModelWeights)  # its weights are the model part's
     # the store takes rollouts
     assert d.rollout_prompt_tail(spec) == drafter("suffix", Refreshable).rollout_prompt_tail(spec)
 

@@ -163,7 +163,7 @@ def test_a_step_whose_k_is_zero_drafts_nothing_but_runs_the_models_kv_forward():
     sched = SimpleNamespace(num_spec_tokens_to_schedule=0)  # k by batch size: 0 at this batch size
     out = h.propose(lambda: model(sched), sched, [[4], [16]])
     assert out == [[], []] and model.calls == [0] and sched.num_spec_tokens_to_schedule == 0
-    assert h.das.counters["rows"] == 2 and h.last_forwards == 1  # the history half accounted for the step
+    assert h.history.counters["rows"] == 2 and h.last_forwards == 1  # the history half accounted for the step
 
 
 def test_the_model_half_drafts_at_its_own_depth_and_history_at_the_engines_k():

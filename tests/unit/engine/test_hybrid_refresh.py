@@ -28,7 +28,7 @@ def _worker(mode: str, load=None):
     runner = SimpleNamespace(drafter=None, model=None, vllm_config=vc, input_batch=SimpleNamespace(req_ids=[]),
                              requests={})
     runner.specdec_beside = HybridProposer(runner, spec)
-    history = runner.specdec_beside.das
+    history = runner.specdec_beside.history
     w = SpecDecWorkerExtension()
     w.model_runner = runner
     st = w._specdec()
