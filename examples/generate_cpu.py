@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nemo_rl_specdec.config import BLOCK_PATH, load_run_config
+from nemo_rl_specdec.config.run import BLOCK_PATH, load_run_config
 from nemo_rl_specdec.demo.task import run_problems, run_requests
 from nemo_rl_specdec.driver.engine import Engine
 from nemo_rl_specdec.update import PolicyUpdate

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nemo_rl_specdec.schema import ConfigError
+from nemo_rl_specdec.config.schema import ConfigError
 
 # (option, is a directory) of every output a command writes; checked before the command runs
 OUTPUTS = {"generate": (("out", False),), "demo": (("out", True),), "bench": (("json", False),),
@@ -66,7 +66,7 @@ def _validate(args) -> int:
     it), NeMo-RL's rules for a NeMo-RL run, and the checkpoint paths; what cannot be checked here
     (NeMo-RL parents without a checkout, Hugging Face ids) is listed under `not_checked`."""
     from nemo_rl_specdec.adapter import translate
-    from nemo_rl_specdec.config import load_run_config, to_vllm_speculative_config
+    from nemo_rl_specdec.config.run import load_run_config, to_vllm_speculative_config
 
     cfg = load_run_config(args.run_yaml, args.overrides, nemo_rl_parents_optional=True)
     if cfg.nemo_rl_parent:
@@ -131,7 +131,7 @@ def _generate(args) -> int:
     token_ids, logprobs (target logprob of each sampled token), finish_reason, policy_version,
     drafter_version. The last stdout line is one JSON object of spec metrics for the run — the
     contract other tools rely on."""
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.driver.engine import Engine
     from nemo_rl_specdec.rollouts import Request
 

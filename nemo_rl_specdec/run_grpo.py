@@ -38,9 +38,10 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec import config_loader, models
+from nemo_rl_specdec import models
 from nemo_rl_specdec.adapter import api, checkpoint, launch_errors, translate
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config import loader as config_loader
+from nemo_rl_specdec.config.run import ConfigError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
 

@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from nemo_rl_specdec.config_loader import find_nemo_rl_root
+from nemo_rl_specdec.config.loader import find_nemo_rl_root
 from nemo_rl_specdec.drafters.registry import weights_in_policy
 
 SUPPORTED = "NeMo-RL v0.7.0 (81aa43d) and main (7ea279a)"

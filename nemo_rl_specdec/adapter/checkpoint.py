@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_specdec import drafter_state
-from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+from nemo_rl_specdec.config.run import BLOCK_PATH, ConfigError
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.drafters.roles import Declared, Refreshable, VllmMapping
 

@@ -22,7 +22,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from nemo_rl_specdec.schema import cut
+from nemo_rl_specdec.config.schema import cut
 
 IN_NEMO_RL_ENV = ("run the entry point inside NeMo-RL's own environment (`uv run python -m nemo_rl_specdec.run_grpo "
                   "...` from the NeMo-RL checkout, or the NGC container nvcr.io/nvidia/nemo-rl), where its pinned "

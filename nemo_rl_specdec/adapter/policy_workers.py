@@ -68,7 +68,7 @@ class SpecDecDistillMixin(Host):
     def specdec_distill_setup(self, spec: dict, temperature: float, seed: int = 0) -> dict:
         import torch
 
-        from nemo_rl_specdec.config import SpecDecConfig
+        from nemo_rl_specdec.config.run import SpecDecConfig
         from nemo_rl_specdec.drafters.registry import drafter as drafter_of
         from nemo_rl_specdec.drafters.roles import ModelWeights
         from nemo_rl_specdec.train.distill import DataParallel

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_rl_specdec.adapter import api, translate
-from nemo_rl_specdec.config import ConfigError, check_colocated_sleep
+from nemo_rl_specdec.config.run import ConfigError, check_colocated_sleep
 from nemo_rl_specdec.engine import vllm_compat
 
 # Run in the workers' Python: what its vLLM's SpeculativeConfig accepts (vllm_compat.speculative_facts, by

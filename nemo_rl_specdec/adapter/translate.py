@@ -11,7 +11,7 @@ from typing import Any
 
 from nemo_rl_specdec import resources
 from nemo_rl_specdec.adapter import api
-from nemo_rl_specdec.config import (
+from nemo_rl_specdec.config.run import (
     BLOCK_PATH,
     ConfigError,
     GenerationConfig,
@@ -20,6 +20,7 @@ from nemo_rl_specdec.config import (
     to_vllm_speculative_config,
     validate_run_dict,
 )
+from nemo_rl_specdec.config.schema import dotted_get
 from nemo_rl_specdec.drafters.base import (  # noqa: F401  (the weight sources, re-exported for the adapter)
     MODEL,
     SOURCE_CHECKPOINT,
@@ -32,7 +33,6 @@ from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.drafters.roles import Declared, NemoRLRules, Refreshable, TrainerStreams, VllmMapping
 from nemo_rl_specdec.engine import vllm_compat
 from nemo_rl_specdec.scheduling.budget import set_at_submission
-from nemo_rl_specdec.schema import dotted_get
 
 GEN_PATH = "policy.generation"
 SPEC_KWARGS_PATH = "policy.generation.vllm_kwargs.speculative_config"

@@ -56,7 +56,7 @@ def release_memory() -> None:
 def suite_options(cfg, suite: str, allowed: str = "a mapping", known=None) -> dict:
     """The run file's `bench.<suite>` mapping ({} when absent), or a ConfigError naming the key; with
     `known` (the suite's option names), an unknown option is refused too, not ignored."""
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     b = cfg.get(f"bench.{suite}", {}) or {}
     if not isinstance(b, dict):
@@ -78,7 +78,7 @@ def nearest(key, known) -> str:
 
 def option(b: dict, suite: str, key: str, default, lo, hi, kind: type = int):
     """`bench.<suite>.<key>` (or `default`) as an integer (kind int) or a finite number in [lo, hi]."""
-    from nemo_rl_specdec.schema import float_setting, int_setting
+    from nemo_rl_specdec.config.schema import float_setting, int_setting
 
     path = f"bench.{suite}.{key}"
     v = b.get(key, default)
@@ -88,7 +88,7 @@ def option(b: dict, suite: str, key: str, default, lo, hi, kind: type = int):
 def names_option(o: dict, suite: str, key: str, allowed) -> list:
     """`bench.<suite>.<key>`: a list (or comma-separated string) of names from `allowed`, at least one;
     ConfigError naming the key otherwise."""
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     names = o[key]
     if isinstance(names, str):
@@ -126,7 +126,7 @@ def print_table(results: list[dict], columns: list[str]) -> None:
 
 
 def run(args) -> int:
-    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.config.run import ConfigError, load_run_config
     from nemo_rl_specdec.demo.task import run_prompt_format, run_task_families
 
     suite = args.suite or "drafters"

@@ -46,8 +46,8 @@ import statistics
 import time
 
 from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_REPEATS, MAX_SAMPLES, hardware_option, say, suite_options
-from nemo_rl_specdec.config import ConfigError, load_run_config
-from nemo_rl_specdec.schema import int_setting
+from nemo_rl_specdec.config.run import ConfigError, load_run_config
+from nemo_rl_specdec.config.schema import int_setting
 from nemo_rl_specdec.update import PolicyUpdate
 
 _say = functools.partial(say, "adaptive")

@@ -51,7 +51,7 @@ _say = functools.partial(say, "costmodel")
 
 def _options(cfg) -> dict:
     from nemo_rl_specdec.bench.drafters import cpu_drafters
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     b = suite_options(cfg, "costmodel", known=("drafters", "problems", "samples", "problem_seed", "core"))
     rows = cpu_drafters(cfg.spec)
@@ -113,7 +113,7 @@ def timed_steps(engine, reqs) -> tuple[list, list]:
 def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
     from nemo_rl_specdec.bench.drafters import cpu_drafters, prepare, workload
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.driver.engine import Engine
     from nemo_rl_specdec.metrics import SpecMetrics
     from nemo_rl_specdec.sim.cpu_fit import coverage

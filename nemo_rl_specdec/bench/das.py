@@ -86,7 +86,7 @@ from nemo_rl_specdec.bench import (
     say,
     suite_options,
 )
-from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.config.run import ConfigError, RunConfig
 from nemo_rl_specdec.update import PolicyUpdate
 
 log = logging.getLogger("nemo_rl_specdec")
@@ -342,7 +342,7 @@ def profile_key(c: dict, profile=None) -> str:
     where `profile` has one (``vllm_suffix_default``: vLLM's suffix at its defaults, tree depth 24), else
     its drafter's."""
     from nemo_rl_specdec.bench.builtins import BUILTINS
-    from nemo_rl_specdec.config import cost_entry
+    from nemo_rl_specdec.config.run import cost_entry
 
     if profile is not None and c["name"] in BUILTINS and c["name"] in profile.drafters:
         return c["name"]

@@ -59,8 +59,8 @@ from typing import Any
 from nemo_rl_specdec.bench import names_option, option, say, suite_options
 from nemo_rl_specdec.bench.memory import GB, PeakMemory, split_memory, state_bytes, tensor_bytes
 from nemo_rl_specdec.bench.random_models import DRAFTERS, in_policy
-from nemo_rl_specdec.config import ConfigError, DistillConfig
-from nemo_rl_specdec.schema import cut
+from nemo_rl_specdec.config.run import ConfigError, DistillConfig
+from nemo_rl_specdec.config.schema import cut
 
 # what every result dict carries (the dispatcher checks it; this suite measures no speedup)
 REQUIRED = ("name", "drafter", "status", "error", "device", "teacher_dtype", "step_s", "step_s_min", "step_s_max",
@@ -154,7 +154,7 @@ def distill_spec(drafter: str, model_dir: str | None, *, micro_batch_tokens: int
                  epochs: int):
     """The `speculative_decoding` block NeMo-RL's policy workers would build the distiller from:
     `drafter` online with its checkpoint `model_dir` (none for mtp: its layers are the policy's)."""
-    from nemo_rl_specdec.config import SpecDecConfig
+    from nemo_rl_specdec.config.run import SpecDecConfig
 
     block: dict = {"enabled": True, "drafter": drafter, "num_speculative_tokens": 1 if in_policy(drafter) else 4,
                    "refresh": {"mode": "online", "distill": {"micro_batch_tokens": micro_batch_tokens,

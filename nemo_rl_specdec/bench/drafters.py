@@ -90,7 +90,7 @@ def prepare(eng, dcfg, reqs, history) -> None:
 
 def _options(cfg) -> dict:
     from nemo_rl_specdec.bench import MAX_REPEATS, hardware_option, option, suite_options
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     b = suite_options(cfg, "drafters", known=("repeats", "hardware"))
     if not cfg.spec.enabled:   # the registry's rows would run without speculation beside vLLM's built-ins with it
@@ -135,7 +135,7 @@ def run(cfg, args) -> list:
 def measure(cfg, args) -> tuple[list, object, int]:
     """Every row's engine A/B and one-text replay (module doc); (results, profile, repeats)."""
     from nemo_rl_specdec.bench.onetext import load_policy, one_text_why, replay_row, replayable
-    from nemo_rl_specdec.config import cost_entry, load_run_config
+    from nemo_rl_specdec.config.run import cost_entry, load_run_config
     from nemo_rl_specdec.driver.engine import Engine
 
     grpo = cfg.raw.get("grpo", {})

@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 
 from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, hardware_option, option, say, suite_options
-from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.config.run import ConfigError, RunConfig
 
 MIN_STEPS = 2
 HALVES = ("das", "das_all", "eagle3", "eagle3_rule")
@@ -500,7 +500,7 @@ def replay_all(cfg: RunConfig, opts: dict, recorded: list, tables: dict, head: s
     must repeat exactly; the wall clock is the median), summarized and priced."""
     from nemo_rl_specdec.bench.builtins import BUILTINS, changes as builtin_changes
     from nemo_rl_specdec.bench.replay import BesideReplay, _field, replay
-    from nemo_rl_specdec.config import cost_entry, cost_parts
+    from nemo_rl_specdec.config.run import cost_entry, cost_parts
     from nemo_rl_specdec.cost.price import PricedHybridCost, PricedStepCost
 
     g, k, profile, model_k = cfg.generation, cfg.spec.num_speculative_tokens, opts["profile"], opts["model_k"]

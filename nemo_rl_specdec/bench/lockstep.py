@@ -48,7 +48,7 @@ def _options(cfg) -> dict:
     """The suite's settings, checked before any engine starts."""
     from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, suite_options
     from nemo_rl_specdec.bench.parametric import _available
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
     from nemo_rl_specdec.drafters.registry import registered, weights_in_policy
     from nemo_rl_specdec.drafters.roles import Refreshable
 
@@ -73,7 +73,7 @@ def _options(cfg) -> dict:
 
 def run(cfg, args) -> list:
     from nemo_rl_specdec.bench import print_table
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.demo.task import run_problems, run_requests
     from nemo_rl_specdec.driver.engine import Engine
 
@@ -163,7 +163,7 @@ def nemo_rl_shaped(cfg, args, opts: dict) -> list:
     import ray
 
     from nemo_rl_specdec.adapter.policy_workers import SpecDecDistillMixin, combine_takes
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.demo import task
     from nemo_rl_specdec.demo.grpo import GRPOTrainer
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of

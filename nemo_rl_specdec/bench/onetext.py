@@ -43,7 +43,7 @@ OURS = "ours"   # the run file's drafter among the rows
 def replayable(spec) -> str | None:
     """None when `spec`'s drafter drafts from the text alone (a history drafter), so that it can be replayed on
     any recorded text (the loop's, whose policy moves every step), else why not."""
-    from nemo_rl_specdec.config import cost_entry
+    from nemo_rl_specdec.config.run import cost_entry
 
     kind, _ = cost_entry(spec)
     if kind == "list":
@@ -138,7 +138,7 @@ def replay_row(name: str, spec, batches: Sequence[Sequence[Any]], cfg, profile, 
     history. A model drafter's drafts are teacher-forced on `policy` (default: the run file's, `load_policy`),
     which must be the policy that wrote `batches` (module doc)."""
     from nemo_rl_specdec.bench.replay import BesideReplay, ReplayDrafter, replay
-    from nemo_rl_specdec.config import cost_entry, cost_parts, to_vllm_speculative_config
+    from nemo_rl_specdec.config.run import cost_entry, cost_parts, to_vllm_speculative_config
     from nemo_rl_specdec.cost.price import PricedHybridCost, PricedStepCost
     from nemo_rl_specdec.cost.trace import HYBRID
 
@@ -224,7 +224,7 @@ class LoopPricer:
 
     def check(self, cfg) -> None:
         """Before any engine: the profile prices every row (else a ConfigError naming `demo.hardware`)."""
-        from nemo_rl_specdec.config import ConfigError, cost_entry
+        from nemo_rl_specdec.config.run import ConfigError, cost_entry
         from nemo_rl_specdec.demo.run import hardware_profile
 
         profile = hardware_profile(cfg)

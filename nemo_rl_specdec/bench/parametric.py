@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_specdec.bench import MAX_PROMPTS, MAX_SAMPLES, MAX_STEPS, option, say, suite_options
-from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.config.run import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of, registered, weights_in_policy
 from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, Refreshable
@@ -121,7 +121,7 @@ def _mtp_policy_cfg(cfg: RunConfig, model: str) -> RunConfig:
     """The run file with its policy replaced by the MTP policy (the `mtp` group's baseline)."""
     import copy
 
-    from nemo_rl_specdec.config import validate_run_dict
+    from nemo_rl_specdec.config.run import validate_run_dict
 
     raw = copy.deepcopy(cfg.raw)
     raw["policy"]["model_name"] = model

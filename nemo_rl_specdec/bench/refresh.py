@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from nemo_rl_specdec.bench import say, suite_options
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 
 # what every result dict carries (the dispatcher checks it; this suite measures no drafter)
 REQUIRED = ("name", "transport_old_s", "transport_new_s", "transport_ratio", "rebuild_s_max",

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from nemo_rl_specdec.config import SpecDecConfig, to_vllm_speculative_config, validate_spec_block
+from nemo_rl_specdec.config.run import SpecDecConfig, to_vllm_speculative_config, validate_spec_block
 from nemo_rl_specdec.cost.trace import HYBRID, Trace, TraceStep
 from nemo_rl_specdec.drafters.roles import RolloutStore
 

@@ -77,7 +77,7 @@ from pathlib import Path
 
 from nemo_rl_specdec.bench import names_option, option, say, suite_options
 from nemo_rl_specdec.bench.distill import error_text
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 
 # what every result dict carries (the dispatcher checks it; this suite measures no speedup)
 REQUIRED = ("name", "drafter", "status", "error", "carried", "state_bytes", "state_basis", "measured_bytes",
@@ -379,7 +379,7 @@ def online_row_from(drafter: str, spec, lay: dict, o: dict, root: Path) -> dict:
 # --------------------------------------------------------------------------- DAS
 def das_spec(suffix: dict):
     """The `speculative_decoding` block of DAS with the run's suffix settings."""
-    from nemo_rl_specdec.config import SpecDecConfig
+    from nemo_rl_specdec.config.run import SpecDecConfig
 
     return SpecDecConfig.model_validate({"enabled": True, "drafter": "suffix", "suffix": {"backend": "das", **suffix}})
 

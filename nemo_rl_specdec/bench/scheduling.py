@@ -67,7 +67,7 @@ from nemo_rl_specdec.bench import (
     say,
     suite_options,
 )
-from nemo_rl_specdec.config import ConfigError, RunConfig, validate_run_dict
+from nemo_rl_specdec.config.run import ConfigError, RunConfig, validate_run_dict
 from nemo_rl_specdec.scheduling.budget import BUDGETS
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS
 from nemo_rl_specdec.update import PolicyUpdate
@@ -176,7 +176,7 @@ def priced_placement(cfg: RunConfig, opts: dict) -> list[dict]:
     from nemo_rl_specdec.scheduling.predictor import LengthPredictor
 
     profile, E, T, max_new = opts["profile"], opts["engines"], opts["temperature"], opts["max_new_tokens"]
-    from nemo_rl_specdec.config import cost_entry
+    from nemo_rl_specdec.config.run import cost_entry
 
     spec = cfg.spec
     kind, key = cost_entry(spec)

@@ -27,12 +27,12 @@ from typing import TypeVar
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.config import yaml_loader
+from nemo_rl_specdec.config.schema import format_errors
 from nemo_rl_specdec.cost.fit import fit_layer_widths
 from nemo_rl_specdec.cost.model import CostModel
 from nemo_rl_specdec.cost.schema import CostError, DraftCost, Hardware, ModelSpec, _Strict
 from nemo_rl_specdec.resources import config_lookups, config_path
-from nemo_rl_specdec.schema import format_errors
 
 D = TypeVar("D", bound=DraftCost)
 

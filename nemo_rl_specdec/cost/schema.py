@@ -13,9 +13,9 @@ from typing import Any, Literal, cast
 
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from nemo_rl_specdec.config.schema import ConfigError, PathError, Strict, short
 from nemo_rl_specdec.cost.model import ModelShape, Roofline, vllm_capture_sizes
 from nemo_rl_specdec.resources import config_lookups
-from nemo_rl_specdec.schema import ConfigError, PathError, Strict, short
 
 
 class CostError(ConfigError):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from nemo_rl_specdec.schema import short
+from nemo_rl_specdec.config.schema import short
 
 FORMAT = "nemo-rl-specdec/trace"
 VERSION = 2

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_specdec.config import ConfigError, RunConfig, load_run_config
+from nemo_rl_specdec.config.run import ConfigError, RunConfig, load_run_config
 from nemo_rl_specdec.update import PolicyUpdate, UpdateReport
 
 if TYPE_CHECKING:

@@ -293,7 +293,7 @@ def chat_prompt_text(problem: Problem) -> str:
 
 def run_prompt_format(cfg: Any) -> str:
     """The run file's ``demo.prompt_format`` (default ``plain``); a bad value is a ConfigError naming the key."""
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     fmt = cfg.get("demo.prompt_format", "plain")
     if fmt not in PROMPT_FORMATS:
@@ -304,7 +304,7 @@ def run_prompt_format(cfg: Any) -> str:
 def run_task_families(cfg: Any) -> tuple[str, ...]:
     """The run file's ``demo.task_families`` (default ``[sum]``); a bad value is a ConfigError naming
     the key. The chat format and the ``steps`` reward are written for ``sum`` and refuse the others."""
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     kind = run_reward(cfg)
     raw = cfg.get("demo.task_families", ["sum"])
@@ -324,7 +324,7 @@ def run_task_families(cfg: Any) -> tuple[str, ...]:
 
 def run_reward(cfg: Any) -> str:
     """The run file's ``demo.reward`` (default ``exact``); a bad value is a ConfigError naming the key."""
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     kind = cfg.get("demo.reward", "exact")
     if kind not in REWARDS:

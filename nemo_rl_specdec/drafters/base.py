@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nemo_rl_specdec.config.schema import PathError
 from nemo_rl_specdec.drafters.roles import BesideProposer, Block, DrafterSettings, RefreshMode, TrainerStreams
-from nemo_rl_specdec.schema import PathError
 
 if TYPE_CHECKING:
     from nemo_rl_specdec.train.distill import Distiller
@@ -73,7 +73,7 @@ class VllmDefaults:
         return getattr(spec, self.name)
 
     def vllm_config(self, spec: Block, temperature: float) -> dict:
-        """vLLM's `speculative_config` for this drafter (the k schedule is added by config.py)."""
+        """vLLM's `speculative_config` for this drafter (the k schedule is added by config/run.py)."""
         raise NotImplementedError
 
     def engine_args(self, spec: Block) -> dict:

@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import Field
 
+from nemo_rl_specdec.config.schema import PathError
 from nemo_rl_specdec.drafters.base import PARALLEL, CheckpointDrafter
 from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 from nemo_rl_specdec.drafters.roles import Block, DrafterSettings
-from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     DistillInputError,
     HiddenStateDistiller,

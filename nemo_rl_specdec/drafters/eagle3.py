@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import Field
 
+from nemo_rl_specdec.config.schema import ConfigError, PathError
 from nemo_rl_specdec.drafters.base import SOURCE_REFIT_STREAM, CheckpointDrafter
 from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.layers import rope
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, TrainerStreams
-from nemo_rl_specdec.schema import ConfigError, PathError
 from nemo_rl_specdec.train.distill import (
     Distiller,
     DistillInputError,

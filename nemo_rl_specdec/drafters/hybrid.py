@@ -60,9 +60,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field
 
+from nemo_rl_specdec.config.schema import PathError
 from nemo_rl_specdec.drafters.base import MODEL, SEQUENTIAL, Drafter, ModelDrafter
 from nemo_rl_specdec.drafters.roles import Block, DrafterSettings, ModelWeights, TeacherForced, TrainerStreams
-from nemo_rl_specdec.schema import PathError
 
 if TYPE_CHECKING:
     from nemo_rl_specdec.cost.online import HybridStepCost

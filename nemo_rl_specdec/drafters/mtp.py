@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_specdec.config.schema import PathError
 from nemo_rl_specdec.drafters.base import SOURCE_CHECKPOINT_ONCE, SOURCE_REFIT_STREAM, ModelDrafter
 from nemo_rl_specdec.drafters.machinery.checkpoint import load_checkpoint, read_safetensors, state_tensors
 from nemo_rl_specdec.drafters.machinery.lazy_torch import LazyTorchModules
 from nemo_rl_specdec.drafters.roles import Block, TrainerStreams
-from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.train.distill import (
     Distiller,
     DistillInputError,

@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from nemo_rl_specdec.config.schema import PathError
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
 from nemo_rl_specdec.drafters.roles import Block, DrafterSettings
-from nemo_rl_specdec.schema import PathError
 
 
 class NgramConfig(DrafterSettings):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, TypeVar
 
+from nemo_rl_specdec.config.schema import PathError
 from nemo_rl_specdec.drafters.base import Drafter, ModelDrafter
 from nemo_rl_specdec.drafters.dflash import DFlash
 from nemo_rl_specdec.drafters.draft_model import DraftModel
@@ -21,7 +22,6 @@ from nemo_rl_specdec.drafters.mtp import MTP
 from nemo_rl_specdec.drafters.ngram import SpecdecNgram, VllmNgram
 from nemo_rl_specdec.drafters.roles import ModelWeights
 from nemo_rl_specdec.drafters.suffix import DAS, VllmSuffix
-from nemo_rl_specdec.schema import PathError
 
 Role = TypeVar("Role")
 

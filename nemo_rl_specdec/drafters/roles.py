@@ -5,8 +5,8 @@ its role (`registry.drafter(spec, Role)`, which resolves the block to its backen
 hybrid of its parts), and the lookup refuses a drafter that does not play it. Each role is small,
 and a drafter plays only the roles it has (`drafters/base.py` holds their shared defaults):
 
-- `Declared`: the block's validation (config.py);
-- `VllmMapping`: vLLM's `speculative_config` and the engine's arguments (config.py, the engine);
+- `Declared`: the block's validation (config/run.py);
+- `VllmMapping`: vLLM's `speculative_config` and the engine's arguments (config/run.py, the engine);
 - `Refreshable`: how the drafter keeps up with the policy (the refresh modes, the rollouts an
   update carries);
 - `ModelWeights`: a model drafter's weights (the engine worker's loads and restores, the online
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from nemo_rl_specdec.schema import Strict
+from nemo_rl_specdec.config.schema import Strict
 
 if TYPE_CHECKING:
     from nemo_rl_specdec.train.distill import Distiller
@@ -79,7 +79,7 @@ class TrainerStreams:
 
 @runtime_checkable
 class Declared(Protocol):
-    """A drafter as the block's validation (config.py) sees it."""
+    """A drafter as the block's validation (config/run.py) sees it."""
 
     name: str
     kind: str  # `list`: any draft length per request, host work per step; `model`: a module in the engine
@@ -95,7 +95,7 @@ class Declared(Protocol):
 
 @runtime_checkable
 class VllmMapping(Protocol):
-    """A drafter as vLLM runs it: config.py's `speculative_config`, the engine and its worker."""
+    """A drafter as vLLM runs it: config/run.py's `speculative_config`, the engine and its worker."""
 
     needs_vllm_methods: tuple[str, ...]
 

@@ -67,6 +67,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
+from nemo_rl_specdec.config.schema import PathError, schedule_lookup
 from nemo_rl_specdec.drafters.base import HOST, LIST, Drafter
 from nemo_rl_specdec.drafters.machinery.calibration import SOURCES, AcceptanceCalibration, resolve_withheld
 from nemo_rl_specdec.drafters.machinery.proposer import SpecdecProposer
@@ -74,7 +75,6 @@ from nemo_rl_specdec.drafters.machinery.staging import StagedRebuild
 from nemo_rl_specdec.drafters.machinery.store import RolloutStore, StoreInputError
 from nemo_rl_specdec.drafters.roles import Block, DrafterSettings
 from nemo_rl_specdec.rollouts import RolloutBatch
-from nemo_rl_specdec.schema import PathError, schedule_lookup
 
 log = logging.getLogger("nemo_rl_specdec")
 

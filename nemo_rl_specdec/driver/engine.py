@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.config import (
+from nemo_rl_specdec.config.run import (
     ConfigError,
     RunConfig,
     SpecDecConfig,

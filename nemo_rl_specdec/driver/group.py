@@ -49,7 +49,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from nemo_rl_specdec.config import ConfigError, RunConfig
+from nemo_rl_specdec.config.run import ConfigError, RunConfig
 from nemo_rl_specdec.drafters.base import MODEL
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
 from nemo_rl_specdec.drafters.roles import Declared, VllmMapping

@@ -155,7 +155,7 @@ def fit_speculative_config(sc: dict, facts: dict, spec: Any, *, where: str | Non
       part runs in vLLM's model runner) or `num_speculative_tokens_per_batch_size`
       (`scheduling.k_by_batch_size`, `scheduling.k: auto`) where vLLM has no such field: the run is refused.
     """
-    from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+    from nemo_rl_specdec.config.run import BLOCK_PATH, ConfigError
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of
     from nemo_rl_specdec.drafters.roles import VllmMapping
 

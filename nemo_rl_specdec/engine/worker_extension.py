@@ -103,7 +103,7 @@ class SpecDecWorkerExtension:
     def specdec_init(self, spec: dict) -> dict:
         """Validate and record the block (a misplaced key raises ConfigError with its path, here too),
         apply the CPU sampling fix, find the drafter, fingerprint it."""
-        from nemo_rl_specdec.config import validate_spec_block
+        from nemo_rl_specdec.config.run import validate_spec_block
         from nemo_rl_specdec.engine.cpu_fixes import apply_cpu_sampling_fix
 
         spec = validate_spec_block(spec)
@@ -398,7 +398,7 @@ class SpecDecWorkerExtension:
         """Before a sleep at `level`: a level-2 sleep discards the drafter, and the wake-up restore
         reloads its last pushed tensors or, before any push, its checkpoint. A checkpoint that is not
         a local path (a hub id) cannot be reloaded there: ConfigError naming its key, before the sleep."""
-        from nemo_rl_specdec.config import check_sleep_restorable, drafter_weights_key
+        from nemo_rl_specdec.config.run import check_sleep_restorable, drafter_weights_key
 
         st = self._specdec()
         source = None

@@ -55,11 +55,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nemo_rl_specdec.config.schema import schedule_lookup
 from nemo_rl_specdec.cost.model import CostModel, Step
 from nemo_rl_specdec.drafters.machinery.hybrid_choice import choose
 from nemo_rl_specdec.drafters.machinery.step_judge import batch_bin, draft_lengths, drafts_pay
 from nemo_rl_specdec.scheduling.budget import assign_budgets
-from nemo_rl_specdec.schema import schedule_lookup
 from nemo_rl_specdec.sim.best_drafts import best_drafts
 
 

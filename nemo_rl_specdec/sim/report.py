@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from nemo_rl_specdec.config.schema import PathError
 from nemo_rl_specdec.cost.model import CostModel
-from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.sim.scenario import ScenarioError
 from nemo_rl_specdec.sim.step import RunResult, simulate_rl
 from nemo_rl_specdec.sim.workload import make_batches

@@ -39,7 +39,7 @@ def optimizer_step(model, opt, loss, lr: float) -> float:
 def policy_rollouts(policy_dir: str, n_problems: int, seed: int, max_new_tokens: int, families=("sum",)) -> list:
     """(prompt ids, response ids) from the policy on vLLM: one greedy and two T=1 samples per problem
     of the task `families`."""
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.demo.task import make_problems
     from nemo_rl_specdec.driver.engine import Engine
     from nemo_rl_specdec.resources import config_path

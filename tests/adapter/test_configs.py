@@ -189,7 +189,7 @@ def test_speculative_config_is_accepted_by_the_pinned_vllm_or_refused_before_sta
     SpeculativeConfig accepts) either yields a config that vLLM accepts, or refuses the run with a
     ConfigError naming the key path. Nothing may reach engine start and fail there."""
     from nemo_rl_specdec.adapter import preflight
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     _, _, master = loaded[path.name]
     gen, _ = _configured(master)

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 from nemo_rl_specdec.resources import asset_path
 
 pytestmark = pytest.mark.nemo_rl
@@ -409,7 +409,7 @@ def _distilling_policy(spec_block: dict, temperature: float):
     """`CpuPolicy` whose rank runs our `SpecDecDistillMixin` and whose driver side is our `wrap_policy`,
     as `install()` sets them on NeMo-RL's DTensor policy workers and `Policy` for `refresh.mode: online`."""
     from nemo_rl_specdec.adapter.policy_workers import SpecDecDistillMixin, wrap_policy
-    from nemo_rl_specdec.config import SpecDecConfig
+    from nemo_rl_specdec.config.run import SpecDecConfig
 
     worker_cls = type("DistillingCpuPolicyWorker", (SpecDecDistillMixin, CpuPolicyWorker), {})
     policy_cls = type("DistillingCpuPolicy", (CpuPolicy,), {})

@@ -14,9 +14,10 @@ from __future__ import annotations
 import pytest
 from test_configs import _configured, nemo_rl_load, pinned_speculative, pinned_vllm
 
-from nemo_rl_specdec import config_loader, run_grpo
+from nemo_rl_specdec import run_grpo
 from nemo_rl_specdec.adapter import preflight, translate
-from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+from nemo_rl_specdec.config import loader as config_loader
+from nemo_rl_specdec.config.run import BLOCK_PATH, ConfigError
 from nemo_rl_specdec.resources import config_path
 
 pytestmark = pytest.mark.nemo_rl

@@ -96,7 +96,7 @@ def _fitted(cfg: dict) -> dict:
     the worker directly, would skip. A block this vLLM is expected to refuse (EXPECTED_REFUSALS) skips
     the test with the refusal as its reason; any other refusal fails it."""
     from nemo_rl_specdec.adapter import preflight, translate
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
     from nemo_rl_specdec.engine import vllm_compat
 
     facts = vllm_compat.speculative_facts()

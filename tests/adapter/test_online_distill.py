@@ -160,7 +160,7 @@ def loop(request, cpu_host, tmp_path_factory):  # noqa: F811
 
     from nemo_rl_specdec.adapter.exchange import drafter_board
     from nemo_rl_specdec.adapter.policy_workers import SpecDecDistillMixin, wrap_policy
-    from nemo_rl_specdec.config import SpecDecConfig
+    from nemo_rl_specdec.config.run import SpecDecConfig
     from nemo_rl_specdec.demo.task import make_problems
 
     drafter = request.param

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from nemo_rl_specdec.config import BLOCK_PATH as BLOCK, load_run_config
+from nemo_rl_specdec.config.run import BLOCK_PATH as BLOCK, load_run_config
 
 # the run file the engine tests use; point it at another model to run the suite against it
 RUN_FILE = os.environ.get("SPECDEC_TEST_RUN_FILE", "configs/tiny_cpu.yaml")

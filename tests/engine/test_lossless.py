@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from nemo_rl_specdec.config import to_vllm_speculative_config
+from nemo_rl_specdec.config.run import to_vllm_speculative_config
 from nemo_rl_specdec.driver.engine import SpeculationInactiveWarning
 from nemo_rl_specdec.rollouts import Request
 from nemo_rl_specdec.stats import pooled_chi2

@@ -87,7 +87,7 @@ def test_a_level_2_sleep_of_a_drafter_the_restore_cannot_reload_is_refused_befor
     """Before any refresh the restore reloads the drafter from its checkpoint: a local one passes at
     every level; a hub id passes at level 1 (the drafter is kept) and is refused at level 2 by its key,
     before the sleep. Our NeMo-RL worker runs this check before every `llm.sleep(level)`."""
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     local = engine.llm.collective_rpc("specdec_check_restorable", args=(2,))[0]
     assert local["source"] and not local["source"].startswith("org/")

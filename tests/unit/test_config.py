@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from nemo_rl_specdec import cli
-from nemo_rl_specdec.config import (
+from nemo_rl_specdec.config.run import (
     BLOCK_PATH,
     ConfigError,
     RunConfig,

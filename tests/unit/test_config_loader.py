@@ -1,4 +1,4 @@
-"""config_loader.py: the one door for run files (defaults inheritance, NeMo-RL-relative parents,
+"""config/loader.py: the one door for run files (defaults inheritance, NeMo-RL-relative parents,
 overrides in NeMo-RL's spelling), for every command."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_specdec import config_loader
-from nemo_rl_specdec.config import BLOCK_PATH, ConfigError
+from nemo_rl_specdec.config import loader as config_loader
+from nemo_rl_specdec.config.run import BLOCK_PATH, ConfigError
 
 
 def write_file(path: Path, text: str) -> Path:
@@ -69,7 +69,7 @@ def test_every_command_reads_a_run_file_through_the_one_loader(tmp_path, capsys)
     """A run file with `defaults:` is composed for generate, demo and bench as for validate: the same
     file validates and runs, or both refuse it with the same error."""
     from nemo_rl_specdec import cli
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.demo.run import DemoSettings
     from nemo_rl_specdec.resources import config_path
 
@@ -91,7 +91,7 @@ def test_every_command_reads_a_run_file_through_the_one_loader(tmp_path, capsys)
 def test_a_nemo_rl_run_files_own_keys_pass_and_an_override_adding_an_unknown_one_does_not(tmp_path):
     """In a run file with parents, the keys its files define are NeMo-RL's (NeMo-RL's `val_temperature`
     is no typo of `temperature`); a key an override adds is checked as in a self-contained file."""
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.resources import asset_path
 
     (tmp_path / "base.yaml").write_text(

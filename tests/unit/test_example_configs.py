@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from nemo_rl_specdec import cli, config_loader
+from nemo_rl_specdec import cli
 from nemo_rl_specdec.adapter import translate
-from nemo_rl_specdec.config import to_vllm_speculative_config
+from nemo_rl_specdec.config import loader as config_loader
+from nemo_rl_specdec.config.run import to_vllm_speculative_config
 from nemo_rl_specdec.resources import configs_dir
 
 ALL = sorted(configs_dir().glob("*.yaml"))

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_specdec import cli, config_loader, resources
-from nemo_rl_specdec.config import load_run_config
+from nemo_rl_specdec import cli, resources
+from nemo_rl_specdec.config import loader as config_loader
+from nemo_rl_specdec.config.run import load_run_config
 from nemo_rl_specdec.models import smollm2
 
 PKG = Path(resources.__file__).resolve().parent

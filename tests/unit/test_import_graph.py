@@ -15,14 +15,14 @@ PKG = Path(__file__).resolve().parents[2] / "nemo_rl_specdec"
 
 # bottom -> top; a unit imports only units of lower layers, never its own layer's
 LAYERS = [
-    {"resources"},      # the package's files: bundled configs and assets, the cache directory
-    {"schema", "rollouts", "lockstep", "metrics", "stats", "openmp", "update", "models", "drafter_state"},
-    {"yaml_loader"},    # YAML files with overrides (run files, scenarios, NeMo-RL run files)
-    {"config_loader"},  # the one door for run files: `defaults:` composition, NeMo-RL's checkout found
+    {"resources", "config"},  # the package's files: bundled configs and assets, the cache directory; config/'s index
+    {"config.schema", "rollouts", "lockstep", "metrics", "stats", "openmp", "update", "models", "drafter_state"},
+    {"config.yaml_loader"},  # YAML files with overrides (run files, scenarios, NeMo-RL run files)
+    {"config.loader"},  # the one door for run files: `defaults:` composition, NeMo-RL's checkout found
     {"cost"},           # the one step-cost function, hardware profiles, traces, their fits and pricing
     {"train"},          # the online distillation loop (drafters subclass its Distiller)
     {"drafters"},       # one file per drafter, the registry, and machinery/ they are built from
-    {"config"},         # the YAML block, built from the registry
+    {"config.run"},     # the run file and its YAML block, built from the registry
     {"scheduling"},
     {"engine"},         # what runs inside a vLLM worker (NeMo-RL's and our driver's)
     {"driver"},         # our local CPU driver: Engine, EngineGroup, their traces (never on the NeMo-RL path)
@@ -75,8 +75,15 @@ def _edges(mods: dict) -> dict:
     return edges
 
 
+# rooms whose modules sit on different layers: config/ holds every config module, from the block's
+# primitives (below the drafters) to the block built from the registry (above them)
+ROOMS_OF_LAYERS = {"config"}
+
+
 def _unit(module: str) -> str:
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in ROOMS_OF_LAYERS:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else "__init__"
 
 

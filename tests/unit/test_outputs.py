@@ -12,7 +12,7 @@ import os
 import pytest
 
 from nemo_rl_specdec import cli
-from nemo_rl_specdec.schema import ConfigError
+from nemo_rl_specdec.config.schema import ConfigError
 
 WRITERS = [(cmd, option, is_dir) for cmd, outs in cli.OUTPUTS.items() for option, is_dir in outs]
 

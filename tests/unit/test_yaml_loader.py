@@ -1,4 +1,4 @@
-"""yaml_loader.py: one reader, one override grammar and one resolver set for run files, scenarios
+"""config/yaml_loader.py: one reader, one override grammar and one resolver set for run files, scenarios
 and NeMo-RL run files; every error names the file, and the override at fault."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.config import yaml_loader
+from nemo_rl_specdec.config.schema import ConfigError
 from nemo_rl_specdec.resources import asset_path
-from nemo_rl_specdec.schema import ConfigError
 
 
 class CallerError(ConfigError):

@@ -18,7 +18,7 @@ reads, overrides and validates.
 
 `extends: other.yaml` at the top level starts from another scenario (looked up next to the
 file, then in configs/sim/) and overrides its keys. Reading, overrides (`key=value`, `+key=value`,
-`++key=value`, `~key`) and interpolation are yaml_loader.py's.
+`++key=value`, `~key`) and interpolation are config/yaml_loader.py's.
 """
 from __future__ import annotations
 

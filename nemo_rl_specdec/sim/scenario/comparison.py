@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from nemo_rl_specdec.config.schema import PathError
 from nemo_rl_specdec.cost.schema import _Strict
-from nemo_rl_specdec.schema import PathError
 from nemo_rl_specdec.sim.scenario.limits import MAX_ENGINES, MAX_K, MAX_SWEEP_POINTS
 
 # metrics a calibration target may name (report.compare produces exactly these)

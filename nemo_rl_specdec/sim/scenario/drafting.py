@@ -7,13 +7,13 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from nemo_rl_specdec.config.schema import PathError, short
 from nemo_rl_specdec.cost.schema import MAX_STEP_COST_S, MAX_TOKENS, DraftCost, _Strict, _unit
 from nemo_rl_specdec.drafters.base import HOST, PARALLEL, SEQUENTIAL
 from nemo_rl_specdec.drafters.registry import registered
 from nemo_rl_specdec.drafters.roles import PricedDrafter
 from nemo_rl_specdec.resources import config_lookups
 from nemo_rl_specdec.scheduling.budget import expected_accepted
-from nemo_rl_specdec.schema import PathError, short
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.scenario.files import first_line, is_path
 from nemo_rl_specdec.sim.scenario.limits import MAX_CURVE, MAX_FACTOR, MAX_K

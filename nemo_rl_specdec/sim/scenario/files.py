@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nemo_rl_specdec.config.schema import short
 from nemo_rl_specdec.resources import config_lookups, config_path
-from nemo_rl_specdec.schema import short
 from nemo_rl_specdec.sim.scenario.limits import ScenarioError
 
 SIM_CONFIGS = config_path("sim")

@@ -1,5 +1,5 @@
 """Loading a scenario: the file and what it `extends`, `key=value` overrides, interpolation
-(yaml_loader.py), a `hardware_profile` merged in, and validation with one line per key at fault."""
+(config/yaml_loader.py), a `hardware_profile` merged in, and validation with one line per key at fault."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from nemo_rl_specdec import yaml_loader
-from nemo_rl_specdec.schema import format_errors, short
+from nemo_rl_specdec.config import yaml_loader
+from nemo_rl_specdec.config.schema import format_errors, short
 from nemo_rl_specdec.sim.scenario.comparison import RENAMED_SWEEP_KEYS
 from nemo_rl_specdec.sim.scenario.files import first_line, resolve_scenario_path
 from nemo_rl_specdec.sim.scenario.limits import ScenarioError
@@ -77,7 +77,7 @@ def _load_tree(path: Path, seen: tuple[Path, ...] = ()):
 
 
 def load_scenario(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Load a scenario YAML (and what it `extends`), apply overrides, resolve (yaml_loader.py), validate.
+    """Load a scenario YAML (and what it `extends`), apply overrides, resolve (config/yaml_loader.py), validate.
     Every error is a ScenarioError naming the file."""
     p = resolve_scenario_path(path)
     try:

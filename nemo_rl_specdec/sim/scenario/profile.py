@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.config import yaml_loader
+from nemo_rl_specdec.config.schema import short
 from nemo_rl_specdec.cost.profile import load_profile, profile_path
 from nemo_rl_specdec.cost.schema import CostError
-from nemo_rl_specdec.schema import short
 from nemo_rl_specdec.sim.scenario.drafting import Drafter
 from nemo_rl_specdec.sim.scenario.limits import ScenarioError
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, model_validator
 
+from nemo_rl_specdec.config.schema import PathError, short
 from nemo_rl_specdec.cost.schema import Hardware, ModelSpec, _Strict
-from nemo_rl_specdec.schema import PathError, short
 from nemo_rl_specdec.sim import acceptance as acc
 from nemo_rl_specdec.sim.scenario.comparison import METRICS, Baseline, CalibrationPoint, Sweep, Target
 from nemo_rl_specdec.sim.scenario.drafting import Acceptance, Drafter, Hybrid

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from nemo_rl_specdec.config.schema import KByBatchSize, PathError, short
 from nemo_rl_specdec.cost.schema import MAX_NUM_SEQS, _Strict
-from nemo_rl_specdec.schema import KByBatchSize, PathError, short
 from nemo_rl_specdec.sim.scenario.limits import MAX_BUDGET_INTERVAL, MAX_K
 
 

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from nemo_rl_specdec.config.schema import PathError, short
 from nemo_rl_specdec.cost.schema import (
     FLOP_RATE,
     MAX_FLOPS_PER_TOKEN,
@@ -15,7 +16,6 @@ from nemo_rl_specdec.cost.schema import (
     _Strict,
     _unit,
 )
-from nemo_rl_specdec.schema import PathError, short
 from nemo_rl_specdec.sim.scenario.limits import (
     MAX_ENGINES,
     MAX_GENERATIONS,

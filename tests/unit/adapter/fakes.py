@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from nemo_rl_specdec.adapter import api, extension, metrics, translate
-from nemo_rl_specdec.config import SpecDecConfig
+from nemo_rl_specdec.config.run import SpecDecConfig
 from nemo_rl_specdec.update import UpdateReport
 
 REPO = Path(__file__).resolve().parents[3]
@@ -81,7 +81,7 @@ class RecordingEngineMixin:
     def specdec_check_restorable(self, level):
         self.checked_levels = getattr(self, "checked_levels", []) + [level]
         if self.refuses_level is not None and level >= self.refuses_level:
-            from nemo_rl_specdec.config import ConfigError
+            from nemo_rl_specdec.config.run import ConfigError
 
             raise ConfigError(f"policy.generation.vllm_cfg.sleep_level: got {level} (fake rank)")
         return {"level": level, "source": None}

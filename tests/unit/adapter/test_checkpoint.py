@@ -10,7 +10,7 @@ from fakes import STAND_INS, gen_cfg, write_file
 
 from nemo_rl_specdec import run_grpo
 from nemo_rl_specdec.adapter import api, checkpoint, translate
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 from nemo_rl_specdec.resources import asset_path
 
 EAGLE = {"drafter": "eagle3", "eagle3": {"model": str(asset_path("tiny", "eagle3"))}}

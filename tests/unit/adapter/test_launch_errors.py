@@ -187,7 +187,7 @@ def test_debug_re_raises_a_launch_error_with_its_traceback(fake_nemo_rl, tmp_pat
 
 
 def test_debug_re_raises_a_config_error(fake_nemo_rl, tmp_path, monkeypatch, capsys):
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     monkeypatch.setenv(launch_errors.DEBUG_ENV, "1")
     with pytest.raises(ConfigError):

@@ -11,7 +11,7 @@ from fakes import (  # noqa: E402
 )
 
 from nemo_rl_specdec.adapter import metrics, translate
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 
 
 @pytest.mark.parametrize("policy, match", [

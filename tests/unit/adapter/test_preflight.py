@@ -11,7 +11,7 @@ from fakes import (  # noqa: E402
 )
 
 from nemo_rl_specdec.adapter import translate
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 
 FACTS_0_20 = {"vllm": "0.20.0", "python": "/venv/bin/python", "methods": ["draft_model", "eagle3", "ngram", "suffix"],
               "fields": ["method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",

@@ -11,7 +11,7 @@ import torch
 from fakes import STAND_INS, gen_cfg
 
 from nemo_rl_specdec.adapter import api, checkpoint, translate
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 from nemo_rl_specdec.drafter_state import digest, from_bytes, to_bytes
 from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
 from nemo_rl_specdec.drafters.machinery.calibration import AcceptanceCalibration

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_specdec.adapter import sharding
-from nemo_rl_specdec.config import SpecDecConfig
+from nemo_rl_specdec.config.run import SpecDecConfig
 
 
 def test_contiguous_uniform_keeps_nemo_rls_sharding():

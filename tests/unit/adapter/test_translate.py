@@ -12,7 +12,7 @@ from fakes import (  # noqa: E402
 )
 
 from nemo_rl_specdec.adapter import api, translate
-from nemo_rl_specdec.config import ConfigError, to_vllm_speculative_config
+from nemo_rl_specdec.config.run import ConfigError, to_vllm_speculative_config
 
 
 def test_validate_block_names_the_key_path():

@@ -10,7 +10,7 @@ import pytest
 from fakes import gen_cfg, spec  # noqa: E402
 
 from nemo_rl_specdec.adapter import preflight, translate
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 
 EAGLE = {"model": "/ckpt/eagle3"}
 # what NeMo-RL v0.7.0's vLLM reports (no custom_class method)

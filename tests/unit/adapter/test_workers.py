@@ -211,7 +211,7 @@ def test_every_sleep_is_preceded_by_the_drafters_restorable_check_sync_and_async
     import asyncio
 
     from nemo_rl_specdec.adapter import workers
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     w = workers.SpecDecVllmGenerationWorkerImpl(worker_cfg(drafter="ngram"), bundle_indices=[0])
     w.post_init()

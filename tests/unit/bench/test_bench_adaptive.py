@@ -3,7 +3,7 @@ starts the engines it names (the suite itself runs in docs/measurements/scheduli
 import pytest
 
 from nemo_rl_specdec.bench.adaptive import _judge, _options, configurations
-from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.config.run import ConfigError, load_run_config
 
 RUN = "configs/tiny_cpu.yaml"
 BLOCK = "policy.generation.speculative_decoding"

@@ -5,7 +5,7 @@ import pytest
 from vllm.config.speculative import SpeculativeConfig
 
 from nemo_rl_specdec.bench import builtins, das
-from nemo_rl_specdec.config import load_run_config, to_vllm_speculative_config
+from nemo_rl_specdec.config.run import load_run_config, to_vllm_speculative_config
 from nemo_rl_specdec.resources import config_path
 
 

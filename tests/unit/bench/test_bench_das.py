@@ -1,6 +1,6 @@
 """`bench --suite das`: the configurations it measures, without engines."""
 from nemo_rl_specdec.bench import das
-from nemo_rl_specdec.config import load_run_config
+from nemo_rl_specdec.config.run import load_run_config
 from nemo_rl_specdec.resources import config_path
 
 

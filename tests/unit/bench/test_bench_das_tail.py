@@ -16,7 +16,7 @@ pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 
 def _cfg(*extra):
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.resources import config_path
 
     return load_run_config(config_path("tiny_cpu.yaml"), ["bench.das.windows=[4]", "bench.das.scopes=[both]",

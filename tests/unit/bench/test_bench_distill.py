@@ -12,7 +12,7 @@ import torch
 from nemo_rl_specdec.bench import distill as D
 from nemo_rl_specdec.bench.memory import PeakMemory, split_memory, state_bytes, tensor_bytes
 from nemo_rl_specdec.bench.random_models import small_shapes, write_checkpoints
-from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.config.run import ConfigError, load_run_config
 
 TINY = ["bench.distill.vocab_size=384", "bench.distill.tokens=96", "bench.distill.hidden_size=64",
         "bench.distill.layers=2", "bench.distill.head_dim=32", "bench.distill.micro_batch_tokens=48",

@@ -3,7 +3,7 @@ the engines' traces priced on a hardware profile."""
 import pytest
 
 from nemo_rl_specdec.bench.drafters import _options, priced_ratio
-from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.config.run import ConfigError, load_run_config
 from nemo_rl_specdec.cost.profile import load_profile
 from nemo_rl_specdec.cost.trace import Trace, TraceStep
 

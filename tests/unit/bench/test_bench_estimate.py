@@ -65,7 +65,7 @@ def test_config_only_checkpoints_hold_no_tensors(tmp_path):
 
 
 def test_memory_setting_is_named_when_bad():
-    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.config.run import ConfigError, load_run_config
 
     with pytest.raises(ConfigError, match="bench.distill.memory"):
         D.options(load_run_config("configs/tiny_cpu.yaml", ["bench.distill.memory=guess"]))

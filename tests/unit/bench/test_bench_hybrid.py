@@ -8,7 +8,7 @@ pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from nemo_rl_specdec.bench import hybrid  # noqa: E402
 from nemo_rl_specdec.bench.builtins import BUILTINS, vllm_defaults  # noqa: E402
-from nemo_rl_specdec.config import load_run_config  # noqa: E402
+from nemo_rl_specdec.config.run import load_run_config  # noqa: E402
 from nemo_rl_specdec.cost.profile import load_profile  # noqa: E402
 from nemo_rl_specdec.cost.trace import Trace  # noqa: E402
 from nemo_rl_specdec.resources import config_path  # noqa: E402
@@ -146,7 +146,7 @@ def test_a_step_that_skips_the_model_half_is_charged_its_first_forward():
     head's KV of the verified tokens), its model_k forwards where the rule runs it; the priced draft
     time is those forwards and nothing else."""
     from nemo_rl_specdec.bench.replay import replay
-    from nemo_rl_specdec.config import cost_parts
+    from nemo_rl_specdec.config.run import cost_parts
     from nemo_rl_specdec.cost.price import model_forward_s, price
 
     cfg = load_run_config(config_path("tiny_cpu.yaml"),

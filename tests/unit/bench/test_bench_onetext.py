@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from nemo_rl_specdec.bench import onetext  # noqa: E402
-from nemo_rl_specdec.config import ConfigError, load_run_config  # noqa: E402
+from nemo_rl_specdec.config.run import ConfigError, load_run_config  # noqa: E402
 from nemo_rl_specdec.cost.price import HOST_SPEEDS, step_costs  # noqa: E402
 from nemo_rl_specdec.cost.profile import load_profile  # noqa: E402
 
@@ -83,7 +83,7 @@ def test_a_model_drafter_drafting_its_own_text_is_accepted_everywhere_and_priced
 
 
 def test_dflash_and_the_hybrid_are_rows_priced_from_their_traces():
-    from nemo_rl_specdec.config import cost_parts
+    from nemo_rl_specdec.config.run import cost_parts
 
     h100 = load_profile("h100_qwen3_8b")
     base = load_run_config(TINY, [])

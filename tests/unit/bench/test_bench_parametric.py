@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_rl_specdec.bench.parametric import _options, configurations
-from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.config.run import ConfigError, load_run_config
 from nemo_rl_specdec.drafters import registry
 
 

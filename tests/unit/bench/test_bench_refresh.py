@@ -14,7 +14,7 @@ pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from nemo_rl_specdec.bench import refresh as R  # noqa: E402
 from nemo_rl_specdec.bench.refresh import REQUIRED  # noqa: E402
-from nemo_rl_specdec.config import ConfigError, load_run_config  # noqa: E402
+from nemo_rl_specdec.config.run import ConfigError, load_run_config  # noqa: E402
 from nemo_rl_specdec.rollouts import RolloutBatch  # noqa: E402
 
 WINDOW_1 = "policy.generation.speculative_decoding.suffix.window_steps=1"  # so step 2 evicts step 1

@@ -6,7 +6,7 @@ pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 from nemo_rl_specdec.bench import das  # noqa: E402
 from nemo_rl_specdec.bench.replay import replay  # noqa: E402
-from nemo_rl_specdec.config import load_run_config  # noqa: E402
+from nemo_rl_specdec.config.run import load_run_config  # noqa: E402
 from nemo_rl_specdec.resources import config_path  # noqa: E402
 
 K = 4

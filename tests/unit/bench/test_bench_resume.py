@@ -13,7 +13,7 @@ import torch
 from nemo_rl_specdec.bench import resume as R
 from nemo_rl_specdec.bench.distill import make_distiller, random_rollouts
 from nemo_rl_specdec.bench.random_models import build_teacher, small_shapes, write_checkpoints
-from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.config.run import ConfigError, load_run_config
 
 TINY = ["bench.resume.shape=small", "bench.resume.vocab_size=384", "bench.resume.draft_vocab_size=64",
         "bench.resume.measure_mb=8", "bench.resume.repeats=1", "bench.resume.rollouts_per_step=8",

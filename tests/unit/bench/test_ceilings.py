@@ -271,7 +271,7 @@ arctic = pytest.importorskip("arctic_inference.suffix_decoding._C")
 
 
 def _spec(k):
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.resources import config_path
 
     return load_run_config(config_path("tiny_cpu.yaml"),
@@ -280,7 +280,7 @@ def _spec(k):
 
 def _rows():
     from nemo_rl_specdec.bench import das
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.resources import config_path
 
     cfg = load_run_config(config_path("tiny_cpu.yaml"), ["bench.das.windows=[4]", "bench.das.scopes=[both]",

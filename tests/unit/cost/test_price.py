@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_specdec.config.schema import ConfigError
 from nemo_rl_specdec.cost.model import ModelShape
 from nemo_rl_specdec.cost.price import PricedStepCost, fit_proposer, price, speedup
 from nemo_rl_specdec.cost.profile import HardwareProfile, load_profile
 from nemo_rl_specdec.cost.trace import Trace, TraceError, TraceStep
-from nemo_rl_specdec.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -120,7 +120,7 @@ def test_the_proposer_fit_recovers_planted_constants():
 def test_a_profile_that_cannot_price_a_drafter_says_which(h100, tmp_path):
     with pytest.raises(ConfigError, match=r"drafters\.medusa: not in this hardware profile"):
         h100.drafter("medusa")
-    from nemo_rl_specdec import yaml_loader
+    from nemo_rl_specdec.config import yaml_loader
     from nemo_rl_specdec.cost.profile import HARDWARE_CONFIGS
 
     raw = yaml_loader.load(HARDWARE_CONFIGS / "h100_qwen3_8b.yaml")

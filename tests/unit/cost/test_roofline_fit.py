@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from nemo_rl_specdec.config.schema import ConfigError
 from nemo_rl_specdec.cost.fit import ROOFLINE_FITTED, fit_roofline, roofline_from_file
 from nemo_rl_specdec.cost.model import ModelShape, Roofline, vllm_capture_sizes
 from nemo_rl_specdec.resources import config_path
-from nemo_rl_specdec.schema import ConfigError
 from nemo_rl_specdec.sim.scenario import load_scenario
 
 SHAPE = ModelShape(1.5e10, 1.5e10, 147456, 589824)

@@ -40,7 +40,7 @@ def test_our_errors_reach_the_terminal_while_the_engines_output_stays_in_the_log
     import pytest
 
     from nemo_rl_specdec.cli import main
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     log = tmp_path / "engines.log"
     with pytest.raises(ConfigError, match="grpo.mode"):

@@ -155,7 +155,7 @@ def test_bundled_tokenizer_is_character_level_and_round_trips(bundled_tokenizer)
 
 
 def test_run_prompt_format_names_the_key_of_a_bad_value():
-    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.config.run import ConfigError, load_run_config
     from nemo_rl_specdec.demo.task import run_prompt_format
 
     run_file = str(config_path("tiny_cpu.yaml"))
@@ -167,7 +167,7 @@ def test_run_prompt_format_names_the_key_of_a_bad_value():
 
 def test_demo_and_benches_refuse_a_bad_prompt_format_before_any_engine(capsys):
     from nemo_rl_specdec.cli import main
-    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.config.run import ConfigError, load_run_config
     from nemo_rl_specdec.demo.run import DemoSettings
 
     run_file = str(config_path("tiny_cpu.yaml"))
@@ -247,7 +247,7 @@ def test_step_credit_and_chat_are_sum_only():
 
 
 def test_run_task_families_names_the_key():
-    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.config.run import ConfigError, load_run_config
     from nemo_rl_specdec.demo.task import run_problems, run_task_families
 
     run_file = str(config_path("tiny_cpu.yaml"))
@@ -268,7 +268,7 @@ def test_run_task_families_names_the_key():
 
 def test_demo_and_benches_refuse_bad_families_before_any_engine(capsys):
     from nemo_rl_specdec.cli import main
-    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.config.run import ConfigError, load_run_config
     from nemo_rl_specdec.demo.run import DemoSettings
 
     run_file = str(config_path("tiny_cpu.yaml"))

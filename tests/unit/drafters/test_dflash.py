@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from nemo_rl_specdec.config import ConfigError, load_run_config
+from nemo_rl_specdec.config.run import ConfigError, load_run_config
 from nemo_rl_specdec.drafters.dflash import (
     DFlashDistiller,
     DFlashDraft,

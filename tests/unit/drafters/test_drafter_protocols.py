@@ -102,7 +102,7 @@ def _ngram():
 
 
 def _hybrid():
-    from nemo_rl_specdec.config import validate_spec_block
+    from nemo_rl_specdec.config.run import validate_spec_block
     from nemo_rl_specdec.drafters.hybrid import HybridProposer
 
     vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),

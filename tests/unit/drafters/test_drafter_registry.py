@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_specdec.config import SpecDecConfig, load_run_config, to_vllm_speculative_config
+from nemo_rl_specdec.config.run import SpecDecConfig, load_run_config, to_vllm_speculative_config
+from nemo_rl_specdec.config.schema import Strict
 from nemo_rl_specdec.drafters.base import HOST, LIST, MODEL, PARALLEL, SEQUENTIAL, Drafter
 from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter, weights_in_policy
 from nemo_rl_specdec.drafters.roles import Declared
-from nemo_rl_specdec.schema import Strict
 
 PKG = Path(__file__).resolve().parents[3] / "nemo_rl_specdec"
 MODES = {"frozen", "refit", "online", "rebuild"}
@@ -48,7 +48,7 @@ def test_each_drafter_maps_to_a_vllm_speculative_config(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(n for n, d in DRAFTERS.items()
                                         if d.kind == MODEL and not weights_in_policy(n) and n != "hybrid"))
 def test_a_model_drafter_without_its_checkpoint_is_refused_with_the_key_path(name):
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     with pytest.raises(ConfigError, match=rf"speculative_decoding\.{name}\.model"):
         load_run_config("configs/tiny_cpu.yaml", [f"policy.generation.speculative_decoding.{name}.model=null",
@@ -57,7 +57,7 @@ def test_a_model_drafter_without_its_checkpoint_is_refused_with_the_key_path(nam
 
 
 def test_an_unknown_drafter_names_the_registered_ones():
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     with pytest.raises(ConfigError, match="speculative_decoding.drafter") as e:
         load_run_config("configs/tiny_cpu.yaml", ["policy.generation.speculative_decoding.drafter=medusa"])
@@ -148,8 +148,8 @@ def test_a_hybrid_is_composed_of_the_registered_parts_its_block_names(model, tmp
     ({"drafter": "suffix", "suffix": {"backend": "arctic"}}, "suffix.backend"),
 ])
 def test_a_part_or_backend_that_is_not_registered_is_refused_at_lookup_with_its_path(block, path):
+    from nemo_rl_specdec.config.schema import PathError
     from nemo_rl_specdec.drafters.registry import resolve
-    from nemo_rl_specdec.schema import PathError
 
     with pytest.raises(PathError) as e:
         resolve(block)

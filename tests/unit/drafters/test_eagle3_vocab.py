@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from nemo_rl_specdec.bench.distill import random_rollouts
-from nemo_rl_specdec.config import ConfigError, validate_run_dict
+from nemo_rl_specdec.config.run import ConfigError, validate_run_dict
 from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller, choose_draft_vocab, load_head
 from nemo_rl_specdec.resources import asset_path
 from nemo_rl_specdec.train.distill import DistillInputError

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nemo_rl_specdec.config import BLOCK_PATH as B, ConfigError, load_run_config, to_vllm_speculative_config
+from nemo_rl_specdec.config.run import BLOCK_PATH as B, ConfigError, load_run_config, to_vllm_speculative_config
 from nemo_rl_specdec.drafters.hybrid import ModelAcceptance
 from nemo_rl_specdec.drafters.registry import drafter
 from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, Refreshable, VllmMapping

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
-from nemo_rl_specdec.config import validate_spec_block  # noqa: E402
+from nemo_rl_specdec.config.run import validate_spec_block  # noqa: E402
 from nemo_rl_specdec.drafters.hybrid import PROBE_EVERY, HybridProposer  # noqa: E402
 
 K = 4

@@ -70,7 +70,7 @@ def test_dflash_blocks_equal_the_draft_run_for_one_anchor_at_a_time(policy, seed
 
 def test_the_drafters_give_their_teacher_forced_drafts_through_one_role(policy):
     from nemo_rl_specdec.bench.onetext import TeacherForced
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.drafters.registry import registered
 
     assert {"draft_model", "eagle3", "dflash"} <= set(registered(TeacherForced))

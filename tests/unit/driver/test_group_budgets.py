@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_rl_specdec.config import load_run_config
+from nemo_rl_specdec.config.run import load_run_config
 from nemo_rl_specdec.driver.group import EngineGroup
 
 B = "policy.generation.speculative_decoding"

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
-from nemo_rl_specdec.config import validate_spec_block  # noqa: E402
+from nemo_rl_specdec.config.run import validate_spec_block  # noqa: E402
 from nemo_rl_specdec.drafters.hybrid import HybridProposer  # noqa: E402
 from nemo_rl_specdec.engine.worker_extension import SpecDecWorkerExtension  # noqa: E402
 from nemo_rl_specdec.lockstep import DrafterRefreshError  # noqa: E402
@@ -86,3 +86,20 @@ def test_frozen_refreshes_neither_half():
     w._specdec_drafter_fp = lambda: ""  # no drafter module here: its fingerprint stays the empty one
     w._specdec_refresh_drafter(PolicyUpdate(1, rollouts=ROLLOUTS), [])
     assert loaded == [] and history.version == 0
+
+
+def test_a_resume_carries_the_history_half_and_a_drafter_without_a_store_refuses_it():
+    """NeMo-RL's checkpoint carries the hybrid engine's history half (DAS's window, by `CarriesState`
+    on the store `vllm_compat.rollout_store` finds): a fresh engine restores it, versions included."""
+    w, history, _ = _worker("online")
+    w._specdec_refresh_drafter(PolicyUpdate(1, rollouts=ROLLOUTS), HEAD)
+    blob = w.specdec_export_state()
+    fresh, fresh_history, _ = _worker("online")
+    out = fresh.specdec_restore_state(blob)
+    assert out["restored_entries"] == 1 and fresh_history.version == history.version == 1
+    assert fresh_history.store.stats() == history.store.stats()
+    assert fresh._specdec().drafter_version == 1
+    listless, _, _ = _worker("online")
+    listless.model_runner.specdec_beside = None  # the model drafter alone: no proposer of ours keeps state
+    with pytest.raises(DrafterRefreshError, match="keeps none"):
+        listless.specdec_restore_state(blob)

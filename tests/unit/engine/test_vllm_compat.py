@@ -143,7 +143,7 @@ def test_verified_tokens_are_parsed_as_the_bookkeeping_parses_them_and_written_a
 
 
 def _spec(**block):
-    from nemo_rl_specdec.config import SpecDecConfig
+    from nemo_rl_specdec.config.run import SpecDecConfig
 
     return SpecDecConfig.model_validate({"enabled": True, **block})
 
@@ -170,7 +170,7 @@ FACTS_0_20 = {"vllm": "0.20.0", "python": "/venv/bin/python",
 
 
 def test_the_engine_fit_refuses_what_the_vllm_lacks_by_key_path():
-    from nemo_rl_specdec.config import ConfigError
+    from nemo_rl_specdec.config.run import ConfigError
 
     with pytest.raises(ConfigError, match=r"^policy\.generation\.speculative_decoding\.suffix\.backend: got 'das'.*"
                                           r"vLLM 0\.20\.0 \(/venv/bin/python\) has no custom_class.*0\.25\.1 or later"):

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding._C")
 
-from nemo_rl_specdec.config import ConfigError  # noqa: E402
+from nemo_rl_specdec.config.run import ConfigError  # noqa: E402
 from nemo_rl_specdec.drafters.suffix import DASProposer  # noqa: E402
 from nemo_rl_specdec.engine import cpu_fixes  # noqa: E402
 from nemo_rl_specdec.engine.worker_extension import SpecDecWorkerExtension  # noqa: E402
@@ -40,7 +40,7 @@ def test_the_proposer_gets_the_block_with_the_schemas_defaults(monkeypatch):
     w, proposer, _ = _worker(monkeypatch)
     w.specdec_init({"enabled": True, "suffix": {"window_steps": 2}})
     assert proposer.runner is w.model_runner and proposer.settings["window_steps"] == 2
-    # DAS's defaults: auto_disable on and, with it, adaptive draft lengths (config.py)
+    # DAS's defaults: auto_disable on and, with it, adaptive draft lengths (config/run.py)
     assert proposer.judge.auto_disable and proposer.judge.adaptive
 
 

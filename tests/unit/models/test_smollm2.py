@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from nemo_rl_specdec import cli, models, resources
-from nemo_rl_specdec.config import load_run_config
+from nemo_rl_specdec.config.run import load_run_config
 from nemo_rl_specdec.demo import task
 from nemo_rl_specdec.models import smollm2
 from nemo_rl_specdec.models.smollm2 import SmolLM2Error

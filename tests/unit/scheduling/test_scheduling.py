@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from nemo_rl_specdec.config.schema import schedule_lookup
 from nemo_rl_specdec.scheduling.budget import (
     BUDGETS,
     acceptance_curve,
@@ -21,7 +22,6 @@ from nemo_rl_specdec.scheduling.budget import (
 )
 from nemo_rl_specdec.scheduling.placement import PLACEMENTS, Request, place, restore_order
 from nemo_rl_specdec.scheduling.predictor import LengthPredictor
-from nemo_rl_specdec.schema import schedule_lookup
 
 # --------------------------------------------------------------------------- helpers
 
@@ -322,7 +322,7 @@ def test_schedule_covers_all_batches_and_k_grows_as_batch_drains():
 
 
 def test_schedule_maps_into_the_config_schema_and_vllm_config():
-    from nemo_rl_specdec.config import SpecDecConfig, to_vllm_speculative_config
+    from nemo_rl_specdec.config.run import SpecDecConfig, to_vllm_speculative_config
 
     sched = k_by_batch_size_schedule(64, 4, acceptance=0.6)
     spec = SpecDecConfig(enabled=True, drafter="ngram", num_speculative_tokens=4,
@@ -380,14 +380,14 @@ def test_engine_budgets_errors():
 
 
 def _cfg(**spec):
-    from nemo_rl_specdec.config import validate_run_dict
+    from nemo_rl_specdec.config.run import validate_run_dict
 
     return validate_run_dict({"policy": {"model_name": "/nonexistent", "generation": {
         "speculative_decoding": {"enabled": True, **spec}}}})
 
 
 def test_group_config_routes_budgets_and_derives_k_by_batch_for_model_drafters():
-    from nemo_rl_specdec.config import to_vllm_speculative_config, validate_run_dict
+    from nemo_rl_specdec.config.run import to_vllm_speculative_config, validate_run_dict
     from nemo_rl_specdec.driver.group import budget_route, scheduled_config
 
     # DAS suffix: per-request budgets, the vLLM config is untouched

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sim_scenarios import SMALL, build
 
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 from nemo_rl_specdec.cost.fit import fit_cost_model, samples_from_throughput
 from nemo_rl_specdec.cost.model import CostModel
 from nemo_rl_specdec.scheduling.budget import expected_accepted
@@ -418,7 +418,7 @@ def test_scenario_policy_names_match_the_scheduling_code():
 def test_scenario_speculation_keys_are_the_run_configs():
     """A scenario's speculation block says what a run file's speculative_decoding block says, by the
     same names; the scheduling keys only the simulator prices are the two below."""
-    from nemo_rl_specdec.config import SchedulingConfig, SpecDecConfig
+    from nemo_rl_specdec.config.run import SchedulingConfig, SpecDecConfig
     from nemo_rl_specdec.sim.scenario import SpecScheduling, Speculation
 
     assert set(Speculation.model_fields) <= set(SpecDecConfig.model_fields)

@@ -7,7 +7,7 @@ import json
 import pytest
 from sim_scenarios import SMALL, build
 
-from nemo_rl_specdec.config import ConfigError
+from nemo_rl_specdec.config.run import ConfigError
 from nemo_rl_specdec.sim.report import simulate
 
 

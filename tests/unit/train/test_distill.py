@@ -144,7 +144,7 @@ def test_empty_batches_missing_checkpoints_and_bad_lr_are_errors(models, tmp_pat
 
 
 def test_demo_accepts_online_for_every_drafter_with_a_trainer_and_names_the_key_otherwise():
-    from nemo_rl_specdec.config import ConfigError, load_run_config
+    from nemo_rl_specdec.config.run import ConfigError, load_run_config
     from nemo_rl_specdec.demo.run import DemoSettings
 
     b = "policy.generation.speculative_decoding"
@@ -159,7 +159,7 @@ def test_demo_accepts_online_for_every_drafter_with_a_trainer_and_names_the_key_
 
 
 def test_each_drafter_builds_its_own_online_trainer():
-    from nemo_rl_specdec.config import load_run_config
+    from nemo_rl_specdec.config.run import load_run_config
     from nemo_rl_specdec.drafters.eagle3 import Eagle3Distiller
     from nemo_rl_specdec.drafters.mtp import MTPDistiller
     from nemo_rl_specdec.drafters.registry import drafter as drafter_of

@@ -1,6 +1,6 @@
 """YAML files with command-line overrides: read (OmegaConf), override, resolve. The run files
-(config.py), the simulator's scenarios (sim/scenario/) and the NeMo-RL run files
-(config_loader.py) all load through here; each adds only its own inheritance rule.
+(config/run.py), the simulator's scenarios (sim/scenario/) and the NeMo-RL run files
+(config/loader.py) all load through here; each adds only its own inheritance rule.
 
 Overrides use NeMo-RL's (Hydra) spelling:
 - `a.b=v` sets a key, `+a.b=v` adds one, `++a.b=v` adds or sets one. All three merge here (a
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec.schema import ConfigError
+from nemo_rl_specdec.config.schema import ConfigError
 
 OVERRIDE_FORMS = "key=value, +key=value, ++key=value or ~key"
 

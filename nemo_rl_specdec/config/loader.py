@@ -8,7 +8,7 @@ NeMo-RL checkout (`nemo_rl:examples/configs/grpo_math_1B.yaml`), so our example 
 inherit NeMo-RL's own base config wherever NeMo-RL is installed.
 
 Reading, command-line overrides (NeMo-RL's Hydra spelling: `a.b=v`, `+a.b=v`, `++a.b=v`, `~a.b`) and
-interpolation are yaml_loader.py's. NeMo-RL re-parses the same overrides with Hydra when it starts.
+interpolation are config/yaml_loader.py's. NeMo-RL re-parses the same overrides with Hydra when it starts.
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_specdec import yaml_loader
+from nemo_rl_specdec.config import yaml_loader
+from nemo_rl_specdec.config.schema import ConfigError
 from nemo_rl_specdec.resources import config_lookups, configs_dir
-from nemo_rl_specdec.schema import ConfigError
 
 NEMO_RL_PREFIX = "nemo_rl:"
 

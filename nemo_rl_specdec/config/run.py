@@ -17,11 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from nemo_rl_specdec import config_loader
-from nemo_rl_specdec.drafters.base import MODEL
-from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of, registered
-from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, Refreshable, RefreshMode, VllmMapping
-from nemo_rl_specdec.schema import (
+from nemo_rl_specdec.config import loader as config_loader
+from nemo_rl_specdec.config.schema import (
     ConfigError,
     KByBatchSize,
     PathError as _PathError,
@@ -31,6 +28,9 @@ from nemo_rl_specdec.schema import (
     format_errors,
     int_setting,
 )
+from nemo_rl_specdec.drafters.base import MODEL
+from nemo_rl_specdec.drafters.registry import DRAFTERS, drafter as drafter_of, registered
+from nemo_rl_specdec.drafters.roles import Declared, ModelWeights, PricedDrafter, Refreshable, RefreshMode, VllmMapping
 
 BLOCK_PATH = "policy.generation.speculative_decoding"
 
@@ -431,8 +431,8 @@ def check_run_sections(raw: dict, file_keys: dict[str, set] | None = None) -> No
 def load_run_config(path: str | None = None, overrides: tuple[str, ...] | list[str] = (), *,
                     nemo_rl_parents_optional: bool = False) -> RunConfig:
     """The one loader of a run file, for every command: compose it with its `defaults:` parents
-    (config_loader.py; a `nemo_rl:` parent from the NeMo-RL checkout), apply `key=value` overrides,
-    resolve (yaml_loader.py), validate the block and the sections our commands read
+    (config/loader.py; a `nemo_rl:` parent from the NeMo-RL checkout), apply `key=value` overrides,
+    resolve (config/yaml_loader.py), validate the block and the sections our commands read
     (`check_run_sections`), and check the checkpoint paths it names (`RunConfig.check_paths`). A parent
     that is not found is an error; with `nemo_rl_parents_optional` (`validate`) a `nemo_rl:` parent
     without a NeMo-RL checkout is listed in `not_checked` instead."""

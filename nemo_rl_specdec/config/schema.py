@@ -1,8 +1,8 @@
 """The strict pydantic base every block of our YAML schema derives from, and the errors that
 name a key path: `format_errors` turns a pydantic ValidationError into one line per key at fault,
-`<prefix>.<dotted key>: got <value>; allowed: <what is>`, for the run config (config.py), the
+`<prefix>.<dotted key>: got <value>; allowed: <what is>`, for the run config (config/run.py), the
 simulator's scenarios (sim/scenario/) and the hardware profiles (cost/profile.py) alike.
-Bottom-level: config.py, the cost blocks and each drafter's sub-block build on it."""
+Bottom-level: config/run.py, the cost blocks and each drafter's sub-block build on it."""
 from __future__ import annotations
 
 import difflib
