@@ -48,7 +48,7 @@ from typing import Any
 from nemo_rl_specdec import drafter_state
 from nemo_rl_specdec.config.run import BLOCK_PATH, ConfigError
 from nemo_rl_specdec.drafters.registry import drafter as drafter_of
-from nemo_rl_specdec.drafters.roles import Declared, Refreshable, VllmMapping
+from nemo_rl_specdec.drafters.roles import Declared, PricedDrafter, Refreshable, VllmMapping
 
 MARKER = "speculative_decoding.json"
 FORMAT = "nemo-rl-specdec/checkpoint"
@@ -56,7 +56,9 @@ VERSION = 2  # 1: the marker alone (no drafter state); 2: the marker names the s
 READABLE = (1, 2)
 STATE_DIR = "speculative_decoding"
 STATE_FORMAT = "nemo-rl-specdec/drafter-state"
-STATE_VERSION = 1
+# 1: a hybrid engine's proposer state nested its history half's; 2: it is the history half's own
+STATE_VERSION = 2
+STATE_READABLE = (1, 2)
 MANIFEST = "state.json"
 ENGINES, DISTILLER = "engines.pt", "distiller.pt"
 RESUME_KEY = "speculative_decoding.resume"
@@ -257,8 +259,8 @@ def read_state(checkpoint_path: Any, spec: Any, run: dict | None = None, load: b
     except (OSError, ValueError) as e:
         refuse(f"has an unreadable {MANIFEST} ({e})")
     if not isinstance(manifest, dict) or manifest.get("format") != STATE_FORMAT \
-            or manifest.get("version") != STATE_VERSION:
-        refuse(f"is not a {STATE_FORMAT} version {STATE_VERSION} state")
+            or manifest.get("version") not in STATE_READABLE:
+        refuse(f"is not a {STATE_FORMAT} state of a version this package reads ({list(STATE_READABLE)})")
     for name, meta in (manifest.get("files") or {}).items():
         path = root / name
         if not path.is_file():
@@ -272,6 +274,9 @@ def read_state(checkpoint_path: Any, spec: Any, run: dict | None = None, load: b
     if manifest.get("identity") != want["identity"]:
         refuse(f"was saved for {describe(manifest.get('identity') or {})}; "
                f"this run asks for {describe(want['identity'])}")
+    if manifest["version"] == 1 and drafter_of(spec, PricedDrafter).cost_parts is not None:
+        refuse("was written by an older nemo-rl-specdec (state version 1), whose engine state of a drafter made of "
+               "parts this one does not read")
     for key, what in (("draft_vocab_size", f"{BLOCK_PATH}.eagle3.draft_vocab_size"),
                       ("max_tree_depth", f"{BLOCK_PATH}.suffix.max_tree_depth"),
                       ("vocab_size", "the policy's vocabulary size (policy.model_name)")):

@@ -272,3 +272,22 @@ def test_the_drivers_planner_restores_its_predictions_and_acceptance():
     b = Planner(LengthPredictor(), budget="das", k=8)
     b.load_state_dict(from_bytes(to_bytes(a.state_dict())))
     assert b.predict(["p0", "p1", "p2"]) == a.predict(["p0", "p1", "p2"]) and b.acceptance == 0.62
+
+
+def test_a_state_of_the_previous_layout_reads_except_a_hybrids_whose_engine_state_changed(tmp_path):
+    """State version 2 saves a hybrid engine's history half as its own state (version 1 nested it): a
+    version-1 state still resumes a drafter of one part, and a hybrid's is refused before any engine."""
+    hybrid = {"drafter": "hybrid", "eagle3": {"model": str(asset_path("tiny", "eagle3"))},
+              "refresh": {"mode": "frozen"}}
+    for block, readable in ((DAS, True), (hybrid, False)):
+        step, _, _ = _ckpt(tmp_path / block["drafter"], block=block)
+        run = {"checkpointing": {"checkpoint_dir": str(tmp_path / block["drafter"] / "ckpt")}}
+        manifest = step / checkpoint.STATE_DIR / checkpoint.MANIFEST
+        m = json.loads(manifest.read_text())
+        assert m["version"] == checkpoint.STATE_VERSION == 2
+        manifest.write_text(json.dumps({**m, "version": 1}))
+        if readable:
+            assert checkpoint.check_resume(run, _spec(block)) == step
+        else:
+            with pytest.raises(ConfigError, match=r"older nemo-rl-specdec \(state version 1\).*resume: fresh"):
+                checkpoint.check_resume(run, _spec(block))
