@@ -55,14 +55,12 @@ def replayable(spec) -> str | None:
 def one_text_why(spec) -> str | None:
     """None when `spec`'s drafter has a one-text row (`replay_row`: a history drafter, or a model drafter
     teacher-forced, `TeacherForced`: a hybrid's model part), else why not."""
-    from nemo_rl_specdec.drafters.registry import resolve
+    from nemo_rl_specdec.drafters.registry import playing, resolve
 
-    if replayable(spec) is None:
+    if replayable(spec) is None or playing(spec, TeacherForced) is not None:
         return None
-    part = resolve(spec).as_role(TeacherForced)
-    if isinstance(part, TeacherForced):
-        return None
-    return f"drafter {part.name!r} has no teacher-forced mirror here (its drafts on a recorded text need its model run)"
+    part = resolve(spec).as_role(TeacherForced).name  # the drafter, or a hybrid's model part
+    return f"drafter {part!r} has no teacher-forced mirror here (its drafts on a recorded text need its model run)"
 
 
 def priced(traces: Sequence, profile) -> dict:

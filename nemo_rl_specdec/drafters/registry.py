@@ -98,27 +98,34 @@ def resolve(name_or_spec: Any) -> Drafter:
     return _hybrid(_part(history, name_or_spec), _MODEL_PARTS[model])
 
 
-def drafter(name_or_spec: Any, role: type[Role]) -> Role:
-    """The drafter `name_or_spec` configures (`resolve`), as `role`: the runtime-checkable protocol of
-    the layer that asks (a TypeError if it takes no part). A drafter made of parts may hand a part
-    (a hybrid's weights are its model part's)."""
+def playing(name_or_spec: Any, role: type[Role]) -> Role | None:
+    """What plays `role` for the drafter `name_or_spec` configures (`resolve`): the drafter, or the part
+    a drafter made of parts hands for it (a hybrid's weights are its model part's); None where nothing
+    does."""
     d = resolve(name_or_spec).as_role(role)
-    if not isinstance(d, role):
+    return d if isinstance(d, role) else None
+
+
+def drafter(name_or_spec: Any, role: type[Role]) -> Role:
+    """`playing`, as the layer that asks expects it: a TypeError if the drafter takes no part in `role`
+    (the runtime-checkable protocol of that layer)."""
+    d = playing(name_or_spec, role)
+    if d is None:
         raise TypeError(f"drafter {_name(name_or_spec)!r} takes no part in {role.__name__}")
     return d
 
 
 def registered(role: type[Role]) -> dict[str, Role]:
     """Every registered drafter that takes part in `role`, by name, as its defaults configure it."""
-    out = {n: d.as_role(role) for n, d in DRAFTERS.items()}
-    return {n: d for n, d in out.items() if isinstance(d, role)}
+    out = {n: playing(n, role) for n in DRAFTERS}
+    return {n: d for n, d in out.items() if d is not None}
 
 
 def weights_in_policy(name_or_spec: Any) -> bool:
     """Whether the drafter's weights ride in the policy's checkpoint (MTP layers); a list drafter has no
     weights."""
-    d = resolve(name_or_spec).as_role(ModelWeights)
-    return isinstance(d, ModelWeights) and d.weights_in_policy_checkpoint
+    d = playing(name_or_spec, ModelWeights)
+    return d is not None and d.weights_in_policy_checkpoint
 
 
-__all__ = ["BACKENDS", "DRAFTERS", "drafter", "registered", "resolve", "weights_in_policy"]
+__all__ = ["BACKENDS", "DRAFTERS", "drafter", "playing", "registered", "resolve", "weights_in_policy"]
